@@ -1,0 +1,117 @@
+"""Arrow schemas shared by every ingester and analyzer. Column names carry their unit.
+
+One table per kind of record, all ranks together, with a `rank` column. Strings that repeat
+(kind, name, collective, process group) are dictionary-encoded.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+DICT_STR = pa.dictionary(pa.int32(), pa.string())
+
+#: Values of the `kind` column (Kineto `cat`, normalised). Anything else is `other`.
+KINDS = (
+    "cpu_op",
+    "user_annotation",
+    "gpu_user_annotation",
+    "kernel",
+    "gpu_memcpy",
+    "gpu_memset",
+    "cuda_runtime",
+    "cuda_driver",
+    "python_function",
+    "other",
+)
+
+#: One row per complete (`ph: X`) event of every rank.
+EVENTS = pa.schema(
+    [
+        ("rank", pa.int32()),
+        ("kind", DICT_STR),
+        ("name", DICT_STR),
+        ("pid", pa.int64()),  # null when the trace used a string pid
+        ("tid", pa.int64()),  # null when the trace used a string tid
+        ("device", pa.int32()),  # GPU/accelerator index for device events, else null
+        ("stream", pa.int32()),  # stream for device events, else null
+        ("ts_ns", pa.int64()),  # absolute: baseTimeNanoseconds + ts (µs, 3 decimals) * 1000
+        ("dur_ns", pa.int64()),
+        ("correlation", pa.int64()),
+        ("external_id", pa.int64()),
+        ("step", pa.int32()),  # ProfilerStep#N enclosing the event (GPU: the step of its CPU launch)
+        # Collective fields (NCCL kernels and record_param_comms cpu ops); null elsewhere.
+        ("collective", DICT_STR),
+        ("pg_name", DICT_STR),
+        ("pg_desc", DICT_STR),
+        ("pg_ranks", pa.list_(pa.int32())),
+        ("group_size", pa.int32()),
+        ("seq", pa.int64()),
+        ("in_nelems", pa.int64()),
+        ("out_nelems", pa.int64()),
+        ("dtype", DICT_STR),
+        ("src_rank", pa.int32()),
+        ("dst_rank", pa.int32()),
+    ]
+)
+
+#: `[memory]` instant events.
+MEMORY = pa.schema(
+    [
+        ("rank", pa.int32()),
+        ("ts_ns", pa.int64()),
+        ("device", pa.int32()),  # -1 = CPU
+        ("bytes", pa.int64()),  # allocation (+) or free (-)
+        ("total_allocated", pa.int64()),
+        ("total_reserved", pa.int64()),
+    ]
+)
+
+#: One row per rank: what the trace says about itself.
+METADATA = pa.schema(
+    [
+        ("rank", pa.int32()),
+        ("path", pa.string()),
+        ("world_size", pa.int32()),
+        ("backend", pa.string()),
+        ("host_name", pa.string()),
+        ("trace_id", pa.string()),
+        ("base_time_ns", pa.int64()),
+        ("gpu_name", pa.string()),  # first entry of deviceProperties, else null
+        ("num_devices", pa.int32()),
+        ("pg_config_json", pa.string()),  # distributedInfo.pg_config, JSON text
+        ("distributed_info_json", pa.string()),
+        ("device_properties_json", pa.string()),
+        ("events", pa.int64()),
+        ("salvaged", pa.bool_()),  # true when the file was truncated and partially recovered
+        ("salvaged_fraction", pa.float64()),  # bytes parsed / bytes in file, when salvaged
+    ]
+)
+
+#: One row per (rank, collective instance), from any source (Kineto, Flight Recorder, NCCL plugin, NCCL log).
+COLLECTIVES = pa.schema(
+    [
+        ("rank", pa.int32()),
+        ("source", DICT_STR),  # kineto | flight_recorder | nccl_plugin | nccl_log
+        ("pg_name", DICT_STR),
+        ("pg_desc", DICT_STR),
+        ("pg_ranks", pa.list_(pa.int32())),
+        ("group_size", pa.int32()),
+        ("op", DICT_STR),  # normalised: allreduce, allgather, reducescatter, alltoall, broadcast, reduce,
+        #                    barrier, send, recv
+        ("dtype", DICT_STR),
+        ("in_nelems", pa.int64()),
+        ("out_nelems", pa.int64()),
+        ("bytes", pa.int64()),  # message size used for bandwidth (nccl-tests convention: the larger buffer)
+        ("seq", pa.int64()),  # collective sequence number in its process group, if known
+        ("order", pa.int64()),  # 0-based position of this op among same-pg (same-op) calls on this rank
+        ("is_p2p", pa.bool_()),
+        ("peer", pa.int32()),  # global rank of the other side of a send/recv
+        ("state", DICT_STR),  # completed | started | scheduled (Flight Recorder); completed otherwise
+        ("enqueue_ns", pa.int64()),  # CPU enqueue (record_param_comms start / FR time_created)
+        ("start_ns", pa.int64()),  # kernel start on this rank (null when unknown)
+        ("end_ns", pa.int64()),
+        ("step", pa.int32()),
+    ]
+)
+
+KERNEL_NAME_COMM = r"^(nccl(Dev)?Kernel_|rccl|ncclDevKernel|ncclKernel)"
