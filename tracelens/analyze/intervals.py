@@ -1,0 +1,139 @@
+"""Vectorised interval algebra on half-open int64 intervals [start, end).
+
+A *set* is a pair of numpy int64 arrays (starts, ends). `union` turns any pairs into a canonical set:
+sorted, disjoint, non-touching, non-empty. Every other operation takes and returns canonical sets.
+No Python loop runs over intervals.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+Intervals = tuple[np.ndarray, np.ndarray]
+
+_EMPTY = np.empty(0, dtype=np.int64)
+
+
+def empty() -> Intervals:
+    return _EMPTY.copy(), _EMPTY.copy()
+
+
+def union(starts, ends) -> Intervals:
+    """Canonical union of arbitrary intervals (unsorted, overlapping, empty ones dropped)."""
+    s = np.asarray(starts, dtype=np.int64)
+    e = np.asarray(ends, dtype=np.int64)
+    keep = e > s
+    s, e = s[keep], e[keep]
+    if s.size == 0:
+        return empty()
+    order = np.argsort(s, kind="stable")
+    s, e = s[order], e[order]
+    run_end = np.maximum.accumulate(e)
+    # A new merged interval starts where the start lies beyond everything seen before it.
+    new = np.empty(s.size, dtype=bool)
+    new[0] = True
+    new[1:] = s[1:] > run_end[:-1]
+    first = np.flatnonzero(new)
+    last = np.append(first[1:] - 1, s.size - 1)
+    return s[first], run_end[last]
+
+
+def total(a: Intervals) -> int:
+    """Covered length of a canonical set."""
+    return int((a[1] - a[0]).sum())
+
+
+def _boundaries(a: Intervals) -> np.ndarray:
+    return np.column_stack(a).ravel()
+
+
+def _coverage_ops(a: Intervals, b: Intervals, need: int) -> Intervals:
+    """Points covered by at least `need` of the two canonical sets (1 = union, 2 = intersection)."""
+    pts = np.concatenate([a[0], a[1], b[0], b[1]])
+    delta = np.concatenate(
+        [
+            np.ones(a[0].size, np.int64),
+            -np.ones(a[1].size, np.int64),
+            np.ones(b[0].size, np.int64),
+            -np.ones(b[1].size, np.int64),
+        ]
+    )
+    if pts.size == 0:
+        return empty()
+    # At equal points apply ends before starts: intervals are half-open.
+    order = np.lexsort((delta, pts))
+    pts, delta = pts[order], delta[order]
+    level = np.cumsum(delta)
+    inside = level >= need
+    was_inside = np.concatenate([[False], inside[:-1]])
+    starts = pts[inside & ~was_inside]
+    ends = pts[~inside & was_inside]
+    return union(starts, ends)
+
+
+def intersect(a: Intervals, b: Intervals) -> Intervals:
+    """a ∩ b for canonical sets."""
+    if a[0].size == 0 or b[0].size == 0:
+        return empty()
+    return _coverage_ops(a, b, 2)
+
+
+def union2(a: Intervals, b: Intervals) -> Intervals:
+    """a ∪ b for canonical sets."""
+    return union(np.concatenate([a[0], b[0]]), np.concatenate([a[1], b[1]]))
+
+
+def complement(a: Intervals, lo: int, hi: int) -> Intervals:
+    """[lo, hi) minus a."""
+    a = clip(a, lo, hi)
+    starts = np.concatenate([[lo], a[1]]).astype(np.int64)
+    ends = np.concatenate([a[0], [hi]]).astype(np.int64)
+    return union(starts, ends)
+
+
+def subtract(a: Intervals, b: Intervals) -> Intervals:
+    """a minus b for canonical sets."""
+    if a[0].size == 0 or b[0].size == 0:
+        return a
+    lo = int(min(a[0][0], b[0][0]))
+    hi = int(max(a[1][-1], b[1][-1]))
+    return intersect(a, complement(b, lo, hi))
+
+
+def clip(a: Intervals, lo: int, hi: int) -> Intervals:
+    """a ∩ [lo, hi)."""
+    s = np.maximum(a[0], lo)
+    e = np.minimum(a[1], hi)
+    keep = e > s
+    return s[keep], e[keep]
+
+
+def measure_in_windows(a: Intervals, lo, hi) -> np.ndarray:
+    """Covered length of canonical set `a` inside each window [lo[i], hi[i]), vectorised over windows."""
+    lo = np.asarray(lo, dtype=np.int64)
+    hi = np.asarray(hi, dtype=np.int64)
+    if a[0].size == 0:
+        return np.zeros(lo.shape, dtype=np.int64)
+    cum = np.concatenate([[0], np.cumsum(a[1] - a[0])])
+
+    def covered_before(t: np.ndarray) -> np.ndarray:
+        # length of a ∩ (-inf, t)
+        i = np.searchsorted(a[0], t, side="right")  # intervals starting before or at t
+        full = cum[np.maximum(i - 1, 0)]
+        j = np.maximum(i - 1, 0)
+        partial = np.clip(t - a[0][j], 0, a[1][j] - a[0][j])
+        return np.where(i > 0, full + partial, 0)
+
+    return np.maximum(covered_before(hi) - covered_before(lo), 0)
+
+
+def assign_windows(ts, lo, hi) -> np.ndarray:
+    """Index of the window [lo[k], hi[k]) holding each point of `ts` (windows sorted, disjoint); -1 for none."""
+    ts = np.asarray(ts, dtype=np.int64)
+    lo = np.asarray(lo, dtype=np.int64)
+    hi = np.asarray(hi, dtype=np.int64)
+    if lo.size == 0:
+        return np.full(ts.shape, -1, dtype=np.int64)
+    k = np.searchsorted(lo, ts, side="right") - 1
+    ok = (k >= 0) & (ts < hi[np.maximum(k, 0)])
+    return np.where(ok, k, -1)
