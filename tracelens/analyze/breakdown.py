@@ -1,0 +1,207 @@
+"""Per-rank, per-step time breakdown: compute, overlapped / exposed communication, memcpy, idle.
+
+For each rank the union of each class of intervals (see `classify`) is clipped to each step window:
+
+    compute        = |C|                      (C: union of compute intervals)
+    overlapped_comm= |K ∩ C|                  (K: union of communication intervals)
+    exposed_comm   = |K − C|
+    memcpy         = |M − (C ∪ K)|            (M: union of memory intervals)
+    idle           = step − |C ∪ K ∪ M|
+
+so that  (compute − overlapped_comm) + overlapped_comm + exposed_comm + memcpy + idle = step  exactly.
+Step windows are the rank's `ProfilerStep#N` annotations; GPU and CPU events share one clock in Kineto.
+Without any ProfilerStep the whole trace is one window (step = null).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from tracelens.analyze import intervals as iv
+from tracelens.analyze.classify import (
+    COMM,
+    COMPUTE,
+    MEMORY,
+    STEP,
+    _dict_lookup,
+    classify,
+    gpu_ranks,
+    main_threads,
+)
+
+BREAKDOWN = pa.schema(
+    [
+        ("rank", pa.int32()),
+        ("step", pa.int32()),
+        ("window_start_ns", pa.int64()),
+        ("window_end_ns", pa.int64()),
+        ("step_time_ns", pa.int64()),
+        ("compute_ns", pa.int64()),
+        ("comm_ns", pa.int64()),
+        ("overlapped_comm_ns", pa.int64()),
+        ("exposed_comm_ns", pa.int64()),
+        ("memcpy_ns", pa.int64()),
+        ("idle_ns", pa.int64()),
+        ("path", pa.string()),  # "gpu" or "cpu": which timeline the rank was analysed on
+    ]
+)
+
+
+@dataclass
+class RankSets:
+    """Canonical interval sets of one rank's classes over its whole trace."""
+
+    rank: int
+    path: str
+    compute: iv.Intervals
+    comm: iv.Intervals
+    memory: iv.Intervals
+
+    @property
+    def exposed_comm(self) -> iv.Intervals:
+        return iv.subtract(self.comm, self.compute)
+
+
+def _by_rank(events: pa.Table) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Sorting permutation by rank and the [lo, hi) slice of each rank in it."""
+    rank = events.column("rank").to_numpy(zero_copy_only=False)
+    order = np.argsort(rank, kind="stable")
+    ranks = np.unique(rank)
+    lo = np.searchsorted(rank[order], ranks, side="left")
+    hi = np.searchsorted(rank[order], ranks, side="right")
+    return order, ranks, np.stack([lo, hi], axis=1)
+
+
+def class_sets(events: pa.Table, classes: np.ndarray | None = None) -> dict[int, RankSets]:
+    """Per rank, the union of compute, communication and memory intervals over the whole trace."""
+    if classes is None:
+        classes = classify(events)
+    ts = events.column("ts_ns").to_numpy(zero_copy_only=False)
+    dur = events.column("dur_ns").fill_null(0).to_numpy(zero_copy_only=False)
+    end = ts + np.maximum(dur, 0)
+    tid = events.column("tid").fill_null(-1).to_numpy(zero_copy_only=False)
+    gpu = gpu_ranks(events)
+    mains = main_threads(events) if len(gpu) < len(np.unique(events.column("rank").to_numpy())) else {}
+    order, ranks, bounds = _by_rank(events)
+    out: dict[int, RankSets] = {}
+    for r, (lo, hi) in zip(ranks, bounds):
+        idx = order[lo:hi]
+        c = classes[idx]
+        s, e = ts[idx], end[idx]
+        comp = iv.union(s[c == COMPUTE], e[c == COMPUTE])
+        comm = iv.union(s[c == COMM], e[c == COMM])
+        mem = iv.union(s[c == MEMORY], e[c == MEMORY])
+        path = "gpu" if int(r) in gpu else "cpu"
+        if path == "cpu":
+            # Communication ops on the main thread are waits, not compute, even when nested in an op.
+            main = (c == COMM) & (tid[idx] == mains.get(int(r), -2))
+            comp = iv.subtract(comp, iv.union(s[main], e[main]))
+        out[int(r)] = RankSets(int(r), path, comp, comm, mem)
+    return out
+
+
+def step_windows(events: pa.Table) -> pa.Table:
+    """rank, step, start_ns, end_ns of every `ProfilerStep#N` (one window per rank and step)."""
+    name = events.column("name")
+    is_step = _dict_lookup(name, lambda v: int(bool(STEP.match(v)))).astype(bool)
+    if not is_step.any():
+        return pa.table(
+            {
+                "rank": pa.array([], pa.int32()),
+                "step": pa.array([], pa.int32()),
+                "start_ns": pa.array([], pa.int64()),
+                "end_ns": pa.array([], pa.int64()),
+            }
+        )
+    sub = events.filter(pa.array(is_step))
+    names = sub.column("name").cast(pa.string()).to_pylist()
+    steps = np.array([int(STEP.match(v).group(1)) for v in names], dtype=np.int64)
+    rank = sub.column("rank").to_numpy(zero_copy_only=False).astype(np.int64)
+    ts = sub.column("ts_ns").to_numpy(zero_copy_only=False)
+    end = ts + sub.column("dur_ns").fill_null(0).to_numpy(zero_copy_only=False)
+    # A step may appear twice (cpu_op and user_annotation in some versions): merge to min start, max end.
+    key = rank * (1 << 32) + steps
+    uk, inv = np.unique(key, return_inverse=True)
+    start = np.full(uk.size, np.iinfo(np.int64).max)
+    stop = np.full(uk.size, np.iinfo(np.int64).min)
+    np.minimum.at(start, inv, ts)
+    np.maximum.at(stop, inv, end)
+    return pa.table(
+        {
+            "rank": pa.array((uk >> 32).astype(np.int32)),
+            "step": pa.array((uk & 0xFFFFFFFF).astype(np.int32)),
+            "start_ns": pa.array(start),
+            "end_ns": pa.array(stop),
+        }
+    )
+
+
+def _whole_trace_window(events: pa.Table, sets: dict[int, RankSets]) -> pa.Table:
+    """One window per rank spanning its analysed timeline, for traces without ProfilerStep."""
+    rows = {"rank": [], "step": [], "start_ns": [], "end_ns": []}
+    for r, rs in sets.items():
+        parts = [p for p in (rs.compute, rs.comm, rs.memory) if p[0].size]
+        if not parts:
+            continue
+        rows["rank"].append(r)
+        rows["step"].append(None)
+        rows["start_ns"].append(int(min(p[0][0] for p in parts)))
+        rows["end_ns"].append(int(max(p[1][-1] for p in parts)))
+    return pa.table(
+        {
+            "rank": pa.array(rows["rank"], pa.int32()),
+            "step": pa.array(rows["step"], pa.int32()),
+            "start_ns": pa.array(rows["start_ns"], pa.int64()),
+            "end_ns": pa.array(rows["end_ns"], pa.int64()),
+        }
+    )
+
+
+def breakdown(
+    events: pa.Table,
+    sets: dict[int, RankSets] | None = None,
+    windows: pa.Table | None = None,
+) -> pa.Table:
+    """One row per (rank, step) in the BREAKDOWN schema; the parts add up to step_time_ns exactly."""
+    if sets is None:
+        sets = class_sets(events)
+    if windows is None:
+        windows = step_windows(events)
+        if windows.num_rows == 0:
+            windows = _whole_trace_window(events, sets)
+    w_rank = windows.column("rank").to_numpy(zero_copy_only=False)
+    cols: dict[str, list] = {f.name: [] for f in BREAKDOWN}
+    for r in np.unique(w_rank):
+        rs = sets.get(int(r))
+        w = windows.filter(pa.array(w_rank == r))
+        lo = w.column("start_ns").to_numpy(zero_copy_only=False)
+        hi = w.column("end_ns").to_numpy(zero_copy_only=False)
+        step = w.column("step").to_pylist()
+        n = w.num_rows
+        if rs is None:
+            rs = RankSets(int(r), "gpu", iv.empty(), iv.empty(), iv.empty())
+        c_k = iv.union2(rs.compute, rs.comm)
+        busy = iv.union2(c_k, rs.memory)
+        span = hi - lo
+        compute = iv.measure_in_windows(rs.compute, lo, hi)
+        comm = iv.measure_in_windows(rs.comm, lo, hi)
+        overlapped = iv.measure_in_windows(iv.intersect(rs.comm, rs.compute), lo, hi)
+        exposed = iv.measure_in_windows(iv.subtract(rs.comm, rs.compute), lo, hi)
+        memcpy = iv.measure_in_windows(iv.subtract(rs.memory, c_k), lo, hi)
+        idle = span - iv.measure_in_windows(busy, lo, hi)
+        cols["rank"] += [int(r)] * n
+        cols["step"] += step
+        cols["window_start_ns"] += lo.tolist()
+        cols["window_end_ns"] += hi.tolist()
+        cols["step_time_ns"] += span.tolist()
+        cols["compute_ns"] += compute.tolist()
+        cols["comm_ns"] += comm.tolist()
+        cols["overlapped_comm_ns"] += overlapped.tolist()
+        cols["exposed_comm_ns"] += exposed.tolist()
+        cols["memcpy_ns"] += memcpy.tolist()
+        cols["idle_ns"] += idle.tolist()
+        cols["path"] += [rs.path] * n
+    return pa.table(cols, schema=BREAKDOWN)

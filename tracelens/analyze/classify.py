@@ -1,0 +1,120 @@
+"""Classify events into compute, communication, memory or none (excluded), per rank.
+
+GPU path (the rank has device events): communication = kernels named like NCCL/RCCL kernels or carrying
+collective args; memory = memcpy/memset kinds and kernels named like them; compute = all other kernels.
+GPU annotations, sync events and CPU events are excluded.
+
+CPU-only path (no device events on the rank, e.g. gloo): communication = `c10d::*` and
+`record_param_comms` cpu ops and `gloo:*` / `nccl:*` annotations on any thread; compute = the other cpu ops
+of the main thread (the thread holding `ProfilerStep#N`, else the busiest cpu_op thread).
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+NONE, COMPUTE, COMM, MEMORY = 0, 1, 2, 3
+CLASS_NAMES = {NONE: "none", COMPUTE: "compute", COMM: "communication", MEMORY: "memory"}
+
+COMM_KERNEL = re.compile(r"^(nccl(Dev)?Kernel_|rccl|ncclDevKernel|ncclKernel|ncclSymk|ncclDevFunc)", re.I)
+MEMORY_KERNEL = re.compile(r"^(Memcpy|Memset|\[?memcpy|\[?memset|hipMemcpy|hipMemset)", re.I)
+CPU_COMM = re.compile(r"^(c10d::|record_param_comms$|gloo:|nccl:|ProcessGroup)")
+STEP = re.compile(r"^ProfilerStep#(\d+)$")
+
+DEVICE_KINDS = ("kernel", "gpu_memcpy", "gpu_memset")
+
+
+def _dict_lookup(col: pa.ChunkedArray | pa.Array, fn) -> np.ndarray:
+    """Apply `fn(str) -> int` to each distinct value of a dictionary (or string) column, vectorised by index."""
+    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    if not pa.types.is_dictionary(arr.type):
+        arr = pc.dictionary_encode(arr)
+    values = arr.dictionary.to_pylist()
+    table = np.array([fn(v) if v is not None else 0 for v in values] + [0], dtype=np.int8)
+    idx = arr.indices.to_numpy(zero_copy_only=False)
+    idx = np.where(arr.indices.is_null().to_numpy(zero_copy_only=False), len(values), idx)
+    return table[idx.astype(np.int64)]
+
+
+def _kind_codes(events: pa.Table) -> dict[str, np.ndarray]:
+    kinds = events.column("kind")
+    return {
+        k: _dict_lookup(kinds, lambda v, k=k: int(v == k)).astype(bool)
+        for k in ("kernel", "gpu_memcpy", "gpu_memset", "cpu_op", "user_annotation")
+    }
+
+
+def main_threads(events: pa.Table) -> dict[int, int]:
+    """rank -> tid of its main (step-driving) thread."""
+    name = events.column("name")
+    is_step = _dict_lookup(name, lambda v: int(bool(STEP.match(v)))).astype(bool)
+    rank = events.column("rank").to_numpy(zero_copy_only=False)
+    tid = events.column("tid").fill_null(-1).to_numpy(zero_copy_only=False)
+    dur = events.column("dur_ns").fill_null(0).to_numpy(zero_copy_only=False)
+    kinds = _kind_codes(events)
+    out: dict[int, int] = {}
+    for r in np.unique(rank):
+        m = rank == r
+        sm = m & is_step
+        if sm.any():
+            vals, counts = np.unique(tid[sm], return_counts=True)
+            out[int(r)] = int(vals[np.argmax(counts)])
+            continue
+        cm = m & kinds["cpu_op"]
+        if cm.any():
+            vals, inv = np.unique(tid[cm], return_inverse=True)
+            out[int(r)] = int(vals[np.argmax(np.bincount(inv, weights=dur[cm]))])
+    return out
+
+
+def gpu_ranks(events: pa.Table) -> set[int]:
+    """Ranks with any device (kernel / memcpy / memset) event."""
+    kinds = _kind_codes(events)
+    dev = kinds["kernel"] | kinds["gpu_memcpy"] | kinds["gpu_memset"]
+    rank = events.column("rank").to_numpy(zero_copy_only=False)
+    return {int(r) for r in np.unique(rank[dev])}
+
+
+def classify(events: pa.Table) -> np.ndarray:
+    """Class code (NONE / COMPUTE / COMM / MEMORY) for every row of an events table."""
+    n = events.num_rows
+    out = np.zeros(n, dtype=np.int8)
+    if n == 0:
+        return out
+    kinds = _kind_codes(events)
+    name = events.column("name")
+    comm_name = _dict_lookup(name, lambda v: int(bool(COMM_KERNEL.match(v)))).astype(bool)
+    mem_name = _dict_lookup(name, lambda v: int(bool(MEMORY_KERNEL.match(v)))).astype(bool)
+    cpu_comm = _dict_lookup(name, lambda v: int(bool(CPU_COMM.match(v)))).astype(bool)
+    has_coll = events.column("collective").is_valid().to_numpy(zero_copy_only=False)
+    rank = events.column("rank").to_numpy(zero_copy_only=False)
+
+    kernel = kinds["kernel"]
+    memory_kind = kinds["gpu_memcpy"] | kinds["gpu_memset"]
+    gpu = np.isin(rank, np.fromiter(gpu_ranks(events), dtype=rank.dtype))
+
+    g_comm = kernel & (comm_name | has_coll)
+    g_mem = memory_kind | (kernel & mem_name & ~g_comm)
+    g_comp = kernel & ~g_comm & ~g_mem
+    out[gpu & g_comp] = COMPUTE
+    out[gpu & g_comm] = COMM
+    out[gpu & g_mem] = MEMORY
+
+    cpu = ~gpu
+    if cpu.any():
+        tid = events.column("tid").fill_null(-1).to_numpy(zero_copy_only=False)
+        mains = main_threads(events)
+        lut = np.full(int(rank.max()) + 1, -2, dtype=np.int64)
+        for r, t in mains.items():
+            lut[r] = t
+        main_tid = lut[rank]
+        on_main = tid == main_tid
+        c_comm = (kinds["cpu_op"] | kinds["user_annotation"]) & cpu_comm
+        c_comp = kinds["cpu_op"] & ~cpu_comm & on_main
+        out[cpu & c_comp] = COMPUTE
+        out[cpu & c_comm] = COMM
+    return out
