@@ -1,0 +1,78 @@
+"""Notebook API: `run = tracelens.load(path)`; properties are computed on first use and cached.
+
+DataFrames use Arrow-backed dtypes (`pd.ArrowDtype`), so strings stay dictionary-encoded and
+nanosecond integers stay exact.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+
+
+def _df(table: pa.Table) -> pd.DataFrame:
+    return table.to_pandas(types_mapper=pd.ArrowDtype)
+
+
+class Run:
+    """One run (a folder of per-rank traces or a single trace) opened for analysis."""
+
+    def __init__(self, path: str | Path, no_cache: bool = False, **options):
+        from tracelens.run_analysis import Options, analyze_run
+
+        self.path = Path(path)
+        self._analysis = analyze_run(self.path, Options(no_cache=no_cache, **options))
+
+    def __repr__(self) -> str:
+        a = self._analysis
+        return f"<tracelens.Run {a.path} ranks={len(a.ranks)} events={a.events.num_rows:,}>"
+
+    @property
+    def analysis(self):
+        """The underlying `tracelens.run_analysis.Analysis` (Arrow tables, analyzer results)."""
+        return self._analysis
+
+    @cached_property
+    def events(self) -> pd.DataFrame:
+        """Every complete event of every rank (schema: tracelens.schema.EVENTS)."""
+        return _df(self._analysis.events)
+
+    @cached_property
+    def kernels(self) -> pd.DataFrame:
+        """Device events only (kernels, memcpy, memset), with their class (compute/communication/memory)."""
+        from tracelens.analyze.classify import CLASS_NAMES, classify
+
+        ev = self._analysis.events
+        cls = classify(ev)
+        kinds = ev.column("kind").cast(pa.string())
+        mask = pa.compute.is_in(kinds, pa.array(["kernel", "gpu_memcpy", "gpu_memset"]))
+        sub = ev.filter(mask)
+        names = [CLASS_NAMES[int(c)] for c in cls[mask.to_numpy(zero_copy_only=False)]]
+        sub = sub.append_column("class", pa.array(names, pa.string()).dictionary_encode())
+        return _df(sub)
+
+    @cached_property
+    def memory(self) -> pd.DataFrame:
+        """`[memory]` events: allocated and reserved bytes over time per rank."""
+        return _df(self._analysis.tables.memory)
+
+    @cached_property
+    def metadata(self) -> pd.DataFrame:
+        """One row per rank: world size, host, GPU, process groups, file."""
+        return _df(self._analysis.metadata)
+
+    def breakdown(self) -> pd.DataFrame:
+        """Per (rank, step): step time, compute, overlapped / exposed communication, memcpy, idle (ns)."""
+        return _df(self._analysis.breakdown)
+
+    def summary(self) -> dict:
+        """The summary.json content (schema tracelens.summary/1)."""
+        return self._analysis.summary()
+
+    def to_arrow(self) -> dict[str, pa.Table]:
+        """The raw Arrow tables: events, memory, metadata."""
+        t = self._analysis.tables
+        return {"events": t.events, "memory": t.memory, "metadata": t.metadata}
