@@ -1,0 +1,1073 @@
+"""Read one PyTorch profiler (Kineto) Chrome-trace JSON file into Arrow tables (schema.EVENTS, schema.MEMORY).
+
+How and why:
+- The file is decompressed as a stream and the `traceEvents` array is cut into chunks at event boundaries, each
+  decoded with msgspec typed Structs (only the fields we use; unknown keys are skipped by the decoder). Memory
+  stays bounded by one chunk plus the finished columns; we never hold the Python objects of a whole trace.
+- `ts`/`dur` are decoded as raw JSON text and converted to integer nanoseconds with a vectorised decimal parser,
+  so 3-decimal microsecond timestamps at epoch scale (1.7e18 ns > 2**53) stay exact to the nanosecond.
+- Columns are built per chunk with C-level `map`/`attrgetter` passes and numpy/Arrow, not a Python loop per event.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
+from itertools import compress, repeat
+from operator import attrgetter, is_not
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from tracelens import schema
+from tracelens.errors import BadTraceError
+
+#: Decompressed bytes above which a gzip trace is refused (override with TRACELENS_MAX_DECOMPRESSED_BYTES).
+DEFAULT_MAX_DECOMPRESSED = 64 * 1024**3
+#: A compression ratio above this, once past RATIO_MIN_BYTES of output, is treated as a decompression bomb.
+MAX_RATIO = 1000
+RATIO_MIN_BYTES = 1024**3
+#: Target size (bytes of JSON) of one decoded chunk of `traceEvents`.
+CHUNK_BYTES = 4 * 1024 * 1024
+_READ_BYTES = 1024 * 1024
+
+
+# --------------------------------------------------------------------------------------------- typed structs
+class _Args(msgspec.Struct, frozen=True, gc=False):
+    """The `args` keys tracelens uses; every other key is skipped by the decoder."""
+
+    external_id: int | float | str | bool | None = msgspec.field(name="External id", default=None)
+    correlation: int | float | str | bool | None = None
+    device: int | float | str | bool | None = None
+    stream: int | float | str | bool | None = None
+    collective: int | float | str | bool | None = msgspec.field(name="Collective name", default=None)
+    pg_name: int | float | str | bool | None = msgspec.field(name="Process Group Name", default=None)
+    pg_desc: int | float | str | bool | None = msgspec.field(name="Process Group Description", default=None)
+    pg_ranks: list[int] | int | float | str | bool | None = msgspec.field(
+        name="Process Group Ranks", default=None
+    )
+    group_size: int | float | str | bool | None = msgspec.field(name="Group size", default=None)
+    seq: int | float | str | bool | None = msgspec.field(name="Seq", default=None)
+    in_nelems: int | float | str | bool | None = msgspec.field(name="In msg nelems", default=None)
+    out_nelems: int | float | str | bool | None = msgspec.field(name="Out msg nelems", default=None)
+    dtype: int | float | str | bool | None = None
+    src_rank: int | float | str | bool | None = msgspec.field(name="Src Rank", default=None)
+    dst_rank: int | float | str | bool | None = msgspec.field(name="Dst Rank", default=None)
+    total_allocated: int | float | str | bool | None = msgspec.field(name="Total Allocated", default=None)
+    total_reserved: int | float | str | bool | None = msgspec.field(name="Total Reserved", default=None)
+    bytes: int | float | str | bool | None = msgspec.field(name="Bytes", default=None)
+    device_id: int | float | str | bool | None = msgspec.field(name="Device Id", default=None)
+
+
+class _LooseArgs(msgspec.Struct, frozen=True, gc=False):
+    """Fallback for `args` whose values have unexpected JSON types (objects, nested lists)."""
+
+    external_id: Any = msgspec.field(name="External id", default=None)
+    correlation: Any = None
+    device: Any = None
+    stream: Any = None
+    collective: Any = msgspec.field(name="Collective name", default=None)
+    pg_name: Any = msgspec.field(name="Process Group Name", default=None)
+    pg_desc: Any = msgspec.field(name="Process Group Description", default=None)
+    pg_ranks: Any = msgspec.field(name="Process Group Ranks", default=None)
+    group_size: Any = msgspec.field(name="Group size", default=None)
+    seq: Any = msgspec.field(name="Seq", default=None)
+    in_nelems: Any = msgspec.field(name="In msg nelems", default=None)
+    out_nelems: Any = msgspec.field(name="Out msg nelems", default=None)
+    dtype: Any = None
+    src_rank: Any = msgspec.field(name="Src Rank", default=None)
+    dst_rank: Any = msgspec.field(name="Dst Rank", default=None)
+    total_allocated: Any = msgspec.field(name="Total Allocated", default=None)
+    total_reserved: Any = msgspec.field(name="Total Reserved", default=None)
+    bytes: Any = msgspec.field(name="Bytes", default=None)
+    device_id: Any = msgspec.field(name="Device Id", default=None)
+
+
+_EMPTY_ARGS = _Args()
+_EMPTY_LOOSE_ARGS = _LooseArgs()
+_RAW_NONE = msgspec.Raw(b"")
+
+
+class _Event(msgspec.Struct, gc=False):
+    """One trace event; `ts`/`dur` kept as raw JSON text for exact decimal conversion."""
+
+    ph: str | None = None
+    cat: str | None = None
+    name: str | None = None
+    pid: int | float | str | None = None
+    tid: int | float | str | None = None
+    ts: msgspec.Raw = _RAW_NONE
+    dur: msgspec.Raw = _RAW_NONE
+    args: _Args = _EMPTY_ARGS
+
+
+class _LooseEvent(msgspec.Struct, gc=False):
+    ph: Any = None
+    cat: Any = None
+    name: Any = None
+    pid: Any = None
+    tid: Any = None
+    ts: msgspec.Raw = _RAW_NONE
+    dur: msgspec.Raw = _RAW_NONE
+    args: _LooseArgs | None = _EMPTY_LOOSE_ARGS
+
+
+class _Top(msgspec.Struct):
+    """Top-level keys of a Kineto file (metadata); `traceEvents` is None when the key is absent."""
+
+    traceEvents: list[_Event] | None = None
+    schemaVersion: Any = None
+    deviceProperties: Any = None
+    distributedInfo: Any = None
+    host_name: Any = None
+    trace_id: Any = None
+    baseTimeNanoseconds: Any = None
+
+
+class _TopLoose(msgspec.Struct):
+    traceEvents: list[_LooseEvent] | None = None
+    schemaVersion: Any = None
+    deviceProperties: Any = None
+    distributedInfo: Any = None
+    host_name: Any = None
+    trace_id: Any = None
+    baseTimeNanoseconds: Any = None
+
+
+_DEC_EVENTS = msgspec.json.Decoder(list[_Event])
+_DEC_EVENTS_LOOSE = msgspec.json.Decoder(list[_LooseEvent])
+_DEC_TOP = msgspec.json.Decoder(_Top)
+_DEC_TOP_LOOSE = msgspec.json.Decoder(_TopLoose)
+_DEC_ANY = msgspec.json.Decoder()
+
+_META_KEYS = (
+    "schemaVersion",
+    "deviceProperties",
+    "distributedInfo",
+    "host_name",
+    "trace_id",
+    "baseTimeNanoseconds",
+)
+
+
+@dataclass
+class KinetoTrace:
+    """One rank's trace: `events` (schema.EVENTS), `memory` (schema.MEMORY), `metadata` (one schema.METADATA row)."""
+
+    events: pa.Table
+    memory: pa.Table
+    metadata: dict = field(default_factory=dict)
+
+
+# ------------------------------------------------------------------------------------------- kinds
+_KIND_INDEX = {k: i for i, k in enumerate(schema.KINDS)}
+_OTHER = _KIND_INDEX["other"]
+_KIND_ALIASES = {
+    "kernel": "kernel",
+    "gpu_memcpy": "gpu_memcpy",
+    "memcpy": "gpu_memcpy",
+    "gpu_memset": "gpu_memset",
+    "memset": "gpu_memset",
+    "cuda_runtime": "cuda_runtime",
+    "runtime": "cuda_runtime",
+    "hip_runtime": "cuda_runtime",
+    "privateuse1_runtime": "cuda_runtime",
+    "mtia_runtime": "cuda_runtime",
+    "cuda_driver": "cuda_driver",
+    "driver": "cuda_driver",
+    "hip_driver": "cuda_driver",
+    "privateuse1_driver": "cuda_driver",
+    "mtia_ccp_events": "kernel",
+    "cpu_op": "cpu_op",
+    "operator": "cpu_op",
+    "user_annotation": "user_annotation",
+    "gpu_user_annotation": "gpu_user_annotation",
+    "python_function": "python_function",
+}
+#: Kinds that run on the device: device/stream come from their args, their step from their CPU launch.
+GPU_KINDS = ("kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation")
+_GPU_CODES = np.array([_KIND_INDEX[k] for k in GPU_KINDS], dtype=np.int8)
+_LAUNCH_CODES = np.array([_KIND_INDEX["cuda_runtime"], _KIND_INDEX["cuda_driver"]], dtype=np.int8)
+_STEP_CODES = np.array([_KIND_INDEX["user_annotation"], _KIND_INDEX["cpu_op"]], dtype=np.int8)
+
+
+def normalise_kind(cat: Any) -> str:
+    """Kineto `cat` -> one of schema.KINDS (case-insensitive; older, ROCm and MTIA names folded in)."""
+    if not isinstance(cat, str):
+        return "other"
+    return _KIND_ALIASES.get(cat.strip().lower(), "other")
+
+
+_kind_cache: dict[Any, int] = {}
+
+
+def _kind_codes(cats: list) -> np.ndarray:
+    for c in set(cats) - _kind_cache.keys():
+        _kind_cache[c] = _KIND_INDEX[normalise_kind(c)]
+    return np.fromiter(map(_kind_cache.__getitem__, cats), dtype=np.int8, count=len(cats))
+
+
+# ------------------------------------------------------------------------------- exact decimal parse
+_POW10 = np.array([10**i for i in range(19)], dtype=np.int64)
+_ALLOWED = np.zeros(256, dtype=bool)
+_ALLOWED[[ord(c) for c in '0123456789.-+" ']] = True
+
+
+def parse_us_to_ns(raws: list) -> tuple[np.ndarray, np.ndarray]:
+    """Microsecond JSON number texts (msgspec.Raw/bytes) -> (int64 ns, valid mask), exact to the nanosecond.
+
+    Vectorised over all characters: each digit contributes digit * 10**(its power in ns); per-value sums via
+    np.add.reduceat. Decimals beyond the third are rounded half-up. Texts numpy cannot handle (exponents,
+    more than 15 integer digits) go through Decimal one by one; `null`/absent values are invalid.
+    """
+    n = len(raws)
+    if n == 0:
+        return np.zeros(0, np.int64), np.zeros(0, bool)
+    joined = b",".join(raws)
+    buf = np.frombuffer(joined, dtype=np.uint8)
+    is_sep = buf == 44
+    sep_pos = np.flatnonzero(is_sep)
+    starts = np.empty(n, dtype=np.int64)
+    starts[0] = 0
+    starts[1:] = sep_pos + 1
+    ends = np.empty(n, dtype=np.int64)
+    ends[:-1] = sep_pos
+    ends[-1] = buf.size
+    tok = np.cumsum(is_sep, dtype=np.int64)
+    dot_chars = np.flatnonzero(buf == 46)
+    dotpos = ends.copy()
+    dotpos[tok[dot_chars]] = dot_chars
+    pos = np.arange(buf.size, dtype=np.int64)
+    tdot = dotpos[tok]
+    power = tdot - pos
+    power -= pos < tdot
+    power += 3
+    d = buf.astype(np.int64) - 48
+    digit = (d >= 0) & (d <= 9)
+    main = digit & (power >= 0)
+    contrib = np.where(main, d * _POW10[np.clip(power, 0, 18)], 0)
+    contrib += digit & (power == -1) & (d >= 5)  # round half-up at the 4th decimal
+    contrib = np.append(contrib, 0)  # so that an empty last token has a valid reduceat index
+    values = np.add.reduceat(contrib, starts)
+    values[starts == ends] = 0
+    neg_chars = np.flatnonzero(buf == 45)
+    neg = np.zeros(n, dtype=bool)
+    neg[tok[neg_chars]] = True
+    values[neg] *= -1
+    valid = ends > starts
+    # tokens with characters a plain decimal does not have, two dots, or too many integer digits
+    bad = np.zeros(n, dtype=bool)
+    bad_chars = np.flatnonzero(~_ALLOWED[buf] & ~is_sep)
+    bad[tok[bad_chars]] = True
+    ndots = np.bincount(tok[dot_chars], minlength=n) if dot_chars.size else np.zeros(n, np.int64)
+    bad |= ndots > 1
+    bad |= (dotpos - starts) > 15
+    if bad.any():
+        for i in np.flatnonzero(bad):
+            v = _parse_one(bytes(joined[starts[i] : ends[i]]))
+            if v is None:
+                valid[i] = False
+                values[i] = 0
+            else:
+                values[i] = v
+    return values, valid
+
+
+def _parse_one(text: bytes) -> int | None:
+    """Slow path of parse_us_to_ns for one value: exponent notation, quoted strings, null."""
+    t = text.strip().strip(b'"').strip()
+    if not t or t in (b"null", b"true", b"false"):
+        return None
+    try:
+        v = Decimal(t.decode("ascii")) * 1000
+        if not v.is_finite():
+            return None
+        iv = int(v.to_integral_value(rounding="ROUND_HALF_UP"))
+    except (InvalidOperation, UnicodeDecodeError, ValueError):
+        return None
+    return iv if -(2**63) <= iv < 2**63 else None
+
+
+# ------------------------------------------------------------------------------------ value coercion
+def _coerce_int(v: Any) -> int | None:
+    """One JSON value -> int or None (ints, integral floats, decimal or 0x-hex strings)."""
+    if v is None or isinstance(v, bool):
+        return None if v is None else int(v)
+    if isinstance(v, int):
+        return v if -(2**63) <= v < 2**63 else None
+    if isinstance(v, float):
+        return int(v) if math.isfinite(v) and abs(v) < 2**63 and v == int(v) else None
+    if isinstance(v, str):
+        s = v.strip()
+        try:
+            return int(s, 0) if s[:2].lower() in ("0x", "0o", "0b") else int(s)
+        except ValueError:
+            try:
+                f = float(s)
+            except ValueError:
+                return None
+            return _coerce_int(f)
+    return None
+
+
+def _int_array(values: list, type_: pa.DataType) -> pa.Array:
+    """Python values -> Arrow integer array; the fast path is pa.array, odd values are coerced one by one."""
+    try:
+        arr = pa.array(values, type=pa.int64())
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError):
+        arr = pa.array([_coerce_int(v) for v in values], type=pa.int64())
+    if type_ == pa.int64():
+        return arr
+    return pc.cast(arr, type_, safe=False) if arr.null_count < len(arr) else pa.nulls(len(arr), type_)
+
+
+def _str_array(values: list) -> pa.Array:
+    try:
+        return pa.array(values, type=pa.string())
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError):
+        return pa.array([v if isinstance(v, str) or v is None else str(v) for v in values], type=pa.string())
+
+
+_ranks_cache: dict[Any, list[int] | None] = {}
+
+
+def parse_pg_ranks(v: Any) -> list[int] | None:
+    """`Process Group Ranks` ("[0, 1, 2]", or a list) -> list of ints; None when truncated ("...") or unparsable."""
+    if isinstance(v, list):
+        return [int(x) for x in v] if all(isinstance(x, int) and not isinstance(x, bool) for x in v) else None
+    if not isinstance(v, str):
+        return None
+    if v in _ranks_cache:
+        return _ranks_cache[v]
+    out: list[int] | None
+    s = v.strip()
+    if "..." in s or not (s.startswith("[") and s.endswith("]")):
+        out = None
+    else:
+        body = s[1:-1].strip()
+        try:
+            out = [int(x) for x in body.split(",")] if body else []
+        except ValueError:
+            out = None
+    if len(_ranks_cache) < 10000:
+        _ranks_cache[v] = out
+    return out
+
+
+# ----------------------------------------------------------------------------------- chunk -> columns
+_PH_CODE = {"X": 1, "i": 2, "I": 2}
+_get = {f: attrgetter(f) for f in ("ph", "cat", "name", "pid", "tid", "ts", "dur", "args")}
+_COLL_FIELDS = (
+    "collective",
+    "pg_name",
+    "pg_desc",
+    "pg_ranks",
+    "group_size",
+    "seq",
+    "in_nelems",
+    "out_nelems",
+    "dtype",
+    "src_rank",
+    "dst_rank",
+)
+
+
+@dataclass
+class _Chunk:
+    """Columns of the complete and memory events of one decoded chunk (timestamps relative to the file)."""
+
+    n: int
+    kind: np.ndarray
+    name: pa.Array
+    pid: pa.Array
+    tid: pa.Array
+    device: pa.Array
+    stream: pa.Array
+    ts: np.ndarray
+    ts_valid: np.ndarray
+    dur: np.ndarray
+    dur_valid: np.ndarray
+    correlation: pa.Array
+    external_id: pa.Array
+    coll_rows: np.ndarray  # row indices (within the chunk) that carry collective args
+    coll: dict  # field -> Python list aligned with coll_rows
+    mem: dict | None
+
+
+def _columns(evs: list) -> _Chunk:
+    """Build the columns of one chunk of decoded events (C-level passes; no per-event Python code)."""
+    phs = list(map(_get["ph"], evs))
+    ph = np.fromiter(map(_PH_CODE.get, phs, repeat(0)), dtype=np.int8, count=len(phs))
+    xs = list(compress(evs, (ph == 1).tolist()))
+    mem = None
+    if (ph == 2).any():
+        inst = list(compress(evs, (ph == 2).tolist()))
+        mems = [e for e in inst if e.name == "[memory]"]
+        if mems:
+            mem = _memory_columns(mems)
+    n = len(xs)
+    kind = _kind_codes(list(map(_get["cat"], xs)))
+    names = _str_array(list(map(_get["name"], xs)))
+    args = list(map(_get["args"], xs))
+    if any(a is None for a in args):
+        args = [_EMPTY_ARGS if a is None else a for a in args]
+    ts, ts_valid = parse_us_to_ns(list(map(_get["ts"], xs)))
+    dur, dur_valid = parse_us_to_ns(list(map(_get["dur"], xs)))
+    colls = list(map(attrgetter("collective"), args))
+    has_coll = np.fromiter(map(is_not, colls, repeat(None)), dtype=bool, count=n)
+    coll_rows = np.flatnonzero(has_coll)
+    coll: dict = {}
+    if coll_rows.size:
+        sub = [args[i] for i in coll_rows.tolist()]
+        for f in _COLL_FIELDS:
+            coll[f] = list(map(attrgetter(f), sub))
+    return _Chunk(
+        n=n,
+        kind=kind,
+        name=names,
+        pid=_int_array(list(map(_get["pid"], xs)), pa.int64()),
+        tid=_int_array(list(map(_get["tid"], xs)), pa.int64()),
+        device=_int_array(list(map(attrgetter("device"), args)), pa.int32()),
+        stream=_int_array(list(map(attrgetter("stream"), args)), pa.int32()),
+        ts=ts,
+        ts_valid=ts_valid,
+        dur=dur,
+        dur_valid=dur_valid,
+        correlation=_int_array(list(map(attrgetter("correlation"), args)), pa.int64()),
+        external_id=_int_array(list(map(attrgetter("external_id"), args)), pa.int64()),
+        coll_rows=coll_rows,
+        coll=coll,
+        mem=mem,
+    )
+
+
+def _memory_columns(mems: list) -> dict:
+    args = [_EMPTY_ARGS if e.args is None else e.args for e in mems]
+    ts, valid = parse_us_to_ns([e.ts for e in mems])
+    return {
+        "ts": ts,
+        "valid": valid,
+        "device": _int_array([a.device_id for a in args], pa.int32()),
+        "bytes": _int_array([a.bytes for a in args], pa.int64()),
+        "total_allocated": _int_array([a.total_allocated for a in args], pa.int64()),
+        "total_reserved": _int_array([a.total_reserved for a in args], pa.int64()),
+    }
+
+
+# ------------------------------------------------------------------------------------------ reading
+def max_decompressed_bytes() -> int:
+    """Decompressed-size limit for gzip traces (env TRACELENS_MAX_DECOMPRESSED_BYTES, default 64 GiB)."""
+    v = os.environ.get("TRACELENS_MAX_DECOMPRESSED_BYTES")
+    if v:
+        try:
+            return int(float(v))
+        except ValueError:
+            pass
+    return DEFAULT_MAX_DECOMPRESSED
+
+
+class _Truncated(Exception):
+    """The gzip stream ended before its end marker (a file cut mid-write)."""
+
+
+def _blocks(path: Path, read_bytes: int = _READ_BYTES) -> Iterator[bytes]:
+    """Decompressed content of `path` in blocks (gzip by magic bytes, multi-member aware, size-bounded)."""
+    limit = max_decompressed_bytes()
+    with open(path, "rb") as fh:
+        magic = fh.read(2)
+        fh.seek(0)
+        if magic != b"\x1f\x8b":
+            while True:
+                b = fh.read(read_bytes * 4)
+                if not b:
+                    return
+                yield b
+        d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        total_in = total_out = 0
+        while True:
+            raw = fh.read(read_bytes)
+            if not raw:
+                if not d.eof:
+                    tail = d.flush()
+                    if tail:
+                        yield tail
+                    raise _Truncated()
+                return
+            total_in += len(raw)
+            while raw:
+                try:
+                    out = d.decompress(raw)
+                except zlib.error as err:
+                    raise BadTraceError(f"{path}: corrupt gzip data ({err})") from None
+                total_out += len(out)
+                if total_out > limit:
+                    raise BadTraceError(
+                        f"{path}: decompresses to more than {limit} bytes; "
+                        "raise TRACELENS_MAX_DECOMPRESSED_BYTES if this file is genuine"
+                    )
+                if total_out > RATIO_MIN_BYTES and total_out > MAX_RATIO * total_in:
+                    raise BadTraceError(
+                        f"{path}: compression ratio above {MAX_RATIO}:1 (decompression bomb?); "
+                        "raise TRACELENS_MAX_DECOMPRESSED_BYTES if this file is genuine"
+                    )
+                if out:
+                    yield out
+                if d.eof:
+                    raw = d.unused_data
+                    if raw.lstrip(b"\x00"):
+                        d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+                    else:
+                        raw = b""
+                else:
+                    raw = b""
+
+
+_TE_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
+_WS = b" \t\r\n"
+
+
+def _last_boundary(buf: bytes | bytearray, lo: int) -> tuple[int, int] | None:
+    """Last `}` , `{` separator in buf[lo:]: (index just after `}`, index of `{`), or None."""
+    p = len(buf)
+    while True:
+        p = buf.rfind(b"{", lo, p)
+        if p <= lo:
+            return None
+        q = p - 1
+        while q > lo and buf[q] in _WS:
+            q -= 1
+        if buf[q] == 44:  # ','
+            r = q - 1
+            while r > lo and buf[r] in _WS:
+                r -= 1
+            if buf[r] == 125:  # '}'
+                return r + 1, p
+
+
+def _decode_events(piece: bytes) -> list:
+    try:
+        return _DEC_EVENTS.decode(piece)
+    except msgspec.ValidationError:
+        return _DEC_EVENTS_LOOSE.decode(piece)
+
+
+def _decode_top(doc: bytes) -> Any:
+    try:
+        return _DEC_TOP.decode(doc)
+    except msgspec.ValidationError:
+        return _DEC_TOP_LOOSE.decode(doc)
+
+
+@dataclass
+class _Scan:
+    meta: dict
+    chunks: list
+    bytes_total: int
+    bytes_parsed: int
+    salvaged: bool
+
+
+def _scan(path: Path, salvage: bool, chunk_bytes: int) -> _Scan:
+    """Stream the file: metadata from the keys around `traceEvents`, events decoded chunk by chunk."""
+    meta: dict = {}
+    chunks: list[_Chunk] = []
+    buf = bytearray()
+    state = "head"
+    total = 0
+    parsed = 0
+    truncated = False
+    blocks = _blocks(path)
+    eof = False
+    while not eof:
+        try:
+            b = next(blocks)
+            total += len(b)
+            buf += b
+        except StopIteration:
+            eof = True
+        except _Truncated:
+            eof = True
+            truncated = True
+        if state == "whole":
+            continue
+        if state == "head":
+            m = _TE_KEY.search(buf)
+            if m is None:
+                continue
+            head = bytes(buf[: m.end()]) + b"]}"
+            try:
+                top = _decode_top(head)
+            except msgspec.DecodeError:
+                state = "whole"  # "traceEvents" matched inside something else: decode the whole document
+                continue
+            _merge_meta(meta, top)
+            parsed += m.end()
+            del buf[: m.end()]
+            state = "events"
+        if state == "events" and (len(buf) >= chunk_bytes or eof):
+            cut = _last_boundary(buf, 0) if not eof else None
+            if cut is not None:
+                piece = b"[" + bytes(buf[: cut[0]]) + b"]"
+                try:
+                    evs = _decode_events(piece)
+                except msgspec.DecodeError:
+                    evs = None  # cut fell inside a string or nested value: read more and retry
+                if evs is not None:
+                    chunks.append(_columns(evs))
+                    del evs
+                    parsed += cut[1]
+                    del buf[: cut[1]]
+    if state in ("head", "whole"):
+        # No (usable) traceEvents key: decode what we have as one document for a precise error or result.
+        if truncated and not salvage:
+            raise BadTraceError(f"{path}: truncated gzip stream (file cut mid-write?)")
+        rest = bytes(buf)
+        if not rest.strip():
+            raise BadTraceError(f"{path}: empty file")
+        try:
+            top = _decode_top(rest)
+        except msgspec.DecodeError as err:
+            raise BadTraceError(f"{path}: not a valid Kineto JSON trace ({err})") from None
+        if top.traceEvents is None:
+            raise BadTraceError(f"{path}: no traceEvents array (not a PyTorch profiler trace?)")
+        _merge_meta(meta, top)
+        if top.traceEvents:
+            chunks.append(_columns(top.traceEvents))
+        return _Scan(meta, chunks, total, total, False)
+    # Last piece: the remaining events, the `]` closing the array and the top-level keys after it.
+    tail = b'{"traceEvents":[' + bytes(buf)
+    try:
+        top = _decode_top(tail)
+    except msgspec.DecodeError as err:
+        if not salvage:
+            why = "truncated gzip stream" if truncated else f"not valid JSON ({err})"
+            raise BadTraceError(f"{path}: {why}; the file may have been cut mid-write") from None
+        evs = _salvage_tail(buf)
+        if evs:
+            chunks.append(_columns(evs[0]))
+            parsed += evs[1]
+        return _Scan(meta, chunks, total, parsed, True)
+    _merge_meta(meta, top)
+    if top.traceEvents:
+        chunks.append(_columns(top.traceEvents))
+    if not chunks and not top.traceEvents:
+        raise BadTraceError(f"{path}: traceEvents is empty (nothing was recorded)")
+    return _Scan(meta, chunks, total, total, False)
+
+
+def _salvage_tail(buf: bytearray) -> tuple[list, int] | None:
+    """Complete events at the start of a cut-off remainder: try event boundaries from the last one back."""
+    hi = len(buf)
+    for _ in range(64):
+        cut = _last_boundary(buf[:hi], 0)
+        if cut is None:
+            break
+        try:
+            return _decode_events(b"[" + bytes(buf[: cut[0]]) + b"]"), cut[0]
+        except msgspec.DecodeError:
+            hi = cut[0] - 1
+    # a single complete event before the cut?
+    end = buf.rfind(b"}")
+    while end > 0:
+        try:
+            return _decode_events(b"[" + bytes(buf[: end + 1]) + b"]"), end + 1
+        except msgspec.DecodeError:
+            end = buf.rfind(b"}", 0, end)
+    return None
+
+
+def _merge_meta(meta: dict, top: Any) -> None:
+    for k in _META_KEYS:
+        v = getattr(top, k)
+        if v is not None:
+            meta[k] = v
+
+
+# ------------------------------------------------------------------------------------------ assembly
+def _concat_np(parts: list[np.ndarray], dtype) -> np.ndarray:
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
+
+
+def _concat_pa(parts: list[pa.Array], type_: pa.DataType) -> pa.Array:
+    parts = [p for p in parts if len(p)]
+    if not parts:
+        return pa.array([], type=type_)
+    return pa.concat_arrays(parts) if len(parts) > 1 else parts[0]
+
+
+def _dict_encode(arr: pa.Array) -> pa.Array:
+    """string -> dictionary<int32, string>."""
+    out = pc.dictionary_encode(arr)
+    if out.type != schema.DICT_STR:
+        out = out.cast(schema.DICT_STR)
+    return out
+
+
+def _dict_from_values(values: list, n: int, rows: np.ndarray) -> pa.Array:
+    """Sparse string values at `rows` -> a length-n dictionary column, null elsewhere."""
+    vals = _str_array(values)
+    return _dict_encode(_scatter(vals, n, rows))
+
+
+def _scatter(vals: pa.Array, n: int, rows: np.ndarray) -> pa.Array:
+    """Place `vals` at `rows` of a length-n array; other rows null."""
+    if len(rows) == n:
+        return vals
+    idx = np.full(n, -1, dtype=np.int64)
+    idx[rows] = np.arange(len(rows))
+    return vals.take(pa.array(idx, mask=idx < 0))
+
+
+def step_of_name(names: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """For a dictionary `name` column: (is ProfilerStep#N, N) per row (N = -1 when not a step)."""
+    d = names.dictionary.to_pylist()
+    nums = np.full(len(d) + 1, -1, dtype=np.int64)
+    for i, s in enumerate(d):
+        if isinstance(s, str) and s.startswith("ProfilerStep#"):
+            try:
+                nums[i] = int(s[len("ProfilerStep#") :])
+            except ValueError:
+                pass
+    idx = names.indices.fill_null(len(d)).to_numpy(zero_copy_only=False)
+    num = nums[idx]
+    return num >= 0, num
+
+
+def assign_steps(
+    kind: np.ndarray, names: pa.Array, ts: np.ndarray, dur: np.ndarray, corr: pa.Array
+) -> np.ndarray:
+    """Step of each event (-1 = none): CPU events by the enclosing ProfilerStep#N window, device events by
+    the step of the cuda_runtime/cuda_driver launch with the same correlation id (else by their own start)."""
+    n = len(kind)
+    step = np.full(n, -1, dtype=np.int64)
+    is_step, num = step_of_name(names)
+    is_step &= np.isin(kind, _STEP_CODES)
+    if not is_step.any():
+        return step
+    s_num = num[is_step]
+    s_start = ts[is_step]
+    s_end = s_start + np.maximum(dur[is_step], 0)
+    # one window per step number (a step may appear as both user_annotation and cpu_op)
+    uniq, inv = np.unique(s_num, return_inverse=True)
+    w_start = np.full(uniq.size, np.iinfo(np.int64).max, dtype=np.int64)
+    w_end = np.full(uniq.size, np.iinfo(np.int64).min, dtype=np.int64)
+    np.minimum.at(w_start, inv, s_start)
+    np.maximum.at(w_end, inv, s_end)
+    order = np.argsort(w_start, kind="stable")
+    w_start, w_end, uniq = w_start[order], w_end[order], uniq[order]
+
+    def enclosing(t: np.ndarray) -> np.ndarray:
+        j = np.searchsorted(w_start, t, side="right") - 1
+        ok = (j >= 0) & (t < w_end[np.clip(j, 0, None)])
+        return np.where(ok, uniq[np.clip(j, 0, None)], -1)
+
+    is_gpu = np.isin(kind, _GPU_CODES)
+    step[~is_gpu] = enclosing(ts[~is_gpu])
+    if is_gpu.any():
+        own = enclosing(ts[is_gpu])
+        corr_np = corr.fill_null(-1).to_numpy(zero_copy_only=False)
+        launch = np.isin(kind, _LAUNCH_CODES) & (corr_np >= 0)
+        g_corr = corr_np[is_gpu]
+        if launch.any():
+            l_corr = corr_np[launch]
+            l_step = step[launch]
+            o = np.argsort(l_corr, kind="stable")
+            l_corr, l_step = l_corr[o], l_step[o]
+            j = np.searchsorted(l_corr, g_corr)
+            jc = np.clip(j, 0, l_corr.size - 1)
+            hit = (j < l_corr.size) & (l_corr[jc] == g_corr) & (g_corr >= 0)
+            own = np.where(hit, l_step[jc], own)
+        step[is_gpu] = own
+    return step
+
+
+def _assemble(sc: _Scan, rank: int) -> tuple[pa.Table, pa.Table]:
+    base = _coerce_int(sc.meta.get("baseTimeNanoseconds")) or 0
+    ch = sc.chunks
+    ts = _concat_np([c.ts for c in ch], np.int64)
+    ts_valid = _concat_np([c.ts_valid for c in ch], bool)
+    dur = _concat_np([c.dur for c in ch], np.int64)
+    dur_valid = _concat_np([c.dur_valid for c in ch], bool)
+    kind = _concat_np([c.kind for c in ch], np.int8)
+    names = _dict_encode(_concat_pa([c.name for c in ch], pa.string()))
+    corr = _concat_pa([c.correlation for c in ch], pa.int64())
+    n = len(ts)
+    # collective columns: sparse rows across chunks
+    offs = np.cumsum([0] + [c.n for c in ch])
+    rows = _concat_np([c.coll_rows + o for c, o in zip(ch, offs)], np.int64)
+    coll: dict[str, list] = {f: [] for f in _COLL_FIELDS}
+    for c in ch:
+        for f in _COLL_FIELDS:
+            coll[f].extend(c.coll.get(f, ()))
+    step = assign_steps(kind, names, ts, dur, corr)
+    is_gpu = np.isin(kind, _GPU_CODES)
+    device = _concat_pa([c.device for c in ch], pa.int32())
+    stream = _concat_pa([c.stream for c in ch], pa.int32())
+    pid = _concat_pa([c.pid for c in ch], pa.int64())
+    tid = _concat_pa([c.tid for c in ch], pa.int64())
+    gpu_mask = pa.array(is_gpu)
+    # device events: device/stream from args, else Kineto's convention pid = device, tid = stream
+    device = pc.if_else(
+        gpu_mask, pc.coalesce(device, pc.cast(pid, pa.int32(), safe=False)), pa.scalar(None, pa.int32())
+    )
+    stream = pc.if_else(
+        gpu_mask, pc.coalesce(stream, pc.cast(tid, pa.int32(), safe=False)), pa.scalar(None, pa.int32())
+    )
+    kinds = pa.DictionaryArray.from_arrays(
+        pa.array(kind.astype(np.int32)), pa.array(list(schema.KINDS), type=pa.string())
+    )
+    cols = {
+        "rank": pa.array(np.full(n, rank, dtype=np.int32)),
+        "kind": kinds,
+        "name": names,
+        "pid": pid,
+        "tid": tid,
+        "device": device,
+        "stream": stream,
+        "ts_ns": pa.array(ts + base, mask=~ts_valid),
+        "dur_ns": pa.array(dur, mask=~dur_valid),
+        "correlation": corr,
+        "external_id": _concat_pa([c.external_id for c in ch], pa.int64()),
+        "step": pa.array(step.astype(np.int32), mask=step < 0),
+        "collective": _dict_from_values(coll["collective"], n, rows),
+        "pg_name": _dict_from_values(coll["pg_name"], n, rows),
+        "pg_desc": _dict_from_values(coll["pg_desc"], n, rows),
+        "pg_ranks": _scatter(
+            pa.array([parse_pg_ranks(v) for v in coll["pg_ranks"]], type=pa.list_(pa.int32())), n, rows
+        ),
+        "group_size": _scatter(_int_array(coll["group_size"], pa.int32()), n, rows),
+        "seq": _scatter(_int_array(coll["seq"], pa.int64()), n, rows),
+        "in_nelems": _scatter(_int_array(coll["in_nelems"], pa.int64()), n, rows),
+        "out_nelems": _scatter(_int_array(coll["out_nelems"], pa.int64()), n, rows),
+        "dtype": _dict_from_values(coll["dtype"], n, rows),
+        "src_rank": _scatter(_int_array(coll["src_rank"], pa.int32()), n, rows),
+        "dst_rank": _scatter(_int_array(coll["dst_rank"], pa.int32()), n, rows),
+    }
+    events = pa.Table.from_arrays([cols[f.name] for f in schema.EVENTS], schema=schema.EVENTS)
+    if not ts_valid.all():
+        events = events.filter(pa.array(ts_valid))
+    mems = [c.mem for c in ch if c.mem is not None]
+    if mems:
+        mts = _concat_np([m["ts"] for m in mems], np.int64)
+        mvalid = _concat_np([m["valid"] for m in mems], bool)
+        memory = pa.Table.from_arrays(
+            [
+                pa.array(np.full(len(mts), rank, dtype=np.int32)),
+                pa.array(mts + base, mask=~mvalid),
+                _concat_pa([m["device"] for m in mems], pa.int32()),
+                _concat_pa([m["bytes"] for m in mems], pa.int64()),
+                _concat_pa([m["total_allocated"] for m in mems], pa.int64()),
+                _concat_pa([m["total_reserved"] for m in mems], pa.int64()),
+            ],
+            schema=schema.MEMORY,
+        )
+        if not mvalid.all():
+            memory = memory.filter(pa.array(mvalid))
+    else:
+        memory = schema.MEMORY.empty_table()
+    return events, memory
+
+
+def _json_text(v: Any) -> str | None:
+    return None if v is None else json.dumps(v, separators=(",", ":"), default=str)
+
+
+def _metadata(path: Path, rank: int, meta: dict, n_events: int, sc: _Scan) -> dict:
+    di = meta.get("distributedInfo") if isinstance(meta.get("distributedInfo"), dict) else None
+    dp = meta.get("deviceProperties") if isinstance(meta.get("deviceProperties"), list) else None
+    gpu_name = None
+    if dp and isinstance(dp[0], dict) and dp[0].get("name") is not None:
+        gpu_name = str(dp[0]["name"])
+    ws = _coerce_int(di.get("world_size")) if di else None
+    return {
+        "rank": rank,
+        "path": str(path),
+        "world_size": ws,
+        "backend": None if not di or di.get("backend") is None else str(di.get("backend")),
+        "host_name": None if meta.get("host_name") is None else str(meta["host_name"]),
+        "trace_id": None if meta.get("trace_id") is None else str(meta["trace_id"]),
+        "base_time_ns": _coerce_int(meta.get("baseTimeNanoseconds")),
+        "gpu_name": gpu_name,
+        "num_devices": len(dp) if dp is not None else None,
+        "pg_config_json": _json_text(di.get("pg_config")) if di else None,
+        "distributed_info_json": _json_text(di),
+        "device_properties_json": _json_text(dp),
+        "events": n_events,
+        "salvaged": sc.salvaged,
+        "salvaged_fraction": (sc.bytes_parsed / sc.bytes_total if sc.bytes_total else 0.0)
+        if sc.salvaged
+        else None,
+    }
+
+
+def metadata_table(rows: list[dict]) -> pa.Table:
+    """Metadata row dicts -> a schema.METADATA table."""
+    return pa.Table.from_pylist(rows, schema=schema.METADATA)
+
+
+def read(
+    path: str | Path, rank: int | None = None, *, salvage: bool = False, chunk_bytes: int = CHUNK_BYTES
+) -> KinetoTrace:
+    """Read one Kineto trace (`.json` or gzip) into events, memory and a metadata row.
+
+    `rank` overrides the trace's own (`distributedInfo.rank`, else a `rank<N>` file name, else 0).
+    `salvage=True` keeps the complete events of a file cut mid-write instead of raising BadTraceError.
+    """
+    path = Path(path)
+    try:
+        sc = _scan(path, salvage, chunk_bytes)
+    except OSError as err:
+        raise BadTraceError(f"{path}: cannot read ({err.strerror or err})") from None
+    if rank is None:
+        di = sc.meta.get("distributedInfo")
+        rank = _coerce_int(di.get("rank")) if isinstance(di, dict) else None
+        if rank is None:
+            rank = rank_from_name(path)
+        if rank is None:
+            rank = 0
+    events, memory = _assemble(sc, int(rank))
+    return KinetoTrace(
+        events=events, memory=memory, metadata=_metadata(path, int(rank), sc.meta, events.num_rows, sc)
+    )
+
+
+# ------------------------------------------------------------------------------------------- peek
+_RANK_RE = re.compile(r"(?<![a-z])rank[-_]?(\d+)", re.IGNORECASE)
+_DI_KEY = re.compile(rb'"distributedInfo"\s*:\s*')
+PEEK_HEAD = 1024 * 1024
+PEEK_TAIL = 256 * 1024
+
+
+def rank_from_name(path: str | Path) -> int | None:
+    """Rank from a file name such as `rank-3`, `rank_3`, `rank3` (case-insensitive), else None."""
+    m = _RANK_RE.search(Path(path).name)
+    return int(m.group(1)) if m else None
+
+
+def _json_value_at(buf: bytes, start: int) -> Any:
+    """Decode the JSON object/array starting at buf[start] (finds its end by a string-aware bracket scan)."""
+    if start >= len(buf) or buf[start : start + 1] not in (b"{", b"["):
+        # a scalar (e.g. null): decode up to the next delimiter
+        m = re.compile(rb"[^,}\]]*").match(buf, start)
+        try:
+            return _DEC_ANY.decode(buf[start : m.end()].strip()) if m else None
+        except msgspec.DecodeError:
+            return None
+    depth = 0
+    in_str = False
+    for m in re.finditer(rb'["\\{}\[\]]', buf[start:]):
+        c = m.group()
+        if in_str:
+            if c == b"\\":
+                continue
+            if c == b'"':
+                # count preceding backslashes
+                j = start + m.start() - 1
+                nb = 0
+                while buf[j] == 92:
+                    nb += 1
+                    j -= 1
+                if nb % 2 == 0:
+                    in_str = False
+            continue
+        if c == b'"':
+            in_str = True
+        elif c in (b"{", b"["):
+            depth += 1
+        elif c in (b"}", b"]"):
+            depth -= 1
+            if depth == 0:
+                try:
+                    return _DEC_ANY.decode(buf[start : start + m.end()])
+                except msgspec.DecodeError:
+                    return None
+    return None
+
+
+def _find_distributed_info(buf: bytes) -> tuple[bool, Any]:
+    m = _DI_KEY.search(buf)
+    if m is None:
+        return False, None
+    return True, _json_value_at(buf, m.end())
+
+
+def _tail_bytes(path: Path, n: int) -> bytes:
+    with open(path, "rb") as fh:
+        magic = fh.read(2)
+        if magic != b"\x1f\x8b":
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - n))
+            return fh.read()
+    keep = bytearray()
+    try:
+        for b in _blocks(path):
+            keep += b
+            if len(keep) > 2 * n:
+                del keep[: len(keep) - n]
+    except _Truncated:
+        pass
+    return bytes(keep[-n:])
+
+
+def peek(path: str | Path) -> dict:
+    """Rank metadata of a Kineto file without decoding its events.
+
+    Reads the first MiB (decompressed) for `distributedInfo`; when the file puts it after `traceEvents`,
+    reads the last 256 KiB instead (for gzip this streams the file once). Returns
+    {rank, world_size, backend, distributed_info, base_time_ns}; missing values are None.
+    """
+    path = Path(path)
+    head = bytearray()
+    try:
+        for b in _blocks(path):
+            head += b
+            if len(head) >= PEEK_HEAD:
+                break
+    except _Truncated:
+        pass
+    except OSError as err:
+        raise BadTraceError(f"{path}: cannot read ({err.strerror or err})") from None
+    head_b = bytes(head[:PEEK_HEAD])
+    te = _TE_KEY.search(head_b)
+    region = head_b[: te.start()] if te else head_b
+    found, di = _find_distributed_info(region)
+    base_m = re.search(rb'"baseTimeNanoseconds"\s*:\s*(\d+)', region)
+    if not found and (te is not None or len(head) >= PEEK_HEAD):
+        tail = _tail_bytes(path, PEEK_TAIL)
+        found, di = _find_distributed_info(tail)
+        if base_m is None:
+            base_m = re.search(rb'"baseTimeNanoseconds"\s*:\s*(\d+)', tail)
+    di = di if isinstance(di, dict) else None
+    return {
+        "rank": _coerce_int(di.get("rank")) if di else None,
+        "world_size": _coerce_int(di.get("world_size")) if di else None,
+        "backend": None if not di or di.get("backend") is None else str(di["backend"]),
+        "distributed_info": di,
+        "base_time_ns": int(base_m.group(1)) if base_m else None,
+    }
+
+
+__all__ = [
+    "GPU_KINDS",
+    "KinetoTrace",
+    "assign_steps",
+    "max_decompressed_bytes",
+    "metadata_table",
+    "normalise_kind",
+    "parse_pg_ranks",
+    "parse_us_to_ns",
+    "peek",
+    "rank_from_name",
+    "read",
+]
