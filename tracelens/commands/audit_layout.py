@@ -50,7 +50,14 @@ def render(result) -> str:
                      f"{per_s:>10}  {status}  ({row['note']})")
     lines += ["", "Limits"]
     for lim in d["limits"]["tp"]:
-        lines.append(f"  tp <= {lim['max_degree']:<4} {lim['dimension']} ({lim['size']}): {lim['rule']}")
+        mark = "  <- binding" if lim["binding"] else ""
+        lines.append(f"  tp <= {lim['max_degree']:<4} {lim['dimension']} ({lim['size']}): {lim['rule']}{mark}")
+    dn = d["deltanet"]
+    if dn:
+        per = (f"{dn['qk_heads_per_rank']:g} QK + {dn['v_heads_per_rank']:g} V heads per rank"
+               if dn["tp_ok"] else "does not divide")
+        lines.append(f"  DeltaNet limit: {dn['qk_heads']} QK heads / {dn['v_heads']} V heads: TP must divide "
+                     f"{dn['qk_heads']} (TP <= {dn['max_tp']}); at TP={lay['tp']}: {per}")
     for lim in d["limits"]["pp"]:
         lines.append(f"  pp <= {lim['max_degree']:<4} {lim['dimension']} ({lim['size']}): {lim['rule']}")
     cd = d["clean_degrees"]

@@ -53,6 +53,7 @@ class AuditResult:
     seq_lens_evaluated: list[int]
     balanced_split: dict[int, list[int]]
     findings: list[dict] = field(default_factory=list)
+    deltanet: dict | None = None
     model_summary: dict = field(default_factory=dict)
 
     @property
@@ -73,6 +74,7 @@ class AuditResult:
             "limits": self.limits,
             "clean_degrees": self.clean_degrees,
             "kv_replication": self.kv_replication,
+            "deltanet": self.deltanet,
             "layer_split": self.layer_split,
             "split_source": self.split_source,
             "stages": self.stages,
@@ -292,7 +294,8 @@ def audit_layout(
             "INDIVISIBLE_DIMENSION", "warning",
             f"{model.num_layers} layers are not divisible by PP={pp}: stages get {_fmt_split(split)} layers",
             axis="pp", dimension="layers", size=model.num_layers, degree=pp))
-    _composition_finding(model, stages, split, seq_lens, findings)
+    balanced = {s: balanced_split(model, pp, s) for s in seq_lens}
+    _composition_finding(model, stages, split, seq_lens, balanced[seq_lens[-1]], findings)
 
     # ----- context parallel -----------------------------------------------------------------------
     if seq_len:
@@ -315,8 +318,9 @@ def audit_layout(
     with_rep = [d for d in range(1, MAX_DEGREE + 1)
                 if all(s % d == 0 or (n == "kv_heads" and d % s == 0) for n, s in head_dims)
                 and all(s % d == 0 for n, s, _ in tp_dims if not n.endswith("heads"))]
+    binding = min((s for _, s in head_dims), default=None)
     limits = {
-        "tp": [{"dimension": n, "size": s, "max_degree": s,
+        "tp": [{"dimension": n, "size": s, "max_degree": s, "binding": s == binding,
                 "rule": ("TP must divide it; above it K/V heads are replicated" if n == "kv_heads"
                          else "TP must divide it")} for n, s in head_dims],
         "pp": [{"dimension": "blocks", "size": nb, "max_degree": nb,
@@ -329,12 +333,22 @@ def audit_layout(
         "cp": ([d for d in range(1, MAX_DEGREE + 1) if seq_len % (2 * d if d > 1 else 1) == 0]
                if seq_len else None),
     }
-    balanced = {s: balanced_split(model, pp, s) for s in seq_lens}
+    deltanet = None
+    if LINEAR in model.layer_types:
+        hk, hv = model.linear_num_key_heads, model.linear_num_value_heads
+        deltanet = {
+            "qk_heads": hk, "v_heads": hv, "v_heads_per_qk_head": hv // hk, "max_tp": hk,
+            "tp_ok": hk % tp == 0,
+            "qk_heads_per_rank": hk / tp if hk % tp else hk // tp,
+            "v_heads_per_rank": hv / tp if hv % tp else hv // tp,
+            "rule": f"TP must divide the {hk} QK heads (then each rank also holds whole groups of "
+                    f"{hv // hk} V heads); TP above {hk} cannot split the DeltaNet layers",
+        }
     return AuditResult(
         model=model.name, tp=tp, pp=pp, cp=cp, dp=dp, seq_len=seq_len, dimensions=dims, limits=limits,
         clean_degrees=clean_degrees, kv_replication=kv_rep, layer_split=split,
         split_source="given" if split_given else "default", stages=stages, seq_lens_evaluated=seq_lens,
-        balanced_split=balanced, findings=findings,
+        balanced_split=balanced, findings=findings, deltanet=deltanet,
         model_summary={"num_layers": model.num_layers, "block_size": bs, "num_blocks": nb,
                        "pattern": _pattern(model), "num_params": model.num_params,
                        "layer_type_counts": model.layer_type_counts()},
@@ -357,7 +371,7 @@ def _fmt_split(split: Sequence[int]) -> str:
 
 
 def _composition_finding(model: ModelSpec, stages: list[dict], split: list[int], seq_lens: list[int],
-                         findings: list[dict]) -> None:
+                         balanced: list[int], findings: list[dict]) -> None:
     """UNEQUAL_STAGE_COMPOSITION when stages differ in layer-type counts (naming the attention-heavy one)."""
     if len(model.layer_type_counts()) < 2 or len(stages) < 2:
         return
@@ -378,6 +392,7 @@ def _composition_finding(model: ModelSpec, stages: list[dict], split: list[int],
         f"PP={len(split)} with split {_fmt_split(split)} cuts the {model.block_size}-layer blocks unevenly: "
         f"stage{'s' if len(heavy) > 1 else ''} {', '.join(map(str, heavy))} hold{'' if len(heavy) > 1 else 's'} "
         f"{most} full-attention layers vs {', '.join(map(str, fewer))} elsewhere ({per_stage}); "
-        f"at {s_last:,} tokens the heaviest stage does {100 * spread:.1f}% more FLOPs than the lightest",
-        stages=heavy, layer_split=list(split), full_attention_per_stage=full,
+        f"at {s_last:,} tokens the heaviest stage does {100 * spread:.1f}% more FLOPs than the lightest "
+        f"(LM head on the last stage); balanced split on block boundaries: {_fmt_split(balanced)}",
+        stages=heavy, layer_split=list(split), full_attention_per_stage=full, balanced_split=balanced,
         flops_spread=spread, seq_len=s_last))
