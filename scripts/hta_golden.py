@@ -91,6 +91,7 @@ def run_folder(traces: Path, folder: str, timeout_s: float) -> dict:
         proc = subprocess.run(
             [sys.executable, "-c", _CHILD, str(path)],
             capture_output=True,
+            check=False,
             text=True,
             timeout=timeout_s,
         )
