@@ -73,3 +73,4 @@ def _main(
 # Sub-commands live in tracelens/commands/<name>.py; each registers itself on `app` when imported.
 from tracelens.commands import analyze as _analyze  # noqa: E402,F401
 from tracelens.commands import audit_layout as _audit_layout  # noqa: E402,F401
+from tracelens.commands import check as _check  # noqa: E402,F401

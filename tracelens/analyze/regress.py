@@ -1,0 +1,925 @@
+"""Regression rules for CI (`tracelens check`): compare a baseline summary with a current one.
+
+Each rule compares one headline quantity of two `tracelens.summary/1` dicts and says pass, fail or
+skip (with the reason when data are missing). Rules over noisy per-step quantities (step time,
+exposed-communication share, bubble share) fail only when the change exceeds a threshold AND a
+one-sided Mann-Whitney U test on the per-step samples says it is significant, so CI stays green on
+noise. See docs/ci.md for the statistics and the rules file.
+
+Pure functions: summaries in, `CheckReport` out; the renderers return strings (only the CLI prints).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import time
+import xml.etree.ElementTree as ET
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tracelens.errors import BadConfigError, BadInputError
+
+try:  # Python 3.11+
+    import tomllib
+except ModuleNotFoundError:  # pragma: no cover - Python 3.10
+    import tomli as tomllib  # type: ignore[no-redef]
+
+SUMMARY_SCHEMA = "tracelens.summary/1"
+STATUSES = ("pass", "fail", "skip")
+
+# ----------------------------------------------------------------------------------------------------------
+# Rules configuration (defaults are documented in docs/ci.md and examples/rules.toml)
+
+
+@dataclass(frozen=True)
+class StepTimeRule:
+    """Median step time may not grow by more than `max_increase_pct` percent with significance `alpha`."""
+
+    enabled: bool = True
+    max_increase_pct: float = 5.0
+    alpha: float = 0.05
+    #: how one step's time is taken across ranks: "max" (the pace of the job) or "median"
+    aggregate: str = "max"
+
+
+@dataclass(frozen=True)
+class ShareRule:
+    """A per-step share of step time (in percent) may not grow by more than `max_increase_points`."""
+
+    enabled: bool = True
+    max_increase_points: float = 2.0
+    alpha: float = 0.05
+
+
+@dataclass(frozen=True)
+class MfuRule:
+    """MFU may not drop by more than `max_drop_points` percentage points."""
+
+    enabled: bool = True
+    max_drop_points: float = 2.0
+
+
+@dataclass(frozen=True)
+class StragglerRule:
+    """No rank may be a straggler in the current run that was not one in the baseline."""
+
+    enabled: bool = True
+
+
+@dataclass(frozen=True)
+class FindingsRule:
+    """No finding code may appear at one of `severities` that did not appear at them in the baseline."""
+
+    enabled: bool = True
+    severities: tuple[str, ...] = ("error",)
+    ignore: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Rules:
+    """All rules of `tracelens check`; `Rules()` holds the documented defaults."""
+
+    step_time: StepTimeRule = field(default_factory=StepTimeRule)
+    mfu: MfuRule = field(default_factory=MfuRule)
+    exposed_comm: ShareRule = field(default_factory=ShareRule)
+    bubble: ShareRule = field(default_factory=ShareRule)
+    stragglers: StragglerRule = field(default_factory=StragglerRule)
+    findings: FindingsRule = field(default_factory=FindingsRule)
+
+
+def rules_from_dict(data: dict[str, Any], source: str = "rules") -> Rules:
+    """Build `Rules` from a parsed rules.toml; unknown sections or keys and wrong types are errors.
+
+    Typos must not silently disable a guard, hence the strictness.
+    """
+    if not isinstance(data, dict):
+        raise BadConfigError(f"{source}: expected a table of rule sections")
+    rules = Rules()
+    known = {f.name: f for f in fields(Rules)}
+    for section, values in data.items():
+        if section not in known:
+            raise BadConfigError(
+                f"{source}: unknown rule section [{section}] (known: {', '.join(sorted(known))})"
+            )
+        if not isinstance(values, dict):
+            raise BadConfigError(f"{source}: [{section}] must be a table")
+        current = getattr(rules, section)
+        updates: dict[str, Any] = {}
+        for key, value in values.items():
+            updates[key] = _coerce_rule_value(current, section, key, value, source)
+        try:
+            new = replace(current, **updates)
+        except TypeError as err:  # pragma: no cover - keys are checked above
+            raise BadConfigError(f"{source}: [{section}]: {err}") from err
+        _validate_rule(new, section, source)
+        rules = replace(rules, **{section: new})
+    return rules
+
+
+def _coerce_rule_value(rule: Any, section: str, key: str, value: Any, source: str) -> Any:
+    """Check one key of a rule section against the dataclass default's type."""
+    names = {f.name for f in fields(rule)}
+    if key not in names:
+        raise BadConfigError(
+            f"{source}: unknown key {key!r} in [{section}] (known: {', '.join(sorted(names))})"
+        )
+    default = getattr(rule, key)
+    where = f"{source}: [{section}] {key}"
+    if isinstance(default, bool):
+        if not isinstance(value, bool):
+            raise BadConfigError(f"{where} must be true or false, got {value!r}")
+        return value
+    if isinstance(default, float):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise BadConfigError(f"{where} must be a number, got {value!r}")
+        return float(value)
+    if isinstance(default, str):
+        if not isinstance(value, str):
+            raise BadConfigError(f"{where} must be a string, got {value!r}")
+        return value
+    if isinstance(default, tuple):
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise BadConfigError(f"{where} must be a list of strings, got {value!r}")
+        return tuple(value)
+    raise AssertionError(f"unhandled rule type for {section}.{key}")  # pragma: no cover
+
+
+def _validate_rule(rule: Any, section: str, source: str) -> None:
+    """Range checks that types alone do not catch."""
+    where = f"{source}: [{section}]"
+    alpha = getattr(rule, "alpha", None)
+    if alpha is not None and not 0.0 < alpha < 1.0:
+        raise BadConfigError(f"{where} alpha must be between 0 and 1, got {alpha}")
+    for key in ("max_increase_pct", "max_increase_points", "max_drop_points"):
+        value = getattr(rule, key, None)
+        if value is not None and value < 0:
+            raise BadConfigError(f"{where} {key} must be >= 0, got {value}")
+    if isinstance(rule, StepTimeRule) and rule.aggregate not in ("max", "median"):
+        raise BadConfigError(f'{where} aggregate must be "max" or "median", got {rule.aggregate!r}')
+    if isinstance(rule, FindingsRule):
+        bad = [s for s in rule.severities if s not in ("info", "warning", "error")]
+        if bad:
+            raise BadConfigError(f"{where} severities must be info, warning or error, got {bad}")
+
+
+def load_rules(path: str | Path | None) -> Rules:
+    """Read a rules.toml (None -> defaults); raises BadConfigError on a missing or invalid file."""
+    if path is None:
+        return Rules()
+    path = Path(path)
+    if not path.is_file():
+        raise BadConfigError(f"rules file not found: {path}")
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
+        raise BadConfigError(f"{path}: not valid TOML: {err}") from err
+    return rules_from_dict(data, source=str(path))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Loading summaries
+
+
+def load_summary(path: str | Path, **summarize_options: Any) -> dict:
+    """Read BASELINE/CURRENT: a summary.json file, a folder holding summary.json, or a run folder.
+
+    A run folder (traces) is analysed with `tracelens.summary.summarize(run_dir, **summarize_options)`.
+    Raises BadInputError when the path is missing or is not a `tracelens.summary/1` document.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise BadInputError(f"no such file or folder: {path}")
+    if path.is_dir():
+        stored = path / "summary.json"
+        if stored.is_file():
+            return _read_summary_file(stored)
+        from tracelens.summary import summarize
+
+        summary = summarize(path, **summarize_options)
+        validate_summary(summary, str(path))
+        return summary
+    return _read_summary_file(path)
+
+
+def _read_summary_file(path: Path) -> dict:
+    """Parse and validate one summary.json file."""
+    try:
+        data = json.loads(path.read_bytes())
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        raise BadInputError(f"{path}: not a JSON summary ({type(err).__name__})") from err
+    validate_summary(data, str(path))
+    return data
+
+
+def validate_summary(data: Any, label: str) -> None:
+    """Raise BadInputError unless `data` looks like a `tracelens.summary/1` document."""
+    if not isinstance(data, dict) or "schema" not in data:
+        raise BadInputError(f'{label}: not a tracelens summary (no "schema" key)')
+    schema = data["schema"]
+    if schema != SUMMARY_SCHEMA:
+        raise BadInputError(f"{label}: unsupported summary schema {schema!r} (expected {SUMMARY_SCHEMA!r})")
+    for key, kind in (("run", dict), ("ranks", list)):
+        if key in data and data[key] is not None and not isinstance(data[key], kind):
+            raise BadInputError(f"{label}: summary field {key!r} must be a {kind.__name__}")
+    per_step = data.get("per_step")
+    if per_step is not None and not (
+        isinstance(per_step, list) and all(isinstance(r, dict) for r in per_step)
+    ):
+        raise BadInputError(f"{label}: summary field 'per_step' must be a list of objects")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Results
+
+
+@dataclass
+class RuleResult:
+    """Outcome of one rule. Numbers are in `unit`; `delta` is current minus baseline (or relative, in %)."""
+
+    rule: str
+    title: str
+    status: str
+    message: str
+    baseline: Any = None
+    current: Any = None
+    delta: Any = None
+    unit: str = ""
+    delta_unit: str = ""
+    threshold: str = ""
+    p_value: float | None = None
+    n_baseline: int | None = None
+    n_current: int | None = None
+    seconds: float = 0.0
+
+    def cells(self) -> dict[str, str]:
+        """Display strings for the tables (text, Markdown)."""
+        return {
+            "rule": self.rule,
+            "status": self.status.upper(),
+            "baseline": _fmt_value(self.baseline, self.unit),
+            "current": _fmt_value(self.current, self.unit),
+            "delta": _fmt_delta(self.delta, self.delta_unit),
+            "threshold": self.threshold or "-",
+            "p": _fmt_p(self.p_value),
+        }
+
+
+@dataclass
+class CheckReport:
+    """All rule results for one baseline/current pair."""
+
+    baseline_label: str
+    current_label: str
+    results: list[RuleResult]
+    rules: Rules
+
+    @property
+    def failed(self) -> list[RuleResult]:
+        return [r for r in self.results if r.status == "fail"]
+
+    @property
+    def skipped(self) -> list[RuleResult]:
+        return [r for r in self.results if r.status == "skip"]
+
+    @property
+    def regressed(self) -> bool:
+        return bool(self.failed)
+
+    @property
+    def exit_code(self) -> int:
+        """0 when every rule passed or was skipped, 1 on a regression (2 is for bad input, raised earlier)."""
+        return 1 if self.regressed else 0
+
+    def headline(self) -> str:
+        """One line: verdict and counts."""
+        n = len(self.results)
+        if self.regressed:
+            names = ", ".join(r.rule for r in self.failed)
+            return f"REGRESSION: {len(self.failed)} of {n} rules failed ({names})"
+        extra = f", {len(self.skipped)} skipped" if self.skipped else ""
+        return f"OK: no regression ({n - len(self.skipped)} of {n} rules passed{extra})"
+
+    def to_dict(self) -> dict:
+        """JSON-ready form (`--format json`)."""
+        return {
+            "baseline": self.baseline_label,
+            "current": self.current_label,
+            "regression": self.regressed,
+            "exit_code": self.exit_code,
+            "results": [asdict(r) for r in self.results],
+            "rules": asdict(self.rules),
+        }
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Per-step samples
+
+
+_PER_STEP_FIELDS = (
+    "step_time_ms",
+    "compute_ms",
+    "exposed_comm_ms",
+    "overlapped_comm_ms",
+    "memcpy_ms",
+    "idle_ms",
+    "bubble_ms",
+)
+
+
+def _per_step_columns(summary: dict) -> dict[str, np.ndarray] | None:
+    """Column arrays (rank, step, *_ms as float with NaN for null) of `per_step`, complete steps only.
+
+    A step is complete when every rank seen in `per_step` reported it; partial steps (a rank's trace
+    ended early) would bias a max or a sum, so they are dropped unless no step is complete.
+    """
+    rows = summary.get("per_step")
+    if not rows:
+        return None
+    n = len(rows)
+    try:
+        rank = np.fromiter((int(r["rank"]) for r in rows), dtype=np.int64, count=n)
+        step = np.fromiter((int(r["step"]) for r in rows), dtype=np.int64, count=n)
+    except (KeyError, TypeError, ValueError):
+        return None
+    cols: dict[str, np.ndarray] = {"rank": rank, "step": step}
+    for name in _PER_STEP_FIELDS:
+        cols[name] = np.fromiter(
+            (np.nan if r.get(name) is None else float(r[name]) for r in rows), dtype=np.float64, count=n
+        )
+    steps, inverse = np.unique(step, return_inverse=True)
+    n_ranks = np.unique(rank).size
+    counts = np.bincount(inverse, minlength=steps.size)
+    complete = counts[inverse] == n_ranks
+    if complete.any() and not complete.all():
+        cols = {k: v[complete] for k, v in cols.items()}
+    return cols
+
+
+def _group_by_step(cols: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Sort order and group start offsets of rows by step (for np.*.reduceat)."""
+    order = np.argsort(cols["step"], kind="stable")
+    sorted_steps = cols["step"][order]
+    starts = np.flatnonzero(np.r_[True, sorted_steps[1:] != sorted_steps[:-1]])
+    return order, starts
+
+
+def step_time_samples(summary: dict, aggregate: str = "max") -> np.ndarray | None:
+    """One step time (ms) per step: the max (or median) over ranks of `per_step[].step_time_ms`.
+
+    Max is the default because a synchronous job advances at the pace of its slowest rank: that is
+    the time each step costs. None when the summary has no usable per-step samples.
+    """
+    cols = _per_step_columns(summary)
+    if cols is None:
+        return None
+    values = cols["step_time_ms"]
+    keep = np.isfinite(values)
+    if not keep.any():
+        return None
+    cols = {k: v[keep] for k, v in cols.items()}
+    order, starts = _group_by_step(cols)
+    v = cols["step_time_ms"][order]
+    if aggregate == "max":
+        return np.maximum.reduceat(v, starts)
+    bounds = np.r_[starts, v.size]
+    return np.array([np.median(v[a:b]) for a, b in itertools.pairwise(bounds)])
+
+
+def share_samples(summary: dict, part: str) -> np.ndarray | None:
+    """Per-step share of step time spent in `part` (percent): sum over ranks of part / of step time.
+
+    Summing over ranks weighs each rank by its time, so the share is that of all GPU-time in the
+    step. None when the part or the step time is missing for every step.
+    """
+    cols = _per_step_columns(summary)
+    if cols is None:
+        return None
+    keep = np.isfinite(cols[part]) & np.isfinite(cols["step_time_ms"])
+    if not keep.any():
+        return None
+    cols = {k: v[keep] for k, v in cols.items()}
+    order, starts = _group_by_step(cols)
+    num = np.add.reduceat(cols[part][order], starts)
+    den = np.add.reduceat(cols["step_time_ms"][order], starts)
+    ok = den > 0
+    if not ok.any():
+        return None
+    return 100.0 * num[ok] / den[ok]
+
+
+def mann_whitney_greater(current: np.ndarray, baseline: np.ndarray) -> float:
+    """One-sided Mann-Whitney U p-value for "current tends to be larger than baseline"."""
+    from scipy.stats import mannwhitneyu
+
+    p = float(mannwhitneyu(current, baseline, alternative="greater", method="auto").pvalue)
+    return p if math.isfinite(p) else 1.0  # all values tied: no evidence of an increase
+
+
+def min_p_value(n1: int, n2: int) -> float:
+    """Smallest one-sided p-value the exact Mann-Whitney test can reach with n1 and n2 samples."""
+    return 1.0 / math.comb(n1 + n2, n1)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Rules
+
+
+def _skip(rule: str, title: str, why: str, **kw: Any) -> RuleResult:
+    return RuleResult(rule=rule, title=title, status="skip", message=why, **kw)
+
+
+def _significance_gate(
+    rule: str, title: str, base: np.ndarray, cur: np.ndarray, alpha: float, **kw: Any
+) -> tuple[float | None, RuleResult | None]:
+    """Mann-Whitney p-value, or a skip result when the samples are too few to ever reach `alpha`."""
+    n_b, n_c = base.size, cur.size
+    if min(n_b, n_c) < 2 or min_p_value(n_b, n_c) >= alpha:
+        return None, _skip(
+            rule,
+            title,
+            f"too few steps for a significance test at alpha={alpha:g} "
+            f"(baseline {n_b}, current {n_c}; profile more steps, e.g. 5 or more per run)",
+            n_baseline=n_b,
+            n_current=n_c,
+            **kw,
+        )
+    return mann_whitney_greater(cur, base), None
+
+
+def rule_step_time(baseline: dict, current: dict, cfg: StepTimeRule) -> RuleResult:
+    """Median step time increase > max_increase_pct AND one-sided Mann-Whitney p < alpha -> fail."""
+    rule, title = "step_time", f"Step time (median of per-step {cfg.aggregate} over ranks)"
+    threshold = f"> +{cfg.max_increase_pct:g}% and p < {cfg.alpha:g}"
+    base = step_time_samples(baseline, cfg.aggregate)
+    cur = step_time_samples(current, cfg.aggregate)
+    missing = _which_missing(base, cur)
+    if missing:
+        return _skip(rule, title, f"no per-step step times in {missing}", unit="ms", threshold=threshold)
+    m_b, m_c = float(np.median(base)), float(np.median(cur))
+    common: dict[str, Any] = {
+        "baseline": m_b,
+        "current": m_c,
+        "unit": "ms",
+        "threshold": threshold,
+        "delta_unit": "%",
+    }
+    if m_b <= 0:
+        return _skip(rule, title, "baseline median step time is zero", **common)
+    delta = 100.0 * (m_c / m_b - 1.0)
+    common["delta"] = delta
+    p, skipped = _significance_gate(rule, title, base, cur, cfg.alpha, **common)
+    if skipped:
+        return skipped
+    over, significant = delta > cfg.max_increase_pct, p < cfg.alpha
+    status = "fail" if over and significant else "pass"
+    message = (
+        f"median step time {m_b:.3f} -> {m_c:.3f} ms ({delta:+.1f}%, limit +{cfg.max_increase_pct:g}%), "
+        f"Mann-Whitney p={p:.2g} ({'significant' if significant else 'not significant'} at {cfg.alpha:g}), "
+        f"{base.size} vs {cur.size} steps"
+    )
+    return RuleResult(
+        rule, title, status, message, p_value=p, n_baseline=base.size, n_current=cur.size, **common
+    )
+
+
+def _share_rule(
+    rule: str, title: str, part: str, baseline: dict, current: dict, cfg: ShareRule, fallback: Callable | None
+) -> RuleResult:
+    """Shared logic of the exposed-communication and bubble rules (percent of step time, in points)."""
+    threshold = f"> +{cfg.max_increase_points:g} pts and p < {cfg.alpha:g}"
+    base, cur = share_samples(baseline, part), share_samples(current, part)
+    missing = _which_missing(base, cur)
+    if missing:
+        if fallback is not None:
+            result = fallback(baseline, current, cfg, threshold)
+            if result is not None:
+                return result
+        return _skip(rule, title, f"no per-step {part} in {missing}", unit="%", threshold=threshold)
+    m_b, m_c = float(np.median(base)), float(np.median(cur))
+    delta = m_c - m_b
+    common: dict[str, Any] = {
+        "baseline": m_b,
+        "current": m_c,
+        "delta": delta,
+        "unit": "%",
+        "delta_unit": "pts",
+        "threshold": threshold,
+    }
+    p, skipped = _significance_gate(rule, title, base, cur, cfg.alpha, **common)
+    if skipped:
+        return skipped
+    over, significant = delta > cfg.max_increase_points, p < cfg.alpha
+    status = "fail" if over and significant else "pass"
+    message = (
+        f"median {part.removesuffix('_ms').replace('_', ' ')} share {m_b:.2f}% -> {m_c:.2f}% of step time "
+        f"({delta:+.2f} pts, limit +{cfg.max_increase_points:g}), Mann-Whitney p={p:.2g} "
+        f"({'significant' if significant else 'not significant'} at {cfg.alpha:g}), "
+        f"{base.size} vs {cur.size} steps"
+    )
+    return RuleResult(
+        rule, title, status, message, p_value=p, n_baseline=base.size, n_current=cur.size, **common
+    )
+
+
+def rule_exposed_comm(baseline: dict, current: dict, cfg: ShareRule) -> RuleResult:
+    """Exposed-communication share of step time up by > max_increase_points AND significant -> fail."""
+    return _share_rule(
+        "exposed_comm",
+        "Exposed communication share of step time",
+        "exposed_comm_ms",
+        baseline,
+        current,
+        cfg,
+        None,
+    )
+
+
+def _stage_bubble(summary: dict) -> float | None:
+    """Mean over pipeline stages of `stages[].bubble_fraction`, in percent (None without stages)."""
+    stages = summary.get("stages") or []
+    values = [s.get("bubble_fraction") for s in stages if isinstance(s, dict)]
+    values = [float(v) for v in values if v is not None]
+    return 100.0 * float(np.mean(values)) if values else None
+
+
+def _bubble_fallback(baseline: dict, current: dict, cfg: ShareRule, threshold: str) -> RuleResult | None:
+    """Without per-step bubble samples, compare the stages' bubble fractions on the threshold alone."""
+    b, c = _stage_bubble(baseline), _stage_bubble(current)
+    if b is None or c is None:
+        return None
+    delta = c - b
+    status = "fail" if delta > cfg.max_increase_points else "pass"
+    return RuleResult(
+        "bubble",
+        "Pipeline bubble share of step time",
+        status,
+        f"mean stage bubble fraction {b:.2f}% -> {c:.2f}% ({delta:+.2f} pts, limit "
+        f"+{cfg.max_increase_points:g}); no per-step samples, so threshold only (no significance test)",
+        baseline=b,
+        current=c,
+        delta=delta,
+        unit="%",
+        delta_unit="pts",
+        threshold=f"> +{cfg.max_increase_points:g} pts",
+    )
+
+
+def _pipeline_absent(summary: dict) -> bool:
+    """True when the run has at most one pipeline stage (no bubble to speak of)."""
+    pp = ((summary.get("run") or {}).get("layout") or {}).get("pp")
+    stages = summary.get("stages")
+    if pp is not None:
+        return int(pp) <= 1
+    return stages is not None and len(stages) <= 1
+
+
+def rule_bubble(baseline: dict, current: dict, cfg: ShareRule) -> RuleResult:
+    """Pipeline-bubble share of step time up by > max_increase_points AND significant -> fail."""
+    if _pipeline_absent(baseline) and _pipeline_absent(current):
+        return _skip(
+            "bubble",
+            "Pipeline bubble share of step time",
+            "no pipeline parallelism (pp=1) in either run",
+            unit="%",
+            threshold=f"> +{cfg.max_increase_points:g} pts and p < {cfg.alpha:g}",
+        )
+    return _share_rule(
+        "bubble", "Pipeline bubble share of step time", "bubble_ms", baseline, current, cfg, _bubble_fallback
+    )
+
+
+def rule_mfu(baseline: dict, current: dict, cfg: MfuRule) -> RuleResult:
+    """MFU drop > max_drop_points percentage points -> fail (threshold only, see docs/ci.md)."""
+    rule, title = "mfu", "Model FLOPs utilization"
+    threshold = f"drop > {cfg.max_drop_points:g} pts"
+    b, c = _mfu_value(baseline), _mfu_value(current)
+    missing = _which_missing(b, c)
+    if missing:
+        return _skip(
+            rule,
+            title,
+            f"MFU unknown in {missing} (needs a model config and GPU peak)",
+            unit="%",
+            threshold=threshold,
+        )
+    b, c = 100.0 * b, 100.0 * c
+    delta = c - b
+    status = "fail" if -delta > cfg.max_drop_points else "pass"
+    message = f"MFU {b:.2f}% -> {c:.2f}% ({delta:+.2f} pts, limit -{cfg.max_drop_points:g} pts)"
+    return RuleResult(
+        rule,
+        title,
+        status,
+        message,
+        baseline=b,
+        current=c,
+        delta=delta,
+        unit="%",
+        delta_unit="pts",
+        threshold=threshold,
+    )
+
+
+def _mfu_value(summary: dict) -> float | None:
+    """`mfu.value` as a fraction, or None when unknown."""
+    mfu = summary.get("mfu")
+    if not isinstance(mfu, dict) or mfu.get("value") is None:
+        return None
+    value = float(mfu["value"])
+    return value if math.isfinite(value) else None
+
+
+def rule_stragglers(baseline: dict, current: dict, cfg: StragglerRule) -> RuleResult:
+    """A rank flagged as straggler in current but not in baseline -> fail."""
+    rule, title = "stragglers", "New straggler ranks"
+    threshold = "no new straggler"
+    b, c = _straggler_ranks(baseline), _straggler_ranks(current)
+    missing = _which_missing(b, c)
+    if missing:
+        return _skip(rule, title, f"no straggler analysis in {missing}", threshold=threshold)
+    new = sorted(c - b)
+    delta = [f"+rank {r}" for r in new] + [f"-rank {r}" for r in sorted(b - c)]
+    common: dict[str, Any] = {
+        "baseline": sorted(b),
+        "current": sorted(c),
+        "delta": delta,
+        "threshold": threshold,
+        "unit": "ranks",
+    }
+    if not new:
+        return RuleResult(
+            rule, title, "pass", f"no new straggler (baseline {sorted(b)}, current {sorted(c)})", **common
+        )
+    details = "; ".join(_straggler_detail(current, r) for r in new)
+    return RuleResult(rule, title, "fail", f"new straggler rank(s) {new}: {details}", **common)
+
+
+def _straggler_ranks(summary: dict) -> set[int] | None:
+    stragglers = summary.get("stragglers")
+    if stragglers is None:
+        return None
+    return {int(s["rank"]) for s in stragglers if isinstance(s, dict) and s.get("rank") is not None}
+
+
+def _straggler_detail(summary: dict, rank: int) -> str:
+    """Short evidence of one straggler: cause and steps flagged."""
+    for s in summary.get("stragglers") or []:
+        if isinstance(s, dict) and s.get("rank") is not None and int(s["rank"]) == rank:
+            parts = [f"rank {rank} cause={s.get('cause', 'unknown')}"]
+            if s.get("steps_flagged") is not None and s.get("steps_total") is not None:
+                parts.append(f"flagged in {s['steps_flagged']}/{s['steps_total']} steps")
+            return " ".join(parts)
+    return f"rank {rank}"  # pragma: no cover
+
+
+def rule_findings(baseline: dict, current: dict, cfg: FindingsRule) -> RuleResult:
+    """A finding code at one of cfg.severities in current but not in baseline -> fail."""
+    rule, title = "findings", f"New {'/'.join(cfg.severities)} findings"
+    threshold = f"no new {'/'.join(cfg.severities)} code"
+    b, c = _finding_codes(baseline, cfg), _finding_codes(current, cfg)
+    missing = _which_missing(b, c)
+    if missing:
+        return _skip(rule, title, f"no findings list in {missing}", threshold=threshold)
+    new = sorted(set(c) - set(b))
+    common: dict[str, Any] = {
+        "baseline": sorted(b),
+        "current": sorted(c),
+        "delta": [f"+{x}" for x in new],
+        "threshold": threshold,
+        "unit": "codes",
+    }
+    if not new:
+        return RuleResult(
+            rule, title, "pass", "no new finding codes at " + "/".join(cfg.severities), **common
+        )
+    details = "; ".join(f"{code}: {c[code]}" for code in new)
+    return RuleResult(rule, title, "fail", f"new finding(s) {', '.join(new)}: {details}", **common)
+
+
+def _finding_codes(summary: dict, cfg: FindingsRule) -> dict[str, str] | None:
+    """code -> first message, for findings at the configured severities and not ignored."""
+    findings = summary.get("findings")
+    if findings is None:
+        return None
+    out: dict[str, str] = {}
+    for f in findings:
+        if not isinstance(f, dict):
+            continue
+        code = f.get("code")
+        if code and f.get("severity") in cfg.severities and code not in cfg.ignore:
+            out.setdefault(str(code), " ".join(str(f.get("message", "")).split()))
+    return out
+
+
+def _which_missing(base: Any, cur: Any) -> str:
+    """'baseline', 'current', 'baseline and current' or '' depending on which value is None."""
+    names = [n for n, v in (("baseline", base), ("current", cur)) if v is None]
+    return " and ".join(names)
+
+
+_RULES: tuple[tuple[str, Callable[[dict, dict, Any], RuleResult]], ...] = (
+    ("step_time", rule_step_time),
+    ("mfu", rule_mfu),
+    ("exposed_comm", rule_exposed_comm),
+    ("bubble", rule_bubble),
+    ("stragglers", rule_stragglers),
+    ("findings", rule_findings),
+)
+
+
+def check(
+    baseline: dict,
+    current: dict,
+    rules: Rules | None = None,
+    baseline_label: str | None = None,
+    current_label: str | None = None,
+) -> CheckReport:
+    """Evaluate every enabled rule of `rules` (defaults when None) on two validated summaries."""
+    rules = rules or Rules()
+    validate_summary(baseline, baseline_label or "baseline")
+    validate_summary(current, current_label or "current")
+    results: list[RuleResult] = []
+    for name, fn in _RULES:
+        cfg = getattr(rules, name)
+        if not cfg.enabled:
+            continue
+        t0 = time.perf_counter()
+        result = fn(baseline, current, cfg)
+        result.seconds = time.perf_counter() - t0
+        results.append(result)
+    return CheckReport(
+        baseline_label=baseline_label or _run_label(baseline, "baseline"),
+        current_label=current_label or _run_label(current, "current"),
+        results=results,
+        rules=rules,
+    )
+
+
+def _run_label(summary: dict, default: str) -> str:
+    run = summary.get("run") or {}
+    return str(run.get("name") or run.get("path") or default)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Rendering (strings only; the CLI prints or writes them)
+
+_COLUMNS = (
+    ("rule", "Rule"),
+    ("status", "Status"),
+    ("baseline", "Baseline"),
+    ("current", "Current"),
+    ("delta", "Delta"),
+    ("threshold", "Fails when"),
+    ("p", "p-value"),
+)
+
+
+def _fmt_value(value: Any, unit: str) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(str(v) for v in value) + "]" if value else "none"
+    if unit == "%":
+        return f"{value:.2f}%"
+    if unit == "ms":
+        return f"{value:.3f} ms" if abs(value) < 100 else f"{value:.1f} ms"
+    return f"{value:g}"
+
+
+def _fmt_delta(delta: Any, unit: str) -> str:
+    if delta is None:
+        return "-"
+    if isinstance(delta, (list, tuple)):
+        return ", ".join(str(v) for v in delta) if delta else "none"
+    if unit == "%":
+        return f"{delta:+.1f}%"
+    if unit == "pts":
+        return f"{delta:+.2f} pts"
+    return f"{delta:+g}"
+
+
+def _fmt_p(p: float | None) -> str:
+    if p is None:
+        return "-"
+    return f"{p:.2g}" if p >= 1e-4 else f"{p:.1e}"
+
+
+def render_text(report: CheckReport) -> str:
+    """Plain aligned table plus one line per failed or skipped rule (for terminals and CI logs)."""
+    header = [title for _, title in _COLUMNS]
+    rows = [[r.cells()[key] for key, _ in _COLUMNS] for r in report.results]
+    widths = [max(len(x) for x in col) for col in zip(header, *rows)]
+    lines = [f"tracelens check: baseline {report.baseline_label} vs current {report.current_label}", ""]
+    for row in [header, ["-" * w for w in widths], *rows]:
+        lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+    notes = [r for r in report.results if r.status != "pass"]
+    if notes:
+        lines.append("")
+        lines.extend(f"{r.status.upper()} {r.rule}: {r.message}" for r in notes)
+    lines += ["", report.headline()]
+    return "\n".join(lines) + "\n"
+
+
+def _md_cell(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
+
+
+_MD_STATUS = {"pass": "✅ pass", "fail": "❌ **FAIL**", "skip": "⚪ skip"}
+
+
+def render_markdown(report: CheckReport) -> str:
+    """GitHub-flavoured Markdown (a PR comment or $GITHUB_STEP_SUMMARY): heading, table, details."""
+    icon = "❌" if report.regressed else "✅"
+    lines = [
+        f"### {icon} tracelens check: {_md_cell(report.headline())}",
+        "",
+        f"Baseline `{_md_cell(report.baseline_label)}` vs current `{_md_cell(report.current_label)}`.",
+        "",
+        "| " + " | ".join(title for _, title in _COLUMNS) + " | Details |",
+        "|" + "|".join(["---"] * (len(_COLUMNS) + 1)) + "|",
+    ]
+    for r in report.results:
+        cells = r.cells()
+        cells["status"] = _MD_STATUS[r.status]
+        cells["rule"] = f"`{r.rule}`"
+        row = [_md_cell(cells[key]) for key, _ in _COLUMNS] + [_md_cell(r.message)]
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def render_junit(report: CheckReport) -> str:
+    """JUnit XML: one <testsuite> with one <testcase> per rule; failures as <failure>, skips as <skipped>."""
+    total = len(report.results)
+    failures = len(report.failed)
+    skipped = len(report.skipped)
+    seconds = sum(r.seconds for r in report.results)
+    counts = {
+        "tests": str(total),
+        "failures": str(failures),
+        "errors": "0",
+        "skipped": str(skipped),
+        "time": f"{seconds:.6f}",
+    }
+    root = ET.Element("testsuites", {"name": "tracelens check", **counts})
+    suite = ET.SubElement(root, "testsuite", {"name": "tracelens.check", **counts})
+    props = ET.SubElement(suite, "properties")
+    ET.SubElement(props, "property", {"name": "baseline", "value": report.baseline_label})
+    ET.SubElement(props, "property", {"name": "current", "value": report.current_label})
+    for r in report.results:
+        case = ET.SubElement(
+            suite, "testcase", {"name": r.rule, "classname": "tracelens.check", "time": f"{r.seconds:.6f}"}
+        )
+        cells = r.cells()
+        detail = (
+            f"{r.title}\nbaseline: {cells['baseline']}\ncurrent: {cells['current']}\n"
+            f"delta: {cells['delta']}\nfails when: {cells['threshold']}\np-value: {cells['p']}\n{r.message}"
+        )
+        if r.status == "fail":
+            node = ET.SubElement(case, "failure", {"message": r.message, "type": "regression"})
+            node.text = detail
+        elif r.status == "skip":
+            ET.SubElement(case, "skipped", {"message": r.message})
+        else:
+            ET.SubElement(case, "system-out").text = detail
+    ET.indent(root)
+    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
+
+
+def _gh_data(text: str) -> str:
+    return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+
+
+def _gh_property(text: str) -> str:
+    return _gh_data(text).replace(":", "%3A").replace(",", "%2C")
+
+
+def render_github(report: CheckReport) -> str:
+    """GitHub Actions workflow commands: `::error` per failed rule, `::notice` for passed/skipped ones."""
+    lines = []
+    for r in report.results:
+        level = "error" if r.status == "fail" else "notice"
+        title = _gh_property(f"tracelens check {r.status}: {r.rule}")
+        lines.append(f"::{level} title={title}::{_gh_data(r.message)}")
+    level = "error" if report.regressed else "notice"
+    lines.append(f"::{level} title={_gh_property('tracelens check')}::{_gh_data(report.headline())}")
+    return "\n".join(lines) + "\n"
+
+
+def render_json(report: CheckReport) -> str:
+    """The report as JSON (numbers, not display strings)."""
+    return json.dumps(report.to_dict(), indent=2, allow_nan=False, default=float) + "\n"
+
+
+RENDERERS: dict[str, Callable[[CheckReport], str]] = {
+    "text": render_text,
+    "markdown": render_markdown,
+    "junit": render_junit,
+    "github": render_github,
+    "json": render_json,
+}
