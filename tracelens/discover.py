@@ -1,0 +1,126 @@
+"""Find the trace files of a run and the rank of each.
+
+A run is a folder (searched recursively; hidden folders such as `.tracelens/` are skipped) or a single file.
+Formats are recognised by content (`ingest.sniff.detect_format`), never by name. The rank of a Kineto trace
+comes from `distributedInfo.rank`, else from its file name (`rank-3`, `rank_3`, `rank3`), else it is an error
+naming the file, except in a run of a single Kineto trace, which is rank 0.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from tracelens.errors import BadInputError, NoTracesError, RankError
+from tracelens.ingest import kineto
+from tracelens.ingest.sniff import KINETO, detect_format
+
+#: Folder names never searched (the Parquet cache and hidden folders are skipped as well).
+SKIP_DIRS = {"__pycache__", "node_modules"}
+
+
+@dataclass(frozen=True)
+class TraceFile:
+    """One input file of a run. `rank`/`world_size` are None when unknown (non-Kineto formats may leave them)."""
+
+    path: Path
+    rank: int | None
+    world_size: int | None
+    fmt: str
+    size: int
+    mtime: float
+    #: where the rank came from: "distributedInfo", "filename", "default" (single-trace run) or None
+    rank_source: str | None = None
+
+
+def _walk(root: Path) -> list[Path]:
+    out: list[Path] = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and d not in SKIP_DIRS)
+        for f in sorted(filenames):
+            if not f.startswith("."):
+                out.append(Path(dirpath) / f)
+    return out
+
+
+def discover(path: str | Path) -> list[TraceFile]:
+    """Trace files of the run at `path` (folder or file): Kineto files sorted by rank, then other formats.
+
+    Raises BadInputError (no such path), NoTracesError (nothing recognised) and RankError (a Kineto trace
+    without rank in a multi-trace run, two traces with the same rank, or traces whose world sizes disagree).
+    """
+    root = Path(path).expanduser()
+    if not root.exists():
+        raise BadInputError(f"{root}: no such file or folder")
+    candidates = [root] if root.is_file() else _walk(root)
+    found: list[tuple[Path, str, os.stat_result]] = []
+    for p in candidates:
+        try:
+            st = p.stat()
+        except OSError:
+            continue
+        if st.st_size == 0 or not p.is_file():
+            continue
+        fmt = detect_format(p)
+        if fmt is not None:
+            found.append((p, fmt, st))
+    if not found:
+        where = "file" if root.is_file() else "folder"
+        raise NoTracesError(
+            f"{root}: no trace files found in this {where} (Kineto JSON, Flight Recorder, NCCL)"
+        )
+
+    kin = [(p, st) for p, fmt, st in found if fmt == KINETO]
+    single = len(kin) == 1
+    out: list[TraceFile] = []
+    for p, st in kin:
+        info = kineto.peek(p)
+        rank, source = info["rank"], "distributedInfo"
+        if rank is None:
+            rank, source = kineto.rank_from_name(p), "filename"
+        if rank is None:
+            if not single:
+                raise RankError(
+                    f"{p}: no rank in distributedInfo or file name; rename it with its rank (e.g. rank3.json) "
+                    "or analyze it on its own"
+                )
+            rank, source = 0, "default"
+        out.append(TraceFile(p, int(rank), info["world_size"], KINETO, st.st_size, st.st_mtime, source))
+    _check_ranks(out)
+    others = []
+    for p, fmt, st in found:
+        if fmt != KINETO:
+            r = kineto.rank_from_name(p)
+            others.append(
+                TraceFile(p, r, None, fmt, st.st_size, st.st_mtime, None if r is None else "filename")
+            )
+    out.sort(key=lambda t: (t.rank, str(t.path)))
+    others.sort(key=lambda t: (t.fmt, -1 if t.rank is None else t.rank, str(t.path)))
+    return out + others
+
+
+def _check_ranks(files: list[TraceFile]) -> None:
+    by_rank: dict[int, TraceFile] = {}
+    for t in files:
+        assert t.rank is not None
+        if t.rank in by_rank:
+            raise RankError(f"rank {t.rank} appears twice: {by_rank[t.rank].path} and {t.path}")
+        by_rank[t.rank] = t
+    sized = [t for t in files if t.world_size is not None]
+    sizes = {t.world_size for t in sized}
+    if len(sizes) > 1:
+        a = sized[0]
+        b = next(t for t in sized if t.world_size != a.world_size)
+        raise RankError(
+            f"world sizes disagree: {a.path} says {a.world_size}, {b.path} says {b.world_size} "
+            "(traces of different runs in one folder?)"
+        )
+    if sizes:
+        ws = sizes.pop()
+        bad = [t for t in files if t.rank is not None and not 0 <= t.rank < ws]
+        if bad:
+            raise RankError(f"{bad[0].path}: rank {bad[0].rank} is outside world size {ws}")
+
+
+__all__ = ["TraceFile", "discover"]

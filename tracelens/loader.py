@@ -1,0 +1,392 @@
+"""Run folder -> Arrow tables for all ranks, through a per-rank Parquet cache filled by a process pool.
+
+Each rank is ingested by one worker process, which writes that rank's tables as Parquet into the cache and
+returns only the paths: memory stays bounded by one rank per worker, and a second load reads Parquet only.
+Cache layout: `run_dir/.tracelens/cache/<key>/rank<r>.{events,memory,meta}.parquet`, `<key>` derived from the
+file's absolute path, size, mtime, rank and the tracelens version. A read-only run folder falls back to the
+user cache folder (`$XDG_CACHE_HOME/tracelens` or `~/.cache/tracelens`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import queue
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from tracelens import __version__, errors, schema
+from tracelens.discover import TraceFile, discover
+from tracelens.ingest import kineto
+from tracelens.ingest.sniff import KINETO
+
+Progress = Callable[[int, int], None]
+_PARTS = ("events", "memory", "meta")
+_SCHEMAS = {"events": schema.EVENTS, "memory": schema.MEMORY, "meta": schema.METADATA}
+
+
+@dataclass
+class Tables:
+    """All ranks of a run: `events` (schema.EVENTS), `memory` (schema.MEMORY), `metadata` (schema.METADATA,
+    one row per rank), the discovered `files` (every format; only Kineto ones are in the tables) and `run_dir`."""
+
+    events: pa.Table
+    memory: pa.Table
+    metadata: pa.Table
+    files: list[TraceFile]
+    run_dir: Path
+
+
+@dataclass(frozen=True)
+class RankParquet:
+    """Where one rank's cached tables are (what the pool workers produce)."""
+
+    rank: int
+    events: Path
+    memory: Path
+    meta: Path
+
+
+# ------------------------------------------------------------------------------------------- cache
+def user_cache_dir() -> Path:
+    """`$XDG_CACHE_HOME/tracelens`, else `~/.cache/tracelens`."""
+    base = os.environ.get("XDG_CACHE_HOME")
+    return (Path(base) if base else Path.home() / ".cache") / "tracelens"
+
+
+def _writable(d: Path) -> bool:
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        probe = d / f".probe-{uuid.uuid4().hex}"
+        probe.write_bytes(b"")
+        probe.unlink()
+        return True
+    except OSError:
+        return False
+
+
+def _owner_writable(d: Path) -> bool:
+    try:
+        return bool(d.stat().st_mode & 0o200) and os.access(d, os.W_OK)
+    except OSError:
+        return False
+
+
+def cache_root(run_dir: Path) -> Path:
+    """The cache folder of a run: `run_dir/.tracelens/cache`, or the user cache folder when not writable."""
+    d = run_dir / ".tracelens" / "cache"
+    # A folder without write permission bits is read-only by intent, even for root (who could write it).
+    if _owner_writable(run_dir) and _writable(d):
+        return d
+    tag = hashlib.sha1(str(run_dir.resolve()).encode()).hexdigest()[:16]
+    d = user_cache_dir() / "runs" / tag / "cache"
+    if _writable(d):
+        return d
+    raise OSError(f"no writable cache folder for {run_dir}")
+
+
+def cache_key(f: TraceFile, salvage: bool = False) -> str:
+    """Key of one file's cache entry: its absolute path, size, mtime, rank and the tracelens version."""
+    st = f.path.stat()
+    text = "|".join(
+        [str(f.path.resolve()), str(st.st_size), str(st.st_mtime_ns), str(f.rank), __version__, str(salvage)]
+    )
+    return hashlib.sha1(text.encode()).hexdigest()[:20]
+
+
+def _entry(root: Path, f: TraceFile, salvage: bool) -> RankParquet:
+    d = root / cache_key(f, salvage)
+    r = f.rank
+    return RankParquet(
+        r, d / f"rank{r}.events.parquet", d / f"rank{r}.memory.parquet", d / f"rank{r}.meta.parquet"
+    )
+
+
+def _write_atomic(table: pa.Table, dest: Path) -> None:
+    """Write Parquet to a temporary name, then rename: readers never see a half-written file."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        pq.write_table(table, tmp, compression="zstd", compression_level=1)
+        os.replace(tmp, dest)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def _read_checked(p: Path, part: str) -> pa.Table | None:
+    """A cached table, or None when missing, unreadable or of another schema (then it is rebuilt)."""
+    try:
+        t = pq.read_table(p)
+    except (OSError, pa.ArrowException, ValueError):
+        return None
+    return t if t.schema.equals(_SCHEMAS[part]) else None
+
+
+def _valid_entry(e: RankParquet) -> bool:
+    """Cheap check (Parquet footers only): all three files exist and carry the expected schemas."""
+    for part in _PARTS:
+        try:
+            if not pq.read_schema(getattr(e, part)).equals(_SCHEMAS[part]):
+                return False
+        except (OSError, pa.ArrowException, ValueError):
+            return False
+    return True
+
+
+def ingest_rank(path: str, rank: int, events: str, memory: str, meta: str, salvage: bool = False) -> int:
+    """Worker: read one Kineto file and write its three Parquet files atomically; returns the rank."""
+    tr = kineto.read(path, rank=rank, salvage=salvage)
+    _write_atomic(tr.events, Path(events))
+    _write_atomic(tr.memory, Path(memory))
+    _write_atomic(kineto.metadata_table([tr.metadata]), Path(meta))  # last: marks the entry complete
+    return rank
+
+
+class _WorkerPool:
+    """Persistent worker processes (`python -c ... _worker_main()`), one task at a time each, over pipes.
+
+    Workers are fresh interpreters started by command line, not by multiprocessing: nothing of the caller's
+    `__main__` is re-imported (scripts without a main guard and notebooks work) and no threads are forked.
+    """
+
+    def __init__(self, n: int):
+        env = dict(os.environ)
+        pkg_parent = str(Path(__file__).resolve().parent.parent)
+        env["PYTHONPATH"] = pkg_parent + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        self._errs = [tempfile.TemporaryFile() for _ in range(n)]  # noqa: SIM115 (closed in close())
+        self.procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", "from tracelens.loader import _worker_main; _worker_main()"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=err,
+                env=env,
+            )
+            for err in self._errs
+        ]
+
+    def run(self, i: int, task: dict) -> dict:
+        """Send one task to worker i and wait for its one-line JSON answer."""
+        p = self.procs[i]
+        assert p.stdin is not None and p.stdout is not None
+        try:
+            p.stdin.write(json.dumps(task).encode() + b"\n")
+            p.stdin.flush()
+            line = p.stdout.readline()
+        except OSError:
+            line = b""
+        if not line:
+            p.wait()
+            self._errs[i].seek(0)
+            tail = self._errs[i].read().decode(errors="replace").strip().splitlines()[-1:]
+            return {
+                "error": "RuntimeError",
+                "message": f"ingest worker died (exit {p.returncode}) " + " ".join(tail),
+            }
+        return json.loads(line)
+
+    def close(self) -> None:
+        for p in self.procs:
+            try:
+                if p.stdin:
+                    p.stdin.close()
+            except OSError:
+                pass
+        for p in self.procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        for f in self._errs:
+            f.close()
+
+
+def _worker_main() -> None:
+    """Worker loop: one JSON task per stdin line -> one JSON answer per stdout line."""
+    out = sys.stdout.buffer
+    for line in sys.stdin.buffer:
+        t = json.loads(line)
+        try:
+            r = ingest_rank(t["path"], t["rank"], t["events"], t["memory"], t["meta"], t["salvage"])
+            ans = {"ok": r}
+        except Exception as err:  # noqa: BLE001 (reported to the parent, which raises it there)
+            ans = {"error": type(err).__name__, "message": str(err)}
+        out.write(json.dumps(ans).encode() + b"\n")
+        out.flush()
+
+
+def _raise_remote(ans: dict) -> None:
+    cls = getattr(errors, ans.get("error", ""), None)
+    if isinstance(cls, type) and issubclass(cls, errors.TracelensError):
+        raise cls(ans["message"])
+    raise RuntimeError(f"{ans.get('error')}: {ans.get('message')}")
+
+
+def _run_parallel(tasks: list[dict], n: int, progress: Progress | None, done: int, total: int) -> None:
+    pool = _WorkerPool(n)
+    q: queue.Queue = queue.Queue()
+    for t in tasks:
+        q.put(t)
+    results: queue.Queue = queue.Queue()
+    stop = threading.Event()
+
+    def feed(i: int) -> None:
+        while not stop.is_set():
+            try:
+                t = q.get_nowait()
+            except queue.Empty:
+                return
+            results.put(pool.run(i, t))
+
+    threads = [threading.Thread(target=feed, args=(i,), daemon=True) for i in range(n)]
+    for th in threads:
+        th.start()
+    try:
+        for _ in range(len(tasks)):
+            ans = results.get()
+            if "error" in ans:
+                _raise_remote(ans)
+            done += 1
+            if progress:
+                progress(done, total)
+    finally:
+        stop.set()
+        if any(th.is_alive() for th in threads):
+            for p in pool.procs:
+                p.kill()
+        for th in threads:
+            th.join()
+        pool.close()
+
+
+def ingest_to_parquet(
+    files: list[TraceFile],
+    root: Path,
+    *,
+    use_cache: bool = True,
+    progress: Progress | None = None,
+    workers: int | None = None,
+    salvage: bool = False,
+) -> list[RankParquet]:
+    """Make sure every Kineto file of `files` has its Parquet entry under `root` (ingesting the missing ones
+    in parallel) and return the entries in rank order. Corrupt entries are rebuilt."""
+    kin = [f for f in files if f.fmt == KINETO]
+    entries = [_entry(root, f, salvage) for f in kin]
+    todo = [(f, e) for f, e in zip(kin, entries) if not (use_cache and _valid_entry(e))]
+    total, done = len(kin), len(kin) - len(todo)
+    if progress:
+        progress(done, total)
+    n = min(workers or os.cpu_count() or 1, len(todo))
+    if n <= 1:
+        for f, e in todo:
+            ingest_rank(str(f.path), f.rank, str(e.events), str(e.memory), str(e.meta), salvage)
+            done += 1
+            if progress:
+                progress(done, total)
+    else:
+        tasks = [
+            {
+                "path": str(f.path),
+                "rank": f.rank,
+                "events": str(e.events),
+                "memory": str(e.memory),
+                "meta": str(e.meta),
+                "salvage": salvage,
+            }
+            for f, e in todo
+        ]
+        _run_parallel(tasks, n, progress, done, total)
+    return entries
+
+
+def _concat(tables: list[pa.Table], sch: pa.Schema) -> pa.Table:
+    if not tables:
+        return sch.empty_table()
+    t = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+    return t.unify_dictionaries().combine_chunks()
+
+
+def read_entries(entries: list[RankParquet]) -> tuple[pa.Table, pa.Table, pa.Table]:
+    """Concatenate cached per-rank Parquet into (events, memory, metadata), dictionaries unified."""
+    out = []
+    for part in _PARTS:
+        tabs = []
+        for e in entries:
+            t = _read_checked(getattr(e, part), part)
+            if t is None:
+                raise OSError(f"cache entry {getattr(e, part)} vanished or is corrupt")
+            tabs.append(t)
+        out.append(_concat(tabs, _SCHEMAS[part]))
+    return out[0], out[1], out[2]
+
+
+def load_tables(
+    path: str | Path,
+    no_cache: bool = False,
+    progress: Progress | None = None,
+    workers: int | None = None,
+    *,
+    salvage: bool = False,
+) -> Tables:
+    """Discover the run at `path` and return the Arrow tables of all its Kineto ranks.
+
+    Ranks are ingested in parallel (a process pool of min(cpu count, ranks) workers, or `workers`), through
+    the Parquet cache unless `no_cache` (then a temporary folder is used and removed). `progress(done, total)`
+    is called as ranks finish.
+    """
+    p = Path(path).expanduser()
+    files = discover(p)
+    run_dir = p if p.is_dir() else p.parent
+    kin = [f for f in files if f.fmt == KINETO]
+    if len(kin) == 1 and no_cache:
+        f = kin[0]
+        if progress:
+            progress(0, 1)
+        tr = kineto.read(f.path, rank=f.rank, salvage=salvage)
+        if progress:
+            progress(1, 1)
+        return Tables(tr.events, tr.memory, kineto.metadata_table([tr.metadata]), files, run_dir)
+    if no_cache:
+        tmp = Path(tempfile.mkdtemp(prefix="tracelens-"))
+        try:
+            entries = ingest_to_parquet(
+                files, tmp, use_cache=False, progress=progress, workers=workers, salvage=salvage
+            )
+            ev, mem, meta = read_entries(entries)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    else:
+        root = cache_root(run_dir)
+        entries = ingest_to_parquet(files, root, progress=progress, workers=workers, salvage=salvage)
+        try:
+            ev, mem, meta = read_entries(entries)
+        except OSError:  # an entry was removed or damaged between the check and the read: rebuild once
+            entries = ingest_to_parquet(
+                files, root, use_cache=False, progress=progress, workers=workers, salvage=salvage
+            )
+            ev, mem, meta = read_entries(entries)
+    return Tables(ev, mem, meta, files, run_dir)
+
+
+__all__ = [
+    "RankParquet",
+    "Tables",
+    "cache_key",
+    "cache_root",
+    "ingest_to_parquet",
+    "load_tables",
+    "read_entries",
+]
