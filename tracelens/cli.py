@@ -74,3 +74,4 @@ def _main(
 from tracelens.commands import analyze as _analyze  # noqa: E402,F401
 from tracelens.commands import audit_layout as _audit_layout  # noqa: E402,F401
 from tracelens.commands import check as _check  # noqa: E402,F401
+from tracelens.commands import ingest as _ingest  # noqa: E402,F401

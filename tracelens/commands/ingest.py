@@ -1,0 +1,62 @@
+"""`tracelens ingest`: write a run's Arrow tables as Parquet (events, memory, metadata)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from tracelens.cli import app
+
+OUTPUTS = ("events.parquet", "memory.parquet", "metadata.parquet")
+
+
+@app.command("ingest")
+def ingest(
+    run_dir: Annotated[
+        Path, typer.Argument(help="Run folder (searched recursively) or a single trace file.")
+    ],
+    out: Annotated[
+        Path, typer.Option("-o", "--out", help="Folder for events.parquet, memory.parquet, metadata.parquet.")
+    ],
+    no_cache: Annotated[
+        bool, typer.Option("--no-cache", help="Parse the traces again; do not read or write the cache.")
+    ] = False,
+    force: Annotated[
+        bool, typer.Option("--force", help="Overwrite existing Parquet files in the output folder.")
+    ] = False,
+    workers: Annotated[
+        int, typer.Option("--workers", help="Ingest processes (0 = one per CPU, at most one per rank).")
+    ] = 0,
+) -> None:
+    """Parse every rank's Kineto trace into Parquet tables (schemas in tracelens/schema.py)."""
+    import pyarrow.parquet as pq
+    from rich.progress import Progress
+
+    from tracelens.errors import BadInputError
+    from tracelens.loader import load_tables
+
+    if out.exists() and not out.is_dir():
+        raise BadInputError(f"{out} exists and is not a folder")
+    existing = [out / n for n in OUTPUTS if (out / n).exists()]
+    if existing and not force:
+        raise BadInputError(f"{existing[0]} exists; use --force to overwrite it")
+    with Progress(transient=True) as progress:
+        task = progress.add_task("reading traces", total=None)
+
+        def tick(done: int, total: int) -> None:
+            progress.update(task, completed=done, total=total)
+
+        tables = load_tables(run_dir, no_cache=no_cache, progress=tick, workers=workers or None)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        for name, table in zip(OUTPUTS, (tables.events, tables.memory, tables.metadata)):
+            pq.write_table(table, out / name, compression="zstd")
+    except OSError as err:
+        raise BadInputError(f"{out}: cannot write ({err.strerror or err})") from None
+    ranks = tables.metadata.column("rank").to_pylist()
+    typer.echo(
+        f"{len(ranks)} rank(s), {tables.events.num_rows:,} events, {tables.memory.num_rows:,} memory records "
+        f"-> {out}/{{{','.join(OUTPUTS)}}}"
+    )
