@@ -180,6 +180,13 @@ def test_large_change_is_not_enough_without_significance():
     res = by_rule(check(base, cur))["step_time"]
     assert res.status == "skip"
     assert "too few steps" in res.message and "baseline 3, current 3" in res.message
+    assert "at least 4 steps" in res.message
+    assert (
+        by_rule(check(make_summary(9, n_steps=4), make_summary(10, n_steps=4, compute_ms=200.0)))[
+            "step_time"
+        ].status
+        == "fail"
+    )
     assert not check(base, cur).regressed
 
 
@@ -255,6 +262,14 @@ def test_bubble_rule_skips_without_pipeline_and_fails_on_increase():
     res = by_rule(check(base, worse))["bubble"]
     assert res.status == "fail"
     assert res.delta == pytest.approx(100 * 20 / 120 - 100 * 10 / 110, abs=0.8)
+
+
+def test_bubble_rule_with_unknown_layout_says_what_is_missing():
+    base, cur = make_summary(17), make_summary(18)
+    for s in (base, cur):
+        s["run"]["layout"]["pp"] = None
+    res = by_rule(check(base, cur))["bubble"]
+    assert res.status == "skip" and res.message == "no per-step bubble_ms in baseline and current"
 
 
 def test_bubble_rule_falls_back_to_stage_fractions():

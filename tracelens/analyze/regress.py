@@ -426,6 +426,14 @@ def min_p_value(n1: int, n2: int) -> float:
     return 1.0 / math.comb(n1 + n2, n1)
 
 
+def _steps_needed(alpha: float) -> int:
+    """Smallest equal number of steps per run with which the test can reach p < alpha."""
+    n = 2
+    while min_p_value(n, n) >= alpha:
+        n += 1
+    return n
+
+
 # ----------------------------------------------------------------------------------------------------------
 # Rules
 
@@ -444,7 +452,7 @@ def _significance_gate(
             rule,
             title,
             f"too few steps for a significance test at alpha={alpha:g} "
-            f"(baseline {n_b}, current {n_c}; profile more steps, e.g. 5 or more per run)",
+            f"(baseline {n_b}, current {n_c}; profile at least {_steps_needed(alpha)} steps per run)",
             n_baseline=n_b,
             n_current=n_c,
             **kw,
@@ -571,12 +579,12 @@ def _bubble_fallback(baseline: dict, current: dict, cfg: ShareRule, threshold: s
 
 
 def _pipeline_absent(summary: dict) -> bool:
-    """True when the run has at most one pipeline stage (no bubble to speak of)."""
+    """True when the run is known to have at most one pipeline stage (unknown layout: False)."""
     pp = ((summary.get("run") or {}).get("layout") or {}).get("pp")
-    stages = summary.get("stages")
     if pp is not None:
         return int(pp) <= 1
-    return stages is not None and len(stages) <= 1
+    stages = summary.get("stages")
+    return isinstance(stages, list) and len(stages) == 1
 
 
 def rule_bubble(baseline: dict, current: dict, cfg: ShareRule) -> RuleResult:
