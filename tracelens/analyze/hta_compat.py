@@ -145,15 +145,13 @@ def _window_mask(
     cpu = ~is_gpu
     ranks, inv = np.unique(rank, return_inverse=True)
     steps = cpu & is_step
-    # Per rank: the last ProfilerStep's start (or, keeping it, the latest step end). No step: NaN in
-    # HTA, so every comparison fails and nothing of that rank survives.
+    # Per rank: the last ProfilerStep's start (or, keeping it, the latest step end). A rank without a
+    # step compares against NaN in HTA, so nothing of it survives; int64 min does the same here.
     limit = np.full(ranks.size, np.iinfo(np.int64).min, dtype=np.int64)
     np.maximum.at(limit, inv[steps], (end if include_last_profiler_step else start)[steps])
-    has_steps = np.zeros(ranks.size, dtype=bool)
-    has_steps[inv[steps]] = True
     lim = limit[inv]
     before = (start <= lim) if include_last_profiler_step else (start < lim)
-    kept_cpu = cpu & has_steps[inv] & before
+    kept_cpu = cpu & before
     # GPU rows survive when a kept CPU row of the same rank has their correlation id (inner merge).
     key = (inv.astype(np.int64) << 40) + corr
     kept_gpu = is_gpu & np.isin(key, key[kept_cpu])
