@@ -1,0 +1,773 @@
+"""Collective instances across ranks: extraction, matching, clock alignment, wait vs transfer.
+
+One row per (rank, collective call) comes out of `collectives_from_events` (schema.COLLECTIVES):
+NCCL/RCCL kernels on GPU ranks (start/end = the kernel, enqueue = the linked `record_param_comms` cpu op),
+`c10d::*` cpu ops paired with `gloo:*` annotations on CPU-only ranks. `match` gives each row the id of the
+instance it belongs to (the same call seen from every participant), `clock_offsets` estimates each rank's
+clock offset from the end times of matched instances, and `wait_transfer` splits each row's duration into
+time spent waiting for the last participant and time moving data. See docs/stragglers.md.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from tracelens import schema
+from tracelens.analyze import intervals as iv
+from tracelens.analyze.classify import COMM_KERNEL, _dict_lookup, gpu_ranks
+from tracelens.findings import finding
+
+#: Canonical op names (schema.COLLECTIVES `op`), checked in this order against the squashed raw name.
+_OP_PATTERNS = (
+    ("sendrecv", "sendrecv"),
+    ("allreduce", "allreduce"),
+    ("allgather", "allgather"),
+    ("reducescatter", "reducescatter"),
+    ("alltoall", "alltoall"),
+    ("broadcast", "broadcast"),
+    ("barrier", "barrier"),
+    ("reduce", "reduce"),
+    ("gather", "gather"),
+    ("scatter", "scatter"),
+    ("send", "send"),
+    ("recv", "recv"),
+)
+P2P_OPS = ("send", "recv", "sendrecv")
+
+#: Bytes per element of the `dtype` strings PyTorch writes (c10 ScalarType names).
+DTYPE_BYTES = {
+    "float": 4, "float32": 4, "double": 8, "float64": 8, "half": 2, "float16": 2, "bfloat16": 2,
+    "int": 4, "int32": 4, "long": 8, "int64": 8, "short": 2, "int16": 2, "char": 1, "int8": 1,
+    "byte": 1, "uint8": 1, "bool": 1, "complexfloat": 8, "complexdouble": 16, "complexhalf": 4,
+    "float8_e4m3fn": 1, "float8_e5m2": 1, "float8_e4m3fnuz": 1, "float8_e5m2fnuz": 1,
+}  # fmt: skip
+
+_PREFIX = re.compile(
+    r"^(nccl(Dev)?Kernel_|ncclSymk_?|ncclDevFunc_?|rccl_?|c10d::|gloo:|nccl:)", re.IGNORECASE
+)
+
+
+def normalize_op(name: str | None) -> str | None:
+    """Canonical op for a `Collective name`, an NCCL kernel name, a `c10d::` op or a `gloo:` annotation."""
+    if not name:
+        return None
+    raw = str(name)
+    is_kernel = bool(re.match(r"^(nccl(Dev)?Kernel_|ncclSymk|ncclDevFunc)", raw, re.IGNORECASE))
+    s = _PREFIX.sub("", raw)
+    if is_kernel:
+        s = s.split("(")[0].split("_")[0]  # ncclDevKernel_AllReduce_Sum_bf16_RING_LL -> AllReduce
+    s = re.sub(r"[^a-z]", "", s.lower())
+    for pat, op in _OP_PATTERNS:
+        if pat in s:
+            return op
+    return None
+
+
+def busbw_factor(op: str | None, n: float) -> float:
+    """nccl-tests bus-bandwidth factor: allreduce 2(n-1)/n; allgather, reducescatter, alltoall (n-1)/n; else 1."""
+    if not n or n < 1:
+        return float("nan")
+    if op == "allreduce":
+        return 2.0 * (n - 1) / n
+    if op in ("allgather", "reducescatter", "alltoall"):
+        return (n - 1) / n
+    return 1.0
+
+
+# ----------------------------------------------------------------------------------------------------
+# extraction
+# ----------------------------------------------------------------------------------------------------
+_FIELDS = ("collective", "pg_name", "pg_desc", "pg_ranks", "group_size", "seq", "in_nelems", "out_nelems",
+           "dtype", "src_rank", "dst_rank")  # fmt: skip
+
+
+def _rows(events: pa.Table, mask: np.ndarray, cols: tuple[str, ...]) -> pd.DataFrame:
+    """The masked rows of `cols` as a DataFrame with plain (non-categorical) values."""
+    sub = events.filter(pa.array(mask)).select(list(cols))
+    out = {}
+    for name in cols:
+        col = sub.column(name)
+        if pa.types.is_dictionary(col.type):
+            col = col.cast(pa.string())
+        if pa.types.is_list(col.type):
+            out[name] = pd.Series(
+                [tuple(v) if v is not None else None for v in col.to_pylist()], dtype=object
+            )
+        elif pa.types.is_string(col.type):
+            out[name] = pd.Series(col.to_pylist(), dtype=object)
+        else:
+            out[name] = pd.Series(col.to_numpy(zero_copy_only=False))
+            if col.null_count:
+                out[name] = pd.Series(col.to_pandas(types_mapper=pd.ArrowDtype)).astype("Int64")
+    return pd.DataFrame(out)
+
+
+def _empty_coll() -> pa.Table:
+    return schema.COLLECTIVES.empty_table()
+
+
+def _to_coll_table(df: pd.DataFrame) -> pa.Table:
+    """DataFrame with COLLECTIVES columns (missing ones null) -> table with exactly that schema."""
+    cols = {}
+    n = len(df)
+    for f in schema.COLLECTIVES:
+        vals = df[f.name] if f.name in df else pd.Series([None] * n, dtype=object)
+        if pa.types.is_dictionary(f.type):
+            arr = pa.array([None if _isnull(v) else str(v) for v in vals], pa.string())
+            cols[f.name] = arr.dictionary_encode().cast(f.type)
+        elif pa.types.is_list(f.type):
+            cols[f.name] = pa.array([None if v is None or v is pd.NA else list(v) for v in vals], f.type)
+        elif pa.types.is_boolean(f.type):
+            cols[f.name] = pa.array([None if _isnull(v) else bool(v) for v in vals], f.type)
+        else:
+            cols[f.name] = pa.array([None if _isnull(v) else int(v) for v in vals], f.type)
+    return pa.table(cols, schema=schema.COLLECTIVES)
+
+
+def _isnull(v) -> bool:
+    if v is None or v is pd.NA:
+        return True
+    try:
+        return bool(pd.isna(v))
+    except (TypeError, ValueError):
+        return False
+
+
+def _nbytes(df: pd.DataFrame) -> pd.Series:
+    """nccl-tests message size: the larger of the input and output buffers, in bytes (null when unknown)."""
+    size = df["dtype"].map(lambda d: DTYPE_BYTES.get(str(d).lower()) if isinstance(d, str) else None)
+    nel = pd.concat([df["in_nelems"].astype("Float64"), df["out_nelems"].astype("Float64")], axis=1).max(
+        axis=1
+    )
+    out = nel * size.astype("Float64")
+    return out.round().astype("Int64")
+
+
+def _gpu_rows(events: pa.Table, ranks: np.ndarray, name_is_comm: np.ndarray, kind: dict) -> pd.DataFrame:
+    rank = events.column("rank").to_numpy(zero_copy_only=False)
+    on = np.isin(rank, ranks)
+    has_coll = events.column("collective").is_valid().to_numpy(zero_copy_only=False)
+    kmask = on & kind["kernel"] & (name_is_comm | has_coll)
+    cols = ("rank", "name", "ts_ns", "dur_ns", "step", "external_id", "correlation") + _FIELDS
+    k = _rows(events, kmask, cols)
+    if k.empty:
+        return k
+    rmask = on & kind["rpc"]
+    r = _rows(events, rmask, ("rank", "ts_ns", "external_id") + _FIELDS)
+    r = r.dropna(subset=["external_id"]).drop_duplicates(["rank", "external_id"])
+    r = r.rename(columns={c: f"{c}_cpu" for c in r.columns if c not in ("rank", "external_id")})
+    k = k.merge(r, on=["rank", "external_id"], how="left")
+    for c in _FIELDS:
+        cpu = k[f"{c}_cpu"]
+        k[c] = (
+            k[c].where(~k[c].isna(), cpu)
+            if c != "pg_ranks"
+            else [a if a is not None else b for a, b in zip(k[c], cpu)]
+        )
+    k["enqueue_ns"] = k["ts_ns_cpu"]
+    raw = [c if isinstance(c, str) and c else n for c, n in zip(k["collective"], k["name"])]
+    k["op"] = [normalize_op(v) for v in raw]
+    k["start_ns"] = k["ts_ns"]
+    k["end_ns"] = k["ts_ns"] + k["dur_ns"]
+    return k
+
+
+def _cpu_rows(events: pa.Table, ranks: np.ndarray, kind: dict, name: pa.ChunkedArray) -> pd.DataFrame:
+    """CPU-only ranks: `c10d::X` cpu op (the call: arrival, enqueue) paired by order with `gloo:X` (the work)."""
+    rank = events.column("rank").to_numpy(zero_copy_only=False)
+    on = np.isin(rank, ranks)
+    is_c10d = _dict_lookup(
+        name, lambda v: int(v.startswith("c10d::") and normalize_op(v) is not None)
+    ).astype(bool)
+    is_gloo = _dict_lookup(
+        name, lambda v: int(v.startswith(("gloo:", "nccl:")) and normalize_op(v) is not None)
+    ).astype(bool)
+    cols = ("rank", "name", "ts_ns", "dur_ns", "step", "tid") + _FIELDS
+    c = _rows(events, on & kind["cpu_op"] & is_c10d, cols)
+    g = _rows(events, on & kind["user_annotation"] & is_gloo, cols)
+    if c.empty and g.empty:
+        return c
+    for df in (c, g):
+        df["op"] = [normalize_op(v) for v in df["name"]]
+        df.sort_values(["rank", "ts_ns"], inplace=True, kind="stable")
+        df["_k"] = df.groupby(["rank", "op"]).cumcount()
+    g = g.rename(columns={x: f"{x}_w" for x in g.columns if x not in ("rank", "op", "_k")})
+    m = c.merge(g, on=["rank", "op", "_k"], how="outer")
+    has_c = ~m["ts_ns"].isna()
+    has_w = ~m["ts_ns_w"].isna()
+    c_end = m["ts_ns"] + m["dur_ns"]
+    w_end = m["ts_ns_w"] + m["dur_ns_w"]
+    m["enqueue_ns"] = m["ts_ns"].where(has_c, m["ts_ns_w"])
+    m["start_ns"] = m["enqueue_ns"]
+    m["end_ns"] = pd.concat([c_end, w_end], axis=1).max(axis=1).astype("Int64")
+    m["step"] = m["step"].where(has_c & ~m["step"].isna(), m["step_w"])
+    for f in _FIELDS:
+        if f != "pg_ranks":
+            m[f] = m[f].where(~m[f].isna(), m[f"{f}_w"])
+    m["name"] = m["name"].where(has_c, m["name_w"])
+    _ = has_w
+    return m
+
+
+def collectives_from_events(events: pa.Table) -> pa.Table:
+    """One schema.COLLECTIVES row per (rank, collective call) found in an events table (source = "kineto")."""
+    if events.num_rows == 0:
+        return _empty_coll()
+    name = events.column("name")
+    kinds = events.column("kind")
+    kind = {
+        k: _dict_lookup(kinds, lambda v, k=k: int(v == k)).astype(bool)
+        for k in ("kernel", "cpu_op", "user_annotation")
+    }
+    kind["rpc"] = kind["cpu_op"] & _dict_lookup(name, lambda v: int(v == "record_param_comms")).astype(bool)
+    name_is_comm = _dict_lookup(name, lambda v: int(bool(COMM_KERNEL.match(v)))).astype(bool)
+    all_ranks = np.unique(events.column("rank").to_numpy(zero_copy_only=False))
+    g_ranks = np.array(sorted(gpu_ranks(events)), dtype=all_ranks.dtype)
+    c_ranks = np.setdiff1d(all_ranks, g_ranks)
+    parts = []
+    if g_ranks.size:
+        parts.append(_gpu_rows(events, g_ranks, name_is_comm, kind))
+    if c_ranks.size:
+        parts.append(_cpu_rows(events, c_ranks, kind, name))
+    parts = [p for p in parts if not p.empty]
+    if not parts:
+        return _empty_coll()
+    df = pd.concat(parts, ignore_index=True)
+    df = df[~df["op"].isna() & ~df["start_ns"].isna()].copy()
+    if df.empty:
+        return _empty_coll()
+    df["source"] = "kineto"
+    df["state"] = "completed"
+    df["is_p2p"] = df["op"].isin(P2P_OPS)
+    df["peer"] = np.where(
+        df["op"] == "send", df["dst_rank"], np.where(df["op"] == "recv", df["src_rank"], None)
+    )
+    df["bytes"] = _nbytes(df)
+    df["group_size"] = df["group_size"].where(
+        ~df["group_size"].isna(), [len(v) if v is not None else None for v in df["pg_ranks"]]
+    )
+    df = df.sort_values(["rank", "start_ns"], kind="stable").reset_index(drop=True)
+    df["order"] = _order(df)
+    return _to_coll_table(df)
+
+
+def _group_key(df: pd.DataFrame) -> pd.Series:
+    """Process-group identity: pg name when known, else its ranks, else "" (unknown: the default group)."""
+    ranks = pd.Series(
+        [",".join(map(str, v)) if v is not None else "" for v in df["pg_ranks"]], index=df.index
+    )
+    name = df["pg_name"].astype(object)
+    return pd.Series(
+        np.where(
+            ~name.isna() & (name.astype(str) != ""),
+            "pg:" + name.astype(str),
+            np.where(ranks != "", "r:" + ranks, ""),
+        ),
+        index=df.index,
+    )
+
+
+def _order(df: pd.DataFrame) -> np.ndarray:
+    """0-based position among this rank's calls of the same op in the same group (p2p: to/from the same peer)."""
+    key = _group_key(df)
+    peer = df["peer"].astype("Float64").fillna(-1).astype(int).astype(str)
+    k = np.where(
+        df["is_p2p"].astype(bool),
+        "p2p|" + df["op"].astype(str) + "|" + peer,
+        key + "|" + df["op"].astype(str),
+    )
+    tmp = pd.DataFrame(
+        {"rank": df["rank"].to_numpy(), "k": k, "t": df["start_ns"].astype("Int64").to_numpy()}
+    )
+    tmp = tmp.sort_values(["rank", "t"], kind="stable")
+    return tmp.groupby(["rank", "k"]).cumcount().reindex(df.index).to_numpy()
+
+
+# ----------------------------------------------------------------------------------------------------
+# matching
+# ----------------------------------------------------------------------------------------------------
+MATCHED_EXTRA = ("instance", "group_key", "n_expected")
+
+
+def coll_frame(coll: pa.Table) -> pd.DataFrame:
+    """COLLECTIVES table -> DataFrame with plain values (strings, Int64, tuples for pg_ranks)."""
+    out = {}
+    for f in coll.schema:
+        col = coll.column(f.name)
+        if pa.types.is_dictionary(col.type):
+            out[f.name] = pd.Series(col.cast(pa.string()).to_pylist(), dtype=object)
+        elif pa.types.is_list(col.type):
+            out[f.name] = pd.Series(
+                [tuple(v) if v is not None else None for v in col.to_pylist()], dtype=object
+            )
+        elif pa.types.is_string(col.type):
+            out[f.name] = pd.Series(col.to_pylist(), dtype=object)
+        elif pa.types.is_boolean(col.type):
+            out[f.name] = pd.Series(col.to_pylist(), dtype="boolean")
+        elif pa.types.is_floating(col.type):
+            out[f.name] = pd.Series(col.to_numpy(zero_copy_only=False))
+        else:
+            out[f.name] = pd.Series(col.to_pylist(), dtype="Int64")
+    return pd.DataFrame(out)
+
+
+def _pg_candidates(metadata: pa.Table | None) -> list[tuple[int, ...]]:
+    """Distinct process-group rank lists that the traces' distributedInfo.pg_config declare."""
+    if metadata is None or "pg_config_json" not in metadata.column_names:
+        return []
+    seen: set[tuple[int, ...]] = set()
+    for text in metadata.column("pg_config_json").to_pylist():
+        if not text:
+            continue
+        try:
+            cfg = json.loads(text)
+        except ValueError:
+            continue
+        if isinstance(cfg, dict):
+            cfg = list(cfg.values())
+        for g in cfg if isinstance(cfg, list) else []:
+            ranks = g.get("ranks") if isinstance(g, dict) else None
+            if isinstance(ranks, str):
+                ranks = [int(x) for x in re.findall(r"-?\d+", ranks)]
+            if isinstance(ranks, list) and len(ranks) >= 2:
+                seen.add(tuple(sorted(int(x) for x in ranks)))
+    return sorted(seen, key=lambda t: (len(t), t))
+
+
+def _end_matrix(df: pd.DataFrame, ranks: tuple[int, ...], n: int, ends_by_rank: dict) -> np.ndarray:
+    return np.stack([ends_by_rank[r][:n] for r in ranks])
+
+
+def _infer_groups(df: pd.DataFrame, candidates: list[tuple[int, ...]]) -> pd.Series:
+    """Group keys for rows without process-group info (gloo): per op, pick the declared groups whose members'
+    k-th calls end together (smallest median end spread first); ranks left over share one default group."""
+    key = pd.Series([""] * len(df), index=df.index, dtype=object)
+    unknown = (df["group_key"] == "") & ~df["is_p2p"].astype(bool)
+    for op, sub in df[unknown].groupby("op"):
+        sub = sub.sort_values("start_ns", kind="stable")
+        ends = {int(r): s["end_ns"].astype("int64").to_numpy() for r, s in sub.groupby("rank")}
+        counts = {r: len(v) for r, v in ends.items()}
+        scored = []
+        for g in candidates:
+            if not all(r in ends for r in g) or len({counts[r] for r in g}) != 1:
+                continue
+            m = _end_matrix(sub, g, counts[g[0]], ends)
+            scored.append((float(np.median(m.max(axis=0) - m.min(axis=0))), len(g), g))
+        taken: set[int] = set()
+        assign: dict[int, str] = {}
+        for _spread, _n, g in sorted(scored):
+            if taken.isdisjoint(g):
+                taken.update(g)
+                for r in g:
+                    assign[r] = "r:" + ",".join(map(str, g))
+        rest = sorted(set(ends) - taken)
+        for r in rest:
+            assign[r] = "r:" + ",".join(map(str, rest)) if len(rest) > 1 else f"r:{r}"
+        idx = sub.index
+        key.loc[idx] = [assign[int(r)] for r in sub["rank"]]
+    return key
+
+
+def _infer_peers(df: pd.DataFrame, candidates: list[tuple[int, ...]]) -> pd.Series:
+    """Peers of send/recv rows that carry none (gloo): pair a sender's k-th send with a receiver's k-th recv for
+    the (sender, receiver) pairs whose calls end together; candidates are 2-rank groups when declared."""
+    peer = df["peer"].copy()
+    todo = df["is_p2p"].astype(bool) & peer.isna() & df["op"].isin(("send", "recv"))
+    if not todo.any():
+        return peer
+    sub = df[todo].sort_values("start_ns", kind="stable")
+    sends = {
+        int(r): s["end_ns"].astype("int64").to_numpy() for r, s in sub[sub["op"] == "send"].groupby("rank")
+    }
+    recvs = {
+        int(r): s["end_ns"].astype("int64").to_numpy() for r, s in sub[sub["op"] == "recv"].groupby("rank")
+    }
+    pairs = {tuple(g) for g in candidates if len(g) == 2}
+    scored = []
+    for a, ea in sends.items():
+        for b, eb in recvs.items():
+            if a == b or len(ea) != len(eb) or (pairs and tuple(sorted((a, b))) not in pairs):
+                continue
+            scored.append((float(np.median(np.abs(ea - eb))), a, b))
+    used_s: set[int] = set()
+    used_r: set[int] = set()
+    for _spread, a, b in sorted(scored):
+        if a in used_s or b in used_r:
+            continue
+        used_s.add(a)
+        used_r.add(b)
+        peer.loc[sub.index[(sub["op"] == "send").to_numpy() & (sub["rank"] == a).to_numpy()]] = b
+        peer.loc[sub.index[(sub["op"] == "recv").to_numpy() & (sub["rank"] == b).to_numpy()]] = a
+    return peer
+
+
+def match_with_findings(coll: pa.Table, metadata: pa.Table | None = None) -> tuple[pd.DataFrame, list[dict]]:
+    """Instance ids for every row, plus COLLECTIVE_MISMATCH findings. Returns a DataFrame (see `match`)."""
+    df = coll_frame(coll)
+    if df.empty:
+        for c in MATCHED_EXTRA:
+            df[c] = pd.Series([], dtype="Int64" if c != "group_key" else object)
+        return df, []
+    df["group_key"] = _group_key(df)
+    candidates = _pg_candidates(metadata)
+    inferred = _infer_groups(df, candidates)
+    df["group_key"] = df["group_key"].where(df["group_key"] != "", inferred)
+    df["peer"] = _infer_peers(df, candidates).astype("Int64")
+    df = df.sort_values(["rank", "start_ns"], kind="stable").reset_index(drop=True)
+    df["order"] = _order(df)
+    p2p = df["is_p2p"].astype(bool).to_numpy()
+    is_send = (df["op"] == "send").to_numpy()
+    rank = df["rank"].astype("int64").to_numpy()
+    peer = df["peer"].fillna(-1).astype("int64").to_numpy()
+    src = np.where(is_send, rank, peer)
+    dst = np.where(is_send, peer, rank)
+    has_seq = ~df["seq"].isna().to_numpy()
+    seq = df["seq"].fillna(-1).astype("int64").astype(str).to_numpy()
+    order = df["order"].astype(str).to_numpy()
+    gk = df["group_key"].astype(str).to_numpy()
+    op = df["op"].astype(str).to_numpy()
+    key = np.where(
+        p2p,
+        np.char.add(
+            np.char.add(np.char.add("p2p|", src.astype(str)), "|" + np.char.add(dst.astype(str), "|")), order
+        ),
+        np.where(
+            has_seq,
+            np.char.add(np.char.add(gk, "|seq|"), seq),
+            np.char.add(np.char.add(gk, "|" + op + "|"), order),
+        ),
+    )
+    unmatched_p2p = p2p & ((peer < 0) | ~np.isin(op, ("send", "recv")))
+    key = np.where(unmatched_p2p, np.char.add("solo|", np.arange(len(df)).astype(str)), key)
+    codes, _ = pd.factorize(pd.Series(key), sort=False)
+    df["instance"] = pd.Series(codes, dtype="Int64")
+    expected = df["group_size"].astype("Float64")
+    from_key = pd.Series([len(k[2:].split(",")) if k.startswith("r:") else None for k in gk], dtype="Float64")
+    expected = expected.fillna(from_key)
+    expected = expected.where(~pd.Series(p2p), 2.0)
+    df["n_expected"] = expected.round().astype("Int64")
+    return df, _mismatches(df)
+
+
+def _mismatches(df: pd.DataFrame) -> list[dict]:
+    """COLLECTIVE_MISMATCH: an instance whose participants disagree on the op, or ranks of one group that
+    issued different numbers of the same collective."""
+    out = []
+    coll = df[~df["is_p2p"].astype(bool)]
+    if coll.empty:
+        return out
+    nops = coll.groupby("instance")["op"].nunique()
+    bad = nops[nops > 1].index
+    if len(bad):
+        rows = coll[coll["instance"].isin(bad)]
+        first = rows[rows["instance"] == bad[0]]
+        desc = ", ".join(f"rank {int(r)}: {o}" for r, o in zip(first["rank"], first["op"]))
+        out.append(
+            finding(
+                "COLLECTIVE_MISMATCH",
+                "error",
+                f"{len(bad)} collective instance(s) where ranks issued different ops (first: {desc})",
+                ranks=sorted({int(r) for r in rows["rank"]}),
+                instances=len(bad),
+            )
+        )
+    counts = coll.groupby(["group_key", "op", "rank"]).size().reset_index(name="n")
+    for (gk, op), sub in counts.groupby(["group_key", "op"]):
+        if sub["n"].nunique() > 1:
+            mode = int(sub["n"].mode().iloc[0])
+            odd = sub[sub["n"] != mode]
+            out.append(
+                finding(
+                    "COLLECTIVE_MISMATCH",
+                    "warning",
+                    f"{op} on group {gk or 'default'}: "
+                    + ", ".join(f"rank {int(r)} issued {int(n)}" for r, n in zip(odd["rank"], odd["n"]))
+                    + f" while its peers issued {mode}",
+                    ranks=[int(r) for r in odd["rank"]],
+                    group=gk,
+                    op=op,
+                )
+            )
+    return out
+
+
+def match(coll: pa.Table, metadata: pa.Table | None = None) -> pa.Table:
+    """COLLECTIVES rows plus `instance` (same id for the same call on every participant), `group_key` and
+    `n_expected` (participants the instance should have). Keys: (group, seq) when Seq is known; else
+    (group, op, order); send/recv: (src, dst, order)."""
+    df, _ = match_with_findings(coll, metadata)
+    return _matched_table(df)
+
+
+def _matched_table(df: pd.DataFrame) -> pa.Table:
+    base = _to_coll_table(df)
+    return (
+        base.append_column(
+            "instance", pa.array(df["instance"].astype("Int64").to_numpy(na_value=-1), pa.int64())
+        )
+        .append_column(
+            "group_key", pa.array(df["group_key"].astype(str).tolist(), pa.string()).dictionary_encode()
+        )
+        .append_column(
+            "n_expected", pa.array([None if _isnull(v) else int(v) for v in df["n_expected"]], pa.int32())
+        )
+    )
+
+
+# ----------------------------------------------------------------------------------------------------
+# clock alignment
+# ----------------------------------------------------------------------------------------------------
+@dataclass
+class ClockResult:
+    """Per-rank clock offsets (ns to subtract from a rank's timestamps) and how they were found."""
+
+    offsets_ns: dict[int, int]
+    unit_of: dict[int, str]  # rank -> clock domain (host name, or "rank N" when hosts are unknown)
+    instances_used: int = 0
+    residual_ns: float = 0.0  # median |end - aligned common end| after alignment
+    unit_offsets_ns: dict[str, int] = field(default_factory=dict)
+
+
+def clock_domains(ranks, metadata: pa.Table | None) -> dict[int, str]:
+    """rank -> clock domain: its host name when every rank's host is known, else the rank itself."""
+    ranks = [int(r) for r in ranks]
+    hosts: dict[int, str] = {}
+    if metadata is not None and "host_name" in metadata.column_names:
+        for r, h in zip(metadata.column("rank").to_pylist(), metadata.column("host_name").to_pylist()):
+            if r is not None and h:
+                hosts[int(r)] = str(h)
+    if ranks and all(r in hosts for r in ranks):
+        return {r: f"host {hosts[r]}" for r in ranks}
+    return {r: f"rank {r}" for r in ranks}
+
+
+def clock_offsets(df: pd.DataFrame, metadata: pa.Table | None = None, iterations: int = 50) -> ClockResult:
+    """Offsets from end times of matched instances: alternate (common end = median of aligned ends,
+    offset of a clock domain = median of its residuals) until stable. The lowest rank's domain is 0 in
+    each connected set of domains. Ranks on one host share CLOCK_REALTIME, so hosts are the domains."""
+    ranks = sorted(int(r) for r in df["rank"].unique()) if len(df) else []
+    unit_of = clock_domains(ranks, metadata)
+    offsets = {r: 0 for r in ranks}
+    if not ranks:
+        return ClockResult(offsets, unit_of)
+    units = sorted(set(unit_of.values()), key=lambda u: min(r for r in ranks if unit_of[r] == u))
+    if len(units) == 1:
+        return ClockResult(offsets, unit_of, 0, 0.0, {units[0]: 0})
+    d = df[~df["end_ns"].isna() & ~df["instance"].isna()][["instance", "rank", "end_ns"]].copy()
+    d["unit"] = d["rank"].astype(int).map(unit_of)
+    nunits = d.groupby("instance")["unit"].nunique()
+    d = d[d["instance"].isin(nunits[nunits > 1].index)]
+    if d.empty:
+        return ClockResult(offsets, unit_of, 0, 0.0, {u: 0 for u in units})
+    uidx = {u: i for i, u in enumerate(units)}
+    u = d["unit"].map(uidx).to_numpy()
+    inst, inst_idx = np.unique(d["instance"].astype("int64").to_numpy(), return_inverse=True)
+    end = d["end_ns"].astype("int64").to_numpy()
+    base = end.min()
+    e = (end - base).astype(np.float64)
+    comp = _components(u, inst_idx, len(units))
+    ref = {}
+    for i in range(len(units)):  # reference domain of each component: the first (lowest rank) one
+        ref.setdefault(comp[i], i)
+    o = np.zeros(len(units))
+    for _ in range(iterations):
+        adj = pd.Series(e - o[u])
+        common = adj.groupby(inst_idx).median().to_numpy()
+        resid = pd.Series(e - common[inst_idx])
+        new = resid.groupby(u).median().reindex(range(len(units))).fillna(0.0).to_numpy()
+        new = new - np.array([new[ref[comp[i]]] for i in range(len(units))])
+        if np.max(np.abs(new - o)) < 0.5:
+            o = new
+            break
+        o = new
+    common = pd.Series(e - o[u]).groupby(inst_idx).median().to_numpy()
+    residual = float(np.median(np.abs(e - o[u] - common[inst_idx])))
+    unit_off = {units[i]: round(float(o[i])) for i in range(len(units))}
+    offsets = {r: unit_off[unit_of[r]] for r in ranks}
+    return ClockResult(offsets, unit_of, int(inst.size), residual, unit_off)
+
+
+def _components(u: np.ndarray, inst_idx: np.ndarray, n_units: int) -> list[int]:
+    """Connected components of clock domains linked by shared instances (small union-find)."""
+    parent = list(range(n_units))
+
+    def find(x: int) -> int:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    first: dict[int, int] = {}
+    for a, i in zip(u.tolist(), inst_idx.tolist()):
+        if i in first:
+            ra, rb = find(a), find(first[i])
+            if ra != rb:
+                parent[max(ra, rb)] = min(ra, rb)
+        else:
+            first[i] = a
+    return [find(i) for i in range(n_units)]
+
+
+def clock_findings(clock: ClockResult, threshold_ns: int) -> list[dict]:
+    """CLOCK_SKEW when two clock domains differ by more than `threshold_ns`."""
+    if not clock.unit_offsets_ns:
+        return []
+    vals = clock.unit_offsets_ns
+    spread = max(vals.values()) - min(vals.values())
+    if spread <= threshold_ns:
+        return []
+    lo = min(vals, key=vals.get)
+    hi = max(vals, key=vals.get)
+    ranks = sorted(r for r, o in clock.offsets_ns.items() if o != 0)
+    return [
+        finding(
+            "CLOCK_SKEW",
+            "warning" if spread > 10 * threshold_ns else "info",
+            f"clocks differ by up to {spread / 1e6:.3f} ms ({hi} vs {lo}); cross-rank timing is aligned "
+            f"using the end times of {clock.instances_used} matched collectives",
+            ranks=ranks,
+            offsets_ms={k: v / 1e6 for k, v in vals.items()},
+            max_skew_ms=spread / 1e6,
+        )
+    ]
+
+
+# ----------------------------------------------------------------------------------------------------
+# wait vs transfer
+# ----------------------------------------------------------------------------------------------------
+def wait_transfer(df: pd.DataFrame, offsets_ns: dict[int, int]) -> pd.DataFrame:
+    """Add aligned times, arrival skew, wait / transfer split, lag, blame and bandwidths to matched rows.
+
+    transfer = own end - latest aligned start of the instance (clipped to [0, duration]); wait = the rest.
+    lag = own aligned start - earliest; blame (last arriver only) = latest start - second latest start.
+    """
+    df = df.copy()
+    if df.empty:
+        for c in ("start_aligned_ns", "end_aligned_ns", "latest_start_ns", "arrival_skew_ns", "wait_ns",
+                  "transfer_ns", "lag_ns", "blame_ns", "n_participants", "is_last", "algbw_gbps", "busbw_gbps"):  # fmt: skip
+            df[c] = pd.Series([], dtype="float64")
+        return df
+    off = df["rank"].astype(int).map(lambda r: offsets_ns.get(int(r), 0)).astype("int64").to_numpy()
+    start = df["start_ns"].astype("int64").to_numpy()
+    end = df["end_ns"].astype("int64").to_numpy()
+    a_start = start - off
+    a_end = end - off
+    inst = df["instance"].astype("int64").to_numpy()
+    # per instance, sorted by aligned start: latest, second latest, earliest, size, and one last arriver
+    order = np.lexsort((np.arange(inst.size), a_start, inst))
+    si, ss = inst[order], a_start[order]
+    first = np.flatnonzero(np.r_[True, si[1:] != si[:-1]])
+    last = np.r_[first[1:] - 1, si.size - 1]
+    size = last - first + 1
+    grp = np.repeat(np.arange(first.size), size)
+    latest = np.empty_like(a_start)
+    earliest = np.empty_like(a_start)
+    second = np.empty_like(a_start)
+    n = np.empty_like(a_start)
+    latest[order] = ss[last][grp]
+    earliest[order] = ss[first][grp]
+    second[order] = ss[np.maximum(last - 1, first)][grp]
+    n[order] = size[grp]
+    first_last = np.zeros(a_start.size, dtype=bool)
+    first_last[order[last[size > 1]]] = True  # the last arriver (ties: the later row in table order)
+    dur = np.maximum(end - start, 0)
+    transfer = np.clip(a_end - latest, 0, dur)
+    wait = dur - transfer
+    df["start_aligned_ns"] = a_start
+    df["end_aligned_ns"] = a_end
+    df["latest_start_ns"] = latest
+    df["arrival_skew_ns"] = latest - earliest
+    df["n_participants"] = n
+    df["wait_ns"] = wait
+    df["transfer_ns"] = transfer
+    df["lag_ns"] = a_start - earliest
+    df["is_last"] = first_last
+    df["blame_ns"] = np.where(first_last, latest - second, 0)
+    nbytes = df["bytes"].astype("Float64").to_numpy(dtype=float, na_value=np.nan)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        algbw = np.where(
+            transfer > 0, nbytes / np.where(transfer > 0, transfer, 1), np.nan
+        )  # bytes/ns = GB/s
+    nexp = df["n_expected"].astype("Float64").fillna(pd.Series(n, dtype="Float64")).to_numpy(dtype=float)
+    factor = np.array([busbw_factor(o, k) for o, k in zip(df["op"], nexp)])
+    df["algbw_gbps"] = algbw
+    df["busbw_gbps"] = algbw * factor
+    return df
+
+
+WT_COLUMNS = (
+    ("start_aligned_ns", pa.int64()),
+    ("end_aligned_ns", pa.int64()),
+    ("latest_start_ns", pa.int64()),
+    ("arrival_skew_ns", pa.int64()),
+    ("n_participants", pa.int32()),
+    ("wait_ns", pa.int64()),
+    ("transfer_ns", pa.int64()),
+    ("lag_ns", pa.int64()),
+    ("is_last", pa.bool_()),
+    ("blame_ns", pa.int64()),
+    ("algbw_gbps", pa.float64()),
+    ("busbw_gbps", pa.float64()),
+)
+
+
+def to_table(df: pd.DataFrame) -> pa.Table:
+    """Matched rows with wait/transfer columns -> Arrow (COLLECTIVES columns first, then the extras)."""
+    t = _matched_table(df)
+    for name, typ in WT_COLUMNS:
+        vals = df[name] if name in df else pd.Series([None] * len(df))
+        if pa.types.is_floating(typ):
+            arr = pa.array(np.asarray(vals, dtype=float), typ, from_pandas=True)
+        elif pa.types.is_boolean(typ):
+            arr = pa.array([bool(v) for v in vals], typ)
+        else:
+            arr = pa.array(np.asarray(vals, dtype=np.int64), typ)
+        t = t.append_column(name, arr)
+    return t
+
+
+# ----------------------------------------------------------------------------------------------------
+# exposed communication: wait vs transfer
+# ----------------------------------------------------------------------------------------------------
+EXPOSED_SPLIT = pa.schema(
+    [
+        ("rank", pa.int32()),
+        ("step", pa.int32()),
+        ("exposed_comm_ns", pa.int64()),
+        ("exposed_wait_ns", pa.int64()),
+        ("exposed_transfer_ns", pa.int64()),
+    ]
+)
+
+
+def exposed_split(df: pd.DataFrame, breakdown: pa.Table, sets: dict) -> pa.Table:
+    """Per (rank, step): exposed communication (breakdown's K − C) split into the part that overlaps the wait
+    head [start, start + wait) of a collective on that rank and the rest (transfer). The two add up exactly."""
+    out = {f.name: [] for f in EXPOSED_SPLIT}
+    b_rank = breakdown.column("rank").to_numpy(zero_copy_only=False)
+    for r in np.unique(b_rank):
+        rs = sets.get(int(r))
+        w = breakdown.filter(pa.array(b_rank == r))
+        lo = w.column("window_start_ns").to_numpy(zero_copy_only=False)
+        hi = w.column("window_end_ns").to_numpy(zero_copy_only=False)
+        exposed_total = w.column("exposed_comm_ns").to_numpy(zero_copy_only=False)
+        if rs is None or df.empty:
+            waited = np.zeros(lo.shape, dtype=np.int64)
+        else:
+            mine = df[df["rank"].astype(int) == int(r)]
+            s = mine["start_ns"].astype("int64").to_numpy()
+            wt = mine["wait_ns"].astype("int64").to_numpy()
+            wait_set = iv.union(s, s + wt)
+            waited = iv.measure_in_windows(iv.intersect(rs.exposed_comm, wait_set), lo, hi)
+        out["rank"] += [int(r)] * w.num_rows
+        out["step"] += w.column("step").to_pylist()
+        out["exposed_comm_ns"] += exposed_total.tolist()
+        out["exposed_wait_ns"] += waited.tolist()
+        out["exposed_transfer_ns"] += (exposed_total - waited).tolist()
+    return pa.table(out, schema=EXPOSED_SPLIT)
