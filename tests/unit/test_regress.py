@@ -464,3 +464,24 @@ def test_text_and_json_outputs():
     ok = check(make_summary(28), make_summary(29))
     assert regress.render_text(ok).rstrip().endswith(ok.headline())
     assert ok.headline().startswith("OK")
+
+
+def test_identical_runs_pass_every_rule():
+    s = make_summary(30, pp=4, bubble_ms=10.0, stragglers=(1,), findings=(("COLLECTIVE_HANG", "error"),))
+    report = check(s, s)
+    assert [r.status for r in report.results] == ["pass"] * 6
+    assert all(r.delta in (0.0, []) for r in report.results)
+
+
+@pytest.mark.parametrize("factor", [0.8, 1.07, 1.5])
+def test_uniform_slowdown_moves_step_time_not_shares(factor):
+    base = make_summary(31)
+    cur = json.loads(json.dumps(base))
+    for row in cur["per_step"]:
+        for key in ("step_time_ms", "compute_ms", "exposed_comm_ms"):
+            row[key] *= factor
+    res = by_rule(check(base, cur))
+    assert res["step_time"].delta == pytest.approx(100 * (factor - 1))
+    assert res["step_time"].status == ("fail" if factor > 1.05 else "pass")
+    assert res["exposed_comm"].delta == pytest.approx(0.0, abs=1e-9)
+    assert res["exposed_comm"].status == "pass"
