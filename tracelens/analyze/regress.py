@@ -232,6 +232,11 @@ def validate_summary(data: Any, label: str) -> None:
         isinstance(per_step, list) and all(isinstance(r, dict) for r in per_step)
     ):
         raise BadInputError(f"{label}: summary field 'per_step' must be a list of objects")
+    if per_step:
+        try:
+            _per_step_arrays(per_step)
+        except ValueError as err:
+            raise BadInputError(f"{label}: {err}") from err
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -332,6 +337,40 @@ _PER_STEP_FIELDS = (
 )
 
 
+def _per_step_arrays(rows: list[dict]) -> dict[str, np.ndarray]:
+    """Column arrays of `per_step` rows (null -> NaN; a null step, a run without step markers, -> -1).
+
+    Raises ValueError naming the first bad row; `validate_summary` turns it into a BadInputError.
+    """
+    n = len(rows)
+    cols: dict[str, np.ndarray] = {}
+    try:
+        cols["rank"] = np.fromiter((int(r["rank"]) for r in rows), dtype=np.int64, count=n)
+        cols["step"] = np.fromiter(
+            (-1 if r.get("step") is None else int(r["step"]) for r in rows), dtype=np.int64, count=n
+        )
+        for name in _PER_STEP_FIELDS:
+            cols[name] = np.fromiter(
+                (np.nan if r.get(name) is None else float(r[name]) for r in rows), dtype=np.float64, count=n
+            )
+    except (KeyError, TypeError, ValueError) as err:
+        bad = next(i for i, r in enumerate(rows) if not _row_ok(r))
+        raise ValueError(f"per_step[{bad}] is malformed ({type(err).__name__}: {err})") from err
+    return cols
+
+
+def _row_ok(row: dict) -> bool:
+    """Whether one per_step row has an integer rank and numeric-or-null values (for the error message)."""
+    try:
+        int(row["rank"])
+        _ = None if row.get("step") is None else int(row["step"])
+        for name in _PER_STEP_FIELDS:
+            _ = None if row.get(name) is None else float(row[name])
+    except (KeyError, TypeError, ValueError):
+        return False
+    return True
+
+
 def _per_step_columns(summary: dict) -> dict[str, np.ndarray] | None:
     """Column arrays (rank, step, *_ms as float with NaN for null) of `per_step`, complete steps only.
 
@@ -341,19 +380,9 @@ def _per_step_columns(summary: dict) -> dict[str, np.ndarray] | None:
     rows = summary.get("per_step")
     if not rows:
         return None
-    n = len(rows)
-    try:
-        rank = np.fromiter((int(r["rank"]) for r in rows), dtype=np.int64, count=n)
-        step = np.fromiter((int(r["step"]) for r in rows), dtype=np.int64, count=n)
-    except (KeyError, TypeError, ValueError):
-        return None
-    cols: dict[str, np.ndarray] = {"rank": rank, "step": step}
-    for name in _PER_STEP_FIELDS:
-        cols[name] = np.fromiter(
-            (np.nan if r.get(name) is None else float(r[name]) for r in rows), dtype=np.float64, count=n
-        )
-    steps, inverse = np.unique(step, return_inverse=True)
-    n_ranks = np.unique(rank).size
+    cols = _per_step_arrays(rows)
+    steps, inverse = np.unique(cols["step"], return_inverse=True)
+    n_ranks = np.unique(cols["rank"]).size
     counts = np.bincount(inverse, minlength=steps.size)
     complete = counts[inverse] == n_ranks
     if complete.any() and not complete.all():
