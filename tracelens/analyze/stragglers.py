@@ -1,0 +1,405 @@
+"""Cross-rank analysis: who makes the others wait, why, and what it costs.
+
+In a blocking collective the early ranks wait inside the collective, so a slow rank shows the *shortest*
+collectives and the *least* exposed communication while its peers look communication-bound. Ranking ranks by
+step time or communication time blames the wrong ones. Here a rank is a straggler only when it has its own
+excess (not time spent waiting on others) against the robust centre of its peers, in most steps, and it
+materially delays the step:
+
+* compute: its compute time is above its stage peers' median (one-sided, MAD-scaled), and it arrives last;
+* host: its device sat idle longer than its peers' (launch, data loading, CPU stall), and it arrives last;
+* communication: the transfers of every group it belongs to are slower than those of other groups doing the
+  same op on the same size (a slow link: the one rank common to all slow groups).
+
+See docs/stragglers.md for the method and a worked example.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from tracelens.analyze import collectives as C
+from tracelens.analyze.breakdown import breakdown as _breakdown
+from tracelens.analyze.breakdown import class_sets
+from tracelens.findings import finding
+
+CAUSES = ("compute", "host", "communication")
+
+
+@dataclass
+class StragglerConfig:
+    """Thresholds of the straggler verdict (defaults documented in docs/stragglers.md)."""
+
+    persistence: float = 0.5  # flagged in at least this fraction of the analyzed steps
+    min_cost_fraction: float = 0.03  # median per-step cost >= this fraction of the median step time
+    min_excess_fraction: float = 0.03  # per step: excess >= this fraction of the peers' step time ...
+    mad_k: float = 3.0  # ... and >= k x 1.4826 x MAD of the peers
+    min_blame_fraction: float = 0.25  # per step (compute, host): delay caused >= this fraction of the excess
+    slow_link_ratio: float = 1.3  # communication: transfers >= this many times the reference of the same kind
+    clock_skew_ns: int = 100_000  # CLOCK_SKEW above 0.1 ms between clock domains
+
+
+@dataclass
+class CrossRankResult:
+    """Everything the cross-rank analysis found; tables are Arrow, times in ns unless named *_ms."""
+
+    collectives: pa.Table
+    offsets_ns: dict[int, int]
+    exposed_split: pa.Table
+    arrival_lag: pa.Table
+    stragglers: list[dict]
+    findings: list[dict]
+    peers: dict[int, int] = field(default_factory=dict)  # rank -> peer group (stage) used for comparisons
+    clock: C.ClockResult | None = None
+
+    def one_line(self) -> str:
+        """E.g. "straggler: rank 5 (compute, +23% compute vs stage peers, costs 41 ms/step)" or "no straggler"."""
+        if not self.stragglers:
+            return "no straggler"
+        parts = [_describe(s) for s in self.stragglers]
+        return ("straggler: " if len(parts) == 1 else "stragglers: ") + "; ".join(parts)
+
+
+def _describe(s: dict) -> str:
+    ev = s["evidence"]
+    if s["cause"] == "compute":
+        what = f"+{100 * (ev['compute_ratio'] - 1):.0f}% compute vs {ev['peer_kind']} peers"
+    elif s["cause"] == "host":
+        what = f"device idle +{ev['idle_excess_ms']:.1f} ms/step vs {ev['peer_kind']} peers"
+    else:
+        what = f"transfers {ev['transfer_ratio']:.1f}x slower than other groups'"
+    return f"rank {s['rank']} ({s['cause']}, {what}, costs {s['cost_ms']:.1f} ms/step)"
+
+
+# ----------------------------------------------------------------------------------------------------
+# peers
+# ----------------------------------------------------------------------------------------------------
+def infer_peer_groups(df: pd.DataFrame, ranks: list[int]) -> dict[int, int]:
+    """rank -> peer-group id when no stages are given: ranks joined by non-p2p collectives, leaving out any
+    group that spans both ends of a send/recv (pipeline stages talk by p2p, so such a group crosses stages)."""
+    parent = {r: r for r in ranks}
+
+    def find(x: int) -> int:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    if not df.empty:
+        p2p = df[df["is_p2p"].astype(bool) & ~df["peer"].isna()]
+        pairs = {tuple(sorted((int(a), int(b)))) for a, b in zip(p2p["rank"], p2p["peer"])}
+        coll = df[~df["is_p2p"].astype(bool)]
+        members = coll.groupby("group_key")["rank"].agg(lambda s: sorted({int(x) for x in s}))
+        for grp in members:
+            gs = set(grp)
+            if any(a in gs and b in gs for a, b in pairs):
+                continue
+            for r in grp[1:]:
+                ra, rb = find(grp[0]), find(r)
+                if ra != rb:
+                    parent[max(ra, rb)] = min(ra, rb)
+    return {r: find(r) for r in ranks}
+
+
+# ----------------------------------------------------------------------------------------------------
+# per-step tables
+# ----------------------------------------------------------------------------------------------------
+ARRIVAL_LAG = pa.schema(
+    [
+        ("rank", pa.int32()),
+        ("step", pa.int32()),
+        ("lag_ns", pa.int64()),  # sum over its collectives of (own aligned start - earliest start)
+        ("blame_ns", pa.int64()),  # sum over collectives it reached last of (its start - second latest start)
+        ("last_count", pa.int32()),  # collectives it reached last
+        ("collectives", pa.int32()),  # non-p2p collectives it took part in
+    ]
+)
+
+
+def arrival_lag(df: pd.DataFrame) -> pa.Table:
+    """Per (rank, step) arrival lag over non-p2p collectives (p2p waits are pipeline structure, not lateness)."""
+    coll = df[~df["is_p2p"].astype(bool) & (df["n_participants"] > 1)] if not df.empty else df
+    if coll.empty:
+        return ARRIVAL_LAG.empty_table()
+    g = (
+        coll.assign(
+            step=coll["step"].astype("Int64").fillna(-1).astype(int), last=coll["is_last"].astype(int)
+        )
+        .groupby(["rank", "step"])
+        .agg(
+            lag_ns=("lag_ns", "sum"),
+            blame_ns=("blame_ns", "sum"),
+            last_count=("last", "sum"),
+            collectives=("op", "size"),
+        )
+        .reset_index()
+    )
+    step = g["step"].astype(int)
+    return pa.table(
+        {
+            "rank": pa.array(g["rank"].astype(int), pa.int32()),
+            "step": pa.array([None if s < 0 else int(s) for s in step], pa.int32()),
+            "lag_ns": pa.array(g["lag_ns"].astype("int64"), pa.int64()),
+            "blame_ns": pa.array(g["blame_ns"].astype("int64"), pa.int64()),
+            "last_count": pa.array(g["last_count"].astype(int), pa.int32()),
+            "collectives": pa.array(g["collectives"].astype(int), pa.int32()),
+        },
+        schema=ARRIVAL_LAG,
+    )
+
+
+def _peer_stats(per: pd.DataFrame, col: str) -> tuple[np.ndarray, np.ndarray]:
+    """Leave-one-out median and 1.4826 x MAD of `col` among the rows of the same (peer group, step)."""
+    centre = np.full(len(per), np.nan)
+    scale = np.full(len(per), np.nan)
+    vals = per[col].to_numpy(dtype=float)
+    for idx in per.groupby(["group", "step"]).indices.values():
+        x = vals[idx]
+        m = x.size
+        if m < 2:
+            continue
+        if m <= 64:
+            others = np.where(~np.eye(m, dtype=bool), x[None, :], np.nan)
+            c = np.nanmedian(others, axis=1)
+            s = 1.4826 * np.nanmedian(np.abs(others - c[:, None]), axis=1)
+        else:
+            c = np.full(m, np.median(x))
+            s = np.full(m, 1.4826 * np.median(np.abs(x - c[0])))
+        centre[idx] = c
+        scale[idx] = s
+    return centre, scale
+
+
+def _slow_links(df: pd.DataFrame, cfg: StragglerConfig) -> tuple[dict[int, float], pd.DataFrame]:
+    """Per rank, the smallest over its informative groups of the median transfer ratio (instance transfer /
+    median transfer of instances of the same op, size and group size in other groups). >1 for every group of a
+    rank means its own link is slow; a rank sharing only some slow groups is a bystander."""
+    if df.empty:
+        return {}, df
+    d = df[(df["n_participants"] >= 2)].copy()
+    if d.empty:
+        return {}, d
+    d["bytes_k"] = d["bytes"].astype("Float64").fillna(-1).astype("int64")
+    d["pair"] = np.where(
+        d["is_p2p"].astype(bool),
+        "p2p|" + np.minimum(d["rank"], d["peer"].fillna(-1)).astype(str) + "|"
+        + np.maximum(d["rank"], d["peer"].fillna(-1)).astype(str),
+        d["group_key"].astype(str),
+    )  # fmt: skip
+    inst = d.groupby("instance").agg(
+        transfer=("transfer_ns", "median"),
+        op=("op", "first"),
+        nbytes=("bytes_k", "first"),
+        n=("n_expected", "first"),
+        grp=("pair", "first"),
+        p2p=("is_p2p", "first"),
+    )
+    inst["sig"] = (
+        inst["op"].astype(str).str.replace("recv", "send")
+        + "|" + inst["nbytes"].astype(str) + "|" + inst["n"].astype(str)
+    )  # fmt: skip
+    ref = inst.groupby("sig")["transfer"].median()
+    ngroups = inst.groupby("sig")["grp"].nunique()
+    inst = inst[inst["sig"].map(ngroups) >= 3]  # the reference needs other groups to compare with
+    inst = inst[inst["sig"].map(ref) > 0]
+    if inst.empty:
+        return {}, inst
+    inst["ratio"] = inst["transfer"] / inst["sig"].map(ref)
+    inst["excess"] = (inst["transfer"] - inst["sig"].map(ref)).clip(lower=0)
+    grp_ratio = inst.groupby("grp")["ratio"].median()
+    d = d[d["instance"].isin(inst.index)]
+    rank_groups = d.groupby("rank")["pair"].agg(lambda s: sorted(set(s)))
+    out = {}
+    for r, groups in rank_groups.items():
+        vals = [grp_ratio[g] for g in groups if g in grp_ratio.index]
+        if len(vals) >= 2:  # one slow group cannot say which member is slow
+            out[int(r)] = float(min(vals))
+    d = d.assign(excess=d["instance"].map(inst["excess"]).fillna(0.0))
+    return out, d
+
+
+def _per_rank_step(breakdown: pa.Table, split: pa.Table, lag: pa.Table) -> pd.DataFrame:
+    b = breakdown.select(
+        ["rank", "step", "step_time_ns", "compute_ns", "idle_ns", "exposed_comm_ns"]
+    ).to_pandas()
+    b["step"] = b["step"].astype("Int64").fillna(-1).astype(int)
+    s = split.select(["rank", "step", "exposed_wait_ns", "exposed_transfer_ns"]).to_pandas()
+    s["step"] = s["step"].astype("Int64").fillna(-1).astype(int)
+    lg = lag.to_pandas()
+    lg["step"] = lg["step"].astype("Int64").fillna(-1).astype(int)
+    per = b.merge(s, on=["rank", "step"], how="left").merge(lg, on=["rank", "step"], how="left")
+    for c in ("lag_ns", "blame_ns", "last_count", "collectives", "exposed_wait_ns", "exposed_transfer_ns"):
+        per[c] = per[c].fillna(0)
+    return per
+
+
+def detect(
+    per: pd.DataFrame,
+    df: pd.DataFrame,
+    groups: dict[int, int],
+    cfg: StragglerConfig,
+    stage_of: dict[int, int] | None = None,
+) -> list[dict]:
+    """Straggler verdicts from per-(rank, step) times, matched collectives and peer groups."""
+    per = per.copy()
+    per["group"] = per["rank"].map(lambda r: groups.get(int(r), -1))
+    steps_total = per.groupby("rank")["step"].nunique()
+    per["comp_c"], per["comp_s"] = _peer_stats(per, "compute_ns")
+    per["idle_c"], per["idle_s"] = _peer_stats(per, "idle_ns")
+    per["step_c"], _ = _peer_stats(per, "step_time_ns")
+    floor = cfg.min_excess_fraction * per["step_c"]
+    out: list[dict] = []
+    verdicts: dict[int, dict] = {}
+    for cause, col, centre, scale in (
+        ("compute", "compute_ns", "comp_c", "comp_s"),
+        ("host", "idle_ns", "idle_c", "idle_s"),
+    ):
+        excess = per[col] - per[centre]
+        thresh = np.maximum(cfg.mad_k * per[scale], floor)
+        flag = (excess > thresh) & (per["blame_ns"] >= cfg.min_blame_fraction * excess) & per[centre].notna()
+        per[f"{cause}_excess"] = excess
+        per[f"{cause}_flag"] = flag
+        per[f"{cause}_cost"] = np.where(flag, np.minimum(excess, per["blame_ns"]), 0.0)
+    slow, d = _slow_links(df, cfg)
+    if slow:
+        ex = d.assign(step=d["step"].astype("Int64").fillna(-1).astype(int)).groupby(["rank", "step"])
+        xfer = ex["excess"].sum().rename("xfer_excess")
+        tot = ex["transfer_ns"].sum().rename("xfer_total")
+        per = per.merge(pd.concat([xfer, tot], axis=1).reset_index(), on=["rank", "step"], how="left")
+        per[["xfer_excess", "xfer_total"]] = per[["xfer_excess", "xfer_total"]].fillna(0.0)
+        exposed_frac = np.where(
+            per["xfer_total"] > 0, (per["exposed_transfer_ns"] / per["xfer_total"]).clip(0, 1), 0
+        )
+        cost = per["xfer_excess"] * exposed_frac
+        is_slow = per["rank"].map(lambda r: slow.get(int(r), 0.0) >= cfg.slow_link_ratio)
+        per["communication_excess"] = cost
+        per["communication_flag"] = is_slow & (
+            cost > cfg.min_excess_fraction * per["step_c"].fillna(per["step_time_ns"])
+        )
+        per["communication_cost"] = np.where(per["communication_flag"], cost, 0.0)
+    else:
+        per["communication_excess"] = 0.0
+        per["communication_flag"] = False
+        per["communication_cost"] = 0.0
+    step_ref = float(per["step_time_ns"].median()) if len(per) else 0.0
+    for r, sub in per.groupby("rank"):
+        r = int(r)
+        n = int(steps_total[r])
+        best = None
+        for cause in CAUSES:
+            flagged = int(sub[f"{cause}_flag"].sum())
+            if flagged == 0 or flagged < cfg.persistence * n:
+                continue
+            # materiality on the median over *all* analyzed steps, so one noisy step cannot make a straggler
+            median_excess = float(
+                np.median(
+                    np.where(sub[f"{cause}_flag"], sub[f"{cause}_cost"], sub[f"{cause}_excess"].clip(upper=0))
+                )
+            )
+            cost = float(sub[f"{cause}_cost"].mean())
+            if median_excess < cfg.min_cost_fraction * step_ref or cost <= 0:
+                continue
+            cand = (flagged, cost, cause)
+            if best is None or cand[:2] > best[:2]:
+                best = cand
+        if best is None:
+            continue
+        flagged, cost, cause = best
+        verdicts[r] = {"cause": cause, "flagged": flagged, "cost": cost, "sub": sub, "steps_total": n}
+    for r in sorted(verdicts, key=lambda x: -verdicts[x]["cost"]):
+        v = verdicts[r]
+        sub = v["sub"]
+        steps = sub["step"].to_numpy()
+        skey = [int(s) if s >= 0 else None for s in steps]
+
+        def per_step(col: str, sub=sub, skey=skey) -> dict:
+            return {str(k): round(float(x) / 1e6, 3) for k, x in zip(skey, sub[col])}
+
+        comp_ratio = float(np.median(sub["compute_ns"] / sub["comp_c"].replace(0, np.nan)))
+        evidence = {
+            "arrival_lag_ms": per_step("lag_ns"),
+            "delay_caused_ms": per_step("blame_ns"),
+            "last_arrivals": int(sub["last_count"].sum()),
+            "compute_ratio": round(comp_ratio, 4) if np.isfinite(comp_ratio) else None,
+            "compute_excess_ms": per_step("compute_excess"),
+            "idle_excess_ms": round(float(np.median(sub["host_excess"])) / 1e6, 3),
+            "transfer_ratio": round(slow[r], 3) if r in slow else None,
+            "exposed_wait_ms": per_step("exposed_wait_ns"),
+            "peers": sorted(int(x) for x, g in groups.items() if g == groups.get(r) and x != r),
+            "peer_kind": "stage" if stage_of else "group",
+        }
+        s = {
+            "rank": r,
+            "cause": v["cause"],
+            "steps_flagged": int(v["flagged"]),
+            "steps_total": int(v["steps_total"]),
+            "score": round(v["cost"] / step_ref, 4) if step_ref else None,
+            "evidence": evidence,
+            "cost_ms": round(v["cost"] / 1e6, 3),
+        }
+        if stage_of and r in stage_of:
+            s["stage"] = int(stage_of[r])
+        out.append(s)
+    return out
+
+
+def _straggler_findings(stragglers: list[dict]) -> list[dict]:
+    out = []
+    for s in stragglers:
+        out.append(
+            finding(
+                "STRAGGLER",
+                "warning",
+                f"straggler {_describe(s)}; flagged in {s['steps_flagged']} of {s['steps_total']} steps",
+                ranks=[s["rank"]],
+                stages=[s["stage"]] if "stage" in s else [],
+                cause=s["cause"],
+                cost_ms=s["cost_ms"],
+            )
+        )
+    return out
+
+
+def analyze_cross_rank(
+    events: pa.Table,
+    metadata: pa.Table | None,
+    breakdown: pa.Table | None = None,
+    stage_of: dict[int, int] | None = None,
+    config: StragglerConfig | None = None,
+    sets: dict | None = None,
+) -> CrossRankResult:
+    """Match collectives, align clocks, split wait vs transfer and find stragglers with their cause and cost."""
+    cfg = config or StragglerConfig()
+    if sets is None:
+        sets = class_sets(events)
+    if breakdown is None:
+        breakdown = _breakdown(events, sets=sets)
+    coll = C.collectives_from_events(events)
+    df, findings = C.match_with_findings(coll, metadata)
+    clock = C.clock_offsets(df, metadata)
+    findings += C.clock_findings(clock, cfg.clock_skew_ns)
+    df = C.wait_transfer(df, clock.offsets_ns)
+    split = C.exposed_split(df, breakdown, sets)
+    lag = arrival_lag(df)
+    ranks = sorted(int(r) for r in np.unique(breakdown.column("rank").to_numpy(zero_copy_only=False)))
+    if stage_of:
+        groups = {r: int(stage_of.get(r, -1 - r)) for r in ranks}
+    else:
+        groups = infer_peer_groups(df, ranks)
+    per = _per_rank_step(breakdown, split, lag)
+    stragglers = detect(per, df, groups, cfg, stage_of) if len(per) else []
+    findings += _straggler_findings(stragglers)
+    return CrossRankResult(
+        collectives=C.to_table(df),
+        offsets_ns=dict(clock.offsets_ns),
+        exposed_split=split,
+        arrival_lag=lag,
+        stragglers=stragglers,
+        findings=findings,
+        peers=groups,
+        clock=clock,
+    )
