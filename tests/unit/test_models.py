@@ -257,6 +257,8 @@ def test_bad_configs(tmp_path):
         model_from_config({**TINY, "layer_types": ["linear_attention", "full_attention"]})
     with pytest.raises(BadConfigError, match="integer"):
         model_from_config({**TINY, "vocab_size": "many"})
+    with pytest.raises(BadConfigError, match="multi-latent"):
+        model_from_config({**TINY, "model_type": "deepseek_v3", "kv_lora_rank": 512})
 
 
 # ----- hardware ---------------------------------------------------------------------------------------

@@ -14,10 +14,10 @@ from tracelens.errors import BadInputError
 # Order matters: the first match wins (GB200 before B200, H100 PCIe/NVL before H100).
 _GPUS: tuple[tuple[str, str, float | None, float | None], ...] = (
     (r"gb200", "GB200", 2500.0, 5000.0),
-    (r"\bb200\b|b200", "B200", 2250.0, 4500.0),
+    (r"b200", "B200", 2250.0, 4500.0),
     (r"gh200", "GH200", 989.0, 1979.0),
     (r"h200", "H200", 989.0, 1979.0),
-    (r"h100.*pcie", "H100 PCIe", 756.0, 1513.0),
+    (r"(h100|h800).*pcie", "H100 PCIe", 756.0, 1513.0),
     (r"h100.*nvl", "H100 NVL", 835.0, 1671.0),
     (r"h100|h800", "H100 SXM", 989.0, 1979.0),
     (r"a100|a800", "A100", 312.0, None),

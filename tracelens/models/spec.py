@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -62,7 +62,6 @@ class ModelSpec:
     decoder_sparse_step: int = 1
     mlp_only_layers: tuple[int, ...] = ()
     model_type: str = ""
-    extra: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
 
     def __post_init__(self) -> None:
         _check(len(self.layer_types) == self.num_layers,
@@ -264,6 +263,9 @@ def model_from_config(config: dict, name: str | None = None) -> ModelSpec:
             text["tie_word_embeddings"] = cfg["tie_word_embeddings"]
         cfg = text
     model_type = str(cfg.get("model_type", ""))
+    if cfg.get("kv_lora_rank") or cfg.get("q_lora_rank"):
+        raise BadConfigError(f"model_type '{model_type}' uses multi-latent attention, which tracelens does "
+                             "not model yet")
     n_layers = _int(cfg, "num_hidden_layers")
     hidden = _int(cfg, "hidden_size")
     n_heads = _int(cfg, "num_attention_heads")
