@@ -63,6 +63,8 @@ def test_hfu_with_recompute(tiny):
     assert sel["hardware_flops_per_token"] == FPT + 2 * 4096
     with pytest.raises(BadInputError):
         compute_mfu(tiny, 32, 256, 0.001, 2, 1e12, recompute="half")
+    with pytest.raises(BadInputError):
+        compute_mfu(None, 32, 256, 0.001, 2, 1e12, convention="kaplan")
 
 
 def test_unknown_inputs_give_nulls(tiny):

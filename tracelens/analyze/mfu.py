@@ -13,6 +13,8 @@ from collections.abc import Mapping, Sequence
 
 from tracelens.errors import BadInputError
 from tracelens.models.flops import (
+    CONVENTIONS,
+    RECOMPUTE,
     check_split,
     hardware_flops_per_token,
     stage_flops_per_token,
@@ -69,6 +71,10 @@ def compute_mfu(
     recompute, seq_len, step_time_ms, achieved_tflops_per_gpu, per_step,
     without_bubbles_and_exposed_comm, lost_time_ms.
     """
+    if convention not in CONVENTIONS:
+        raise BadInputError(f"unknown FLOPs convention '{convention}' (known: {', '.join(CONVENTIONS)})")
+    if recompute not in RECOMPUTE:
+        raise BadInputError(f"unknown recompute mode '{recompute}' (known: selective, full)")
     seq = int(seq_len) if _positive(seq_len) else None
     tokens = _positive(tokens_per_step)
     step = _positive(step_time_s)
@@ -79,8 +85,6 @@ def compute_mfu(
     if model is not None and seq is not None:
         fpt = training_flops_per_token(model, seq, convention)
         hfpt = hardware_flops_per_token(model, seq, recompute, convention)
-    elif recompute not in (None, "selective", "full"):
-        raise BadInputError(f"unknown recompute mode '{recompute}' (known: selective, full)")
     flops_step = fpt * tokens if fpt is not None and tokens is not None else None
     hflops_step = hfpt * tokens if hfpt is not None and tokens is not None else None
 
