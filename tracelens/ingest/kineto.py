@@ -228,7 +228,7 @@ def parse_us_to_ns(raws: list) -> tuple[np.ndarray, np.ndarray]:
 
     Vectorised over all characters: each digit contributes digit * 10**(its power in ns); per-value sums via
     np.add.reduceat. Decimals beyond the third are rounded half-up. Texts numpy cannot handle (exponents,
-    more than 15 integer digits) go through Decimal one by one; `null`/absent values are invalid.
+    more than 16 integer digits) go through Decimal one by one; `null`/absent values are invalid.
     """
     n = len(raws)
     if n == 0:
@@ -271,7 +271,7 @@ def parse_us_to_ns(raws: list) -> tuple[np.ndarray, np.ndarray]:
     bad[tok[bad_chars]] = True
     ndots = np.bincount(tok[dot_chars], minlength=n) if dot_chars.size else np.zeros(n, np.int64)
     bad |= ndots > 1
-    bad |= (dotpos - starts) > 15
+    bad |= (dotpos - starts) > 16  # beyond int64 ns (year 2262)
     if bad.any():
         for i in np.flatnonzero(bad):
             v = _parse_one(bytes(joined[starts[i] : ends[i]]))
@@ -480,65 +480,64 @@ class _Truncated(Exception):
     """The gzip stream ended before its end marker (a file cut mid-write)."""
 
 
-def _blocks(path: Path, read_bytes: int = _READ_BYTES) -> Iterator[bytes]:
-    """Decompressed content of `path` in blocks (gzip by magic bytes, multi-member aware, size-bounded)."""
+def _blocks(path: Path, out_bytes: int = _READ_BYTES) -> Iterator[bytes]:
+    """Decompressed content of `path` in blocks of at most ~`out_bytes` (gzip by magic bytes, multi-member
+    aware, size-bounded against decompression bombs). Raises _Truncated after the last block of a cut gzip."""
     limit = max_decompressed_bytes()
     with open(path, "rb") as fh:
         magic = fh.read(2)
         fh.seek(0)
         if magic != b"\x1f\x8b":
             while True:
-                b = fh.read(read_bytes * 4)
+                b = fh.read(out_bytes)
                 if not b:
                     return
                 yield b
         d = zlib.decompressobj(16 + zlib.MAX_WBITS)
         total_in = total_out = 0
+        pending = b""
         while True:
-            raw = fh.read(read_bytes)
-            if not raw:
-                if not d.eof:
-                    tail = d.flush()
-                    if tail:
-                        yield tail
-                    raise _Truncated()
-                return
-            total_in += len(raw)
-            while raw:
-                try:
-                    out = d.decompress(raw)
-                except zlib.error as err:
-                    raise BadTraceError(f"{path}: corrupt gzip data ({err})") from None
-                total_out += len(out)
-                if total_out > limit:
-                    raise BadTraceError(
-                        f"{path}: decompresses to more than {limit} bytes; "
-                        "raise TRACELENS_MAX_DECOMPRESSED_BYTES if this file is genuine"
-                    )
-                if total_out > RATIO_MIN_BYTES and total_out > MAX_RATIO * total_in:
-                    raise BadTraceError(
-                        f"{path}: compression ratio above {MAX_RATIO}:1 (decompression bomb?); "
-                        "raise TRACELENS_MAX_DECOMPRESSED_BYTES if this file is genuine"
-                    )
-                if out:
-                    yield out
-                if d.eof:
-                    raw = d.unused_data
-                    if raw.lstrip(b"\x00"):
-                        d = zlib.decompressobj(16 + zlib.MAX_WBITS)
-                    else:
-                        raw = b""
+            if not pending:
+                pending = fh.read(max(out_bytes // 8, 65536))
+                if not pending:
+                    if not d.eof:
+                        raise _Truncated()
+                    return
+                total_in += len(pending)
+            try:
+                out = d.decompress(pending, out_bytes)
+            except zlib.error as err:
+                raise BadTraceError(f"{path}: corrupt gzip data ({err})") from None
+            pending = d.unconsumed_tail
+            total_out += len(out)
+            if total_out > limit:
+                raise BadTraceError(
+                    f"{path}: decompresses to more than {limit} bytes; "
+                    "raise TRACELENS_MAX_DECOMPRESSED_BYTES if this file is genuine"
+                )
+            if total_out > RATIO_MIN_BYTES and total_out > MAX_RATIO * total_in:
+                raise BadTraceError(
+                    f"{path}: compression ratio above {MAX_RATIO}:1 (decompression bomb?); "
+                    "raise TRACELENS_MAX_DECOMPRESSED_BYTES if this file is genuine"
+                )
+            if out:
+                yield out
+            if d.eof:
+                rest = d.unused_data
+                if rest.lstrip(b"\x00"):  # another gzip member follows
+                    d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+                    pending = rest
                 else:
-                    raw = b""
+                    pending = b""
 
 
 _TE_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
 _WS = b" \t\r\n"
 
 
-def _last_boundary(buf: bytes | bytearray, lo: int) -> tuple[int, int] | None:
-    """Last `}` , `{` separator in buf[lo:]: (index just after `}`, index of `{`), or None."""
-    p = len(buf)
+def _last_boundary(buf: bytes | bytearray, lo: int, hi: int | None = None) -> tuple[int, int] | None:
+    """Last `}` , `{` separator in buf[lo:hi]: (index just after `}`, index of `{`), or None."""
+    p = len(buf) if hi is None else hi
     while True:
         p = buf.rfind(b"{", lo, p)
         if p <= lo:
@@ -588,6 +587,7 @@ def _scan(path: Path, salvage: bool, chunk_bytes: int) -> _Scan:
     truncated = False
     blocks = _blocks(path)
     eof = False
+    head_from = 0
     while not eof:
         try:
             b = next(blocks)
@@ -601,8 +601,9 @@ def _scan(path: Path, salvage: bool, chunk_bytes: int) -> _Scan:
         if state == "whole":
             continue
         if state == "head":
-            m = _TE_KEY.search(buf)
+            m = _TE_KEY.search(buf, head_from)
             if m is None:
+                head_from = max(0, len(buf) - 64)
                 continue
             head = bytes(buf[: m.end()]) + b"]}"
             try:
@@ -611,22 +612,18 @@ def _scan(path: Path, salvage: bool, chunk_bytes: int) -> _Scan:
                 state = "whole"  # "traceEvents" matched inside something else: decode the whole document
                 continue
             _merge_meta(meta, top)
-            parsed += m.end()
-            del buf[: m.end()]
+            parsed += m.end() - 1
+            del buf[: m.end() - 1]  # buf[0] is now the array's "["
             state = "events"
         if state == "events" and (len(buf) >= chunk_bytes or eof):
-            cut = _last_boundary(buf, 0) if not eof else None
+            cut = _last_boundary(buf, 1) if not eof else None
             if cut is not None:
-                piece = b"[" + bytes(buf[: cut[0]]) + b"]"
-                try:
-                    evs = _decode_events(piece)
-                except msgspec.DecodeError:
-                    evs = None  # cut fell inside a string or nested value: read more and retry
-                if evs is not None:
-                    chunks.append(_columns(evs))
-                    del evs
-                    parsed += cut[1]
-                    del buf[: cut[1]]
+                chunk = _decode_in_place(buf, cut[0])
+                if chunk is not None:  # else the cut fell inside a string or nested value: read more, retry
+                    chunks.append(chunk)
+                    parsed += cut[1] - 1
+                    del buf[: cut[1] - 1]
+                    buf[0] = 91  # "["
     if state in ("head", "whole"):
         # No (usable) traceEvents key: decode what we have as one document for a precise error or result.
         if truncated and not salvage:
@@ -645,7 +642,7 @@ def _scan(path: Path, salvage: bool, chunk_bytes: int) -> _Scan:
             chunks.append(_columns(top.traceEvents))
         return _Scan(meta, chunks, total, total, False)
     # Last piece: the remaining events, the `]` closing the array and the top-level keys after it.
-    tail = b'{"traceEvents":[' + bytes(buf)
+    tail = b'{"traceEvents":' + bytes(buf)
     try:
         top = _decode_top(tail)
     except msgspec.DecodeError as err:
@@ -665,22 +662,44 @@ def _scan(path: Path, salvage: bool, chunk_bytes: int) -> _Scan:
     return _Scan(meta, chunks, total, total, False)
 
 
+def _decode_in_place(buf: bytearray, end: int) -> _Chunk | None:
+    """Decode the events in buf[0:end] (buf[0] == "[") as a JSON array without copying: the separator byte
+    at buf[end] is overwritten with "]" (restored on failure). None when buf[:end] is not whole events."""
+    saved = buf[end]
+    buf[end] = 93  # "]"
+    mv = memoryview(buf)
+    try:
+        part = mv[: end + 1]
+        try:
+            evs = _decode_events(part)
+        except msgspec.DecodeError:
+            buf[end] = saved
+            return None
+        chunk = _columns(evs)
+        del evs
+        part.release()
+    finally:
+        mv.release()
+    return chunk
+
+
 def _salvage_tail(buf: bytearray) -> tuple[list, int] | None:
-    """Complete events at the start of a cut-off remainder: try event boundaries from the last one back."""
+    """Complete events at the start of a cut-off remainder (buf[0] == "["): try event boundaries from the
+    last one back."""
     hi = len(buf)
     for _ in range(64):
-        cut = _last_boundary(buf[:hi], 0)
+        cut = _last_boundary(buf, 1, hi)
         if cut is None:
             break
         try:
-            return _decode_events(b"[" + bytes(buf[: cut[0]]) + b"]"), cut[0]
+            return _decode_events(bytes(buf[: cut[0]]) + b"]"), cut[0]
         except msgspec.DecodeError:
             hi = cut[0] - 1
     # a single complete event before the cut?
     end = buf.rfind(b"}")
     while end > 0:
         try:
-            return _decode_events(b"[" + bytes(buf[: end + 1]) + b"]"), end + 1
+            return _decode_events(bytes(buf[: end + 1]) + b"]"), end + 1
         except msgspec.DecodeError:
             end = buf.rfind(b"}", 0, end)
     return None
