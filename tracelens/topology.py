@@ -189,7 +189,7 @@ _AXIS_TOKENS = {
 }
 _SKIP_TOKENS = {"expert", "experts", "ep", "etp", "edp", "moe", "embedding", "embd", "pos", "position",
                 "shard", "replicate", "hsdp", "amax", "intra", "inter", "mp"}
-_P2P_NAMES = re.compile(r"(^c10d::(send|recv_?)$|^gloo:(send|recv)$|SendRecv|^nccl:(send|recv))", re.IGNORECASE)
+P2P_NAMES = re.compile(r"(^c10d::(send|recv_?)$|^gloo:(send|recv)$|SendRecv|^nccl:(send|recv))", re.IGNORECASE)
 
 
 def axis_of_desc(desc: str | None) -> str | None:
@@ -269,7 +269,7 @@ def _p2p_edges(events: pa.Table | None) -> tuple[np.ndarray, np.ndarray, np.ndar
     if not pa.types.is_dictionary(names.type):
         names = names.dictionary_encode()
     vals = names.dictionary.to_pylist()
-    is_p2p_name = np.array([bool(v and _P2P_NAMES.search(v)) for v in vals] + [False])
+    is_p2p_name = np.array([bool(v and P2P_NAMES.search(v)) for v in vals] + [False])
     idx = names.indices.fill_null(len(vals)).to_numpy(zero_copy_only=False)
     coll = events.column("collective").combine_chunks()
     coll_s = coll.cast(pa.string()) if pa.types.is_dictionary(coll.type) else coll

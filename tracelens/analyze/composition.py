@@ -1,0 +1,387 @@
+"""Stage composition: which layer types each pipeline stage holds and what they cost.
+
+Layer counts come from module annotations in the trace (`layers.13.linear_attn`, `layers.15.self_attn`,
+`layers.15.mlp`; patterns configurable) or, without them, from the model config and the layer split.
+Per-stage compute per microbatch per layer type is the GPU time inside those annotations: the
+`gpu_user_annotation` span when Kineto wrote one, otherwise the kernels launched inside the CPU
+annotation (kernel -> launch by correlation id). Findings: UNEQUAL_STAGE_COMPOSITION when stages hold
+different layer-type counts, STAGE_IMBALANCE when the heaviest stage's compute exceeds the mean by more
+than `imbalance_threshold` (default 1.10), with a balanced split suggested on block boundaries.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from tracelens.analyze import intervals as iv
+from tracelens.analyze.breakdown import class_sets
+from tracelens.analyze.classify import _dict_lookup
+from tracelens.errors import TracelensError
+from tracelens.findings import finding
+from tracelens.topology import Grid
+
+#: Module annotation patterns: named groups `layer` (index, optional: -1 when absent) and `module`
+#: (type); the first pattern that matches wins.
+DEFAULT_PATTERNS: tuple[str, ...] = (
+    (
+        r"(?:^|[.\s/:#])layers?\.(?P<layer>\d+)\.(?P<module>linear_attn|self_attn|self_attention|attention|attn"
+        r"|mixer|mlp|moe|experts|feed_forward|ffn)(?![A-Za-z0-9_])"
+    ),
+    r"(?:^|[.\s/:#])(?P<module>lm_head|output_layer|embed_tokens|word_embeddings|embedding)(?![A-Za-z0-9_])",
+)
+#: Annotation module name -> canonical type (mixers use ModelSpec's layer type names).
+MODULE_TYPES = {
+    "linear_attn": "linear_attention",
+    "self_attn": "full_attention",
+    "self_attention": "full_attention",
+    "attention": "full_attention",
+    "attn": "full_attention",
+    "mixer": "mixer",
+    "mlp": "mlp",
+    "moe": "mlp",
+    "experts": "mlp",
+    "feed_forward": "mlp",
+    "ffn": "mlp",
+    "lm_head": "lm_head",
+    "output_layer": "lm_head",
+    "embed_tokens": "embedding",
+    "word_embeddings": "embedding",
+    "embedding": "embedding",
+}
+#: Types that decide a layer's kind (counted per stage); the others only get time shares.
+MIXER_TYPES = ("full_attention", "linear_attention", "mixer")
+BACKWARD = re.compile(r"(backward|bwd|\bgrad\b|_bw\b)", re.IGNORECASE)
+IMBALANCE_THRESHOLD = 1.10
+
+SPANS = pa.schema(
+    [
+        ("rank", pa.int32()),
+        ("step", pa.int32()),
+        ("layer", pa.int32()),
+        ("module", pa.string()),
+        ("backward", pa.bool_()),
+        ("gpu_start_ns", pa.int64()),
+        ("gpu_end_ns", pa.int64()),
+        ("compute_ns", pa.int64()),  # compute-kernel time inside the span
+    ]
+)
+
+
+def _compile(patterns: Sequence[str] | None) -> list[re.Pattern]:
+    return [re.compile(p) for p in (patterns or DEFAULT_PATTERNS)]
+
+
+def _match_names(values: list, pats: list[re.Pattern]) -> tuple[np.ndarray, np.ndarray, list[str | None], np.ndarray]:
+    """Per dictionary value: matched?, layer, module type, backward?"""
+    n = len(values)
+    ok = np.zeros(n + 1, bool)
+    layer = np.full(n + 1, -1, np.int64)
+    bwd = np.zeros(n + 1, bool)
+    mod: list[str | None] = [None] * (n + 1)
+    for i, v in enumerate(values):
+        if not v:
+            continue
+        for p in pats:
+            m = p.search(v)
+            if m:
+                name = m.group("module")
+                ok[i] = True
+                layer[i] = int(m.group("layer")) if "layer" in p.groupindex else -1
+                mod[i] = MODULE_TYPES.get(name.lower(), name.lower())
+                bwd[i] = bool(BACKWARD.search(v))
+                break
+    return ok, layer, mod, bwd
+
+
+def module_spans(events: pa.Table, patterns: Sequence[str] | None = None, sets: dict | None = None) -> pa.Table:
+    """One row per module annotation instance with its GPU span and the compute time inside it (SPANS)."""
+    if events.num_rows == 0:
+        return SPANS.empty_table()
+    pats = _compile(patterns)
+    names = events.column("name").combine_chunks()
+    if not pa.types.is_dictionary(names.type):
+        names = names.dictionary_encode()
+    values = names.dictionary.to_pylist()
+    ok, layer_of, mod_of, bwd_of = _match_names(values, pats)
+    if not ok.any():
+        return SPANS.empty_table()
+    idx = names.indices.fill_null(len(values)).to_numpy(zero_copy_only=False).astype(np.int64)
+    kind = events.column("kind")
+    is_gpu_ann = _dict_lookup(kind, lambda v: int(v == "gpu_user_annotation")).astype(bool)
+    is_cpu_ann = _dict_lookup(kind, lambda v: int(v in ("user_annotation", "cpu_op"))).astype(bool)
+    hit = ok[idx]
+    rank = events.column("rank").to_numpy(zero_copy_only=False).astype(np.int64)
+    ts = events.column("ts_ns").to_numpy(zero_copy_only=False).astype(np.int64)
+    end = ts + events.column("dur_ns").fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+    step = events.column("step").fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+    if sets is None:
+        sets = class_sets(events)
+
+    gpu_rows = np.flatnonzero(hit & is_gpu_ann)
+    gpu_ranks = set(np.unique(rank[gpu_rows]).tolist())
+    # CPU annotations only for ranks without GPU annotations (else the same instance counts twice)
+    cpu_rows = np.flatnonzero(hit & is_cpu_ann & ~np.isin(rank, list(gpu_ranks)))
+    parts = []
+    if gpu_rows.size:
+        parts.append((gpu_rows, ts[gpu_rows], end[gpu_rows]))
+    if cpu_rows.size:
+        s, e = _launched_span(events, cpu_rows, rank, ts, end)
+        parts.append((cpu_rows, s, e))
+    if not parts:
+        return SPANS.empty_table()
+    rows = np.concatenate([p[0] for p in parts])
+    g_start = np.concatenate([p[1] for p in parts])
+    g_end = np.concatenate([p[2] for p in parts])
+    keep = g_end > g_start
+    rows, g_start, g_end = rows[keep], g_start[keep], g_end[keep]
+    busy = np.zeros(rows.size, np.int64)
+    for r in np.unique(rank[rows]):
+        m = rank[rows] == r
+        rs = sets.get(int(r))
+        if rs is not None:
+            busy[m] = iv.measure_in_windows(rs.compute, g_start[m], g_end[m])
+    ni = idx[rows]
+    # an annotation nested in another of the same layer and module (e.g. `layers.3.self_attn.core`) is
+    # part of the outer one: drop it so its time is counted once
+    df = pd.DataFrame({"r": rank[rows], "l": layer_of[ni], "m": [mod_of[i] for i in ni], "b": bwd_of[ni],
+                       "s": g_start, "e": g_end}).sort_values(["r", "l", "m", "b", "s"], kind="stable")
+    prev_end = df.groupby(["r", "l", "m", "b"])["e"].transform(lambda x: x.cummax().shift(1))
+    same = np.zeros(rows.size, bool)
+    same[df.index.to_numpy()] = (df["e"] <= prev_end.fillna(np.iinfo(np.int64).min)).to_numpy()
+    rows, g_start, g_end, busy, ni = rows[~same], g_start[~same], g_end[~same], busy[~same], ni[~same]
+    return pa.table(
+        {
+            "rank": pa.array(rank[rows].astype(np.int32)),
+            "step": pa.array(np.where(step[rows] < 0, None, step[rows]).tolist(), pa.int32()),
+            "layer": pa.array(layer_of[ni].astype(np.int32)),
+            "module": pa.array([mod_of[i] for i in ni], pa.string()),
+            "backward": pa.array(bwd_of[ni]),
+            "gpu_start_ns": pa.array(g_start),
+            "gpu_end_ns": pa.array(g_end),
+            "compute_ns": pa.array(busy),
+        },
+        schema=SPANS,
+    )
+
+
+def _launched_span(events: pa.Table, ann_rows: np.ndarray, rank: np.ndarray, ts: np.ndarray,
+                   end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """GPU [first kernel start, last kernel end] of the kernels launched inside each CPU annotation."""
+    out_s = np.zeros(ann_rows.size, np.int64)
+    out_e = np.zeros(ann_rows.size, np.int64)
+    kind = events.column("kind")
+    is_dev = _dict_lookup(kind, lambda v: int(v in ("kernel", "gpu_memcpy", "gpu_memset"))).astype(bool)
+    is_rt = _dict_lookup(kind, lambda v: int(v in ("cuda_runtime", "cuda_driver"))).astype(bool)
+    corr = events.column("correlation").fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+    tid = events.column("tid").fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+    dev, rt = np.flatnonzero(is_dev & (corr >= 0)), np.flatnonzero(is_rt & (corr >= 0))
+    if dev.size == 0 or rt.size == 0:
+        return out_s, out_e
+    # launch of each device event: the runtime call with the same (rank, correlation)
+    rt_key = rank[rt] * (1 << 40) + corr[rt]
+    o = np.argsort(rt_key, kind="stable")
+    rt_key, rt_sorted = rt_key[o], rt[o]
+    dev_key = rank[dev] * (1 << 40) + corr[dev]
+    pos = np.clip(np.searchsorted(rt_key, dev_key), 0, rt_key.size - 1)
+    found = rt_key[pos] == dev_key
+    dev, launch = dev[found], rt_sorted[pos[found]]
+    # annotation holding each launch, per (rank, tid); innermost first when annotations nest
+    ann_key = rank[ann_rows] * (1 << 32) + tid[ann_rows]
+    l_key = rank[launch] * (1 << 32) + tid[launch]
+    owner = np.full(dev.size, -1, np.int64)
+    for k in np.unique(ann_key):
+        a = np.flatnonzero(ann_key == k)
+        a = a[np.argsort(ts[ann_rows[a]], kind="stable")]
+        lo, hi = ts[ann_rows[a]], end[ann_rows[a]]
+        # drop annotations that contain a later one (keep the innermost so windows are disjoint)
+        inner = np.ones(a.size, bool)
+        inner[:-1] = hi[:-1] <= lo[1:]
+        a, lo, hi = a[inner], lo[inner], hi[inner]
+        m = np.flatnonzero(l_key == k)
+        w = iv.assign_windows(ts[launch[m]], lo, hi)
+        owner[m[w >= 0]] = a[w[w >= 0]]
+    has = owner >= 0
+    if has.any():
+        o_idx = owner[has]
+        big = np.iinfo(np.int64).max
+        s = np.full(ann_rows.size, big, np.int64)
+        e = np.zeros(ann_rows.size, np.int64)
+        np.minimum.at(s, o_idx, ts[dev[has]])
+        np.maximum.at(e, o_idx, end[dev[has]])
+        seen = s != big
+        out_s[seen], out_e[seen] = s[seen], e[seen]
+    return out_s, out_e
+
+
+@dataclass
+class CompositionResult:
+    """Layer-type composition and cost per stage, with findings and a suggested split."""
+
+    stages: dict[int, dict[str, int]] = field(default_factory=dict)
+    source: str = "none"  # annotations | model | none
+    #: stage -> {type -> GPU compute ms per microbatch (forward + backward), mean over the stage's ranks}
+    per_stage_type_ms: dict[int, dict[str, float]] = field(default_factory=dict)
+    #: stage -> compute ms per step (mean over the stage's ranks and steps)
+    per_stage_compute: dict[int, float] = field(default_factory=dict)
+    time_share: dict[str, float] = field(default_factory=dict)
+    imbalance: float | None = None  # max / mean stage compute
+    heavy_stage: int | None = None
+    layer_split: list[int] | None = None
+    suggested_split: list[int] | None = None
+    findings: list[dict] = field(default_factory=list)
+
+
+def _split_from_layers(stage_layers: dict[int, set[int]]) -> list[int] | None:
+    if not stage_layers:
+        return None
+    return [len(stage_layers[s]) for s in sorted(stage_layers)]
+
+
+def analyze_composition(
+    events: pa.Table,
+    grid: Grid,
+    model=None,
+    seq_len: int | None = None,
+    layer_split: Sequence[int] | None = None,
+    microbatches: int | None = None,
+    patterns: Sequence[str] | None = None,
+    imbalance_threshold: float = IMBALANCE_THRESHOLD,
+    breakdown: pa.Table | None = None,
+    spans: pa.Table | None = None,
+) -> CompositionResult:
+    """Layer counts by type per stage, per-stage compute per type, run-wide time shares and findings."""
+    res = CompositionResult()
+    stage_ranks = {s: grid.ranks_of_stage(s) for s in grid.stages}
+    sets = class_sets(events) if events.num_rows else {}
+    if spans is None:
+        spans = module_spans(events, patterns, sets=sets) if events.num_rows else SPANS.empty_table()
+    sp = spans.to_pandas()
+    if len(sp):
+        sp["stage"] = grid.stage_lookup(sp["rank"].to_numpy())
+
+    # --- layer counts per stage ---
+    stage_layers: dict[int, set[int]] = {}
+    if len(sp) and stage_ranks:
+        mix = sp[sp["module"].isin(MIXER_TYPES) & (sp["stage"] >= 0)]
+        for s, g in mix.groupby("stage"):
+            kinds = g.drop_duplicates("layer").groupby("module")["layer"].nunique()
+            res.stages[int(s)] = {str(k): int(v) for k, v in kinds.items()}
+            stage_layers[int(s)] = set(g["layer"].unique().tolist())
+        if res.stages:
+            res.source = "annotations"
+            res.layer_split = _split_from_layers(stage_layers)
+    if not res.stages and model is not None and grid.pp:
+        from tracelens.models.flops import check_split, default_split
+
+        split = check_split(model, layer_split) if layer_split else default_split(model.num_layers, grid.pp)
+        if len(split) == grid.pp:
+            start = 0
+            for s, n in enumerate(split):
+                res.stages[s] = model.layer_type_counts(range(start, start + n))
+                start += n
+            res.source = "model"
+            res.layer_split = split
+    types = sorted({t for c in res.stages.values() for t in c})
+    for c in res.stages.values():
+        for t in types:
+            c.setdefault(t, 0)
+
+    # --- compute per stage (per step) and per type per microbatch ---
+    if breakdown is not None and breakdown.num_rows:
+        bd = breakdown.select(["rank", "step", "step_time_ns", "compute_ns"]).to_pandas()
+    else:
+        from tracelens.analyze.breakdown import breakdown as _bd
+
+        bd = _bd(events, sets=sets).select(["rank", "step", "step_time_ns", "compute_ns"]).to_pandas() \
+            if events.num_rows else None
+    if bd is not None and len(bd):
+        bd["stage"] = grid.stage_lookup(bd["rank"].to_numpy())
+        for s, g in bd[bd["stage"] >= 0].groupby("stage"):
+            res.per_stage_compute[int(s)] = float(g["compute_ns"].mean()) / 1e6
+    if len(sp):
+        n_steps = sp.groupby("rank")["step"].nunique().clip(lower=1)
+        m = microbatches or _microbatches_from_spans(sp)
+        staged = sp[sp["stage"] >= 0]
+        if len(staged) and m:
+            per = staged.groupby(["stage", "rank", "module"])["compute_ns"].sum().reset_index()
+            per["ms"] = per["compute_ns"] / 1e6 / per["rank"].map(n_steps) / m
+            for (s, t), g in per.groupby(["stage", "module"]):
+                res.per_stage_type_ms.setdefault(int(s), {})[str(t)] = float(g["ms"].mean())
+        if bd is not None and len(bd):
+            total = float(bd["step_time_ns"].sum())
+            if total > 0:
+                shares = sp[sp["rank"].isin(bd["rank"].unique())].groupby("module")["compute_ns"].sum() / total
+                res.time_share = {str(k): float(v) for k, v in shares.items()}
+
+    # --- findings ---
+    if len(res.stages) > 1:
+        distinct = {tuple(sorted(c.items())) for c in res.stages.values()}
+        if len(distinct) > 1:
+            res.findings.append(_unequal_finding(res.stages))
+    if len(res.per_stage_compute) > 1:
+        vals = res.per_stage_compute
+        mean = float(np.mean(list(vals.values())))
+        heavy = max(vals, key=lambda s: vals[s])
+        res.heavy_stage = heavy
+        res.imbalance = vals[heavy] / mean if mean > 0 else None
+        if model is not None and grid.pp and seq_len:
+            try:
+                from tracelens.models.audit import balanced_split
+
+                res.suggested_split = balanced_split(model, grid.pp, seq_len)
+            except TracelensError:  # a model/pp pair the splitter rejects: no suggestion, not a crash
+                res.suggested_split = None
+        if res.imbalance is not None and res.imbalance > imbalance_threshold:
+            res.findings.append(_imbalance_finding(res, stage_ranks, imbalance_threshold))
+    return res
+
+
+def _microbatches_from_spans(sp) -> int | None:
+    """Forward executions of a rank's first layer per step (its first module type), median over ranks."""
+    fwd = sp[~sp["backward"] & (sp["layer"] >= 0)]
+    if not len(fwd):
+        return None
+    counts = []
+    for _, g in fwd.groupby("rank"):
+        first = g[g["layer"] == g["layer"].min()]
+        first = first[first["module"] == first["module"].iloc[0]]
+        per_step = first.groupby("step", dropna=False).size()
+        counts.append(int(per_step.median()))
+    return int(np.median(counts)) if counts else None
+
+
+def _unequal_finding(stages: dict[int, dict[str, int]]) -> dict:
+    desc = "; ".join(f"stage {s}: " + ", ".join(f"{n} {t}" for t, n in sorted(c.items()) if n)
+                     for s, c in sorted(stages.items()))
+    types = sorted({t for c in stages.values() for t in c})
+    most = {t: max(stages, key=lambda s: stages[s].get(t, 0)) for t in types}
+    differ = [t for t in types if len({c.get(t, 0) for c in stages.values()}) > 1]
+    lead = ", ".join(f"stage {most[t]} holds the most {t} layers" for t in differ)
+    return finding("UNEQUAL_STAGE_COMPOSITION", "warning",
+                   f"pipeline stages hold different layer types ({lead}): {desc}",
+                   stages=[most[t] for t in differ], composition={str(s): c for s, c in stages.items()})
+
+
+def _imbalance_finding(res: CompositionResult, stage_ranks: dict[int, list[int]], threshold: float) -> dict:
+    heavy = res.heavy_stage
+    vals = res.per_stage_compute
+    mean = float(np.mean(list(vals.values())))
+    msg = (f"stage {heavy} is the heaviest pipeline stage: {vals[heavy]:.1f} ms compute per step vs "
+           f"{mean:.1f} ms mean ({res.imbalance:.2f}x, threshold {threshold:.2f}x); every other stage waits "
+           f"for it")
+    if res.per_stage_type_ms.get(heavy):
+        parts = sorted(res.per_stage_type_ms[heavy].items(), key=lambda kv: -kv[1])
+        msg += "; per microbatch it spends " + ", ".join(f"{v:.2f} ms in {t}" for t, v in parts)
+    if res.suggested_split and res.suggested_split != res.layer_split:
+        msg += f"; a balanced split is {','.join(map(str, res.suggested_split))}"
+        if res.layer_split:
+            msg += f" (now {','.join(map(str, res.layer_split))})"
+    return finding("STAGE_IMBALANCE", "warning", msg, ranks=stage_ranks.get(heavy, []), stages=[heavy],
+                   imbalance=round(res.imbalance, 4), stage_compute_ms={str(s): round(v, 3) for s, v in vals.items()},
+                   suggested_split=res.suggested_split)

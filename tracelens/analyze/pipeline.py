@@ -1,0 +1,324 @@
+"""Pipeline bubbles per stage and step: fill, drain and in-flight waits, beside the schedule's expectation.
+
+For one pipeline (the ranks of one (dp, tp, cp) coordinate, in stage order) and one step:
+
+    pipeline window  = [earliest first-forward start, latest last-backward end] over the pipeline's ranks
+    fill   (rank)    = first forward start on the rank  - window start
+    drain  (rank)    = window end - last backward end on the rank
+    wait   (rank)    = time between the two with no compute, collective or memcpy on the GPU
+                       (idle, or only a P2P send/recv spinning: a wait for a neighbour stage)
+    bubble           = fill + drain + wait;   bubble_fraction = bubble / window
+
+With uniform stages this gives (p-1)/(m+p-1) for 1F1B and GPipe, and (p-1)/(v*m + p-1) for the
+interleaved schedule with v model chunks per rank (that is (p-1)/(v*m) of the ideal time).
+
+First forward / last backward come from module annotations (`layers.N.<module>` and
+`...backward`, see composition.py). Without them: the first compute kernel of the step, and the end of
+the last compute kernel before the first non-P2P collective that starts after the rank's last P2P op
+(an approximation, documented in docs/pipeline.md). Microbatches: given, or forward executions of a
+rank's first layer per step, or sends of a stage-0 rank per step. Schedule: given, or `interleaved`
+when a rank holds several separate layer ranges, `gpipe` when stage 0 runs every forward before its
+first backward (m > p), else `1f1b`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from tracelens.analyze import intervals as iv
+from tracelens.analyze.breakdown import breakdown as compute_breakdown
+from tracelens.analyze.breakdown import class_sets
+from tracelens.analyze.classify import COMM, COMPUTE, _dict_lookup, classify
+from tracelens.analyze.composition import module_spans
+from tracelens.findings import finding
+from tracelens.topology import P2P_NAMES, Grid
+
+#: Excess bubble (fraction of the pipeline window above the expectation) that raises PIPELINE_BUBBLE_EXCESS.
+EXCESS_THRESHOLD = 0.05
+
+PER_RANK_STEP = pa.schema(
+    [
+        ("rank", pa.int32()),
+        ("step", pa.int32()),
+        ("stage", pa.int32()),
+        ("window_ns", pa.int64()),
+        ("fill_ns", pa.int64()),
+        ("drain_ns", pa.int64()),
+        ("wait_ns", pa.int64()),
+        ("bubble_ns", pa.int64()),
+        ("bubble_fraction", pa.float64()),
+    ]
+)
+
+
+@dataclass
+class PipelineResult:
+    """Bubbles per (rank, step) and per stage, the schedule used for the expectation, and findings."""
+
+    per_rank_step: pa.Table = field(default_factory=PER_RANK_STEP.empty_table)
+    stages: list[dict] = field(default_factory=list)
+    findings: list[dict] = field(default_factory=list)
+    microbatches: int | None = None
+    schedule: str | None = None
+    virtual_stages: int = 1
+    expected_bubble_fraction: float | None = None
+    cause_stage: int | None = None
+
+
+def expected_bubble_fraction(pp: int | None, microbatches: int | None, schedule: str | None = None,
+                             virtual_stages: int = 1) -> float | None:
+    """Idle share of the pipeline window for uniform stages: (p-1)/(m+p-1); interleaved (p-1)/(v*m+p-1)."""
+    if not pp or not microbatches:
+        return None
+    if pp == 1:
+        return 0.0
+    v = virtual_stages if (schedule == "interleaved" or virtual_stages > 1) else 1
+    return (pp - 1) / (max(v, 1) * microbatches + pp - 1)
+
+
+def _p2p_mask(events: pa.Table) -> np.ndarray:
+    """Rows that are point-to-point sends/receives (NCCL SendRecv kernels, gloo/c10d send and recv ops)."""
+    by_name = _dict_lookup(events.column("name"), lambda v: int(bool(P2P_NAMES.search(v)))).astype(bool)
+    by_coll = _dict_lookup(events.column("collective"),
+                           lambda v: int(v.lower() in ("send", "recv", "isend", "irecv"))).astype(bool)
+    return by_name | by_coll
+
+
+def _virtual_stages(sp: pd.DataFrame) -> int:
+    """Separate layer ranges held by one rank (model chunks of the interleaved schedule), median over ranks."""
+    layered = sp[sp["layer"] >= 0]
+    if not len(layered):
+        return 1
+    runs = []
+    for _, g in layered.groupby("rank"):
+        ls = np.unique(g["layer"].to_numpy())
+        runs.append(int((np.diff(ls) > 1).sum()) + 1)
+    return int(np.median(runs))
+
+
+def _detect_schedule(sp: pd.DataFrame, grid: Grid, m: int | None, v: int) -> str | None:
+    if v > 1:
+        return "interleaved"
+    if not len(sp) or not m or not sp["backward"].any():
+        return None
+    p = grid.pp or 1
+    s0 = sp[(sp["stage"] == 0) & (sp["layer"] >= 0)]
+    if not len(s0) or m <= p:
+        return "1f1b"  # GPipe and 1F1B coincide when m <= p; same expected bubble
+    counts = []
+    for (_, _), g in s0.groupby(["rank", "step"], dropna=False):
+        first_layer = g.loc[~g["backward"], "layer"].min()
+        fwd = g[~g["backward"] & (g["layer"] == first_layer)]
+        bwd = g[g["backward"]]
+        if not len(bwd):
+            continue
+        t_b = bwd["gpu_start_ns"].min()
+        counts.append(int((fwd["gpu_start_ns"] < t_b).sum()))
+    if not counts:
+        return None
+    return "gpipe" if np.median(counts) >= m else "1f1b"
+
+
+def analyze_pipeline(
+    events: pa.Table,
+    grid: Grid,
+    breakdown: pa.Table | None = None,
+    microbatches: int | None = None,
+    schedule: str | None = None,
+    spans: pa.Table | None = None,
+    excess_threshold: float = EXCESS_THRESHOLD,
+) -> PipelineResult:
+    """Bubble per (rank, step) and per stage; PIPELINE_BUBBLE_EXCESS when the excess is material."""
+    res = PipelineResult()
+    if not grid.pp or not grid.coords or events.num_rows == 0:
+        return res
+    classes = classify(events)
+    sets = class_sets(events, classes)
+    if spans is None:
+        spans = module_spans(events, sets=sets)
+    sp = spans.to_pandas()
+    if len(sp):
+        sp["stage"] = grid.stage_lookup(sp["rank"].to_numpy())
+        sp["step"] = sp["step"].fillna(-1).astype(np.int64)
+
+    rank = events.column("rank").to_numpy(zero_copy_only=False).astype(np.int64)
+    ts = events.column("ts_ns").to_numpy(zero_copy_only=False).astype(np.int64)
+    end = ts + events.column("dur_ns").fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+    step = events.column("step").fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+    p2p = _p2p_mask(events) & (classes == COMM)
+    is_comp = classes == COMPUTE
+    coll = (classes == COMM) & ~p2p
+
+    # ---- per (rank, step): own first forward start and last backward end ----
+    ev = pd.DataFrame({"rank": rank, "step": step, "ts": ts, "end": end})
+    comp = ev[is_comp & (step >= 0)]
+    marks = comp.groupby(["rank", "step"]).agg(first=("ts", "min"), last=("end", "max"))
+    if len(sp) and sp["backward"].any():
+        fwd = sp[~sp["backward"] & (sp["step"] >= 0)].groupby(["rank", "step"])["gpu_start_ns"].min()
+        bwd = sp[sp["backward"] & (sp["step"] >= 0)].groupby(["rank", "step"])["gpu_end_ns"].max()
+        marks = marks.join(fwd.rename("f"), how="left").join(bwd.rename("b"), how="left")
+        marks["first"] = marks["f"].fillna(marks["first"]).astype(np.int64)
+        marks["last"] = marks["b"].fillna(marks["last"]).astype(np.int64)
+        marks = marks[["first", "last"]]
+    else:
+        marks["last"] = _fallback_last(ev, is_comp, p2p, coll, marks)
+    if not len(marks):
+        return res
+    marks = marks.reset_index()
+    marks["stage"] = grid.stage_lookup(marks["rank"].to_numpy())
+    marks = marks[marks["stage"] >= 0]
+
+    # ---- pipeline windows ----
+    chain_of: dict[int, int] = {}
+    for i, chain in enumerate(grid.pipelines()):
+        for r in chain:
+            chain_of[r] = i
+    marks["chain"] = marks["rank"].map(chain_of).fillna(-1).astype(np.int64)
+    win = marks.groupby(["chain", "step"]).agg(w0=("first", "min"), w1=("last", "max"))
+    marks = marks.join(win, on=["chain", "step"])
+
+    # ---- waits between a rank's own first forward and last backward ----
+    wait = np.zeros(len(marks), np.int64)
+    for r, idx in marks.groupby("rank").groups.items():
+        rs = sets.get(int(r))
+        m = rank == r
+        k = iv.union(ts[m & coll], end[m & coll])
+        busy = iv.union2(iv.union2(rs.compute, k), rs.memory) if rs is not None else k
+        pos = marks.index.get_indexer(idx)
+        lo = marks["first"].to_numpy()[pos]
+        hi = marks["last"].to_numpy()[pos]
+        wait[pos] = np.maximum(hi - lo, 0) - iv.measure_in_windows(busy, lo, hi)
+    marks["window"] = (marks["w1"] - marks["w0"]).clip(lower=0)
+    marks["fill"] = (marks["first"] - marks["w0"]).clip(lower=0)
+    marks["drain"] = (marks["w1"] - marks["last"]).clip(lower=0)
+    marks["wait"] = np.maximum(wait, 0)
+    marks["bubble"] = marks["fill"] + marks["drain"] + marks["wait"]
+    if grid.pp == 1:
+        marks[["fill", "drain", "wait", "bubble"]] = 0
+    marks["frac"] = np.where(marks["window"] > 0, marks["bubble"] / marks["window"].where(marks["window"] > 0, 1),
+                             0.0)
+    marks = marks.sort_values(["rank", "step"])
+    res.per_rank_step = pa.table(
+        {
+            "rank": pa.array(marks["rank"].to_numpy().astype(np.int32)),
+            "step": pa.array(marks["step"].to_numpy().astype(np.int32)),
+            "stage": pa.array(marks["stage"].to_numpy().astype(np.int32)),
+            "window_ns": pa.array(marks["window"].to_numpy().astype(np.int64)),
+            "fill_ns": pa.array(marks["fill"].to_numpy().astype(np.int64)),
+            "drain_ns": pa.array(marks["drain"].to_numpy().astype(np.int64)),
+            "wait_ns": pa.array(marks["wait"].to_numpy().astype(np.int64)),
+            "bubble_ns": pa.array(marks["bubble"].to_numpy().astype(np.int64)),
+            "bubble_fraction": pa.array(marks["frac"].to_numpy().astype(np.float64)),
+        },
+        schema=PER_RANK_STEP,
+    )
+
+    # ---- microbatches, schedule, expectation ----
+    v = _virtual_stages(sp) if len(sp) else 1
+    m = microbatches
+    if m is None and len(sp):
+        from tracelens.analyze.composition import _microbatches_from_spans
+
+        m = _microbatches_from_spans(sp)
+    if m is None:
+        m = _microbatches_from_sends(events, grid, p2p, rank, step)
+    if schedule is None:
+        schedule = _detect_schedule(sp, grid, m, v) if len(sp) else None
+    res.microbatches, res.schedule, res.virtual_stages = m, schedule, v
+    res.expected_bubble_fraction = expected_bubble_fraction(grid.pp, m, schedule, v)
+
+    # ---- per stage ----
+    bd = breakdown if breakdown is not None and breakdown.num_rows else compute_breakdown(events, sets=sets)
+    bdf = bd.select(["rank", "compute_ns"]).to_pandas()
+    comp_by_rank = bdf.groupby("rank")["compute_ns"].mean()
+    for s, g in marks.groupby("stage"):
+        ranks = grid.ranks_of_stage(int(s))
+        window = float(g["window"].sum())
+        rec = {
+            "stage": int(s),
+            "ranks": ranks,
+            "compute_ms": float(comp_by_rank.reindex(g["rank"].unique()).mean()) / 1e6,
+            "bubble_ms": float(g["bubble"].mean()) / 1e6,
+            "fill_ms": float(g["fill"].mean()) / 1e6,
+            "drain_ms": float(g["drain"].mean()) / 1e6,
+            "wait_ms": float(g["wait"].mean()) / 1e6,
+            "window_ms": float(g["window"].mean()) / 1e6,
+            "bubble_fraction": float(g["bubble"].sum()) / window if window > 0 else 0.0,
+            "expected_bubble_fraction": res.expected_bubble_fraction,
+            "microbatches": m,
+            "schedule": schedule,
+        }
+        if res.expected_bubble_fraction is not None:
+            rec["excess_ms"] = rec["bubble_ms"] - res.expected_bubble_fraction * rec["window_ms"]
+        res.stages.append(rec)
+    res.findings, res.cause_stage = _excess_finding(res, grid, excess_threshold)
+    return res
+
+
+def _fallback_last(ev: pd.DataFrame, is_comp: np.ndarray, p2p: np.ndarray, coll: np.ndarray,
+                   marks: pd.DataFrame) -> pd.Series:
+    """Without annotations: last compute end before the first collective starting after the rank's last
+    P2P op started (the gradient-norm all-reduce or DP sync that closes the pipeline phase)."""
+    valid = ev["step"].to_numpy() >= 0
+    last_p2p = ev[p2p & valid].groupby(["rank", "step"])["ts"].max().rename("lp")
+    if not len(last_p2p):
+        return marks["last"]
+    c = ev[coll & valid].join(last_p2p, on=["rank", "step"])
+    first_coll = c[c["ts"] >= c["lp"]].groupby(["rank", "step"])["ts"].min().rename("fc")
+    comp = ev[is_comp & valid].join(first_coll, on=["rank", "step"])
+    comp = comp[comp["fc"].isna() | (comp["ts"] < comp["fc"])]
+    last = comp.groupby(["rank", "step"])["end"].max()
+    return last.reindex(marks.index).fillna(marks["last"]).astype(np.int64)
+
+
+def _microbatches_from_sends(events: pa.Table, grid: Grid, p2p: np.ndarray, rank: np.ndarray,
+                             step: np.ndarray) -> int | None:
+    """Sends per step of a stage-0 rank (one activation send per microbatch)."""
+    if grid.pp is None or grid.pp < 2:
+        return None
+    names = events.column("name")
+    is_send = _dict_lookup(names, lambda v: int("send" in v.lower() and "recv" not in v.lower())).astype(bool)
+    is_send |= _dict_lookup(events.column("collective"), lambda v: int(v.lower() in ("send", "isend"))).astype(bool)
+    kinds = events.column("kind")
+    on_gpu = _dict_lookup(kinds, lambda v: int(v == "kernel")).astype(bool)
+    stage = grid.stage_lookup(rank)
+    sel = p2p & is_send & (stage == 0) & (step >= 0)
+    if (sel & on_gpu).any():
+        sel &= on_gpu
+    if not sel.any():
+        return None
+    df = pd.DataFrame({"rank": rank[sel], "step": step[sel]})
+    return int(df.groupby(["rank", "step"]).size().median())
+
+
+def _excess_finding(res: PipelineResult, grid: Grid, threshold: float) -> tuple[list[dict], int | None]:
+    exp = res.expected_bubble_fraction
+    if exp is None or not res.stages or (grid.pp or 1) < 2:
+        return [], None
+    measured = float(np.mean([s["bubble_fraction"] for s in res.stages]))
+    excess = measured - exp
+    comp = {s["stage"]: s["compute_ms"] for s in res.stages if s["compute_ms"] == s["compute_ms"]}
+    frac = {s["stage"]: s["bubble_fraction"] for s in res.stages}
+    if comp and max(comp.values()) > 1.05 * float(np.mean(list(comp.values()))):
+        cause = max(comp, key=lambda s: comp[s])
+        why = (f"stage {cause} is the slowest ({comp[cause]:.1f} ms compute per step vs "
+               f"{np.mean(list(comp.values())):.1f} ms mean) and its neighbours wait for it")
+    else:
+        cause = min(frac, key=lambda s: frac[s])
+        why = f"stage {cause} has the least idle time: the other stages wait for it"
+    if excess <= threshold:
+        return [], cause if excess > 0 else None
+    excess_ms = sum(max(s.get("excess_ms", 0.0), 0.0) for s in res.stages if s["stage"] != cause)
+    sched = res.schedule or "1F1B/GPipe"
+    msg = (f"pipeline bubbles take {measured:.0%} of the pipeline window vs {exp:.0%} expected for "
+           f"{sched} with p={grid.pp}, m={res.microbatches}"
+           + (f", v={res.virtual_stages}" if res.virtual_stages > 1 else "")
+           + f" (+{excess * 100:.1f} points, {excess_ms:.1f} ms per step on the other stages); {why}")
+    stage_ranks = grid.ranks_of_stage(cause)
+    return [finding("PIPELINE_BUBBLE_EXCESS", "warning", msg, ranks=stage_ranks, stages=[cause],
+                    measured_fraction=round(measured, 4), expected_fraction=round(exp, 4),
+                    excess_ms=round(excess_ms, 3))], cause
