@@ -193,10 +193,12 @@ def _cpu_rows(events: pa.Table, ranks: np.ndarray, kind: dict, name: pa.ChunkedA
     g = _rows(events, on & kind["user_annotation"] & is_gloo, cols)
     if c.empty and g.empty:
         return c
-    for df in (c, g):
-        df["op"] = [normalize_op(v) for v in df["name"]]
-        df.sort_values(["rank", "ts_ns"], inplace=True, kind="stable")
-        df["_k"] = df.groupby(["rank", "op"]).cumcount()
+
+    def numbered(df: pd.DataFrame) -> pd.DataFrame:
+        df = df.assign(op=[normalize_op(v) for v in df["name"]]).sort_values(["rank", "ts_ns"], kind="stable")
+        return df.assign(_k=df.groupby(["rank", "op"]).cumcount())
+
+    c, g = numbered(c), numbered(g)
     g = g.rename(columns={x: f"{x}_w" for x in g.columns if x not in ("rank", "op", "_k")})
     m = c.merge(g, on=["rank", "op", "_k"], how="outer")
     has_c = ~m["ts_ns"].isna()
@@ -477,8 +479,10 @@ def _mismatches(df: pd.DataFrame) -> list[dict]:
                 instances=len(bad),
             )
         )
-    counts = coll.groupby(["group_key", "op", "rank"]).size().reset_index(name="n")
-    for (gk, op), sub in counts.groupby(["group_key", "op"]):
+    # with Seq, a group's calls are counted together (a type change is the mismatch above); without, per op
+    kind = coll["op"].astype(str).where(coll["seq"].isna(), "collectives")
+    counts = coll.assign(kind=kind).groupby(["group_key", "kind", "rank"]).size().reset_index(name="n")
+    for (gk, op), sub in counts.groupby(["group_key", "kind"]):
         if sub["n"].nunique() > 1:
             mode = int(sub["n"].mode().iloc[0])
             odd = sub[sub["n"] != mode]

@@ -176,7 +176,7 @@ def _peer_stats(per: pd.DataFrame, col: str) -> tuple[np.ndarray, np.ndarray]:
 
 def _slow_links(df: pd.DataFrame, cfg: StragglerConfig) -> tuple[dict[int, float], pd.DataFrame]:
     """Per rank, the smallest over its informative groups of the median transfer ratio (instance transfer /
-    median transfer of instances of the same op, size and group size in other groups). >1 for every group of a
+    reference transfer of instances of the same op, size and group size across groups). >1 for every group of a
     rank means its own link is slow; a rank sharing only some slow groups is a bystander."""
     if df.empty:
         return {}, df
@@ -202,8 +202,11 @@ def _slow_links(df: pd.DataFrame, cfg: StragglerConfig) -> tuple[dict[int, float
         inst["op"].astype(str).str.replace("recv", "send")
         + "|" + inst["nbytes"].astype(str) + "|" + inst["n"].astype(str)
     )  # fmt: skip
-    ref = inst.groupby("sig")["transfer"].median()
-    ngroups = inst.groupby("sig")["grp"].nunique()
+    # reference: the lower quartile of the per-group median transfers of the same kind (the healthy groups,
+    # even when a slow rank slows several groups of that kind)
+    per_group = inst.groupby(["sig", "grp"])["transfer"].median()
+    ref = per_group.groupby(level="sig").quantile(0.25)
+    ngroups = per_group.groupby(level="sig").size()
     inst = inst[inst["sig"].map(ngroups) >= 3]  # the reference needs other groups to compare with
     inst = inst[inst["sig"].map(ref) > 0]
     if inst.empty:

@@ -1,0 +1,320 @@
+"""Collective extraction, matching, clock alignment and wait/transfer on hand-built event tables."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from tracelens import schema
+from tracelens._testing import events_table, table_from_rows
+from tracelens.analyze import collectives as C
+from tracelens.analyze.breakdown import breakdown, class_sets
+
+
+def nccl(rank, ts, dur, *, op="allreduce", seq=None, pg="0", ranks=(0, 1), ext=None, nel=1000, dtype="Float",
+         step=0, src=None, dst=None, kernel=None):  # fmt: skip
+    """One NCCL kernel row with the args Kineto copies from record_param_comms."""
+    return {
+        "rank": rank, "kind": "kernel", "name": kernel or "ncclDevKernel_AllReduce_Sum_f32_RING_LL",
+        "ts_ns": ts, "dur_ns": dur, "external_id": ext, "step": step, "collective": op, "pg_name": pg,
+        "pg_ranks": list(ranks), "group_size": len(ranks), "seq": seq, "in_nelems": nel, "out_nelems": nel,
+        "dtype": dtype, "src_rank": src, "dst_rank": dst, "device": 0, "stream": 20,
+    }  # fmt: skip
+
+
+def meta(ranks, hosts=None, pg_config=None):
+    rows = []
+    for r in ranks:
+        rows.append(
+            {
+                "rank": r,
+                "host_name": (hosts or {}).get(r),
+                "pg_config_json": json.dumps(pg_config) if pg_config is not None else None,
+            }
+        )
+    return table_from_rows(rows, schema.METADATA)
+
+
+@pytest.mark.parametrize(
+    ("raw", "op"),
+    [
+        ("ncclDevKernel_AllReduce_Sum_bf16_RING_LL", "allreduce"),
+        ("ncclKernel_AllGather_RING_LL_Sum_int8_t", "allgather"),
+        ("ncclDevKernel_ReduceScatter_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)", "reducescatter"),
+        ("ncclDevKernel_SendRecv", "sendrecv"),
+        ("_allgather_base", "allgather"),
+        ("reduce_scatter_tensor_coalesced", "reducescatter"),
+        ("all_to_allv", "alltoall"),
+        ("c10d::allreduce_", "allreduce"),
+        ("c10d::recv_", "recv"),
+        ("c10d::send", "send"),
+        ("gloo:all_reduce", "allreduce"),
+        ("gloo:broadcast", "broadcast"),
+        ("barrier", "barrier"),
+        ("reduce", "reduce"),
+        ("aten::mm", None),
+        (None, None),
+    ],
+)
+def test_normalize_op(raw, op):
+    assert C.normalize_op(raw) == op
+
+
+def test_busbw_factors_follow_nccl_tests():
+    assert C.busbw_factor("allreduce", 8) == pytest.approx(2 * 7 / 8)
+    assert C.busbw_factor("allgather", 4) == pytest.approx(3 / 4)
+    assert C.busbw_factor("reducescatter", 2) == pytest.approx(1 / 2)
+    assert C.busbw_factor("alltoall", 4) == pytest.approx(3 / 4)
+    assert C.busbw_factor("broadcast", 8) == 1.0
+    assert C.busbw_factor("send", 2) == 1.0
+
+
+def test_gpu_rows_take_enqueue_from_record_param_comms_and_fill_missing_args():
+    rows = [
+        # rank 0: kernel with args, linked cpu op by External id
+        nccl(0, 1_000, 500, seq=1, ext=7),
+        {
+            "rank": 0,
+            "kind": "cpu_op",
+            "name": "record_param_comms",
+            "ts_ns": 200,
+            "dur_ns": 30,
+            "external_id": 7,
+            "collective": "allreduce",
+            "seq": 1,
+            "pg_name": "0",
+        },
+        # rank 1: kernel without args (older Kineto); everything comes from the cpu op
+        {
+            "rank": 1,
+            "kind": "kernel",
+            "name": "ncclDevKernel_AllReduce_Sum_f32_RING_LL",
+            "ts_ns": 1_200,
+            "dur_ns": 300,
+            "external_id": 9,
+            "step": 0,
+            "device": 0,
+        },
+        {
+            "rank": 1,
+            "kind": "cpu_op",
+            "name": "record_param_comms",
+            "ts_ns": 250,
+            "dur_ns": 30,
+            "external_id": 9,
+            "collective": "allreduce",
+            "seq": 1,
+            "pg_name": "0",
+            "pg_ranks": [0, 1],
+            "group_size": 2,
+            "in_nelems": 1000,
+            "out_nelems": 1000,
+            "dtype": "Float",
+        },
+        {"rank": 1, "kind": "kernel", "name": "gemm", "ts_ns": 0, "dur_ns": 100, "device": 0},
+    ]
+    coll = C.collectives_from_events(events_table(rows))
+    assert coll.schema.equals(schema.COLLECTIVES)
+    got = {r["rank"]: r for r in coll.to_pylist()}
+    assert sorted(got) == [0, 1]
+    assert got[0]["enqueue_ns"] == 200 and got[0]["start_ns"] == 1_000 and got[0]["end_ns"] == 1_500
+    assert got[1]["enqueue_ns"] == 250 and got[1]["seq"] == 1 and got[1]["pg_name"] == "0"
+    assert got[1]["pg_ranks"] == [0, 1] and got[1]["group_size"] == 2
+    for r in (0, 1):
+        assert got[r]["op"] == "allreduce" and got[r]["bytes"] == 4000 and got[r]["source"] == "kineto"
+        assert got[r]["order"] == 0 and got[r]["is_p2p"] is False
+
+
+def test_match_by_seq_and_type_mismatch_finding():
+    rows = [nccl(r, 100 * s + r, 50, seq=s) for r in (0, 1) for s in (1, 2, 3)]
+    rows[-1] = nccl(1, 303, 50, seq=3, op="allgather", kernel="ncclDevKernel_AllGather_RING_LL")
+    coll = C.collectives_from_events(events_table(rows))
+    df, findings = C.match_with_findings(coll)
+    by = df.groupby("instance")["rank"].apply(sorted)
+    assert len(by) == 3 and all(v == [0, 1] for v in by)
+    assert [f["code"] for f in findings] == ["COLLECTIVE_MISMATCH"]
+    assert findings[0]["severity"] == "error" and "allgather" in findings[0]["message"]
+
+
+def test_match_by_order_without_seq_and_count_mismatch():
+    rows = [nccl(r, 100 * k + r, 50) for r in (0, 1) for k in range(3)]
+    rows.append(nccl(1, 900, 50))  # rank 1 issued one more allreduce on the same group
+    coll = C.collectives_from_events(events_table(rows))
+    df, findings = C.match_with_findings(coll)
+    sizes = df.groupby("instance").size().sort_values().tolist()
+    assert sizes == [1, 2, 2, 2]
+    assert findings and findings[0]["code"] == "COLLECTIVE_MISMATCH" and findings[0]["ranks"] == [1]
+    assert "rank 1 issued 4" in findings[0]["message"]
+
+
+def test_p2p_matched_by_src_dst_order():
+    k = "ncclDevKernel_SendRecv"
+    rows = [
+        nccl(0, 100, 10, op="send", dst=1, kernel=k, ranks=(0, 1)),
+        nccl(0, 200, 10, op="send", dst=2, kernel=k, ranks=(0, 2)),
+        nccl(0, 300, 10, op="send", dst=1, kernel=k, ranks=(0, 1)),
+        nccl(1, 150, 10, op="recv", src=0, kernel=k, ranks=(0, 1)),
+        nccl(1, 310, 10, op="recv", src=0, kernel=k, ranks=(0, 1)),
+        nccl(2, 205, 10, op="recv", src=0, kernel=k, ranks=(0, 2)),
+    ]
+    coll = C.collectives_from_events(events_table(rows))
+    df, findings = C.match_with_findings(coll)
+    assert findings == []
+    pairs = df.sort_values("start_ns").groupby("instance")["start_ns"].apply(list).tolist()
+    assert sorted(pairs) == [[100, 150], [200, 205], [300, 310]]
+    assert set(df["peer"].astype(int)) == {0, 1, 2}
+
+
+def test_clock_offsets_recovered_per_host_and_robust_to_an_outlier():
+    # 4 ranks on 2 hosts; host B's clock runs 2.5 ms ahead. Ends coincide up to a few hundred ns.
+    off_b = 2_500_000
+    rng = np.random.default_rng(3)
+    rows = []
+    for s in range(20):
+        base = 1_000_000 * s
+        arrive = base + rng.integers(0, 50_000, 4)
+        end = base + 80_000
+        for r in range(4):
+            shift = off_b if r >= 2 else 0
+            e = end + int(rng.integers(0, 300)) + (400_000 if (s == 5 and r == 3) else 0)  # one bad end
+            rows.append(nccl(r, int(arrive[r]) + shift, e - int(arrive[r]), seq=s, ranks=(0, 1, 2, 3)))
+    coll = C.collectives_from_events(events_table(rows))
+    df, _ = C.match_with_findings(coll)
+    md = meta(range(4), hosts={0: "a", 1: "a", 2: "b", 3: "b"})
+    clock = C.clock_offsets(df, md)
+    assert clock.offsets_ns[0] == clock.offsets_ns[1] == 0
+    assert clock.offsets_ns[2] == clock.offsets_ns[3]
+    assert abs(clock.offsets_ns[2] - off_b) < 400
+    f = C.clock_findings(clock, 100_000)
+    assert [x["code"] for x in f] == ["CLOCK_SKEW"] and f[0]["ranks"] == [2, 3]
+    assert f[0]["max_skew_ms"] == pytest.approx(2.5, abs=0.001)
+    # same host everywhere: no offsets at all
+    same = C.clock_offsets(df, meta(range(4), hosts=dict.fromkeys(range(4), "a")))
+    assert set(same.offsets_ns.values()) == {0} and C.clock_findings(same, 100_000) == []
+
+
+def test_wait_transfer_skew_blame_and_busbw():
+    # arrivals 0, 10, 30 (ns x1000); all end at 50: transfer 20 each; waits 30, 20, 0
+    rows = [
+        nccl(r, a * 1000, (50 - a) * 1000, seq=1, ranks=(0, 1, 2), nel=3000)
+        for r, a in enumerate((0, 10, 30))
+    ]
+    df, _ = C.match_with_findings(C.collectives_from_events(events_table(rows)))
+    w = C.wait_transfer(df, {0: 0, 1: 0, 2: 0}).sort_values("rank")
+    assert w["transfer_ns"].tolist() == [20_000] * 3
+    assert w["wait_ns"].tolist() == [30_000, 20_000, 0]
+    assert w["arrival_skew_ns"].tolist() == [30_000] * 3
+    assert w["lag_ns"].tolist() == [0, 10_000, 30_000]
+    assert w["is_last"].tolist() == [False, False, True]
+    assert w["blame_ns"].tolist() == [0, 0, 20_000]
+    algbw = 12_000 / 20_000  # bytes / ns = GB/s
+    assert w["algbw_gbps"].tolist() == pytest.approx([algbw] * 3)
+    assert w["busbw_gbps"].tolist() == pytest.approx([algbw * 4 / 3] * 3)
+
+
+def test_wait_transfer_uses_aligned_starts():
+    # rank 1's clock is 1 ms ahead: raw starts say it arrived late, aligned starts say it arrived first
+    rows = [nccl(0, 10_000, 20_000, seq=1), nccl(1, 1_000_000 + 5_000, 25_000, seq=1)]
+    df, _ = C.match_with_findings(C.collectives_from_events(events_table(rows)))
+    w = C.wait_transfer(df, {0: 0, 1: 1_000_000}).sort_values("rank")
+    assert w["is_last"].tolist() == [True, False]
+    assert w["wait_ns"].tolist() == [0, 5_000] and w["transfer_ns"].tolist() == [20_000] * 2
+
+
+def test_gloo_pairs_c10d_with_gloo_and_infers_groups_and_peers():
+    # 4 CPU ranks, dp groups {0,1} and {2,3} allreduce at different times; pipeline pairs 0->2, 1->3.
+    rows = []
+
+    def op(rank, name, kind, ts, dur, tid):
+        rows.append(
+            {"rank": rank, "kind": kind, "name": name, "ts_ns": ts, "dur_ns": dur, "tid": tid, "step": 1}
+        )
+
+    for r in range(4):
+        op(r, "ProfilerStep#1", "user_annotation", 0, 10_000_000, 100 + r)
+    for k, t in enumerate((1_000_000, 4_000_000)):
+        for src, dst in ((0, 2), (1, 3)):
+            j = 7_000 * src
+            op(src, "c10d::send", "cpu_op", t + j, 50_000, 100 + src)
+            op(src, "gloo:send", "user_annotation", t + j + 50_000, 200_000, 100 + src)
+            op(dst, "c10d::recv_", "cpu_op", t - 300_000 + j, 20_000, 100 + dst)
+            op(dst, "gloo:recv", "user_annotation", t - 280_000 + j, 530_000 + k, 100 + dst)
+    for grp, t in (((0, 1), 6_000_000), ((2, 3), 8_000_000)):
+        for i, r in enumerate(grp):
+            op(r, "c10d::allreduce_", "cpu_op", t + 100_000 * i, 40_000, 100 + r)
+            op(
+                r,
+                "gloo:all_reduce",
+                "user_annotation",
+                t + 100_000 * i + 10_000,
+                900_000 - 100_000 * i,
+                900 + r,
+            )
+    ev = events_table(rows)
+    cfg = [{"pg_name": "0", "ranks": [0, 1, 2, 3]}, {"pg_name": "1", "ranks": [0, 1]},
+           {"pg_name": "2", "ranks": [2, 3]}, {"pg_name": "3", "ranks": [0, 2]}, {"pg_name": "4", "ranks": [1, 3]},
+           {"pg_name": "5", "ranks": [0, 3]}]  # fmt: skip
+    coll = C.collectives_from_events(ev)
+    assert coll.num_rows == 4 * 2 + 4
+    ar = [r for r in coll.to_pylist() if r["op"] == "allreduce"]
+    # arrival = the c10d call; end = the end of the gloo work
+    r1 = next(r for r in ar if r["rank"] == 1)
+    assert r1["start_ns"] == r1["enqueue_ns"] == 6_100_000 and r1["end_ns"] == 6_110_000 + 800_000
+    df, findings = C.match_with_findings(coll, meta(range(4), pg_config=cfg))
+    assert findings == []
+    groups = df[df["op"] == "allreduce"].groupby("instance")["rank"].apply(sorted).tolist()
+    assert sorted(groups) == [[0, 1], [2, 3]]
+    peers = dict(
+        zip(df.loc[df["op"] == "send", "rank"].astype(int), df.loc[df["op"] == "send", "peer"].astype(int))
+    )
+    assert peers == {0: 2, 1: 3}
+    sends = df[df["is_p2p"]].groupby("instance")["rank"].apply(sorted).tolist()
+    assert sorted(sends) == [[0, 2], [0, 2], [1, 3], [1, 3]]
+    # without pg_config the allreduce ranks form one default group, as documented
+    df2, _ = C.match_with_findings(coll, None)
+    assert df2[df2["op"] == "allreduce"].groupby("instance").size().tolist() == [4]
+
+
+def test_exposed_split_adds_up_exactly():
+    # rank 0: compute [0,100), allreduce [100,300) waiting until 250 (rank 1 arrives at 250), compute [300,350)
+    # rank 1: compute [0,250), allreduce [250,300)
+    rows = [
+        {"rank": 0, "kind": "user_annotation", "name": "ProfilerStep#0", "ts_ns": 0, "dur_ns": 400, "tid": 1},
+        {"rank": 1, "kind": "user_annotation", "name": "ProfilerStep#0", "ts_ns": 0, "dur_ns": 400, "tid": 1},
+        {"rank": 0, "kind": "kernel", "name": "gemm", "ts_ns": 0, "dur_ns": 100, "device": 0, "step": 0},
+        {"rank": 0, "kind": "kernel", "name": "gemm", "ts_ns": 300, "dur_ns": 50, "device": 0, "step": 0},
+        # an overlapping compute kernel on another stream hides [120, 150) of the wait
+        {"rank": 0, "kind": "kernel", "name": "gemm2", "ts_ns": 120, "dur_ns": 30, "device": 0, "step": 0},
+        {"rank": 1, "kind": "kernel", "name": "gemm", "ts_ns": 0, "dur_ns": 250, "device": 0, "step": 0},
+        nccl(0, 100, 200, seq=1),
+        nccl(1, 250, 50, seq=1),
+    ]
+    ev = events_table(rows)
+    sets = class_sets(ev)
+    bd = breakdown(ev, sets=sets)
+    df, _ = C.match_with_findings(C.collectives_from_events(ev))
+    df = C.wait_transfer(df, {0: 0, 1: 0})
+    split = C.exposed_split(df, bd, sets).to_pylist()
+    got = {r["rank"]: r for r in split}
+    assert got[0]["exposed_comm_ns"] == 170 and got[0]["exposed_wait_ns"] == 120
+    assert got[0]["exposed_transfer_ns"] == 50
+    assert (
+        got[1]["exposed_comm_ns"] == 50
+        and got[1]["exposed_wait_ns"] == 0
+        and got[1]["exposed_transfer_ns"] == 50
+    )
+    exp = {r["rank"]: r["exposed_comm_ns"] for r in bd.to_pylist()}
+    for r in split:
+        assert r["exposed_wait_ns"] + r["exposed_transfer_ns"] == exp[r["rank"]]
+
+
+def test_empty_events_give_empty_tables():
+    ev = events_table([{"rank": 0, "kind": "kernel", "name": "gemm", "ts_ns": 0, "dur_ns": 5, "device": 0}])
+    coll = C.collectives_from_events(ev)
+    assert coll.num_rows == 0 and coll.schema.equals(schema.COLLECTIVES)
+    matched = C.match(coll)
+    assert matched.num_rows == 0
+    assert isinstance(matched, pa.Table)
