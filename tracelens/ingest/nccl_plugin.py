@@ -1,0 +1,362 @@
+"""NCCL profiler-plugin traces (the example plugin of NCCL >= 2.23) -> COLLECTIVES.
+
+One Chrome-trace JSON array per communicator per rank, `<prefix>_<commHash>_<rank>.json`, of async
+`ph: b/e` pairs (matched by `cat` and `id`), closed by `{}`. `COLL` events carry SeqNum (per communicator
+and per collective type), CommHash, Rank (communicator-local), Count (NCCL API count), Datatype
+("ncclBfloat16"), Algorithm, Protocol, nChannels; `P2P` events carry CommHash, Rank, Peer, Count, Datatype,
+nChannels; `PROXY` events carry Channel, Peer, Steps, ChunkSize, transSize.
+Timestamps are microseconds since the plugin started (steady clock), **not** epoch time: `read` returns them
+as nanoseconds on that clock and `align` shifts them onto a reference (Kineto) clock by matching collective
+end times. `enqueue_ns` is the COLL begin (the task enqueue), `end_ns` the COLL end; `start_ns` is null.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from tracelens import schema
+from tracelens.errors import BadTraceError
+from tracelens.ingest.nccl_log import NCCL_DTYPE_BY_NAME, NCCL_DTYPES, NCCL_OPS, nelems
+
+SOURCE = "nccl_plugin"
+_NAME_RE = re.compile(r"_(\d+)_(\d+)\.json(?:\.gz)?$")
+
+#: Per-event details beside the COLLECTIVES row (read_details).
+DETAILS = pa.schema(
+    [
+        ("rank", pa.int32()),
+        ("comm_hash", pa.string()),
+        ("op", pa.string()),
+        ("seq", pa.int64()),
+        ("algorithm", pa.string()),
+        ("protocol", pa.string()),
+        ("n_channels", pa.int32()),
+        ("proxy_steps", pa.int64()),  # sum of `Steps` over the PROXY ops that ran inside this event
+        ("proxy_bytes", pa.int64()),  # sum of `transSize` over those PROXY ops
+        ("pid", pa.int64()),
+        ("enqueue_ns", pa.int64()),
+        ("end_ns", pa.int64()),
+    ]
+)
+
+
+def name_info(path: str | Path) -> tuple[str, int] | None:
+    """(commHash, rank) from a `<prefix>_<commHash>_<rank>.json` name, else None."""
+    m = _NAME_RE.search(Path(path).name)
+    return (m.group(1), int(m.group(2))) if m else None
+
+
+def load_events(path: str | Path) -> list[dict]:
+    """The JSON array of one plugin file; a file cut off before its closing `]` is salvaged up to its last event."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as err:
+        raise BadTraceError(f"{path}: cannot read ({err.strerror or err})") from err
+    if raw[:2] == b"\x1f\x8b":
+        import gzip
+
+        try:
+            raw = gzip.decompress(raw)
+        except (OSError, EOFError) as err:
+            raise BadTraceError(f"{path}: corrupt gzip ({err})") from err
+    text = raw.decode("utf-8", errors="replace").strip()
+    if not text.startswith("["):
+        raise BadTraceError(f"{path}: not an NCCL profiler-plugin trace (expected a JSON array)")
+    try:
+        data = json.loads(text)
+    except ValueError:
+        cut = text.rfind("},")
+        try:
+            data = json.loads(text[: cut + 1] + "]") if cut > 0 else None
+        except ValueError:
+            data = None
+        if data is None:
+            raise BadTraceError(f"{path}: invalid JSON in NCCL profiler-plugin trace") from None
+    if not isinstance(data, list):
+        raise BadTraceError(f"{path}: not an NCCL profiler-plugin trace (expected a JSON array)")
+    return [e for e in data if isinstance(e, dict) and e]
+
+
+def _pairs(events: list[dict]) -> pd.DataFrame:
+    """Begin/end pairs as one frame: cat, name, id, begin ts (ns), end ts (ns), args (of the begin event)."""
+    rows_b = [e for e in events if e.get("ph") == "b"]
+    rows_e = [e for e in events if e.get("ph") == "e"]
+    b = pd.DataFrame(
+        {
+            "cat": [e.get("cat") for e in rows_b],
+            "name": [e.get("name") for e in rows_b],
+            "id": [e.get("id") for e in rows_b],
+            "pid": [e.get("pid") for e in rows_b],
+            "ts": [e.get("ts") for e in rows_b],
+            "args": [e.get("args") or {} for e in rows_b],
+        }
+    )
+    e = pd.DataFrame(
+        {
+            "cat": [x.get("cat") for x in rows_e],
+            "name": [x.get("name") for x in rows_e],
+            "id": [x.get("id") for x in rows_e],
+            "ts_end": [x.get("ts") for x in rows_e],
+        }
+    )
+    if b.empty:
+        return b.assign(ts_end=pd.Series(dtype=float))
+    # The same (cat, name, id) can open several times (the plugin reuses ids for ScheduleX/ProgressX and
+    # NET steps): pair the k-th begin with the k-th end of the same key.
+    b["k"] = b.groupby(["cat", "name", "id"], dropna=False).cumcount()
+    e["k"] = e.groupby(["cat", "name", "id"], dropna=False).cumcount()
+    out = b.merge(e, on=["cat", "name", "id", "k"], how="left")
+    out["begin_ns"] = np.round(pd.to_numeric(out["ts"], errors="coerce") * 1000.0).astype("Int64")
+    out["end_ns"] = np.round(pd.to_numeric(out["ts_end"], errors="coerce") * 1000.0).astype("Int64")
+    return out
+
+
+def _collect(path: Path, rank: int | None, comm_ranks: dict[str, list[int]] | None):
+    events = load_events(path)
+    p = _pairs(events)
+    info = name_info(path)
+    rows, details = [], []
+    if p.empty:
+        return rows, details
+    p = p[p["cat"].isin(["COLL", "P2P", "PROXY"])]
+    ops = p[p["cat"].isin(["COLL", "P2P"])].sort_values("begin_ns", kind="stable")
+    proxies = p[p["cat"] == "PROXY"]
+    prox_b = proxies["begin_ns"].astype("float64").to_numpy()
+    prox_steps = np.array([a.get("Steps", 0) or 0 for a in proxies["args"]], dtype=np.int64)
+    prox_bytes = np.array([a.get("transSize", 0) or 0 for a in proxies["args"]], dtype=np.int64)
+    prox_progress = proxies["name"].astype(str).str.startswith("Progress").to_numpy()
+    order_ctr: dict[tuple, int] = {}
+    for r in ops.itertuples(index=False):
+        a = r.args
+        comm_hash = str(a.get("CommHash", info[0] if info else ""))
+        local = a.get("Rank", info[1] if info else None)
+        members = (comm_ranks or {}).get(comm_hash)
+        glob_rank = rank
+        if glob_rank is None:
+            glob_rank = members[local] if (members and local is not None and local < len(members)) else local
+        op = NCCL_OPS.get(str(r.name), str(r.name).lower())
+        is_p2p = r.cat == "P2P" or op in ("send", "recv")
+        dt_code = NCCL_DTYPE_BY_NAME.get(str(a.get("Datatype")))
+        dt = NCCL_DTYPES.get(dt_code) if dt_code is not None else None
+        count = int(a.get("Count", 0) or 0)
+        nranks = len(members) if members else None
+        in_n, out_n = nelems(op, count, nranks)
+        big = max((n for n in (in_n, out_n) if n is not None), default=None)
+        peer = a.get("Peer") if is_p2p else None
+        if peer is not None and members and 0 <= int(peer) < len(members):
+            peer = members[int(peer)]
+        seq = a.get("SeqNum")
+        begin = None if pd.isna(r.begin_ns) else int(r.begin_ns)
+        end = None if pd.isna(r.end_ns) else int(r.end_ns)
+        okey = (comm_hash, op)
+        rows.append(
+            {
+                "rank": glob_rank,
+                "source": SOURCE,
+                "pg_name": comm_hash,
+                "pg_desc": None,
+                "pg_ranks": members,
+                "group_size": nranks,
+                "op": op,
+                "dtype": dt[1] if dt else (str(a.get("Datatype")) if a.get("Datatype") else None),
+                "in_nelems": in_n,
+                "out_nelems": out_n,
+                "bytes": big * dt[2] if (big is not None and dt) else None,
+                "seq": int(seq) if seq is not None else None,
+                "order": order_ctr.get(okey, 0),
+                "is_p2p": is_p2p,
+                "peer": int(peer) if peer is not None else None,
+                "state": "completed" if end is not None else "started",
+                "enqueue_ns": begin,
+                "start_ns": None,
+                "end_ns": end,
+                "step": None,
+            }
+        )
+        order_ctr[okey] = order_ctr.get(okey, 0) + 1
+        inside = (prox_b >= (begin or 0)) & (prox_b <= (end if end is not None else np.inf)) & prox_progress
+        details.append(
+            {
+                "rank": glob_rank,
+                "comm_hash": comm_hash,
+                "op": op,
+                "seq": int(seq) if seq is not None else None,
+                "algorithm": a.get("Algorithm"),
+                "protocol": a.get("Protocol"),
+                "n_channels": a.get("nChannels"),
+                "proxy_steps": int(prox_steps[inside].sum()) if len(prox_b) else None,
+                "proxy_bytes": int(prox_bytes[inside].sum()) if len(prox_b) else None,
+                "pid": r.pid if isinstance(r.pid, int) else None,
+                "enqueue_ns": begin,
+                "end_ns": end,
+            }
+        )
+    return rows, details
+
+
+def _table(rows: list[dict]) -> pa.Table:
+    cols = {}
+    for field in schema.COLLECTIVES:
+        vals = [r.get(field.name) for r in rows]
+        if pa.types.is_dictionary(field.type):
+            cols[field.name] = pa.array(vals, pa.string()).dictionary_encode().cast(field.type)
+        else:
+            cols[field.name] = pa.array(vals, field.type)
+    return pa.table(cols, schema=schema.COLLECTIVES)
+
+
+def read(
+    path: str | Path, rank: int | None = None, comm_ranks: dict[str, list[int]] | None = None
+) -> pa.Table:
+    """One plugin file -> COLLECTIVES (source "nccl_plugin"), times on the plugin's own clock.
+
+    `rank`: the global rank to write (default: the communicator-local `Rank`, which is global for the
+    world communicator). `comm_ranks`: {commHash: global ranks in local-rank order}, which gives global
+    peers, pg_ranks, group_size and the AllGather/ReduceScatter totals (`read_many` builds it).
+    """
+    rows, _ = _collect(Path(path), rank, comm_ranks)
+    return _table(rows)
+
+
+def read_details(path: str | Path, rank: int | None = None, comm_ranks: dict | None = None) -> pa.Table:
+    """Per COLL/P2P event: algorithm, protocol, channels and proxy steps/bytes (schema DETAILS)."""
+    _, details = _collect(Path(path), rank, comm_ranks)
+    return pa.Table.from_pylist(details, schema=DETAILS)
+
+
+def _file_meta(path: Path) -> tuple[int | None, str | None, int | None]:
+    """(pid, commHash, local rank) of a plugin file, from its first COLL/P2P event (or its name)."""
+    info = name_info(path)
+    for e in load_events(path):
+        if e.get("cat") in ("COLL", "P2P") and e.get("ph") == "b":
+            a = e.get("args") or {}
+            return e.get("pid"), str(a.get("CommHash", info[0] if info else "")), a.get("Rank")
+    return None, (info[0] if info else None), (info[1] if info else None)
+
+
+def comm_membership(paths: Iterable[str | Path]) -> dict[str, list[int]]:
+    """{commHash: global ranks by local rank} from a set of plugin files of one run.
+
+    Each process (pid) writes one file per communicator; its global rank is its local rank in the largest
+    communicator it belongs to (the world). Communicators whose members are not all present are left out.
+    """
+    metas = [_file_meta(Path(p)) for p in paths]
+    size: dict[str, int] = {}
+    for _, h, _ in metas:
+        if h is not None:
+            size[h] = size.get(h, 0) + 1
+    world_of_pid: dict[int, tuple[int, int]] = {}
+    for pid, h, r in metas:
+        if pid is None or h is None or r is None:
+            continue
+        if pid not in world_of_pid or size[h] > world_of_pid[pid][0]:
+            world_of_pid[pid] = (size[h], int(r))
+    comms: dict[str, dict[int, int]] = {}
+    for pid, h, r in metas:
+        if pid is None or h is None or r is None:
+            continue
+        comms.setdefault(h, {})[int(r)] = world_of_pid[pid][1]
+    out = {}
+    for h, m in comms.items():
+        if sorted(m) == list(range(len(m))):
+            out[h] = [m[i] for i in range(len(m))]
+    return out
+
+
+def read_many(paths: Iterable[str | Path]) -> pa.Table:
+    """All plugin files of a run -> one COLLECTIVES table with global ranks, peers and group sizes."""
+    paths = [Path(p) for p in paths]
+    members = comm_membership(paths)
+    tables = [read(p, comm_ranks=members) for p in paths]
+    if not tables:
+        return _table([])
+    return pa.concat_tables(tables).combine_chunks().unify_dictionaries()
+
+
+def align(coll_plugin: pa.Table, coll_reference: pa.Table, tolerance_ns: int | None = None) -> pa.Table:
+    """Shift each rank's plugin times onto the reference clock (e.g. Kineto's) by matching collective ends.
+
+    For every rank, candidate offsets pair a plugin collective with each reference collective of the same op
+    and byte count; the offset under which most plugin collective ends land within `tolerance_ns` of a
+    reference end wins (median of the matched differences). Ranks without a match keep their times; their
+    rows are unchanged. Returns the plugin table with enqueue/start/end shifted.
+    """
+    pl = coll_plugin.to_pandas()
+    ref = coll_reference.to_pandas()
+    shifts = np.zeros(len(pl), dtype=np.int64)
+    for rank, grp in pl.groupby("rank", sort=False):
+        rr = ref[(ref["rank"] == rank) & ref["end_ns"].notna()]
+        g = grp[grp["end_ns"].notna()]
+        if rr.empty or g.empty:
+            continue
+        ref_end = np.sort(rr["end_ns"].to_numpy(np.int64))
+        pl_end = g["end_ns"].to_numpy(np.int64)
+        tol = tolerance_ns
+        if tol is None:
+            span = np.diff(ref_end)
+            tol = int(max(1000, np.median(span[span > 0]) / 4)) if (span > 0).any() else 1_000_000
+        # candidate offsets: the first few plugin collectives against every reference one of the same kind
+        sig_ref = rr["op"].astype(str) + "|" + rr["bytes"].astype(str)
+        sig_pl = g["op"].astype(str) + "|" + g["bytes"].astype(str)
+        cands = []
+        for i in range(min(4, len(g))):
+            same = rr["end_ns"].to_numpy(np.int64)[(sig_ref == sig_pl.iloc[i]).to_numpy()]
+            cands.append(same - pl_end[i])
+        cand = np.unique(np.concatenate(cands)) if cands else np.array([], dtype=np.int64)
+        if cand.size == 0:
+            continue
+        best, best_score = None, -1
+        for off in cand:
+            x = pl_end + off
+            idx = (
+                np.clip(np.searchsorted(ref_end, x), 1, len(ref_end) - 1)
+                if len(ref_end) > 1
+                else np.zeros(len(x), dtype=np.int64)
+            )
+            near = (
+                np.minimum(np.abs(ref_end[idx] - x), np.abs(ref_end[idx - 1] - x))
+                if len(ref_end) > 1
+                else (np.abs(ref_end[0] - x))
+            )
+            score = int((near <= tol).sum())
+            if score > best_score:
+                best, best_score = off, score
+        x = pl_end + best
+        if len(ref_end) > 1:
+            idx = np.clip(np.searchsorted(ref_end, x), 1, len(ref_end) - 1)
+            nearest = np.where(
+                np.abs(ref_end[idx] - x) < np.abs(ref_end[idx - 1] - x), ref_end[idx], ref_end[idx - 1]
+            )
+        else:
+            nearest = np.full(len(x), ref_end[0])
+        ok = np.abs(nearest - x) <= tol
+        off = int(best + np.median(nearest[ok] - x[ok])) if ok.any() else int(best)
+        pos = pl.index.get_indexer(grp.index)
+        shifts[pos] = off
+    out = coll_plugin
+    for col in ("enqueue_ns", "start_ns", "end_ns"):
+        arr = out.column(col)
+        shifted = pc.add(arr, pa.array(shifts, pa.int64()))
+        out = out.set_column(out.schema.get_field_index(col), col, shifted)
+    return out
+
+
+__all__ = [
+    "DETAILS",
+    "align",
+    "comm_membership",
+    "load_events",
+    "name_info",
+    "read",
+    "read_details",
+    "read_many",
+]
