@@ -95,3 +95,30 @@ def test_reference_table_matches_hta_exactly(traces: Path, golden_path: Path) ->
     golden = json.loads(golden_path.read_text())
     events, bases = _events_from_json(traces / golden["folder"])
     _check(events, bases, golden, exact=True)
+
+
+def _events_from_tracelens(folder: Path) -> tuple[pa.Table, dict[int, int]]:
+    """Events and base times of one folder through tracelens' own Kineto ingest."""
+    from tracelens.ingest import kineto
+
+    files = sorted(p for p in folder.iterdir() if p.name.endswith((".json", ".json.gz")))
+    traces = [kineto.read(p) for p in files]
+    events = pa.concat_tables([t.events for t in traces]).unify_dictionaries()
+    return events, {int(t.metadata["rank"]): int(t.metadata.get("base_time_ns") or 0) for t in traces}
+
+
+@pytest.mark.parametrize("golden_path", OK_GOLDENS, ids=lambda p: p.stem)
+def test_tracelens_ingest_matches_hta_within_tolerance(traces: Path, golden_path: Path) -> None:
+    golden = json.loads(golden_path.read_text())
+    events, bases = _events_from_tracelens(traces / golden["folder"])
+    _check(events, bases, golden, exact=False)
+
+
+def test_trace_filter_through_load_tables(traces: Path) -> None:
+    """The acceptance run: trace_filter's two ranks via the loader the CLI uses, within 0.1 pp of HTA."""
+    from tracelens.loader import load_tables
+
+    golden = json.loads((GOLDEN / "hta_trace_filter.json").read_text())
+    tables = load_tables(traces / "trace_filter", no_cache=True, workers=1)
+    assert sorted(golden["ranks"]) == ["0", "1"]
+    _check(tables.events, hta_compat.base_times(tables.metadata), golden, exact=False)

@@ -30,6 +30,7 @@ def table(rows: list[dict]) -> pa.Table:
             "stream", 7 if cols["kind"][i] in ("kernel", "gpu_memcpy", "gpu_memset") else None
         )
         cols["correlation"][i] = r.get("corr")
+        cols["tid"][i] = r.get("tid")
     return pa.Table.from_pydict(cols, schema=EVENTS)
 
 
@@ -149,6 +150,21 @@ def test_sync_and_annotation_rows() -> None:
     assert got["compute_time_ns"] == 10 * US
     assert got["non_compute_time_ns"] == 10 * US
     assert got["idle_time_ns"] == 0
+
+
+def test_cuda_sync_rows_without_stream_use_their_tid() -> None:
+    # Kineto puts cuda_sync events on their stream's timeline (tid = args.stream); an events table that
+    # leaves their stream null still gives HTA's view through the tid.
+    ev = table(
+        [
+            k(0, 10),
+            k(10, 10, "Stream Sync", kind="other", stream=None, tid=7, corr=3),
+            k(30, 10, "Event Sync", kind="other", stream=None, tid=-1, corr=4),
+        ]
+    )
+    got = one(h.temporal_breakdown(ev))
+    assert got["kernel_time_ns"] == 20 * US
+    assert got["non_compute_time_ns"] == 10 * US
 
 
 def _two_steps(rank: int = 0, last: str = "ProfilerStep#2") -> list[dict]:

@@ -40,6 +40,10 @@ _DEVICE_SYNC_NAMES = ("Event Sync", "Context Sync")
 #: timeline (their tid); HTA sees stream -1 for them.
 _NO_STREAM_KINDS = ("gpu_user_annotation",)
 
+#: Kineto `cuda_sync` event names (`cuda_sync_kind`). They sit on their stream's timeline (tid = args.stream);
+#: when the events table leaves their stream null, the tid stands in for HTA's `args.stream`.
+_CUDA_SYNC_NAMES = ("Stream Sync", "Event Sync", "Context Sync", "Stream Wait Event")
+
 TEMPORAL_BREAKDOWN = pa.schema(
     [
         ("rank", pa.int32()),
@@ -97,13 +101,19 @@ def _prepared(events: pa.Table, base_time_ns: dict[int, int] | None):
     rank = _int_column(events, "rank", -1)
     ts = _int_column(events, "ts_ns", 0)
     dur = _int_column(events, "dur_ns", 0)
-    stream = _int_column(events, "stream", -1)
+    name_str = pc.fill_null(events.column("name").cast(pa.string()), "")
+    is_sync = pc.is_in(name_str, value_set=pa.array(_CUDA_SYNC_NAMES))
+    stream_col = pc.if_else(
+        pc.and_(is_sync, pc.is_null(events.column("stream"))),
+        pc.cast(events.column("tid"), pa.int64(), safe=False),
+        pc.cast(events.column("stream"), pa.int64()),
+    )
+    stream = pc.fill_null(stream_col, -1).to_numpy().astype(np.int64, copy=False)
     kind = pc.fill_null(events.column("kind").cast(pa.string()), "")
     no_stream = pc.is_in(kind, value_set=pa.array(_NO_STREAM_KINDS)).to_numpy(zero_copy_only=False)
     stream = np.where(no_stream, -1, stream)
     corr = _int_column(events, "correlation", -1)
     names = events.column("name")
-    name_str = pc.fill_null(names.cast(pa.string()), "")
     is_step = pc.match_substring(name_str, "ProfilerStep").to_numpy(zero_copy_only=False)
     is_dev_sync = pc.is_in(name_str, value_set=pa.array(_DEVICE_SYNC_NAMES)).to_numpy(zero_copy_only=False)
     ktype = kernel_type(names)
