@@ -100,6 +100,75 @@ class Analysis:
         names = [n for n in self.metadata.column("gpu_name").to_pylist() if n]
         return names[0] if names else None
 
+    # ---- model and MFU -------------------------------------------------------------------------
+    @cached_property
+    def model(self):
+        """ModelSpec from --model / tracelens.toml, else None."""
+        if not self.options.model:
+            return None
+        from tracelens.models import get_model
+
+        model = self.options.model
+        if self.path.is_dir() and (self.path / model).is_file():
+            model = str(self.path / model)
+        return get_model(model)
+
+    @cached_property
+    def step_times_s(self) -> dict[int, float]:
+        """Per step: the longest rank's step time in seconds (the step ends when the last rank ends)."""
+        out: dict[int, float] = {}
+        for row in self.breakdown.select(["step", "step_time_ns"]).to_pylist():
+            if row["step"] is None:
+                continue
+            out[row["step"]] = max(out.get(row["step"], 0.0), row["step_time_ns"] / 1e9)
+        return out
+
+    @cached_property
+    def peak_flops(self) -> float | None:
+        if self.options.peak_tflops:
+            return float(self.options.peak_tflops) * 1e12
+        from tracelens.models.hardware import peak_flops
+
+        return peak_flops(self.gpu_name)
+
+    @cached_property
+    def mfu(self) -> dict | None:
+        """The summary's "mfu" object, or None when the model is unknown."""
+        if self.model is None:
+            return None
+        from tracelens.analyze.mfu import compute_mfu
+
+        seq = self.options.seq_len
+        tokens = seq * self.options.global_batch if seq and self.options.global_batch else None
+        steps = self.step_times_s
+        mean_step = float(np.mean(list(steps.values()))) if steps else None
+        return compute_mfu(
+            self.model,
+            seq,
+            tokens,
+            mean_step,
+            self.world_size or len(self.ranks),
+            self.peak_flops,
+            step_times_s=steps or None,
+            lost_time_s=self.lost_time_s(),
+        )
+
+    def lost_time_s(self) -> dict[str, float] | None:
+        """Mean over ranks of the per-step bubble and exposed communication, in seconds."""
+        bd = self.breakdown
+        if bd.num_rows == 0:
+            return None
+        exposed = float(np.mean(bd.column("exposed_comm_ns").to_numpy())) / 1e9
+        out = {"exposed_comm": exposed}
+        bubble = self.bubble_per_rank_step
+        if bubble is not None and bubble.num_rows:
+            out["bubble"] = float(np.mean(bubble.column("bubble_ns").to_numpy())) / 1e9
+        return out
+
+    @cached_property
+    def bubble_per_rank_step(self) -> pa.Table | None:
+        return None
+
     # ---- findings that need only the base tables ---------------------------------------------
     def base_findings(self) -> list[dict]:
         out = []
@@ -163,7 +232,7 @@ class Analysis:
             "ranks": S.rank_rows(per_step, None),
             "stages": [],
             "stragglers": [],
-            "mfu": None,
+            "mfu": self.mfu,
             "findings": findings,
             "per_step": per_step,
         }
@@ -191,5 +260,3 @@ def analyze_run(path: str | Path, options: Options | None = None) -> Analysis:
     tables = load_tables(path, no_cache=options.no_cache, progress=options.progress)
     return Analysis(path=path, options=options, tables=tables)
 
-
-_ = np  # numpy is used by analyzers wired in here
