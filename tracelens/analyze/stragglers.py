@@ -23,6 +23,7 @@ import pandas as pd
 import pyarrow as pa
 
 from tracelens.analyze import collectives as C
+from tracelens.analyze import intervals as iv
 from tracelens.analyze.breakdown import breakdown as _breakdown
 from tracelens.analyze.breakdown import class_sets
 from tracelens.findings import finding
@@ -225,7 +226,40 @@ def _slow_links(df: pd.DataFrame, cfg: StragglerConfig) -> tuple[dict[int, float
     return out, d
 
 
-def _per_rank_step(breakdown: pa.Table, split: pa.Table, lag: pa.Table) -> pd.DataFrame:
+def pre_arrival_idle(breakdown: pa.Table, sets: dict, df: pd.DataFrame) -> pd.DataFrame:
+    """Per (rank, step): device idle between the step start and the rank's last collective arrival of the
+    step. Idle after that point (a rank that finished early) says nothing about its host, so it is left out."""
+    b = breakdown.select(["rank", "step", "window_start_ns", "window_end_ns"]).to_pandas()
+    b["step"] = b["step"].astype("Int64").fillna(-1).astype(int)
+    if not df.empty:
+        d = df.assign(step=df["step"].astype("Int64").fillna(-1).astype(int))
+        coll = d[~d["is_p2p"].astype(bool)]
+        last = (
+            (coll if not coll.empty else d).groupby(["rank", "step"])["start_ns"].max().rename("last_arrival")
+        )
+        b = b.merge(last.astype("int64").reset_index(), on=["rank", "step"], how="left")
+    else:
+        b["last_arrival"] = np.nan
+    lo = b["window_start_ns"].to_numpy(dtype=np.int64)
+    hi_w = b["window_end_ns"].to_numpy(dtype=np.int64)
+    la = b["last_arrival"].to_numpy(dtype=float, na_value=np.nan)
+    hi = np.where(np.isnan(la), hi_w, np.clip(np.nan_to_num(la, nan=0).astype(np.int64), lo, hi_w))
+    idle = np.zeros(len(b), dtype=np.int64)
+    ranks = b["rank"].to_numpy()
+    for r in np.unique(ranks):
+        rs = sets.get(int(r))
+        m = ranks == r
+        if rs is None:
+            idle[m] = hi[m] - lo[m]
+            continue
+        busy = iv.union2(iv.union2(rs.compute, rs.comm), rs.memory)
+        idle[m] = (hi[m] - lo[m]) - iv.measure_in_windows(busy, lo[m], hi[m])
+    return pd.DataFrame({"rank": b["rank"], "step": b["step"], "pre_idle_ns": idle})
+
+
+def _per_rank_step(
+    breakdown: pa.Table, split: pa.Table, lag: pa.Table, pre_idle: pd.DataFrame
+) -> pd.DataFrame:
     b = breakdown.select(
         ["rank", "step", "step_time_ns", "compute_ns", "idle_ns", "exposed_comm_ns"]
     ).to_pandas()
@@ -235,8 +269,10 @@ def _per_rank_step(breakdown: pa.Table, split: pa.Table, lag: pa.Table) -> pd.Da
     lg = lag.to_pandas()
     lg["step"] = lg["step"].astype("Int64").fillna(-1).astype(int)
     per = b.merge(s, on=["rank", "step"], how="left").merge(lg, on=["rank", "step"], how="left")
+    per = per.merge(pre_idle, on=["rank", "step"], how="left")
     for c in ("lag_ns", "blame_ns", "last_count", "collectives", "exposed_wait_ns", "exposed_transfer_ns"):
         per[c] = per[c].fillna(0)
+    per["pre_idle_ns"] = per["pre_idle_ns"].fillna(per["idle_ns"])
     return per
 
 
@@ -252,14 +288,14 @@ def detect(
     per["group"] = per["rank"].map(lambda r: groups.get(int(r), -1))
     steps_total = per.groupby("rank")["step"].nunique()
     per["comp_c"], per["comp_s"] = _peer_stats(per, "compute_ns")
-    per["idle_c"], per["idle_s"] = _peer_stats(per, "idle_ns")
+    per["idle_c"], per["idle_s"] = _peer_stats(per, "pre_idle_ns")
     per["step_c"], _ = _peer_stats(per, "step_time_ns")
     floor = cfg.min_excess_fraction * per["step_c"]
     out: list[dict] = []
     verdicts: dict[int, dict] = {}
     for cause, col, centre, scale in (
         ("compute", "compute_ns", "comp_c", "comp_s"),
-        ("host", "idle_ns", "idle_c", "idle_s"),
+        ("host", "pre_idle_ns", "idle_c", "idle_s"),
     ):
         excess = per[col] - per[centre]
         thresh = np.maximum(cfg.mad_k * per[scale], floor)
@@ -393,7 +429,7 @@ def analyze_cross_rank(
         groups = {r: int(stage_of.get(r, -1 - r)) for r in ranks}
     else:
         groups = infer_peer_groups(df, ranks)
-    per = _per_rank_step(breakdown, split, lag)
+    per = _per_rank_step(breakdown, split, lag, pre_arrival_idle(breakdown, sets, df))
     stragglers = detect(per, df, groups, cfg, stage_of) if len(per) else []
     findings += _straggler_findings(stragglers)
     return CrossRankResult(

@@ -1,0 +1,196 @@
+"""Straggler verdicts on small hand-built runs whose truth is known by construction.
+
+`run()` builds a 4-rank GPU run (TP groups {0,1}, {2,3}; DP groups {0,2}, {1,3}): per step, L layers of
+(compute kernel, blocking TP all-reduce), then a blocking DP all-reduce. A blocking collective ends on every
+member at the latest arrival + transfer, so early ranks wait inside the kernel, exactly the behaviour the
+analysis must see through. Faults: compute factor per rank, CPU stall before the first kernel, slow link.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow.compute as pc
+import pytest
+
+from tracelens import schema
+from tracelens._testing import events_table, table_from_rows
+from tracelens.analyze import stragglers as S
+
+TP = [(0, 1), (2, 3)]
+DP = [(0, 2), (1, 3)]
+
+
+def run(
+    *,
+    steps: int = 6,
+    layers: int = 4,
+    compute_ns: int = 1_000_000,
+    xfer_ns: int = 200_000,
+    factor: dict | None = None,
+    factor_steps: set | None = None,
+    stall: dict | None = None,
+    link: dict | None = None,
+    stage_compute: dict | None = None,
+    seed: int = 0,
+):
+    """Events table and per-step step times (max over ranks) of the toy run."""
+    rng = np.random.default_rng(seed)
+    factor, stall, link, stage_compute = factor or {}, stall or {}, link or {}, stage_compute or {}
+    rows, seq, step_times = [], {}, []
+    t = 1_000_000
+
+    def coll(members, arrive, name, layer_bytes):
+        x = xfer_ns * max(link.get(r, 1.0) for r in members) * rng.lognormal(0, 0.02)
+        end = max(arrive[r] for r in members) + int(x)
+        key = name
+        seq[key] = seq.get(key, 0) + 1
+        for r in members:
+            rows.append(
+                {
+                    "rank": r,
+                    "kind": "kernel",
+                    "name": "ncclDevKernel_AllReduce_Sum_bf16_RING_LL",
+                    "device": 0,
+                    "stream": 20,
+                    "ts_ns": arrive[r],
+                    "dur_ns": end + int(rng.integers(0, 500)) - arrive[r],
+                    "step": s,
+                    "collective": "allreduce",
+                    "pg_name": name,
+                    "pg_ranks": list(members),
+                    "group_size": len(members),
+                    "seq": seq[key],
+                    "in_nelems": layer_bytes,
+                    "out_nelems": layer_bytes,
+                    "dtype": "BFloat16",
+                }  # fmt: skip
+            )
+        return end
+
+    for s in range(steps):
+        cur = {r: t + int(stall.get(r, 0)) for r in range(4)}
+        for _ in range(layers):
+            for r in range(4):
+                f = factor.get(r, 1.0) if (factor_steps is None or s in factor_steps) else 1.0
+                d = int(compute_ns * f * stage_compute.get(r, 1.0) * rng.lognormal(0, 0.02))
+                rows.append({"rank": r, "kind": "kernel", "name": "gemm", "device": 0, "stream": 7,
+                             "ts_ns": cur[r], "dur_ns": d, "step": s})  # fmt: skip
+                cur[r] += d
+            for i, g in enumerate(TP):
+                end = coll(g, cur, f"tp{i}", 1 << 20)
+                for r in g:
+                    cur[r] = end
+        ends = {}
+        for i, g in enumerate(DP):
+            end = coll(g, cur, f"dp{i}", 1 << 20)
+            for r in g:
+                ends[r] = end
+        stop = max(ends.values()) + 50_000
+        for r in range(4):
+            rows.append({"rank": r, "kind": "user_annotation", "name": f"ProfilerStep#{s}", "tid": 1,
+                         "ts_ns": t, "dur_ns": stop - t, "step": s})  # fmt: skip
+        step_times.append(stop - t)
+        t = stop + 100_000
+    md = table_from_rows([{"rank": r, "host_name": "node0"} for r in range(4)], schema.METADATA)
+    return events_table(rows), md, np.array(step_times)
+
+
+def verdicts(res):
+    return {s["rank"]: s["cause"] for s in res.stragglers}
+
+
+def test_clean_run_has_no_straggler():
+    ev, md, _ = run()
+    res = S.analyze_cross_rank(ev, md)
+    assert res.stragglers == [] and res.one_line() == "no straggler"
+    assert not [f for f in res.findings if f["code"] == "STRAGGLER"]
+
+
+@pytest.mark.parametrize("rank", [0, 3])
+def test_compute_straggler_found_with_cost_close_to_the_step_time_it_adds(rank):
+    ev, md, slow = run(factor={rank: 1.3})
+    _, _, clean = run()
+    res = S.analyze_cross_rank(ev, md)
+    assert verdicts(res) == {rank: "compute"}
+    s = res.stragglers[0]
+    assert s["steps_flagged"] == s["steps_total"] == 6
+    assert s["evidence"]["compute_ratio"] == pytest.approx(1.3, abs=0.05)
+    true_cost_ms = float(np.mean(slow - clean)) / 1e6  # 0.3 x 4 layers x 1 ms
+    assert s["cost_ms"] == pytest.approx(true_cost_ms, rel=0.15)
+    assert res.one_line().startswith(f"straggler: rank {rank} (compute, +3")
+    f = [f for f in res.findings if f["code"] == "STRAGGLER"]
+    assert len(f) == 1 and f[0]["ranks"] == [rank]
+
+
+def test_the_straggler_has_the_least_exposed_wait():
+    """The pitfall: the straggler's own collectives are the shortest; its peers look communication-bound."""
+    ev, md, _ = run(factor={2: 1.3})
+    res = S.analyze_cross_rank(ev, md)
+    split = res.exposed_split.to_pandas().groupby("rank")["exposed_wait_ns"].sum()
+    assert split.idxmin() == 2
+    comm = res.collectives.to_pandas().groupby("rank")["end_ns"].count()
+    assert set(comm.index) == {0, 1, 2, 3}
+    assert verdicts(res) == {2: "compute"}
+
+
+def test_host_stall_is_cause_host():
+    ev, md, slow = run(stall={1: 1_500_000})
+    _, _, clean = run()
+    res = S.analyze_cross_rank(ev, md)
+    assert verdicts(res) == {1: "host"}
+    s = res.stragglers[0]
+    assert s["evidence"]["idle_excess_ms"] == pytest.approx(1.5, rel=0.05)
+    assert s["cost_ms"] == pytest.approx(float(np.mean(slow - clean)) / 1e6, rel=0.15)
+    assert "host, device idle +1.5 ms/step" in res.one_line()
+
+
+def test_slow_link_is_localised_to_the_rank_common_to_the_slow_groups():
+    ev, md, slow = run(link={3: 4.0})
+    res = S.analyze_cross_rank(ev, md)
+    assert verdicts(res) == {3: "communication"}
+    s = res.stragglers[0]
+    assert s["evidence"]["transfer_ratio"] == pytest.approx(4.0, rel=0.1)
+    assert s["cost_ms"] > 0
+
+
+def test_transient_slowness_is_not_a_straggler():
+    ev, md, _ = run(factor={2: 1.5}, factor_steps={3})
+    res = S.analyze_cross_rank(ev, md)
+    assert res.stragglers == []
+
+
+def test_immaterial_slowness_is_not_a_straggler():
+    ev, md, _ = run(factor={2: 1.01})
+    assert S.analyze_cross_rank(ev, md).stragglers == []
+
+
+def test_stage_peers_come_from_stage_of():
+    # ranks 2, 3 hold a heavier stage: not stragglers when compared with their own stage
+    ev, md, _ = run(stage_compute={2: 1.5, 3: 1.5})
+    res = S.analyze_cross_rank(ev, md, stage_of={0: 0, 1: 0, 2: 1, 3: 1})
+    assert res.stragglers == []
+    # ... and a slow rank inside that stage is still found, with its stage
+    ev, md, _ = run(stage_compute={2: 1.5, 3: 1.5}, factor={3: 1.3})
+    res = S.analyze_cross_rank(ev, md, stage_of={0: 0, 1: 0, 2: 1, 3: 1})
+    assert verdicts(res) == {3: "compute"}
+    assert res.stragglers[0]["stage"] == 1 and res.stragglers[0]["evidence"]["peers"] == [2]
+    assert "vs stage peers" in res.one_line()
+
+
+def test_exposed_wait_plus_transfer_is_exposed_comm_and_lag_table():
+    ev, md, _ = run(factor={0: 1.2}, link={1: 1.5})
+    res = S.analyze_cross_rank(ev, md)
+    t = res.exposed_split
+    assert pc.all(
+        pc.equal(pc.add(t["exposed_wait_ns"], t["exposed_transfer_ns"]), t["exposed_comm_ns"])
+    ).as_py()
+    lag = res.arrival_lag.to_pandas()
+    assert set(lag.columns) >= {"rank", "step", "lag_ns", "blame_ns", "last_count"}
+    assert lag.groupby("rank")["blame_ns"].sum().idxmax() == 0
+    assert res.collectives.num_rows > 0 and "wait_ns" in res.collectives.column_names
+
+
+def test_config_thresholds_are_honoured():
+    ev, md, _ = run(factor={2: 1.3})
+    strict = S.StragglerConfig(min_cost_fraction=0.5)
+    assert S.analyze_cross_rank(ev, md, config=strict).stragglers == []
