@@ -1,0 +1,139 @@
+"""Simulation configuration: one dataclass, plus parsers for the CLI's fault strings.
+
+Everything a run depends on is in `SimConfig`; `simulate(cfg, out_dir)` is a pure function of it
+(same config and seed -> byte-identical files).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from tracelens.errors import BadInputError
+
+AXES = ("tp", "cp", "dp", "pp")
+
+
+@dataclass
+class SimConfig:
+    """A simulated training run: model, layout, schedule, hardware and planted faults."""
+
+    model: Any = "qwen3.5-27b"  # preset name, path to an HF config.json, an HF-style dict, or a ModelSpec
+    seq_len: int = 4096
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    cp: int = 1
+    microbatches: int = 4
+    micro_batch_size: int = 1
+    steps: int = 3
+    schedule: str = "1f1b"  # "1f1b" | "gpipe"
+    seed: int = 0
+    gpu: str = "H100"  # "H100" | "H200"
+    ranks_per_host: int = 8
+    order: str = "tp-cp-dp-pp"  # Megatron order: first axis varies fastest
+    sequence_parallel: bool = False
+    split: list[int] | None = None  # layers per pipeline stage
+    stragglers: list[tuple[int, float, list[int] | None]] = field(default_factory=list)
+    clock_offsets: dict[int, float] = field(default_factory=dict)  # host index -> µs
+    slow_links: list[tuple[int, float]] = field(default_factory=list)
+    host_stalls: list[tuple[int, float]] = field(default_factory=list)  # rank, ms per step
+    gzip: bool = True
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.pp * self.dp * self.cp
+
+    def validate(self) -> None:
+        """Raise BadInputError on an impossible configuration (one-line message)."""
+        for name in ("tp", "pp", "dp", "cp", "microbatches", "micro_batch_size", "steps", "ranks_per_host"):
+            if int(getattr(self, name)) < 1:
+                raise BadInputError(f"--{name.replace('_', '-')} must be >= 1")
+        if self.seq_len < 1:
+            raise BadInputError("--seq-len must be >= 1")
+        if self.schedule not in ("1f1b", "gpipe"):
+            raise BadInputError(f"unknown schedule {self.schedule!r} (use 1f1b or gpipe)")
+        if sorted(self.order.split("-")) != sorted(AXES):
+            raise BadInputError(f"--order must be a permutation of tp-cp-dp-pp, got {self.order!r}")
+        if self.seq_len % self.cp:
+            raise BadInputError(f"--seq-len {self.seq_len} is not divisible by --cp {self.cp}")
+        ws = self.world_size
+        for rank, factor, _steps in self.stragglers:
+            _check_rank(rank, ws, "--straggler")
+            if factor <= 0:
+                raise BadInputError("--straggler factor must be > 0")
+        for rank, factor in self.slow_links:
+            _check_rank(rank, ws, "--slow-link")
+            if factor <= 0:
+                raise BadInputError("--slow-link factor must be > 0")
+        for rank, ms in self.host_stalls:
+            _check_rank(rank, ws, "--host-stall")
+            if ms < 0:
+                raise BadInputError("--host-stall milliseconds must be >= 0")
+        n_hosts = -(-ws // self.ranks_per_host)
+        for host in self.clock_offsets:
+            if not 0 <= int(host) < n_hosts:
+                raise BadInputError(f"--clock-offset host {host} out of range (0..{n_hosts - 1})")
+
+    def to_json(self) -> dict:
+        """JSON-safe dict of every field (the model as given, or its name when it is an object)."""
+        out = {}
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if f.name == "model" and not isinstance(v, (str, dict)):
+                v = getattr(v, "name", str(v))
+            elif f.name == "stragglers":
+                v = [[r, fac, list(st) if st is not None else None] for r, fac, st in v]
+            elif f.name == "slow_links":
+                v = [[r, fac] for r, fac in v]
+            elif f.name == "host_stalls":
+                v = [[r, ms] for r, ms in v]
+            elif f.name == "clock_offsets":
+                v = {str(k): val for k, val in sorted(v.items())}
+            out[f.name] = v
+        return out
+
+
+def _check_rank(rank: int, ws: int, flag: str) -> None:
+    if not 0 <= rank < ws:
+        raise BadInputError(f"{flag} rank {rank} out of range (world size {ws})")
+
+
+def _num(text: str, flag: str, kind=float):
+    try:
+        return kind(text)
+    except ValueError:
+        raise BadInputError(f"{flag}: {text!r} is not a number") from None
+
+
+def parse_straggler(spec: str) -> tuple[int, float, list[int] | None]:
+    """`RANK:FACTOR[:STEPS]` with STEPS like `0,2` or `1-3` -> (rank, factor, steps or None = all)."""
+    parts = spec.split(":")
+    if len(parts) not in (2, 3):
+        raise BadInputError(f"--straggler expects RANK:FACTOR[:STEPS], got {spec!r}")
+    steps = None
+    if len(parts) == 3 and parts[2]:
+        steps = []
+        for chunk in parts[2].split(","):
+            if "-" in chunk:
+                lo, hi = chunk.split("-", 1)
+                steps.extend(range(_num(lo, "--straggler", int), _num(hi, "--straggler", int) + 1))
+            else:
+                steps.append(_num(chunk, "--straggler", int))
+    return _num(parts[0], "--straggler", int), _num(parts[1], "--straggler"), steps
+
+
+def parse_pair(spec: str, flag: str, first=int, second=float) -> tuple:
+    """`A:B` -> (first(A), second(B)) with a one-line error naming the flag."""
+    parts = spec.split(":")
+    if len(parts) != 2:
+        raise BadInputError(f"{flag} expects A:B, got {spec!r}")
+    return _num(parts[0], flag, first), _num(parts[1], flag, second)
+
+
+def parse_split(spec: str | None) -> list[int] | None:
+    """`16,16,16,16` -> [16, 16, 16, 16]."""
+    if not spec:
+        return None
+    return [_num(x, "--split", int) for x in spec.split(",")]
