@@ -1,0 +1,79 @@
+"""`tracelens analyze` end to end, through a subprocess, on the bundled samples and the real HTA traces."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+HTA = ROOT.parent / "shared" / "traces" / "hta"
+GLOO = ROOT / "sample_traces" / "cpu-gloo-4rank"
+
+
+def run(*args, cwd=None):
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.run(
+        [sys.executable, "-m", "tracelens", *map(str, args)], capture_output=True, text=True, cwd=cwd, env=env
+    )
+
+
+def test_version():
+    r = run("--version")
+    assert r.returncode == 0 and r.stdout.startswith("tracelens ")
+
+
+def test_analyze_gloo_sample(tmp_path):
+    out = tmp_path / "out"
+    r = run("analyze", GLOO, "-o", out, "--json", tmp_path / "s.json", "--no-cache")
+    assert r.returncode == 0, r.stderr
+    s = json.loads((out / "summary.json").read_text())
+    assert s["schema"] == "tracelens.summary/1"
+    assert s["run"]["world_size"] == 4 and s["run"]["ranks"] == [0, 1, 2, 3]
+    assert s["run"]["analysis_path"] == ["cpu"]
+    assert json.loads((tmp_path / "s.json").read_text())["ranks"] == s["ranks"]
+    for rank in s["ranks"]:
+        parts = rank["compute_ms"] + rank["exposed_comm_ms"] + rank["memcpy_ms"] + rank["idle_ms"]
+        assert parts == pytest.approx(rank["step_time_ms"], abs=1e-5)
+    html = (out / "report.html").read_text()
+    assert html.startswith("<!DOCTYPE html>") and "plotly" in html
+    assert "rank" in r.stdout
+
+
+def test_bad_path_is_one_line_exit_2(tmp_path):
+    r = run("analyze", tmp_path / "nope")
+    assert r.returncode == 2
+    assert r.stderr.strip().count("\n") == 0 and "no such file" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_debug_shows_traceback(tmp_path):
+    r = run("--debug", "analyze", tmp_path / "nope")
+    assert r.returncode == 2 and "Traceback" in r.stderr
+
+
+def test_refuses_to_overwrite_user_file(tmp_path):
+    mine = tmp_path / "mine.json"
+    mine.write_text('{"precious": true}')
+    r = run("analyze", GLOO, "-o", tmp_path / "o", "--json", mine)
+    assert r.returncode == 2 and "--force" in r.stderr
+    assert json.loads(mine.read_text()) == {"precious": True}
+    r = run("analyze", GLOO, "-o", tmp_path / "o", "--json", mine, "--force", "--no-report")
+    assert r.returncode == 0 and json.loads(mine.read_text())["schema"] == "tracelens.summary/1"
+
+
+@pytest.mark.skipif(not HTA.is_dir(), reason="../shared/traces/hta is absent")
+@pytest.mark.parametrize("folder", sorted(p.name for p in HTA.iterdir()) if HTA.is_dir() else [])
+def test_every_hta_folder_analyzes_or_exits_2(folder, tmp_path):
+    r = run("analyze", HTA / folder, "-o", tmp_path / "o", "--no-report", "--no-cache")
+    if r.returncode == 0:
+        s = json.loads((tmp_path / "o" / "summary.json").read_text())
+        assert s["ranks"], folder
+    else:
+        assert r.returncode == 2, r.stderr
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("tracelens: error: "), r.stderr

@@ -1,0 +1,5 @@
+"""`python -m tracelens` runs the CLI."""
+
+from tracelens.cli import app
+
+app()
