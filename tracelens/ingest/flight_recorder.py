@@ -89,6 +89,20 @@ DTYPE_BYTES = {
     "Float8_e5m2fnuz": 1,
 }
 
+#: Order matters: "reducescatter" before "reduce", "allgather" before "gather".
+_SQUASHED = (
+    "allreduce",
+    "allgather",
+    "reducescatter",
+    "alltoall",
+    "broadcast",
+    "barrier",
+    "reduce",
+    "gather",
+    "scatter",
+    "send",
+    "recv",
+)
 _RANK_RE = re.compile(r"(\d+)(?:\.[A-Za-z][A-Za-z0-9]*)*$")
 _P2P_RE = re.compile(r"^(send|recv)\s+(-?\d+)\s*(->|<-)\s*(-?\d+)")
 
@@ -233,7 +247,13 @@ def normalise_op(profiling_name: str) -> tuple[str, int | None, int | None]:
             dst, src = int(a), int(b)
         return kind, src, dst
     base = name.split(" ", 1)[0].lower()
-    return OP_NAMES.get(base, base), None, None
+    if base in OP_NAMES:
+        return OP_NAMES[base], None, None
+    squashed = base.replace("_", "")
+    for key in _SQUASHED:
+        if key in squashed:
+            return key, None, None
+    return base, None, None
 
 
 def _rows(dump: dict, rank: int) -> list[dict]:

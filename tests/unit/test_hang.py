@@ -1,0 +1,134 @@
+"""Hang and desync diagnosis: planted hangs in simulated Flight Recorder dumps (JSON and pickle), mismatches,
+ring-buffer truncation, and the real gloo dumps (a clean run)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import nccl_tables
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+from tracelens.analyze.hang import diagnose, progress
+from tracelens.ingest import flight_recorder as fr
+from tracelens.simulate.nccl_outputs import write_nccl_outputs
+
+GLOO = Path(__file__).resolve().parents[2] / "sample_traces" / "cpu-gloo-4rank"
+
+
+@pytest.fixture(scope="module")
+def run() -> pa.Table:
+    return nccl_tables.build(steps=3, seed=1)
+
+
+@pytest.mark.parametrize("fmt", ["fr_json", "fr_pickle"])
+def test_planted_hang_on_world_group(tmp_path, run, fmt):
+    out = write_nccl_outputs(tmp_path, run, hang=(5, 2), formats=(fmt,))
+    truth = out["hang"]
+    coll = fr.read_many(out["files"][fmt])
+    findings = diagnose(coll)
+    assert findings, "the planted hang was not found"
+    first = findings[0]
+    assert first["code"] == "COLLECTIVE_HANG" and first["severity"] == "error"
+    assert first["ranks"] == [5] == [truth["rank"]]
+    assert first["seq"] == 2 and first["pg_name"] == "0" and first["op"] == "allreduce"
+    assert first["message"] == "rank 5 never joined allreduce #2 on pg 0 (default_pg); 7 ranks waited"
+    assert first["message"] == truth["message"]
+    assert first["waiting_ranks"] == [0, 1, 2, 3, 4, 6, 7]
+    prog = {p["rank"]: p for p in first["progress"]}
+    assert prog[5] == {"rank": 5, "last_enqueued": 1, "last_started": 1, "last_completed": 1}
+    for r in (0, 1, 2, 3, 4, 6, 7):
+        assert prog[r] == {"rank": r, "last_enqueued": 2, "last_started": 2, "last_completed": 1}
+    assert not any(f["code"] == "COLLECTIVE_MISMATCH" for f in findings)
+
+
+@pytest.mark.parametrize("fmt", ["fr_json", "fr_pickle"])
+def test_planted_hang_on_subgroup(tmp_path, run, fmt):
+    dp = next(n for n, (d, rs) in nccl_tables.groups().items() if d == "dp_pp1_tp1")  # ranks [5, 7]
+    out = write_nccl_outputs(tmp_path, run, hang=(7, 3, dp), formats=(fmt,))
+    findings = diagnose(fr.read_many(out["files"][fmt]))
+    first = findings[0]
+    assert first["code"] == "COLLECTIVE_HANG"
+    assert first["ranks"] == [7] and first["seq"] == 3 and first["pg_name"] == dp
+    # seq 3 of a dp group is the second step's reducescatter (reducescatter + allgather per step)
+    assert first["op"] == "reducescatter"
+    assert first["message"] == f"rank 7 never joined reducescatter #3 on pg {dp} (dp_pp1_tp1); 1 rank waited"
+
+
+def test_clean_run_has_no_findings(tmp_path, run):
+    out = write_nccl_outputs(tmp_path, run, formats=("fr_json",))
+    coll = fr.read_many(out["files"]["fr_json"])
+    assert diagnose(coll) == []
+    p = progress(coll)
+    world = p[p["pg_name"] == "0"]
+    assert (world["last_completed"] == 3).all() and len(world) == 8
+
+
+def test_ring_buffer_truncation_is_not_a_hang(tmp_path, run):
+    out = write_nccl_outputs(tmp_path, run, formats=("fr_json",))
+    path = Path(out["files"]["fr_json"][3])
+    dump = json.loads(path.read_text())
+    dump["entries"] = dump["entries"][10:]  # rank 3 forgot its oldest records
+    path.write_text(json.dumps(dump))
+    assert diagnose(fr.read_many(out["files"]["fr_json"])) == []
+
+
+def _with(coll: pa.Table, mask, column: str, value) -> pa.Table:
+    i = coll.schema.get_field_index(column)
+    col = coll.column(column)
+    typ = coll.schema.field(column).type
+    new = pc.if_else(
+        mask,
+        pa.scalar(value, typ.value_type if pa.types.is_dictionary(typ) else typ),
+        col.cast(typ.value_type) if pa.types.is_dictionary(typ) else col,
+    )
+    if pa.types.is_dictionary(typ):
+        new = new.dictionary_encode().cast(typ)
+    return coll.set_column(i, column, new)
+
+
+def test_size_and_op_mismatch(tmp_path, run):
+    out = write_nccl_outputs(tmp_path, run, formats=("fr_json",))
+    coll = fr.read_many(out["files"]["fr_json"])
+    tp0 = next(n for n, (d, rs) in nccl_tables.groups().items() if d == "tp_0")
+    target = pc.and_(
+        pc.and_(pc.equal(coll["rank"], 1), pc.equal(coll["pg_name"].cast(pa.string()), tp0)),
+        pc.equal(coll["seq"], 4),
+    )
+    bad = _with(coll, target, "in_nelems", 12345)
+    f = diagnose(bad)
+    assert [x["code"] for x in f] == ["COLLECTIVE_MISMATCH"]
+    assert f[0]["ranks"] in ([1], [0])  # two members: either side may be the odd one
+    assert f[0]["seq"] == 4 and f[0]["pg_name"] == tp0 and f[0]["mismatch"] == "size"
+
+    world = pc.and_(pc.equal(coll["pg_name"].cast(pa.string()), "0"), pc.equal(coll["seq"], 2))
+    odd = pc.and_(world, pc.equal(coll["rank"], 6))
+    f = diagnose(_with(coll, odd, "op", "allgather"))
+    assert [x["code"] for x in f] == ["COLLECTIVE_MISMATCH"]
+    assert f[0]["ranks"] == [6] and f[0]["mismatch"] == "op"
+    assert f[0]["message"] == (
+        "op mismatch in allreduce #2 on pg 0 (default_pg): "
+        "rank 6 called allgather where 7 ranks called allreduce"
+    )
+    f = diagnose(_with(coll, odd, "dtype", "Half"))
+    assert f[0]["ranks"] == [6] and f[0]["mismatch"] == "dtype"
+
+
+def test_membership_from_expected_ranks(tmp_path, run):
+    """Without pg_config (as in gloo dumps), members come from `expected_ranks`."""
+    out = write_nccl_outputs(tmp_path, run, hang=(2, 3), formats=("fr_json",))
+    coll = fr.read_many(out["files"]["fr_json"])
+    coll = coll.set_column(
+        coll.schema.get_field_index("pg_ranks"), "pg_ranks", pa.nulls(coll.num_rows, pa.list_(pa.int32()))
+    )
+    f = diagnose(coll, expected_ranks=range(8))
+    assert f[0]["ranks"] == [2] and f[0]["seq"] == 3 and f[0]["pg_name"] == "0"
+
+
+def test_real_gloo_dumps_are_clean():
+    for kind in ("json", "pickle"):
+        coll = fr.read_many(sorted((GLOO / "flight_recorder" / kind).iterdir()))
+        assert coll.num_rows > 0
+        assert diagnose(coll, expected_ranks=range(4)) == []
