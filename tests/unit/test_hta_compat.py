@@ -362,3 +362,16 @@ def test_matches_transcribed_hta_on_random_kernels(kernels: list[tuple[int, int,
     else:
         assert ov["comp_comm_overlap_pctg"] is None
     assert np.isfinite(got["idle_time_pctg"])
+
+
+def test_summary_rows_join_both_tables_in_ms() -> None:
+    ev = table([k(0, 10, "ncclKernel_X"), k(5, 10), k(0, 4, rank=1)])
+    meta = pa.table({"rank": pa.array([0, 1], pa.int32()), "base_time_ns": pa.array([0, None], pa.int64())})
+    rows = h.summary_rows(ev, meta)
+    assert [r["rank"] for r in rows] == [0, 1]
+    assert rows[0]["kernel_time_ms"] == 0.015
+    assert rows[0]["compute_time_pctg"] == 66.67
+    assert rows[0]["non_compute_time_pctg"] == 33.33
+    assert rows[0]["comp_comm_overlap_pctg"] == 50.0
+    assert rows[1]["comp_comm_overlap_pctg"] is None
+    assert rows[1]["idle_time_ms"] == 0.0

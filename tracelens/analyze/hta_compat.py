@@ -297,3 +297,33 @@ def base_times(metadata: pa.Table | None) -> dict[int, int]:
     ranks = metadata.column("rank").to_pylist()
     bases = metadata.column("base_time_ns").to_pylist()
     return {int(r): int(b or 0) for r, b in zip(ranks, bases) if r is not None}
+
+
+def summary_rows(
+    events: pa.Table, metadata: pa.Table | None = None, include_last_profiler_step: bool = False
+) -> list[dict]:
+    """Per-rank dicts for summary.json's `compat` block (times in ms, HTA's percentages), sorted by rank.
+
+    Joins `temporal_breakdown` and `comm_comp_overlap`; unknown values are None.
+    """
+    bases = base_times(metadata)
+    tb = temporal_breakdown(events, bases, include_last_profiler_step).to_pylist()
+    ov = {r["rank"]: r for r in comm_comp_overlap(events, bases, include_last_profiler_step).to_pylist()}
+
+    def ms(v: int | None) -> float | None:
+        return None if v is None else v / 1e6
+
+    return [
+        {
+            "rank": r["rank"],
+            "kernel_time_ms": ms(r["kernel_time_ns"]),
+            "idle_time_ms": ms(r["idle_time_ns"]),
+            "compute_time_ms": ms(r["compute_time_ns"]),
+            "non_compute_time_ms": ms(r["non_compute_time_ns"]),
+            "idle_time_pctg": r["idle_time_pctg"],
+            "compute_time_pctg": r["compute_time_pctg"],
+            "non_compute_time_pctg": r["non_compute_time_pctg"],
+            "comp_comm_overlap_pctg": ov[r["rank"]]["comp_comm_overlap_pctg"],
+        }
+        for r in tb
+    ]
