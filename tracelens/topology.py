@@ -99,8 +99,14 @@ class Grid:
 
     def to_dict(self) -> dict:
         """The summary.json `run.layout` record."""
-        return {"tp": self.tp, "pp": self.pp, "dp": self.dp, "cp": self.cp, "order": self.order,
-                "source": self.source}
+        return {
+            "tp": self.tp,
+            "pp": self.pp,
+            "dp": self.dp,
+            "cp": self.cp,
+            "order": self.order,
+            "source": self.source,
+        }
 
 
 # ----- layouts given by the user --------------------------------------------------------------------
@@ -163,8 +169,10 @@ def grid_from_layout(
             dp = world_size // (tp * pp * cp)
     total = tp * pp * dp * cp
     if world_size is not None and total != world_size:
-        raise BadConfigError(f"layout tp={tp} pp={pp} dp={dp} cp={cp} covers {total} ranks, "
-                             f"but the run has world size {world_size}")
+        raise BadConfigError(
+            f"layout tp={tp} pp={pp} dp={dp} cp={cp} covers {total} ranks, "
+            f"but the run has world size {world_size}"
+        )
     axes = parse_order(order)
     deg = {"tp": tp, "pp": pp, "dp": dp, "cp": cp}
     r = np.arange(total, dtype=np.int64)
@@ -173,23 +181,53 @@ def grid_from_layout(
     for a in axes:
         cols[a] = (r // stride) % deg[a]
         stride *= deg[a]
-    coords = {int(i): (int(cols["dp"][i]), int(cols["pp"][i]), int(cols["tp"][i]), int(cols["cp"][i]))
-              for i in range(total)}
-    return Grid(tp=tp, pp=pp, dp=dp, cp=cp, order="-".join(axes), source=source, coords=coords,
-                world_size=total)
+    coords = {
+        int(i): (int(cols["dp"][i]), int(cols["pp"][i]), int(cols["tp"][i]), int(cols["cp"][i]))
+        for i in range(total)
+    }
+    return Grid(
+        tp=tp, pp=pp, dp=dp, cp=cp, order="-".join(axes), source=source, coords=coords, world_size=total
+    )
 
 
 # ----- inference --------------------------------------------------------------------------------------
 
 _AXIS_TOKENS = {
-    "tp": "tp", "tensor": "tp", "tmp": "tp",
-    "pp": "pp", "pipeline": "pp", "pipe": "pp",
-    "dp": "dp", "data": "dp", "ddp": "dp", "fsdp": "dp",
-    "cp": "cp", "context": "cp",
+    "tp": "tp",
+    "tensor": "tp",
+    "tmp": "tp",
+    "pp": "pp",
+    "pipeline": "pp",
+    "pipe": "pp",
+    "dp": "dp",
+    "data": "dp",
+    "ddp": "dp",
+    "fsdp": "dp",
+    "cp": "cp",
+    "context": "cp",
 }
-_SKIP_TOKENS = {"expert", "experts", "ep", "etp", "edp", "moe", "embedding", "embd", "pos", "position",
-                "shard", "replicate", "hsdp", "amax", "intra", "inter", "mp"}
-P2P_NAMES = re.compile(r"(^c10d::(send|recv_?)$|^gloo:(send|recv)$|SendRecv|^nccl:(send|recv))", re.IGNORECASE)
+_SKIP_TOKENS = {
+    "expert",
+    "experts",
+    "ep",
+    "etp",
+    "edp",
+    "moe",
+    "embedding",
+    "embd",
+    "pos",
+    "position",
+    "shard",
+    "replicate",
+    "hsdp",
+    "amax",
+    "intra",
+    "inter",
+    "mp",
+}
+P2P_NAMES = re.compile(
+    r"(^c10d::(send|recv_?)$|^gloo:(send|recv)$|SendRecv|^nccl:(send|recv))", re.IGNORECASE
+)
 
 
 def axis_of_desc(desc: str | None) -> str | None:
@@ -251,8 +289,11 @@ def _groups_from_events(events: pa.Table | None) -> list[tuple[str | None, tuple
     first = df.drop_duplicates().index.to_numpy()
     picked = sub.take(pa.array(first))
     out = []
-    for desc, ranks, size in zip(picked.column("pg_desc").to_pylist(), picked.column("pg_ranks").to_pylist(),
-                                 picked.column("group_size").to_pylist()):
+    for desc, ranks, size in zip(
+        picked.column("pg_desc").to_pylist(),
+        picked.column("pg_ranks").to_pylist(),
+        picked.column("group_size").to_pylist(),
+    ):
         ranks = _parse_ranks(ranks)
         if ranks is None or (size is not None and size != len(ranks)):
             continue
@@ -274,7 +315,8 @@ def _p2p_edges(events: pa.Table | None) -> tuple[np.ndarray, np.ndarray, np.ndar
     coll = events.column("collective").combine_chunks()
     coll_s = coll.cast(pa.string()) if pa.types.is_dictionary(coll.type) else coll
     is_p2p_coll = pc.fill_null(pc.match_substring_regex(coll_s, r"^(send|recv|isend|irecv)$"), False)
-    any_p2p = bool(is_p2p_name[idx].any()) or bool(pc.any(is_p2p_coll).as_py())
+    has_coll = coll.is_valid().to_numpy(zero_copy_only=False)
+    any_p2p = bool((is_p2p_name[idx] & ~has_coll).any()) or bool(pc.any(is_p2p_coll).as_py())
     rank = events.column("rank").to_numpy(zero_copy_only=False).astype(np.int64)
     ts = events.column("ts_ns").to_numpy(zero_copy_only=False).astype(np.int64)
     dst = events.column("dst_rank")
@@ -304,8 +346,9 @@ def _chains(src: np.ndarray, dst: np.ndarray, first: np.ndarray) -> tuple[list[l
     for a, b in zip(src.tolist(), dst.tolist()):
         adj.setdefault(a, set()).add(b)
         adj.setdefault(b, set()).add(a)
-    first_send: dict[tuple[int, int], int] = {(a, b): t for a, b, t in zip(src.tolist(), dst.tolist(),
-                                                                       first.tolist())}
+    first_send: dict[tuple[int, int], int] = {
+        (a, b): t for a, b, t in zip(src.tolist(), dst.tolist(), first.tolist())
+    }
     seen: set[int] = set()
     chains, problems = [], []
     for start in sorted(adj):
@@ -432,11 +475,18 @@ def infer_grid(events: pa.Table | None, metadata: pa.Table | None) -> tuple[Grid
             group_sets = {frozenset(g) for g in by_axis["pp"]}
             ordered = {tuple(g) for g in by_axis["pp"]}
             if degree["pp"] != p2p_deg or not {frozenset(c) for c in chains} <= group_sets:
-                inconsistent(f"pipeline process groups (size {degree['pp']}) disagree with the P2P chains "
-                             f"(length {p2p_deg}); the P2P chains are used")
-            elif not {tuple(c) for c in chains} <= ordered and not {tuple(reversed(c)) for c in chains} <= ordered:
-                inconsistent("stage order of the pipeline process groups differs from the P2P direction; "
-                             "the P2P direction is used")
+                inconsistent(
+                    f"pipeline process groups (size {degree['pp']}) disagree with the P2P chains "
+                    f"(length {p2p_deg}); the P2P chains are used"
+                )
+            elif (
+                not {tuple(c) for c in chains} <= ordered
+                and not {tuple(reversed(c)) for c in chains} <= ordered
+            ):
+                inconsistent(
+                    "stage order of the pipeline process groups differs from the P2P direction; "
+                    "the P2P direction is used"
+                )
         degree["pp"] = p2p_deg
         coord["pp"] = {r: i for c in chains for i, r in enumerate(c)}
         strides["pp"] = _uniform_stride(chains)
@@ -468,7 +518,9 @@ def infer_grid(events: pa.Table | None, metadata: pa.Table | None) -> tuple[Grid
                 for a in unknown:
                     degree[a] = rest if a == guess else 1
                 missing = ", ".join(a for a in unknown if a != guess)
-                notes.append(f"no process groups name {missing}: assumed 1, and {guess}={rest} fills the world")
+                notes.append(
+                    f"no process groups name {missing}: assumed 1, and {guess}={rest} fills the world"
+                )
     all_ranks = sorted(ranks_seen | {r for a in AXES for r in coord[a]})
     for a in AXES:
         if degree[a] == 1 and not coord[a]:
@@ -489,15 +541,26 @@ def infer_grid(events: pa.Table | None, metadata: pa.Table | None) -> tuple[Grid
             coord[a] = {r: i for v in buckets.values() for i, r in enumerate(sorted(v))}
             strides[a] = _uniform_stride([tuple(sorted(v)) for v in buckets.values()])
 
-    coords = {r: (coord["dp"].get(r), coord["pp"].get(r), coord["tp"].get(r), coord["cp"].get(r))
-              for r in all_ranks}
+    coords = {
+        r: (coord["dp"].get(r), coord["pp"].get(r), coord["tp"].get(r), coord["cp"].get(r)) for r in all_ranks
+    }
     coords = {r: c for r, c in coords.items() if any(x is not None for x in c)}
     full = [c for c in coords.values() if None not in c]
     if len(full) != len(set(full)):
         inconsistent("two ranks share the same (dp, pp, tp, cp) coordinates")
     order = _infer_order(degree, coords, world)
-    grid = Grid(tp=degree["tp"], pp=degree["pp"], dp=degree["dp"], cp=degree["cp"], order=order,
-                source="inferred", coords=coords, world_size=world, chains=chains, notes=notes)
+    grid = Grid(
+        tp=degree["tp"],
+        pp=degree["pp"],
+        dp=degree["dp"],
+        cp=degree["cp"],
+        order=order,
+        source="inferred",
+        coords=coords,
+        world_size=world,
+        chains=chains,
+        notes=notes,
+    )
     return grid, findings
 
 
@@ -520,8 +583,15 @@ def _infer_order(degree: dict[str, int | None], coords: dict[int, Coord], world:
     default = tuple(DEFAULT_ORDER.split("-"))
     candidates = [default] + [p for p in itertools.permutations(AXES) if p != default]
     for perm in candidates:
-        g = grid_from_layout(total, degree["tp"], degree["pp"], degree["dp"], degree["cp"],
-                             order="-".join(perm), source="inferred")
+        g = grid_from_layout(
+            total,
+            degree["tp"],
+            degree["pp"],
+            degree["dp"],
+            degree["cp"],
+            order="-".join(perm),
+            source="inferred",
+        )
         if all(g.coords.get(r) == c for r, c in coords.items()):
             return "-".join(perm)
     return None
@@ -538,19 +608,42 @@ def grid_for_run(
     if not layout or all(v is None for v in layout.values()):
         return inferred, findings
     world = inferred.world_size
-    grid = grid_from_layout(world, layout.get("tp"), layout.get("pp"), layout.get("dp"), layout.get("cp"),
-                            order=order or DEFAULT_ORDER, source="config")
+    grid = grid_from_layout(
+        world,
+        layout.get("tp"),
+        layout.get("pp"),
+        layout.get("dp"),
+        layout.get("cp"),
+        order=order or DEFAULT_ORDER,
+        source="config",
+    )
     if inferred.source == "inferred":
-        diff = [a for a in AXES if getattr(inferred, a) is not None and getattr(inferred, a) != getattr(grid, a)]
+        diff = [
+            a for a in AXES if getattr(inferred, a) is not None and getattr(inferred, a) != getattr(grid, a)
+        ]
         if diff:
             msg = ", ".join(f"{a}={getattr(grid, a)} (traces say {getattr(inferred, a)})" for a in diff)
-            findings.append(finding("LAYOUT_INCONSISTENT", "warning",
-                                    f"the given layout disagrees with the traces' process groups: {msg}"))
+            findings.append(
+                finding(
+                    "LAYOUT_INCONSISTENT",
+                    "warning",
+                    f"the given layout disagrees with the traces' process groups: {msg}",
+                )
+            )
         else:
-            moved = sorted(r for r, c in inferred.coords.items()
-                           if r in grid.coords and any(x is not None and x != y for x, y in zip(c, grid.coords[r])))
+            moved = sorted(
+                r
+                for r, c in inferred.coords.items()
+                if r in grid.coords and any(x is not None and x != y for x, y in zip(c, grid.coords[r]))
+            )
             if moved:
-                findings.append(finding("LAYOUT_INCONSISTENT", "warning",
-                                        f"the given order '{grid.order}' places {len(moved)} rank(s) differently "
-                                        f"from the traces' process groups (check --order)", ranks=moved[:16]))
+                findings.append(
+                    finding(
+                        "LAYOUT_INCONSISTENT",
+                        "warning",
+                        f"the given order '{grid.order}' places {len(moved)} rank(s) differently "
+                        f"from the traces' process groups (check --order)",
+                        ranks=moved[:16],
+                    )
+                )
     return grid, findings

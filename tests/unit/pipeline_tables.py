@@ -16,8 +16,10 @@ def metadata_table(world_size: int, groups_by_rank: dict[int, list[tuple[str, li
     """METADATA table whose pg_config_json lists, per rank, the (desc, ranks) groups it belongs to."""
     rows = []
     for r in range(world_size):
-        cfg = [{"pg_name": str(i), "pg_desc": d, "backend_config": "cuda:nccl", "pg_size": len(g), "ranks": g}
-               for i, (d, g) in enumerate(groups_by_rank.get(r, []))]
+        cfg = [
+            {"pg_name": str(i), "pg_desc": d, "backend_config": "cuda:nccl", "pg_size": len(g), "ranks": g}
+            for i, (d, g) in enumerate(groups_by_rank.get(r, []))
+        ]
         rows.append({"rank": r, "world_size": world_size, "pg_config_json": json.dumps(cfg)})
     return table_from_rows(rows, schema.METADATA)
 
@@ -43,9 +45,12 @@ def megatron_groups(tp: int, pp: int, dp: int, cp: int = 1) -> dict[int, list[tu
         out[r].append(("PIPELINE_MODEL_PARALLEL_GROUP", [rank(d, i, t, c) for i in range(pp)]))
         out[r].append(("DATA_PARALLEL_GROUP", [rank(i, p, t, c) for i in range(dp)]))
         out[r].append(("CONTEXT_PARALLEL_GROUP", [rank(d, p, t, i) for i in range(cp)]))
-        out[r].append(("DATA_PARALLEL_GROUP_WITH_CP",
-                       sorted(rank(i, p, t, j) for i in range(dp) for j in range(cp))))
-        out[r].append(("MODEL_PARALLEL_GROUP", sorted(rank(d, i, j, c) for i in range(pp) for j in range(tp))))
+        out[r].append(
+            ("DATA_PARALLEL_GROUP_WITH_CP", sorted(rank(i, p, t, j) for i in range(dp) for j in range(cp)))
+        )
+        out[r].append(
+            ("MODEL_PARALLEL_GROUP", sorted(rank(d, i, j, c) for i in range(pp) for j in range(tp)))
+        )
     return out
 
 
@@ -60,9 +65,17 @@ def schedule_ops(p: int, m: int, stage: int, schedule: str = "1f1b") -> list[tup
     return order + [("B", i) for i in range(m - warm, m)]
 
 
-def pipeline_run(tf: list[int], tb: list[int], m: int, steps: int = 1, schedule: str = "1f1b",
-                 annotate: bool = True, step_gap: int = 50_000, layers_per_stage: int = 1,
-                 tail_ns: int = 20_000) -> tuple[list[dict], dict]:
+def pipeline_run(
+    tf: list[int],
+    tb: list[int],
+    m: int,
+    steps: int = 1,
+    schedule: str = "1f1b",
+    annotate: bool = True,
+    step_gap: int = 50_000,
+    layers_per_stage: int = 1,
+    tail_ns: int = 20_000,
+) -> tuple[list[dict], dict]:
     """Rows of a one-pipeline run (rank = stage) with a dependency-driven schedule, and the bubble truth.
 
     Each op is one compute kernel (plus gpu_user_annotations per layer when `annotate`); a stage that
@@ -87,8 +100,11 @@ def pipeline_run(tf: list[int], tb: list[int], m: int, steps: int = 1, schedule:
                 if pos[s] >= len(orders[s]):
                     continue
                 ph, i = orders[s][pos[s]]
-                dep = None if (ph == "F" and s == 0) or (ph == "B" and s == p - 1) else \
-                    (("F", s - 1, i) if ph == "F" else ("B", s + 1, i))
+                dep = (
+                    None
+                    if (ph == "F" and s == 0) or (ph == "B" and s == p - 1)
+                    else (("F", s - 1, i) if ph == "F" else ("B", s + 1, i))
+                )
                 if ph == "B" and s == p - 1:
                     dep = ("F", s, i)
                 if dep is not None and dep not in done:
@@ -96,25 +112,63 @@ def pipeline_run(tf: list[int], tb: list[int], m: int, steps: int = 1, schedule:
                 ready = done.get(dep, t0) if dep else t0
                 start = max(free[s], ready)
                 if start > free[s] and dep is not None and dep[1] != s:
-                    rows.append({"rank": s, "kind": "kernel", "name": "ncclDevKernel_SendRecv", "ts_ns": free[s],
-                                 "dur_ns": start - free[s], "step": st, "collective": "recv",
-                                 "src_rank": dep[1], "stream": 20})
+                    rows.append(
+                        {
+                            "rank": s,
+                            "kind": "kernel",
+                            "name": "ncclDevKernel_SendRecv",
+                            "ts_ns": free[s],
+                            "dur_ns": start - free[s],
+                            "step": st,
+                            "collective": "recv",
+                            "src_rank": dep[1],
+                            "stream": 20,
+                        }
+                    )
                 dur = tf[s] if ph == "F" else tb[s]
                 per = dur // layers_per_stage
                 for k in range(layers_per_stage):
                     li = s * layers_per_stage + (k if ph == "F" else layers_per_stage - 1 - k)
                     a = start + k * per
-                    rows.append({"rank": s, "kind": "kernel", "name": f"gemm_{ph}", "ts_ns": a, "dur_ns": per,
-                                 "step": st, "stream": 7})
+                    rows.append(
+                        {
+                            "rank": s,
+                            "kind": "kernel",
+                            "name": f"gemm_{ph}",
+                            "ts_ns": a,
+                            "dur_ns": per,
+                            "step": st,
+                            "stream": 7,
+                        }
+                    )
                     if annotate:
                         name = f"layers.{li}.self_attn" + (".backward" if ph == "B" else "")
-                        rows.append({"rank": s, "kind": "gpu_user_annotation", "name": name, "ts_ns": a,
-                                     "dur_ns": per, "step": st, "stream": 7})
+                        rows.append(
+                            {
+                                "rank": s,
+                                "kind": "gpu_user_annotation",
+                                "name": name,
+                                "ts_ns": a,
+                                "dur_ns": per,
+                                "step": st,
+                                "stream": 7,
+                            }
+                        )
                 end = start + per * layers_per_stage
                 if (ph == "F" and s < p - 1) or (ph == "B" and s > 0):
-                    rows.append({"rank": s, "kind": "kernel", "name": "ncclDevKernel_SendRecv", "ts_ns": end,
-                                 "dur_ns": 1_000, "step": st, "collective": "send",
-                                 "dst_rank": s + 1 if ph == "F" else s - 1, "stream": 21})
+                    rows.append(
+                        {
+                            "rank": s,
+                            "kind": "kernel",
+                            "name": "ncclDevKernel_SendRecv",
+                            "ts_ns": end,
+                            "dur_ns": 1_000,
+                            "step": st,
+                            "collective": "send",
+                            "dst_rank": s + 1 if ph == "F" else s - 1,
+                            "stream": 21,
+                        }
+                    )
                 done[(ph, s, i)] = end
                 first[s] = start if first[s] is None else first[s]
                 busy[s] += end - start
@@ -128,14 +182,40 @@ def pipeline_run(tf: list[int], tb: list[int], m: int, steps: int = 1, schedule:
             truth["bubble_ns"][s].append(w1 - w0 - busy[s])
         # gradient-norm all-reduce: everyone waits for the last rank, then the optimizer
         for s in range(p):
-            rows.append({"rank": s, "kind": "kernel", "name": "ncclDevKernel_AllReduce_Sum_f32_RING_LL",
-                         "ts_ns": free[s], "dur_ns": w1 + 2_000 - free[s], "step": st, "collective": "allreduce",
-                         "stream": 22})
-            rows.append({"rank": s, "kind": "kernel", "name": "multi_tensor_apply_kernel", "ts_ns": w1 + 2_000,
-                         "dur_ns": tail_ns, "step": st, "stream": 7})
+            rows.append(
+                {
+                    "rank": s,
+                    "kind": "kernel",
+                    "name": "ncclDevKernel_AllReduce_Sum_f32_RING_LL",
+                    "ts_ns": free[s],
+                    "dur_ns": w1 + 2_000 - free[s],
+                    "step": st,
+                    "collective": "allreduce",
+                    "stream": 22,
+                }
+            )
+            rows.append(
+                {
+                    "rank": s,
+                    "kind": "kernel",
+                    "name": "multi_tensor_apply_kernel",
+                    "ts_ns": w1 + 2_000,
+                    "dur_ns": tail_ns,
+                    "step": st,
+                    "stream": 7,
+                }
+            )
         step_end = w1 + 2_000 + tail_ns
         for s in range(p):
-            rows.append({"rank": s, "kind": "user_annotation", "name": f"ProfilerStep#{st}", "ts_ns": t0 - 1_000,
-                         "dur_ns": step_end - t0 + 2_000, "tid": 1})
+            rows.append(
+                {
+                    "rank": s,
+                    "kind": "user_annotation",
+                    "name": f"ProfilerStep#{st}",
+                    "ts_ns": t0 - 1_000,
+                    "dur_ns": step_end - t0 + 2_000,
+                    "tid": 1,
+                }
+            )
         t0 = step_end + step_gap
     return rows, truth

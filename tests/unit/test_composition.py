@@ -10,8 +10,10 @@ from tracelens.models import get_model
 from tracelens.topology import grid_from_layout
 
 # stage 0: layers 0,1,2 DeltaNet (10 us each) ; stage 1: layer 3 attention (40 us) + layer 4 DeltaNet
-LAYERS = {0: [(0, "linear_attn", 10), (1, "linear_attn", 10), (2, "linear_attn", 10)],
-          1: [(3, "self_attn", 40), (4, "linear_attn", 10)]}
+LAYERS = {
+    0: [(0, "linear_attn", 10), (1, "linear_attn", 10), (2, "linear_attn", 10)],
+    1: [(3, "self_attn", 40), (4, "linear_attn", 10)],
+}
 MLP_US = 5
 
 
@@ -23,25 +25,72 @@ def _rows(m=2, steps=1, gpu_annotations=True):
             start = t
             for _mb in range(m):
                 for bwd in (False, True):
-                    for li, mod, us in (layers if not bwd else layers[::-1]):
-                        for name, d in ((f"layers.{li}.{mod}", us * 1000), (f"layers.{li}.mlp", MLP_US * 1000)):
+                    for li, mod, us in layers if not bwd else layers[::-1]:
+                        for name, d in (
+                            (f"layers.{li}.{mod}", us * 1000),
+                            (f"layers.{li}.mlp", MLP_US * 1000),
+                        ):
                             name += ".backward" if bwd else ""
                             d *= 2 if bwd else 1
                             corr = len(rows) + 1
                             if gpu_annotations:
-                                rows.append({"rank": rank, "kind": "gpu_user_annotation", "name": name, "ts_ns": t,
-                                             "dur_ns": d, "step": st})
+                                rows.append(
+                                    {
+                                        "rank": rank,
+                                        "kind": "gpu_user_annotation",
+                                        "name": name,
+                                        "ts_ns": t,
+                                        "dur_ns": d,
+                                        "step": st,
+                                    }
+                                )
                             else:
-                                rows.append({"rank": rank, "kind": "user_annotation", "name": name, "ts_ns": t,
-                                             "dur_ns": 100, "tid": 2 if bwd else 1, "step": st})
-                                rows.append({"rank": rank, "kind": "cuda_runtime", "name": "cudaLaunchKernel",
-                                             "ts_ns": t + 10, "dur_ns": 5, "tid": 2 if bwd else 1,
-                                             "correlation": corr, "step": st})
-                            rows.append({"rank": rank, "kind": "kernel", "name": "gemm", "ts_ns": t, "dur_ns": d,
-                                         "correlation": corr, "step": st, "stream": 7})
+                                rows.append(
+                                    {
+                                        "rank": rank,
+                                        "kind": "user_annotation",
+                                        "name": name,
+                                        "ts_ns": t,
+                                        "dur_ns": 100,
+                                        "tid": 2 if bwd else 1,
+                                        "step": st,
+                                    }
+                                )
+                                rows.append(
+                                    {
+                                        "rank": rank,
+                                        "kind": "cuda_runtime",
+                                        "name": "cudaLaunchKernel",
+                                        "ts_ns": t + 10,
+                                        "dur_ns": 5,
+                                        "tid": 2 if bwd else 1,
+                                        "correlation": corr,
+                                        "step": st,
+                                    }
+                                )
+                            rows.append(
+                                {
+                                    "rank": rank,
+                                    "kind": "kernel",
+                                    "name": "gemm",
+                                    "ts_ns": t,
+                                    "dur_ns": d,
+                                    "correlation": corr,
+                                    "step": st,
+                                    "stream": 7,
+                                }
+                            )
                             t += d
-            rows.append({"rank": rank, "kind": "user_annotation", "name": f"ProfilerStep#{st}", "ts_ns": start,
-                         "dur_ns": t - start + 10_000, "tid": 1})
+            rows.append(
+                {
+                    "rank": rank,
+                    "kind": "user_annotation",
+                    "name": f"ProfilerStep#{st}",
+                    "ts_ns": start,
+                    "dur_ns": t - start + 10_000,
+                    "tid": 1,
+                }
+            )
             t += 10_000
     return rows
 
@@ -52,13 +101,16 @@ def test_counts_costs_and_shares(gpu_annotations):
     grid = grid_from_layout(2, pp=2)
     res = analyze_composition(ev, grid)
     assert res.source == "annotations"
-    assert res.stages == {0: {"full_attention": 0, "linear_attention": 3},
-                          1: {"full_attention": 1, "linear_attention": 1}}
+    assert res.stages == {
+        0: {"full_attention": 0, "linear_attention": 3},
+        1: {"full_attention": 1, "linear_attention": 1},
+    }
     assert res.layer_split == [3, 2]
     # per microbatch, forward + backward (x2) = 3x the forward time
     assert res.per_stage_type_ms[0] == pytest.approx({"linear_attention": 0.090, "mlp": 0.045})
-    assert res.per_stage_type_ms[1] == pytest.approx({"full_attention": 0.120, "linear_attention": 0.030,
-                                                      "mlp": 0.030})
+    assert res.per_stage_type_ms[1] == pytest.approx(
+        {"full_attention": 0.120, "linear_attention": 0.030, "mlp": 0.030}
+    )
     # compute per step: stage 0 = 2 mb * 135 us, stage 1 = 2 mb * 180 us
     assert res.per_stage_compute == pytest.approx({0: 0.270, 1: 0.360})
     assert res.heavy_stage == 1 and res.imbalance == pytest.approx(0.360 / 0.315)
@@ -70,9 +122,13 @@ def test_counts_costs_and_shares(gpu_annotations):
     assert imb["stages"] == [1] and imb["ranks"] == [1] and "stage 1" in imb["message"]
     # time shares over both ranks' step time (270 + 360 us compute + 2 x 10 us tail each)
     total = (270 + 10 + 360 + 10) / 1000
-    assert res.time_share == pytest.approx({"linear_attention": (180 + 60) / 1000 / total,
-                                            "full_attention": 240 / 1000 / total,
-                                            "mlp": (90 + 60) / 1000 / total})
+    assert res.time_share == pytest.approx(
+        {
+            "linear_attention": (180 + 60) / 1000 / total,
+            "full_attention": 240 / 1000 / total,
+            "mlp": (90 + 60) / 1000 / total,
+        }
+    )
 
 
 def test_threshold_is_configurable():
@@ -82,19 +138,44 @@ def test_threshold_is_configurable():
 
 
 def test_nested_annotation_counted_once():
-    rows = [{"rank": 0, "kind": "gpu_user_annotation", "name": "layers.0.self_attn", "ts_ns": 0, "dur_ns": 100,
-             "step": 0},
-            {"rank": 0, "kind": "gpu_user_annotation", "name": "layers.0.self_attn.core_attention", "ts_ns": 10,
-             "dur_ns": 50, "step": 0},
-            {"rank": 0, "kind": "kernel", "name": "flash_fwd", "ts_ns": 0, "dur_ns": 100, "step": 0}]
+    rows = [
+        {
+            "rank": 0,
+            "kind": "gpu_user_annotation",
+            "name": "layers.0.self_attn",
+            "ts_ns": 0,
+            "dur_ns": 100,
+            "step": 0,
+        },
+        {
+            "rank": 0,
+            "kind": "gpu_user_annotation",
+            "name": "layers.0.self_attn.core_attention",
+            "ts_ns": 10,
+            "dur_ns": 50,
+            "step": 0,
+        },
+        {"rank": 0, "kind": "kernel", "name": "flash_fwd", "ts_ns": 0, "dur_ns": 100, "step": 0},
+    ]
     sp = module_spans(events_table(rows))
     assert sp.num_rows == 1 and sp.column("compute_ns").to_pylist() == [100]
 
 
 def test_from_model_config_and_suggested_split():
     model = get_model("qwen3.5-27b")
-    ev = events_table([{"rank": r, "kind": "kernel", "name": "gemm", "ts_ns": 0, "dur_ns": 100 + 50 * (r == 2),
-                        "step": 0} for r in range(3)])
+    ev = events_table(
+        [
+            {
+                "rank": r,
+                "kind": "kernel",
+                "name": "gemm",
+                "ts_ns": 0,
+                "dur_ns": 100 + 50 * (r == 2),
+                "step": 0,
+            }
+            for r in range(3)
+        ]
+    )
     res = analyze_composition(ev, grid_from_layout(3, pp=3), model=model, seq_len=4096)
     assert res.source == "model" and res.layer_split == [22, 21, 21]
     # 64 layers = 16 x (3 DeltaNet + 1 attention at 3, 7, ..., 63): 0-21 hold 3..19, 22-42 hold 23..39,

@@ -31,13 +31,19 @@ def test_two_stage_worked_by_hand():
     ev, grid, _ = _run([10, 10], [20, 20], 2)
     res = analyze_pipeline(ev, grid)
     t = res.per_rank_step.to_pylist()
-    assert [(r["rank"], r["window_ns"], r["fill_ns"], r["drain_ns"], r["wait_ns"], r["bubble_ns"]) for r in t] == [
+    assert [
+        (r["rank"], r["window_ns"], r["fill_ns"], r["drain_ns"], r["wait_ns"], r["bubble_ns"]) for r in t
+    ] == [
         (0, 90 * US, 0, 0, 30 * US, 30 * US),
         (1, 90 * US, 10 * US, 20 * US, 0, 30 * US),
     ]
     assert res.microbatches == 2 and res.schedule == "1f1b"
     assert res.expected_bubble_fraction == pytest.approx(1 / 3)
-    assert [s["bubble_fraction"] for s in res.stages] == pytest.approx([1 / 3, 1 / 3])
+    assert [s["window_bubble_fraction"] for s in res.stages] == pytest.approx([1 / 3, 1 / 3])
+    # bubble_fraction is the share of the whole step (ProfilerStep: window 90 + all-reduce 2 + optimizer 20
+    # + 1 before and 1 after)
+    assert [s["bubble_fraction"] for s in res.stages] == pytest.approx([30 / 114, 30 / 114])
+    assert t[0]["step_time_ns"] == 114 * US
     assert res.findings == []
 
 
@@ -50,7 +56,7 @@ def test_uniform_stages_match_formula_and_truth(p, m, schedule):
     exp = (p - 1) / (m + p - 1)
     assert res.expected_bubble_fraction == pytest.approx(exp)
     for s in res.stages:
-        assert s["bubble_fraction"] == pytest.approx(exp, rel=1e-6)
+        assert s["window_bubble_fraction"] == pytest.approx(exp, rel=1e-6)
         want = np.mean(truth["bubble_ns"][s["stage"]]) / 1e6
         assert s["bubble_ms"] == pytest.approx(want, rel=1e-6)
     assert res.findings == []
@@ -63,7 +69,7 @@ def test_slow_stage_causes_excess_and_is_named():
     per = {s["stage"]: s for s in res.stages}
     for s in range(4):
         assert per[s]["bubble_ms"] == pytest.approx(np.mean(truth["bubble_ns"][s]) / 1e6, rel=1e-6)
-    assert per[2]["bubble_fraction"] < per[0]["bubble_fraction"]
+    assert per[2]["window_bubble_fraction"] < per[0]["window_bubble_fraction"]
     codes = [f["code"] for f in res.findings]
     assert codes == ["PIPELINE_BUBBLE_EXCESS"]
     f = res.findings[0]
@@ -106,14 +112,32 @@ def test_interleaved_detected_from_layer_ranges():
     rows = []
     for r, layers in ((0, (0, 4)), (1, (2, 6))):
         t = 0
-        for mb in range(4):
+        for _mb in range(4):
             for li in layers:
-                rows.append({"rank": r, "kind": "gpu_user_annotation", "name": f"layers.{li}.mlp", "ts_ns": t,
-                             "dur_ns": 10, "step": 0})
-                rows.append({"rank": r, "kind": "kernel", "name": "gemm", "ts_ns": t, "dur_ns": 10, "step": 0})
+                rows.append(
+                    {
+                        "rank": r,
+                        "kind": "gpu_user_annotation",
+                        "name": f"layers.{li}.mlp",
+                        "ts_ns": t,
+                        "dur_ns": 10,
+                        "step": 0,
+                    }
+                )
+                rows.append(
+                    {"rank": r, "kind": "kernel", "name": "gemm", "ts_ns": t, "dur_ns": 10, "step": 0}
+                )
                 t += 10
-        rows.append({"rank": r, "kind": "gpu_user_annotation", "name": "layers.0.mlp.backward", "ts_ns": t,
-                     "dur_ns": 10, "step": 0})
+        rows.append(
+            {
+                "rank": r,
+                "kind": "gpu_user_annotation",
+                "name": "layers.0.mlp.backward",
+                "ts_ns": t,
+                "dur_ns": 10,
+                "step": 0,
+            }
+        )
     res = analyze_pipeline(events_table(rows), grid_from_layout(2, pp=2))
     assert res.virtual_stages == 2 and res.schedule == "interleaved" and res.microbatches == 4
     assert res.expected_bubble_fraction == pytest.approx(1 / 9)

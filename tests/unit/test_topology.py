@@ -67,8 +67,17 @@ def test_axis_of_desc():
     assert axis_of_desc("CONTEXT_PARALLEL_GROUP") == "cp"
     assert axis_of_desc("mesh_tp") == "tp"
     assert axis_of_desc("dp_stage0") == "dp"
-    for other in ("DATA_PARALLEL_GROUP_WITH_CP", "MODEL_PARALLEL_GROUP", "default_pg", "EMBEDDING_GROUP",
-                  "TENSOR_AND_DATA_PARALLEL_GROUP", "EXPERT_MODEL_PARALLEL_GROUP", "dp_shard", None, ""):
+    for other in (
+        "DATA_PARALLEL_GROUP_WITH_CP",
+        "MODEL_PARALLEL_GROUP",
+        "default_pg",
+        "EMBEDDING_GROUP",
+        "TENSOR_AND_DATA_PARALLEL_GROUP",
+        "EXPERT_MODEL_PARALLEL_GROUP",
+        "dp_shard",
+        None,
+        "",
+    ):
         assert axis_of_desc(other) is None
 
 
@@ -91,14 +100,41 @@ def _p2p_rows(chains, t0=1000):
     for chain in chains:
         for i in range(len(chain) - 1):
             a, b = chain[i], chain[i + 1]
-            rows.append({"rank": a, "kind": "kernel", "name": "ncclDevKernel_SendRecv", "ts_ns": t + 100 * i,
-                         "dur_ns": 10, "collective": "send", "dst_rank": b})
-            rows.append({"rank": b, "kind": "kernel", "name": "ncclDevKernel_SendRecv", "ts_ns": t + 100 * i,
-                         "dur_ns": 10, "collective": "recv", "src_rank": a})
+            rows.append(
+                {
+                    "rank": a,
+                    "kind": "kernel",
+                    "name": "ncclDevKernel_SendRecv",
+                    "ts_ns": t + 100 * i,
+                    "dur_ns": 10,
+                    "collective": "send",
+                    "dst_rank": b,
+                }
+            )
+            rows.append(
+                {
+                    "rank": b,
+                    "kind": "kernel",
+                    "name": "ncclDevKernel_SendRecv",
+                    "ts_ns": t + 100 * i,
+                    "dur_ns": 10,
+                    "collective": "recv",
+                    "src_rank": a,
+                }
+            )
         for i in reversed(range(len(chain) - 1)):
             a, b = chain[i], chain[i + 1]
-            rows.append({"rank": b, "kind": "kernel", "name": "ncclDevKernel_SendRecv",
-                         "ts_ns": t + 10_000 - 100 * i, "dur_ns": 10, "collective": "send", "dst_rank": a})
+            rows.append(
+                {
+                    "rank": b,
+                    "kind": "kernel",
+                    "name": "ncclDevKernel_SendRecv",
+                    "ts_ns": t + 10_000 - 100 * i,
+                    "dur_ns": 10,
+                    "collective": "send",
+                    "dst_rank": a,
+                }
+            )
     return rows
 
 
@@ -130,10 +166,24 @@ def test_p2p_direction_gives_stage_zero():
 
 def test_gloo_dp_groups_and_unpeered_sends():
     # the real gloo example: groups dp_stage0=[0,2], dp_stage1=[1,3]; c10d::send without peers
-    groups = {0: [("dp_stage0", [0, 2])], 2: [("dp_stage0", [0, 2])], 1: [("dp_stage1", [1, 3])],
-              3: [("dp_stage1", [1, 3])]}
-    ev = events_table([{"rank": r, "kind": "cpu_op", "name": "c10d::send" if r % 2 == 0 else "c10d::recv_",
-                        "ts_ns": 10, "dur_ns": 5} for r in range(4)])
+    groups = {
+        0: [("dp_stage0", [0, 2])],
+        2: [("dp_stage0", [0, 2])],
+        1: [("dp_stage1", [1, 3])],
+        3: [("dp_stage1", [1, 3])],
+    }
+    ev = events_table(
+        [
+            {
+                "rank": r,
+                "kind": "cpu_op",
+                "name": "c10d::send" if r % 2 == 0 else "c10d::recv_",
+                "ts_ns": 10,
+                "dur_ns": 5,
+            }
+            for r in range(4)
+        ]
+    )
     grid, findings = infer_grid(ev, metadata_table(4, groups))
     assert findings == []
     assert (grid.dp, grid.pp, grid.tp) == (2, 2, 1)
@@ -141,8 +191,19 @@ def test_gloo_dp_groups_and_unpeered_sends():
 
 
 def test_pure_dp_without_p2p_gives_pp1():
-    ev = events_table([{"rank": r, "kind": "kernel", "name": "ncclDevKernel_AllReduce_Sum_bf16_RING_LL",
-                        "ts_ns": 10, "dur_ns": 5, "collective": "allreduce"} for r in range(4)])
+    ev = events_table(
+        [
+            {
+                "rank": r,
+                "kind": "kernel",
+                "name": "ncclDevKernel_AllReduce_Sum_bf16_RING_LL",
+                "ts_ns": 10,
+                "dur_ns": 5,
+                "collective": "allreduce",
+            }
+            for r in range(4)
+        ]
+    )
     meta = metadata_table(4, {r: [("default_pg", [0, 1, 2, 3])] for r in range(4)})
     grid, _ = infer_grid(ev, meta)
     assert (grid.pp, grid.dp, grid.tp, grid.cp) == (1, 4, 1, 1)
@@ -150,9 +211,15 @@ def test_pure_dp_without_p2p_gives_pp1():
 
 
 def test_nothing_to_infer_is_none():
-    grid, findings = infer_grid(events_table([{"rank": 0, "kind": "kernel", "name": "gemm", "ts_ns": 0,
-                                               "dur_ns": 1}, {"rank": 1, "kind": "kernel", "name": "gemm",
-                                                              "ts_ns": 0, "dur_ns": 1}]), None)
+    grid, findings = infer_grid(
+        events_table(
+            [
+                {"rank": 0, "kind": "kernel", "name": "gemm", "ts_ns": 0, "dur_ns": 1},
+                {"rank": 1, "kind": "kernel", "name": "gemm", "ts_ns": 0, "dur_ns": 1},
+            ]
+        ),
+        None,
+    )
     assert grid.source == "none" and grid.pp is None and findings == []
     assert grid.to_dict()["source"] == "none"
 
@@ -185,4 +252,11 @@ def test_given_layout_checked_against_traces():
 
 def test_single_rank():
     grid, _ = infer_grid(None, metadata_table(1, {}))
-    assert grid.to_dict() == {"tp": 1, "pp": 1, "dp": 1, "cp": 1, "order": "tp-cp-dp-pp", "source": "inferred"}
+    assert grid.to_dict() == {
+        "tp": 1,
+        "pp": 1,
+        "dp": 1,
+        "cp": 1,
+        "order": "tp-cp-dp-pp",
+        "source": "inferred",
+    }

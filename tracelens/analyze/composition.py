@@ -77,7 +77,9 @@ def _compile(patterns: Sequence[str] | None) -> list[re.Pattern]:
     return [re.compile(p) for p in (patterns or DEFAULT_PATTERNS)]
 
 
-def _match_names(values: list, pats: list[re.Pattern]) -> tuple[np.ndarray, np.ndarray, list[str | None], np.ndarray]:
+def _match_names(
+    values: list, pats: list[re.Pattern]
+) -> tuple[np.ndarray, np.ndarray, list[str | None], np.ndarray]:
     """Per dictionary value: matched?, layer, module type, backward?"""
     n = len(values)
     ok = np.zeros(n + 1, bool)
@@ -99,7 +101,9 @@ def _match_names(values: list, pats: list[re.Pattern]) -> tuple[np.ndarray, np.n
     return ok, layer, mod, bwd
 
 
-def module_spans(events: pa.Table, patterns: Sequence[str] | None = None, sets: dict | None = None) -> pa.Table:
+def module_spans(
+    events: pa.Table, patterns: Sequence[str] | None = None, sets: dict | None = None
+) -> pa.Table:
     """One row per module annotation instance with its GPU span and the compute time inside it (SPANS)."""
     if events.num_rows == 0:
         return SPANS.empty_table()
@@ -149,8 +153,16 @@ def module_spans(events: pa.Table, patterns: Sequence[str] | None = None, sets: 
     ni = idx[rows]
     # an annotation nested in another of the same layer and module (e.g. `layers.3.self_attn.core`) is
     # part of the outer one: drop it so its time is counted once
-    df = pd.DataFrame({"r": rank[rows], "l": layer_of[ni], "m": [mod_of[i] for i in ni], "b": bwd_of[ni],
-                       "s": g_start, "e": g_end}).sort_values(["r", "l", "m", "b", "s"], kind="stable")
+    df = pd.DataFrame(
+        {
+            "r": rank[rows],
+            "l": layer_of[ni],
+            "m": [mod_of[i] for i in ni],
+            "b": bwd_of[ni],
+            "s": g_start,
+            "e": g_end,
+        }
+    ).sort_values(["r", "l", "m", "b", "s"], kind="stable")
     prev_end = df.groupby(["r", "l", "m", "b"])["e"].transform(lambda x: x.cummax().shift(1))
     same = np.zeros(rows.size, bool)
     same[df.index.to_numpy()] = (df["e"] <= prev_end.fillna(np.iinfo(np.int64).min)).to_numpy()
@@ -170,8 +182,9 @@ def module_spans(events: pa.Table, patterns: Sequence[str] | None = None, sets: 
     )
 
 
-def _launched_span(events: pa.Table, ann_rows: np.ndarray, rank: np.ndarray, ts: np.ndarray,
-                   end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _launched_span(
+    events: pa.Table, ann_rows: np.ndarray, rank: np.ndarray, ts: np.ndarray, end: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """GPU [first kernel start, last kernel end] of the kernels launched inside each CPU annotation."""
     out_s = np.zeros(ann_rows.size, np.int64)
     out_e = np.zeros(ann_rows.size, np.int64)
@@ -298,8 +311,11 @@ def analyze_composition(
     else:
         from tracelens.analyze.breakdown import breakdown as _bd
 
-        bd = _bd(events, sets=sets).select(["rank", "step", "step_time_ns", "compute_ns"]).to_pandas() \
-            if events.num_rows else None
+        bd = (
+            _bd(events, sets=sets).select(["rank", "step", "step_time_ns", "compute_ns"]).to_pandas()
+            if events.num_rows
+            else None
+        )
     if bd is not None and len(bd):
         bd["stage"] = grid.stage_lookup(bd["rank"].to_numpy())
         for s, g in bd[bd["stage"] >= 0].groupby("stage"):
@@ -316,7 +332,9 @@ def analyze_composition(
         if bd is not None and len(bd):
             total = float(bd["step_time_ns"].sum())
             if total > 0:
-                shares = sp[sp["rank"].isin(bd["rank"].unique())].groupby("module")["compute_ns"].sum() / total
+                shares = (
+                    sp[sp["rank"].isin(bd["rank"].unique())].groupby("module")["compute_ns"].sum() / total
+                )
                 res.time_share = {str(k): float(v) for k, v in shares.items()}
 
     # --- findings ---
@@ -357,24 +375,32 @@ def _microbatches_from_spans(sp) -> int | None:
 
 
 def _unequal_finding(stages: dict[int, dict[str, int]]) -> dict:
-    desc = "; ".join(f"stage {s}: " + ", ".join(f"{n} {t}" for t, n in sorted(c.items()) if n)
-                     for s, c in sorted(stages.items()))
+    desc = "; ".join(
+        f"stage {s}: " + ", ".join(f"{n} {t}" for t, n in sorted(c.items()) if n)
+        for s, c in sorted(stages.items())
+    )
     types = sorted({t for c in stages.values() for t in c})
     most = {t: max(stages, key=lambda s: stages[s].get(t, 0)) for t in types}
     differ = [t for t in types if len({c.get(t, 0) for c in stages.values()}) > 1]
     lead = ", ".join(f"stage {most[t]} holds the most {t} layers" for t in differ)
-    return finding("UNEQUAL_STAGE_COMPOSITION", "warning",
-                   f"pipeline stages hold different layer types ({lead}): {desc}",
-                   stages=[most[t] for t in differ], composition={str(s): c for s, c in stages.items()})
+    return finding(
+        "UNEQUAL_STAGE_COMPOSITION",
+        "warning",
+        f"pipeline stages hold different layer types ({lead}): {desc}",
+        stages=[most[t] for t in differ],
+        composition={str(s): c for s, c in stages.items()},
+    )
 
 
 def _imbalance_finding(res: CompositionResult, stage_ranks: dict[int, list[int]], threshold: float) -> dict:
     heavy = res.heavy_stage
     vals = res.per_stage_compute
     mean = float(np.mean(list(vals.values())))
-    msg = (f"stage {heavy} is the heaviest pipeline stage: {vals[heavy]:.1f} ms compute per step vs "
-           f"{mean:.1f} ms mean ({res.imbalance:.2f}x, threshold {threshold:.2f}x); every other stage waits "
-           f"for it")
+    msg = (
+        f"stage {heavy} is the heaviest pipeline stage: {vals[heavy]:.1f} ms compute per step vs "
+        f"{mean:.1f} ms mean ({res.imbalance:.2f}x, threshold {threshold:.2f}x); every other stage waits "
+        f"for it"
+    )
     if res.per_stage_type_ms.get(heavy):
         parts = sorted(res.per_stage_type_ms[heavy].items(), key=lambda kv: -kv[1])
         msg += "; per microbatch it spends " + ", ".join(f"{v:.2f} ms in {t}" for t, v in parts)
@@ -382,6 +408,13 @@ def _imbalance_finding(res: CompositionResult, stage_ranks: dict[int, list[int]]
         msg += f"; a balanced split is {','.join(map(str, res.suggested_split))}"
         if res.layer_split:
             msg += f" (now {','.join(map(str, res.layer_split))})"
-    return finding("STAGE_IMBALANCE", "warning", msg, ranks=stage_ranks.get(heavy, []), stages=[heavy],
-                   imbalance=round(res.imbalance, 4), stage_compute_ms={str(s): round(v, 3) for s, v in vals.items()},
-                   suggested_split=res.suggested_split)
+    return finding(
+        "STAGE_IMBALANCE",
+        "warning",
+        msg,
+        ranks=stage_ranks.get(heavy, []),
+        stages=[heavy],
+        imbalance=round(res.imbalance, 4),
+        stage_compute_ms={str(s): round(v, 3) for s, v in vals.items()},
+        suggested_split=res.suggested_split,
+    )

@@ -7,9 +7,11 @@ For one pipeline (the ranks of one (dp, tp, cp) coordinate, in stage order) and 
     drain  (rank)    = window end - last backward end on the rank
     wait   (rank)    = time between the two with no compute, collective or memcpy on the GPU
                        (idle, or only a P2P send/recv spinning: a wait for a neighbour stage)
-    bubble           = fill + drain + wait;   bubble_fraction = bubble / window
+    bubble           = fill + drain + wait
+    bubble_fraction  = bubble / step time (the rank's ProfilerStep window: the share of the step lost)
+    window_bubble_fraction = bubble / pipeline window (what the schedule's expectation describes)
 
-With uniform stages this gives (p-1)/(m+p-1) for 1F1B and GPipe, and (p-1)/(v*m + p-1) for the
+With uniform stages the window fraction is (p-1)/(m+p-1) for 1F1B and GPipe, and (p-1)/(v*m + p-1) for the
 interleaved schedule with v model chunks per rank (that is (p-1)/(v*m) of the ideal time).
 
 First forward / last backward come from module annotations (`layers.N.<module>` and
@@ -45,12 +47,14 @@ PER_RANK_STEP = pa.schema(
         ("rank", pa.int32()),
         ("step", pa.int32()),
         ("stage", pa.int32()),
-        ("window_ns", pa.int64()),
+        ("step_time_ns", pa.int64()),  # the rank's ProfilerStep window
+        ("window_ns", pa.int64()),  # the pipeline window (first forward to last backward of the pipeline)
         ("fill_ns", pa.int64()),
         ("drain_ns", pa.int64()),
         ("wait_ns", pa.int64()),
         ("bubble_ns", pa.int64()),
-        ("bubble_fraction", pa.float64()),
+        ("bubble_fraction", pa.float64()),  # bubble / step time
+        ("window_bubble_fraction", pa.float64()),  # bubble / pipeline window (compare with the expectation)
     ]
 )
 
@@ -69,8 +73,9 @@ class PipelineResult:
     cause_stage: int | None = None
 
 
-def expected_bubble_fraction(pp: int | None, microbatches: int | None, schedule: str | None = None,
-                             virtual_stages: int = 1) -> float | None:
+def expected_bubble_fraction(
+    pp: int | None, microbatches: int | None, schedule: str | None = None, virtual_stages: int = 1
+) -> float | None:
     """Idle share of the pipeline window for uniform stages: (p-1)/(m+p-1); interleaved (p-1)/(v*m+p-1)."""
     if not pp or not microbatches:
         return None
@@ -81,15 +86,19 @@ def expected_bubble_fraction(pp: int | None, microbatches: int | None, schedule:
 
 
 def _p2p_mask(events: pa.Table) -> np.ndarray:
-    """Rows that are point-to-point sends/receives (NCCL SendRecv kernels, gloo/c10d send and recv ops)."""
+    """Rows that are point-to-point sends/receives (send/recv collectives; SendRecv kernels and c10d/gloo
+    send and recv ops when no collective name is recorded)."""
     by_name = _dict_lookup(events.column("name"), lambda v: int(bool(P2P_NAMES.search(v)))).astype(bool)
-    by_coll = _dict_lookup(events.column("collective"),
-                           lambda v: int(v.lower() in ("send", "recv", "isend", "irecv"))).astype(bool)
-    return by_name | by_coll
+    by_coll = _dict_lookup(
+        events.column("collective"), lambda v: int(v.lower() in ("send", "recv", "isend", "irecv"))
+    ).astype(bool)
+    # an all_to_all also runs in a SendRecv kernel: when the collective name is known it decides
+    has_coll = events.column("collective").is_valid().to_numpy(zero_copy_only=False)
+    return (by_name & ~has_coll) | by_coll
 
 
 def _virtual_stages(sp: pd.DataFrame) -> int:
-    """Separate layer ranges held by one rank (model chunks of the interleaved schedule), median over ranks."""
+    """Separate layer ranges held by one rank (interleaved model chunks), median over ranks."""
     layered = sp[sp["layer"] >= 0]
     if not len(layered):
         return 1
@@ -111,8 +120,12 @@ def _detect_schedule(sp: pd.DataFrame, grid: Grid, m: int | None, v: int) -> str
         return "1f1b"  # GPipe and 1F1B coincide when m <= p; same expected bubble
     counts = []
     for (_, _), g in s0.groupby(["rank", "step"], dropna=False):
-        first_layer = g.loc[~g["backward"], "layer"].min()
-        fwd = g[~g["backward"] & (g["layer"] == first_layer)]
+        f = g[~g["backward"]].sort_values("gpu_start_ns")
+        if not len(f):
+            continue
+        first_layer = f["layer"].min()
+        first_mod = f.loc[f["layer"] == first_layer, "module"].iloc[0]
+        fwd = f[(f["layer"] == first_layer) & (f["module"] == first_mod)]
         bwd = g[g["backward"]]
         if not len(bwd):
             continue
@@ -199,20 +212,29 @@ def analyze_pipeline(
     marks["bubble"] = marks["fill"] + marks["drain"] + marks["wait"]
     if grid.pp == 1:
         marks[["fill", "drain", "wait", "bubble"]] = 0
-    marks["frac"] = np.where(marks["window"] > 0, marks["bubble"] / marks["window"].where(marks["window"] > 0, 1),
-                             0.0)
+    bd = breakdown if breakdown is not None and breakdown.num_rows else compute_breakdown(events, sets=sets)
+    bdf = bd.select(["rank", "step", "step_time_ns", "compute_ns"]).to_pandas()
+    bdf = bdf[bdf["step"].notna()].astype({"step": np.int64})
+    step_time = bdf.set_index(["rank", "step"])["step_time_ns"]
+    step_time = step_time[~step_time.index.duplicated()]
+    st = step_time.reindex(pd.MultiIndex.from_arrays([marks["rank"], marks["step"]])).to_numpy()
+    marks["step_time"] = np.where(np.isnan(st), marks["window"], st).astype(np.int64)
+    marks["frac"] = _ratio(marks["bubble"], marks["step_time"])
+    marks["wfrac"] = _ratio(marks["bubble"], marks["window"])
     marks = marks.sort_values(["rank", "step"])
     res.per_rank_step = pa.table(
         {
             "rank": pa.array(marks["rank"].to_numpy().astype(np.int32)),
             "step": pa.array(marks["step"].to_numpy().astype(np.int32)),
             "stage": pa.array(marks["stage"].to_numpy().astype(np.int32)),
+            "step_time_ns": pa.array(marks["step_time"].to_numpy().astype(np.int64)),
             "window_ns": pa.array(marks["window"].to_numpy().astype(np.int64)),
             "fill_ns": pa.array(marks["fill"].to_numpy().astype(np.int64)),
             "drain_ns": pa.array(marks["drain"].to_numpy().astype(np.int64)),
             "wait_ns": pa.array(marks["wait"].to_numpy().astype(np.int64)),
             "bubble_ns": pa.array(marks["bubble"].to_numpy().astype(np.int64)),
             "bubble_fraction": pa.array(marks["frac"].to_numpy().astype(np.float64)),
+            "window_bubble_fraction": pa.array(marks["wfrac"].to_numpy().astype(np.float64)),
         },
         schema=PER_RANK_STEP,
     )
@@ -232,12 +254,11 @@ def analyze_pipeline(
     res.expected_bubble_fraction = expected_bubble_fraction(grid.pp, m, schedule, v)
 
     # ---- per stage ----
-    bd = breakdown if breakdown is not None and breakdown.num_rows else compute_breakdown(events, sets=sets)
-    bdf = bd.select(["rank", "compute_ns"]).to_pandas()
     comp_by_rank = bdf.groupby("rank")["compute_ns"].mean()
     for s, g in marks.groupby("stage"):
         ranks = grid.ranks_of_stage(int(s))
         window = float(g["window"].sum())
+        steps = float(g["step_time"].sum())
         rec = {
             "stage": int(s),
             "ranks": ranks,
@@ -247,7 +268,9 @@ def analyze_pipeline(
             "drain_ms": float(g["drain"].mean()) / 1e6,
             "wait_ms": float(g["wait"].mean()) / 1e6,
             "window_ms": float(g["window"].mean()) / 1e6,
-            "bubble_fraction": float(g["bubble"].sum()) / window if window > 0 else 0.0,
+            "step_time_ms": float(g["step_time"].mean()) / 1e6,
+            "bubble_fraction": float(g["bubble"].sum()) / steps if steps > 0 else 0.0,
+            "window_bubble_fraction": float(g["bubble"].sum()) / window if window > 0 else 0.0,
             "expected_bubble_fraction": res.expected_bubble_fraction,
             "microbatches": m,
             "schedule": schedule,
@@ -259,8 +282,14 @@ def analyze_pipeline(
     return res
 
 
-def _fallback_last(ev: pd.DataFrame, is_comp: np.ndarray, p2p: np.ndarray, coll: np.ndarray,
-                   marks: pd.DataFrame) -> pd.Series:
+def _ratio(num: pd.Series, den: pd.Series) -> np.ndarray:
+    n, d = num.to_numpy(dtype=np.float64), den.to_numpy(dtype=np.float64)
+    return np.divide(n, d, out=np.zeros_like(n), where=d > 0)
+
+
+def _fallback_last(
+    ev: pd.DataFrame, is_comp: np.ndarray, p2p: np.ndarray, coll: np.ndarray, marks: pd.DataFrame
+) -> pd.Series:
     """Without annotations: last compute end before the first collective starting after the rank's last
     P2P op started (the gradient-norm all-reduce or DP sync that closes the pipeline phase)."""
     valid = ev["step"].to_numpy() >= 0
@@ -275,14 +304,17 @@ def _fallback_last(ev: pd.DataFrame, is_comp: np.ndarray, p2p: np.ndarray, coll:
     return last.reindex(marks.index).fillna(marks["last"]).astype(np.int64)
 
 
-def _microbatches_from_sends(events: pa.Table, grid: Grid, p2p: np.ndarray, rank: np.ndarray,
-                             step: np.ndarray) -> int | None:
+def _microbatches_from_sends(
+    events: pa.Table, grid: Grid, p2p: np.ndarray, rank: np.ndarray, step: np.ndarray
+) -> int | None:
     """Sends per step of a stage-0 rank (one activation send per microbatch)."""
     if grid.pp is None or grid.pp < 2:
         return None
     names = events.column("name")
     is_send = _dict_lookup(names, lambda v: int("send" in v.lower() and "recv" not in v.lower())).astype(bool)
-    is_send |= _dict_lookup(events.column("collective"), lambda v: int(v.lower() in ("send", "isend"))).astype(bool)
+    is_send |= _dict_lookup(
+        events.column("collective"), lambda v: int(v.lower() in ("send", "isend"))
+    ).astype(bool)
     kinds = events.column("kind")
     on_gpu = _dict_lookup(kinds, lambda v: int(v == "kernel")).astype(bool)
     stage = grid.stage_lookup(rank)
@@ -299,14 +331,16 @@ def _excess_finding(res: PipelineResult, grid: Grid, threshold: float) -> tuple[
     exp = res.expected_bubble_fraction
     if exp is None or not res.stages or (grid.pp or 1) < 2:
         return [], None
-    measured = float(np.mean([s["bubble_fraction"] for s in res.stages]))
+    measured = float(np.mean([s["window_bubble_fraction"] for s in res.stages]))
     excess = measured - exp
     comp = {s["stage"]: s["compute_ms"] for s in res.stages if s["compute_ms"] == s["compute_ms"]}
-    frac = {s["stage"]: s["bubble_fraction"] for s in res.stages}
+    frac = {s["stage"]: s["window_bubble_fraction"] for s in res.stages}
     if comp and max(comp.values()) > 1.05 * float(np.mean(list(comp.values()))):
         cause = max(comp, key=lambda s: comp[s])
-        why = (f"stage {cause} is the slowest ({comp[cause]:.1f} ms compute per step vs "
-               f"{np.mean(list(comp.values())):.1f} ms mean) and its neighbours wait for it")
+        why = (
+            f"stage {cause} is the slowest ({comp[cause]:.1f} ms compute per step vs "
+            f"{np.mean(list(comp.values())):.1f} ms mean) and its neighbours wait for it"
+        )
     else:
         cause = min(frac, key=lambda s: frac[s])
         why = f"stage {cause} has the least idle time: the other stages wait for it"
@@ -314,11 +348,22 @@ def _excess_finding(res: PipelineResult, grid: Grid, threshold: float) -> tuple[
         return [], cause if excess > 0 else None
     excess_ms = sum(max(s.get("excess_ms", 0.0), 0.0) for s in res.stages if s["stage"] != cause)
     sched = res.schedule or "1F1B/GPipe"
-    msg = (f"pipeline bubbles take {measured:.0%} of the pipeline window vs {exp:.0%} expected for "
-           f"{sched} with p={grid.pp}, m={res.microbatches}"
-           + (f", v={res.virtual_stages}" if res.virtual_stages > 1 else "")
-           + f" (+{excess * 100:.1f} points, {excess_ms:.1f} ms per step on the other stages); {why}")
+    msg = (
+        f"pipeline bubbles take {measured:.0%} of the pipeline window vs {exp:.0%} expected for "
+        f"{sched} with p={grid.pp}, m={res.microbatches}"
+        + (f", v={res.virtual_stages}" if res.virtual_stages > 1 else "")
+        + f" (+{excess * 100:.1f} points, {excess_ms:.1f} ms per step on the other stages); {why}"
+    )
     stage_ranks = grid.ranks_of_stage(cause)
-    return [finding("PIPELINE_BUBBLE_EXCESS", "warning", msg, ranks=stage_ranks, stages=[cause],
-                    measured_fraction=round(measured, 4), expected_fraction=round(exp, 4),
-                    excess_ms=round(excess_ms, 3))], cause
+    return [
+        finding(
+            "PIPELINE_BUBBLE_EXCESS",
+            "warning",
+            msg,
+            ranks=stage_ranks,
+            stages=[cause],
+            measured_fraction=round(measured, 4),
+            expected_fraction=round(exp, 4),
+            excess_ms=round(excess_ms, 3),
+        )
+    ], cause
