@@ -14,6 +14,24 @@ NCCL_PLUGIN = "nccl_plugin"
 NCCL_LOG = "nccl_log"
 
 
+#: Categories the NCCL example profiler plugin writes (print_event.cc), with and without the space after ':'.
+_PLUGIN_CATS = tuple(
+    fmt % c
+    for c in (
+        b"COLL",
+        b"P2P",
+        b"GROUP",
+        b"PROXY",
+        b"NET",
+        b"COLL_API",
+        b"P2P_API",
+        b"GROUP_API",
+        b"KERNEL_LAUNCH",
+    )
+    for fmt in (b'"cat": "%s"', b'"cat":"%s"')
+)
+
+
 def read_head(path: Path, n: int = HEAD_BYTES) -> bytes:
     """First `n` bytes of the file's content, gunzipped when the file is gzip (by magic, not suffix)."""
     with open(path, "rb") as fh:
@@ -47,18 +65,29 @@ def detect_format(path: str | Path) -> str | None:
     if stripped[:1] == b"{":
         if b'"traceEvents"' in head or b'"schemaVersion"' in head or b'"deviceProperties"' in head:
             return KINETO
-        if b'"entries"' in head or b'"pg_status"' in head or (b'"pg_config"' in head and b'"version"' in head):
+        fr_keys = b'"entries"' in head or b'"pg_status"' in head
+        if fr_keys or (b'"pg_config"' in head and b'"version"' in head):
             return FR_JSON
         return None
     if stripped[:1] == b"[":
-        if b'"ph"' in head and (b'"cat"' in head or stripped[:2] == b"[]" or b"ncclProfiler" in head):
+        # NCCL profiler plugin: an array of async b/e events with the plugin's categories, or an empty "[{}]".
+        if stripped.replace(b"\n", b"").replace(b" ", b"")[:4] == b"[{}]":
             return NCCL_PLUGIN
-        if b'"ph"' in head:
+        if b'"ph"' in head and any(c in head for c in _PLUGIN_CATS):
             return NCCL_PLUGIN
         return None
-    if b"NCCL INFO" in head or b"NCCL WARN" in head:
+    if b" NCCL INFO " in head or b" NCCL WARN " in head:
         return NCCL_LOG
     return None
 
 
-__all__ = ["detect_format", "read_head", "is_gzip", "KINETO", "FR_JSON", "FR_PICKLE", "NCCL_PLUGIN", "NCCL_LOG"]
+__all__ = [
+    "FR_JSON",
+    "FR_PICKLE",
+    "KINETO",
+    "NCCL_LOG",
+    "NCCL_PLUGIN",
+    "detect_format",
+    "is_gzip",
+    "read_head",
+]
