@@ -67,17 +67,25 @@ COMM_COMP_OVERLAP = pa.schema(
 )
 
 
+def _per_value(col: pa.Array | pa.ChunkedArray, fn) -> np.ndarray:
+    """`fn(strings) -> numpy array` evaluated once per distinct value of a (dictionary) string column
+    and gathered to every row; a null reads as the empty string."""
+    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    if not pa.types.is_dictionary(arr.type):
+        return fn(pc.fill_null(arr.cast(pa.string()), ""))
+    values = fn(pc.fill_null(arr.dictionary.cast(pa.string()), ""))
+    null_value = fn(pa.array([""], pa.string()))
+    table = np.concatenate([values, null_value])
+    codes = pc.fill_null(arr.indices, len(values)).to_numpy(zero_copy_only=False).astype(np.int64)
+    return table[codes]
+
+
 def kernel_type(names: pa.Array | pa.ChunkedArray) -> np.ndarray:
     """HTA's `get_kernel_type` for every name: COMMUNICATION, MEMORY, COMPUTATION or OTHER (int8)."""
-    arr = names.combine_chunks() if isinstance(names, pa.ChunkedArray) else names
-    if pa.types.is_dictionary(arr.type):
-        codes = arr.indices.to_numpy(zero_copy_only=False)
-        return _classify_strings(arr.dictionary)[codes] if codes.size else np.empty(0, np.int8)
-    return _classify_strings(arr)
+    return _per_value(names, _classify_strings)
 
 
 def _classify_strings(values: pa.Array) -> np.ndarray:
-    values = pc.fill_null(values.cast(pa.string()), "")
     comm = pc.match_substring_regex(values, COMM_RE).to_numpy(zero_copy_only=False)
     mem = pc.match_substring_regex(values, MEMORY_RE).to_numpy(zero_copy_only=False)
     not_comp = pc.match_substring_regex(values, NOT_COMPUTE_RE).to_numpy(zero_copy_only=False)
@@ -86,6 +94,10 @@ def _classify_strings(values: pa.Array) -> np.ndarray:
     out[mem] = MEMORY
     out[comm] = COMMUNICATION
     return out
+
+
+def _is_in(col: pa.Array | pa.ChunkedArray, values: tuple[str, ...]) -> np.ndarray:
+    return _per_value(col, lambda v: pc.is_in(v, value_set=pa.array(values)).to_numpy(zero_copy_only=False))
 
 
 def _int_column(events: pa.Table, name: str, fill: int) -> np.ndarray:
@@ -101,23 +113,24 @@ def _prepared(events: pa.Table, base_time_ns: dict[int, int] | None):
     rank = _int_column(events, "rank", -1)
     ts = _int_column(events, "ts_ns", 0)
     dur = _int_column(events, "dur_ns", 0)
-    name_str = pc.fill_null(events.column("name").cast(pa.string()), "")
-    is_sync = pc.is_in(name_str, value_set=pa.array(_CUDA_SYNC_NAMES))
-    stream_col = pc.if_else(
-        pc.and_(is_sync, pc.is_null(events.column("stream"))),
-        pc.cast(events.column("tid"), pa.int64(), safe=False),
-        pc.cast(events.column("stream"), pa.int64()),
-    )
-    stream = pc.fill_null(stream_col, -1).to_numpy().astype(np.int64, copy=False)
-    kind = pc.fill_null(events.column("kind").cast(pa.string()), "")
-    no_stream = pc.is_in(kind, value_set=pa.array(_NO_STREAM_KINDS)).to_numpy(zero_copy_only=False)
-    stream = np.where(no_stream, -1, stream)
-    corr = _int_column(events, "correlation", -1)
     names = events.column("name")
-    is_step = pc.match_substring(name_str, "ProfilerStep").to_numpy(zero_copy_only=False)
-    is_dev_sync = pc.is_in(name_str, value_set=pa.array(_DEVICE_SYNC_NAMES)).to_numpy(zero_copy_only=False)
+    stream = _int_column(events, "stream", -1)
+    stream_null = pc.is_null(events.column("stream")).to_numpy(zero_copy_only=False)
+    sync_fallback = stream_null & _is_in(names, _CUDA_SYNC_NAMES)
+    if sync_fallback.any():
+        stream = np.where(sync_fallback, _int_column(events, "tid", -1), stream)
+    stream = np.where(_is_in(events.column("kind"), _NO_STREAM_KINDS), -1, stream)
+    corr = _int_column(events, "correlation", -1)
+    is_step = _per_value(
+        names, lambda v: pc.match_substring(v, "ProfilerStep").to_numpy(zero_copy_only=False)
+    )
+    is_dev_sync = _is_in(names, _DEVICE_SYNC_NAMES)
     ktype = kernel_type(names)
-    step_names = pc.count_distinct(pc.filter(name_str, pa.array(is_step))).as_py() if is_step.any() else 0
+    step_names = (
+        pc.count_distinct(pc.filter(names, pa.array(is_step)).cast(pa.string())).as_py()
+        if is_step.any()
+        else 0
+    )
 
     # HTA's round_down_time_stamps, applied per trace file (rank) whose timestamps have sub-µs digits:
     # ceil(ts) and floor(ts + dur) on float µs relative to baseTimeNanoseconds, in float64 as HTA does.
