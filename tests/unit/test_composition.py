@@ -188,3 +188,20 @@ def test_from_model_config_and_suggested_split():
     assert res.suggested_split and sum(res.suggested_split) == 64
     assert all(n % 4 == 0 for n in res.suggested_split)
     assert "balanced split" in res.findings[1]["message"]
+
+
+def test_audit_for_run_reuses_the_layout_audit():
+    from tracelens.analyze.composition import audit_for_run
+    from tracelens.topology import Grid
+
+    model = get_model("qwen3.5-27b")
+    audit, findings = audit_for_run(grid_from_layout(32, tp=8, pp=4), model, seq_len=4096)
+    assert audit is not None and audit.kv_replication
+    assert "KV_HEAD_REPLICATION" in [f["code"] for f in findings]
+    # codes already reported by the measured composition are not repeated
+    _, again = audit_for_run(
+        grid_from_layout(24, tp=8, pp=3), model, 4096, existing=[{"code": "UNEQUAL_STAGE_COMPOSITION"}]
+    )
+    assert "UNEQUAL_STAGE_COMPOSITION" not in [f["code"] for f in again]
+    assert audit_for_run(Grid(pp=4), model) == (None, [])
+    assert audit_for_run(grid_from_layout(4, tp=4), None) == (None, [])

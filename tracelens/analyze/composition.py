@@ -418,3 +418,26 @@ def _imbalance_finding(res: CompositionResult, stage_ranks: dict[int, list[int]]
         stage_compute_ms={str(s): round(v, 3) for s, v in vals.items()},
         suggested_split=res.suggested_split,
     )
+
+
+def audit_for_run(
+    grid: Grid,
+    model,
+    seq_len: int | None = None,
+    layer_split: Sequence[int] | None = None,
+    existing: Sequence[dict] = (),
+):
+    """The layout audit (tracelens.models.audit) for an analysed run when the model and every degree are
+    known: (AuditResult or None, its findings minus codes already reported in `existing`)."""
+    if model is None or None in (grid.tp, grid.pp, grid.dp, grid.cp):
+        return None, []
+    from tracelens.models.audit import audit_layout
+
+    try:
+        audit = audit_layout(
+            model, grid.tp, grid.pp, cp=grid.cp, dp=grid.dp, seq_len=seq_len, layer_split=layer_split
+        )
+    except TracelensError:  # e.g. a split that does not fit the model: the audit is optional here
+        return None, []
+    seen = {f["code"] for f in existing}
+    return audit, [f for f in audit.findings if f["code"] not in seen]
