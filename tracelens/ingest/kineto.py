@@ -1,12 +1,14 @@
 """Read one PyTorch profiler (Kineto) Chrome-trace JSON file into Arrow tables (schema.EVENTS, schema.MEMORY).
 
 How and why:
-- The file is decompressed as a stream and the `traceEvents` array is cut into chunks at event boundaries, each
-  decoded with msgspec typed Structs (only the fields we use; unknown keys are skipped by the decoder). Memory
-  stays bounded by one chunk plus the finished columns; we never hold the Python objects of a whole trace.
-- `ts`/`dur` are decoded as raw JSON text and converted to integer nanoseconds with a vectorised decimal parser,
-  so 3-decimal microsecond timestamps at epoch scale (1.7e18 ns > 2**53) stay exact to the nanosecond.
-- Columns are built per chunk with C-level `map`/`attrgetter` passes and numpy/Arrow, not a Python loop per event.
+- The file is decompressed as a stream and the `traceEvents` array is cut into chunks at event boundaries,
+  each decoded with msgspec typed Structs (only the fields we use; unknown keys are skipped by the decoder).
+  Memory stays bounded by one chunk plus the finished columns; we never hold the Python objects of a whole
+  trace.
+- `ts`/`dur` are decoded as raw JSON text and converted to integer nanoseconds by an exact decimal parse
+  (Arrow's decimal cast), so 3-decimal microsecond timestamps at epoch scale (1.7e18 ns > 2**53) stay exact.
+- Columns are built per chunk with C-level `map`/`attrgetter` passes and numpy/Arrow, never a Python loop per
+  event.
 """
 
 from __future__ import annotations
@@ -162,7 +164,8 @@ _META_KEYS = (
 
 @dataclass
 class KinetoTrace:
-    """One rank's trace: `events` (schema.EVENTS), `memory` (schema.MEMORY), `metadata` (one schema.METADATA row)."""
+    """One rank's trace: `events` (schema.EVENTS), `memory` (schema.MEMORY), `metadata` (a schema.METADATA
+    row as a dict)."""
 
     events: pa.Table
     memory: pa.Table
@@ -374,7 +377,7 @@ _ranks_cache: dict[Any, list[int] | None] = {}
 
 
 def parse_pg_ranks(v: Any) -> list[int] | None:
-    """`Process Group Ranks` ("[0, 1, 2]", or a list) -> list of ints; None when truncated ("...") or unparsable."""
+    """`Process Group Ranks` ("[0, 1, 2]" or a list) -> list of ints; None when truncated ("...") or bad."""
     if isinstance(v, list):
         return [int(x) for x in v] if all(isinstance(x, int) and not isinstance(x, bool) for x in v) else None
     if not isinstance(v, str):
@@ -530,7 +533,7 @@ def _blocks(path: Path, out_bytes: int = _READ_BYTES) -> Iterator[bytes]:
         pending = b""
         while True:
             if not pending:
-                pending = fh.read(max(out_bytes // 8, 65536))
+                pending = fh.read(max(out_bytes // 8, 16))
                 if not pending:
                     if not d.eof:
                         raise _Truncated()
@@ -617,7 +620,7 @@ def _scan(path: Path, salvage: bool, chunk_bytes: int) -> _Scan:
     total = 0
     parsed = 0
     truncated = False
-    blocks = _blocks(path)
+    blocks = _blocks(path, max(16, min(_READ_BYTES, chunk_bytes)))
     eof = False
     head_from = 0
     while not eof:
@@ -796,10 +799,9 @@ def step_of_name(names: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     nums = np.full(len(d) + 1, -1, dtype=np.int64)
     for i, s in enumerate(d):
         if isinstance(s, str) and s.startswith("ProfilerStep#"):
-            try:
-                nums[i] = int(s[len("ProfilerStep#") :])
-            except ValueError:
-                pass
+            tail = s[len("ProfilerStep#") :]
+            if tail.isdigit():
+                nums[i] = int(tail)
     idx = names.indices.fill_null(len(d)).to_numpy(zero_copy_only=False)
     num = nums[idx]
     return num >= 0, num
