@@ -22,7 +22,7 @@ SKIP_DIRS = {"__pycache__", "node_modules"}
 
 @dataclass(frozen=True)
 class TraceFile:
-    """One input file of a run. `rank`/`world_size` are None when unknown (non-Kineto formats may leave them)."""
+    """One input file of a run. `rank`/`world_size` are None when unknown (non-Kineto formats may be)."""
 
     path: Path
     rank: int | None
@@ -82,8 +82,8 @@ def discover(path: str | Path) -> list[TraceFile]:
         if rank is None:
             if not single:
                 raise RankError(
-                    f"{p}: no rank in distributedInfo or file name; rename it with its rank (e.g. rank3.json) "
-                    "or analyze it on its own"
+                    f"{p}: no rank in distributedInfo or file name; rename it with its rank "
+                    "(e.g. rank3.json) or analyze it on its own"
                 )
             rank, source = 0, "default"
         out.append(TraceFile(p, int(rank), info["world_size"], KINETO, st.st_size, st.st_mtime, source))

@@ -39,7 +39,7 @@ _SCHEMAS = {"events": schema.EVENTS, "memory": schema.MEMORY, "meta": schema.MET
 @dataclass
 class Tables:
     """All ranks of a run: `events` (schema.EVENTS), `memory` (schema.MEMORY), `metadata` (schema.METADATA,
-    one row per rank), the discovered `files` (every format; only Kineto ones are in the tables) and `run_dir`."""
+    one row per rank), the discovered `files` (all formats; only Kineto ones are in the tables), `run_dir`."""
 
     events: pa.Table
     memory: pa.Table
