@@ -141,19 +141,21 @@ def pipeline_run(
                             "stream": 7,
                         }
                     )
-                    if annotate:
-                        name = f"layers.{li}.self_attn" + (".backward" if ph == "B" else "")
-                        rows.append(
-                            {
-                                "rank": s,
-                                "kind": "gpu_user_annotation",
-                                "name": name,
-                                "ts_ns": a,
-                                "dur_ns": per,
-                                "step": st,
-                                "stream": 7,
-                            }
-                        )
+                    if annotate:  # attention then MLP, as a transformer layer runs them
+                        sfx = ".backward" if ph == "B" else ""
+                        half = per // 2
+                        for mod, b, d in (("self_attn", a, half), ("mlp", a + half, per - half)):
+                            rows.append(
+                                {
+                                    "rank": s,
+                                    "kind": "gpu_user_annotation",
+                                    "name": f"layers.{li}.{mod}{sfx}",
+                                    "ts_ns": b,
+                                    "dur_ns": d,
+                                    "step": st,
+                                    "stream": 7,
+                                }
+                            )
                 end = start + per * layers_per_stage
                 if (ph == "F" and s < p - 1) or (ph == "B" and s > 0):
                     rows.append(

@@ -141,3 +141,17 @@ def test_interleaved_detected_from_layer_ranges():
     res = analyze_pipeline(events_table(rows), grid_from_layout(2, pp=2))
     assert res.virtual_stages == 2 and res.schedule == "interleaved" and res.microbatches == 4
     assert res.expected_bubble_fraction == pytest.approx(1 / 9)
+
+
+def test_clock_offsets_align_ranks_before_fill_and_drain():
+    rows, _ = pipeline_run([10 * US] * 2, [20 * US] * 2, 2)
+    skew = 7 * US  # rank 1's host clock runs 7 us ahead
+    shifted = [dict(r, ts_ns=r["ts_ns"] + skew) if r["rank"] == 1 else r for r in rows]
+    grid = grid_from_layout(2, pp=2)
+    want = analyze_pipeline(events_table(rows), grid).per_rank_step.to_pylist()
+    skewed = analyze_pipeline(events_table(shifted), grid).per_rank_step.to_pylist()
+    assert skewed != want
+    fixed = analyze_pipeline(
+        events_table(shifted), grid, clock_offsets_ns={1: skew}
+    ).per_rank_step.to_pylist()
+    assert fixed == want

@@ -144,8 +144,13 @@ def analyze_pipeline(
     schedule: str | None = None,
     spans: pa.Table | None = None,
     excess_threshold: float = EXCESS_THRESHOLD,
+    clock_offsets_ns: dict[int, int] | None = None,
 ) -> PipelineResult:
-    """Bubble per (rank, step) and per stage; PIPELINE_BUBBLE_EXCESS when the excess is material."""
+    """Bubble per (rank, step) and per stage; PIPELINE_BUBBLE_EXCESS when the excess is material.
+
+    `clock_offsets_ns` (rank -> ns to subtract, as `collectives.clock_offsets` gives) aligns hosts before
+    fill and drain are measured across ranks; waits are measured on each rank's own clock.
+    """
     res = PipelineResult()
     if not grid.pp or not grid.coords or events.num_rows == 0:
         return res
@@ -191,7 +196,11 @@ def analyze_pipeline(
         for r in chain:
             chain_of[r] = i
     marks["chain"] = marks["rank"].map(chain_of).fillna(-1).astype(np.int64)
-    win = marks.groupby(["chain", "step"]).agg(w0=("first", "min"), w1=("last", "max"))
+    # fill and drain compare ranks: put every rank on one clock first (offsets from collectives.py)
+    off = marks["rank"].map(clock_offsets_ns or {}).fillna(0).astype(np.int64)
+    marks["first_al"] = marks["first"] - off
+    marks["last_al"] = marks["last"] - off
+    win = marks.groupby(["chain", "step"]).agg(w0=("first_al", "min"), w1=("last_al", "max"))
     marks = marks.join(win, on=["chain", "step"])
 
     # ---- waits between a rank's own first forward and last backward ----
@@ -206,8 +215,8 @@ def analyze_pipeline(
         hi = marks["last"].to_numpy()[pos]
         wait[pos] = np.maximum(hi - lo, 0) - iv.measure_in_windows(busy, lo, hi)
     marks["window"] = (marks["w1"] - marks["w0"]).clip(lower=0)
-    marks["fill"] = (marks["first"] - marks["w0"]).clip(lower=0)
-    marks["drain"] = (marks["w1"] - marks["last"]).clip(lower=0)
+    marks["fill"] = (marks["first_al"] - marks["w0"]).clip(lower=0)
+    marks["drain"] = (marks["w1"] - marks["last_al"]).clip(lower=0)
     marks["wait"] = np.maximum(wait, 0)
     marks["bubble"] = marks["fill"] + marks["drain"] + marks["wait"]
     if grid.pp == 1:
