@@ -225,7 +225,7 @@ class Analysis:
             "warnings": list(self.warnings),
             "analysis_path": sorted(set(self.breakdown.column("path").to_pylist())),
         }
-        return {
+        out = {
             "schema": S.SCHEMA,
             "tracelens_version": __version__,
             "run": run,
@@ -235,6 +235,19 @@ class Analysis:
             "mfu": self.mfu,
             "findings": findings,
             "per_step": per_step,
+        }
+        if self.options.compat == "hta":
+            out["compat"] = self.hta_compat()
+        return out
+
+    def hta_compat(self) -> dict:
+        """HolisticTraceAnalysis 0.5's temporal breakdown and comm/comp overlap, per rank."""
+        from tracelens.analyze import hta_compat
+
+        return {
+            "mode": "hta",
+            "hta_version": hta_compat.HTA_VERSION,
+            "ranks": hta_compat.summary_rows(self.events, self.metadata),
         }
 
 

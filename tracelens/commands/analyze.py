@@ -55,6 +55,20 @@ def print_rank_table(summary: dict) -> None:
     for f in summary["findings"]:
         if f["severity"] in ("warning", "error") or f["code"] in ("STRAGGLER",):
             console.print(f"[{f['severity']}] {f['code']}: {f['message']}", markup=False)
+    compat = summary.get("compat")
+    if compat:
+        t = Table(title=f"HTA {compat['hta_version']} definitions (--compat hta)", title_justify="left")
+        for head in ("rank", "idle %", "compute %", "non-compute %", "comm/comp overlap %"):
+            t.add_column(head, justify="right")
+        for r in compat["ranks"]:
+            t.add_row(
+                str(r["rank"]),
+                *(
+                    _fmt(r.get(k), 2)
+                    for k in ("idle_time_pctg", "compute_time_pctg", "non_compute_time_pctg", "comp_comm_overlap_pctg")
+                ),
+            )
+        console.print(t)
     for line in summary.get("headlines", []):
         console.print(line, markup=False)
 
