@@ -1,11 +1,21 @@
 """Figures for the report: each function takes analyzer results and returns a plotly Figure.
 
-No figure reads files or runs analyses, so tests check their data without a browser.
+No figure reads files or runs analyses, so tests check their data without a browser. Inputs may come from
+a summary dict (summary.json) or from analyzer results (Arrow tables, result dataclasses). Large runs are
+aggregated (by stage, else by node of `NODE_SIZE` ranks) beyond `MAX_ITEMS` ranks, and floats are rounded,
+so a 1,024-rank report stays small. Every string that came from a trace or a summary file is HTML-escaped
+before it reaches Plotly, whose labels understand a subset of HTML (`<b>`, `<a href>`).
 """
 
 from __future__ import annotations
 
+import html
+from collections.abc import Mapping, Sequence
+
+import numpy as np
 import plotly.graph_objects as go
+import pyarrow as pa
+import pyarrow.compute as pc
 
 #: Stacked parts of a rank's step, in drawing order, with the summary field each comes from.
 BREAKDOWN_PARTS = (
@@ -18,8 +28,83 @@ BREAKDOWN_PARTS = (
     ("idle", "idle_other_ms", "#BAB0AC"),
     ("pipeline bubble", "bubble_ms", "#EECA3B"),
 )
+#: Beyond this many ranks, per-rank figures show groups (stages or nodes) instead.
+MAX_ITEMS = 256
+#: Ranks per node when grouping by node (8 GPUs per host is the common case).
+NODE_SIZE = 8
+#: Colours of layer types (others get the Plotly default cycle).
+TYPE_COLORS = {
+    "full_attention": "#E45756",
+    "linear_attention": "#4C78A8",
+    "mixer": "#54A24B",
+    "mlp": "#F58518",
+    "lm_head": "#B279A2",
+    "embedding": "#9D755D",
+}
+PHASE_COLORS = {"forward": "#4C78A8", "backward": "#F58518"}
 
 
+def txt(x) -> str:
+    """Text from a trace or summary, safe for a Plotly label (its pseudo-HTML is escaped)."""
+    return html.escape("" if x is None else str(x), quote=True)
+
+
+def _r(x, nd: int = 3) -> float | None:
+    """Round for the page (keeps the embedded JSON small); None and NaN stay None."""
+    if x is None:
+        return None
+    x = float(x)
+    return None if x != x else round(x, nd)
+
+
+def _get(obj, key: str, default=None):
+    """Attribute or key of an analyzer result or its summary dict."""
+    if obj is None:
+        return default
+    if isinstance(obj, Mapping):
+        return obj.get(key, default)
+    return getattr(obj, key, default)
+
+
+# ----------------------------------------------------------------------------------------------------
+# grouping of ranks for large runs
+# ----------------------------------------------------------------------------------------------------
+def rank_groups(
+    ranks: Sequence[int],
+    stage_of: Mapping[int, int | None] | None = None,
+    max_items: int = MAX_ITEMS,
+    node_size: int = NODE_SIZE,
+) -> tuple[list[str], list[list[int]], str]:
+    """Labels and member ranks of the bars/rows to draw: one per rank up to `max_items`, else one per stage
+    (when stages are known and few enough), else one per node of `node_size` consecutive ranks."""
+    ranks = sorted(int(r) for r in ranks)
+    stage_of = stage_of or {}
+    if len(ranks) <= max_items:
+        labels = [f"r{r}" + (f" s{stage_of[r]}" if stage_of.get(r) is not None else "") for r in ranks]
+        return labels, [[r] for r in ranks], "rank"
+    stages = sorted({stage_of.get(r) for r in ranks if stage_of.get(r) is not None})
+    if stages and all(stage_of.get(r) is not None for r in ranks) and len(stages) <= max_items:
+        members = [[r for r in ranks if stage_of.get(r) == s] for s in stages]
+        return [f"stage {s} ({len(m)} ranks)" for s, m in zip(stages, members)], members, "stage"
+    nodes: dict[int, list[int]] = {}
+    for r in ranks:
+        nodes.setdefault(r // node_size, []).append(r)
+    size = node_size
+    while len(nodes) > max_items:  # very large runs: several nodes per group
+        size *= 2
+        nodes = {}
+        for r in ranks:
+            nodes.setdefault(r // size, []).append(r)
+    return [f"ranks {m[0]}-{m[-1]}" for m in nodes.values()], list(nodes.values()), "node"
+
+
+def _stage_map(summary: dict) -> dict[int, int | None]:
+    return {int(r["rank"]): r.get("stage") for r in summary.get("ranks") or []}
+
+
+# ----------------------------------------------------------------------------------------------------
+# breakdown
+# ----------------------------------------------------------------------------------------------------
 def _parts(rank: dict) -> dict[str, float | None]:
     """The disjoint parts of one rank's mean step (they add up to step_time_ms)."""
     compute = rank.get("compute_ms") or 0.0
@@ -39,23 +124,386 @@ def _parts(rank: dict) -> dict[str, float | None]:
     }
 
 
-def breakdown_bar(summary: dict) -> go.Figure:
-    """Per-rank stacked bar of the mean step: compute, overlapped / exposed comm, memcpy, idle, bubble."""
-    ranks = summary["ranks"]
-    labels = [f"r{r['rank']}" + (f" s{r['stage']}" if r.get("stage") is not None else "") for r in ranks]
-    parts = [_parts(r) for r in ranks]
+def breakdown_bar(summary: dict, max_items: int = MAX_ITEMS) -> go.Figure:
+    """Per-rank stacked bar of the mean step: compute, overlapped / exposed comm, memcpy, idle, bubble.
+
+    Beyond `max_items` ranks each bar is the mean of a stage (or node) of ranks."""
+    ranks = summary.get("ranks") or []
+    by_rank = {int(r["rank"]): _parts(r) for r in ranks}
+    labels, members, unit = rank_groups(list(by_rank), _stage_map(summary), max_items)
     fig = go.Figure()
     for name, key, color in BREAKDOWN_PARTS:
-        ys = [p[key] for p in parts]
-        if all(y is None for y in ys):
+        cols = [[by_rank[r][key] for r in m] for m in members]
+        if all(v is None for c in cols for v in c):
             continue
-        fig.add_bar(name=name, x=labels, y=[y or 0.0 for y in ys], marker_color=color)
+        ys = [_r(np.mean([v or 0.0 for v in c])) for c in cols]
+        fig.add_bar(name=name, x=labels, y=ys, marker_color=color)
     fig.update_layout(
         barmode="stack",
-        title="Where each rank's step goes (mean over analyzed steps)",
+        title="Where each rank's step goes (mean over analyzed steps)"
+        + ("" if unit == "rank" else f"; {len(ranks)} ranks shown as the mean of each {unit}"),
         yaxis_title="ms per step",
-        xaxis_title="rank",
+        xaxis_title=unit,
         legend_orientation="h",
         height=420,
+    )
+    return fig
+
+
+def step_heatmap(summary: dict, metric: str = "step_time_ms", max_items: int = MAX_ITEMS * 2) -> go.Figure:
+    """Rank x step heatmap of `metric` from summary["per_step"] (groups of ranks beyond `max_items`)."""
+    rows = [r for r in summary.get("per_step") or [] if r.get(metric) is not None]
+    ranks = sorted({int(r["rank"]) for r in rows})
+    steps = sorted({r["step"] for r in rows}, key=lambda s: (s is None, s if s is not None else 0))
+    labels, members, unit = rank_groups(ranks, _stage_map(summary), max_items)
+    ri = {r: i for i, r in enumerate(ranks)}
+    si = {s: j for j, s in enumerate(steps)}
+    grid = np.full((len(ranks), len(steps)), np.nan)
+    for r in rows:
+        grid[ri[int(r["rank"])], si[r["step"]]] = float(r[metric])
+    z = []
+    for m in members:
+        sub = grid[[ri[r] for r in m]]
+        with np.errstate(all="ignore"):
+            vals = np.nanmean(sub, axis=0) if sub.size else np.array([])
+        z.append([_r(v) for v in vals])
+    fig = go.Figure(
+        go.Heatmap(
+            z=z,
+            x=["whole trace" if s is None else f"step {s}" for s in steps],
+            y=labels,
+            colorscale="Viridis",
+            colorbar_title="ms",
+            hovertemplate="%{y}, %{x}: %{z:.2f} ms<extra></extra>",
+        )
+    )
+    fig.update_layout(
+        title=f"{metric.replace('_ms', '').replace('_', ' ')} per {unit} and step (ms)",
+        yaxis_autorange="reversed",
+        height=max(300, min(900, 24 * len(labels) + 150)),
+    )
+    return fig
+
+
+# ----------------------------------------------------------------------------------------------------
+# pipeline
+# ----------------------------------------------------------------------------------------------------
+def pipeline_timeline(
+    blocks: Sequence[Mapping], stages: Sequence[Mapping] | None = None, step=None
+) -> go.Figure:
+    """Per-stage timeline of one step: a bar per forward/backward microbatch block; gaps are bubbles.
+
+    `blocks`: dicts with stage, rank, phase (forward|backward), microbatch, start_ms, end_ms (from
+    `tracelens.report.timeline.pipeline_blocks`). `stages`: summary["stages"] rows for the titles."""
+    frac = {s.get("stage"): s.get("bubble_fraction") for s in stages or []}
+    exp = next(
+        (
+            s.get("expected_bubble_fraction")
+            for s in stages or []
+            if s.get("expected_bubble_fraction") is not None
+        ),
+        None,
+    )
+
+    def row(b: Mapping) -> str:
+        f = frac.get(b["stage"])
+        return f"stage {b['stage']} (r{b['rank']})" + (f" bubble {100 * f:.0f}%" if f is not None else "")
+
+    order = sorted({(b["stage"], row(b)) for b in blocks})
+    fig = go.Figure()
+    for phase in ("forward", "backward"):
+        bs = [b for b in blocks if b["phase"] == phase]
+        if not bs:
+            continue
+        fig.add_bar(
+            name=phase,
+            orientation="h",
+            y=[row(b) for b in bs],
+            x=[_r(b["end_ms"] - b["start_ms"]) for b in bs],
+            base=[_r(b["start_ms"]) for b in bs],
+            text=["" if b.get("microbatch") is None else str(b["microbatch"]) for b in bs],
+            textposition="inside",
+            marker_color=PHASE_COLORS[phase],
+            hovertemplate="%{y}: " + phase + " mb %{text}, %{base:.2f} + %{x:.2f} ms<extra></extra>",
+        )
+    title = "Pipeline timeline of one step" + (f" (step {step})" if step is not None else "")
+    if exp is not None:
+        title += f"; expected bubble {100 * exp:.0f}% for the schedule; gaps are bubbles"
+    fig.update_layout(
+        title=title,
+        barmode="overlay",
+        xaxis_title="ms from the start of the step's pipeline window",
+        yaxis={"categoryorder": "array", "categoryarray": [o[1] for o in order], "autorange": "reversed"},
+        legend_orientation="h",
+        height=max(260, 60 * len(order) + 160),
+    )
+    return fig
+
+
+def bubble_bar(stages: Sequence[Mapping]) -> go.Figure:
+    """Measured vs expected bubble fraction per stage (summary["stages"])."""
+    rows = [s for s in stages if s.get("bubble_fraction") is not None]
+    x = [f"stage {s['stage']}" for s in rows]
+    fig = go.Figure()
+    fig.add_bar(
+        name="measured", x=x, y=[_r(100 * s["bubble_fraction"], 2) for s in rows], marker_color="#EECA3B"
+    )
+    if any(s.get("expected_bubble_fraction") is not None for s in rows):
+        fig.add_bar(
+            name="expected for the schedule",
+            x=x,
+            y=[
+                _r(100 * s["expected_bubble_fraction"], 2)
+                if s.get("expected_bubble_fraction") is not None
+                else None
+                for s in rows
+            ],
+            marker_color="#BAB0AC",
+        )
+    fig.update_layout(
+        title="Pipeline bubble per stage (% of the pipeline window)",
+        yaxis_title="%",
+        barmode="group",
+        legend_orientation="h",
+        height=360,
+    )
+    return fig
+
+
+# ----------------------------------------------------------------------------------------------------
+# composition
+# ----------------------------------------------------------------------------------------------------
+def composition_bar(stages: Mapping) -> go.Figure:
+    """Stacked layer counts by type per stage; `stages`: {stage: {layer type: count}}."""
+    keys = sorted(stages, key=lambda s: int(s))
+    types = sorted({t for s in keys for t in stages[s]})
+    fig = go.Figure()
+    for t in types:
+        fig.add_bar(
+            name=txt(t),
+            x=[f"stage {s}" for s in keys],
+            y=[int(stages[s].get(t, 0) or 0) for s in keys],
+            marker_color=TYPE_COLORS.get(t),
+        )
+    fig.update_layout(
+        barmode="stack",
+        title="Layers per pipeline stage, by type",
+        yaxis_title="layers",
+        legend_orientation="h",
+        height=360,
+    )
+    return fig
+
+
+def time_share_bar(
+    time_share: Mapping[str, float], title: str = "Share of step time by layer type"
+) -> go.Figure:
+    """Horizontal bar: fraction of step time spent in each layer type's modules (composition.time_share)."""
+    items = sorted(time_share.items(), key=lambda kv: -(kv[1] or 0.0))
+    fig = go.Figure(
+        go.Bar(
+            orientation="h",
+            y=[txt(k) for k, _ in items],
+            x=[_r(100 * (v or 0.0), 2) for _, v in items],
+            marker_color=[TYPE_COLORS.get(k, "#4C78A8") for k, _ in items],
+            hovertemplate="%{y}: %{x:.1f}% of step time<extra></extra>",
+        )
+    )
+    fig.update_layout(
+        title=title,
+        xaxis_title="% of step time",
+        yaxis_autorange="reversed",
+        height=max(220, 40 * len(items) + 140),
+    )
+    return fig
+
+
+# ----------------------------------------------------------------------------------------------------
+# collectives
+# ----------------------------------------------------------------------------------------------------
+def collective_rows(coll: pa.Table | None, top: int = 30) -> list[dict]:
+    """Collectives grouped by (op, group size, bytes): calls, time, median bus bandwidth and arrival skew.
+
+    `coll`: analysis.cross.collectives (schema.COLLECTIVES plus instance / wait / transfer / busbw columns).
+    Sorted by total time on all ranks, the `top` heaviest first."""
+    if coll is None or coll.num_rows == 0:
+        return []
+    import pandas as pd
+
+    names = set(coll.column_names)
+    want = [
+        c
+        for c in (
+            "op",
+            "group_size",
+            "bytes",
+            "start_ns",
+            "end_ns",
+            "instance",
+            "busbw_gbps",
+            "arrival_skew_ns",
+            "wait_ns",
+            "transfer_ns",
+            "rank",
+            "is_p2p",
+        )
+        if c in names
+    ]
+    df = coll.select(want).to_pandas()
+    df["op"] = df["op"].astype(str)
+    df["dur"] = (df["end_ns"] - df["start_ns"]).astype("float64") if "start_ns" in df else np.nan
+    for c in ("group_size", "bytes"):
+        df[c] = df[c].astype("Float64") if c in df else np.nan
+    keys = ["op", "group_size", "bytes"]
+    g = df.groupby(keys, dropna=False)
+    out = []
+    for key, sub in g:
+        inst = sub.get("instance", None)
+        calls = int(inst[inst >= 0].nunique() + (inst < 0).sum()) if inst is not None else len(sub)
+
+        def med(col: str, scale: float = 1.0, sub=sub) -> float | None:
+            if col not in sub:
+                return None
+            v = pd.to_numeric(sub[col], errors="coerce").dropna()
+            return None if v.empty else _r(float(v.median()) / scale)
+
+        def mx(col: str, scale: float = 1.0, sub=sub) -> float | None:
+            if col not in sub:
+                return None
+            v = pd.to_numeric(sub[col], errors="coerce").dropna()
+            return None if v.empty else _r(float(v.max()) / scale)
+
+        op, gs, nb = key
+        total = float(pd.to_numeric(sub["dur"], errors="coerce").fillna(0).sum())
+        out.append(
+            {
+                "op": op,
+                "group_size": None if pd.isna(gs) else int(gs),
+                "bytes": None if pd.isna(nb) else int(nb),
+                "calls": calls,
+                "rows": len(sub),
+                "total_ms": _r(total / 1e6),
+                "median_ms": med("dur", 1e6),
+                "busbw_gbps": med("busbw_gbps"),
+                "median_skew_ms": med("arrival_skew_ns", 1e6),
+                "max_skew_ms": mx("arrival_skew_ns", 1e6),
+                "wait_ms": _r(pd.to_numeric(sub.get("wait_ns"), errors="coerce").fillna(0).sum() / 1e6)
+                if "wait_ns" in sub
+                else None,
+                "transfer_ms": _r(
+                    pd.to_numeric(sub.get("transfer_ns"), errors="coerce").fillna(0).sum() / 1e6
+                )
+                if "transfer_ns" in sub
+                else None,
+            }
+        )
+    out.sort(key=lambda r: -(r["total_ms"] or 0.0))
+    return out[:top]
+
+
+# ----------------------------------------------------------------------------------------------------
+# memory
+# ----------------------------------------------------------------------------------------------------
+def memory_peaks(memory: pa.Table | None) -> list[dict]:
+    """Peak allocated and reserved bytes per rank: GPU devices when the trace has them, else the CPU (-1)."""
+    if memory is None or memory.num_rows == 0:
+        return []
+    dev = memory.column("device").fill_null(-1)
+    gpu = pc.greater_equal(dev, 0)
+    t = memory.filter(gpu) if pc.any(gpu).as_py() else memory
+    agg = (
+        t.group_by("rank").aggregate([("total_allocated", "max"), ("total_reserved", "max")]).sort_by("rank")
+    )
+    return [
+        {"rank": int(r["rank"]), "allocated": r["total_allocated_max"], "reserved": r["total_reserved_max"]}
+        for r in agg.to_pylist()
+    ]
+
+
+def memory_bar(
+    peaks: Sequence[Mapping], stage_of: Mapping[int, int | None] | None = None, max_items: int = MAX_ITEMS
+) -> go.Figure:
+    """Peak allocated / reserved memory per rank in GiB (group maxima beyond `max_items` ranks)."""
+    by_rank = {int(p["rank"]): p for p in peaks}
+    labels, members, unit = rank_groups(list(by_rank), stage_of, max_items)
+    fig = go.Figure()
+    for key, name, color in (
+        ("allocated", "peak allocated", "#4C78A8"),
+        ("reserved", "peak reserved", "#BAB0AC"),
+    ):
+        vals = [[by_rank[r].get(key) for r in m] for m in members]
+        if all(v is None for c in vals for v in c):
+            continue
+        fig.add_bar(
+            name=name, x=labels, y=[_r(max((v or 0) for v in c) / 2**30) for c in vals], marker_color=color
+        )
+    fig.update_layout(
+        title="Peak memory per " + unit + ("" if unit == "rank" else " (maximum over its ranks)"),
+        yaxis_title="GiB",
+        barmode="group",
+        legend_orientation="h",
+        height=380,
+    )
+    return fig
+
+
+# ----------------------------------------------------------------------------------------------------
+# top operations
+# ----------------------------------------------------------------------------------------------------
+def top_operations(events: pa.Table | None, top: int = 15) -> tuple[str, list[dict]]:
+    """Kernels (or CPU ops on a CPU-only run) with the most total time over all ranks: name, calls, ms."""
+    if events is None or events.num_rows == 0:
+        return "", []
+    kind = events.column("kind").cast(pa.string())
+    for k in ("kernel", "cpu_op"):
+        sel = events.filter(pc.equal(kind, k))
+        if sel.num_rows:
+            break
+    else:
+        return "", []
+    t = pa.table({"name": sel.column("name").cast(pa.string()), "dur_ns": sel.column("dur_ns").fill_null(0)})
+    agg = t.group_by("name").aggregate([("dur_ns", "sum"), ("dur_ns", "count")])
+    agg = agg.sort_by([("dur_ns_sum", "descending")]).slice(0, top)
+    n_ranks = len(pc.unique(sel.column("rank")))
+    return ("kernel" if k == "kernel" else "CPU op"), [
+        {
+            "name": r["name"],
+            "calls": int(r["dur_ns_count"]),
+            "total_ms": _r(r["dur_ns_sum"] / 1e6),
+            "per_rank_ms": _r(r["dur_ns_sum"] / 1e6 / max(n_ranks, 1)),
+        }
+        for r in agg.to_pylist()
+    ]
+
+
+# ----------------------------------------------------------------------------------------------------
+# comparison
+# ----------------------------------------------------------------------------------------------------
+def compare_shares_bar(comparison: Mapping, group: str = "breakdown") -> go.Figure:
+    """Grouped bars of A's and B's shares of step time (group: 'breakdown' or 'layer_types')."""
+    la, lb = comparison["labels"]
+    rows = [
+        m for m in comparison["metrics"] if m["group"] == group and (m["a"] is not None or m["b"] is not None)
+    ]
+    x = [txt(m["name"]) for m in rows]
+    fig = go.Figure()
+    fig.add_bar(
+        name=txt(la),
+        x=x,
+        y=[_r(100 * m["a"], 2) if m["a"] is not None else None for m in rows],
+        marker_color="#4C78A8",
+    )
+    fig.add_bar(
+        name=txt(lb),
+        x=x,
+        y=[_r(100 * m["b"], 2) if m["b"] is not None else None for m in rows],
+        marker_color="#F58518",
+    )
+    title = {
+        "breakdown": "Step time breakdown (% of step time)",
+        "layer_types": "Share of step time by layer type (%)",
+    }.get(group, group)
+    fig.update_layout(
+        title=title, barmode="group", yaxis_title="% of step time", legend_orientation="h", height=400
     )
     return fig

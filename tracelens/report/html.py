@@ -1,9 +1,16 @@
-"""Assemble one self-contained, offline HTML report (plotly.js embedded once; every trace string escaped)."""
+"""Assemble one self-contained, offline HTML report (plotly.js embedded once; every trace string escaped).
+
+`write_report(analysis, summary, path)` is the run report; `write_compare_report(comparison, path)` the
+comparison of two runs. Sections whose analysis could not run (no layout, no model, no memory events)
+show a one-line note instead of a figure.
+"""
 
 from __future__ import annotations
 
 import html
 import json
+import os
+from collections.abc import Callable
 from pathlib import Path
 
 import plotly.io as pio
@@ -13,13 +20,37 @@ from tracelens.outputs import GENERATOR_MARK
 from tracelens.report import figures
 
 CSS = """
-body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px auto;max-width:1200px;color:#222}
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px auto;max-width:1200px;
+color:#222}
 h1{font-size:1.5em} h2{font-size:1.2em;margin-top:1.6em;border-bottom:1px solid #ddd}
 .finding{padding:6px 10px;margin:4px 0;border-left:4px solid #999;background:#fafafa}
-.finding.warning{border-color:#f58518} .finding.error{border-color:#e45756} .finding.info{border-color:#4c78a8}
-table{border-collapse:collapse;font-size:0.9em} td,th{padding:3px 8px;border-bottom:1px solid #eee;text-align:right}
+.finding.warning{border-color:#f58518} .finding.error{border-color:#e45756}
+.finding.info{border-color:#4c78a8}
+.note{color:#666;font-style:italic} .headline{font-size:1.05em;margin:4px 0}
+table{border-collapse:collapse;font-size:0.9em}
+td,th{padding:3px 8px;border-bottom:1px solid #eee;text-align:right}
 td:first-child,th:first-child{text-align:left} code{background:#f3f3f3;padding:1px 4px}
+td.name{text-align:left;font-family:monospace;max-width:640px;overflow-wrap:anywhere}
 """
+#: Plain-words titles of finding codes (the code itself is shown beside it).
+FINDING_TITLES = {
+    "STRAGGLER": "Straggler",
+    "CLOCK_SKEW": "Clocks differ between hosts",
+    "EXPOSED_COMM_HIGH": "Exposed communication",
+    "PIPELINE_BUBBLE_EXCESS": "Pipeline bubbles above the schedule's",
+    "STAGE_IMBALANCE": "Pipeline stages are imbalanced",
+    "UNEQUAL_STAGE_COMPOSITION": "Stages hold different layer types",
+    "KV_HEAD_REPLICATION": "Layout: K/V heads replicated",
+    "INDIVISIBLE_DIMENSION": "Layout: a degree does not divide a dimension",
+    "MISSING_RANKS": "Ranks without traces",
+    "PARTIAL_TRACE": "Truncated trace",
+    "COLLECTIVE_HANG": "Collective hang",
+    "COLLECTIVE_MISMATCH": "Ranks disagree on a collective",
+    "NO_STEPS": "No step annotations",
+    "LAYOUT_INCONSISTENT": "Layout inconsistent",
+}
+#: Embedded copy of the summary drops per_step beyond this many rows (summary.json keeps them all).
+EMBED_PER_STEP_MAX = 2000
 
 
 def esc(x) -> str:
@@ -27,23 +58,109 @@ def esc(x) -> str:
     return html.escape("" if x is None else str(x), quote=True)
 
 
+def note(text: str) -> str:
+    """A one-line note in place of a section that could not be drawn."""
+    return f'<p class="note">{esc(text)}</p>'
+
+
+def table_html(rows: list[dict], columns: list[tuple[str, str]], name_cols: tuple[str, ...] = ()) -> str:
+    """An HTML table of `rows` (dicts); every cell escaped; numbers formatted with thousands separators."""
+
+    def cell(v) -> str:
+        if v is None:
+            return "-"
+        if isinstance(v, bool):
+            return str(v)
+        if isinstance(v, int):
+            return f"{v:,}"
+        if isinstance(v, float):
+            return f"{v:,.3f}" if abs(v) < 100 else f"{v:,.1f}"
+        return str(v)
+
+    head = "".join(f"<th>{esc(h)}</th>" for h, _ in columns)
+    body = "".join(
+        "<tr>"
+        + "".join(
+            f'<td class="name">{esc(cell(r.get(k)))}</td>'
+            if k in name_cols
+            else f"<td>{esc(cell(r.get(k)))}</td>"
+            for _, k in columns
+        )
+        + "</tr>"
+        for r in rows
+    )
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+# ----------------------------------------------------------------------------------------------------
+# findings and headline
+# ----------------------------------------------------------------------------------------------------
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def headline(summary: dict) -> list[str]:
+    """Plain sentences: mean step time, where it goes, MFU, stragglers."""
+    ranks = [r for r in summary.get("ranks") or [] if r.get("step_time_ms")]
+    out = []
+    if ranks:
+        n = len(ranks)
+        step = sum(r["step_time_ms"] for r in ranks) / n
+
+        def share(key: str) -> float | None:
+            vals = [r.get(key) for r in ranks]
+            if all(v is None for v in vals):
+                return None
+            return sum((v or 0.0) for v in vals) / n / step if step else None
+
+        parts = [
+            f"compute {_pct(share('compute_ms'))}",
+            f"exposed communication {_pct(share('exposed_comm_ms'))}",
+        ]
+        if share("bubble_ms") is not None:
+            parts.append(f"pipeline bubble {_pct(share('bubble_ms'))}")
+        parts.append(f"idle {_pct(share('idle_ms'))}")
+        out.append(f"Mean step time {step:,.1f} ms over {n} rank(s): " + ", ".join(parts) + " of the step.")
+    mfu = summary.get("mfu") or {}
+    if mfu.get("value") is not None:
+        out.append(f"MFU {_pct(mfu['value'])} ({mfu.get('convention') or 'unknown'} convention).")
+    st = summary.get("stragglers") or []
+    if st:
+        out.append(
+            "Stragglers: "
+            + "; ".join(
+                f"rank {s['rank']} ({s.get('cause', 'unknown')}"
+                + (f", costs {s['cost_ms']:.1f} ms/step" if s.get("cost_ms") is not None else "")
+                + ")"
+                for s in st[:8]
+            )
+            + ("; ..." if len(st) > 8 else "")
+            + "."
+        )
+    return out
+
+
 def findings_html(summary: dict) -> str:
+    """Headline sentences, then every finding (errors first) in plain words."""
+    head = "".join(f'<p class="headline">{esc(line)}</p>' for line in headline(summary))
     items = summary.get("findings") or []
     if not items:
-        return "<p>No findings.</p>"
+        return head + "<p>No findings.</p>"
     order = {"error": 0, "warning": 1, "info": 2}
     rows = []
-    for f in sorted(items, key=lambda f: order.get(f["severity"], 3)):
+    for f in sorted(items, key=lambda f: order.get(f.get("severity"), 3)):
+        title = FINDING_TITLES.get(f.get("code"), f.get("code"))
         rows.append(
-            f'<div class="finding {esc(f["severity"])}"><b>{esc(f["code"])}</b> '
-            f'({esc(f["severity"])}): {esc(f["message"])}</div>'
+            f'<div class="finding {esc(f.get("severity"))}"><b>{esc(title)}</b> '
+            f"<code>{esc(f.get('code'))}</code> ({esc(f.get('severity'))}): {esc(f.get('message'))}</div>"
         )
-    return "\n".join(rows)
+    return head + "\n".join(rows)
 
 
 def metadata_html(summary: dict) -> str:
-    run = summary["run"]
+    run = summary.get("run") or {}
     layout = run.get("layout") or {}
+    mfu = summary.get("mfu") or {}
     rows = [
         ("path", run.get("path")),
         ("world size", run.get("world_size")),
@@ -56,57 +173,277 @@ def metadata_html(summary: dict) -> str:
             ", ".join(f"{k}={layout.get(k)}" for k in ("tp", "pp", "dp", "cp") if layout.get(k) is not None)
             + f" (source: {layout.get('source')})",
         ),
+        ("tokens per step", mfu.get("tokens_per_step")),
+        ("model FLOPs per token", mfu.get("flops_per_token")),
         ("tracelens", summary.get("tracelens_version")),
     ]
-    body = "".join(f"<tr><td>{esc(k)}</td><td>{esc(v)}</td></tr>" for k, v in rows)
+    body = "".join(f"<tr><td>{esc(k)}</td><td>{esc(v)}</td></tr>" for k, v in rows if v is not None)
     warn = "".join(f"<li>{esc(w)}</li>" for w in run.get("warnings") or [])
     return f"<table>{body}</table>" + (f"<ul>{warn}</ul>" if warn else "")
 
 
-def render(summary: dict, sections: list[tuple[str, object]]) -> str:
-    """The whole page: `sections` are (title, go.Figure or HTML string) in order."""
+# ----------------------------------------------------------------------------------------------------
+# page
+# ----------------------------------------------------------------------------------------------------
+def _embed_json(data) -> str:
+    """JSON that cannot end its <script> element or open markup: <, > and & as \\u escapes."""
+    text = json.dumps(data, default=str, allow_nan=False) if data is not None else "null"
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def _slim(summary: dict) -> dict:
+    if len(summary.get("per_step") or []) <= EMBED_PER_STEP_MAX:
+        return summary
+    out = dict(summary)
+    out["per_step"] = f"{len(summary['per_step'])} rows: see summary.json"
+    return out
+
+
+def render(
+    summary: dict,
+    sections: list[tuple[str, object]],
+    title: str | None = None,
+    data_id: str = "tracelens-summary",
+) -> str:
+    """The whole page: `sections` are (title, go.Figure or HTML string or list of those) in order."""
     parts = []
     first_fig = True
-    for title, content in sections:
-        parts.append(f"<h2>{esc(title)}</h2>")
-        if isinstance(content, str):
-            parts.append(content)
-        else:
-            parts.append(
-                pio.to_html(
-                    content,
-                    full_html=False,
-                    include_plotlyjs=True if first_fig else False,
-                    config={"displaylogo": False, "responsive": True},
+    for sec_title, content in sections:
+        parts.append(f"<h2>{esc(sec_title)}</h2>")
+        for item in content if isinstance(content, list) else [content]:
+            if isinstance(item, str):
+                parts.append(item)
+            else:
+                parts.append(
+                    pio.to_html(
+                        item,
+                        full_html=False,
+                        include_plotlyjs=bool(first_fig),
+                        config={"displaylogo": False, "responsive": True},
+                    )
                 )
-            )
-            first_fig = False
-    name = summary["run"]["name"]
-    data = json.dumps(summary, default=str).replace("</", "<\\/")
+                first_fig = False
+    name = title or f"tracelens report: {(summary.get('run') or {}).get('name', 'run')}"
+    try:
+        data = _embed_json(_slim(summary))
+    except ValueError:  # NaN somewhere: embed with NaN as null rather than fail the report
+        data = _embed_json(json.loads(json.dumps(_slim(summary), default=str).replace("NaN", "null")))
     return (
-        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         f'{GENERATOR_MARK} {esc(__version__)}">'
-        f"<title>tracelens: {esc(name)}</title><style>{CSS}</style></head><body>"
-        f"<h1>tracelens report: {esc(name)}</h1>"
+        f"<title>{esc(name)}</title><style>{CSS}</style></head><body>"
+        f"<h1>{esc(name)}</h1>"
         + "\n".join(parts)
-        + f'<script type="application/json" id="tracelens-summary">{data}</script>'
+        + f'<script type="application/json" id="{esc(data_id)}">{data}</script>'
         + "</body></html>\n"
+    )
+
+
+def _safe(label: str, fn: Callable[[], object]) -> object:
+    """Run one section builder; a failure becomes a note (TRACELENS_DEBUG=1 re-raises)."""
+    try:
+        return fn()
+    except Exception as err:  # noqa: BLE001 - one broken section must not cost the whole report
+        if os.environ.get("TRACELENS_DEBUG") == "1":
+            raise
+        return note(f"{label}: could not be drawn ({type(err).__name__}: {err})")
+
+
+def _attr(analysis, name: str):
+    """An analysis result, or None when it is absent or could not run."""
+    try:
+        return getattr(analysis, name, None)
+    except Exception:  # noqa: BLE001 - an analyzer that fails only loses its section
+        if os.environ.get("TRACELENS_DEBUG") == "1":
+            raise
+        return None
+
+
+def _pipeline_section(analysis, summary: dict) -> list:
+    from tracelens.report.timeline import pick_step, pipeline_blocks
+
+    stages = summary.get("stages") or []
+    out: list = []
+    grid = _attr(analysis, "grid")
+    stage_of = {int(r["rank"]): r.get("stage") for r in summary.get("ranks") or []}
+    chain: list[int] = []
+    if grid is not None and getattr(grid, "pp", None):
+        pipes = grid.pipelines()
+        chain = (
+            pipes[0] if pipes else [grid.ranks_of_stage(s)[0] for s in grid.stages if grid.ranks_of_stage(s)]
+        )
+        stage_of.update({int(r): grid.stage_of(r) for r in chain})
+    elif any(v is not None for v in stage_of.values()):
+        firsts: dict[int, int] = {}
+        for r, s in sorted(stage_of.items()):
+            if s is not None:
+                firsts.setdefault(s, r)
+        chain = [firsts[s] for s in sorted(firsts)]
+    if not chain or (len(chain) < 2 and not stages):
+        return [note("No pipeline parallelism known (pp=1 or no layout): no pipeline timeline.")]
+    events = _attr(analysis, "events")
+    cross = _attr(analysis, "cross")
+    step = pick_step(summary.get("per_step") or [])
+    blocks = (
+        pipeline_blocks(events, chain, stage_of, step, getattr(cross, "offsets_ns", None))
+        if events is not None
+        else []
+    )
+    if blocks:
+        out.append(figures.pipeline_timeline(blocks, stages, step))
+    else:
+        out.append(note("No forward/backward or module annotations in the traces: no pipeline timeline."))
+    if any(s.get("bubble_fraction") is not None for s in stages):
+        out.append(figures.bubble_bar(stages))
+    return out
+
+
+def _composition_section(analysis, summary: dict) -> list:
+    comp = summary.get("composition") or _attr(analysis, "composition")
+    stages = figures._get(comp, "stages") or {}
+    share = figures._get(comp, "time_share") or {}
+    out: list = []
+    if stages:
+        out.append(figures.composition_bar(stages))
+    if share:
+        out.append(figures.time_share_bar(share))
+    if not out:
+        return [note("Stage composition unknown: no module annotations in the traces and no --model given.")]
+    return out
+
+
+def _collectives_section(analysis, summary: dict) -> object:
+    cross = _attr(analysis, "cross")
+    rows = figures.collective_rows(getattr(cross, "collectives", None)) if cross is not None else []
+    if not rows and isinstance(summary.get("collectives_summary"), list):
+        rows = summary["collectives_summary"]
+    if not rows:
+        return note("No collectives matched across ranks (single rank, or no communication in the traces).")
+    cols = [
+        ("op", "op"),
+        ("group size", "group_size"),
+        ("bytes", "bytes"),
+        ("calls", "calls"),
+        ("total ms (all ranks)", "total_ms"),
+        ("median ms", "median_ms"),
+        ("bus bw GB/s", "busbw_gbps"),
+        ("median skew ms", "median_skew_ms"),
+        ("max skew ms", "max_skew_ms"),
+        ("wait ms", "wait_ms"),
+        ("transfer ms", "transfer_ms"),
+    ]
+    cols = [c for c in cols if any(r.get(c[1]) is not None for r in rows)]
+    return (
+        "<p>Grouped by operation, group size and message size; skew is the spread of the ranks' arrival; "
+        "wait is time spent waiting for the last rank, transfer the rest.</p>"
+        + table_html(rows, cols, ("op",))
+    )
+
+
+def _memory_section(analysis, summary: dict) -> object:
+    tables = _attr(analysis, "tables")
+    peaks = figures.memory_peaks(getattr(tables, "memory", None)) if tables is not None else []
+    if not peaks:
+        return note("No memory events in the traces (record with profile_memory=True).")
+    stage_of = {int(r["rank"]): r.get("stage") for r in summary.get("ranks") or []}
+    return figures.memory_bar(peaks, stage_of)
+
+
+def _top_ops_section(analysis, summary: dict) -> object:
+    kind, rows = figures.top_operations(_attr(analysis, "events"))
+    if not rows:
+        return note("No kernels or CPU operators in the traces.")
+    return table_html(
+        rows,
+        [
+            (kind, "name"),
+            ("calls", "calls"),
+            ("total ms (all ranks)", "total_ms"),
+            ("ms per rank", "per_rank_ms"),
+        ],
+        ("name",),
     )
 
 
 def build_sections(analysis, summary: dict) -> list[tuple[str, object]]:
     """Report sections for one run, findings first."""
+    heat = summary.get("per_step") or []
     return [
         ("Findings", findings_html(summary)),
-        ("Per-rank breakdown", figures.breakdown_bar(summary)),
+        (
+            "Per-rank breakdown",
+            _safe("breakdown", lambda: figures.breakdown_bar(summary))
+            if summary.get("ranks")
+            else note("No ranks analyzed."),
+        ),
+        (
+            "Step time per rank and step",
+            _safe("heatmap", lambda: figures.step_heatmap(summary)) if heat else note("No per-step samples."),
+        ),
+        ("Pipeline", _safe("pipeline", lambda: _pipeline_section(analysis, summary))),
+        ("Stage composition", _safe("composition", lambda: _composition_section(analysis, summary))),
+        ("Collectives", _safe("collectives", lambda: _collectives_section(analysis, summary))),
+        ("Memory", _safe("memory", lambda: _memory_section(analysis, summary))),
+        ("Top operations", _safe("top operations", lambda: _top_ops_section(analysis, summary))),
         ("Run", metadata_html(summary)),
     ]
 
 
-def write_report(analysis, summary: dict, path: Path) -> None:
-    """Write report.html atomically."""
+def _write(text: str, path: Path) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(render(summary, build_sections(analysis, summary)), encoding="utf-8")
+    tmp.write_text(text, encoding="utf-8")
     tmp.replace(path)
+
+
+def write_report(analysis, summary: dict, path: Path) -> None:
+    """Write report.html atomically."""
+    _write(render(summary, build_sections(analysis, summary)), path)
+
+
+# ----------------------------------------------------------------------------------------------------
+# comparison report
+# ----------------------------------------------------------------------------------------------------
+def compare_sections(comparison: dict) -> list[tuple[str, object]]:
+    """Sections of the comparison report: what changed most, side by side, shares, stragglers."""
+    la, lb = comparison["labels"]
+    text = "".join(f'<p class="headline">{esc(line)}</p>' for line in comparison.get("text") or [])
+    cols = [("metric", "name"), (la, "a_text"), (lb, "b_text"), ("change", "delta_text"), ("note", "note")]
+    rows = [m for m in comparison["metrics"] if m["a"] is not None or m["b"] is not None]
+    metrics = table_html(rows, cols, ("name",))
+    out = [("What changed most", text), ("Side by side", metrics)]
+    if any(m["group"] == "breakdown" for m in rows):
+        out.append(("Breakdown", figures.compare_shares_bar(comparison, "breakdown")))
+    if any(m["group"] == "layer_types" for m in rows):
+        out.append(("Time by layer type", figures.compare_shares_bar(comparison, "layer_types")))
+    else:
+        out.append(
+            ("Time by layer type", note("Neither run has module annotations: no time share per layer type."))
+        )
+    st = comparison.get("stragglers") or {}
+    st_html = "".join(
+        f"<p>{esc(lab)}: "
+        + (esc(", ".join(f"rank {s['rank']} ({s.get('cause')})" for s in st.get(k) or [])) or "none")
+        + "</p>"
+        for lab, k in ((la, "a"), (lb, "b"))
+    )
+    out.append(("Stragglers", st_html))
+    for lab, k in ((la, "a"), (lb, "b")):
+        f = {"findings": comparison.get("findings", {}).get(k) or [], "ranks": [], "stragglers": []}
+        out.append((f"Findings: {lab}", findings_html(f)))
+    return out
+
+
+def write_compare_report(comparison: dict, path: Path) -> None:
+    """Write compare.html atomically."""
+    la, lb = comparison["labels"]
+    _write(
+        render(
+            comparison,
+            compare_sections(comparison),
+            title=f"tracelens compare: {la} vs {lb}",
+            data_id="tracelens-comparison",
+        ),
+        path,
+    )

@@ -1,0 +1,82 @@
+"""`tracelens compare A B`: two runs (folders or summary.json files) side by side, as deltas and per token."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import typer
+
+from tracelens.cli import app
+
+#: A comma that separates labels: not a thousands separator (a comma followed by exactly three digits).
+_LABEL_SPLIT = re.compile(r",(?!\d{3}(?:\D|$))")
+
+
+def parse_labels(values: list[str] | None) -> tuple[str, str] | None:
+    """--labels "seq 4,096","seq 262,144" (the shell passes `seq 4,096,seq 262,144`), or the option twice."""
+    from tracelens.errors import BadInputError
+
+    if not values:
+        return None
+    parts = values if len(values) > 1 else [p for p in _LABEL_SPLIT.split(values[0])]
+    parts = [p.strip().strip('"').strip("'").strip() for p in parts]
+    if len(parts) != 2 or not all(parts):
+        raise BadInputError(
+            f'--labels {",".join(values)}: give two labels, e.g. --labels "seq 4,096","seq 262,144"'
+        )
+    return parts[0], parts[1]
+
+
+def load_side(path: Path) -> dict:
+    """A summary.json, or a run folder / trace analyzed now (its tracelens.toml applies)."""
+    from tracelens.errors import BadInputError
+    from tracelens.summary import load_summary
+
+    if not path.exists():
+        raise BadInputError(f"{path}: no such file or directory")
+    if path.is_dir() and (path / "summary.json").is_file() and not any(path.glob("*trace*.json*")):
+        return load_summary(path / "summary.json")
+    if path.is_file() and path.suffix == ".json" and "summary" in path.name:
+        return load_summary(path)
+    from tracelens.run_analysis import Options, analyze_run
+
+    return analyze_run(path, Options()).summary()
+
+
+@app.command("compare")
+def compare_cmd(
+    a: Path = typer.Argument(..., help="Run A: a run folder, a trace, or a summary.json."),
+    b: Path = typer.Argument(..., help="Run B: a run folder, a trace, or a summary.json."),
+    out_dir: Path | None = typer.Option(
+        None, "-o", "--out", help="Output folder [default: reports/compare-A-vs-B]."
+    ),
+    labels: list[str] | None = typer.Option(
+        None, "--labels", help='Names of A and B: --labels "seq 4,096","seq 262,144" (or the option twice).'
+    ),
+    force: bool = typer.Option(False, "--force", help="Overwrite files that tracelens did not write."),
+) -> None:
+    """Compare two runs: step time (also per 1,000 tokens), MFU, breakdown shares, time per layer type,
+    bubbles, stage imbalance, stragglers; writes compare.html and compare.json and says what changed most."""
+    import json
+
+    from tracelens.analyze.compare import compare
+    from tracelens.outputs import guard_overwrite
+    from tracelens.report.html import write_compare_report
+    from tracelens.run_analysis import run_name
+
+    names = parse_labels(labels) or (run_name(a), run_name(b))
+    out_dir = out_dir or Path("reports") / f"compare-{run_name(a)}-vs-{run_name(b)}"
+    html_path, json_path = out_dir / "compare.html", out_dir / "compare.json"
+    for p in (html_path, json_path):
+        guard_overwrite(p, force)
+    sa, sb = load_side(a), load_side(b)
+    result = compare(sa, sb, names)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tmp = json_path.with_name(json_path.name + ".tmp")
+    tmp.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    tmp.replace(json_path)
+    write_compare_report(result, html_path)
+    for line in result["text"]:
+        typer.echo(line)
+    typer.echo(f"wrote {html_path} and {json_path}")
