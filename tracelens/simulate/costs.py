@@ -29,7 +29,9 @@ class GpuSpec:
 
 
 GPUS = {
-    "H100": GpuSpec("H100", "NVIDIA H100 80GB HBM3", 85_045_346_304, 132, 989e12, 3.35e12, 360e9, 45e9, 180e9, 45e9),
+    "H100": GpuSpec(
+        "H100", "NVIDIA H100 80GB HBM3", 85_045_346_304, 132, 989e12, 3.35e12, 360e9, 45e9, 180e9, 45e9
+    ),
     "H200": GpuSpec("H200", "NVIDIA H200", 150_110_011_392, 132, 989e12, 4.8e12, 380e9, 45e9, 190e9, 45e9),
 }
 
@@ -135,8 +137,10 @@ SWIGLU_FWD = (
     "unsigned long, unsigned long)"
 )
 SWIGLU_BWD = (
-    "void transformer_engine::gated_kernels::cast_dgated_kernel<true, float, &transformer_engine::dsilu<float, "
-    "float>, &transformer_engine::silu<float, float>, __nv_bfloat16, __nv_bfloat16>(CUtensorMap, CUtensorMap, "
+    "void transformer_engine::gated_kernels::cast_dgated_kernel<true, float, "
+    "&transformer_engine::dsilu<float, "
+    "float>, &transformer_engine::silu<float, float>, __nv_bfloat16, __nv_bfloat16>(CUtensorMap, "
+    "CUtensorMap, "
     "CUtensorMap, CUtensorMap, float*, float const*, unsigned long, unsigned long)"
 )
 FLASH_FWD = (
@@ -153,18 +157,16 @@ FLASH_BWD_DOT = (
     "void flash_bwd_dot_do_o_kernel<true, Flash_bwd_kernel_traits<256, 64, 64, 8, 4, 2, 2, false, false, "
     "cutlass::bfloat16_t, Flash_kernel_traits<256, 64, 64, 8, cutlass::bfloat16_t> > >(Flash_bwd_params)"
 )
-GDN_FWD = (
-    "chunk_scaled_dot_kkt_fwd_kernel",
-    "chunk_gated_delta_rule_fwd_kernel_h_blockdim64",
-    "chunk_fwd_kernel_o",
+GDN_FWD = ("chunk_gated_delta_rule_fwd_kernel_h_blockdim64", "chunk_fwd_kernel_o")
+GDN_BWD = ("chunk_gated_delta_rule_bwd_kernel_dhu_blockdim64", "chunk_bwd_kernel_dqkwg")
+CONV_FWD = (
+    "void causal_conv1d_fwd_kernel<Causal_conv1d_fwd_kernel_traits<128, 4, true, true, at::BFloat16, "
+    "at::BFloat16> >(ConvParamsBase)"
 )
-GDN_BWD = (
-    "chunk_gated_delta_rule_bwd_kernel_dhu_blockdim64",
-    "chunk_bwd_kernel_dqkwg",
-    "prepare_wy_repr_bwd_kernel",
+CONV_BWD = (
+    "void causal_conv1d_bwd_kernel<Causal_conv1d_bwd_kernel_traits<128, 4, true, true, true, at::BFloat16, "
+    "at::BFloat16> >(ConvParamsBwd)"
 )
-CONV_FWD = "void causal_conv1d_fwd_kernel<Causal_conv1d_fwd_kernel_traits<128, 4, true, true, at::BFloat16, at::BFloat16> >(ConvParamsBase)"
-CONV_BWD = "void causal_conv1d_bwd_kernel<Causal_conv1d_bwd_kernel_traits<128, 4, true, true, true, at::BFloat16, at::BFloat16> >(ConvParamsBwd)"
 GATED_NORM_FWD = "layer_norm_gated_fwd_kernel"
 GATED_NORM_BWD = "layer_norm_gated_bwd_kernel"
 EMBED_FWD = (

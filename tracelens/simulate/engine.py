@@ -109,7 +109,9 @@ class Engine:
     def run(self) -> list[list[StageTiming]]:
         cfg = self.cfg
         P = cfg.pp
-        cpu_next = [np.full(self.R, self.t0, dtype=np.int64) + (np.arange(self.R) * 1_317) % 9_000 for _ in range(P)]
+        cpu_next = [
+            np.full(self.R, self.t0, dtype=np.int64) + (np.arange(self.R) * 1_317) % 9_000 for _ in range(P)
+        ]
         out = []
         for step in range(cfg.steps):
             out.append(self._run_step(step, cpu_next))
@@ -124,19 +126,33 @@ class Engine:
         for s in range(P):
             n = len(progs[s].ops)
             launch = np.full((n, R), -1, dtype=np.int64)
-            tim.append(StageTiming(launch, launch.copy(), launch.copy(), np.zeros((n, R), dtype=np.int64),
-                                   cpu_start[s].copy(), cpu_start[s].copy()))
+            tim.append(
+                StageTiming(
+                    launch,
+                    launch.copy(),
+                    launch.copy(),
+                    np.zeros((n, R), dtype=np.int64),
+                    cpu_start[s].copy(),
+                    cpu_start[s].copy(),
+                )
+            )
             stall = self.stall[self.ranks[s]].astype(np.int64)
             cpu = cpu_start[s] + 3_000 + stall
-            st.append({
-                "c": cpu_start[s].copy(),  # compute stream cursor
-                "cpu": cpu,
-                "streams": {"tp": cpu_start[s].copy(), "cp": cpu_start[s].copy(), "dp": cpu_start[s].copy()},
-                "send_free": cpu_start[s].copy(),  # send stream cursor
-                "pending_send": None,  # op index of the send whose end is not known yet
-                "strag": self._strag(s, step),
-                "ptr": 0,
-            })
+            st.append(
+                {
+                    "c": cpu_start[s].copy(),  # compute stream cursor
+                    "cpu": cpu,
+                    "streams": {
+                        "tp": cpu_start[s].copy(),
+                        "cp": cpu_start[s].copy(),
+                        "dp": cpu_start[s].copy(),
+                    },
+                    "send_free": cpu_start[s].copy(),  # send stream cursor
+                    "pending_send": None,  # op index of the send whose end is not known yet
+                    "strag": self._strag(s, step),
+                    "ptr": 0,
+                }
+            )
         self._timing_ref = tim
         sends: dict[tuple, tuple[int, int, np.ndarray]] = {}  # key -> (stage, op index, start array)
         world_waiting: dict[int, int] = {}
@@ -168,8 +184,10 @@ class Engine:
                 world_waiting.clear()
                 progressed = True
             if not progressed and not all(done):
-                raise RuntimeError(f"simulator deadlock in step {step}: " + ", ".join(
-                    f"stage {s} at op {st[s]['ptr']}" for s in range(P)))
+                raise RuntimeError(
+                    f"simulator deadlock in step {step}: "
+                    + ", ".join(f"stage {s} at op {st[s]['ptr']}" for s in range(P))
+                )
         for s in range(P):
             t = tim[s]
             gpu_end = np.maximum(st[s]["c"], np.maximum(st[s]["send_free"], st[s]["streams"]["dp"]))

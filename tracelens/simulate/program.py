@@ -129,31 +129,67 @@ class ProgramBuilder:
             attn = h * (self.q_r + 2 * self.kv_r * hd) + self.nq_r * hd * h + h
         else:
             attn = h * (2 * self.nk_r * self.dk + 2 * self.nv_r * self.dv + 2 * self.nv_r)
-            attn += (2 * self.nk_r * self.dk + self.nv_r * self.dv) * self.conv_k + self.nv_r * self.dv * h + h
+            attn += (
+                (2 * self.nk_r * self.dk + self.nv_r * self.dv) * self.conv_k + self.nv_r * self.dv * h + h
+            )
         return attn + mlp
 
     # ---- helpers building ops --------------------------------------------------------------------
     def _gemm(self, name: str, m_: int, k: int, n: int, **kw) -> Op:
         flops = 2.0 * m_ * k * n
-        return Op(COMPUTE, name, S_COMPUTE, C.gemm_ns(flops, self.peak), grid=(max(1, n // 256), max(1, m_ // 128), 1),
-                  block=(384, 1, 1), **kw)
+        return Op(
+            COMPUTE,
+            name,
+            S_COMPUTE,
+            C.gemm_ns(flops, self.peak),
+            grid=(max(1, n // 256), max(1, m_ // 128), 1),
+            block=(384, 1, 1),
+            **kw,
+        )
 
     def _mem(self, name: str, nbytes: float, **kw) -> Op:
-        return Op(COMPUTE, name, S_COMPUTE, C.mem_ns(nbytes, self.gpu), grid=(max(1, int(nbytes // 65536)), 1, 1),
-                  block=(256, 1, 1), **kw)
+        return Op(
+            COMPUTE,
+            name,
+            S_COMPUTE,
+            C.mem_ns(nbytes, self.gpu),
+            grid=(max(1, int(nbytes // 65536)), 1, 1),
+            block=(256, 1, 1),
+            **kw,
+        )
 
     def _flops(self, name: str, flops: float, eff: float, **kw) -> Op:
-        return Op(COMPUTE, name, S_COMPUTE, C.flops_ns(flops, self.peak, eff), grid=(self.C_grid(), 1, 1),
-                  block=(128, 1, 1), **kw)
+        return Op(
+            COMPUTE,
+            name,
+            S_COMPUTE,
+            C.flops_ns(flops, self.peak, eff),
+            grid=(self.C_grid(), 1, 1),
+            block=(128, 1, 1),
+            **kw,
+        )
 
     def C_grid(self) -> int:
         return max(1, self.T // 128) * max(1, self.nq_r)
 
-    def _coll(self, kind: int, axis: str, coll: str, in_n: int, out_n: int, dtype: str = "BFloat16", **kw) -> Op:
+    def _coll(
+        self, kind: int, axis: str, coll: str, in_n: int, out_n: int, dtype: str = "BFloat16", **kw
+    ) -> Op:
         nbytes = max(in_n, out_n) * C.DTYPE_BYTES[dtype]
-        return Op(kind, C.NCCL_NAMES[(coll, dtype)], AXIS_STREAM[axis], float(nbytes), axis=axis, coll=coll,
-                  dtype=dtype, in_nelems=in_n, out_nelems=out_n, grid=(8 if coll != "all_to_all" else 16, 1, 1),
-                  block=(640, 1, 1), **kw)
+        return Op(
+            kind,
+            C.NCCL_NAMES[(coll, dtype)],
+            AXIS_STREAM[axis],
+            float(nbytes),
+            axis=axis,
+            coll=coll,
+            dtype=dtype,
+            in_nelems=in_n,
+            out_nelems=out_n,
+            grid=(8 if coll != "all_to_all" else 16, 1, 1),
+            block=(640, 1, 1),
+            **kw,
+        )
 
     def _tp_fwd_out(self, kw) -> list[Op]:
         """Row-parallel output: all-reduce (or reduce-scatter with sequence parallel), blocking."""
@@ -205,7 +241,7 @@ class ProgramBuilder:
             ops.append(self._gemm(C.GEMM_FPROP, T, h, self.q_r + 2 * self.kv_r * hd, **kw))
             ops += self._cp_a2a(T * (self.q_r + 2 * self.kv_r * hd), kw)
             heads = self.nq_r / self.cfg.cp
-            flops = 2.0 * self.cfg.micro_batch_size * self.cfg.seq_len ** 2 * hd * heads  # 4*s^2*d*h/2, causal
+            flops = 2.0 * self.cfg.micro_batch_size * self.cfg.seq_len**2 * hd * heads  # 4*s^2*d*h/2, causal
             ops.append(self._flops(C.FLASH_FWD, flops, C.EFF_FLASH_FWD, **kw))
             ops += self._cp_a2a(T * self.nq_r * hd, kw)
             ops.append(self._gemm(C.GEMM_FPROP, T, self.nq_r * hd, h, **kw))
@@ -215,9 +251,11 @@ class ProgramBuilder:
             conv_ch = 2 * nk * dk + nv * dv
             ops.append(self._mem(C.CONV_FWD, 2 * 2 * T * conv_ch, **kw))
             ck = C.GDN_CHUNK
-            ops.append(self._flops(C.GDN_FWD[0], 2.0 * T * ck * dk * nv, C.EFF_GDN, **kw))
-            ops.append(self._flops(C.GDN_FWD[1], 4.0 * T * dk * dv * nv, C.EFF_GDN, **kw))
-            ops.append(self._flops(C.GDN_FWD[2], T * nv * (2.0 * dk * dv + 2 * ck * (dk + dv)), C.EFF_GDN, **kw))
+            # chunked delta rule: intra-chunk K K^T and WY transform + state recurrence, then the output
+            ops.append(self._flops(C.GDN_FWD[0], T * nv * (4.0 * dk * dv + 2 * ck * dk), C.EFF_GDN, **kw))
+            ops.append(
+                self._flops(C.GDN_FWD[1], T * nv * (2.0 * dk * dv + 2 * ck * (dk + dv)), C.EFF_GDN, **kw)
+            )
             ops.append(self._mem(C.GATED_NORM_FWD, 3 * 2 * T * nv * dv, **kw))
             ops.append(self._gemm(C.GEMM_FPROP, T, nv * dv, h, **kw))
         ops += self._tp_fwd_out(kw)
@@ -232,8 +270,7 @@ class ProgramBuilder:
             ops.append(self._gemm(C.GEMM_WGRAD, self.nq_r * hd, T, h, **kw))
             ops += self._cp_a2a(T * self.nq_r * hd, kw)
             heads = self.nq_r / self.cfg.cp
-            flops = 2.5 * 2.0 * self.cfg.micro_batch_size * self.cfg.seq_len ** 2 * hd * heads
-            ops.append(self._mem(C.FLASH_BWD_DOT, 2 * 2 * T * self.nq_r * hd, **kw))
+            flops = 2.5 * 2.0 * self.cfg.micro_batch_size * self.cfg.seq_len**2 * hd * heads
             ops.append(self._flops(C.FLASH_BWD, flops, C.EFF_FLASH_BWD, **kw))
             ops += self._cp_a2a(T * (self.q_r + 2 * self.kv_r * hd), kw)
             n_in = self.q_r + 2 * self.kv_r * hd
@@ -244,8 +281,11 @@ class ProgramBuilder:
             ops.append(self._gemm(C.GEMM_WGRAD, nv * dv, T, h, **kw))
             ops.append(self._mem(C.GATED_NORM_BWD, 5 * 2 * T * nv * dv, **kw))
             ops.append(self._flops(C.GDN_BWD[0], 4.0 * T * dk * dv * nv, C.EFF_GDN, **kw))
-            ops.append(self._flops(C.GDN_BWD[1], T * nv * (4.0 * dk * dv + 4 * ck * dk + 2 * ck * dv), C.EFF_GDN, **kw))
-            ops.append(self._flops(C.GDN_BWD[2], T * nv * 4.0 * ck * (dk + dv), C.EFF_GDN, **kw))
+            ops.append(
+                self._flops(
+                    C.GDN_BWD[1], T * nv * (4.0 * dk * dv + 8 * ck * dk + 6 * ck * dv), C.EFF_GDN, **kw
+                )
+            )
             conv_ch = 2 * nk * dk + nv * dv
             ops.append(self._mem(C.CONV_BWD, 3 * 2 * T * conv_ch, **kw))
             n_in = 2 * nk * dk + 2 * nv * dv + 2 * nv
@@ -329,8 +369,11 @@ class ProgramBuilder:
         ops = prog.ops
         n = self._p2p_nelems()
         if stage > 0:
-            ops.append(self._coll(RECV, "pp", "recv", n, n, phase="F", mb=mb, peer=-1,
-                                  key=(stage - 1, stage, "F", mb)))
+            ops.append(
+                self._coll(
+                    RECV, "pp", "recv", n, n, phase="F", mb=mb, peer=-1, key=(stage - 1, stage, "F", mb)
+                )
+            )
             ops[-1].stream = S_P2P_RECV
         if stage == 0:
             mi = self._module(prog, "embed_tokens", 0)
@@ -357,8 +400,11 @@ class ProgramBuilder:
             ops.append(self._gemm(C.GEMM_FPROP, self.T, self.h, self.vocab_r, **kw))
             ops.append(self._mem(C.XENT_FWD, 3 * 4 * self.T * self.vocab_r, **kw))
         if stage < p - 1:
-            ops.append(self._coll(SEND, "pp", "send", n, n, phase="F", mb=mb, peer=+1,
-                                  key=(stage, stage + 1, "F", mb)))
+            ops.append(
+                self._coll(
+                    SEND, "pp", "send", n, n, phase="F", mb=mb, peer=+1, key=(stage, stage + 1, "F", mb)
+                )
+            )
             ops[-1].stream = S_P2P_SEND
 
     def _backward(self, prog: Program, stage: int, layers: list[int], mb: int, last: bool) -> None:
@@ -366,8 +412,11 @@ class ProgramBuilder:
         ops = prog.ops
         n = self._p2p_nelems()
         if stage < p - 1:
-            ops.append(self._coll(RECV, "pp", "recv", n, n, phase="B", mb=mb, peer=+1,
-                                  key=(stage + 1, stage, "B", mb)))
+            ops.append(
+                self._coll(
+                    RECV, "pp", "recv", n, n, phase="B", mb=mb, peer=+1, key=(stage + 1, stage, "B", mb)
+                )
+            )
             ops[-1].stream = S_P2P_RECV
         bucket_params = 0
         bucket_layers = 0
@@ -405,15 +454,27 @@ class ProgramBuilder:
         if last and cfg.dp > 1 and bucket_params:
             ops.append(self._dp_bucket(bucket_params))
         if stage > 0:
-            ops.append(self._coll(SEND, "pp", "send", n, n, phase="B", mb=mb, peer=-1,
-                                  key=(stage, stage - 1, "B", mb)))
+            ops.append(
+                self._coll(
+                    SEND, "pp", "send", n, n, phase="B", mb=mb, peer=-1, key=(stage, stage - 1, "B", mb)
+                )
+            )
             ops[-1].stream = S_P2P_SEND
 
     def _dp_bucket(self, params: int) -> Op:
         dp = self.cfg.dp
         n = _ceil_div(params, dp) * dp
-        return self._coll(ASYNC, "dp", "reduce_scatter", n, n // dp, dtype="Float", phase="B",
-                          mb=self.cfg.microbatches - 1, thread=1)
+        return self._coll(
+            ASYNC,
+            "dp",
+            "reduce_scatter",
+            n,
+            n // dp,
+            dtype="Float",
+            phase="B",
+            mb=self.cfg.microbatches - 1,
+            thread=1,
+        )
 
     def _step_end(self, prog: Program, stage: int) -> None:
         cfg = self.cfg
@@ -429,8 +490,16 @@ class ProgramBuilder:
         for _ in range(n_adam):
             ops.append(self._mem(C.ADAM, 30 * shard / n_adam, module=mi, phase="O"))
         if cfg.dp > 1:
-            ops.append(self._coll(COLL, "dp", "all_gather", _ceil_div(prog.params, cfg.dp),
-                                  _ceil_div(prog.params, cfg.dp) * cfg.dp, phase="O"))
+            ops.append(
+                self._coll(
+                    COLL,
+                    "dp",
+                    "all_gather",
+                    _ceil_div(prog.params, cfg.dp),
+                    _ceil_div(prog.params, cfg.dp) * cfg.dp,
+                    phase="O",
+                )
+            )
 
     def expected_bubble_fraction(self) -> float:
         p, m = self.cfg.pp, self.cfg.microbatches

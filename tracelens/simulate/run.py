@@ -96,8 +96,19 @@ def simulate(cfg: SimConfig, out_dir) -> dict:
             "baseTimeNanoseconds": base_ns,
             "_trace_name": f"/workspace/traces/{name}",
         }
-        write_rank(out / name, rank, stage, col, layout, statics[stage], [t[stage] for t in timings], header,
-                   base_ns, offset_ns, cfg.gzip)
+        write_rank(
+            out / name,
+            rank,
+            stage,
+            col,
+            layout,
+            statics[stage],
+            [t[stage] for t in timings],
+            header,
+            base_ns,
+            offset_ns,
+            cfg.gzip,
+        )
         files[rank] = name
 
     truth = _truth(cfg, model, gpu, peak, layout, builder, programs, timings, files)
@@ -121,8 +132,16 @@ def _truth(cfg, model, gpu, peak, layout, builder, programs, timings, files) -> 
             row["step"] = FIRST_STEP + k
             per_step_time[k, rank] = row["step_time_ns"]
             steps.append(row)
-        ranks_out.append({"rank": rank, "stage": stage, "file": files[rank], "host": layout.host(rank),
-                          "host_name": layout.host_name(rank), "steps": steps})
+        ranks_out.append(
+            {
+                "rank": rank,
+                "stage": stage,
+                "file": files[rank],
+                "host": layout.host(rank),
+                "host_name": layout.host_name(rank),
+                "steps": steps,
+            }
+        )
     expected = builder.expected_bubble_fraction()
     stages_out = []
     for s, prog in enumerate(programs):
@@ -136,53 +155,91 @@ def _truth(cfg, model, gpu, peak, layout, builder, programs, timings, files) -> 
             rows = [ranks_out[r]["steps"][k] for r in members]
             bub = float(np.mean([x["bubble_ns"] for x in rows]))
             st_ = float(np.mean([x["step_time_ns"] for x in rows]))
-            per_step.append({"step": FIRST_STEP + k, "bubble_ns": bub, "step_time_ns": st_,
-                             "bubble_fraction": bub / st_,
-                             "compute_ns": float(np.mean([x["compute_ns"] for x in rows]))})
-        stages_out.append({
-            "stage": s,
-            "ranks": members,
-            "layers": prog.layers,
-            "first_layer": prog.layers[0],
-            "num_layers": len(prog.layers),
-            "layer_types": counts,
-            "params_per_rank": int(prog.params),
-            "expected_bubble_fraction": expected,
-            "bubble_fraction": float(np.mean([x["bubble_fraction"] for x in per_step])),
-            "steps": per_step,
-        })
+            per_step.append(
+                {
+                    "step": FIRST_STEP + k,
+                    "bubble_ns": bub,
+                    "step_time_ns": st_,
+                    "bubble_fraction": bub / st_,
+                    "compute_ns": float(np.mean([x["compute_ns"] for x in rows])),
+                }
+            )
+        stages_out.append(
+            {
+                "stage": s,
+                "ranks": members,
+                "layers": prog.layers,
+                "first_layer": prog.layers[0],
+                "num_layers": len(prog.layers),
+                "layer_types": counts,
+                "params_per_rank": int(prog.params),
+                "expected_bubble_fraction": expected,
+                "bubble_fraction": float(np.mean([x["bubble_fraction"] for x in per_step])),
+                "steps": per_step,
+            }
+        )
     tokens = cfg.seq_len * cfg.micro_batch_size * cfg.microbatches * cfg.dp
     fpt = training_flops_per_token(model, cfg.seq_len, "megatron")
     step_mean = per_step_time.mean(axis=1)
     mfu_steps = [
-        {"step": FIRST_STEP + k, "step_time_ns": float(step_mean[k]),
-         "mfu": fpt * tokens / (step_mean[k] * 1e-9 * peak * cfg.world_size)}
+        {
+            "step": FIRST_STEP + k,
+            "step_time_ns": float(step_mean[k]),
+            "mfu": fpt * tokens / (step_mean[k] * 1e-9 * peak * cfg.world_size),
+        }
         for k in range(cfg.steps)
     ]
     mean_step = float(step_mean.mean())
     faults = {
-        "stragglers": [{"rank": r, "factor": f, "steps": None if st is None else [FIRST_STEP + x for x in st],
-                        "stage": layout.coords(r)["pp"], "cause": "compute"} for r, f, st in cfg.stragglers],
-        "clock_offsets": [{"host": int(h), "host_name": f"gpu-node-{int(h):03d}", "offset_us": float(us),
-                           "ranks": [r for r in range(cfg.world_size) if layout.host(r) == int(h)]}
-                          for h, us in sorted(cfg.clock_offsets.items())],
-        "slow_links": [{"rank": r, "factor": f, "stage": layout.coords(r)["pp"], "cause": "communication"}
-                       for r, f in cfg.slow_links],
-        "host_stalls": [{"rank": r, "ms": ms, "stage": layout.coords(r)["pp"], "cause": "host"}
-                        for r, ms in cfg.host_stalls],
+        "stragglers": [
+            {
+                "rank": r,
+                "factor": f,
+                "steps": None if st is None else [FIRST_STEP + x for x in st],
+                "stage": layout.coords(r)["pp"],
+                "cause": "compute",
+            }
+            for r, f, st in cfg.stragglers
+        ],
+        "clock_offsets": [
+            {
+                "host": int(h),
+                "host_name": f"gpu-node-{int(h):03d}",
+                "offset_us": float(us),
+                "ranks": [r for r in range(cfg.world_size) if layout.host(r) == int(h)],
+            }
+            for h, us in sorted(cfg.clock_offsets.items())
+        ],
+        "slow_links": [
+            {"rank": r, "factor": f, "stage": layout.coords(r)["pp"], "cause": "communication"}
+            for r, f in cfg.slow_links
+        ],
+        "host_stalls": [
+            {"rank": r, "ms": ms, "stage": layout.coords(r)["pp"], "cause": "host"}
+            for r, ms in cfg.host_stalls
+        ],
         "kv_replication": kv_replication(cfg, model),
-        "unequal_split": len(set(builder.split)) > 1 or len({tuple(sorted(x["layer_types"].items()))
-                                                             for x in stages_out}) > 1,
+        "unequal_split": len(set(builder.split)) > 1
+        or len({tuple(sorted(x["layer_types"].items())) for x in stages_out}) > 1,
     }
     return {
         "schema": TRUTH_SCHEMA,
         "config": cfg.to_json(),
-        "model": {"name": model.name, "num_layers": model.num_layers, "layer_types": list(model.layer_types),
-                  "hidden_size": model.hidden_size},
+        "model": {
+            "name": model.name,
+            "num_layers": model.num_layers,
+            "layer_types": list(model.layer_types),
+            "hidden_size": model.hidden_size,
+        },
         "gpu": {"key": gpu.key, "name": gpu.device_name, "peak_flops": peak},
         "layout": {**layout.to_json(), "split": builder.split, "sequence_parallel": cfg.sequence_parallel},
-        "schedule": {"name": cfg.schedule, "microbatches": cfg.microbatches, "steps": cfg.steps,
-                     "first_step": FIRST_STEP, "step_numbers": [FIRST_STEP + k for k in range(cfg.steps)]},
+        "schedule": {
+            "name": cfg.schedule,
+            "microbatches": cfg.microbatches,
+            "steps": cfg.steps,
+            "first_step": FIRST_STEP,
+            "step_numbers": [FIRST_STEP + k for k in range(cfg.steps)],
+        },
         "faults": faults,
         "stages": stages_out,
         "ranks": ranks_out,
@@ -205,14 +262,16 @@ def _truth(cfg, model, gpu, peak, layout, builder, programs, timings, files) -> 
 DEFINITIONS = {
     "step window": "the rank's ProfilerStep#N user_annotation [ts, ts+dur] (CPU clock, before clock offsets)",
     "times": "integer ns on the true clock; trace timestamps of a host with a clock offset are shifted by it",
-    "compute_ns": "length of the union of compute kernels (not NCCL, not memcpy/memset) clipped to the window",
+    "compute_ns": "length of the union of compute kernels (not NCCL, not memcpy/memset) clipped to the "
+    "window",
     "comm_ns": "length of the union of NCCL kernels clipped to the window",
     "exposed_comm_ns": "union(all kernels) - union(compute kernels) inside the window",
     "idle_ns": "window - union(all kernels)",
-    "bubble_ns": "fill + inflight + drain: fill = first forward compute kernel start - window start; inflight = "
-                 "time receives waited for the sender to start (after the first forward); drain = wait inside "
-                 "the end-of-step world all-reduce for the slowest stage. Waits happen inside NCCL kernels, so "
-                 "bubble time is also counted in comm_ns / exposed_comm_ns.",
+    "bubble_ns": "fill + inflight + drain: fill = first forward compute kernel start - window start; "
+    "inflight = "
+    "time receives waited for the sender to start (after the first forward); drain = wait inside "
+    "the end-of-step world all-reduce for the slowest stage. Waits happen inside NCCL kernels, so "
+    "bubble time is also counted in comm_ns / exposed_comm_ns.",
     "attention_ns": "sum of gpu_user_annotation durations of layers.N.self_attn[.backward] modules",
     "attention_share": "attention_ns / step_time_ns (per rank per step); the top-level value is the mean",
     "mfu": "megatron-convention model FLOPs per step / (mean step time x peak x n_gpus)",

@@ -78,7 +78,8 @@ class StageStatic:
                 f'"registers per thread": {128 if op.kind == COMPUTE else 96}, "shared memory": '
                 f'{166912 if op.kind == COMPUTE else 87568}, "blocks per SM": {bps}, "warps per SM": '
                 f'{round(bps * warps, 6)}, "grid": [{gx}, {gy}, {gz}], "block": [{bx}, {by}, {bz}], '
-                f'"est. achieved occupancy %": {min(100, int(bps * warps / 64 * 100)) if op.kind == COMPUTE else 0}'
+                '"est. achieved occupancy %": '
+                f"{min(100, int(bps * warps / 64 * 100)) if op.kind == COMPUTE else 0}"
             )
 
 
@@ -128,8 +129,10 @@ def write_rank(
             ev: list[str] = []
             ext += 1
             ev.append(
-                f'{{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#{FIRST_STEP + step}", "pid": {pid}, '
-                f'"tid": {pid}, "ts": {fmt(ws + shift)}, "dur": {fmt(we - ws)}, "args": {{"External id": {ext}, '
+                f'{{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#{FIRST_STEP + step}", '
+                f'"pid": {pid}, '
+                f'"tid": {pid}, "ts": {fmt(ws + shift)}, "dur": {fmt(we - ws)}, "args": {{"External id": '
+                f"{ext}, "
                 f'"Record function id": 0}}}}'
             )
             mod_ext: dict[int, int] = {}
@@ -151,13 +154,16 @@ def write_rank(
                     mod = prog.modules[m]
                     tid = tids[mod.thread]
                     ev.append(
-                        f'{{"ph": "X", "cat": "user_annotation", "name": "{mod.name}", "pid": {pid}, "tid": {tid}, '
+                        f'{{"ph": "X", "cat": "user_annotation", "name": "{mod.name}", "pid": {pid}, '
+                        f'"tid": {tid}, '
                         f'"ts": {fmt(c0 + shift)}, "dur": {fmt(c1 - c0)}, "args": {{"External id": {ext}, '
                         f'"Record function id": 0}}}}'
                     )
                     ev.append(
-                        f'{{"ph": "X", "cat": "gpu_user_annotation", "name": "{mod.name}", "pid": {dev}, "tid": 7, '
-                        f'"ts": {fmt(g0 - 1 + shift)}, "dur": {fmt(g1 - g0 + 2)}, "args": {{"External id": {ext}}}}}'
+                        f'{{"ph": "X", "cat": "gpu_user_annotation", "name": "{mod.name}", "pid": {dev}, '
+                        '"tid": 7, '
+                        f'"ts": {fmt(g0 - 1 + shift)}, "dur": {fmt(g1 - g0 + 2)}, "args": {{"External '
+                        f'id": {ext}}}}}'
                     )
                 if op.kind == WAIT:
                     continue
@@ -178,22 +184,28 @@ def write_rank(
                         a = a + f', "Seq": {seq_step[g]}'
                     cargs = ", " + a
                     ev.append(
-                        f'{{"ph": "X", "cat": "cpu_op", "name": "record_param_comms", "pid": {pid}, "tid": {tid}, '
-                        f'"ts": {fmt(L - 6_000 + shift)}, "dur": {fmt(ld + 14_000)}, "args": {{"External id": {ext}, '
-                        f'"Record function id": 0{cargs}, "Is asynchronized op": {1 if op.kind == ASYNC else 0}}}}}'
+                        f'{{"ph": "X", "cat": "cpu_op", "name": "record_param_comms", "pid": {pid}, '
+                        f'"tid": {tid}, '
+                        f'"ts": {fmt(L - 6_000 + shift)}, "dur": {fmt(ld + 14_000)}, "args": {{"External '
+                        f'id": {ext}, '
+                        f'"Record function id": 0{cargs}, "Is asynchronized op": '
+                        f"{1 if op.kind == ASYNC else 0}}}}}"
                     )
                 if op.mem:
                     alloc += op.mem
                     peak = max(peak, alloc)
                     reserved = (peak // (2 << 20) + 1) * (2 << 20) + (1 << 30)
                     ev.append(
-                        f'{{"ph": "i", "cat": "cpu_instant_event", "s": "t", "name": "[memory]", "pid": {pid}, '
+                        f'{{"ph": "i", "cat": "cpu_instant_event", "s": "t", "name": "[memory]", "pid": '
+                        f"{pid}, "
                         f'"tid": {tid}, "ts": {fmt(L + shift)}, "args": {{"Total Reserved": {reserved}, '
-                        f'"Total Allocated": {alloc}, "Bytes": {op.mem}, "Device Id": {dev}, "Device Type": 1, '
+                        f'"Total Allocated": {alloc}, "Bytes": {op.mem}, "Device Id": {dev}, "Device '
+                        'Type": 1, '
                         f'"Addr": {addr + (i % 512) * 0x200000}}}}}'
                     )
                 ev.append(
-                    f'{{"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": {pid}, "tid": {tid}, '
+                    f'{{"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": {pid}, '
+                    f'"tid": {tid}, '
                     f'"ts": {fmt(L + shift)}, "dur": {fmt(ld)}, "args": {{"External id": {k_ext}, "cbid": '
                     f'{CBID_LAUNCH}, "correlation": {corr}}}}}'
                 )
@@ -202,10 +214,12 @@ def write_rank(
                     f'"cat": "ac2g", "name": "ac2g"}}'
                 )
                 ev.append(
-                    f'{{"ph": "X", "cat": "kernel", "name": {static.names[i]}, "pid": {dev}, "tid": {op.stream}, '
-                    f'"ts": {fmt(S + shift)}, "dur": {fmt(E - S)}, "args": {{"External id": {k_ext}, "queued": 0, '
+                    f'{{"ph": "X", "cat": "kernel", "name": {static.names[i]}, "pid": {dev}, "tid": '
+                    f"{op.stream}, "
+                    f'"ts": {fmt(S + shift)}, "dur": {fmt(E - S)}, "args": {{"External id": {k_ext}, '
+                    '"queued": 0, '
                     f'"device": {dev}, "context": 1, "stream": {op.stream}, "correlation": {corr}, '
-                    f'{static.kargs[i]}{cargs}}}}}'
+                    f"{static.kargs[i]}{cargs}}}}}"
                 )
                 ev.append(
                     f'{{"ph": "f", "id": {corr}, "pid": {dev}, "tid": {op.stream}, "ts": {fmt(S + shift)}, '
@@ -224,9 +238,9 @@ def write_rank(
 
 
 def _open(path: Path, use_gzip: bool):
-    raw = open(path, "wb")
+    raw = open(path, "wb")  # noqa: SIM115 (closed by _TextSink.close)
     if use_gzip:
-        gz = gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=6)
+        gz = gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=9)
         return _TextSink(gz, raw)
     return _TextSink(raw, None)
 
@@ -253,7 +267,9 @@ def _coll_args(op, g, layout: Layout, rank: int, stage: int, col: int) -> str:
         g = layout.group_of(rank, "pp")
         src, dst = (rank, peer) if op.kind == SEND else (peer, rank)
         members = g.ranks if g else (rank, peer)
-        pg_name, pg_desc, size = (g.name, g.desc, len(g.ranks)) if g else ("0", "default_pg", layout.world_size)
+        pg_name, pg_desc, size = (
+            (g.name, g.desc, len(g.ranks)) if g else ("0", "default_pg", layout.world_size)
+        )
     else:
         members = g.ranks
         pg_name, pg_desc, size = g.name, g.desc, len(g.ranks)
@@ -262,7 +278,8 @@ def _coll_args(op, g, layout: Layout, rank: int, stage: int, col: int) -> str:
     if any(b - a != stride for a, b in zip(members, members[1:])):
         stride = -1
     a = (
-        f'"Collective name": "{C.COLL_RECORD_NAME[op.coll]}", "dtype": "{op.dtype}", "In msg nelems": {op.in_nelems}, '
+        f'"Collective name": "{C.COLL_RECORD_NAME[op.coll]}", "dtype": "{op.dtype}", "In msg nelems": '
+        f"{op.in_nelems}, "
         f'"Out msg nelems": {op.out_nelems}, "In split size": "[]", "Out split size": "[]", '
         f'"Global rank start": {members[0]}, "Global rank stride": {stride}, "Group size": {size}, '
         f'"Process Group Name": "{pg_name}", "Process Group Description": "{pg_desc}", '
@@ -274,8 +291,17 @@ def _coll_args(op, g, layout: Layout, rank: int, stage: int, col: int) -> str:
 
 
 def _header_text(h: dict) -> str:
-    keys = ["schemaVersion", "deviceProperties", "trace_id", "profile_memory", "record_shapes",
-            "distributedInfo", "host_name", "displayTimeUnit", "baseTimeNanoseconds"]
+    keys = [
+        "schemaVersion",
+        "deviceProperties",
+        "trace_id",
+        "profile_memory",
+        "record_shapes",
+        "distributedInfo",
+        "host_name",
+        "displayTimeUnit",
+        "baseTimeNanoseconds",
+    ]
     lines = ["{"]
     for k in keys:
         lines.append(f"  {json.dumps(k)}: {json.dumps(h[k])},")
@@ -286,11 +312,14 @@ def _header_text(h: dict) -> str:
 def _trailer(pid: int, tids: tuple[int, int], dev: int, ts: int, dur: int, prog: Program) -> str:
     streams = sorted({op.stream for op in prog.ops if op.kind != WAIT})
     meta = [
-        f'{{"name": "process_name", "ph": "M", "ts": {fmt(ts)}, "pid": {pid}, "tid": 0, "args": {{"name": "python3"}}}}',
-        f'{{"name": "process_labels", "ph": "M", "ts": {fmt(ts)}, "pid": {pid}, "tid": 0, "args": {{"labels": "CPU"}}}}',
+        f'{{"name": "process_name", "ph": "M", "ts": {fmt(ts)}, "pid": {pid}, "tid": 0, "args": '
+        f'{{"name": "python3"}}}}',
+        f'{{"name": "process_labels", "ph": "M", "ts": {fmt(ts)}, "pid": {pid}, "tid": 0, "args": '
+        f'{{"labels": "CPU"}}}}',
         f'{{"name": "process_sort_index", "ph": "M", "ts": {fmt(ts)}, "pid": {pid}, "tid": 0, '
         f'"args": {{"sort_index": {pid}}}}}',
-        f'{{"name": "process_name", "ph": "M", "ts": {fmt(ts)}, "pid": {dev}, "tid": 0, "args": {{"name": "python3"}}}}',
+        f'{{"name": "process_name", "ph": "M", "ts": {fmt(ts)}, "pid": {dev}, "tid": 0, "args": '
+        f'{{"name": "python3"}}}}',
         f'{{"name": "process_labels", "ph": "M", "ts": {fmt(ts)}, "pid": {dev}, "tid": 0, '
         f'"args": {{"labels": "GPU {dev}"}}}}',
         f'{{"name": "process_sort_index", "ph": "M", "ts": {fmt(ts)}, "pid": {dev}, "tid": 0, '
