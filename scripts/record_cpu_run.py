@@ -312,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
             "threads_per_rank": 1,
             "cpu_cores": os.cpu_count(),
             "note": "real run; ranks share the host's cores, so timings carry OS scheduling noise",
-            "flight_recorder": "gloo records collectives only (no send/recv), state 'scheduled', no start/end times",
+            "flight_recorder": "gloo: collectives only (no send/recv), state 'scheduled', no times",
         },
         "world_size": WORLD,
         "layout": {"tp": 1, "pp": PP, "dp": DP, "cp": 1, "order": "tp-cp-dp-pp"},

@@ -89,7 +89,9 @@ def build(steps: int = 3, seed: int = 0) -> pa.Table:
             order[key] = order.get(key, 0) + 1
         t = end + 100_000
 
+    current = [0]
     for step in range(steps):
+        current[0] = step
         for _ in range(2):
             for first in range(0, WORLD, 2):
                 pg = _pg_of(g, "tp_", first)
@@ -116,3 +118,27 @@ def build(steps: int = 3, seed: int = 0) -> pa.Table:
             cols[field.name] = pa.array(vals, field.type)
     tbl = pa.table(cols, schema=schema.COLLECTIVES)
     return tbl.sort_by([("rank", "ascending"), ("enqueue_ns", "ascending")])
+
+
+def kineto_run(out_dir, **overrides) -> pa.Table:
+    """Simulate a small tp=2 x pp=2 x dp=2 run with the Kineto simulator (8-layer Qwen3.5-style model) and
+    return its collectives as tracelens reads them from the written traces."""
+    import json
+    from pathlib import Path
+
+    from tracelens.analyze.collectives import collectives_from_events
+    from tracelens.ingest import kineto
+    from tracelens.models.spec import __file__ as spec_file
+    from tracelens.simulate.config import SimConfig
+    from tracelens.simulate.run import simulate
+
+    preset = Path(spec_file).parent / "presets" / "qwen3.5-27b.json"
+    cfg = json.loads(preset.read_text())
+    text = cfg["text_config"]
+    text["num_hidden_layers"] = 8
+    text["layer_types"] = text["layer_types"][:8]
+    params = dict(model=cfg, seq_len=512, tp=2, pp=2, dp=2, microbatches=2, steps=2, gzip=False)
+    params.update(overrides)
+    simulate(SimConfig(**params), out_dir)
+    tables = [kineto.read(f).events for f in sorted(Path(out_dir).glob("*.pt.trace.json*"))]
+    return collectives_from_events(pa.concat_tables(tables, promote_options="permissive"))

@@ -171,7 +171,7 @@ def test_nccl_style_dump_fields(tmp_path):
 
 
 def test_old_versions_by_key_presence(tmp_path):
-    """A 2.3-era dump: `seq_id`, no p2p_seq_id/is_p2p/dtypes/state/times, `nccl_version`, odd version string."""
+    """A 2.3-era dump: `seq_id`, no p2p_seq_id/is_p2p/dtypes/state/times, `nccl_version`, odd version."""
     entries = [
         {
             "record_id": 0,

@@ -132,3 +132,17 @@ def test_real_gloo_dumps_are_clean():
         coll = fr.read_many(sorted((GLOO / "flight_recorder" / kind).iterdir()))
         assert coll.num_rows > 0
         assert diagnose(coll, expected_ranks=range(4)) == []
+
+
+@pytest.mark.parametrize("fmt", ["fr_json", "fr_pickle"])
+def test_hang_in_kineto_simulated_run(tmp_path, fmt):
+    """The Kineto simulator's run, read back from its traces, with a hang planted in its NCCL outputs."""
+    coll = nccl_tables.kineto_run(tmp_path / "kineto")
+    tp = coll.filter(pc.and_(pc.equal(coll["rank"], 6), pc.equal(coll["op"].cast(pa.string()), "allreduce")))
+    tp_pg = next(p for p, d in zip(tp["pg_name"].to_pylist(), tp["pg_desc"].to_pylist()) if "TENSOR" in d)
+    out = write_nccl_outputs(tmp_path / "nccl", coll, hang=(6, 7, tp_pg), formats=(fmt,))
+    first = diagnose(fr.read_many(out["files"][fmt]))[0]
+    assert first["code"] == "COLLECTIVE_HANG"
+    assert (first["ranks"], first["seq"], first["pg_name"], first["op"]) == ([6], 7, tp_pg, "allreduce")
+    assert first["message"] == out["hang"]["message"]
+    assert first["message"].endswith("; 1 rank waited")

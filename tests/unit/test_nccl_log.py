@@ -26,6 +26,12 @@ node07:31337:31337 [3] NCCL INFO Recv: opCount 1 sendbuff (nil) recvbuff 0x7f000
 """  # noqa: E501
 
 
+def _counts(df: pd.DataFrame) -> pd.DataFrame:
+    """Number of calls and total bytes per (rank, op)."""
+    df = df.assign(op=df["op"].astype(str))
+    return df.groupby(["rank", "op"]).agg(n=("op", "size"), b=("bytes", "sum")).sort_index()
+
+
 def test_handwritten_log(tmp_path):
     p = tmp_path / "nccl.node07.31337.log"
     p.write_text(LOG)
@@ -68,11 +74,7 @@ def test_simulated_logs_match_source(tmp_path):
     got = nccl_log.read_many(files).to_pandas()
     src = run.to_pandas()
 
-    def counts(df: pd.DataFrame) -> pd.DataFrame:
-        df = df.assign(op=df["op"].astype(str))
-        return df.groupby(["rank", "op"]).agg(n=("op", "size"), b=("bytes", "sum")).sort_index()
-
-    pd.testing.assert_frame_equal(counts(got), counts(src), check_dtype=False)
+    pd.testing.assert_frame_equal(_counts(got), _counts(src), check_dtype=False)
     for op in ("send", "recv"):
         g = got[got["op"] == op].sort_values(["rank", "seq"], kind="stable")
         s = src[src["op"] == op].sort_values(["rank", "enqueue_ns"], kind="stable")
@@ -83,3 +85,13 @@ def test_simulated_logs_match_source(tmp_path):
     assert sorted(next(iter(v)) for v in members) == sorted(
         tuple(rs) for _, rs in nccl_tables.groups().values()
     )
+
+
+def test_kineto_simulated_run_counts_and_bytes(tmp_path):
+    """Acceptance: the log files of a simulated run give the collective counts and bytes of its traces."""
+    coll = nccl_tables.kineto_run(tmp_path / "kineto")
+    out = write_nccl_outputs(tmp_path / "nccl", coll, formats=("log",))
+    got = nccl_log.read_many(out["files"]["log"]).to_pandas()
+    src = coll.to_pandas()
+    assert len(got) == len(src) > 0
+    pd.testing.assert_frame_equal(_counts(got), _counts(src), check_dtype=False)

@@ -117,3 +117,13 @@ def test_align_onto_reference_clock(sim):
     # a reference that misses the first step still gives every rank its offset
     later = run.filter(pc.greater(run["step"], 0))
     _assert_aligned(npl.align(plugin, later).to_pandas(), src)
+
+
+def test_kineto_simulated_run_counts_and_bytes(tmp_path):
+    """Acceptance: the plugin files of a simulated run give the collective counts and bytes of its traces."""
+    coll = nccl_tables.kineto_run(tmp_path / "kineto")
+    out = write_nccl_outputs(tmp_path / "nccl", coll, formats=("plugin",))
+    got = npl.read_many(out["files"]["plugin"]).to_pandas()
+    src = coll.to_pandas()
+    assert len(got) == len(src) > 0
+    pd.testing.assert_frame_equal(counts_and_bytes(got), counts_and_bytes(src), check_dtype=False)

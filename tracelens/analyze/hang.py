@@ -60,7 +60,7 @@ def _frame(coll: pa.Table) -> pd.DataFrame:
 
 
 def _members(df: pd.DataFrame, expected_ranks) -> dict[tuple, set[int]]:
-    """Members of each (pg_name, pg_desc): from pg_ranks, else `expected_ranks`, else the ranks that recorded it."""
+    """Members of each (pg_name, pg_desc): pg_ranks, else `expected_ranks`, else the ranks seen in it."""
     out: dict[tuple, set[int]] = {}
     for key, grp in df.groupby(["pg_name", "pg_desc"], dropna=False, sort=False):
         name, desc = key
@@ -211,7 +211,8 @@ def diagnose(
 
             pg = _pg_text(str(name), desc)
             msg = (
-                f"{kind} mismatch in {maj['op']} #{seq} on {pg}: {_ranks_text(odd)} called {describe(oddrow)} "
+                f"{kind} mismatch in {maj['op']} #{seq} on {pg}: "
+                f"{_ranks_text(odd)} called {describe(oddrow)} "
                 f"where {int((combo == majority).sum())} ranks called {describe(maj)}"
             )
             first_enq = rows["enqueue_ns"].min()

@@ -1,4 +1,4 @@
-"""PyTorch Flight Recorder dumps (pickle from `_dump_fr_trace`, JSON from `_dump_fr_trace_json`) -> COLLECTIVES.
+"""PyTorch Flight Recorder dumps (pickle: `_dump_fr_trace`, JSON: `_dump_fr_trace_json`) -> COLLECTIVES.
 
 A dump holds one rank's ring buffer of collective records. The file name carries the rank
 (`<prefix><rank>`, e.g. `nccl_trace_rank_5`, optionally with a suffix such as `.json`); the content does not.
@@ -108,7 +108,7 @@ _P2P_RE = re.compile(r"^(send|recv)\s+(-?\d+)\s*(->|<-)\s*(-?\d+)")
 
 
 class _PlainUnpickler(pickle.Unpickler):
-    """Unpickler that refuses every global: dicts, lists, tuples, sets, str, bytes, numbers, bool, None only."""
+    """Unpickler that refuses every global: only dicts, lists, tuples, sets, str, bytes, numbers, None."""
 
     def find_class(self, module: str, name: str) -> Any:
         raise pickle.UnpicklingError(f"refused global {module}.{name}")
@@ -145,7 +145,7 @@ def loads_pickle(data: bytes, name: str = "<bytes>") -> Any:
 
 
 def load_dump(path: str | Path) -> dict:
-    """The dump as a plain dict (JSON or pickle, optionally gzipped), checked to look like a Flight Recorder dump."""
+    """The dump as a plain dict (JSON or pickle, maybe gzipped), checked to be a Flight Recorder dump."""
     path = Path(path)
     raw = _raw_bytes(path)
     head = raw.lstrip()[:1]
@@ -192,7 +192,7 @@ def _parse_ranks(value: Any) -> list[int] | None:
 
 
 def pg_config(dump: dict) -> dict[str, dict]:
-    """{pg_name: {"desc": str | None, "ranks": [int] | None}} from the dump's pg_config (empty for gloo dumps)."""
+    """{pg_name: {"desc": str | None, "ranks": [int] | None}} from the dump's pg_config (gloo: empty)."""
     out: dict[str, dict] = {}
     cfg = dump.get("pg_config")
     if not isinstance(cfg, dict):
@@ -235,7 +235,7 @@ def _numel(sizes: Any) -> int | None:
 
 
 def normalise_op(profiling_name: str) -> tuple[str, int | None, int | None]:
-    """("nccl:send 1->2") -> ("send", src_local, dst_local); ("gloo:all_reduce") -> ("allreduce", None, None)."""
+    """ "nccl:send 1->2" -> ("send", src_local, dst_local); "gloo:all_reduce" -> ("allreduce", None, None)."""
     name = profiling_name.split(":", 1)[1] if ":" in profiling_name else profiling_name
     name = name.strip()
     m = _P2P_RE.match(name)
@@ -285,10 +285,7 @@ def _rows(dump: dict, rank: int) -> list[dict]:
         elem = DTYPE_BYTES.get(dtype or "")
         big = max((n for n in (in_n, out_n) if n is not None), default=None)
         nbytes = big * elem if big is not None and elem is not None else None
-        if is_p2p:
-            seq = e.get("p2p_seq_id", e.get("seq_id"))
-        else:
-            seq = e.get("collective_seq_id", e.get("seq_id"))
+        seq = e.get("p2p_seq_id" if is_p2p else "collective_seq_id", e.get("seq_id"))
         state = e.get("state")
         started, completed = (
             _int_or_none(e.get("time_discovered_started_ns")),
@@ -361,7 +358,7 @@ def read(path: str | Path, rank: int | None = None) -> pa.Table:
 
 
 def read_many(paths: Iterable[str | Path]) -> pa.Table:
-    """Several dumps (one per rank) -> one COLLECTIVES table; group members are filled from every dump's pg_config."""
+    """Several dumps (one per rank) -> one COLLECTIVES table."""
     tables = [read(p) for p in paths]
     if not tables:
         return _table([])
@@ -371,8 +368,9 @@ def read_many(paths: Iterable[str | Path]) -> pa.Table:
 def read_status(path: str | Path) -> dict:
     """Dump-level facts: version, comm library version, pg_config and per-pg progress from `pg_status`.
 
-    Returns {"version", "comm_lib_version", "pg_config": {name: {desc, ranks}}, "pg_status": {pg_id: {
-    "pg_name", "pg_desc", "last_enqueued_collective", "last_started_collective", "last_completed_collective"}}}
+    Returns {"version", "comm_lib_version", "pg_config": {name: {desc, ranks}}, "pg_status": {pg_id:
+    {"pg_name", "pg_desc", "last_enqueued_collective", "last_started_collective",
+    "last_completed_collective"}}}
     with -1 / missing values as None (gloo never reports a started collective).
     """
     path = Path(path)

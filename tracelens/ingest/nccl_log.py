@@ -1,4 +1,4 @@
-"""NCCL_DEBUG=INFO logs (NCCL_DEBUG_SUBSYS including COLL and INIT) -> COLLECTIVES and communicator membership.
+"""NCCL_DEBUG=INFO logs (NCCL_DEBUG_SUBSYS with COLL and INIT) -> COLLECTIVES and communicator membership.
 
 Lines look like `host:pid:tid [cudaDev] NCCL INFO <message>` (debug.cc). Two messages matter:
 - collective calls (enqueue.cc): `AllReduce: opCount 3 sendbuff 0x.. recvbuff 0x.. count 1048576 datatype 9
@@ -74,7 +74,7 @@ OP_TO_NCCL = {
 
 
 def nelems(op: str, count: int, nranks: int | None) -> tuple[int | None, int | None]:
-    """(in_nelems, out_nelems) of one NCCL call from its API `count` (None where nranks is needed but unknown)."""
+    """(in_nelems, out_nelems) of one NCCL call from its API `count` (None: needs nranks, unknown)."""
     if op == "allgather":
         return count, (count * nranks if nranks else None)
     if op == "reducescatter":
@@ -206,7 +206,7 @@ def _table(rows: list[dict]) -> pa.Table:
 
 
 def _rows(calls: list[dict], inits: list[dict], world: dict | None = None) -> list[dict]:
-    """Calls -> COLLECTIVES rows. `world` maps (comm_id, local rank) -> global rank when several logs are known."""
+    """Calls -> COLLECTIVES rows. `world`: (comm_id, local rank) -> global rank, from several logs."""
     members = _membership_rows(inits)
     by_comm = {(m["host"], m["pid"], m["comm"]): m for m in members}
     largest: dict[tuple, int] = {}
@@ -268,7 +268,7 @@ def _rows(calls: list[dict], inits: list[dict], world: dict | None = None) -> li
 
 
 def read(path: str | Path) -> pa.Table:
-    """One NCCL_DEBUG=INFO log -> COLLECTIVES (source "nccl_log"); rank = the process's rank in its largest comm.
+    """One NCCL_DEBUG=INFO log -> COLLECTIVES (source "nccl_log"); rank = rank in the largest comm.
 
     Rows whose communicator has no `Init COMPLETE` line in the file have a null rank. A log without any
     NCCL INFO collective line gives an empty table; a file without any NCCL INFO line is a BadTraceError.

@@ -55,7 +55,7 @@ def name_info(path: str | Path) -> tuple[str, int] | None:
 
 
 def load_events(path: str | Path) -> list[dict]:
-    """The JSON array of one plugin file; a file cut off before its closing `]` is salvaged up to its last event."""
+    """The JSON array of one plugin file; a file cut off before its closing `]` is salvaged."""
     path = Path(path)
     try:
         raw = path.read_bytes()

@@ -1,5 +1,6 @@
-"""Write the NCCL-side inputs of a simulated run: Flight Recorder dumps (JSON and pickle), NCCL profiler-plugin
-traces and NCCL_DEBUG=INFO logs, all from the run's COLLECTIVES table, optionally with a planted hang.
+"""Write the NCCL-side inputs of a simulated run: Flight Recorder dumps (JSON and pickle), NCCL
+profiler-plugin traces and NCCL_DEBUG=INFO logs, all from the run's COLLECTIVES table, optionally with a
+planted hang.
 
 Why: these formats are what users have when a run hangs or a collective is slow; tests need them with
 known truth. Each writer follows the real producer's layout (docs/nccl-inputs.md):
@@ -23,10 +24,10 @@ import pickle
 from collections.abc import Iterable
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from tracelens.errors import BadInputError
 from tracelens.ingest.flight_recorder import DTYPE_BYTES
 from tracelens.ingest.nccl_log import NCCL_DTYPES, OP_TO_NCCL, TORCH_TO_NCCL_DTYPE, api_count
 
@@ -76,7 +77,7 @@ def _groups(df: pd.DataFrame) -> dict[str, dict]:
 
 
 def _assign_seq(df: pd.DataFrame) -> pd.DataFrame:
-    """FR sequence ids per (rank, pg): collective_seq_id counts collectives (from 1), p2p_seq_id counts p2p."""
+    """FR sequence ids per (rank, pg): collective_seq_id counts collectives (from 1), p2p_seq_id p2p ops."""
     df = df.copy()
     p2p = df["is_p2p"].fillna(False).astype(bool) | df["op"].isin(["send", "recv"])
     df["x_p2p"] = p2p
@@ -95,18 +96,21 @@ def _assign_seq(df: pd.DataFrame) -> pd.DataFrame:
 def apply_hang(df: pd.DataFrame, groups: dict, hang: tuple) -> tuple[pd.DataFrame, dict]:
     """Plant the hang on the frame (see module doc); returns the new frame (with `x_state`) and the truth."""
     rank, seq = int(hang[0]), int(hang[1])
+    coll_rows = ~df["x_p2p"] & (df["x_coll_seq"] == seq)
     if len(hang) > 2 and hang[2] is not None:
         pg = str(hang[2])
+        if pg not in groups:
+            raise BadInputError(f"--hang: no process group {pg!r} in this run")
     else:
-        mine = [n for n, g in groups.items() if rank in g["ranks"]]
+        # the largest group of that rank that has a collective #seq on it (ties: the lowest pg name)
+        have = set(df.loc[coll_rows & (df["rank"] == rank), "pg_name"].astype(str))
+        mine = [n for n, g in groups.items() if rank in g["ranks"] and n in have]
         if not mine:
-            raise ValueError(f"rank {rank} is in no process group")
-        pg = max(mine, key=lambda n: (len(groups[n]["ranks"]), n == "0"))
-    hit = (df["pg_name"] == pg) & (df["x_coll_seq"] == seq) & ~df["x_p2p"]
-    if not hit.any():
-        raise ValueError(f"no collective #{seq} on pg {pg}")
+            raise BadInputError(f"--hang: rank {rank} has no collective #{seq} in any process group")
+        pg = min(mine, key=lambda n: (-len(groups[n]["ranks"]), len(n), n))
+    hit = coll_rows & (df["pg_name"] == pg)
     if not (hit & (df["rank"] == rank)).any():
-        raise ValueError(f"rank {rank} has no collective #{seq} on pg {pg}")
+        raise BadInputError(f"--hang: rank {rank} has no collective #{seq} on pg {pg}")
     hung = df[hit]
     t_cut = int(hung["end_ns"].max())
     df = df.copy()
@@ -124,6 +128,7 @@ def apply_hang(df: pd.DataFrame, groups: dict, hang: tuple) -> tuple[pd.DataFram
     df.loc[late & (df["x_state"] == "scheduled"), "start_ns"] = pd.NA
     df = df[keep].reset_index(drop=True)
     op = str(hung["op"].iloc[0])
+    waiting = len(groups[pg]["ranks"]) - 1
     truth = {
         "rank": rank,
         "seq": seq,
@@ -133,7 +138,7 @@ def apply_hang(df: pd.DataFrame, groups: dict, hang: tuple) -> tuple[pd.DataFram
         "waiting_ranks": sorted(int(r) for r in hung["rank"].unique() if r != rank),
         "message": (
             f"rank {rank} never joined {op} #{seq} on pg {pg} ({groups[pg]['desc']}); "
-            f"{len(groups[pg]['ranks']) - 1} ranks waited"
+            f"{waiting} rank{'s' if waiting != 1 else ''} waited"
         ),
     }
     return df, truth
@@ -218,6 +223,15 @@ def _fr_dump(rank: int, d: pd.DataFrame, groups: dict, pg_ids: dict, as_json: bo
     return dump
 
 
+def _event(name: str, cat: str, ph: str, eid: int, pid: int, ts_us: float, args: dict | None = None) -> str:
+    """One event line exactly as the plugin's print_event.cc writes it (ts with %f, `args` only on begins)."""
+    line = f'{{"name": "{name}", "cat": "{cat}", "ph": "{ph}", "id": {eid}, "pid": {pid}, "tid": 1, '
+    line += f'"ts": {ts_us:f}'
+    if args is not None:
+        line += ', "args": ' + json.dumps(args)
+    return line + "},"
+
+
 def _plugin_files(run_dir: Path, df: pd.DataFrame, groups: dict) -> list[Path]:
     out_dir = run_dir / "nccl_profiler"
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -243,38 +257,31 @@ def _plugin_files(run_dir: Path, df: pd.DataFrame, groups: dict) -> list[Path]:
                 e = (int(r.end_ns) - t0) / 1000.0
                 if r.x_p2p:
                     peer = ranks.index(int(r.peer)) if (pd.notna(r.peer) and int(r.peer) in ranks) else -1
-                    args = (
-                        f'"CommHash": {h}, "Rank": {local}, "Peer": {peer}, "Count": {count}, '
-                        f'"Datatype": "{dt}", "nChannels": 2'
-                    )
                     cat = "P2P"
+                    args = {
+                        "CommHash": h,
+                        "Rank": local,
+                        "Peer": peer,
+                        "Count": count,
+                        "Datatype": dt,
+                        "nChannels": 2,
+                    }
                 else:
+                    cat = "COLL"
                     s = seqnum.get(func, 0)
                     seqnum[func] = s + 1
-                    args = (
-                        f'"SeqNum": {s}, "CommHash": {h}, "Rank": {local}, "Count": {count}, "Datatype": "{dt}", '
-                        f'"Algorithm": "Ring", "Protocol": "Simple", "nChannels": 4'
-                    )
-                    cat = "COLL"
-                lines.append(
-                    f'{{"name": "{func}", "cat": "{cat}", "ph": "b", "id": {k}, "pid": {pid}, "tid": 1, '
-                    f'"ts": {b:f}, "args": {{{args}}}}},'
-                )
+                    args = {"SeqNum": s, "CommHash": h, "Rank": local, "Count": count, "Datatype": dt,
+                            "Algorithm": "Ring", "Protocol": "Simple", "nChannels": 4}  # fmt: skip
+                lines.append(_event(func, cat, "b", k, pid, b, args))
                 if pd.notna(r.start_ns):
                     ps = (int(r.start_ns) - t0) / 1000.0
-                    steps = max(1, int(np.ceil((int(r.bytes or 0)) / (4 << 20))))
-                    lines.append(
-                        f'{{"name": "ProgressSend", "cat": "PROXY", "ph": "b", "id": {k}, "pid": {pid}, "tid": 1, '
-                        f'"ts": {ps:f}, "args": {{"Channel": 0, "Peer": {(local + 1) % len(ranks)}, '
-                        f'"Steps": {steps}, "ChunkSize": 524288, "transSize": {int(r.bytes or 0)}}}}},'
-                    )
-                    lines.append(
-                        f'{{"name": "ProgressSend", "cat": "PROXY", "ph": "e", "id": {k}, "pid": {pid}, "tid": 1, '
-                        f'"ts": {e:f}}},'
-                    )
-                lines.append(
-                    f'{{"name": "{func}", "cat": "{cat}", "ph": "e", "id": {k}, "pid": {pid}, "tid": 1, "ts": {e:f}}},'
-                )
+                    nbytes = int(r.bytes or 0)
+                    steps = max(1, -(-nbytes // (4 << 20)))
+                    proxy = {"Channel": 0, "Peer": (local + 1) % len(ranks), "Steps": steps,
+                             "ChunkSize": 524288, "transSize": nbytes}  # fmt: skip
+                    lines.append(_event("ProgressSend", "PROXY", "b", k, pid, ps, proxy))
+                    lines.append(_event("ProgressSend", "PROXY", "e", k, pid, e))
+                lines.append(_event(func, cat, "e", k, pid, e))
             path = out_dir / f"ncclprof_{h}_{local}.json"
             path.write_text("[\n" + "\n".join(lines) + "\n{}]\n")
             written.append(path)
@@ -333,13 +340,14 @@ def write_nccl_outputs(
     """Write the chosen NCCL-side formats for the run whose collectives are `coll` (schema.COLLECTIVES).
 
     `coll` rows need rank, pg_name, op, dtype, in/out nelems, enqueue/start/end ns (and peer for p2p);
-    `seq` is used as the collective seq when present. Returns {"files": {format: [paths]}, "hang": truth|None}.
+    `seq` is used as the collective seq when present.
+    Returns {"files": {format: [paths]}, "hang": truth or None}.
     """
     run_dir = Path(run_dir)
     formats = tuple(formats)
     unknown = set(formats) - set(FORMATS)
     if unknown:
-        raise ValueError(f"unknown NCCL output formats {sorted(unknown)}; choose from {FORMATS}")
+        raise BadInputError(f"unknown NCCL output formats {sorted(unknown)}; choose from {FORMATS}")
     df = _assign_seq(_frame(coll))
     groups = _groups(df)
     pg_ids = {n: i for i, n in enumerate(sorted(groups, key=lambda n: (len(n), n)))}
