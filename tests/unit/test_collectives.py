@@ -6,6 +6,7 @@ import json
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
 from tracelens import schema
@@ -80,7 +81,7 @@ def test_gpu_rows_take_enqueue_from_record_param_comms_and_fill_missing_args():
             "rank": 0,
             "kind": "cpu_op",
             "name": "record_param_comms",
-            "ts_ns": 200,
+            "ts_ns": 1_795_970_240_278_990_001,  # epoch-sized: must stay exact
             "dur_ns": 30,
             "external_id": 7,
             "collective": "allreduce",
@@ -115,12 +116,22 @@ def test_gpu_rows_take_enqueue_from_record_param_comms_and_fill_missing_args():
             "dtype": "Float",
         },
         {"rank": 1, "kind": "kernel", "name": "gemm", "ts_ns": 0, "dur_ns": 100, "device": 0},
+        # rank 2: no linked cpu op at all; epoch-sized timestamps must stay exact
+        nccl(2, 1_795_970_240_278_991_403, 777, seq=1, ranks=(0, 1, 2), ext=None),
     ]
     coll = C.collectives_from_events(events_table(rows))
+    r2 = [r for r in coll.to_pylist() if r["rank"] == 2]
+    assert r2[0]["start_ns"] == 1_795_970_240_278_991_403 and r2[0]["end_ns"] == 1_795_970_240_278_992_180
+    assert r2[0]["enqueue_ns"] is None
+    coll = coll.filter(pc.not_equal(coll["rank"], 2))
     assert coll.schema.equals(schema.COLLECTIVES)
     got = {r["rank"]: r for r in coll.to_pylist()}
     assert sorted(got) == [0, 1]
-    assert got[0]["enqueue_ns"] == 200 and got[0]["start_ns"] == 1_000 and got[0]["end_ns"] == 1_500
+    assert (
+        got[0]["enqueue_ns"] == 1_795_970_240_278_990_001
+        and got[0]["start_ns"] == 1_000
+        and got[0]["end_ns"] == 1_500
+    )
     assert got[1]["enqueue_ns"] == 250 and got[1]["seq"] == 1 and got[1]["pg_name"] == "0"
     assert got[1]["pg_ranks"] == [0, 1] and got[1]["group_size"] == 2
     for r in (0, 1):
@@ -228,9 +239,19 @@ def test_gloo_pairs_c10d_with_gloo_and_infers_groups_and_peers():
     # 4 CPU ranks, dp groups {0,1} and {2,3} allreduce at different times; pipeline pairs 0->2, 1->3.
     rows = []
 
+    base = 1_795_970_240_278_991_403  # real epoch ns: exact through every merge (float64 would round)
+
     def op(rank, name, kind, ts, dur, tid):
         rows.append(
-            {"rank": rank, "kind": kind, "name": name, "ts_ns": ts, "dur_ns": dur, "tid": tid, "step": 1}
+            {
+                "rank": rank,
+                "kind": kind,
+                "name": name,
+                "ts_ns": base + ts,
+                "dur_ns": dur,
+                "tid": tid,
+                "step": 1,
+            }
         )
 
     for r in range(4):
@@ -242,6 +263,8 @@ def test_gloo_pairs_c10d_with_gloo_and_infers_groups_and_peers():
             op(src, "gloo:send", "user_annotation", t + j + 50_000, 200_000, 100 + src)
             op(dst, "c10d::recv_", "cpu_op", t - 300_000 + j, 20_000, 100 + dst)
             op(dst, "gloo:recv", "user_annotation", t - 280_000 + j, 530_000 + k, 100 + dst)
+    # a gloo annotation whose c10d call fell before the profiling window (unpaired: kept, times exact)
+    op(0, "gloo:broadcast", "user_annotation", 9_000_001, 1_000, 900)
     for grp, t in (((0, 1), 6_000_000), ((2, 3), 8_000_000)):
         for i, r in enumerate(grp):
             op(r, "c10d::allreduce_", "cpu_op", t + 100_000 * i, 40_000, 100 + r)
@@ -254,15 +277,17 @@ def test_gloo_pairs_c10d_with_gloo_and_infers_groups_and_peers():
                 900 + r,
             )
     ev = events_table(rows)
-    cfg = [{"pg_name": "0", "ranks": [0, 1, 2, 3]}, {"pg_name": "1", "ranks": [0, 1]},
-           {"pg_name": "2", "ranks": [2, 3]}, {"pg_name": "3", "ranks": [0, 2]}, {"pg_name": "4", "ranks": [1, 3]},
-           {"pg_name": "5", "ranks": [0, 3]}]  # fmt: skip
+    groups = ([0, 1, 2, 3], [0, 1], [2, 3], [0, 2], [1, 3], [0, 3])
+    cfg = [{"pg_name": str(i), "ranks": g} for i, g in enumerate(groups)]
     coll = C.collectives_from_events(ev)
-    assert coll.num_rows == 4 * 2 + 4
+    assert coll.num_rows == 4 * 2 + 4 + 1
+    bc = [r for r in coll.to_pylist() if r["op"] == "broadcast"]
+    assert bc[0]["start_ns"] == base + 9_000_001 and bc[0]["end_ns"] == base + 9_001_001
     ar = [r for r in coll.to_pylist() if r["op"] == "allreduce"]
     # arrival = the c10d call; end = the end of the gloo work
     r1 = next(r for r in ar if r["rank"] == 1)
-    assert r1["start_ns"] == r1["enqueue_ns"] == 6_100_000 and r1["end_ns"] == 6_110_000 + 800_000
+    assert r1["start_ns"] == r1["enqueue_ns"] == base + 6_100_000
+    assert r1["end_ns"] == base + 6_110_000 + 800_000
     df, findings = C.match_with_findings(coll, meta(range(4), pg_config=cfg))
     assert findings == []
     groups = df[df["op"] == "allreduce"].groupby("instance")["rank"].apply(sorted).tolist()
@@ -279,7 +304,7 @@ def test_gloo_pairs_c10d_with_gloo_and_infers_groups_and_peers():
 
 
 def test_exposed_split_adds_up_exactly():
-    # rank 0: compute [0,100), allreduce [100,300) waiting until 250 (rank 1 arrives at 250), compute [300,350)
+    # rank 0: compute [0,100), allreduce [100,300) waiting until 250 (rank 1 arrives then), compute [300,350)
     # rank 1: compute [0,250), allreduce [250,300)
     rows = [
         {"rank": 0, "kind": "user_annotation", "name": "ProfilerStep#0", "ts_ns": 0, "dur_ns": 400, "tid": 1},

@@ -70,7 +70,7 @@ def normalize_op(name: str | None) -> str | None:
 
 
 def busbw_factor(op: str | None, n: float) -> float:
-    """nccl-tests bus-bandwidth factor: allreduce 2(n-1)/n; allgather, reducescatter, alltoall (n-1)/n; else 1."""
+    """nccl-tests busbw factor: allreduce 2(n-1)/n; allgather, reducescatter, alltoall (n-1)/n; else 1."""
     if not n or n < 1:
         return float("nan")
     if op == "allreduce":
@@ -101,10 +101,18 @@ def _rows(events: pa.Table, mask: np.ndarray, cols: tuple[str, ...]) -> pd.DataF
             )
         elif pa.types.is_string(col.type):
             out[name] = pd.Series(col.to_pylist(), dtype=object)
+        elif pa.types.is_integer(col.type):
+            # nullable Int64 keeps ns timestamps exact through merges (float64 would round them to 256 ns)
+            out[name] = pd.Series(
+                pd.array(
+                    col.combine_chunks().to_pylist()
+                    if col.null_count
+                    else col.to_numpy(zero_copy_only=False),
+                    dtype="Int64",
+                )
+            )
         else:
             out[name] = pd.Series(col.to_numpy(zero_copy_only=False))
-            if col.null_count:
-                out[name] = pd.Series(col.to_pandas(types_mapper=pd.ArrowDtype)).astype("Int64")
     return pd.DataFrame(out)
 
 
@@ -117,17 +125,29 @@ def _to_coll_table(df: pd.DataFrame) -> pa.Table:
     cols = {}
     n = len(df)
     for f in schema.COLLECTIVES:
-        vals = df[f.name] if f.name in df else pd.Series([None] * n, dtype=object)
+        if f.name not in df:
+            cols[f.name] = pa.nulls(n, f.type)
+            continue
+        vals = df[f.name]
         if pa.types.is_dictionary(f.type):
-            arr = pa.array([None if _isnull(v) else str(v) for v in vals], pa.string())
+            obj = vals.astype(object)
+            obj = obj.where(~obj.isna(), None)
+            arr = pa.array(obj.map(lambda v: None if v is None else str(v)).tolist(), pa.string())
             cols[f.name] = arr.dictionary_encode().cast(f.type)
         elif pa.types.is_list(f.type):
-            cols[f.name] = pa.array([None if v is None or v is pd.NA else list(v) for v in vals], f.type)
+            cols[f.name] = pa.array([_ranks_tuple(v) for v in vals], f.type)
         elif pa.types.is_boolean(f.type):
-            cols[f.name] = pa.array([None if _isnull(v) else bool(v) for v in vals], f.type)
+            cols[f.name] = pa.array(vals.astype("boolean"), f.type)
         else:
-            cols[f.name] = pa.array([None if _isnull(v) else int(v) for v in vals], f.type)
+            cols[f.name] = pa.array(vals.astype("Int64"), f.type)
     return pa.table(cols, schema=schema.COLLECTIVES)
+
+
+def _ranks_tuple(v) -> tuple[int, ...] | None:
+    """A pg_ranks cell as a tuple of ints (None for null / NaN / anything else)."""
+    if isinstance(v, (list, tuple, np.ndarray)):
+        return tuple(int(x) for x in v)
+    return None
 
 
 def _isnull(v) -> bool:
@@ -179,7 +199,7 @@ def _gpu_rows(events: pa.Table, ranks: np.ndarray, name_is_comm: np.ndarray, kin
 
 
 def _cpu_rows(events: pa.Table, ranks: np.ndarray, kind: dict, name: pa.ChunkedArray) -> pd.DataFrame:
-    """CPU-only ranks: `c10d::X` cpu op (the call: arrival, enqueue) paired by order with `gloo:X` (the work)."""
+    """CPU-only ranks: `c10d::X` cpu op (the call: arrival, enqueue) paired by order with `gloo:X` (work)."""
     rank = events.column("rank").to_numpy(zero_copy_only=False)
     on = np.isin(rank, ranks)
     is_c10d = _dict_lookup(
@@ -242,6 +262,7 @@ def collectives_from_events(events: pa.Table) -> pa.Table:
         return _empty_coll()
     df = pd.concat(parts, ignore_index=True)
     df = df[~df["op"].isna() & ~df["start_ns"].isna()].copy()
+    df["pg_ranks"] = [_ranks_tuple(v) for v in df["pg_ranks"]] if "pg_ranks" in df else None
     if df.empty:
         return _empty_coll()
     df["source"] = "kineto"
@@ -276,7 +297,7 @@ def _group_key(df: pd.DataFrame) -> pd.Series:
 
 
 def _order(df: pd.DataFrame) -> np.ndarray:
-    """0-based position among this rank's calls of the same op in the same group (p2p: to/from the same peer)."""
+    """0-based position among this rank's calls of the same op in the same group (p2p: with the same peer)."""
     key = _group_key(df)
     peer = df["peer"].astype("Float64").fillna(-1).astype(int).astype(str)
     k = np.where(
@@ -351,7 +372,7 @@ def _infer_groups(df: pd.DataFrame, candidates: list[tuple[int, ...]]) -> pd.Ser
     k-th calls end together (smallest median end spread first); ranks left over share one default group."""
     key = pd.Series([""] * len(df), index=df.index, dtype=object)
     unknown = (df["group_key"] == "") & ~df["is_p2p"].astype(bool)
-    for op, sub in df[unknown].groupby("op"):
+    for _op, sub in df[unknown].groupby("op"):
         sub = sub.sort_values("start_ns", kind="stable")
         ends = {int(r): s["end_ns"].astype("int64").to_numpy() for r, s in sub.groupby("rank")}
         counts = {r: len(v) for r, v in ends.items()}
@@ -377,8 +398,8 @@ def _infer_groups(df: pd.DataFrame, candidates: list[tuple[int, ...]]) -> pd.Ser
 
 
 def _infer_peers(df: pd.DataFrame, candidates: list[tuple[int, ...]]) -> pd.Series:
-    """Peers of send/recv rows that carry none (gloo): pair a sender's k-th send with a receiver's k-th recv for
-    the (sender, receiver) pairs whose calls end together; candidates are 2-rank groups when declared."""
+    """Peers of send/recv rows that carry none (gloo): pair a sender's k-th send with a receiver's k-th
+    recv for the (sender, receiver) pairs whose calls end together; candidates: declared 2-rank groups."""
     peer = df["peer"].copy()
     todo = df["is_p2p"].astype(bool) & peer.isna() & df["op"].isin(("send", "recv"))
     if not todo.any():
@@ -653,8 +674,7 @@ def wait_transfer(df: pd.DataFrame, offsets_ns: dict[int, int]) -> pd.DataFrame:
     """
     df = df.copy()
     if df.empty:
-        for c in ("start_aligned_ns", "end_aligned_ns", "latest_start_ns", "arrival_skew_ns", "wait_ns",
-                  "transfer_ns", "lag_ns", "blame_ns", "n_participants", "is_last", "algbw_gbps", "busbw_gbps"):  # fmt: skip
+        for c, _typ in WT_COLUMNS:
             df[c] = pd.Series([], dtype="float64")
         return df
     off = df["rank"].astype(int).map(lambda r: offsets_ns.get(int(r), 0)).astype("int64").to_numpy()
@@ -751,8 +771,8 @@ EXPOSED_SPLIT = pa.schema(
 
 
 def exposed_split(df: pd.DataFrame, breakdown: pa.Table, sets: dict) -> pa.Table:
-    """Per (rank, step): exposed communication (breakdown's K − C) split into the part that overlaps the wait
-    head [start, start + wait) of a collective on that rank and the rest (transfer). The two add up exactly."""
+    """Per (rank, step): exposed communication (breakdown's K − C) split into the part inside the wait head
+    [start, start + wait) of a collective on that rank and the rest (transfer). The two add up exactly."""
     out = {f.name: [] for f in EXPOSED_SPLIT}
     b_rank = breakdown.column("rank").to_numpy(zero_copy_only=False)
     for r in np.unique(b_rank):

@@ -58,7 +58,7 @@ class CrossRankResult:
     clock: C.ClockResult | None = None
 
     def one_line(self) -> str:
-        """E.g. "straggler: rank 5 (compute, +23% compute vs stage peers, costs 41 ms/step)" or "no straggler"."""
+        """E.g. "straggler: rank 5 (compute, +23% compute vs stage peers, costs 41 ms/step)"."""
         if not self.stragglers:
             return "no straggler"
         parts = [_describe(s) for s in self.stragglers]
@@ -81,7 +81,7 @@ def _describe(s: dict) -> str:
 # ----------------------------------------------------------------------------------------------------
 def infer_peer_groups(df: pd.DataFrame, ranks: list[int]) -> dict[int, int]:
     """rank -> peer-group id when no stages are given: ranks joined by non-p2p collectives, leaving out any
-    group that spans both ends of a send/recv (pipeline stages talk by p2p, so such a group crosses stages)."""
+    group that spans both ends of a send/recv (stages talk by p2p, so such a group crosses stages)."""
     parent = {r: r for r in ranks}
 
     def find(x: int) -> int:
@@ -122,7 +122,7 @@ ARRIVAL_LAG = pa.schema(
 
 
 def arrival_lag(df: pd.DataFrame) -> pa.Table:
-    """Per (rank, step) arrival lag over non-p2p collectives (p2p waits are pipeline structure, not lateness)."""
+    """Per (rank, step) arrival lag over non-p2p collectives (p2p waits are pipeline structure)."""
     coll = df[~df["is_p2p"].astype(bool) & (df["n_participants"] > 1)] if not df.empty else df
     if coll.empty:
         return ARRIVAL_LAG.empty_table()
@@ -177,8 +177,8 @@ def _peer_stats(per: pd.DataFrame, col: str) -> tuple[np.ndarray, np.ndarray]:
 
 def _slow_links(df: pd.DataFrame, cfg: StragglerConfig) -> tuple[dict[int, float], pd.DataFrame]:
     """Per rank, the smallest over its informative groups of the median transfer ratio (instance transfer /
-    reference transfer of instances of the same op, size and group size across groups). >1 for every group of a
-    rank means its own link is slow; a rank sharing only some slow groups is a bystander."""
+    reference transfer of the same op, size and group size across groups). >1 for every group of a rank
+    means its own link is slow; a rank sharing only some slow groups is a bystander."""
     if df.empty:
         return {}, df
     d = df[(df["n_participants"] >= 2)].copy()
@@ -228,7 +228,7 @@ def _slow_links(df: pd.DataFrame, cfg: StragglerConfig) -> tuple[dict[int, float
 
 def pre_arrival_idle(breakdown: pa.Table, sets: dict, df: pd.DataFrame) -> pd.DataFrame:
     """Per (rank, step): device idle between the step start and the rank's last collective arrival of the
-    step. Idle after that point (a rank that finished early) says nothing about its host, so it is left out."""
+    step. Idle after that point (a rank that finished early) says nothing about its host: left out."""
     b = breakdown.select(["rank", "step", "window_start_ns", "window_end_ns"]).to_pandas()
     b["step"] = b["step"].astype("Int64").fillna(-1).astype(int)
     if not df.empty:
@@ -411,7 +411,7 @@ def analyze_cross_rank(
     config: StragglerConfig | None = None,
     sets: dict | None = None,
 ) -> CrossRankResult:
-    """Match collectives, align clocks, split wait vs transfer and find stragglers with their cause and cost."""
+    """Match collectives, align clocks, split wait vs transfer, find stragglers with their cause and cost."""
     cfg = config or StragglerConfig()
     if sets is None:
         sets = class_sets(events)
@@ -425,10 +425,7 @@ def analyze_cross_rank(
     split = C.exposed_split(df, breakdown, sets)
     lag = arrival_lag(df)
     ranks = sorted(int(r) for r in np.unique(breakdown.column("rank").to_numpy(zero_copy_only=False)))
-    if stage_of:
-        groups = {r: int(stage_of.get(r, -1 - r)) for r in ranks}
-    else:
-        groups = infer_peer_groups(df, ranks)
+    groups = {r: int(stage_of.get(r, -1 - r)) for r in ranks} if stage_of else infer_peer_groups(df, ranks)
     per = _per_rank_step(breakdown, split, lag, pre_arrival_idle(breakdown, sets, df))
     stragglers = detect(per, df, groups, cfg, stage_of) if len(per) else []
     findings += _straggler_findings(stragglers)
