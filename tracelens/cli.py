@@ -74,5 +74,7 @@ def _main(
 from tracelens.commands import analyze as _analyze  # noqa: E402,F401
 from tracelens.commands import audit_layout as _audit_layout  # noqa: E402,F401
 from tracelens.commands import check as _check  # noqa: E402,F401
+from tracelens.commands import compare as _compare  # noqa: E402,F401
 from tracelens.commands import ingest as _ingest  # noqa: E402,F401
+from tracelens.commands import report as _report  # noqa: E402,F401
 from tracelens.commands import simulate as _simulate  # noqa: E402,F401
