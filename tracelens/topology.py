@@ -548,7 +548,18 @@ def infer_grid(events: pa.Table | None, metadata: pa.Table | None) -> tuple[Grid
     full = [c for c in coords.values() if None not in c]
     if len(full) != len(set(full)):
         inconsistent("two ranks share the same (dp, pp, tp, cp) coordinates")
-    order = _infer_order(degree, coords, world)
+    order, layout_coords = _infer_order(degree, coords)
+    partial = sorted(r for r, c in coords.items() if None in c)
+    ambiguous = sum(1 for a in AXES if (degree[a] or 1) > 1) > 1
+    if order is not None and partial:
+        # ranks whose groups were not all traced: their missing coordinates follow the order found
+        for r in partial:
+            coords[r] = tuple(x if x is not None else y for x, y in zip(coords[r], layout_coords[r]))
+        if ambiguous:
+            notes.append(
+                f"coordinates of {len(partial)} rank(s) not fully covered by the traced groups follow "
+                f"the order {order}"
+            )
     grid = Grid(
         tp=degree["tp"],
         pp=degree["pp"],
@@ -573,12 +584,11 @@ def _has_comm(events: pa.Table) -> bool:
     return any(v and (v.startswith(("c10d::", "gloo:", "nccl")) or v == "record_param_comms") for v in vals)
 
 
-def _infer_order(degree: dict[str, int | None], coords: dict[int, Coord], world: int | None) -> str | None:
-    """The axis order (Megatron convention) that reproduces the inferred coordinates, default first."""
+def _infer_order(degree: dict[str, int | None], coords: dict[int, Coord]) -> tuple[str | None, dict]:
+    """The axis order (Megatron convention, default first) that reproduces every known coordinate, and
+    that order's coordinates for all ranks ({} when no order fits)."""
     if any(degree[a] is None for a in AXES) or not coords:
-        return None
-    if any(None in c for c in coords.values()):
-        return None
+        return None, {}
     total = int(np.prod([degree[a] for a in AXES]))
     default = tuple(DEFAULT_ORDER.split("-"))
     candidates = [default] + [p for p in itertools.permutations(AXES) if p != default]
@@ -592,9 +602,12 @@ def _infer_order(degree: dict[str, int | None], coords: dict[int, Coord], world:
             order="-".join(perm),
             source="inferred",
         )
-        if all(g.coords.get(r) == c for r, c in coords.items()):
-            return "-".join(perm)
-    return None
+        if all(
+            r in g.coords and all(x is None or x == y for x, y in zip(c, g.coords[r]))
+            for r, c in coords.items()
+        ):
+            return "-".join(perm), g.coords
+    return None, {}
 
 
 def grid_for_run(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tracelens.analyze.composition import analyze_composition
@@ -119,3 +121,28 @@ def test_unequal_split_names_heavy_stage_and_grows_with_sequence(runs):
     short, long = results["unequal_4k"].time_share, results["unequal_256k"].time_share
     assert long["full_attention"] > short["full_attention"]
     assert short["full_attention"] == pytest.approx(runs("unequal_4k")[0]["attention_share"], rel=0.10)
+
+
+HTA = Path(__file__).resolve().parents[2].parent / "shared" / "traces" / "hta"
+
+
+@pytest.mark.skipif(not HTA.is_dir(), reason=f"real traces not present at {HTA}")
+def test_real_traces_partial_ranks():
+    # gloo rank 34 of 300, only the default group, no sends: pure data parallel, one stage
+    t = load_tables(HTA / "cpu_only", no_cache=True)
+    grid, findings = infer_grid(t.events, t.metadata)
+    assert findings == []
+    assert (grid.tp, grid.pp, grid.dp, grid.cp, grid.world_size) == (1, 1, 300, 1, 300)
+    assert grid.coords == {34: (34, 0, 0, 0)} and grid.stage_of(34) == 0
+    # NCCL rank 0 of 2 with allreduce kernels: dp=2
+    t = load_tables(HTA / "nccl_parser_config", no_cache=True)
+    grid, findings = infer_grid(t.events, t.metadata)
+    assert findings == [] and (grid.pp, grid.dp) == (1, 2)
+    res = analyze_pipeline(t.events, grid)
+    assert [s["stage"] for s in res.stages] == [0]
+    assert res.stages[0]["bubble_ms"] == 0 and res.findings == []
+    # 2 sampled ranks of a 128-rank job without process-group metadata: nothing to infer
+    t = load_tables(HTA / "trace_filter", no_cache=True)
+    grid, findings = infer_grid(t.events, t.metadata)
+    assert grid.source == "none" and grid.pp is None
+    assert analyze_pipeline(t.events, grid).stages == []
