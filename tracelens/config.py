@@ -152,3 +152,23 @@ def load_run_config(run_dir: str | Path) -> RunConfig:
     except (OSError, UnicodeDecodeError) as exc:
         raise BadConfigError(f"cannot read {path}: {exc}") from None
     return parse_config(text, base_dir=path.parent, source=str(path))
+
+
+def read_run_config(run_dir: str | Path) -> dict:
+    """`run_dir/tracelens.toml` as analysis options: {layout: "tp=4,pp=4,dp=2,cp=1" | None, order, model,
+    seq_len, global_batch, microbatches, schedule, peak_tflops, gpu}; {} when there is no file."""
+    cfg = load_run_config(run_dir)
+    if cfg.path is None:
+        return {}
+    degrees = [f"{a}={getattr(cfg, a)}" for a in ("tp", "pp", "dp", "cp") if getattr(cfg, a) is not None]
+    return {
+        "layout": ",".join(degrees) or None,
+        "order": cfg.order,
+        "model": cfg.model,
+        "seq_len": cfg.seq_len,
+        "global_batch": cfg.global_batch,
+        "microbatches": cfg.microbatches,
+        "schedule": cfg.schedule,
+        "peak_tflops": cfg.peak_tflops,
+        "gpu": cfg.gpu,
+    }

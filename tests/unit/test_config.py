@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from tracelens.config import RunConfig, load_run_config, parse_config
+from tracelens.config import RunConfig, load_run_config, parse_config, read_run_config
 from tracelens.errors import BadConfigError
+from tracelens.topology import parse_layout
 
 FULL = """
 [parallel]
@@ -66,3 +67,11 @@ def test_overrides_win():
 def test_bad_files_raise(text):
     with pytest.raises(BadConfigError):
         parse_config(text)
+
+
+def test_read_run_config_gives_analysis_options(tmp_path):
+    assert read_run_config(tmp_path) == {}
+    (tmp_path / "tracelens.toml").write_text("[parallel]\ntp = 4\npp = 2\n[training]\nseq_len = 8192\n")
+    opts = read_run_config(tmp_path)
+    assert opts["layout"] == "tp=4,pp=2" and opts["seq_len"] == 8192 and opts["model"] is None
+    assert parse_layout(opts["layout"]) == {"tp": 4, "pp": 2, "dp": None, "cp": None}
