@@ -267,11 +267,13 @@ def analyze_composition(
     imbalance_threshold: float = IMBALANCE_THRESHOLD,
     breakdown: pa.Table | None = None,
     spans: pa.Table | None = None,
+    sets: dict | None = None,
 ) -> CompositionResult:
     """Layer counts by type per stage, per-stage compute per type, run-wide time shares and findings."""
     res = CompositionResult()
     stage_ranks = {s: grid.ranks_of_stage(s) for s in grid.stages}
-    sets = class_sets(events) if events.num_rows else {}
+    if sets is None:
+        sets = class_sets(events) if events.num_rows else {}
     if spans is None:
         spans = module_spans(events, patterns, sets=sets) if events.num_rows else SPANS.empty_table()
     sp = spans.to_pandas()

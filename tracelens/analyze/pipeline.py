@@ -145,17 +145,20 @@ def analyze_pipeline(
     spans: pa.Table | None = None,
     excess_threshold: float = EXCESS_THRESHOLD,
     clock_offsets_ns: dict[int, int] | None = None,
+    sets: dict | None = None,
 ) -> PipelineResult:
     """Bubble per (rank, step) and per stage; PIPELINE_BUBBLE_EXCESS when the excess is material.
 
     `clock_offsets_ns` (rank -> ns to subtract, as `collectives.clock_offsets` gives) aligns hosts before
-    fill and drain are measured across ranks; waits are measured on each rank's own clock.
+    fill and drain are measured across ranks; waits are measured on each rank's own clock. `sets`
+    (breakdown.class_sets) and `spans` (composition.module_spans) may be passed to reuse them.
     """
     res = PipelineResult()
     if not grid.pp or not grid.coords or events.num_rows == 0:
         return res
     classes = classify(events)
-    sets = class_sets(events, classes)
+    if sets is None:
+        sets = class_sets(events, classes)
     if spans is None:
         spans = module_spans(events, sets=sets)
     sp = spans.to_pandas()
