@@ -343,3 +343,21 @@ def test_empty_events_give_empty_tables():
     matched = C.match(coll)
     assert matched.num_rows == 0
     assert isinstance(matched, pa.Table)
+
+
+def test_op_falls_back_to_the_kernel_name_then_other():
+    rows = [
+        nccl(0, 100, 10, op="coalesced", kernel="ncclDevKernel_SendRecv"),
+        nccl(0, 200, 10, op="mystery_op", kernel="ncclDevKernel_Generic"),
+        {
+            "rank": 0,
+            "kind": "kernel",
+            "name": "ncclDevKernel_Generic",
+            "ts_ns": 300,
+            "dur_ns": 10,
+            "device": 0,
+        },
+    ]
+    coll = C.collectives_from_events(events_table(rows))
+    assert coll.column("op").cast(pa.string()).to_pylist() == ["sendrecv", "other"]
+    assert coll.column("is_p2p").to_pylist() == [True, False]

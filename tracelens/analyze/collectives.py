@@ -191,8 +191,14 @@ def _gpu_rows(events: pa.Table, ranks: np.ndarray, name_is_comm: np.ndarray, kin
             else [a if a is not None else b for a, b in zip(k[c], cpu)]
         )
     k["enqueue_ns"] = k["ts_ns_cpu"]
-    raw = [c if isinstance(c, str) and c else n for c, n in zip(k["collective"], k["name"])]
-    k["op"] = [normalize_op(v) for v in raw]
+    # `Collective name` first, then the kernel name ("coalesced" -> ncclDevKernel_SendRecv -> sendrecv);
+    # a kernel that names no known op but carries collective args is kept as "other"
+    k["op"] = [
+        normalize_op(c if isinstance(c, str) else None)
+        or normalize_op(n)
+        or ("other" if isinstance(c, str) else None)
+        for c, n in zip(k["collective"], k["name"])
+    ]
     k["start_ns"] = k["ts_ns"]
     k["end_ns"] = k["ts_ns"] + k["dur_ns"]
     return k
