@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pipeline_tables import events_table, megatron_groups, metadata_table
 
 from tracelens.errors import BadConfigError
@@ -260,3 +262,43 @@ def test_single_rank():
         "order": "tp-cp-dp-pp",
         "source": "inferred",
     }
+
+
+def _groups_for(grid):
+    """Megatron-described groups of every axis of `grid`, each listed in coordinate order, per member rank."""
+    names = {
+        "tp": "TENSOR_MODEL_PARALLEL_GROUP",
+        "pp": "PIPELINE_MODEL_PARALLEL_GROUP",
+        "dp": "DATA_PARALLEL_GROUP",
+        "cp": "CONTEXT_PARALLEL_GROUP",
+    }
+    pos = {"dp": 0, "pp": 1, "tp": 2, "cp": 3}
+    out = {r: [("default_pg", sorted(grid.coords))] for r in grid.coords}
+    for axis, i in pos.items():
+        buckets = {}
+        for r, c in grid.coords.items():
+            buckets.setdefault(c[:i] + c[i + 1 :], []).append((c[i], r))
+        for members in buckets.values():
+            ranks = [r for _, r in sorted(members)]
+            for r in ranks:
+                out[r].append((names[axis], ranks))
+    return out
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    tp=st.sampled_from([1, 2, 4]),
+    pp=st.sampled_from([1, 2, 3]),
+    dp=st.sampled_from([1, 2]),
+    cp=st.sampled_from([1, 2]),
+    order=st.permutations(["tp", "cp", "dp", "pp"]),
+)
+def test_inference_round_trips_any_layout_and_order(tp, pp, dp, cp, order):
+    truth = grid_from_layout(None, tp, pp, dp, cp, order="-".join(order))
+    grid, findings = infer_grid(None, metadata_table(truth.world_size, _groups_for(truth)))
+    assert findings == []
+    assert (grid.tp, grid.pp, grid.dp, grid.cp) == (tp, pp, dp, cp)
+    assert grid.coords == truth.coords
+    # the order found reproduces the layout (axes of degree 1 may sit anywhere)
+    again = grid_from_layout(truth.world_size, tp, pp, dp, cp, order=grid.order)
+    assert again.coords == truth.coords
