@@ -37,8 +37,11 @@ def load_side(path: Path) -> dict:
         raise BadInputError(f"{path}: no such file or directory")
     if path.is_dir() and (path / "summary.json").is_file() and not any(path.glob("*trace*.json*")):
         return load_summary(path / "summary.json")
-    if path.is_file() and path.suffix == ".json" and "summary" in path.name:
-        return load_summary(path)
+    if path.is_file() and path.suffix == ".json":
+        with open(path, "rb") as fh:
+            head = fh.read(65536)
+        if b'"tracelens.summary/' in head or "summary" in path.name:
+            return load_summary(path)
     from tracelens.run_analysis import Options, analyze_run
 
     return analyze_run(path, Options()).summary()

@@ -10,6 +10,7 @@ before it reaches Plotly, whose labels understand a subset of HTML (`<b>`, `<a h
 from __future__ import annotations
 
 import html
+import warnings
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -164,7 +165,8 @@ def step_heatmap(summary: dict, metric: str = "step_time_ms", max_items: int = M
     z = []
     for m in members:
         sub = grid[[ri[r] for r in m]]
-        with np.errstate(all="ignore"):
+        with warnings.catch_warnings():  # an all-missing column is None, not a warning
+            warnings.simplefilter("ignore", RuntimeWarning)
             vals = np.nanmean(sub, axis=0) if sub.size else np.array([])
         z.append([_r(v) for v in vals])
     fig = go.Figure(
