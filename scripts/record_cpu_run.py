@@ -279,6 +279,78 @@ def _worker(rank: int, args: argparse.Namespace, init_method: str, stage_dir: st
     dist.destroy_process_group()
 
 
+def _hang_worker(rank: int, args: argparse.Namespace, init_method: str, stage_dir: str) -> None:
+    """A real hang: every rank runs `args.hang_seq - 1` world allreduces, then `args.hang_rank` skips the next
+    one while the others enter it; each rank dumps its Flight Recorder while the collective is pending."""
+    import datetime
+
+    os.environ.setdefault("TORCH_FR_BUFFER_SIZE", "2000")
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", init_method=init_method, rank=rank, world_size=WORLD, timeout=datetime.timedelta(seconds=20)
+    )
+    x = torch.ones(1024)
+    for _ in range(args.hang_seq - 1):
+        dist.all_reduce(x)
+    pending = None
+    if rank != args.hang_rank:
+        pending = dist.all_reduce(x, async_op=True)  # never completes: one member is missing
+    time.sleep(3.0)  # let every rank reach its state before dumping
+    c10d = torch._C._distributed_c10d
+    fr_dir = Path(stage_dir) / "flight_recorder"
+    (fr_dir / "pickle").mkdir(parents=True, exist_ok=True)
+    (fr_dir / "json").mkdir(parents=True, exist_ok=True)
+    pkl = c10d._dump_fr_trace(includeCollectives=True, includeStackTraces=False, onlyActive=False)
+    (fr_dir / "pickle" / f"fr_trace_rank_{rank}").write_bytes(pkl)
+    js = c10d._dump_fr_trace_json(includeCollectives=True, onlyActive=False)
+    (fr_dir / "json" / f"fr_trace_rank_{rank}.json").write_bytes(js if isinstance(js, bytes) else js.encode())
+    (Path(stage_dir) / f"rank{rank}.done").write_text("pending" if pending is not None else "skipped")
+    os._exit(0)  # do not wait for the hung collective (or for gloo's timeout)
+
+
+def record_hang(args: argparse.Namespace) -> int:
+    """Record real Flight Recorder dumps of a hung gloo run into args.out (no profiler traces)."""
+    import torch
+    import torch.multiprocessing as mp
+
+    stage_dir = tempfile.mkdtemp(prefix="tracelens-hang-")
+    init_method = f"tcp://127.0.0.1:{_free_port()}"
+    mp.spawn(_hang_worker, args=(args, init_method, stage_dir), nprocs=WORLD, join=True)
+    truth = {
+        "kind": "real",
+        "recorded_with": {
+            "script": "scripts/record_cpu_run.py",
+            "argv": sys.argv[1:],
+            "torch": torch.__version__,
+            "backend": "gloo",
+        },
+        "world_size": WORLD,
+        "hang": {
+            "rank": args.hang_rank,
+            "seq": args.hang_seq,
+            "pg_name": "0",
+            "pg_desc": "default_pg",
+            "op": "allreduce",
+            "waiting_ranks": [r for r in range(WORLD) if r != args.hang_rank],
+            "message": (
+                f"rank {args.hang_rank} never joined allreduce #{args.hang_seq} on pg 0 (default_pg); "
+                f"{WORLD - 1} ranks waited"
+            ),
+        },
+    }
+    out: Path = args.out
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    shutil.copytree(Path(stage_dir) / "flight_recorder", out / "flight_recorder")
+    (out / "truth.json").write_text(json.dumps(truth, indent=2) + "\n")
+    shutil.rmtree(stage_dir, ignore_errors=True)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("-o", "--out", required=True, type=Path, help="output folder (replaced)")
@@ -290,7 +362,20 @@ def main(argv: list[str] | None = None) -> int:
         help="rows x this of extra matmul per MLP call on the slow rank",
     )
     ap.add_argument("--microbatches", type=int, default=3)
+    ap.add_argument(
+        "--hang",
+        metavar="RANK:SEQ",
+        help="record Flight Recorder dumps of a real hang instead: RANK skips world allreduce #SEQ",
+    )
     args = ap.parse_args(argv)
+    if args.hang:
+        try:
+            args.hang_rank, args.hang_seq = (int(v) for v in args.hang.split(":"))
+        except ValueError:
+            ap.error("--hang takes RANK:SEQ, e.g. 3:5")
+        if not (0 <= args.hang_rank < WORLD and args.hang_seq >= 1):
+            ap.error(f"--hang rank must be in 0..{WORLD - 1} and seq >= 1")
+        return record_hang(args)
 
     import torch
     import torch.multiprocessing as mp

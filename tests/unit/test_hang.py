@@ -16,6 +16,7 @@ from tracelens.ingest import flight_recorder as fr
 from tracelens.simulate.nccl_outputs import write_nccl_outputs
 
 GLOO = Path(__file__).resolve().parents[2] / "sample_traces" / "cpu-gloo-4rank"
+GLOO_HANG = GLOO.parent / "cpu-gloo-4rank-hang"
 
 
 @pytest.fixture(scope="module")
@@ -146,3 +147,22 @@ def test_hang_in_kineto_simulated_run(tmp_path, fmt):
     assert (first["ranks"], first["seq"], first["pg_name"], first["op"]) == ([6], 7, tp_pg, "allreduce")
     assert first["message"] == out["hang"]["message"]
     assert first["message"].endswith("; 1 rank waited")
+
+
+@pytest.mark.parametrize("kind", ["json", "pickle"])
+def test_real_gloo_hang_is_diagnosed(kind):
+    """Real torch 2.13 gloo dumps of a hung run (scripts/record_cpu_run.py --hang 3:5)."""
+    truth = json.loads((GLOO_HANG / "truth.json").read_text())["hang"]
+    coll = fr.read_many(sorted((GLOO_HANG / "flight_recorder" / kind).iterdir()))
+    findings = diagnose(coll, expected_ranks=range(4))
+    assert [f["code"] for f in findings] == ["COLLECTIVE_HANG"]
+    f = findings[0]
+    assert f["message"] == truth["message"]
+    assert (f["ranks"], f["seq"], f["pg_name"], f["op"]) == ([truth["rank"]], truth["seq"], "0", "allreduce")
+    assert f["waiting_ranks"] == truth["waiting_ranks"]
+    prog = {p["rank"]: p for p in f["progress"]}
+    assert prog[truth["rank"]]["last_enqueued"] == truth["seq"] - 1
+    for r in truth["waiting_ranks"]:
+        # gloo: the pending collective stays "scheduled"; pg_status marks the earlier ones completed
+        assert prog[r] == {"rank": r, "last_enqueued": truth["seq"], "last_started": truth["seq"] - 1,
+                           "last_completed": truth["seq"] - 1}  # fmt: skip

@@ -136,7 +136,7 @@ def diagnose(
         grp = grp[grp["seq"] >= lo]
         per_seq = grp.groupby("seq")
         n_joined = per_seq["rank"].nunique()
-        any_done = per_seq["state"].agg(lambda s: bool((s == "completed").any()))
+        any_done = grp["state"].eq("completed").groupby(grp["seq"]).any()
         incomplete = n_joined[(n_joined < len(mem)) & ~any_done]
         if len(incomplete):
             seq = int(incomplete.index.min())

@@ -256,8 +256,26 @@ def normalise_op(profiling_name: str) -> tuple[str, int | None, int | None]:
     return base, None, None
 
 
+def _status_marks(dump: dict) -> dict[str, tuple[int, int]]:
+    """{pg_id: (last started, last completed collective seq)} from pg_status (-1 when none)."""
+    out = {}
+    raw = dump.get("pg_status")
+    if isinstance(raw, dict):
+        for pg_id, st in raw.items():
+            if isinstance(st, dict):
+                vals = []
+                for key in ("last_started_collective", "last_completed_collective"):
+                    try:
+                        vals.append(int(st.get(key, -1)))
+                    except (TypeError, ValueError):
+                        vals.append(-1)
+                out[str(pg_id)] = (vals[0], vals[1])
+    return out
+
+
 def _rows(dump: dict, rank: int) -> list[dict]:
     cfg = pg_config(dump)
+    marks = _status_marks(dump)
     rows = []
     for e in dump["entries"]:
         pg = e.get("process_group")
@@ -293,6 +311,15 @@ def _rows(dump: dict, rank: int) -> list[dict]:
         )
         if state not in ("scheduled", "started", "completed"):
             state = "completed" if completed else ("started" if started else "scheduled")
+        # gloo never updates an entry's state (all stay "scheduled"); its pg_status does say how far each
+        # group got, so collectives at or below the last started/completed seq take that state.
+        last_started, last_completed = marks.get(str(e.get("pg_id")), (-1, -1))
+        cseq = e.get("collective_seq_id")
+        if not is_p2p and isinstance(cseq, int) and state != "completed":
+            if cseq <= last_completed:
+                state = "completed"
+            elif state == "scheduled" and cseq <= last_started:
+                state = "started"
         rows.append(
             {
                 "rank": rank,
@@ -342,6 +369,8 @@ def read(path: str | Path, rank: int | None = None) -> pa.Table:
 
     `rank` defaults to the number at the end of the file name. Times: `enqueue_ns` = time_created_ns,
     `start_ns`/`end_ns` = time the watchdog discovered the start / completion (null when unknown, as in gloo).
+    `state` is the entry's, raised to "started"/"completed" where the dump's pg_status says the group got
+    that far (gloo leaves every entry "scheduled").
     """
     path = Path(path)
     if rank is None:
