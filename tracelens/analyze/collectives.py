@@ -655,7 +655,7 @@ def clock_findings(clock: ClockResult, threshold_ns: int) -> list[dict]:
         return []
     lo = min(vals, key=vals.get)
     hi = max(vals, key=vals.get)
-    ranks = sorted(r for r, o in clock.offsets_ns.items() if o != 0)
+    ranks = sorted(r for r, o in clock.offsets_ns.items() if abs(o) > threshold_ns)
     return [
         finding(
             "CLOCK_SKEW",
