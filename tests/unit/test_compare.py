@@ -1,0 +1,163 @@
+"""compare(): side-by-side metrics, deltas, per-token normalisation and the biggest change, by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from tracelens.analyze.compare import compare, shares, stage_imbalance
+from tracelens.commands.compare import parse_labels
+from tracelens.errors import BadInputError
+
+
+def summary(
+    step=100.0,
+    compute=60.0,
+    exposed=30.0,
+    idle=10.0,
+    bubble=None,
+    tokens=None,
+    mfu=None,
+    share=None,
+    stages=None,
+    stragglers=(),
+    findings=(),
+):
+    ranks = [
+        {
+            "rank": r,
+            "step_time_ms": step,
+            "compute_ms": compute,
+            "exposed_comm_ms": exposed,
+            "overlapped_comm_ms": 0.0,
+            "memcpy_ms": 0.0,
+            "idle_ms": idle,
+            "bubble_ms": bubble,
+        }
+        for r in range(2)
+    ]
+    s = {
+        "schema": "tracelens.summary/1",
+        "run": {"name": "r", "path": "/r"},
+        "ranks": ranks,
+        "stages": stages or [],
+        "stragglers": [{"rank": r, "cause": "compute"} for r in stragglers],
+        "mfu": {"value": mfu, "tokens_per_step": tokens} if (mfu is not None or tokens is not None) else None,
+        "findings": [{"code": c, "severity": "warning", "message": c} for c in findings],
+        "per_step": [],
+    }
+    if share is not None:
+        s["composition"] = {"time_share": share, "stages": {}}
+    return s
+
+
+def metric(cmp, key):
+    return next(m for m in cmp["metrics"] if m["key"] == key)
+
+
+def test_full_attention_share_rising_is_the_biggest_change():
+    a = summary(
+        step=100.0,
+        tokens=4096,
+        mfu=0.40,
+        share={"full_attention": 0.10, "linear_attention": 0.25, "mlp": 0.35},
+    )
+    b = summary(
+        step=9600.0,
+        compute=5800.0,
+        exposed=3000.0,
+        idle=800.0,
+        tokens=262144,
+        mfu=0.30,
+        share={"full_attention": 0.50, "linear_attention": 0.12, "mlp": 0.18},
+    )
+    c = compare(a, b, ("seq 4,096", "seq 262,144"))
+    assert c["biggest"]["key"] == "share.full_attention"
+    assert c["biggest"]["delta"] == pytest.approx(0.40)
+    assert c["text"][0] == (
+        "Biggest change: Full attention's share of step time rose from 10.0% (seq 4,096) to "
+        "50.0% (seq 262,144), +40.0 points."
+    )
+    # per token: 100 ms / 4,096 tokens vs 9,600 ms / 262,144 tokens, per 1,000 tokens
+    pt = metric(c, "step_time_per_1k_tokens_ms")
+    assert pt["a"] == pytest.approx(100 / 4096 * 1000) and pt["b"] == pytest.approx(9600 / 262144 * 1000)
+    assert pt["ratio"] == pytest.approx((9600 / 262144) / (100 / 4096))
+    assert metric(c, "step_time_ms")["ratio"] == pytest.approx(96.0)
+    assert "per 1,000 tokens" in c["text"][1] and c["per_token"] is True
+    assert metric(c, "mfu")["delta"] == pytest.approx(-0.10)
+    # ranking order: full attention (+40), then mlp (-17), linear (-13), mfu (-10); compute share 60 -> 60.4
+    assert [x["key"] for x in c["changes"][:4]] == [
+        "share.full_attention",
+        "share.mlp",
+        "share.linear_attention",
+        "mfu",
+    ]
+
+
+def test_shares_of_step_time():
+    s = summary(step=100.0, compute=60.0, exposed=30.0, idle=10.0, bubble=4.0)
+    sh = shares(s)
+    assert sh["compute"] == pytest.approx(0.6) and sh["exposed_comm"] == pytest.approx(0.3)
+    assert sh["idle"] == pytest.approx(0.1) and sh["bubble"] == pytest.approx(0.04)
+    assert sh["exposed_wait"] is None  # no rank reports the split
+
+
+def test_stage_imbalance_and_bubble():
+    stages = [
+        {"stage": 0, "compute_ms": 30.0, "bubble_fraction": 0.2},
+        {"stage": 1, "compute_ms": 10.0, "bubble_fraction": 0.4},
+    ]
+    assert stage_imbalance({"stages": stages}) == pytest.approx(1.5)
+    c = compare(summary(stages=stages), summary())
+    assert (
+        metric(c, "bubble_fraction")["a"] == pytest.approx(0.3) and metric(c, "bubble_fraction")["b"] is None
+    )
+    assert metric(c, "stage_imbalance")["a"] == pytest.approx(1.5)
+
+
+def test_without_tokens_raw_times_only_and_no_layer_types():
+    c = compare(summary(), summary(step=120.0, compute=72.0, exposed=36.0, idle=12.0), ("a", "b"))
+    keys = {m["key"] for m in c["metrics"]}
+    assert "step_time_per_1k_tokens_ms" not in keys and not any(
+        m["group"] == "layer_types" for m in c["metrics"]
+    )
+    assert c["per_token"] is False
+    assert "tokens per step unknown" in c["text"][1]
+    # every share is unchanged: nothing to name
+    assert c["biggest"] is None and c["text"][0].startswith("No share of step time")
+
+
+def test_stragglers_and_findings_diff():
+    c = compare(summary(findings=("STRAGGLER",)), summary(stragglers=(3,), findings=("EXPOSED_COMM_HIGH",)))
+    assert metric(c, "stragglers")["a"] == 0 and metric(c, "stragglers")["b"] == 1
+    assert "New in B: EXPOSED_COMM_HIGH." in c["text"] and "Gone in B: STRAGGLER." in c["text"]
+    assert c["stragglers"]["b"] == [{"rank": 3, "cause": "compute"}]
+
+
+def test_nan_and_missing_values_are_none():
+    a = summary()
+    a["ranks"][0]["step_time_ms"] = float("nan")
+    a["ranks"][1]["step_time_ms"] = None
+    c = compare(a, summary())
+    assert metric(c, "step_time_ms")["a"] is None and metric(c, "step_time_ms")["delta"] is None
+
+
+@pytest.mark.parametrize(
+    ("given", "want"),
+    [
+        (["seq 4,096,seq 262,144"], ("seq 4,096", "seq 262,144")),
+        (['"seq 4,096","seq 262,144"'], ("seq 4,096", "seq 262,144")),
+        (["base,new"], ("base", "new")),
+        (["1,000,2,000"], ("1,000", "2,000")),
+        (["a,b", "c"], ("a,b", "c")),
+        (None, None),
+    ],
+)
+def test_parse_labels(given, want):
+    assert parse_labels(given) == want
+
+
+def test_parse_labels_rejects_one_or_three():
+    with pytest.raises(BadInputError):
+        parse_labels(["only"])
+    with pytest.raises(BadInputError):
+        parse_labels(["a,b,c"])
