@@ -44,7 +44,25 @@ def load_side(path: Path) -> dict:
             return load_summary(path)
     from tracelens.run_analysis import Options, analyze_run
 
-    return analyze_run(path, Options()).summary()
+    analysis = analyze_run(path, Options())
+    summary = analysis.summary()
+    if not summary.get("composition"):
+        summary["composition"] = _composition(analysis)
+    return summary
+
+
+def _composition(analysis) -> dict | None:
+    """Layer-type composition and time shares when the summary lacks them (module annotations needed)."""
+    comp = getattr(analysis, "composition", None)
+    if comp is None:
+        from tracelens.analyze.composition import analyze_composition
+        from tracelens.topology import grid_for_run
+
+        grid = getattr(analysis, "grid", None) or grid_for_run(analysis.events, analysis.metadata)[0]
+        comp = analyze_composition(analysis.events, grid, breakdown=analysis.breakdown)
+    if not comp.stages and not comp.time_share:
+        return None
+    return {"stages": {str(k): v for k, v in comp.stages.items()}, "time_share": dict(comp.time_share)}
 
 
 @app.command("compare")
