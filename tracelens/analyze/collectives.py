@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import numpy as np
 import pandas as pd
@@ -53,6 +54,7 @@ _PREFIX = re.compile(
 )
 
 
+@lru_cache(maxsize=8192)
 def normalize_op(name: str | None) -> str | None:
     """Canonical op for a `Collective name`, an NCCL kernel name, a `c10d::` op or a `gloo:` annotation."""
     if not name:
