@@ -194,3 +194,37 @@ def test_config_thresholds_are_honoured():
     ev, md, _ = run(factor={2: 1.3})
     strict = S.StragglerConfig(min_cost_fraction=0.5)
     assert S.analyze_cross_rank(ev, md, config=strict).stragglers == []
+
+
+def test_no_collectives_and_no_metadata():
+    rows = [
+        {
+            "rank": r,
+            "kind": "kernel",
+            "name": "gemm",
+            "device": 0,
+            "ts_ns": 0,
+            "dur_ns": 100 * (r + 1),
+            "step": 0,
+        }
+        for r in range(2)
+    ]
+    res = S.analyze_cross_rank(events_table(rows), None)
+    assert res.stragglers == [] and res.collectives.num_rows == 0 and res.arrival_lag.num_rows == 0
+    assert res.offsets_ns == {}
+    assert res.exposed_split.column("exposed_wait_ns").to_pylist() == [0, 0]
+
+
+def test_peer_groups_inferred_from_collectives_leave_out_groups_spanning_a_p2p_pair():
+    import pandas as pd
+
+    df = pd.DataFrame(
+        {
+            "rank": [0, 1, 2, 3, 0, 1, 2, 3, 1, 3],
+            "group_key": ["tp0", "tp0", "tp1", "tp1"] + ["world"] * 4 + ["p2p", "p2p"],
+            "is_p2p": [False] * 8 + [True, True],
+            "peer": [None] * 8 + [3, 1],
+        }
+    )
+    groups = S.infer_peer_groups(df, [0, 1, 2, 3])
+    assert groups[0] == groups[1] != groups[2] == groups[3]
