@@ -166,3 +166,20 @@ def test_real_gloo_hang_is_diagnosed(kind):
         # gloo: the pending collective stays "scheduled"; pg_status marks the earlier ones completed
         assert prog[r] == {"rank": r, "last_enqueued": truth["seq"], "last_started": truth["seq"] - 1,
                            "last_completed": truth["seq"] - 1}  # fmt: skip
+
+
+def test_write_for_run_and_parse_hang(tmp_path):
+    """The simulate command's path: Kineto run folder -> NCCL outputs with a hang given as RANK:SEQ."""
+    from tracelens.errors import BadInputError
+    from tracelens.simulate.nccl_outputs import parse_hang, write_for_run
+
+    nccl_tables.kineto_run(tmp_path)
+    assert parse_hang("3:2") == (3, 2) and parse_hang("1:4:5") == (1, 4, "5")
+    with pytest.raises(BadInputError):
+        parse_hang("x")
+    out = write_for_run(tmp_path, hang=parse_hang("3:2"), formats=("fr_json",))
+    first = diagnose(fr.read_many(out["files"]["fr_json"]))[0]
+    assert first["message"] == "rank 3 never joined allreduce #2 on pg 0 (default_pg); 7 ranks waited"
+    assert json.loads((tmp_path / "nccl_truth.json").read_text())["hang"]["message"] == first["message"]
+    with pytest.raises(BadInputError):
+        write_for_run(tmp_path / "flight_recorder")  # no Kineto traces there

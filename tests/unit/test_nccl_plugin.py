@@ -127,3 +127,17 @@ def test_kineto_simulated_run_counts_and_bytes(tmp_path):
     src = coll.to_pandas()
     assert len(got) == len(src) > 0
     pd.testing.assert_frame_equal(counts_and_bytes(got), counts_and_bytes(src), check_dtype=False)
+
+
+def test_align_ranks_without_reference(sim):
+    """No Kineto trace: ranks are put on rank 0's plugin clock by their shared collectives' end times."""
+    run, files = sim
+    aligned = npl.align_ranks(npl.read_many(files)).to_pandas()
+    src = run.to_pandas()
+    # one constant (rank 0's clock origin) maps every aligned row back to the source clock
+    a = aligned.sort_values(["rank", "enqueue_ns"]).reset_index(drop=True)
+    s = src.sort_values(["rank", "enqueue_ns"]).reset_index(drop=True)
+    assert list(a["rank"]) == list(s["rank"]) and list(a["op"].astype(str)) == list(s["op"].astype(str))
+    delta = s["end_ns"].astype("int64") - a["end_ns"].astype("int64")
+    assert delta.max() - delta.min() <= 2
+    assert (s["enqueue_ns"].astype("int64") - a["enqueue_ns"].astype("int64") - delta).abs().max() <= 2

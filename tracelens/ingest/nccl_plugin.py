@@ -350,9 +350,50 @@ def align(coll_plugin: pa.Table, coll_reference: pa.Table, tolerance_ns: int | N
     return out
 
 
+def align_ranks(coll_plugin: pa.Table, reference_rank: int | None = None) -> pa.Table:
+    """Without a Kineto reference: shift every rank's plugin clock onto one rank's (default the lowest).
+
+    The same collective (same communicator, op and SeqNum) ends at the same moment on all its members, so
+    the offset between two ranks is the median difference of their end times over the collectives they
+    share; ranks that share nothing with the reference are reached through ranks that do.
+    """
+    df = coll_plugin.select(["rank", "pg_name", "op", "seq", "is_p2p", "end_ns"]).to_pandas()
+    df = df[~df["is_p2p"].fillna(False).astype(bool) & df["end_ns"].notna() & df["seq"].notna()]
+    df = df.assign(pg_name=df["pg_name"].astype(str), op=df["op"].astype(str))
+    ranks = sorted(int(r) for r in pd.unique(coll_plugin.column("rank").to_numpy(zero_copy_only=False)))
+    if not ranks:
+        return coll_plugin
+    ref = ranks[0] if reference_rank is None else int(reference_rank)
+    offsets: dict[int, int] = {ref: 0}
+    key = ["pg_name", "op", "seq"]
+    frontier = [ref]
+    while frontier:
+        a = frontier.pop()
+        mine = df[df["rank"] == a][key + ["end_ns"]]
+        pairs = mine.merge(df[~df["rank"].isin(list(offsets))], on=key, suffixes=("_a", ""))
+        if pairs.empty:
+            continue
+        diff = (
+            (pairs["end_ns_a"].astype("int64") - pairs["end_ns"].astype("int64"))
+            .groupby(pairs["rank"])
+            .median()
+        )
+        for r, d in diff.items():
+            offsets[int(r)] = offsets[a] + int(round(d))
+            frontier.append(int(r))
+    rank_col = pd.Series(coll_plugin.column("rank").to_numpy(zero_copy_only=False))
+    lookup = rank_col.map(offsets).fillna(0).to_numpy(np.int64)
+    out = coll_plugin
+    for col in ("enqueue_ns", "start_ns", "end_ns"):
+        idx = out.schema.get_field_index(col)
+        out = out.set_column(idx, col, pc.add(out.column(col), pa.array(lookup, pa.int64())))
+    return out
+
+
 __all__ = [
     "DETAILS",
     "align",
+    "align_ranks",
     "comm_membership",
     "load_events",
     "name_info",

@@ -28,7 +28,6 @@ import pandas as pd
 import pyarrow as pa
 
 from tracelens.errors import BadInputError
-from tracelens.ingest.flight_recorder import DTYPE_BYTES
 from tracelens.ingest.nccl_log import NCCL_DTYPES, OP_TO_NCCL, TORCH_TO_NCCL_DTYPE, api_count
 
 FORMATS = ("fr_json", "fr_pickle", "plugin", "log")
@@ -381,4 +380,34 @@ def write_nccl_outputs(
     return {"files": files, "hang": truth}
 
 
-__all__ = ["DTYPE_BYTES", "FORMATS", "apply_hang", "comm_hash", "write_nccl_outputs"]
+def write_for_run(run_dir: str | Path, hang: tuple | None = None, formats: Iterable[str] = FORMATS) -> dict:
+    """NCCL outputs for a simulated run folder: read its Kineto traces, build the collectives table, write.
+
+    This is what `tracelens simulate ... --hang RANK:SEQ` needs after the Kineto traces are written.
+    """
+    from tracelens.analyze.collectives import collectives_from_events
+    from tracelens.ingest import kineto
+    from tracelens.ingest.sniff import KINETO, detect_format
+
+    run_dir = Path(run_dir)
+    files = sorted(p for p in run_dir.iterdir() if p.is_file() and detect_format(p) == KINETO)
+    if not files:
+        raise BadInputError(f"{run_dir}: no Kineto traces to derive NCCL outputs from")
+    events = pa.concat_tables([kineto.read(f).events for f in files], promote_options="permissive")
+    return write_nccl_outputs(run_dir, collectives_from_events(events), hang=hang, formats=formats)
+
+
+def parse_hang(spec: str) -> tuple[int, int] | tuple[int, int, str]:
+    """`RANK:SEQ` or `RANK:SEQ:PG` (the CLI's --hang) -> tuple for `write_nccl_outputs`."""
+    parts = spec.split(":")
+    try:
+        if len(parts) == 2:
+            return int(parts[0]), int(parts[1])
+        if len(parts) == 3:
+            return int(parts[0]), int(parts[1]), parts[2]
+    except ValueError:
+        pass
+    raise BadInputError(f"--hang takes RANK:SEQ or RANK:SEQ:PG, got {spec!r}")
+
+
+__all__ = ["FORMATS", "apply_hang", "comm_hash", "parse_hang", "write_for_run", "write_nccl_outputs"]
