@@ -95,3 +95,23 @@ def test_kineto_simulated_run_counts_and_bytes(tmp_path):
     src = coll.to_pandas()
     assert len(got) == len(src) > 0
     pd.testing.assert_frame_equal(_counts(got), _counts(src), check_dtype=False)
+
+
+def test_log_variants(tmp_path):
+    """Timestamped NCCL lines, RCCL lines (numeric timestamp, `task N globalrank G`), a 2.4-era init line."""
+    p = tmp_path / "variants.log"
+    p.write_text(
+        "[2026-05-13 18:01:41] nodeA:100:101 [0] NCCL INFO comm 0x7fe3d4001980 rank 0 nranks 1 cudaDev 0 "
+        "nvmlDev 0 - Init COMPLETE\n"
+        "[2026-05-13 18:01:42] nodeA:100:100 [0] NCCL INFO AllReduce: opCount 0 sendbuff 0x7f01 "
+        "recvbuff 0x7f01 count 1 datatype 7 op 0 root 0 comm 0x7fe3d4001980 [nranks=1] stream (nil)\n"
+        "rocm-3:24888:25056 [1] 1558545003174220 NCCL INFO AllReduce: opCount 1e7 sendbuff 0x7f80 "
+        "recvbuff 0x7f81 count 1001 datatype 6 op 0 root 0 comm 0x7f80467b9770 [nranks=8] stream 0x7f80 "
+        "task 0 globalrank 5\n"
+    )
+    df = nccl_log.read(p).to_pandas()
+    assert list(df["seq"]) == [0, 0x1E7]
+    assert list(df["rank"]) == [0, 5]  # init line for the first; RCCL's globalrank for the second
+    assert list(df["bytes"]) == [4, 1001 * 2]
+    comms = nccl_log.read_comms(p).to_pylist()
+    assert comms[0]["bus_id"] is None and comms[0]["comm_id"] is None and comms[0]["nranks"] == 1

@@ -95,17 +95,25 @@ def api_count(op: str, in_nelems: int, out_nelems: int) -> int:
     return int(in_nelems)
 
 
-_PREFIX = r"^(?P<host>[^\s:]+):(?P<pid>\d+):(?P<tid>\d+)\s+\[(?P<dev>\d+)\]\s+NCCL INFO\s+"
+# Optional `[date time] ` (NCCL_DEBUG_TIMESTAMP_FORMAT), then host:pid:tid [dev], an optional RCCL timestamp.
+_PREFIX = (
+    r"^(?:\[[^\]]*\]\s*)?(?P<host>[^\s:\[]+):(?P<pid>\d+):(?P<tid>\d+)\s+\[(?P<dev>\d+)\]\s+(?:\d+\s+)?"
+    r"NCCL INFO\s+"
+)
 _COLL_RE = re.compile(
     _PREFIX + r"(?P<func>[A-Za-z]+): opCount (?P<opcount>[0-9a-fA-Fx]+) sendbuff (?P<sendbuff>\S+) "
     r"recvbuff (?P<recvbuff>\S+) count (?P<count>\d+) datatype (?P<dtype>\d+) op (?P<redop>\d+) "
     r"root (?P<root>-?\d+) comm (?P<comm>0x[0-9a-fA-F]+|\(nil\)) \[nranks=(?P<nranks>\d+)\]"
+    r"(?:.*?\bglobalrank (?P<globalrank>\d+))?"  # RCCL appends `task N globalrank G`
 )
+# NCCL >= 2.1x: `ncclCommInitRank comm .. rank .. nranks .. cudaDev .. nvmlDev .. busId .. commId ..
+# - Init COMPLETE`;
+# NCCL 2.4-era: `comm 0x.. rank 0 nranks 1 cudaDev 0 nvmlDev 0 - Init COMPLETE`.
 _INIT_RE = re.compile(
     _PREFIX
-    + r"(?:\[Rank \d+\]\s+)?(?P<api>ncclCommInit\w*|ncclCommSplit\w*)\s+comm (?P<comm>0x[0-9a-fA-F]+) "
-    r"rank (?P<rank>\d+) nranks (?P<nranks>\d+) cudaDev (?P<cudadev>\d+)(?: nvmlDev (?P<nvmldev>\d+))? "
-    r"busId (?P<busid>[0-9a-fA-F]+)(?: commId (?P<commid>0x[0-9a-fA-F]+))?.*Init COMPLETE"
+    + r"(?:\[Rank \d+\]\s+)?(?:(?P<api>ncclCommInit\w*|ncclCommSplit\w*)\s+)?comm (?P<comm>0x[0-9a-fA-F]+) "
+    r"rank (?P<rank>\d+) nranks (?P<nranks>\d+) cudaDev (?P<cudadev>\d+)(?: nvmlDev (?P<nvmldev>\d+))?"
+    r"(?: busId (?P<busid>[0-9a-fA-F]+))?(?: commId (?P<commid>0x[0-9a-fA-F]+))?.*Init COMPLETE"
 )
 _VERSION_RE = re.compile(r"NCCL version (\S+)")
 
@@ -181,7 +189,7 @@ def _membership_rows(inits: list[dict]) -> list[dict]:
                 "nranks": int(i["nranks"]),
                 "cuda_dev": int(i["cudadev"]),
                 "nvml_dev": int(i["nvmldev"]) if i.get("nvmldev") else None,
-                "bus_id": i["busid"],
+                "bus_id": i.get("busid"),
                 "global_rank": best[key][1],
             }
         )
@@ -224,7 +232,7 @@ def _rows(calls: list[dict], inits: list[dict], world: dict | None = None) -> li
         in_n, out_n = nelems(op, count, nranks)
         big = max((n for n in (in_n, out_n) if n is not None), default=None)
         comm_name = m["comm_id"] if m and m["comm_id"] else c["comm"].lower()
-        rank = m["global_rank"] if m else None
+        rank = int(c["globalrank"]) if c.get("globalrank") else (m["global_rank"] if m else None)
         is_p2p = op in ("send", "recv")
         peer = None
         pg_ranks = None
