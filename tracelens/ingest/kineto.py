@@ -16,7 +16,9 @@ from __future__ import annotations
 import json
 import math
 import os
+import queue
 import re
+import threading
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -355,12 +357,20 @@ def _coerce_int(v: Any) -> int | None:
     return None
 
 
+_INT_OR_NONE = frozenset({int, type(None)})
+
+
 def _int_array(values: list, type_: pa.DataType) -> pa.Array:
     """Python values -> Arrow integer array; the fast path is pa.array, odd values are coerced one by one."""
     try:
         arr = pa.array(values, type=pa.int64())
     except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError):
-        arr = pa.array([_coerce_int(v) for v in values], type=pa.int64())
+        # coerce only the odd values (strings such as "Spans" or "0x1f", floats); found with C-level passes
+        plain = np.fromiter(map(_INT_OR_NONE.__contains__, map(type, values)), dtype=bool, count=len(values))
+        values = list(values)
+        for i in np.flatnonzero(~plain).tolist():
+            values[i] = _coerce_int(values[i])
+        arr = pa.array(values, type=pa.int64())
     if type_ == pa.int64():
         return arr
     return pc.cast(arr, type_, safe=False) if arr.null_count < len(arr) else pa.nulls(len(arr), type_)
@@ -454,8 +464,8 @@ def _columns(evs: list) -> _Chunk:
     kind = _kind_codes(list(map(_get["cat"], xs)))
     names = _dict_encode(_str_array(list(map(_get["name"], xs))))
     args = list(map(_get["args"], xs))
-    if any(a is None for a in args):
-        args = [_EMPTY_ARGS if a is None else a for a in args]
+    if n and type(xs[0]) is _LooseEvent and None in args:  # only the loose decoder lets `args: null` through
+        args = [_EMPTY_LOOSE_ARGS if a is None else a for a in args]
     ts, ts_valid = parse_us_to_ns(list(map(_get["ts"], xs)))
     dur, dur_valid = parse_us_to_ns(list(map(_get["dur"], xs)))
     colls = list(map(attrgetter("collective"), args))
@@ -566,6 +576,47 @@ def _blocks(path: Path, out_bytes: int = _READ_BYTES) -> Iterator[bytes]:
                     pending = b""
 
 
+def _prefetch(it: Iterator[bytes], depth: int = 4) -> Iterator[bytes]:
+    """Run a block iterator in a background thread (zlib and file reads release the GIL, so decompression
+    overlaps decoding); at most `depth` blocks wait in the queue. Exceptions are re-raised in the consumer."""
+    q: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+    done = object()
+
+    def work() -> None:
+        try:
+            for b in it:
+                while not stop.is_set():
+                    try:
+                        q.put(b, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            q.put(done)
+        except BaseException as err:  # noqa: BLE001 (handed to the consumer)
+            q.put(err)
+
+    th = threading.Thread(target=work, name="tracelens-gunzip", daemon=True)
+    th.start()
+    try:
+        while True:
+            b = q.get()
+            if b is done:
+                return
+            if isinstance(b, BaseException):
+                raise b
+            yield b
+    finally:
+        stop.set()
+        while th.is_alive():
+            try:
+                q.get_nowait()
+            except queue.Empty:
+                th.join(0.05)
+
+
 _TE_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
 _WS = b" \t\r\n"
 
@@ -586,6 +637,11 @@ def _last_boundary(buf: bytes | bytearray, lo: int, hi: int | None = None) -> tu
                 r -= 1
             if buf[r] == 125:  # '}'
                 return r + 1, p
+
+
+def _is_gzip(path: Path) -> bool:
+    with open(path, "rb") as fh:
+        return fh.read(2) == b"\x1f\x8b"
 
 
 def _decode_events(piece: bytes) -> list:
@@ -621,6 +677,8 @@ def _scan(path: Path, salvage: bool, chunk_bytes: int) -> _Scan:
     parsed = 0
     truncated = False
     blocks = _blocks(path, max(16, min(_READ_BYTES, chunk_bytes)))
+    if _is_gzip(path):
+        blocks = _prefetch(blocks)
     eof = False
     head_from = 0
     while not eof:

@@ -1,0 +1,245 @@
+"""Ingest throughput and peak memory: tracelens vs orjson.loads, json.loads and HolisticTraceAnalysis 0.5.
+
+Every measurement runs in a fresh Python process: it imports what it needs, records its RSS (the baseline:
+interpreter + imports + library initialisation), runs the operation once, and reports the wall time and
+`ru_maxrss - baseline`. Throughput is MB (10**6 bytes) of *decompressed* JSON per second. Medians of
+`--repeat` runs are reported.
+
+    .venv/bin/python benchmarks/ingest.py                      # df_index_resolver (53.7 MB raw)
+    .venv/bin/python benchmarks/ingest.py TRACE.json.gz --repeat 5 --hta-python /path/to/hta-venv/bin/python
+
+HTA runs in its own virtual environment (it is not a tracelens dependency); its row is skipped when
+`--hta-python` does not exist. HTA is timed on `hta.common.trace_parser.parse_trace_dataframe` (the per-file
+parse inside `TraceAnalysis`, default JSON backend) and on the whole `TraceAnalysis(trace_dir=...)` load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_TRACE = REPO.parent / "shared" / "traces" / "hta" / "df_index_resolver" / "df_index_resolver.json.gz"
+DEFAULT_HTA_PYTHON = Path("/work/hta-venv/bin/python")
+
+_PRELUDE = r"""
+import json, resource, sys, time
+def rss_kb():
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * (resource.getpagesize() // 1024)
+def report(t0, base_kb, **extra):
+    dt = time.perf_counter() - t0
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    print(json.dumps({"seconds": dt, "peak_kb": peak, "base_kb": base_kb, **extra}))
+"""
+
+CHILDREN = {
+    "tracelens_read_gz": r"""
+import pyarrow as pa; pa.array([1]).sum()  # Arrow's one-time initialisation belongs to the baseline
+from tracelens.ingest import kineto
+base = rss_kb(); t0 = time.perf_counter()
+tr = kineto.read(sys.argv[1])
+report(t0, base, rows=tr.events.num_rows)
+""",
+    "tracelens_read_json": r"""
+import pyarrow as pa; pa.array([1]).sum()
+from tracelens.ingest import kineto
+base = rss_kb(); t0 = time.perf_counter()
+tr = kineto.read(sys.argv[2])
+report(t0, base, rows=tr.events.num_rows)
+""",
+    "orjson_loads": r"""
+import orjson
+data = open(sys.argv[2], "rb").read()  # the input bytes are read before the baseline
+base = rss_kb(); t0 = time.perf_counter()
+doc = orjson.loads(data)
+report(t0, base, rows=len(doc["traceEvents"]))
+""",
+    "json_loads": r"""
+import json as js
+data = open(sys.argv[2], "rb").read()
+base = rss_kb(); t0 = time.perf_counter()
+doc = js.loads(data)
+report(t0, base, rows=len(doc["traceEvents"]))
+""",
+    "tracelens_load_first": r"""
+import pyarrow as pa; pa.array([1]).sum()
+from tracelens.loader import load_tables
+base = rss_kb(); t0 = time.perf_counter()
+t = load_tables(sys.argv[3], workers=1)
+report(t0, base, rows=t.events.num_rows)
+""",
+    "tracelens_load_cached": r"""
+import pyarrow as pa; pa.array([1]).sum()
+from tracelens.loader import load_tables
+base = rss_kb(); t0 = time.perf_counter()
+t = load_tables(sys.argv[3], workers=1)
+report(t0, base, rows=t.events.num_rows)
+""",
+}
+
+HTA_CHILDREN = {
+    "hta_parse_trace_dataframe": r"""
+import logging; logging.disable(logging.CRITICAL)
+from hta.common.trace_parser import parse_trace_dataframe
+from hta.configs.parser_config import ParserConfig
+import pandas as pd
+base = rss_kb(); t0 = time.perf_counter()
+meta, df, sym = parse_trace_dataframe(sys.argv[1], ParserConfig())
+report(t0, base, rows=len(df))
+""",
+    "hta_trace_analysis_load": r"""
+import logging; logging.disable(logging.CRITICAL)
+from hta.trace_analysis import TraceAnalysis
+base = rss_kb(); t0 = time.perf_counter()
+ta = TraceAnalysis(trace_dir=sys.argv[3])
+report(t0, base, rows=sum(len(d) for d in ta.t.traces.values()))
+""",
+}
+
+
+def _run(python: str, code: str, args: list[str], env: dict | None = None) -> dict:
+    out = subprocess.run(
+        [python, "-c", _PRELUDE + code, *args], capture_output=True, text=True, env=env, check=False
+    )
+    if out.returncode != 0:
+        raise RuntimeError(
+            out.stderr.strip().splitlines()[-1] if out.stderr.strip() else f"exit {out.returncode}"
+        )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _machine() -> dict:
+    cpu = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem = None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal"):
+                mem = round(int(line.split()[1]) / 1024**2, 1)
+    except OSError:
+        pass
+    import msgspec
+    import orjson
+    import pyarrow
+
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "memory_gib": mem,
+        "python": platform.python_version(),
+        "pyarrow": pyarrow.__version__,
+        "msgspec": msgspec.__version__,
+        "orjson": orjson.__version__,
+    }
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("trace", nargs="?", default=str(DEFAULT_TRACE))
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--hta-python", default=str(DEFAULT_HTA_PYTHON))
+    ap.add_argument("--json", help="also write the results as JSON here")
+    a = ap.parse_args(argv)
+
+    trace = Path(a.trace).resolve()
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    with tempfile.TemporaryDirectory(prefix="tracelens-bench-") as tmp:
+        raw = Path(tmp) / "trace.json"
+        opener = gzip.open if trace.read_bytes()[:2] == b"\x1f\x8b" else open
+        with opener(trace, "rb") as src, open(raw, "wb") as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
+        raw_bytes = raw.stat().st_size
+        run_dir = Path(tmp) / "run"
+        run_dir.mkdir()
+        shutil.copy(trace, run_dir / trace.name)
+        args = [str(trace), str(raw), str(run_dir)]
+
+        results: dict[str, dict] = {}
+
+        def measure(name: str, python: str, code: str) -> None:
+            runs = []
+            for _ in range(a.repeat):
+                if name == "tracelens_load_first":  # a cold cache every time
+                    shutil.rmtree(run_dir / ".tracelens", ignore_errors=True)
+                try:
+                    runs.append(_run(python, code, args, env))
+                except RuntimeError as err:
+                    results[name] = {"error": str(err)}
+                    return
+            secs = statistics.median(r["seconds"] for r in runs)
+            above = statistics.median((r["peak_kb"] - r["base_kb"]) / 1024 for r in runs)
+            results[name] = {
+                "seconds": secs,
+                "mb_per_s": raw_bytes / 1e6 / secs,
+                "peak_rss_mb": statistics.median(r["peak_kb"] / 1024 for r in runs),
+                "baseline_rss_mb": statistics.median(r["base_kb"] / 1024 for r in runs),
+                "rss_above_baseline_mb": above,
+                "rss_over_raw": above * 2**20 / raw_bytes,
+                "rows": runs[0].get("rows"),
+                "runs": len(runs),
+            }
+
+        for name, code in CHILDREN.items():  # tracelens_load_first leaves the cache that _cached reads
+            measure(name, sys.executable, code)
+        if Path(a.hta_python).exists():
+            for name, code in HTA_CHILDREN.items():
+                measure(name, a.hta_python, code)
+        else:
+            results["hta_parse_trace_dataframe"] = {"error": f"{a.hta_python} not found"}
+
+    out = {"trace": str(trace), "raw_json_bytes": raw_bytes, "machine": _machine(), "results": results}
+    tl = results.get("tracelens_read_gz", {})
+    ratios = {}
+    for other in ("orjson_loads", "json_loads", "hta_parse_trace_dataframe", "hta_trace_analysis_load"):
+        if "seconds" in results.get(other, {}) and "seconds" in tl:
+            ratios[f"tracelens_vs_{other}"] = results[other]["seconds"] / tl["seconds"]
+    if "seconds" in results.get("tracelens_load_first", {}) and "seconds" in results["tracelens_load_cached"]:
+        ratios["cached_reload_speedup"] = (
+            results["tracelens_load_first"]["seconds"] / results["tracelens_load_cached"]["seconds"]
+        )
+    out["ratios"] = ratios
+    _print(out)
+    if a.json:
+        Path(a.json).write_text(json.dumps(out, indent=2) + "\n")
+    return out
+
+
+def _print(out: dict) -> None:
+    m = out["machine"]
+    print(f"trace: {out['trace']} ({out['raw_json_bytes'] / 1e6:.1f} MB decompressed JSON)")
+    print(f"machine: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB; Python {m['python']}")
+    print()
+    print("| what | seconds | MB/s (raw JSON) | peak RSS MB | baseline MB | above baseline MB | x raw JSON |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for name, r in out["results"].items():
+        if "error" in r:
+            print(f"| {name} | error: {r['error']} | | | | | |")
+            continue
+        print(
+            f"| {name} | {r['seconds']:.3f} | {r['mb_per_s']:.0f} | {r['peak_rss_mb']:.0f} | "
+            f"{r['baseline_rss_mb']:.0f} | {r['rss_above_baseline_mb']:.0f} | {r['rss_over_raw']:.2f} |"
+        )
+    print()
+    for k, v in out["ratios"].items():
+        print(f"{k}: {v:.1f}x")
+
+
+if __name__ == "__main__":
+    main()
