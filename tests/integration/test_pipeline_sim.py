@@ -146,3 +146,41 @@ def test_real_traces_partial_ranks():
     grid, findings = infer_grid(t.events, t.metadata)
     assert grid.source == "none" and grid.pp is None
     assert analyze_pipeline(t.events, grid).stages == []
+
+
+GLOO = Path(__file__).resolve().parents[2] / "sample_traces" / "cpu-gloo-4rank"
+
+
+@pytest.mark.skipif(not (GLOO / "truth.json").is_file(), reason=f"sample run not present at {GLOO}")
+def test_real_gloo_pipeline_run():
+    """A real torch 2.13 gloo run, pp=2 x dp=2, GPipe m=3, rank 1 (stage 0) slowed on purpose."""
+    import json
+
+    truth = json.loads((GLOO / "truth.json").read_text())
+    t = load_tables(GLOO, no_cache=True)
+    grid, findings = infer_grid(t.events, t.metadata)
+    assert findings == []
+    lay = truth["layout"]
+    assert (grid.tp, grid.pp, grid.dp, grid.cp, grid.order) == (
+        lay["tp"],
+        lay["pp"],
+        lay["dp"],
+        lay["cp"],
+        lay["order"],
+    )
+    for s, rec in truth["stages"].items():
+        assert grid.ranks_of_stage(int(s)) == rec["ranks"]
+    res = analyze_pipeline(t.events, grid)
+    assert res.microbatches == truth["schedule"]["microbatches"]
+    assert res.schedule == truth["schedule"]["kind"]
+    assert res.expected_bubble_fraction == pytest.approx(truth["schedule"]["expected_bubble_fraction"])
+    # the straggler's stage holds the others up
+    straggler = truth["straggler"]["rank"]
+    assert res.cause_stage == next(r["stage"] for r in truth["ranks"] if r["rank"] == straggler)
+    comp = analyze_composition(t.events, grid)
+    for s, rec in truth["stages"].items():
+        mixers = [n.split(".")[-1] for n in rec["layers"] if not n.endswith(".mlp")]
+        assert comp.stages[int(s)] == {
+            "full_attention": mixers.count("self_attn"),
+            "linear_attention": mixers.count("linear_attn"),
+        }

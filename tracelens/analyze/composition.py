@@ -4,7 +4,8 @@ Layer counts come from module annotations in the trace (`layers.13.linear_attn`,
 `layers.15.mlp`; patterns configurable) or, without them, from the model config and the layer split.
 Per-stage compute per microbatch per layer type is the GPU time inside those annotations: the
 `gpu_user_annotation` span when Kineto wrote one, otherwise the kernels launched inside the CPU
-annotation (kernel -> launch by correlation id). Findings: UNEQUAL_STAGE_COMPOSITION when stages hold
+annotation (kernel -> launch by correlation id); on CPU-only ranks (gloo) the CPU annotation itself.
+Findings: UNEQUAL_STAGE_COMPOSITION when stages hold
 different layer-type counts, STAGE_IMBALANCE when the heaviest stage's compute exceeds the mean by more
 than `imbalance_threshold` (default 1.10), with a balanced split suggested on block boundaries.
 """
@@ -135,8 +136,14 @@ def module_spans(
     if gpu_rows.size:
         parts.append((gpu_rows, ts[gpu_rows], end[gpu_rows]))
     if cpu_rows.size:
-        s, e = _launched_span(events, cpu_rows, rank, ts, end)
-        parts.append((cpu_rows, s, e))
+        # ranks analysed on the CPU timeline (no device events, e.g. gloo): the annotation is the span
+        cpu_path = np.array([getattr(sets.get(int(r)), "path", "gpu") == "cpu" for r in rank[cpu_rows]], bool)
+        on_cpu, launched = cpu_rows[cpu_path], cpu_rows[~cpu_path]
+        if on_cpu.size:
+            parts.append((on_cpu, ts[on_cpu], end[on_cpu]))
+        if launched.size:
+            s, e = _launched_span(events, launched, rank, ts, end)
+            parts.append((launched, s, e))
     if not parts:
         return SPANS.empty_table()
     rows = np.concatenate([p[0] for p in parts])

@@ -109,31 +109,51 @@ def _virtual_stages(sp: pd.DataFrame) -> int:
     return int(np.median(runs))
 
 
-def _detect_schedule(sp: pd.DataFrame, grid: Grid, m: int | None, v: int) -> str | None:
+def _detect_schedule(sp: pd.DataFrame, bwd: pd.DataFrame, grid: Grid, m: int | None, v: int) -> str | None:
+    """interleaved (v > 1), gpipe (stage 0 runs all m forwards before its first backward, m > p) or 1f1b."""
     if v > 1:
         return "interleaved"
-    if not len(sp) or not m or not sp["backward"].any():
+    if not len(sp) or not m or not len(bwd):
         return None
     p = grid.pp or 1
-    s0 = sp[(sp["stage"] == 0) & (sp["layer"] >= 0)]
+    s0 = sp[(sp["stage"] == 0) & (sp["layer"] >= 0) & ~sp["backward"]]
     if not len(s0) or m <= p:
         return "1f1b"  # GPipe and 1F1B coincide when m <= p; same expected bubble
     counts = []
-    for (_, _), g in s0.groupby(["rank", "step"], dropna=False):
-        f = g[~g["backward"]].sort_values("gpu_start_ns")
-        if not len(f):
+    for key, f in s0.groupby(["rank", "step"]):
+        if key not in bwd.index:
             continue
+        f = f.sort_values("gpu_start_ns")
         first_layer = f["layer"].min()
         first_mod = f.loc[f["layer"] == first_layer, "module"].iloc[0]
         fwd = f[(f["layer"] == first_layer) & (f["module"] == first_mod)]
-        bwd = g[g["backward"]]
-        if not len(bwd):
-            continue
-        t_b = bwd["gpu_start_ns"].min()
-        counts.append(int((fwd["gpu_start_ns"] < t_b).sum()))
+        counts.append(int((fwd["gpu_start_ns"] < bwd.loc[key, "b_start"]).sum()))
     if not counts:
         return None
     return "gpipe" if np.median(counts) >= m else "1f1b"
+
+
+def _backward_marks(events: pa.Table, sp: pd.DataFrame, sets: dict, ev: pd.DataFrame) -> pd.DataFrame:
+    """Per (rank, step): start and end of the backward pass, from backward module annotations, else (on
+    ranks analysed on the CPU timeline) from the autograd engine's `evaluate_function` ops."""
+    out = pd.DataFrame(
+        columns=["b_start", "b_end"], index=pd.MultiIndex.from_arrays([[], []], names=["rank", "step"])
+    )
+    if len(sp) and sp["backward"].any():
+        b = sp[sp["backward"] & (sp["step"] >= 0)]
+        out = b.groupby(["rank", "step"]).agg(b_start=("gpu_start_ns", "min"), b_end=("gpu_end_ns", "max"))
+    cpu_ranks = [
+        r for r, rs in sets.items() if rs.path == "cpu" and r not in set(out.index.get_level_values(0))
+    ]
+    if cpu_ranks:
+        is_ag = _dict_lookup(
+            events.column("name"), lambda v: int(v.startswith("autograd::engine::evaluate_function"))
+        )
+        ag = ev[is_ag.astype(bool) & ev["rank"].isin(cpu_ranks).to_numpy() & (ev["step"] >= 0).to_numpy()]
+        if len(ag):
+            extra = ag.groupby(["rank", "step"]).agg(b_start=("ts", "min"), b_end=("end", "max"))
+            out = pd.concat([out, extra]) if len(out) else extra
+    return out
 
 
 def analyze_pipeline(
@@ -178,15 +198,15 @@ def analyze_pipeline(
     ev = pd.DataFrame({"rank": rank, "step": step, "ts": ts, "end": end})
     comp = ev[is_comp & (step >= 0)]
     marks = comp.groupby(["rank", "step"]).agg(first=("ts", "min"), last=("end", "max"))
-    if len(sp) and sp["backward"].any():
+    bwd = _backward_marks(events, sp, sets, ev)
+    if len(sp) and (~sp["backward"]).any():
         fwd = sp[~sp["backward"] & (sp["step"] >= 0)].groupby(["rank", "step"])["gpu_start_ns"].min()
-        bwd = sp[sp["backward"] & (sp["step"] >= 0)].groupby(["rank", "step"])["gpu_end_ns"].max()
-        marks = marks.join(fwd.rename("f"), how="left").join(bwd.rename("b"), how="left")
+        marks = marks.join(fwd.rename("f"), how="left")
         marks["first"] = marks["f"].fillna(marks["first"]).astype(np.int64)
-        marks["last"] = marks["b"].fillna(marks["last"]).astype(np.int64)
-        marks = marks[["first", "last"]]
-    else:
-        marks["last"] = _fallback_last(ev, is_comp, p2p, coll, marks)
+    fallback = _fallback_last(ev, is_comp, p2p, coll, marks)
+    marks = marks.join(bwd["b_end"], how="left")
+    marks["last"] = marks["b_end"].fillna(fallback).astype(np.int64)
+    marks = marks[["first", "last"]]
     if not len(marks):
         return res
     marks = marks.reset_index()
@@ -261,7 +281,7 @@ def analyze_pipeline(
     if m is None:
         m = _microbatches_from_sends(events, grid, p2p, rank, step)
     if schedule is None:
-        schedule = _detect_schedule(sp, grid, m, v) if len(sp) else None
+        schedule = _detect_schedule(sp, bwd, grid, m, v) if len(sp) else None
     res.microbatches, res.schedule, res.virtual_stages = m, schedule, v
     res.expected_bubble_fraction = expected_bubble_fraction(grid.pp, m, schedule, v)
 
@@ -328,11 +348,14 @@ def _microbatches_from_sends(
         events.column("collective"), lambda v: int(v.lower() in ("send", "isend"))
     ).astype(bool)
     kinds = events.column("kind")
-    on_gpu = _dict_lookup(kinds, lambda v: int(v == "kernel")).astype(bool)
     stage = grid.stage_lookup(rank)
     sel = p2p & is_send & (stage == 0) & (step >= 0)
-    if (sel & on_gpu).any():
-        sel &= on_gpu
+    # one op may be recorded several times (kernel, c10d cpu op, gloo annotation): count one kind
+    for kind in ("kernel", "cpu_op", "user_annotation"):
+        k = _dict_lookup(kinds, lambda v, kind=kind: int(v == kind)).astype(bool)
+        if (sel & k).any():
+            sel &= k
+            break
     if not sel.any():
         return None
     df = pd.DataFrame({"rank": rank[sel], "step": step[sel]})
