@@ -155,3 +155,43 @@ def test_clock_offsets_align_ranks_before_fill_and_drain():
         events_table(shifted), grid, clock_offsets_ns={1: skew}
     ).per_rank_step.to_pylist()
     assert fixed == want
+
+
+def _as_cpu_run(rows):
+    """The same schedule as a CPU-only (gloo) trace: ops on the main thread, c10d send/recv without peers,
+    forward module annotations only, the backward pass as autograd engine ops."""
+    out = []
+    for r in rows:
+        r = dict(r, tid=1, stream=None)
+        if r["kind"] == "gpu_user_annotation":
+            if r["name"].endswith(".backward"):
+                continue
+            r["kind"] = "user_annotation"
+        elif r["name"] == "ncclDevKernel_SendRecv":
+            r.update(
+                kind="cpu_op",
+                name="c10d::send" if r["collective"] == "send" else "c10d::recv_",
+                collective=None,
+                src_rank=None,
+                dst_rank=None,
+                # a send overlapping the next op cannot happen on one thread: make it instantaneous
+                dur_ns=0 if r["collective"] == "send" else r["dur_ns"],
+            )
+        elif r["name"].startswith("ncclDevKernel_AllReduce"):
+            r.update(kind="cpu_op", name="c10d::allreduce_", collective=None)
+        elif r["kind"] == "kernel":
+            bwd = r["name"] == "gemm_B"
+            r.update(
+                kind="cpu_op", name="autograd::engine::evaluate_function: MmBackward0" if bwd else "aten::mm"
+            )
+        out.append(r)
+    return out
+
+
+def test_cpu_only_run_matches_truth():
+    rows, truth = pipeline_run([30 * US] * 3, [60 * US] * 3, 4, steps=2)
+    res = analyze_pipeline(events_table(_as_cpu_run(rows)), grid_from_layout(3, pp=3))
+    assert res.microbatches == 4 and res.schedule == "1f1b"
+    for s in res.stages:
+        assert s["bubble_ms"] == pytest.approx(np.mean(truth["bubble_ns"][s["stage"]]) / 1e6, rel=1e-6)
+        assert s["window_bubble_fraction"] == pytest.approx(2 / 6)
