@@ -71,6 +71,7 @@ class Program:
     params: int = 0  # parameters held by one rank of this stage
     static_bytes: int = 0
     act_bytes_per_mb: int = 0
+    full_recompute_memory: bool = False  # memory accounted as with full activation checkpointing
 
 
 def stage_split(cfg: SimConfig, num_layers: int) -> list[int]:
@@ -337,6 +338,12 @@ class ProgramBuilder:
         act_per_layer = int(self.T * self.h * (10 + 24 / cfg.tp))
         if cfg.sequence_parallel:
             act_per_layer = int(self.T * self.h * 34 / cfg.tp)
+        in_flight = min(cfg.microbatches, p - stage) if cfg.schedule == "1f1b" else cfg.microbatches
+        if prog.static_bytes + in_flight * act_per_layer * len(layers) > 0.9 * self.gpu.total_mem:
+            # would not fit: account memory as with full activation checkpointing (layer inputs only);
+            # the recompute kernels themselves are not simulated (docs/simulator.md)
+            act_per_layer = 2 * self.T * self.h // (cfg.tp if cfg.sequence_parallel else 1)
+            prog.full_recompute_memory = True
         prog.act_bytes_per_mb = act_per_layer * len(layers)
 
         if cfg.schedule == "gpipe":
@@ -385,12 +392,11 @@ class ProgramBuilder:
             mi = self._module(prog, f"layers.{li}.{mod}", 0, lt)
             kw = {"module": mi, "phase": "F", "mb": mb, "layer_type": lt}
             body = self.attn_fwd(lt, kw)
-            body[0].mem = per_layer_act // 2
+            body[0].mem = per_layer_act  # the layer's saved activations (one [memory] event per layer)
             ops += body
             mi = self._module(prog, f"layers.{li}.mlp", 0, "mlp")
             kw = {"module": mi, "phase": "F", "mb": mb, "layer_type": "mlp"}
             body = self.mlp_fwd(kw)
-            body[0].mem = per_layer_act - per_layer_act // 2
             ops += body
         if stage == p - 1:
             mi = self._module(prog, "lm_head", 0)
@@ -434,13 +440,12 @@ class ProgramBuilder:
             mi = self._module(prog, f"layers.{li}.mlp.backward", 1, "mlp")
             kw = {"module": mi, "phase": "B", "mb": mb, "thread": 1, "layer_type": "mlp"}
             body = self.mlp_bwd(kw)
-            body[-1].mem = -(per_layer_act - per_layer_act // 2)
             ops += body
             mod = "self_attn" if lt == "full_attention" else "linear_attn"
             mi = self._module(prog, f"layers.{li}.{mod}.backward", 1, lt)
             kw = {"module": mi, "phase": "B", "mb": mb, "thread": 1, "layer_type": lt}
             body = self.attn_bwd(lt, kw)
-            body[-1].mem = -(per_layer_act // 2)
+            body[-1].mem = -per_layer_act
             ops += body
             bucket_params += self.layer_params(lt)
             bucket_layers += 1

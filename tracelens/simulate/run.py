@@ -113,7 +113,33 @@ def simulate(cfg: SimConfig, out_dir) -> dict:
 
     truth = _truth(cfg, model, gpu, peak, layout, builder, programs, timings, files)
     (out / "truth.json").write_text(json.dumps(truth, indent=1) + "\n", encoding="utf-8")
+    _write_run_toml(cfg, out)
     return truth
+
+
+def _write_run_toml(cfg: SimConfig, out: Path) -> None:
+    """tracelens.toml with what a user would know about the run (model, tokens, hardware), deliberately
+    without [parallel], so the layout is inferred from the traces (truth.json holds the real one)."""
+    if isinstance(cfg.model, dict):
+        (out / "model_config.json").write_text(json.dumps(cfg.model, indent=1) + "\n", encoding="utf-8")
+        model = "model_config.json"
+    elif isinstance(cfg.model, (str, Path)):
+        model = str(cfg.model)
+    else:
+        model = None
+    lines = [
+        "# Written by `tracelens simulate`: run metadata a user would know. The layout is left out on",
+        "# purpose (tracelens infers it from the process groups); truth.json holds the simulator's layout.",
+        "[training]",
+        f"seq_len = {cfg.seq_len}",
+        f"global_batch = {cfg.micro_batch_size * cfg.microbatches * cfg.dp}",
+        f"microbatches = {cfg.microbatches}",
+        f'schedule = "{cfg.schedule}"',
+    ]
+    if model is not None:
+        lines += ["[model]", f"config = {json.dumps(model)}"]
+    lines += ["[hardware]", f'gpu = "{cfg.gpu.upper()}"', ""]
+    (out / "tracelens.toml").write_text("\n".join(lines), encoding="utf-8")
 
 
 def _truth(cfg, model, gpu, peak, layout, builder, programs, timings, files) -> dict:
@@ -233,6 +259,11 @@ def _truth(cfg, model, gpu, peak, layout, builder, programs, timings, files) -> 
         },
         "gpu": {"key": gpu.key, "name": gpu.device_name, "peak_flops": peak},
         "layout": {**layout.to_json(), "split": builder.split, "sequence_parallel": cfg.sequence_parallel},
+        "memory": {
+            "full_recompute_accounting": any(p.full_recompute_memory for p in programs),
+            "static_bytes_per_rank_by_stage": [int(p.static_bytes) for p in programs],
+            "activation_bytes_per_microbatch_by_stage": [int(p.act_bytes_per_mb) for p in programs],
+        },
         "schedule": {
             "name": cfg.schedule,
             "microbatches": cfg.microbatches,

@@ -22,6 +22,7 @@ FIRST_STEP = 2  # profiler schedule(wait=1, warmup=1, active=N) numbers the firs
 NCCL_VERSION = "2.21.5"
 CBID_LAUNCH = 211
 TRUNC = 30  # PyTorch truncates long rank lists in record_param_comms args
+LAUNCH_NS = (3_412, 4_107, 3_655, 5_230, 3_871, 4_466, 3_309)  # cudaLaunchKernel durations (cycled)
 
 
 def fmt(ns: int) -> str:
@@ -170,7 +171,7 @@ def write_rank(
                 L, S, E = int(lau[i]), int(sta[i]), int(end[i])
                 tid = tids[op.thread]
                 corr += 1
-                ld = 3_200 + (corr * 7_919) % 2_600
+                ld = LAUNCH_NS[i % len(LAUNCH_NS)]
                 if op.kind == COMPUTE:
                     k_ext = mod_ext.get(op.module, ext)
                     cargs = ""
