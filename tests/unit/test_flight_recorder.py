@@ -245,10 +245,20 @@ def test_pickle_with_callable_is_refused_and_not_run(tmp_path):
     with pytest.raises(BadTraceError, match="unsafe or invalid pickle"):
         fr.read(path)
     assert not marker.exists()
-    # the same with the global reached through eval, and through the copyreg extension registry opcodes
+    # a global through the GLOBAL opcode (builtins.eval), and through the copyreg extension opcode EXT1
     path.write_bytes(b"\x80\x04cbuiltins\neval\n(S'1+1'\ntR.")
     with pytest.raises(BadTraceError):
         fr.load_dump(path)
+    import copyreg
+
+    copyreg.add_extension("os", "system", 0x7A)
+    try:
+        path.write_bytes(b"\x80\x02\x82\x7a(S'touch " + str(marker).encode() + b"'\ntR.")
+        with pytest.raises(BadTraceError):
+            fr.load_dump(path)
+    finally:
+        copyreg.remove_extension("os", "system", 0x7A)
+    assert not marker.exists()
 
 
 def test_not_a_dump(tmp_path):
