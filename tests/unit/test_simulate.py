@@ -431,3 +431,34 @@ def test_cli_simulate(tmp_path):
     assert len(list(out.glob("*.pt.trace.json"))) == 4
     bad = CliRunner().invoke(app, ["simulate", "-o", str(out), "--model", str(cfg), "--straggler", "x:y"])
     assert isinstance(bad.exception, BadInputError)  # the real CLI maps it to exit code 2
+
+
+def test_cli_nccl_outputs_with_hang(tmp_path):
+    from typer.testing import CliRunner
+
+    from tracelens.cli import app
+
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(TINY))
+    out = tmp_path / "hang"
+    args = [
+        "simulate",
+        "-o",
+        str(out),
+        "--model",
+        str(cfg),
+        "--tp",
+        "2",
+        "--pp",
+        "2",
+        "--seq-len",
+        "2048",
+        "--steps",
+        "1",
+        "--hang",
+        "1:3",
+    ]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    assert (out / "nccl_truth.json").is_file() and (out / "flight_recorder").is_dir()
+    assert json.loads((out / "nccl_truth.json").read_text())

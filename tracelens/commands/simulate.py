@@ -56,6 +56,19 @@ def simulate_cmd(
     no_gzip: Annotated[
         bool, typer.Option("--no-gzip", help="Write plain .json instead of .json.gz.")
     ] = False,
+    nccl_outputs: Annotated[
+        bool,
+        typer.Option(
+            "--nccl-outputs",
+            help="Also write Flight Recorder dumps, NCCL profiler-plugin traces and NCCL logs.",
+        ),
+    ] = False,
+    hang: Annotated[
+        str | None,
+        typer.Option(
+            "--hang", help="RANK:SEQ[:PG] plant a hang in the NCCL outputs (implies --nccl-outputs)."
+        ),
+    ] = None,
 ) -> None:
     """Simulate a TP x PP x DP x CP training run and write PyTorch-profiler traces with known truth."""
     from tracelens.simulate import SimConfig, parse_pair, parse_split, parse_straggler, simulate
@@ -84,6 +97,10 @@ def simulate_cmd(
         gzip=not no_gzip,
     )
     truth = simulate(cfg, out)
+    if nccl_outputs or hang:
+        from tracelens.simulate.nccl_outputs import parse_hang, write_for_run
+
+        write_for_run(out, hang=parse_hang(hang) if hang else None)
     mfu = truth["mfu"]["value"]
     typer.echo(
         f"wrote {cfg.world_size} rank traces and truth.json to {out} "
