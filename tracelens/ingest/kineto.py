@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from itertools import compress, repeat
-from operator import attrgetter, is_not
+from operator import attrgetter, eq, is_not
 from pathlib import Path
 from typing import Any
 
@@ -213,13 +213,13 @@ def normalise_kind(cat: Any) -> str:
     return _KIND_ALIASES.get(cat.strip().lower(), "other")
 
 
-_kind_cache: dict[Any, int] = {}
-
-
 def _kind_codes(cats: list) -> np.ndarray:
-    for c in set(cats) - _kind_cache.keys():
-        _kind_cache[c] = _KIND_INDEX[normalise_kind(c)]
-    return np.fromiter(map(_kind_cache.__getitem__, cats), dtype=np.int8, count=len(cats))
+    """`cat` values -> int8 codes into schema.KINDS (dictionary-encoded in Arrow; Python only per unique)."""
+    enc = pc.dictionary_encode(_str_array(cats))
+    uniq = enc.dictionary.to_pylist()
+    lut = np.array([_KIND_INDEX[normalise_kind(c)] for c in uniq] + [_OTHER], dtype=np.int8)
+    idx = enc.indices.fill_null(len(uniq)).to_numpy(zero_copy_only=False)
+    return lut[idx]
 
 
 # ------------------------------------------------------------------------------- exact decimal parse
@@ -411,6 +411,7 @@ def parse_pg_ranks(v: Any) -> list[int] | None:
 
 # ----------------------------------------------------------------------------------- chunk -> columns
 _PH_CODE = {"X": 1, "i": 2, "I": 2}
+_MEMORY_NAME = "[memory]"
 _get = {f: attrgetter(f) for f in ("ph", "cat", "name", "pid", "tid", "ts", "dur", "args")}
 _COLL_FIELDS = (
     "collective",
@@ -457,9 +458,10 @@ def _columns(evs: list) -> _Chunk:
     mem = None
     if (ph == 2).any():
         inst = list(compress(evs, (ph == 2).tolist()))
-        mems = [e for e in inst if e.name == "[memory]"]
-        if mems:
-            mem = _memory_columns(mems)
+        names = map(_get["name"], inst)
+        is_mem = np.fromiter(map(eq, names, repeat(_MEMORY_NAME)), dtype=bool, count=len(inst))
+        if is_mem.any():
+            mem = _memory_columns(list(compress(inst, is_mem.tolist())))
     n = len(xs)
     kind = _kind_codes(list(map(_get["cat"], xs)))
     names = _dict_encode(_str_array(list(map(_get["name"], xs))))
@@ -497,15 +499,17 @@ def _columns(evs: list) -> _Chunk:
 
 
 def _memory_columns(mems: list) -> dict:
-    args = [_EMPTY_ARGS if e.args is None else e.args for e in mems]
-    ts, valid = parse_us_to_ns([e.ts for e in mems])
+    args = list(map(_get["args"], mems))
+    if None in args:
+        args = [_EMPTY_LOOSE_ARGS if a is None else a for a in args]
+    ts, valid = parse_us_to_ns(list(map(_get["ts"], mems)))
     return {
         "ts": ts,
         "valid": valid,
-        "device": _int_array([a.device_id for a in args], pa.int32()),
-        "bytes": _int_array([a.bytes for a in args], pa.int64()),
-        "total_allocated": _int_array([a.total_allocated for a in args], pa.int64()),
-        "total_reserved": _int_array([a.total_reserved for a in args], pa.int64()),
+        "device": _int_array(list(map(attrgetter("device_id"), args)), pa.int32()),
+        "bytes": _int_array(list(map(attrgetter("bytes"), args)), pa.int64()),
+        "total_allocated": _int_array(list(map(attrgetter("total_allocated"), args)), pa.int64()),
+        "total_reserved": _int_array(list(map(attrgetter("total_reserved"), args)), pa.int64()),
     }
 
 
