@@ -297,6 +297,28 @@ def composition_bar(stages: Mapping) -> go.Figure:
     return fig
 
 
+def stage_type_ms_bar(per_stage_type_ms: Mapping) -> go.Figure:
+    """Stacked GPU compute per microbatch by layer type per stage (composition.per_stage_type_ms, ms)."""
+    keys = sorted(per_stage_type_ms, key=lambda s: int(s))
+    types = sorted({t for s in keys for t in per_stage_type_ms[s]})
+    fig = go.Figure()
+    for t in types:
+        fig.add_bar(
+            name=txt(t),
+            x=[f"stage {s}" for s in keys],
+            y=[_r(per_stage_type_ms[s].get(t) or 0.0) for s in keys],
+            marker_color=TYPE_COLORS.get(t),
+        )
+    fig.update_layout(
+        barmode="stack",
+        title="Compute per microbatch by layer type and stage (forward + backward)",
+        yaxis_title="ms per microbatch",
+        legend_orientation="h",
+        height=380,
+    )
+    return fig
+
+
 def time_share_bar(
     time_share: Mapping[str, float], title: str = "Share of step time by layer type"
 ) -> go.Figure:

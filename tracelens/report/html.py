@@ -140,8 +140,41 @@ def headline(summary: dict) -> list[str]:
     return out
 
 
+def stragglers_html(summary: dict) -> str:
+    """Table of straggler verdicts: rank, stage, cause, cost, persistence and the main evidence."""
+    rows = []
+    for s in summary.get("stragglers") or []:
+        ev = s.get("evidence") or {}
+        rows.append(
+            {
+                "rank": s.get("rank"),
+                "stage": s.get("stage"),
+                "cause": s.get("cause"),
+                "cost_ms": s.get("cost_ms"),
+                "steps": f"{s.get('steps_flagged')} of {s.get('steps_total')}",
+                "compute_ratio": ev.get("compute_ratio"),
+                "transfer_ratio": ev.get("transfer_ratio"),
+                "last_arrivals": ev.get("last_arrivals"),
+            }
+        )
+    if not rows:
+        return ""
+    cols = [
+        ("rank", "rank"),
+        ("stage", "stage"),
+        ("cause", "cause"),
+        ("cost ms/step", "cost_ms"),
+        ("steps flagged", "steps"),
+        ("compute vs peers", "compute_ratio"),
+        ("transfer vs peers", "transfer_ratio"),
+        ("last to arrive", "last_arrivals"),
+    ]
+    cols = [c for c in cols if any(r.get(c[1]) is not None for r in rows)]
+    return "<h3>Stragglers</h3>" + table_html(rows, cols)
+
+
 def findings_html(summary: dict) -> str:
-    """Headline sentences, then every finding (errors first) in plain words."""
+    """Headline sentences, then every finding (errors first) in plain words, then the straggler table."""
     head = "".join(f'<p class="headline">{esc(line)}</p>' for line in headline(summary))
     items = summary.get("findings") or []
     if not items:
@@ -154,7 +187,7 @@ def findings_html(summary: dict) -> str:
             f'<div class="finding {esc(f.get("severity"))}"><b>{esc(title)}</b> '
             f"<code>{esc(f.get('code'))}</code> ({esc(f.get('severity'))}): {esc(f.get('message'))}</div>"
         )
-    return head + "\n".join(rows)
+    return head + "\n".join(rows) + stragglers_html(summary)
 
 
 def metadata_html(summary: dict) -> str:
@@ -299,12 +332,16 @@ def _pipeline_section(analysis, summary: dict) -> list:
 
 
 def _composition_section(analysis, summary: dict) -> list:
-    comp = summary.get("composition") or _attr(analysis, "composition")
-    stages = figures._get(comp, "stages") or {}
-    share = figures._get(comp, "time_share") or {}
+    result = _attr(analysis, "composition")
+    comp = summary.get("composition") or result
+    stages = figures._get(comp, "stages") or figures._get(result, "stages") or {}
+    share = figures._get(comp, "time_share") or figures._get(result, "time_share") or {}
     out: list = []
     if stages:
         out.append(figures.composition_bar(stages))
+    per_type = figures._get(comp, "per_stage_type_ms") or figures._get(result, "per_stage_type_ms") or {}
+    if per_type:
+        out.append(figures.stage_type_ms_bar(per_type))
     if share:
         out.append(figures.time_share_bar(share))
     if not out:
