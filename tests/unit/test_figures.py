@@ -514,3 +514,28 @@ def test_trace_events_aligned_per_rank_with_finding_markers():
     marks = [e for e in out if e["ph"] == "i"]
     assert [(m["s"], m["pid"], m["ts"]) for m in marks] == [("g", 0, 0.0), ("p", 1, 100.0)]
     assert marks[0]["name"] == "STRAGGLER: rank 1 slow"
+
+
+def test_stage_type_ms_and_straggler_table():
+    fig = F.stage_type_ms_bar({1: {"mlp": 3.0, "full_attention": 1.25}, 0: {"mlp": 2.0}})
+    by = {t.name: (list(t.x), list(t.y)) for t in fig.data}
+    assert by == {
+        "full_attention": (["stage 0", "stage 1"], [0.0, 1.25]),
+        "mlp": (["stage 0", "stage 1"], [2.0, 3.0]),
+    }
+    s = make_summary(2)
+    s["stragglers"] = [
+        {
+            "rank": 1,
+            "stage": 0,
+            "cause": "compute",
+            "cost_ms": 20.5,
+            "steps_flagged": 2,
+            "steps_total": 3,
+            "evidence": {"compute_ratio": 1.18, "transfer_ratio": None},
+        }
+    ]
+    page = H.findings_html(s)
+    assert "<td>1</td><td>0</td><td>compute</td><td>20.500</td><td>2 of 3</td><td>1.180</td></tr>" in page
+    assert "transfer vs peers" not in page  # no rank has that evidence
+    assert "Stragglers: rank 1 (compute, costs 20.5 ms/step)." in page

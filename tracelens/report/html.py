@@ -178,7 +178,7 @@ def findings_html(summary: dict) -> str:
     head = "".join(f'<p class="headline">{esc(line)}</p>' for line in headline(summary))
     items = summary.get("findings") or []
     if not items:
-        return head + "<p>No findings.</p>"
+        return head + "<p>No findings.</p>" + stragglers_html(summary)
     order = {"error": 0, "warning": 1, "info": 2}
     rows = []
     for f in sorted(items, key=lambda f: order.get(f.get("severity"), 3)):
