@@ -216,7 +216,10 @@ class _WorkerPool:
 
 def _worker_main() -> None:
     """Worker loop: one JSON task per stdin line -> one JSON answer per stdout line."""
-    out = sys.stdout.buffer
+    # Answers go to a private copy of stdout; anything else printed to stdout lands on stderr instead.
+    sys.stdout.flush()
+    out = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
     for line in sys.stdin.buffer:
         t = json.loads(line)
         try:
