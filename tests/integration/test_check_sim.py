@@ -95,3 +95,18 @@ def test_summary_json_round_trip_gives_the_same_verdict(runs, tmp_path):
         (r.rule, r.status, r.p_value) for r in direct.results
     ]
     assert Path(tmp_path / "summary.json").stat().st_size > 0
+
+
+def test_larger_pipeline_bubble_fails_the_bubble_rule(tmp_path):
+    """pp=2 with 8 microbatches vs 2: 1F1B's bubble (p-1)/(m+p-1) grows from ~11% to ~33% of the step."""
+    pipe = {**BASE, "tp": 1, "dp": 1, "pp": 2}
+    truths, summaries = [], []
+    for name, m in (("m8", 8), ("m2", 2)):
+        truths.append(simulate(SimConfig(**{**pipe, "microbatches": m, "seed": m}), tmp_path / name))
+        summaries.append(summarize(tmp_path / name, no_cache=True))
+    res = _rules(regress.check(*summaries))["bubble"]
+    assert res.status == "fail", res.message
+    true_pct = [100 * float(np.mean([s["bubble_fraction"] for s in t["stages"]])) for t in truths]
+    assert res.baseline == pytest.approx(true_pct[0], abs=1.5)
+    assert res.current == pytest.approx(true_pct[1], abs=1.5)
+    assert res.p_value < 0.05
