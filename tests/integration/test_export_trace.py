@@ -1,0 +1,70 @@
+"""`tracelens report export-trace`: one valid Chrome trace with every rank of the real CPU run."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SAMPLE = REPO / "sample_traces" / "cpu-gloo-4rank"
+
+
+def tracelens(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    return subprocess.run(
+        [sys.executable, "-c", "from tracelens.cli import app; app()", *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=300,
+    )
+
+
+@pytest.mark.skipif(not SAMPLE.exists(), reason="sample_traces/cpu-gloo-4rank is absent")
+def test_export_trace_of_the_cpu_run(tmp_path):
+    from tracelens.run_analysis import analyze_run
+
+    out = tmp_path / "merged.json"
+    p = tracelens("report", "export-trace", str(SAMPLE), "-o", str(out))
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(out.read_text())
+    assert doc["schema"] == "tracelens.chrome-trace/1" and isinstance(doc["traceEvents"], list)
+    evs = doc["traceEvents"]
+    a = analyze_run(SAMPLE)
+    x = [e for e in evs if e["ph"] == "X"]
+    assert len(x) == a.events.num_rows
+    assert all(
+        isinstance(e["pid"], int)
+        and isinstance(e["tid"], int)
+        and e["ts"] >= 0
+        and e["dur"] >= 0
+        and isinstance(e["name"], str)
+        for e in x
+    )
+    assert {e["pid"] for e in x} == {0, 1, 2, 3}
+    names = {e["pid"]: e["args"]["name"] for e in evs if e["ph"] == "M" and e["name"] == "process_name"}
+    assert names == {r: f"rank {r}" for r in range(4)} or all(
+        n.startswith(f"rank {r}") for r, n in names.items()
+    )
+    steps = {e["args"]["step"] for e in x if "step" in e.get("args", {})}
+    assert steps == set(a.steps)
+    # the merged trace spans the run: rank 0's ProfilerStep annotations are in it at their own times
+    ps = sorted(e["ts"] for e in x if e["pid"] == 0 and e["name"].startswith("ProfilerStep#"))
+    assert len(ps) == len(a.steps)
+    # one global marker per finding, and one on every rank it names
+    findings = a.summary()["findings"]
+    marks = [e for e in evs if e["ph"] == "i"]
+    assert len([m for m in marks if m["s"] == "g"]) == len(findings)
+    assert len([m for m in marks if m["s"] == "p"]) == sum(len(f["ranks"]) for f in findings)
+    # rerun overwrites its own file; a foreign file needs --force
+    assert tracelens("report", "export-trace", str(SAMPLE), "-o", str(out)).returncode == 0
+    out.write_text("{}")
+    p = tracelens("report", "export-trace", str(SAMPLE), "-o", str(out))
+    assert p.returncode == 2 and "--force" in p.stderr
