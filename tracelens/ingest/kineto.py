@@ -1150,16 +1150,17 @@ def _tail_bytes(path: Path, n: int) -> bytes:
 def peek(path: str | Path) -> dict:
     """Rank metadata of a Kineto file without decoding its events.
 
-    Reads the first MiB (decompressed) for `distributedInfo`; when the file puts it after `traceEvents`,
-    reads the last 256 KiB instead (for gzip this streams the file once). Returns
-    {rank, world_size, backend, distributed_info, base_time_ns}; missing values are None.
+    Reads the head of the file (decompressed, up to the `traceEvents` key, at most 1 MiB) for
+    `distributedInfo`; when the file puts it after `traceEvents`, reads the last 256 KiB instead (for gzip
+    this streams the file once). Returns {rank, world_size, backend, distributed_info, base_time_ns};
+    missing values are None (`base_time_ns` only when it precedes `traceEvents` or the tail was read).
     """
     path = Path(path)
     head = bytearray()
     try:
-        for b in _blocks(path):
+        for b in _blocks(path, 65536):  # usually a few KiB suffice: stop at the `traceEvents` key
             head += b
-            if len(head) >= PEEK_HEAD:
+            if len(head) >= PEEK_HEAD or _TE_KEY.search(head, max(0, len(head) - len(b) - 32)):
                 break
     except _Truncated:
         pass
