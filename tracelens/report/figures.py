@@ -26,9 +26,11 @@ BREAKDOWN_PARTS = (
     ("exposed comm: transfer", "exposed_transfer_ms", "#F58518"),
     ("exposed comm", "exposed_comm_ms", "#E45756"),
     ("memcpy", "memcpy_ms", "#B279A2"),
-    ("idle", "idle_other_ms", "#BAB0AC"),
-    ("pipeline bubble", "bubble_ms", "#EECA3B"),
+    ("idle", "idle_ms", "#BAB0AC"),
 )
+#: The pipeline bubble is not a stacked part: it spans idle time and exposed P2P waits (see
+#: analyze/pipeline.py), so it is drawn as a marker at its height beside the stack.
+BUBBLE_MARKER = ("pipeline bubble (spans idle and P2P waits)", "bubble_ms", "#EECA3B")
 #: Beyond this many ranks, per-rank figures show groups (stages or nodes) instead.
 MAX_ITEMS = 256
 #: Ranks per node when grouping by node (8 GPUs per host is the common case).
@@ -107,11 +109,9 @@ def _stage_map(summary: dict) -> dict[int, int | None]:
 # breakdown
 # ----------------------------------------------------------------------------------------------------
 def _parts(rank: dict) -> dict[str, float | None]:
-    """The disjoint parts of one rank's mean step (they add up to step_time_ms)."""
+    """The disjoint parts of one rank's mean step (they add up to step_time_ms), and the bubble."""
     compute = rank.get("compute_ms") or 0.0
     overlapped = rank.get("overlapped_comm_ms") or 0.0
-    idle = rank.get("idle_ms") or 0.0
-    bubble = rank.get("bubble_ms")
     split = rank.get("exposed_wait_ms") is not None and rank.get("exposed_transfer_ms") is not None
     return {
         "compute_only_ms": compute - overlapped,
@@ -120,13 +120,13 @@ def _parts(rank: dict) -> dict[str, float | None]:
         "exposed_transfer_ms": rank.get("exposed_transfer_ms") if split else None,
         "exposed_comm_ms": None if split else rank.get("exposed_comm_ms"),
         "memcpy_ms": rank.get("memcpy_ms"),
-        "idle_other_ms": idle - min(bubble or 0.0, idle),
-        "bubble_ms": min(bubble, idle) if bubble is not None else None,
+        "idle_ms": rank.get("idle_ms"),
+        "bubble_ms": rank.get("bubble_ms"),
     }
 
 
 def breakdown_bar(summary: dict, max_items: int = MAX_ITEMS) -> go.Figure:
-    """Per-rank stacked bar of the mean step: compute, overlapped / exposed comm, memcpy, idle, bubble.
+    """Per-rank stacked bar of the mean step (compute, overlapped / exposed comm, memcpy, idle) + bubble.
 
     Beyond `max_items` ranks each bar is the mean of a stage (or node) of ranks."""
     ranks = summary.get("ranks") or []
@@ -139,6 +139,16 @@ def breakdown_bar(summary: dict, max_items: int = MAX_ITEMS) -> go.Figure:
             continue
         ys = [_r(np.mean([v or 0.0 for v in c])) for c in cols]
         fig.add_bar(name=name, x=labels, y=ys, marker_color=color)
+    name, key, color = BUBBLE_MARKER
+    cols = [[by_rank[r][key] for r in m] for m in members]
+    if not all(v is None for c in cols for v in c):
+        fig.add_scatter(
+            name=name,
+            x=labels,
+            y=[_r(np.mean([v or 0.0 for v in c])) for c in cols],
+            mode="markers",
+            marker={"color": color, "symbol": "diamond", "size": 11, "line": {"color": "#333", "width": 1}},
+        )
     fig.update_layout(
         barmode="stack",
         title="Where each rank's step goes (mean over analyzed steps)"

@@ -117,10 +117,13 @@ def headline(summary: dict) -> list[str]:
             f"compute {_pct(share('compute_ms'))}",
             f"exposed communication {_pct(share('exposed_comm_ms'))}",
         ]
-        if share("bubble_ms") is not None:
-            parts.append(f"pipeline bubble {_pct(share('bubble_ms'))}")
         parts.append(f"idle {_pct(share('idle_ms'))}")
-        out.append(f"Mean step time {step:,.1f} ms over {n} rank(s): " + ", ".join(parts) + " of the step.")
+        line = f"Mean step time {step:,.1f} ms over {n} rank(s): " + ", ".join(parts) + " of the step"
+        if share("bubble_ms") is not None:
+            line += (
+                f"; pipeline bubbles (idle and waits for neighbour stages) take {_pct(share('bubble_ms'))}"
+            )
+        out.append(line + ".")
     mfu = summary.get("mfu") or {}
     if mfu.get("value") is not None:
         out.append(f"MFU {_pct(mfu['value'])} ({mfu.get('convention') or 'unknown'} convention).")
