@@ -31,7 +31,7 @@ BREAKDOWN_SHARES = (
     ("exposed_transfer", "exposed comm: transfer", "exposed_transfer_ms"),
     ("overlapped_comm", "overlapped communication", "overlapped_comm_ms"),
     ("memcpy", "memcpy", "memcpy_ms"),
-    ("idle", "idle (incl. bubble)", "idle_ms"),
+    ("idle", "idle", "idle_ms"),
     ("bubble", "pipeline bubble", "bubble_ms"),
 )
 #: Changes smaller than this (percentage points) are not worth a sentence.
