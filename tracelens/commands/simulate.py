@@ -56,6 +56,9 @@ def simulate_cmd(
     no_gzip: Annotated[
         bool, typer.Option("--no-gzip", help="Write plain .json instead of .json.gz.")
     ] = False,
+    compress_level: Annotated[
+        int, typer.Option("--compress-level", help="gzip level 0-9 (9: smallest files, 1: fastest).")
+    ] = 9,
     nccl_outputs: Annotated[
         bool,
         typer.Option(
@@ -95,6 +98,7 @@ def simulate_cmd(
         slow_links=[parse_pair(s, "--slow-link") for s in slow_link or []],
         host_stalls=[parse_pair(s, "--host-stall") for s in host_stall or []],
         gzip=not no_gzip,
+        compress_level=compress_level,
     )
     truth = simulate(cfg, out)
     if nccl_outputs or hang:

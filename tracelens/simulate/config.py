@@ -40,6 +40,7 @@ class SimConfig:
     slow_links: list[tuple[int, float]] = field(default_factory=list)
     host_stalls: list[tuple[int, float]] = field(default_factory=list)  # rank, ms per step
     gzip: bool = True
+    compress_level: int = 9  # gzip level: 9 for committed samples (smallest), 1-6 for fast large runs
 
     @property
     def world_size(self) -> int:
@@ -50,6 +51,8 @@ class SimConfig:
         for name in ("tp", "pp", "dp", "cp", "microbatches", "micro_batch_size", "steps", "ranks_per_host"):
             if int(getattr(self, name)) < 1:
                 raise BadInputError(f"--{name.replace('_', '-')} must be >= 1")
+        if not 0 <= self.compress_level <= 9:
+            raise BadInputError("--compress-level must be 0..9")
         if self.seq_len < 1:
             raise BadInputError("--seq-len must be >= 1")
         if self.schedule not in ("1f1b", "gpipe"):

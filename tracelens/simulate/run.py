@@ -108,6 +108,7 @@ def simulate(cfg: SimConfig, out_dir) -> dict:
             base_ns,
             offset_ns,
             cfg.gzip,
+            cfg.compress_level,
         )
         files[rank] = name
 

@@ -96,6 +96,7 @@ def write_rank(
     base_ns: int,
     offset_ns: int,
     use_gzip: bool,
+    level: int = 9,
 ) -> None:
     """Write one rank's trace (all steps) to `path`."""
     prog = static.prog
@@ -118,7 +119,7 @@ def write_rank(
     peak = alloc
     addr = 0x7F3A00000000 + rank * 0x1000000
 
-    f = _open(path, use_gzip)
+    f = _open(path, use_gzip, level)
     try:
         f.write(_header_text(header))
         first = True
@@ -238,10 +239,10 @@ def write_rank(
         f.close()
 
 
-def _open(path: Path, use_gzip: bool):
+def _open(path: Path, use_gzip: bool, level: int = 9):
     raw = open(path, "wb")  # noqa: SIM115 (closed by _TextSink.close)
     if use_gzip:
-        gz = gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=9)
+        gz = gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=level)
         return _TextSink(gz, raw)
     return _TextSink(raw, None)
 
