@@ -314,17 +314,15 @@ def test_clock_offset_shifts_one_host(tmp_path):
 
 def test_host_stall_idles_gpu(tmp_path):
     clean_truth, _ = run(tmp_path, "clean")
-    truth, _ = run(tmp_path, "stall", host_stalls=[(0, 3.0)])
-    a = clean_truth["ranks"][0]["steps"][1]
-    b = truth["ranks"][0]["steps"][1]
-    assert b["idle_ns"] - a["idle_ns"] > 2_500_000
-    assert abs(b["compute_ns"] - a["compute_ns"]) < 0.05 * a["compute_ns"]
-    # its TP peer now waits for it inside the first collectives
-    assert (
-        truth["ranks"][1]["steps"][1]["exposed_comm_ns"]
-        - clean_truth["ranks"][1]["steps"][1]["exposed_comm_ns"]
-        > 2_500_000
-    )
+    truth, _ = run(tmp_path, "stall", host_stalls=[(0, 3.0), (3, 3.0)])
+    for rank, peer in ((0, 1), (3, 2)):  # stage 0 and stage 1 (after its first receive)
+        a = clean_truth["ranks"][rank]["steps"][1]
+        b = truth["ranks"][rank]["steps"][1]
+        assert b["idle_ns"] - a["idle_ns"] > 2_500_000
+        assert abs(b["compute_ns"] - a["compute_ns"]) < 0.05 * a["compute_ns"]
+        # its TP peer now waits for it inside the collectives
+        pa, pb = clean_truth["ranks"][peer]["steps"][1], truth["ranks"][peer]["steps"][1]
+        assert pb["exposed_comm_ns"] - pa["exposed_comm_ns"] > 2_500_000
 
 
 def test_slow_link_slows_its_groups(tmp_path):

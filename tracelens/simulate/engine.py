@@ -69,6 +69,11 @@ class Engine:
             self.stall[r] += ms * 1e6
         self.rngs = [np.random.default_rng([cfg.seed, s]) for s in range(cfg.pp)]
         self._transfer_cache: dict = {}
+        # host stalls hit right before the first forward compute launch of each step (see _exec)
+        self.first_fwd = []
+        for prog in programs:
+            idx = [i for i, op in enumerate(prog.ops) if op.kind == COMPUTE and op.phase == "F"]
+            self.first_fwd.append(idx[0] if idx else -1)
 
     # ---- helpers --------------------------------------------------------------------------------
     def _strag(self, stage: int, step: int) -> np.ndarray:
@@ -136,8 +141,7 @@ class Engine:
                     cpu_start[s].copy(),
                 )
             )
-            stall = self.stall[self.ranks[s]].astype(np.int64)
-            cpu = cpu_start[s] + 3_000 + stall
+            cpu = cpu_start[s] + 3_000
             st.append(
                 {
                     "c": cpu_start[s].copy(),  # compute stream cursor
@@ -150,6 +154,7 @@ class Engine:
                     "send_free": cpu_start[s].copy(),  # send stream cursor
                     "pending_send": None,  # op index of the send whose end is not known yet
                     "strag": self._strag(s, step),
+                    "stall": self.stall[self.ranks[s]].astype(np.int64),
                     "ptr": 0,
                 }
             )
@@ -206,6 +211,11 @@ class Engine:
             stt["c"] = np.maximum(stt["c"], stt["streams"][op.axis])
             return
         launch = self._launch(stt, op)
+        if i == self.first_fwd[s] and stt["stall"].any():
+            # host stall: the CPU waited for the GPU (data loading / a sync), then stalled before launching
+            stalled = np.maximum(launch, stt["c"]) + stt["stall"]
+            launch = np.where(stt["stall"] > 0, stalled, launch)
+            stt["cpu"] = np.maximum(stt["cpu"], launch + CPU_GAP_KERNEL_NS)
         t.launch[i] = launch
         ready = launch + LAUNCH_LATENCY_NS
         if op.kind == COMPUTE:
