@@ -303,6 +303,8 @@ def _pipeline_section(analysis, summary: dict) -> list:
     grid = _attr(analysis, "grid")
     stage_of = {int(r["rank"]): r.get("stage") for r in summary.get("ranks") or []}
     chain: list[int] = []
+    if grid is not None and getattr(grid, "pp", None) == 1:
+        return [note("pp=1: no pipeline parallelism, no pipeline timeline.")]
     if grid is not None and getattr(grid, "pp", None):
         pipes = grid.pipelines()
         chain = (
