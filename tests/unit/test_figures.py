@@ -544,3 +544,12 @@ def test_stage_type_ms_and_straggler_table():
     assert "<td>1</td><td>0</td><td>compute</td><td>20.500</td><td>2 of 3</td><td>1.180</td></tr>" in page
     assert "transfer vs peers" not in page  # no rank has that evidence
     assert "Stragglers: rank 1 (compute, costs 20.5 ms/step)." in page
+
+
+def test_pp1_run_has_no_timeline():
+    from tracelens.topology import Grid
+
+    s = make_summary(2)
+    s["stages"] = [{"stage": 0, "layers": {"mlp": 4}}]
+    page = H.render(s, H.build_sections(types.SimpleNamespace(grid=Grid(tp=1, pp=1, dp=2, cp=1)), s))
+    assert "pp=1: no pipeline parallelism" in page and "Pipeline timeline" not in page
