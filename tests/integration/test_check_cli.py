@@ -132,3 +132,48 @@ def test_run_folders_are_summarized(tmp_path):
     step = next(r for r in data["results"] if r["rule"] == "step_time")
     assert step["baseline"] == step["current"] > 0
     assert step["delta"] == 0.0
+
+
+HTA = REPO.parent / "shared" / "traces" / "hta"
+
+
+def _profiler_step_ms(trace: Path) -> list[float]:
+    """ProfilerStep# durations (ms) read straight from the raw Kineto JSON: the independent truth."""
+    import gzip
+
+    with gzip.open(trace, "rt") as fh:
+        events = json.load(fh)["traceEvents"]
+    return [
+        e["dur"] / 1000
+        for e in events
+        if e.get("ph") == "X" and e.get("cat") == "user_annotation" and e["name"].startswith("ProfilerStep#")
+    ]
+
+
+def test_real_traces_slower_run_fails_and_reverse_passes(tmp_path):
+    """HTA's trace_diff pair (real single-GPU traces, 6 steps each): the test run's steps are slower."""
+    if not HTA.is_dir():
+        pytest.skip(f"real traces absent: {HTA}")
+    from tracelens.analyze import regress
+
+    control = regress.load_summary(HTA / "trace_diff" / "control", no_cache=True)
+    test = regress.load_summary(HTA / "trace_diff" / "test", no_cache=True)
+    truth_c = _profiler_step_ms(HTA / "trace_diff" / "control" / "control.json.gz")
+    truth_t = _profiler_step_ms(HTA / "trace_diff" / "test" / "test.json.gz")
+    assert len(truth_c) == len(truth_t) == 6
+    assert min(truth_t) > max(truth_c)  # every test step is slower: the exact p-value is 1/C(12,6)
+
+    forward = {r.rule: r for r in regress.check(control, test).results}["step_time"]
+    assert forward.status == "fail"
+    assert forward.baseline == pytest.approx(float(np.median(truth_c)), abs=1e-3)
+    assert forward.current == pytest.approx(float(np.median(truth_t)), abs=1e-3)
+    assert forward.p_value == pytest.approx(1 / 924)
+    backward = {r.rule: r for r in regress.check(test, control).results}["step_time"]
+    assert backward.status == "pass" and backward.p_value == pytest.approx(1.0)
+
+    # the same through the CLI, with the stored baseline summary
+    (tmp_path / "control").mkdir()
+    (tmp_path / "control" / "summary.json").write_text(json.dumps(control))
+    res = tracelens("check", str(tmp_path / "control"), str(HTA / "trace_diff" / "test"), "--no-cache")
+    assert res.returncode == 1, res.stderr
+    assert "FAIL step_time" in res.stdout
