@@ -340,3 +340,17 @@ def test_parse_us_to_ns_odd_texts():
     got, ok = kineto.parse_us_to_ns(raws)
     assert ok.tolist() == [True, False, False, True, True, False]
     assert got[ok].tolist() == [1500, 2250, 1_000_000]
+
+
+def test_unknown_phases_and_odd_types_fall_back_to_the_loose_decoder(tmp_path):
+    events = [
+        {"ph": "Z", "name": "unknown phase", "ts": 1},
+        {"name": "no phase at all"},
+        kt.x("cpu_op", "kept", "2.000", "1.000"),
+        {"ph": "X", "cat": "cpu_op", "name": 7, "ts": kt.Num("3.000"), "dur": kt.Num("1.000"), "args": None},
+        {"ph": "i", "name": "[memory]", "ts": kt.Num("4.000"), "args": {"Bytes": 8.0, "Device Id": "0"}},
+    ]
+    tr = kineto.read(kt.write(tmp_path / "t.json", kt.doc(events=events)))
+    assert tr.events.column("name").to_pylist() == ["kept", "7"]
+    assert tr.events.column("ts_ns").to_pylist() == [2000, 3000]
+    assert _rows(tr.memory)[0]["bytes"] == 8 and _rows(tr.memory)[0]["device"] == 0

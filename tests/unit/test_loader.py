@@ -49,8 +49,8 @@ def test_all_ranks_one_table(tmp_path):
 def test_cache_hit_and_invalidation(tmp_path, monkeypatch):
     run = _run(tmp_path)
     first = loader.load_tables(run, workers=1)
-    cached = sorted((run / ".tracelens" / "cache").rglob("*.parquet"))
-    assert [p.name for p in cached] == sorted(
+    cached = sorted(p.name for p in (run / ".tracelens" / "cache").rglob("*.parquet"))
+    assert cached == sorted(
         f"rank{r}.{k}.parquet" for r in (0, 1) for k in ("events", "memory", "meta")
     )
     monkeypatch.setattr(loader, "ingest_rank", _no_ingest)

@@ -26,7 +26,7 @@ from decimal import Decimal, InvalidOperation
 from itertools import compress, repeat
 from operator import attrgetter, eq, is_not
 from pathlib import Path
-from typing import Any
+from typing import Any, Union
 
 import msgspec
 import numpy as np
@@ -102,10 +102,9 @@ _EMPTY_LOOSE_ARGS = _LooseArgs()
 _RAW_NONE = msgspec.Raw(b"")
 
 
-class _Event(msgspec.Struct, gc=False):
-    """One trace event; `ts`/`dur` kept as raw JSON text for exact decimal conversion."""
+class _Event(msgspec.Struct, tag="X", tag_field="ph", gc=False):
+    """A complete event (`ph: X`); `ts`/`dur` kept as raw JSON text for exact decimal conversion."""
 
-    ph: str | None = None
     cat: str | None = None
     name: str | None = None
     pid: int | float | str | None = None
@@ -113,6 +112,27 @@ class _Event(msgspec.Struct, gc=False):
     ts: msgspec.Raw = _RAW_NONE
     dur: msgspec.Raw = _RAW_NONE
     args: _Args = _EMPTY_ARGS
+
+
+class _Instant(msgspec.Struct, tag="i", tag_field="ph", gc=False):
+    """An instant event; only `[memory]` ones are kept."""
+
+    name: str | None = None
+    ts: msgspec.Raw = _RAW_NONE
+    args: _Args = _EMPTY_ARGS
+
+
+class _InstantOld(_Instant, tag="I"):
+    pass
+
+
+#: Every other Chrome-trace phase decodes to an empty struct: the decoder skips its content. A phase not
+#: listed here makes the chunk fall back to the loose decoder, which handles anything.
+_OTHER_PHASES = tuple(
+    msgspec.defstruct(f"_Phase{ord(t)}", [], tag=t, tag_field="ph", gc=False)
+    for t in "BEbnestfPONDMRCcSTFpVv()"
+)
+_TAGGED = Union[(_Event, _Instant, _InstantOld, *_OTHER_PHASES)]  # noqa: UP007 (a runtime tuple of types)
 
 
 class _LooseEvent(msgspec.Struct, gc=False):
@@ -129,7 +149,7 @@ class _LooseEvent(msgspec.Struct, gc=False):
 class _Top(msgspec.Struct):
     """Top-level keys of a Kineto file (metadata); `traceEvents` is None when the key is absent."""
 
-    traceEvents: list[_Event] | None = None
+    traceEvents: list[_TAGGED] | None = None  # type: ignore[valid-type]
     schemaVersion: Any = None
     deviceProperties: Any = None
     distributedInfo: Any = None
@@ -148,7 +168,7 @@ class _TopLoose(msgspec.Struct):
     baseTimeNanoseconds: Any = None
 
 
-_DEC_EVENTS = msgspec.json.Decoder(list[_Event])
+_DEC_EVENTS = msgspec.json.Decoder(list[_TAGGED])  # type: ignore[valid-type]
 _DEC_EVENTS_LOOSE = msgspec.json.Decoder(list[_LooseEvent])
 _DEC_TOP = msgspec.json.Decoder(_Top)
 _DEC_TOP_LOOSE = msgspec.json.Decoder(_TopLoose)
@@ -411,6 +431,7 @@ def parse_pg_ranks(v: Any) -> list[int] | None:
 
 # ----------------------------------------------------------------------------------- chunk -> columns
 _PH_CODE = {"X": 1, "i": 2, "I": 2}
+_TYPE_CODE = {_Event: 1, _Instant: 2, _InstantOld: 2}
 _MEMORY_NAME = "[memory]"
 _get = {f: attrgetter(f) for f in ("ph", "cat", "name", "pid", "tid", "ts", "dur", "args")}
 _COLL_FIELDS = (
@@ -452,8 +473,11 @@ class _Chunk:
 
 def _columns(evs: list) -> _Chunk:
     """Build the columns of one chunk of decoded events (C-level passes; no per-event Python code)."""
-    phs = list(map(_get["ph"], evs))
-    ph = np.fromiter(map(_PH_CODE.get, phs, repeat(0)), dtype=np.int8, count=len(phs))
+    if evs and type(evs[0]) is _LooseEvent:  # the loose decoder keeps `ph` as a field
+        phs = list(map(_get["ph"], evs))
+        ph = np.fromiter(map(_PH_CODE.get, phs, repeat(0)), dtype=np.int8, count=len(phs))
+    else:  # the tagged decoder tells phases apart by type
+        ph = np.fromiter(map(_TYPE_CODE.get, map(type, evs), repeat(0)), dtype=np.int8, count=len(evs))
     xs = list(compress(evs, (ph == 1).tolist()))
     mem = None
     if (ph == 2).any():
