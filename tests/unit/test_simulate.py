@@ -460,3 +460,36 @@ def test_cli_nccl_outputs_with_hang(tmp_path):
     assert res.exit_code == 0, res.output
     assert (out / "nccl_truth.json").is_file() and (out / "flight_recorder").is_dir()
     assert json.loads((out / "nccl_truth.json").read_text())
+
+
+def test_layout_orders_and_groups():
+    from tracelens.simulate.layout import Layout
+
+    lay = Layout(SimConfig(tp=2, pp=2, dp=2, cp=1))
+    assert lay.coords(5) == {"tp": 1, "cp": 0, "dp": 0, "pp": 1}  # tp fastest, then cp, dp, pp
+    assert [g.ranks for g in lay.groups if g.axis == "tp"] == [(0, 1), (2, 3), (4, 5), (6, 7)]
+    assert [g.ranks for g in lay.groups if g.axis == "pp"] == [(0, 4), (1, 5), (2, 6), (3, 7)]
+    assert [g.ranks for g in lay.groups if g.axis == "dp"] == [(0, 2), (1, 3), (4, 6), (5, 7)]
+    other = Layout(SimConfig(tp=2, pp=2, dp=2, order="pp-tp-dp-cp"))
+    assert other.coords(1) == {"pp": 1, "tp": 0, "dp": 0, "cp": 0}
+    assert [g.ranks for g in other.groups if g.axis == "pp"][0] == (0, 1)
+    for r in range(8):
+        cfgs = lay.pg_config(r)
+        assert [c["pg_desc"] for c in cfgs][0] == "default_pg"
+        assert all(r in c["ranks"] for c in cfgs) and len(cfgs) == 4
+
+
+def test_sequence_parallel_collectives(tmp_path):
+    _, out = run(tmp_path, tp=2, pp=1, steps=1, sequence_parallel=True)
+    names = {k["args"]["Collective name"] for k in kernels(load(out)[0]) if NCCL.match(k["name"])}
+    assert {
+        "_allgather_base",
+        "_reduce_scatter_base",
+    } <= names and "allreduce" in names  # allreduce: grad norm
+    tp_ar = [
+        k
+        for k in kernels(load(out)[0])
+        if k["args"].get("Collective name") == "allreduce"
+        and k["args"]["Process Group Description"] == "TENSOR_MODEL_PARALLEL_GROUP"
+    ]
+    assert not tp_ar
