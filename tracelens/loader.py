@@ -128,7 +128,8 @@ def _write_atomic(table: pa.Table, dest: Path) -> None:
 def _read_checked(p: Path, part: str) -> pa.Table | None:
     """A cached table, or None when missing, unreadable or of another schema (then it is rebuilt)."""
     try:
-        t = pq.read_table(p)
+        with pq.ParquetFile(p) as f:  # lighter than pq.read_table (no dataset machinery)
+            t = f.read()
     except (OSError, pa.ArrowException, ValueError):
         return None
     return t if t.schema.equals(_SCHEMAS[part]) else None
