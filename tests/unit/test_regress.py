@@ -370,6 +370,10 @@ def test_load_summary_errors(tmp_path):
     p.write_text(json.dumps({"schema": "tracelens.summary/1", "per_step": rows}))
     with pytest.raises(BadInputError, match=r"per_step\[1\] is malformed"):
         regress.load_summary(p)
+    rows = [{"rank": 0, "step": 1, "step_time_ms": 1.0}, {"step": 2, "step_time_ms": 2.0}]
+    p.write_text(json.dumps({"schema": "tracelens.summary/1", "per_step": rows}))
+    with pytest.raises(BadInputError, match=r"per_step\[1\] is malformed"):
+        regress.load_summary(p)
 
 
 def test_folder_with_summary_json_is_read(tmp_path):
