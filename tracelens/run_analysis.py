@@ -14,10 +14,15 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+import os
+
 from tracelens import __version__
 from tracelens.analyze.breakdown import breakdown, class_sets
-from tracelens.errors import BadInputError
+from tracelens.errors import BadInputError, TracelensError
 from tracelens.findings import finding
+
+#: Share of the step that exposed communication may take before EXPOSED_COMM_HIGH (per rank, mean over steps).
+EXPOSED_COMM_THRESHOLD = 0.20
 
 
 @dataclass
@@ -167,7 +172,162 @@ class Analysis:
 
     @cached_property
     def bubble_per_rank_step(self) -> pa.Table | None:
+        return self.pipeline.per_rank_step if self.pipeline is not None else None
+
+    # ---- optional analyzers: a failure becomes a warning (TRACELENS_STRICT=1 re-raises) -----------
+    def _guarded(self, what: str, fn):
+        try:
+            return fn()
+        except TracelensError:
+            raise
+        except Exception as err:
+            if os.environ.get("TRACELENS_STRICT") == "1" or os.environ.get("TRACELENS_DEBUG") == "1":
+                raise
+            self.warnings.append(f"{what} skipped: {type(err).__name__}: {err}")
+            return None
+
+    @cached_property
+    def _grid_and_findings(self):
+        from tracelens.topology import grid_for_run, parse_layout
+
+        layout = parse_layout(self.options.layout) if self.options.layout else None
+        return grid_for_run(self.events, self.metadata, layout, self.options.order)
+
+    @property
+    def grid(self):
+        """Rank grid (tracelens.topology.Grid): from --layout / tracelens.toml, else inferred."""
+        return self._grid_and_findings[0]
+
+    @cached_property
+    def stage_of(self) -> dict[int, int] | None:
+        g = self.grid
+        if not g.pp:
+            return None
+        return {r: g.stage_of(r) for r in self.ranks}
+
+    @cached_property
+    def cross(self):
+        """Collectives, clock offsets, wait vs transfer and stragglers (tracelens.analyze.stragglers)."""
+        if self.events.num_rows == 0:
+            return None
+        from tracelens.analyze.stragglers import analyze_cross_rank
+
+        return self._guarded(
+            "cross-rank analysis",
+            lambda: analyze_cross_rank(
+                self.events, self.metadata, self.breakdown, stage_of=self.stage_of, sets=self.sets
+            ),
+        )
+
+    @cached_property
+    def spans(self):
+        """Module annotation spans (layers.N.<type>) shared by the pipeline and composition analyses."""
+        from tracelens.analyze.composition import module_spans
+
+        if self.events.num_rows == 0:
+            return None
+        return self._guarded("module annotations", lambda: module_spans(self.events, None, sets=self.sets))
+
+    @cached_property
+    def pipeline(self):
+        """Bubbles per stage (tracelens.analyze.pipeline), when the run has more than one stage."""
+        g = self.grid
+        if not g.pp or g.pp < 2 or self.events.num_rows == 0:
+            return None
+        from tracelens.analyze.pipeline import analyze_pipeline
+
+        offsets = self.cross.offsets_ns if self.cross is not None else None
+        return self._guarded(
+            "pipeline analysis",
+            lambda: analyze_pipeline(
+                self.events,
+                g,
+                breakdown=self.breakdown,
+                microbatches=self.options.microbatches,
+                schedule=self.options.schedule,
+                spans=self.spans,
+                clock_offsets_ns=offsets,
+                sets=self.sets,
+            ),
+        )
+
+    @cached_property
+    def composition(self):
+        """Layer types per stage and time share per layer type (tracelens.analyze.composition)."""
+        if self.events.num_rows == 0 or not self.grid.pp:
+            return None
+        from tracelens.analyze.composition import analyze_composition
+
+        return self._guarded(
+            "stage composition",
+            lambda: analyze_composition(
+                self.events,
+                self.grid,
+                model=self.model,
+                seq_len=self.options.seq_len,
+                microbatches=(self.pipeline.microbatches if self.pipeline else self.options.microbatches),
+                breakdown=self.breakdown,
+                spans=self.spans,
+                sets=self.sets,
+            ),
+        )
+
+    def audit(self, existing: list[dict]):
+        """Layout audit of the model on this run's grid: (AuditResult or None, new findings)."""
+        if self.model is None:
+            return None, []
+        from tracelens.analyze.composition import audit_for_run
+
+        split = self.composition.layer_split if self.composition is not None else None
+        return audit_for_run(self.grid, self.model, self.options.seq_len, split, existing)
+
+    # ---- NCCL inputs (Flight Recorder, profiler plugin, NCCL logs) ------------------------------
+    @cached_property
+    def nccl(self) -> dict[str, pa.Table]:
+        """Collectives tables from the non-Kineto inputs found in the run folder, by source."""
+        from tracelens.ingest import flight_recorder, nccl_log, nccl_plugin
+        from tracelens.ingest.sniff import FR_JSON, FR_PICKLE, NCCL_LOG, NCCL_PLUGIN
+
+        files = self.tables.files
+        out: dict[str, pa.Table] = {}
+        fr_json = [f.path for f in files if f.fmt == FR_JSON]
+        fr_pkl = [f.path for f in files if f.fmt == FR_PICKLE]
+        # The same dump is often written both ways; JSON wins, pickle fills ranks JSON lacks.
+        fr = fr_json or fr_pkl
+        if fr:
+            out["flight_recorder"] = flight_recorder.read_many(fr)
+        plugin = [f.path for f in files if f.fmt == NCCL_PLUGIN]
+        if plugin:
+            t = nccl_plugin.read_many(plugin)
+            ref = self.cross.collectives if self.cross is not None else None
+            if ref is not None and ref.num_rows:
+                t = nccl_plugin.align(t, ref)
+            else:
+                t = nccl_plugin.align_ranks(t)
+            out["nccl_plugin"] = t
+        logs = [f.path for f in files if f.fmt == NCCL_LOG]
+        if logs:
+            out["nccl_log"] = nccl_log.read_many(logs)
+        return out
+
+    @cached_property
+    def nccl_world(self) -> int | None:
+        if self.world_size:
+            return self.world_size
+        for t in self.nccl.values():
+            ranks = [r for r in t.column("rank").to_pylist() if r is not None]
+            if ranks:
+                return max(ranks) + 1
         return None
+
+    def nccl_findings(self) -> list[dict]:
+        fr = self.nccl.get("flight_recorder")
+        if fr is None or fr.num_rows == 0:
+            return []
+        from tracelens.analyze.hang import diagnose
+
+        world = self.nccl_world
+        return diagnose(fr, expected_ranks=range(world) if world else None)
 
     # ---- findings that need only the base tables ---------------------------------------------
     def base_findings(self) -> list[dict]:
@@ -208,11 +368,62 @@ class Analysis:
         return out
 
     # ---- summary ------------------------------------------------------------------------------
+    def exposed_comm_findings(self, ranks: list[dict]) -> list[dict]:
+        high = [
+            r
+            for r in ranks
+            if r["step_time_ms"] and (r["exposed_comm_ms"] or 0) / r["step_time_ms"] > EXPOSED_COMM_THRESHOLD
+        ]
+        if not high:
+            return []
+        worst = max(high, key=lambda r: r["exposed_comm_ms"] / r["step_time_ms"])
+        share = worst["exposed_comm_ms"] / worst["step_time_ms"]
+        return [
+            finding(
+                "EXPOSED_COMM_HIGH",
+                "warning",
+                f"exposed communication takes more than {EXPOSED_COMM_THRESHOLD:.0%} of the step on "
+                f"{len(high)} of {len(ranks)} ranks (worst: rank {worst['rank']}, {share:.0%}, "
+                f"{worst['exposed_comm_ms']:.1f} ms/step)",
+                ranks=[r["rank"] for r in high],
+                threshold=EXPOSED_COMM_THRESHOLD,
+            )
+        ]
+
     def summary(self) -> dict:
         from tracelens import summary as S
 
-        per_step = S.per_step_rows(self.breakdown)
+        cross, pipe, comp = self.cross, self.pipeline, self.composition
+        extra = {}
+        if cross is not None:
+            extra["exposed_wait_ns"] = cross.exposed_split
+            extra["exposed_transfer_ns"] = cross.exposed_split
+        if pipe is not None:
+            extra["bubble_ns"] = pipe.per_rank_step
+        per_step = S.per_step_rows(self.breakdown, extra)
+        ranks = S.rank_rows(per_step, self.stage_of)
         findings = self.base_findings()
+        findings += self._grid_and_findings[1]
+        for part in (cross, pipe, comp):
+            if part is not None:
+                findings += part.findings
+        findings += self.exposed_comm_findings(ranks)
+        audit, audit_findings = self.audit(findings)
+        findings += audit_findings
+        findings += self.nccl_findings()
+        stages = []
+        if pipe is not None:
+            for st in pipe.stages:
+                st = dict(st)
+                if comp is not None and st["stage"] in comp.stages:
+                    st["layers"] = comp.stages[st["stage"]]
+                stages.append(st)
+        elif comp is not None:
+            stages = [{"stage": s, "layers": layers} for s, layers in sorted(comp.stages.items())]
+        headlines = []
+        if cross is not None and len(self.ranks) > 1:
+            headlines.append(cross.one_line())
+        headlines += [f["message"] for f in findings if f["code"] == "COLLECTIVE_HANG"][:1]
         run = {
             "path": str(self.path),
             "name": run_name(self.path),
@@ -221,20 +432,26 @@ class Analysis:
             "steps": self.steps,
             "gpu": self.gpu_name,
             "seq_len": self.options.seq_len,
-            "layout": {"tp": None, "pp": None, "dp": None, "cp": None, "order": None, "source": "none"},
-            "warnings": list(self.warnings),
+            "layout": self.grid.to_dict(),
+            "warnings": list(self.warnings) + list(getattr(self.grid, "notes", []) or []),
             "analysis_path": sorted(set(self.breakdown.column("path").to_pylist())),
         }
         out = {
             "schema": S.SCHEMA,
             "tracelens_version": __version__,
             "run": run,
-            "ranks": S.rank_rows(per_step, None),
-            "stages": [],
-            "stragglers": [],
+            "ranks": ranks,
+            "stages": stages,
+            "stragglers": cross.stragglers if cross is not None else [],
             "mfu": self.mfu,
             "findings": findings,
             "per_step": per_step,
+            "headlines": headlines,
+            "composition": composition_dict(comp),
+            "pipeline": pipeline_dict(pipe),
+            "clock": clock_dict(cross),
+            "collectives": collectives_dict(cross, self.nccl),
+            "audit": audit.to_dict() if audit is not None else None,
         }
         if self.options.compat == "hta":
             out["compat"] = self.hta_compat()
@@ -249,6 +466,64 @@ class Analysis:
             "hta_version": hta_compat.HTA_VERSION,
             "ranks": hta_compat.summary_rows(self.events, self.metadata),
         }
+
+
+def composition_dict(comp) -> dict | None:
+    if comp is None:
+        return None
+    return {
+        "source": comp.source,
+        "time_share": comp.time_share,
+        "stages": {str(k): v for k, v in comp.stages.items()},
+        "per_stage_type_ms": {str(k): v for k, v in comp.per_stage_type_ms.items()},
+        "per_stage_compute_ms": {str(k): v for k, v in comp.per_stage_compute.items()},
+        "imbalance": comp.imbalance,
+        "heavy_stage": comp.heavy_stage,
+        "layer_split": comp.layer_split,
+        "suggested_split": comp.suggested_split,
+    }
+
+
+def pipeline_dict(pipe) -> dict | None:
+    if pipe is None:
+        return None
+    return {
+        "microbatches": pipe.microbatches,
+        "schedule": pipe.schedule,
+        "virtual_stages": pipe.virtual_stages,
+        "expected_bubble_fraction": pipe.expected_bubble_fraction,
+        "cause_stage": pipe.cause_stage,
+    }
+
+
+def clock_dict(cross) -> dict | None:
+    if cross is None:
+        return None
+    return {"offsets_ms": {str(r): round(v / 1e6, 6) for r, v in sorted(cross.offsets_ns.items())}}
+
+
+def collectives_dict(cross, nccl: dict[str, pa.Table]) -> dict:
+    """Per op: instances, bytes, median bus bandwidth and arrival skew (small: per op, not per instance)."""
+    out: dict = {"sources": {k: int(v.num_rows) for k, v in nccl.items()}, "by_op": []}
+    if cross is None or cross.collectives.num_rows == 0:
+        return out
+    df = cross.collectives.to_pandas()
+    out["sources"]["kineto"] = int(len(df))
+    cols = set(df.columns)
+    for op, g in df.groupby("op", observed=True):
+        rec = {"op": str(op), "calls": int(len(g)), "bytes": int(g["bytes"].fillna(0).sum())}
+        if "busbw_gbps" in cols:
+            rec["busbw_gbps_median"] = _median(g["busbw_gbps"])
+        if "arrival_skew_ns" in cols:
+            v = _median(g["arrival_skew_ns"])
+            rec["skew_ms_median"] = None if v is None else v / 1e6
+        out["by_op"].append(rec)
+    return out
+
+
+def _median(series) -> float | None:
+    v = series.dropna()
+    return float(v.median()) if len(v) else None
 
 
 def run_name(path: Path) -> str:

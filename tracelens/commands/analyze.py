@@ -20,41 +20,45 @@ def print_rank_table(summary: dict) -> None:
     from rich.table import Table
 
     console = Console(highlight=False)
+    if not console.is_terminal:  # logs and pipes: no terminal width to respect, keep columns whole
+        console.width = max(console.width, 120)
     ranks = summary["ranks"]
     run = summary["run"]
     steps = run["steps"]
     title = f"{run['name']}: {len(run['ranks'])} rank(s), " + (
         f"{len(steps)} step(s)" if steps else "no ProfilerStep (whole trace)"
     )
-    table = Table(title=title, title_justify="left")
+    table = Table(title=title + " (ms per step, mean over steps)", title_justify="left")
     cols = [
         ("rank", "rank"),
         ("stage", "stage"),
-        ("step ms", "step_time_ms"),
+        ("step", "step_time_ms"),
         ("compute", "compute_ms"),
-        ("exposed comm", "exposed_comm_ms"),
-        ("  wait", "exposed_wait_ms"),
-        ("  transfer", "exposed_transfer_ms"),
-        ("overlapped", "overlapped_comm_ms"),
+        ("exposed", "exposed_comm_ms"),
+        ("wait", "exposed_wait_ms"),
+        ("xfer", "exposed_transfer_ms"),
+        ("overlap", "overlapped_comm_ms"),
         ("memcpy", "memcpy_ms"),
         ("idle", "idle_ms"),
         ("bubble", "bubble_ms"),
     ]
-    present = [c for c in cols if any(r.get(c[1]) is not None for r in ranks)]
+    present = [c for c in cols if any(r.get(c[1]) not in (None, 0) for r in ranks) or c[0] in ("rank", "step")]
     for head, _ in present:
-        table.add_column(head, justify="right")
+        table.add_column(head, justify="right", no_wrap=True)
     shown = ranks if len(ranks) <= 64 else ranks[:8] + ranks[-8:]
     for r in shown:
-        table.add_row(*[str(r[k]) if k in ("rank", "stage") else _fmt(r.get(k), 2) for _, k in present])
+        table.add_row(*[str(r[k]) if k in ("rank", "stage") else _fmt(r.get(k), 1) for _, k in present])
     console.print(table)
     if len(ranks) > 64:
         console.print(f"({len(ranks) - 16} ranks not shown; see summary.json or the report)")
     mfu = summary.get("mfu") or {}
     if mfu.get("value") is not None:
         console.print(f"MFU {100 * mfu['value']:.1f}% ({mfu.get('convention')} convention)")
+    printed = set()
     for f in summary["findings"]:
-        if f["severity"] in ("warning", "error") or f["code"] in ("STRAGGLER",):
+        if f["severity"] in ("warning", "error"):
             console.print(f"[{f['severity']}] {f['code']}: {f['message']}", markup=False)
+            printed.add(f["message"])
     compat = summary.get("compat")
     if compat:
         t = Table(title=f"HTA {compat['hta_version']} definitions (--compat hta)", title_justify="left")
@@ -70,7 +74,8 @@ def print_rank_table(summary: dict) -> None:
             )
         console.print(t)
     for line in summary.get("headlines", []):
-        console.print(line, markup=False)
+        if line not in printed:
+            console.print(line, markup=False)
 
 
 @app.command("analyze")
