@@ -493,3 +493,22 @@ def test_uniform_slowdown_moves_step_time_not_shares(factor):
     assert res["step_time"].status == ("fail" if factor > 1.05 else "pass")
     assert res["exposed_comm"].delta == pytest.approx(0.0, abs=1e-9)
     assert res["exposed_comm"].status == "pass"
+
+
+def test_different_setups_are_noted_in_every_format():
+    base = make_summary(32)
+    cur = make_summary(33, n_ranks=16)
+    cur["run"]["gpu"] = "H200"
+    base["run"]["gpu"] = "H100"
+    report = check(base, cur)
+    assert report.notes == [
+        "world size differs: baseline 8, current 16; the runs may not be comparable",
+        "dp differs: baseline 8, current 16; the runs may not be comparable",
+        "GPU differs: baseline H100, current H200; the runs may not be comparable",
+    ]
+    assert "NOTE world size differs" in regress.render_text(report)
+    assert "> **Note:** GPU differs" in regress.render_markdown(report)
+    assert "::warning title=tracelens check::dp differs" in regress.render_github(report)
+    props = ET.fromstring(regress.render_junit(report)).iter("property")
+    assert sum(p.attrib["name"] == "note" for p in props) == 3
+    assert check(base, make_summary(34)).notes == []  # GPU unknown in current: nothing to compare

@@ -287,6 +287,8 @@ class CheckReport:
     current_label: str
     results: list[RuleResult]
     rules: Rules
+    #: reasons the two runs may not be comparable (different world size, layout, GPU, sequence length)
+    notes: list[str] = field(default_factory=list)
 
     @property
     def failed(self) -> list[RuleResult]:
@@ -322,6 +324,7 @@ class CheckReport:
             "regression": self.regressed,
             "exit_code": self.exit_code,
             "results": [asdict(r) for r in self.results],
+            "notes": list(self.notes),
             "rules": asdict(self.rules),
         }
 
@@ -812,7 +815,25 @@ def check(
         current_label=current_label or _run_label(current, "current"),
         results=results,
         rules=rules,
+        notes=comparability_notes(baseline, current),
     )
+
+
+def comparability_notes(baseline: dict, current: dict) -> list[str]:
+    """What differs between the runs' setups (known in both): the rules cannot tell that from a regression."""
+    b_run, c_run = baseline.get("run") or {}, current.get("run") or {}
+    pairs = [("world size", b_run.get("world_size"), c_run.get("world_size"))]
+    b_lay, c_lay = b_run.get("layout") or {}, c_run.get("layout") or {}
+    pairs += [(axis, b_lay.get(axis), c_lay.get(axis)) for axis in ("tp", "pp", "dp", "cp")]
+    pairs += [
+        ("GPU", b_run.get("gpu"), c_run.get("gpu")),
+        ("seq_len", b_run.get("seq_len"), c_run.get("seq_len")),
+    ]
+    return [
+        f"{what} differs: baseline {b}, current {c}; the runs may not be comparable"
+        for what, b, c in pairs
+        if b is not None and c is not None and b != c
+    ]
 
 
 def _run_label(summary: dict, default: str) -> str:
@@ -876,6 +897,9 @@ def render_text(report: CheckReport) -> str:
     if notes:
         lines.append("")
         lines.extend(f"{r.status.upper()} {r.rule}: {r.message}" for r in notes)
+    if report.notes:
+        lines.append("")
+        lines.extend(f"NOTE {n}" for n in report.notes)
     lines += ["", report.headline()]
     return "\n".join(lines) + "\n"
 
@@ -904,6 +928,9 @@ def render_markdown(report: CheckReport) -> str:
         cells["rule"] = f"`{r.rule}`"
         row = [_md_cell(cells[key]) for key, _ in _COLUMNS] + [_md_cell(r.message)]
         lines.append("| " + " | ".join(row) + " |")
+    if report.notes:
+        lines.append("")
+        lines.extend(f"> **Note:** {_md_cell(n)}" for n in report.notes)
     return "\n".join(lines) + "\n"
 
 
@@ -925,6 +952,8 @@ def render_junit(report: CheckReport) -> str:
     props = ET.SubElement(suite, "properties")
     ET.SubElement(props, "property", {"name": "baseline", "value": report.baseline_label})
     ET.SubElement(props, "property", {"name": "current", "value": report.current_label})
+    for note in report.notes:
+        ET.SubElement(props, "property", {"name": "note", "value": note})
     for r in report.results:
         case = ET.SubElement(
             suite, "testcase", {"name": r.rule, "classname": "tracelens.check", "time": f"{r.seconds:.6f}"}
@@ -960,6 +989,7 @@ def render_github(report: CheckReport) -> str:
         level = "error" if r.status == "fail" else "notice"
         title = _gh_property(f"tracelens check {r.status}: {r.rule}")
         lines.append(f"::{level} title={title}::{_gh_data(r.message)}")
+    lines.extend(f"::warning title={_gh_property('tracelens check')}::{_gh_data(n)}" for n in report.notes)
     level = "error" if report.regressed else "notice"
     lines.append(f"::{level} title={_gh_property('tracelens check')}::{_gh_data(report.headline())}")
     return "\n".join(lines) + "\n"
