@@ -153,10 +153,6 @@ FLASH_BWD = (
     "false, false, cutlass::bfloat16_t, Flash_kernel_traits<256, 64, 64, 8, cutlass::bfloat16_t> >, false, "
     "true, false, false, true, true, false>(Flash_bwd_params)"
 )
-FLASH_BWD_DOT = (
-    "void flash_bwd_dot_do_o_kernel<true, Flash_bwd_kernel_traits<256, 64, 64, 8, 4, 2, 2, false, false, "
-    "cutlass::bfloat16_t, Flash_kernel_traits<256, 64, 64, 8, cutlass::bfloat16_t> > >(Flash_bwd_params)"
-)
 GDN_FWD = ("chunk_gated_delta_rule_fwd_kernel_h_blockdim64", "chunk_fwd_kernel_o")
 GDN_BWD = ("chunk_gated_delta_rule_bwd_kernel_dhu_blockdim64", "chunk_bwd_kernel_dqkwg")
 CONV_FWD = (

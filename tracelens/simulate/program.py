@@ -165,12 +165,13 @@ class ProgramBuilder:
             name,
             S_COMPUTE,
             C.flops_ns(flops, self.peak, eff),
-            grid=(self.C_grid(), 1, 1),
+            grid=(self._attn_grid(), 1, 1),
             block=(128, 1, 1),
             **kw,
         )
 
-    def C_grid(self) -> int:
+    def _attn_grid(self) -> int:
+        """Grid x of attention-style kernels: one block per 128 tokens per head."""
         return max(1, self.T // 128) * max(1, self.nq_r)
 
     def _coll(

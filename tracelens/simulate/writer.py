@@ -105,7 +105,6 @@ def write_rank(
     tids = (pid, pid + 7)  # main thread, autograd thread
     dev = layout.local_device(rank)
     shift = offset_ns - base_ns
-    out_parts: list[str] = []
     # groups and collective args (static for this rank)
     coll_args: dict[int, str] = {}
     seq: dict[str, int] = {}
@@ -138,7 +137,6 @@ def write_rank(
                 f'"Record function id": 0}}}}'
             )
             mod_ext: dict[int, int] = {}
-            seq_step = seq
             for i, op in enumerate(ops):
                 m = static.module_first.get(i)
                 if m is not None:
@@ -182,8 +180,8 @@ def write_rank(
                     a = coll_args[i]
                     if op.kind not in (SEND, RECV):
                         g = op.axis
-                        seq_step[g] = seq_step.get(g, 0) + 1
-                        a = a + f', "Seq": {seq_step[g]}'
+                        seq[g] = seq.get(g, 0) + 1
+                        a = a + f', "Seq": {seq[g]}'
                     cargs = ", " + a
                     ev.append(
                         f'{{"ph": "X", "cat": "cpu_op", "name": "record_param_comms", "pid": {pid}, '
@@ -232,8 +230,7 @@ def write_rank(
             first = False
         t_first = int(timings[0].step_start[col]) - 50_000
         t_last = int(timings[-1].step_end[col]) + 50_000
-        out_parts.append(_trailer(pid, tids, dev, t_first + shift, t_last - t_first, prog))
-        f.write(",\n  " + ",\n  ".join(out_parts))
+        f.write(",\n  " + _trailer(pid, tids, dev, t_first + shift, t_last - t_first, prog))
         f.write('\n],\n  "traceName": ' + json.dumps(header["_trace_name"]) + "\n}\n")
     finally:
         f.close()
