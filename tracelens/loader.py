@@ -152,6 +152,8 @@ def ingest_rank(path: str, rank: int, events: str, memory: str, meta: str, salva
     _write_atomic(tr.events, Path(events))
     _write_atomic(tr.memory, Path(memory))
     _write_atomic(kineto.metadata_table([tr.metadata]), Path(meta))  # last: marks the entry complete
+    del tr
+    pa.default_memory_pool().release_unused()  # hand freed Arrow memory back before the next rank
     return rank
 
 
