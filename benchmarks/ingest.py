@@ -169,6 +169,7 @@ def main(argv: list[str] | None = None) -> dict:
     a = ap.parse_args(argv)
 
     trace = Path(a.trace).resolve()
+    load_before = os.getloadavg()
     env = dict(os.environ)
     env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     with tempfile.TemporaryDirectory(prefix="tracelens-bench-") as tmp:
@@ -215,7 +216,9 @@ def main(argv: list[str] | None = None) -> dict:
         else:
             results["hta_parse_trace_dataframe"] = {"error": f"{a.hta_python} not found"}
 
-    out = {"trace": str(trace), "raw_json_bytes": raw_bytes, "machine": _machine(), "results": results}
+    machine = _machine()
+    machine["load_average_before_after"] = [round(load_before[0], 1), round(os.getloadavg()[0], 1)]
+    out = {"trace": str(trace), "raw_json_bytes": raw_bytes, "machine": machine, "results": results}
     tl = results.get("tracelens_read_gz", {})
     ratios = {}
     for other in ("orjson_loads", "json_loads", "hta_parse_trace_dataframe", "hta_trace_analysis_load"):
@@ -236,7 +239,10 @@ def main(argv: list[str] | None = None) -> dict:
 def _print(out: dict) -> None:
     m = out["machine"]
     print(f"trace: {out['trace']} ({out['raw_json_bytes'] / 1e6:.1f} MB decompressed JSON)")
-    print(f"machine: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB; Python {m['python']}")
+    print(
+        f"machine: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB; Python {m['python']}; "
+        f"1-min load average before/after: {m['load_average_before_after']}"
+    )
     print()
     print("| what | seconds | MB/s (raw JSON) | peak RSS MB | baseline MB | above baseline MB | x raw JSON |")
     print("|---|---:|---:|---:|---:|---:|---:|")
