@@ -275,6 +275,11 @@ def test_straggler_waits_and_truth(tmp_path):
     truth, out = run(tmp_path, tp=2, pp=2, dp=2, stragglers=[(5, 1.5, None)])
     traces = load(out)
     assert truth["faults"]["stragglers"][0]["rank"] == 5
+    # counterfactual cost: the same run without the straggler is faster by about its extra compute per step
+    f = truth["faults"]
+    assert f["step_time_cost_ns"] == pytest.approx(truth["mfu"]["step_time_ns"] - f["clean_step_time_ns"])
+    assert f["stragglers"][0]["step_time_cost_ns"] == pytest.approx(f["step_time_cost_ns"])
+    assert f["step_time_cost_ns"] > 0
     rows = {r["rank"]: r["steps"] for r in truth["ranks"]}
     peers = [r for r in range(8) if truth["ranks"][r]["stage"] == truth["ranks"][5]["stage"] and r != 5]
     for k in range(2):

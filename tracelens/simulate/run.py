@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -143,6 +144,32 @@ def _write_run_toml(cfg: SimConfig, out: Path) -> None:
     (out / "tracelens.toml").write_text("\n".join(lines), encoding="utf-8")
 
 
+def _mean_step_ns(cfg: SimConfig, layout: Layout, programs, gpu: C.GpuSpec) -> float:
+    """Mean step time (over ranks and steps) of a run, timing only (nothing written)."""
+    timings = Engine(cfg, layout, programs, gpu, T0_NS).run()
+    return float(np.mean([t.step_end - t.step_start for step in timings for t in step]))
+
+
+def _add_costs(
+    cfg: SimConfig, layout: Layout, programs, gpu: C.GpuSpec, faulted: float, faults: dict
+) -> None:
+    """Counterfactual step-time cost of each planted slowdown: rerun the schedule (same seed, so the same
+    jitter) without any fault and with only that fault; `step_time_cost_ns` = with it - without any."""
+    kinds = (("stragglers", "stragglers"), ("slow_links", "slow_links"), ("host_stalls", "host_stalls"))
+    if not any(getattr(cfg, attr) for attr, _ in kinds):
+        faults["clean_step_time_ns"] = faulted
+        faults["step_time_cost_ns"] = 0.0
+        return
+    none = dataclasses.replace(cfg, stragglers=[], slow_links=[], host_stalls=[])
+    clean = _mean_step_ns(none, layout, programs, gpu)
+    faults["clean_step_time_ns"] = clean
+    faults["step_time_cost_ns"] = faulted - clean
+    for attr, key in kinds:
+        for entry, fault in zip(faults[key], getattr(cfg, attr), strict=True):
+            only = dataclasses.replace(none, **{attr: [fault]})
+            entry["step_time_cost_ns"] = _mean_step_ns(only, layout, programs, gpu) - clean
+
+
 def _truth(cfg, model, gpu, peak, layout, builder, programs, timings, files) -> dict:
     from tracelens.models.flops import training_flops_per_token
 
@@ -249,6 +276,7 @@ def _truth(cfg, model, gpu, peak, layout, builder, programs, timings, files) -> 
         "unequal_split": len(set(builder.split)) > 1
         or len({tuple(sorted(x["layer_types"].items())) for x in stages_out}) > 1,
     }
+    _add_costs(cfg, layout, programs, gpu, float(step_mean.mean()), faults)
     return {
         "schema": TRUTH_SCHEMA,
         "config": cfg.to_json(),
