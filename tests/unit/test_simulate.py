@@ -15,25 +15,9 @@ from pathlib import Path
 import pytest
 
 from tracelens.errors import BadInputError
-from tracelens.simulate import SimConfig, parse_straggler, simulate
+from tracelens.simulate import TINY_MODEL, SimConfig, parse_straggler, simulate
 
-TINY = {
-    "model_type": "qwen3_next",
-    "num_hidden_layers": 8,
-    "hidden_size": 512,
-    "num_attention_heads": 8,
-    "num_key_value_heads": 2,
-    "head_dim": 64,
-    "attn_output_gate": True,
-    "intermediate_size": 1536,
-    "vocab_size": 4096,
-    "linear_num_key_heads": 4,
-    "linear_num_value_heads": 8,
-    "linear_key_head_dim": 64,
-    "linear_value_head_dim": 64,
-    "linear_conv_kernel_dim": 4,
-    "full_attention_interval": 4,
-}
+TINY = TINY_MODEL
 NCCL = re.compile(r"^nccl(Dev)?Kernel_")
 
 

@@ -7,10 +7,11 @@ See docs/simulator.md for the model, the semantics and the truth definitions.
 
 from __future__ import annotations
 
-from tracelens.simulate.config import SimConfig, parse_pair, parse_split, parse_straggler
+from tracelens.simulate.config import TINY_MODEL, SimConfig, parse_pair, parse_split, parse_straggler
 from tracelens.simulate.run import TRUTH_SCHEMA, resolve_model, simulate
 
 __all__ = [
+    "TINY_MODEL",
     "TRUTH_SCHEMA",
     "SimConfig",
     "parse_pair",
