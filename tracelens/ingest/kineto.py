@@ -20,7 +20,7 @@ import queue
 import re
 import threading
 import zlib
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from itertools import compress, repeat
@@ -553,7 +553,7 @@ class _Truncated(Exception):
     """The gzip stream ended before its end marker (a file cut mid-write)."""
 
 
-def _blocks(path: Path, out_bytes: int = _READ_BYTES) -> Iterator[bytes]:
+def _blocks(path: Path, out_bytes: int = _READ_BYTES) -> Generator[bytes, None, None]:
     """Decompressed content of `path` in blocks of at most ~`out_bytes` (gzip by magic bytes, multi-member
     aware, size-bounded against decompression bombs). Raises _Truncated after the last block of a cut gzip."""
     limit = max_decompressed_bytes()
@@ -604,7 +604,7 @@ def _blocks(path: Path, out_bytes: int = _READ_BYTES) -> Iterator[bytes]:
                     pending = b""
 
 
-def _prefetch(it: Iterator[bytes], depth: int = 4) -> Iterator[bytes]:
+def _prefetch(it: Iterator[bytes], depth: int = 4) -> Generator[bytes, None, None]:
     """Run a block iterator in a background thread (zlib and file reads release the GIL, so decompression
     overlaps decoding); at most `depth` blocks wait in the queue. Exceptions are re-raised in the consumer."""
     q: queue.Queue = queue.Queue(maxsize=depth)
@@ -697,6 +697,16 @@ class _Scan:
 
 def _scan(path: Path, salvage: bool, chunk_bytes: int) -> _Scan:
     """Stream the file: metadata from the keys around `traceEvents`, events decoded chunk by chunk."""
+    blocks = _blocks(path, max(16, min(_READ_BYTES, chunk_bytes)))
+    if _is_gzip(path):
+        blocks = _prefetch(blocks)
+    try:
+        return _scan_blocks(path, blocks, salvage, chunk_bytes)
+    finally:
+        blocks.close()  # stops the decompression thread at once when decoding failed
+
+
+def _scan_blocks(path: Path, blocks: Iterator[bytes], salvage: bool, chunk_bytes: int) -> _Scan:
     meta: dict = {}
     chunks: list[_Chunk] = []
     buf = bytearray()
@@ -704,9 +714,6 @@ def _scan(path: Path, salvage: bool, chunk_bytes: int) -> _Scan:
     total = 0
     parsed = 0
     truncated = False
-    blocks = _blocks(path, max(16, min(_READ_BYTES, chunk_bytes)))
-    if _is_gzip(path):
-        blocks = _prefetch(blocks)
     eof = False
     head_from = 0
     while not eof:
