@@ -161,3 +161,17 @@ def test_parse_labels_rejects_one_or_three():
         parse_labels(["only"])
     with pytest.raises(BadInputError):
         parse_labels(["a,b,c"])
+
+
+def test_load_side_reads_an_analyze_output_folder(tmp_path):
+    import json
+
+    from tracelens.commands.compare import load_side
+
+    s = summary(tokens=4096)
+    (tmp_path / "summary.json").write_text(json.dumps(s))
+    (tmp_path / "report.html").write_text("<html></html>")
+    assert load_side(tmp_path) == s
+    other = tmp_path / "base.json"  # any name: the schema says it is a summary
+    other.write_text(json.dumps(s))
+    assert load_side(other) == s

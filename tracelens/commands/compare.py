@@ -70,7 +70,7 @@ def compare_cmd(
     a: Path = typer.Argument(..., help="Run A: a run folder, a trace, or a summary.json."),
     b: Path = typer.Argument(..., help="Run B: a run folder, a trace, or a summary.json."),
     out_dir: Path | None = typer.Option(
-        None, "-o", "--out", help="Output folder [default: reports/compare-A-vs-B]."
+        None, "-o", "--out", help="Output folder (default: reports/compare-A-vs-B)."
     ),
     labels: list[str] | None = typer.Option(
         None, "--labels", help='Names of A and B: --labels "seq 4,096","seq 262,144" (or the option twice).'
