@@ -1,0 +1,52 @@
+"""`tracelens ingest RUN_DIR -o DIR` through a subprocess: Parquet outputs, overwrite guard, exit codes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from tracelens import schema
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests" / "unit"))
+import kineto_traces as kt  # noqa: E402
+
+
+def run(*args):
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.run(
+        [sys.executable, "-m", "tracelens", *map(str, args)], capture_output=True, text=True, env=env
+    )
+
+
+def test_ingest_writes_parquet_and_guards_overwrite(tmp_path):
+    run_dir = tmp_path / "run"
+    for r in range(2):
+        kt.write(run_dir / f"w{r}.pt.trace.json.gz", kt.doc(rank=r, world_size=2))
+    out = tmp_path / "out"
+    r = run("ingest", run_dir, "-o", out, "--workers", "1")
+    assert r.returncode == 0, r.stderr
+    assert "2 rank(s), 2 events" in r.stdout
+    events = pq.read_table(out / "events.parquet")
+    assert events.schema.equals(schema.EVENTS)
+    assert events.column("rank").to_pylist() == [0, 1]
+    assert pq.read_table(out / "memory.parquet").schema.equals(schema.MEMORY)
+    assert pq.read_table(out / "metadata.parquet").column("world_size").to_pylist() == [2, 2]
+
+    again = run("ingest", run_dir, "-o", out)
+    assert again.returncode == 2 and "--force" in again.stderr and len(again.stderr.strip().splitlines()) == 1
+    assert run("ingest", run_dir, "-o", out, "--force", "--no-cache").returncode == 0
+
+
+def test_ingest_bad_input_exit_2(tmp_path):
+    r = run("ingest", tmp_path / "missing", "-o", tmp_path / "out")
+    assert r.returncode == 2 and "no such file or folder" in r.stderr
+    bad = tmp_path / "bad" / "rank0.json"
+    bad.parent.mkdir()
+    bad.write_text('{"traceEvents": [{"ph": "X", "ts": 1')
+    r = run("ingest", bad.parent, "-o", tmp_path / "out2")
+    assert r.returncode == 2 and "rank0.json" in r.stderr and "cut mid-write" in r.stderr
