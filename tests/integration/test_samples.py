@@ -33,13 +33,13 @@ def regenerate(sample: Path, out: Path) -> None:
     assert res.exit_code == 0, res.output
 
 
-    want = sorted(f.name for f in sample.iterdir() if f.name != "command.txt" and f.name[0] != ".")
+#: zlib that wrote the committed .gz files (another zlib build may compress the same bytes differently)
 SAMPLE_ZLIB = "1.2.13"
 
 
 def assert_identical(sample: Path, out: Path) -> None:
     # ignore command.txt and hidden folders (the analyzer's .tracelens/ cache)
-    want = sorted(f.name for f in sample.iterdir() if f.name != "command.txt" and not f.name.startswith("."))
+    want = sorted(f.name for f in sample.iterdir() if f.name != "command.txt" and f.name[0] != ".")
     got = sorted(f.name for f in out.iterdir())
     assert got == want
     same_zlib = zlib.ZLIB_RUNTIME_VERSION == SAMPLE_ZLIB
