@@ -580,10 +580,11 @@ def clock_domains(ranks, metadata: pa.Table | None) -> dict[int, str]:
     return {r: f"rank {r}" for r in ranks}
 
 
-def clock_offsets(df: pd.DataFrame, metadata: pa.Table | None = None, iterations: int = 50) -> ClockResult:
-    """Offsets from end times of matched instances: alternate (common end = median of aligned ends,
-    offset of a clock domain = median of its residuals) until stable. The lowest rank's domain is 0 in
-    each connected set of domains. Ranks on one host share CLOCK_REALTIME, so hosts are the domains."""
+def clock_offsets(df: pd.DataFrame, metadata: pa.Table | None = None) -> ClockResult:
+    """Offsets from end times of matched instances. Ranks on one host share CLOCK_REALTIME, so hosts are the
+    clock domains. For every pair of domains meeting in instances, the median over those instances of the
+    difference of their ends estimates the difference of their offsets; a weighted least-squares fit of all
+    pairs gives one offset per domain (the lowest rank's domain is 0 in each connected set of domains)."""
     ranks = sorted(int(r) for r in df["rank"].unique()) if len(df) else []
     unit_of = clock_domains(ranks, metadata)
     offsets = {r: 0 for r in ranks}
@@ -598,32 +599,41 @@ def clock_offsets(df: pd.DataFrame, metadata: pa.Table | None = None, iterations
     d = d[d["instance"].isin(nunits[nunits > 1].index)]
     if d.empty:
         return ClockResult(offsets, unit_of, 0, 0.0, {u: 0 for u in units})
+    n = len(units)
     uidx = {u: i for i, u in enumerate(units)}
-    u = d["unit"].map(uidx).to_numpy()
-    inst, inst_idx = np.unique(d["instance"].astype("int64").to_numpy(), return_inverse=True)
     end = d["end_ns"].astype("int64").to_numpy()
-    base = end.min()
-    e = (end - base).astype(np.float64)
-    comp = _components(u, inst_idx, len(units))
-    ref = {}
-    for i in range(len(units)):  # reference domain of each component: the first (lowest rank) one
+    d = pd.DataFrame(
+        {
+            "instance": d["instance"].astype("int64").to_numpy(),
+            "u": d["unit"].map(uidx).to_numpy(),
+            "e": (end - end.min()).astype(np.float64),
+        }
+    )
+    # one end per (instance, domain): the median of its ranks' ends; anchored on the instance's first domain
+    g = d.groupby(["instance", "u"])["e"].median().reset_index()
+    g["anchor"] = g.groupby("instance")["u"].transform("min")
+    anchor_end = g[g["u"] == g["anchor"]].set_index("instance")["e"]
+    g["diff"] = g["e"] - g["instance"].map(anchor_end)
+    pairs = g[g["u"] != g["anchor"]].groupby(["u", "anchor"])["diff"].agg(["median", "size"]).reset_index()
+    rows = np.arange(len(pairs))
+    a = np.zeros((len(pairs), n))
+    a[rows, pairs["u"].to_numpy()] = 1.0
+    a[rows, pairs["anchor"].to_numpy()] = -1.0
+    w = np.sqrt(pairs["size"].to_numpy(dtype=float))
+    o = np.linalg.lstsq(a * w[:, None], pairs["median"].to_numpy(dtype=float) * w, rcond=None)[0]
+    inst_idx = np.unique(d["instance"].to_numpy(), return_inverse=True)[1]
+    u = d["u"].to_numpy()
+    comp = _components(u, inst_idx, n)
+    ref: dict[int, int] = {}
+    for i in range(n):  # reference domain of each component: the first (lowest rank) one
         ref.setdefault(comp[i], i)
-    o = np.zeros(len(units))
-    for _ in range(iterations):
-        adj = pd.Series(e - o[u])
-        common = adj.groupby(inst_idx).median().to_numpy()
-        resid = pd.Series(e - common[inst_idx])
-        new = resid.groupby(u).median().reindex(range(len(units))).fillna(0.0).to_numpy()
-        new = new - np.array([new[ref[comp[i]]] for i in range(len(units))])
-        if np.max(np.abs(new - o)) < 0.5:
-            o = new
-            break
-        o = new
+    o = o - np.array([o[ref[comp[i]]] for i in range(n)])
+    e = d["e"].to_numpy()
     common = pd.Series(e - o[u]).groupby(inst_idx).median().to_numpy()
     residual = float(np.median(np.abs(e - o[u] - common[inst_idx])))
-    unit_off = {units[i]: round(float(o[i])) for i in range(len(units))}
+    unit_off = {units[i]: round(float(o[i])) for i in range(n)}
     offsets = {r: unit_off[unit_of[r]] for r in ranks}
-    return ClockResult(offsets, unit_of, int(inst.size), residual, unit_off)
+    return ClockResult(offsets, unit_of, int(inst_idx.max()) + 1, residual, unit_off)
 
 
 def _components(u: np.ndarray, inst_idx: np.ndarray, n_units: int) -> list[int]:

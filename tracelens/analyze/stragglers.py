@@ -41,6 +41,7 @@ class StragglerConfig:
     mad_k: float = 3.0  # ... and >= k x 1.4826 x MAD of the peers
     min_blame_fraction: float = 0.25  # per step (compute, host): delay caused >= this fraction of the excess
     slow_link_ratio: float = 1.3  # communication: transfers >= this many times the reference of the same kind
+    min_link_calls: int = 4  # communication: a group is judged on at least this many calls
     clock_skew_ns: int = 100_000  # CLOCK_SKEW above 0.1 ms between clock domains
 
 
@@ -175,16 +176,19 @@ def _peer_stats(per: pd.DataFrame, col: str) -> tuple[np.ndarray, np.ndarray]:
     return centre, scale
 
 
-def _slow_links(df: pd.DataFrame, cfg: StragglerConfig) -> tuple[dict[int, float], pd.DataFrame]:
+def _slow_links(
+    df: pd.DataFrame, cfg: StragglerConfig, hosts: dict[int, str] | None = None
+) -> tuple[dict[int, float], pd.DataFrame]:
     """Per rank, the smallest over its informative groups of the median transfer ratio (instance transfer /
-    reference transfer of the same op, size and group size across groups). >1 for every group of a rank
-    means its own link is slow; a rank sharing only some slow groups is a bystander."""
+    reference transfer of the same kind: op, size, group size and whether it crosses hosts). >1 for every
+    group of a rank means its own link is slow; a rank sharing only some slow groups is a bystander."""
     if df.empty:
         return {}, df
     d = df[(df["n_participants"] >= 2)].copy()
     if d.empty:
         return {}, d
     d["bytes_k"] = d["bytes"].astype("Float64").fillna(-1).astype("int64")
+    d["host"] = d["rank"].astype(int).map(hosts or {}).fillna("")
     d["pair"] = np.where(
         d["is_p2p"].astype(bool),
         "p2p|" + np.minimum(d["rank"], d["peer"].fillna(-1)).astype(str) + "|"
@@ -198,30 +202,48 @@ def _slow_links(df: pd.DataFrame, cfg: StragglerConfig) -> tuple[dict[int, float
         n=("n_expected", "first"),
         grp=("pair", "first"),
         p2p=("is_p2p", "first"),
+        hosts=("host", "nunique"),
     )
+    # time per byte when sizes are known (bytes bucketed by powers of two), else the transfer time itself
+    sized = inst["nbytes"] > 0
+    nbytes = inst["nbytes"].where(sized, 1).astype(float)
+    inst["unit"] = inst["transfer"].astype(float) / nbytes
+    bucket = np.where(sized, np.floor(np.log2(nbytes)).astype(int).astype(str), "na")
     inst["sig"] = (
-        inst["op"].astype(str).str.replace("recv", "send")
-        + "|" + inst["nbytes"].astype(str) + "|" + inst["n"].astype(str)
+        inst["op"].astype(str).str.replace("recv", "send") + "|" + bucket + "|" + inst["n"].astype(str)
+        + np.where(inst["hosts"] > 1, "|inter-host", "|intra-host")
     )  # fmt: skip
-    # reference: the lower quartile of the per-group median transfers of the same kind (the healthy groups,
-    # even when a slow rank slows several groups of that kind)
-    per_group = inst.groupby(["sig", "grp"])["transfer"].median()
-    ref = per_group.groupby(level="sig").quantile(0.25)
+    # reference: the lower quartile (an actual group's value) of the per-group medians of the same kind:
+    # a healthy group, even when a slow rank slows several groups of that kind
+    per_group = inst.groupby(["sig", "grp"])["unit"].median()
+    ref = per_group.groupby(level="sig").quantile(0.25, interpolation="lower")
     ngroups = per_group.groupby(level="sig").size()
-    inst = inst[inst["sig"].map(ngroups) >= 3]  # the reference needs other groups to compare with
+    inst = inst[inst["sig"].map(ngroups) >= 2]  # the reference needs another group to compare with
     inst = inst[inst["sig"].map(ref) > 0]
     if inst.empty:
         return {}, inst
-    inst["ratio"] = inst["transfer"] / inst["sig"].map(ref)
-    inst["excess"] = (inst["transfer"] - inst["sig"].map(ref)).clip(lower=0)
-    grp_ratio = inst.groupby("grp")["ratio"].median()
+    r = inst["sig"].map(ref)
+    inst["ratio"] = inst["unit"] / r
+    inst["excess"] = ((inst["unit"] - r) * nbytes.loc[inst.index]).clip(lower=0)
+    # a group is slow when most of its calls are: its lower-quartile ratio, over enough calls to tell
+    by_grp = inst.groupby("grp")["ratio"]
+    grp_ratio = by_grp.quantile(0.25)
+    grp_ratio = grp_ratio[by_grp.size() >= cfg.min_link_calls]
     d = d[d["instance"].isin(inst.index)]
-    rank_groups = d.groupby("rank")["pair"].agg(lambda s: sorted(set(s)))
+    rank_groups = {int(r): sorted(set(s)) for r, s in d.groupby("rank")["pair"]}
+    members = {g: {int(x) for x in s} for g, s in d.groupby("pair")["rank"]}
+    ratios = {r: [float(grp_ratio[g]) for g in gs if g in grp_ratio.index] for r, gs in rank_groups.items()}
+    cleared = {r for r, v in ratios.items() if v and min(v) < cfg.slow_link_ratio}  # has a healthy group
     out = {}
     for r, groups in rank_groups.items():
-        vals = [grp_ratio[g] for g in groups if g in grp_ratio.index]
-        if len(vals) >= 2:  # one slow group cannot say which member is slow
-            out[int(r)] = float(min(vals))
+        vals = ratios[r]
+        if len(vals) >= 2:
+            out[r] = min(vals)
+        elif len(vals) == 1:
+            # one slow group names its slow member only when every other member has a healthy group
+            g = next(g for g in groups if g in grp_ratio.index)
+            if all(m in cleared for m in members[g] - {r}):
+                out[r] = vals[0]
     d = d.assign(excess=d["instance"].map(inst["excess"]).fillna(0.0))
     return out, d
 
@@ -282,6 +304,7 @@ def detect(
     groups: dict[int, int],
     cfg: StragglerConfig,
     stage_of: dict[int, int] | None = None,
+    hosts: dict[int, str] | None = None,
 ) -> list[dict]:
     """Straggler verdicts from per-(rank, step) times, matched collectives and peer groups."""
     per = per.copy()
@@ -303,7 +326,7 @@ def detect(
         per[f"{cause}_excess"] = excess
         per[f"{cause}_flag"] = flag
         per[f"{cause}_cost"] = np.where(flag, np.minimum(excess, per["blame_ns"]), 0.0)
-    slow, d = _slow_links(df, cfg)
+    slow, d = _slow_links(df, cfg, hosts)
     if slow:
         ex = d.assign(step=d["step"].astype("Int64").fillna(-1).astype(int)).groupby(["rank", "step"])
         xfer = ex["excess"].sum().rename("xfer_excess")
@@ -427,7 +450,8 @@ def analyze_cross_rank(
     ranks = sorted(int(r) for r in np.unique(breakdown.column("rank").to_numpy(zero_copy_only=False)))
     groups = {r: int(stage_of.get(r, -1 - r)) for r in ranks} if stage_of else infer_peer_groups(df, ranks)
     per = _per_rank_step(breakdown, split, lag, pre_arrival_idle(breakdown, sets, df))
-    stragglers = detect(per, df, groups, cfg, stage_of) if len(per) else []
+    hosts = {r: u for r, u in clock.unit_of.items() if u.startswith("host ")}
+    stragglers = detect(per, df, groups, cfg, stage_of, hosts) if len(per) else []
     findings += _straggler_findings(stragglers)
     return CrossRankResult(
         collectives=C.to_table(df),
