@@ -403,7 +403,7 @@ def detect(
             "evidence": evidence,
             "cost_ms": round(v["cost"] / 1e6, 3),
         }
-        if stage_of and r in stage_of:
+        if stage_of and stage_of.get(r) is not None:
             s["stage"] = int(stage_of[r])
         out.append(s)
     return out
@@ -448,7 +448,10 @@ def analyze_cross_rank(
     split = C.exposed_split(df, breakdown, sets)
     lag = arrival_lag(df)
     ranks = sorted(int(r) for r in np.unique(breakdown.column("rank").to_numpy(zero_copy_only=False)))
-    groups = {r: int(stage_of.get(r, -1 - r)) for r in ranks} if stage_of else infer_peer_groups(df, ranks)
+    if stage_of:  # ranks without a known stage have no peers
+        groups = {r: int(stage_of[r]) if stage_of.get(r) is not None else -1 - r for r in ranks}
+    else:
+        groups = infer_peer_groups(df, ranks)
     per = _per_rank_step(breakdown, split, lag, pre_arrival_idle(breakdown, sets, df))
     hosts = {r: u for r, u in clock.unit_of.items() if u.startswith("host ")}
     stragglers = detect(per, df, groups, cfg, stage_of, hosts) if len(per) else []
