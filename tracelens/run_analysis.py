@@ -7,14 +7,13 @@ Analyzers stay pure; this module decides what runs (given the options and what t
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-
-import os
 
 from tracelens import __version__
 from tracelens.analyze.breakdown import breakdown, class_sets
@@ -547,4 +546,3 @@ def analyze_run(path: str | Path, options: Options | None = None) -> Analysis:
         options = options.merged_with_config(path)
     tables = load_tables(path, no_cache=options.no_cache, progress=options.progress)
     return Analysis(path=path, options=options, tables=tables)
-

@@ -137,4 +137,12 @@ def summarize(path: str | Path, **options) -> dict:
     return analyze_run(path, Options(**options)).summary()
 
 
-__all__ = ["SCHEMA", "summarize", "load_summary", "write_summary", "per_step_rows", "rank_rows", "__version__"]
+__all__ = [
+    "SCHEMA",
+    "summarize",
+    "load_summary",
+    "write_summary",
+    "per_step_rows",
+    "rank_rows",
+    "__version__",
+]

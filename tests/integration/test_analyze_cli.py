@@ -83,7 +83,16 @@ def test_every_hta_folder_analyzes_or_exits_2(folder, tmp_path):
 def test_compat_hta_matches_hta_golden(tmp_path):
     """Acceptance: `--compat hta` on trace_filter matches HTA 0.5's own numbers within 0.1 pp for both ranks."""
     golden = json.loads((ROOT / "tests" / "golden" / "hta_trace_filter.json").read_text())["ranks"]
-    r = run("analyze", HTA / "trace_filter", "--compat", "hta", "--json", tmp_path / "s.json", "-o", tmp_path / "o")
+    r = run(
+        "analyze",
+        HTA / "trace_filter",
+        "--compat",
+        "hta",
+        "--json",
+        tmp_path / "s.json",
+        "-o",
+        tmp_path / "o",
+    )
     assert r.returncode == 0, r.stderr
     rows = {row["rank"]: row for row in json.loads((tmp_path / "s.json").read_text())["compat"]["ranks"]}
     assert set(rows) == {0, 1}

@@ -11,7 +11,14 @@ def k(rank, name, ts, dur, kind="kernel", **kw):
 
 
 def step(rank, n, ts, dur):
-    return {"rank": rank, "kind": "user_annotation", "name": f"ProfilerStep#{n}", "ts_ns": ts, "dur_ns": dur, "tid": 1}
+    return {
+        "rank": rank,
+        "kind": "user_annotation",
+        "name": f"ProfilerStep#{n}",
+        "ts_ns": ts,
+        "dur_ns": dur,
+        "tid": 1,
+    }
 
 
 def test_gpu_breakdown_by_hand():
@@ -33,11 +40,19 @@ def test_gpu_breakdown_by_hand():
     b = breakdown(ev).to_pylist()
     s5, s6 = b
     assert (s5["step"], s5["step_time_ns"], s5["compute_ns"]) == (5, 100, 50)
-    assert (s5["overlapped_comm_ns"], s5["exposed_comm_ns"], s5["memcpy_ns"], s5["idle_ns"]) == (10, 20, 10, 20)
+    assert (s5["overlapped_comm_ns"], s5["exposed_comm_ns"], s5["memcpy_ns"], s5["idle_ns"]) == (
+        10,
+        20,
+        10,
+        20,
+    )
     assert s5["comm_ns"] == 30 and s5["path"] == "gpu"
     assert (s6["step"], s6["compute_ns"], s6["idle_ns"]) == (6, 50, 50)
     for row in b:
-        assert row["compute_ns"] + row["exposed_comm_ns"] + row["memcpy_ns"] + row["idle_ns"] == row["step_time_ns"]
+        assert (
+            row["compute_ns"] + row["exposed_comm_ns"] + row["memcpy_ns"] + row["idle_ns"]
+            == row["step_time_ns"]
+        )
 
 
 def test_kernel_with_collective_args_is_comm():

@@ -20,7 +20,9 @@ import pyarrow.compute as pc
 NONE, COMPUTE, COMM, MEMORY = 0, 1, 2, 3
 CLASS_NAMES = {NONE: "none", COMPUTE: "compute", COMM: "communication", MEMORY: "memory"}
 
-COMM_KERNEL = re.compile(r"^(nccl(Dev)?Kernel_|rccl|ncclDevKernel|ncclKernel|ncclSymk|ncclDevFunc)", re.IGNORECASE)
+COMM_KERNEL = re.compile(
+    r"^(nccl(Dev)?Kernel_|rccl|ncclDevKernel|ncclKernel|ncclSymk|ncclDevFunc)", re.IGNORECASE
+)
 MEMORY_KERNEL = re.compile(r"^(Memcpy|Memset|\[?memcpy|\[?memset|hipMemcpy|hipMemset)", re.IGNORECASE)
 CPU_COMM = re.compile(r"^(c10d::|record_param_comms$|gloo:|nccl:|ProcessGroup)")
 STEP = re.compile(r"^ProfilerStep#(\d+)$")

@@ -42,7 +42,9 @@ def print_rank_table(summary: dict) -> None:
         ("idle", "idle_ms"),
         ("bubble", "bubble_ms"),
     ]
-    present = [c for c in cols if any(r.get(c[1]) not in (None, 0) for r in ranks) or c[0] in ("rank", "step")]
+    present = [
+        c for c in cols if any(r.get(c[1]) not in (None, 0) for r in ranks) or c[0] in ("rank", "step")
+    ]
     for head, _ in present:
         table.add_column(head, justify="right", no_wrap=True)
     shown = ranks if len(ranks) <= 64 else ranks[:8] + ranks[-8:]
@@ -69,7 +71,12 @@ def print_rank_table(summary: dict) -> None:
                 str(r["rank"]),
                 *(
                     _fmt(r.get(k), 2)
-                    for k in ("idle_time_pctg", "compute_time_pctg", "non_compute_time_pctg", "comp_comm_overlap_pctg")
+                    for k in (
+                        "idle_time_pctg",
+                        "compute_time_pctg",
+                        "non_compute_time_pctg",
+                        "comp_comm_overlap_pctg",
+                    )
                 ),
             )
         console.print(t)
@@ -80,11 +87,17 @@ def print_rank_table(summary: dict) -> None:
 
 @app.command("analyze")
 def analyze(
-    run_dir: Path = typer.Argument(..., help="Run folder of per-rank traces (searched recursively), or one trace."),
-    out_dir: Path | None = typer.Option(None, "-o", "--out", help="Output folder [default: reports/<run name>]."),
+    run_dir: Path = typer.Argument(
+        ..., help="Run folder of per-rank traces (searched recursively), or one trace."
+    ),
+    out_dir: Path | None = typer.Option(
+        None, "-o", "--out", help="Output folder [default: reports/<run name>]."
+    ),
     json_path: Path | None = typer.Option(None, "--json", help="Also write summary.json to this path."),
     layout: str | None = typer.Option(None, "--layout", help="Parallel layout, e.g. tp=4,pp=4,dp=2,cp=1."),
-    order: str | None = typer.Option(None, "--order", help="Rank order of the layout [default: tp-cp-dp-pp]."),
+    order: str | None = typer.Option(
+        None, "--order", help="Rank order of the layout [default: tp-cp-dp-pp]."
+    ),
     model: str | None = typer.Option(None, "--model", help="Model preset (qwen3.5-27b) or HF config.json."),
     seq_len: int | None = typer.Option(None, "--seq-len", help="Tokens per sequence."),
     global_batch: int | None = typer.Option(None, "--global-batch", help="Sequences per optimizer step."),
@@ -92,7 +105,9 @@ def analyze(
     peak_tflops: float | None = typer.Option(None, "--peak-tflops", help="Peak dense TFLOP/s per GPU."),
     gpu: str | None = typer.Option(None, "--gpu", help="GPU name when the traces do not say (e.g. H100)."),
     compat: str | None = typer.Option(None, "--compat", help="'hta': HolisticTraceAnalysis 0.5 definitions."),
-    no_cache: bool = typer.Option(False, "--no-cache", help="Parse the traces again; do not read or write the cache."),
+    no_cache: bool = typer.Option(
+        False, "--no-cache", help="Parse the traces again; do not read or write the cache."
+    ),
     no_report: bool = typer.Option(False, "--no-report", help="Skip report.html."),
     force: bool = typer.Option(False, "--force", help="Overwrite files that tracelens did not write."),
 ) -> None:
