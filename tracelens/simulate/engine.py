@@ -141,7 +141,7 @@ class Engine:
                     cpu_start[s].copy(),
                 )
             )
-            cpu = cpu_start[s] + 3_000
+            cpu = cpu_start[s] + 3_000 + self.rngs[s].integers(0, 2_000, R)
             st.append(
                 {
                     "c": cpu_start[s].copy(),  # compute stream cursor
@@ -196,12 +196,14 @@ class Engine:
         for s in range(P):
             t = tim[s]
             gpu_end = np.maximum(st[s]["c"], np.maximum(st[s]["send_free"], st[s]["streams"]["dp"]))
-            t.step_end = np.maximum(st[s]["cpu"], gpu_end) + SYNC_TAIL_NS
+            t.step_end = np.maximum(st[s]["cpu"], gpu_end) + SYNC_TAIL_NS + self.rngs[s].integers(0, 3_000, R)
         return tim
 
-    def _launch(self, stt: dict, op) -> np.ndarray:
+    def _launch(self, stt: dict, op, s: int) -> np.ndarray:
+        """Launch time of `op` on each rank; advances the CPU by the op's dispatch cost (+ jitter)."""
         launch = stt["cpu"].copy()
-        stt["cpu"] = stt["cpu"] + (CPU_GAP_COLL_NS if op.kind != COMPUTE else CPU_GAP_KERNEL_NS)
+        gap = CPU_GAP_COLL_NS if op.kind != COMPUTE else CPU_GAP_KERNEL_NS
+        stt["cpu"] = stt["cpu"] + gap + self.rngs[s].integers(0, 2_500, self.R)
         return launch
 
     def _exec(self, s: int, i: int, op, stt: dict, t: StageTiming, sends: dict, all_st: list) -> None:
@@ -210,7 +212,7 @@ class Engine:
         if op.kind == WAIT:
             stt["c"] = np.maximum(stt["c"], stt["streams"][op.axis])
             return
-        launch = self._launch(stt, op)
+        launch = self._launch(stt, op, s)
         if i == self.first_fwd[s] and stt["stall"].any():
             # host stall: the CPU waited for the GPU (data loading / a sync), then stalled before launching
             stalled = np.maximum(launch, stt["c"]) + stt["stall"]
@@ -265,7 +267,7 @@ class Engine:
         arrivals = []
         for s, i in at.items():
             op = self.programs[s].ops[i]
-            launch = self._launch(st[s], op)
+            launch = self._launch(st[s], op, s)
             tim[s].launch[i] = launch
             arrivals.append(np.maximum(st[s]["c"], launch + LAUNCH_LATENCY_NS))
         last = max(int(a.max()) for a in arrivals)
