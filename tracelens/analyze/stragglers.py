@@ -229,6 +229,7 @@ def _slow_links(
     by_grp = inst.groupby("grp")["ratio"]
     grp_ratio = by_grp.quantile(0.25)
     grp_ratio = grp_ratio[by_grp.size() >= cfg.min_link_calls]
+    d_all = d
     d = d[d["instance"].isin(inst.index)]
     rank_groups = {int(r): sorted(set(s)) for r, s in d.groupby("rank")["pair"]}
     members = {g: {int(x) for x in s} for g, s in d.groupby("pair")["rank"]}
@@ -244,8 +245,12 @@ def _slow_links(
             g = next(g for g in groups if g in grp_ratio.index)
             if all(m in cleared for m in members[g] - {r}):
                 out[r] = vals[0]
-    d = d.assign(excess=d["instance"].map(inst["excess"]).fillna(0.0))
-    return out, d
+    # excess transfer: measured against the reference where there is one; elsewhere (a group of a kind
+    # nothing else does) what the rank's own slowness factor k predicts: transfer x (1 - 1/k)
+    k = d_all["rank"].astype(int).map(out).fillna(1.0).clip(lower=1.0)
+    predicted = d_all["transfer_ns"].astype(float) * (1.0 - 1.0 / k)
+    d_all = d_all.assign(excess=d_all["instance"].map(inst["excess"]).fillna(predicted))
+    return out, d_all
 
 
 def pre_arrival_idle(breakdown: pa.Table, sets: dict, df: pd.DataFrame) -> pd.DataFrame:
