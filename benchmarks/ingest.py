@@ -1,9 +1,10 @@
 """Ingest throughput and peak memory: tracelens vs orjson.loads, json.loads and HolisticTraceAnalysis 0.5.
 
 Every measurement runs in a fresh Python process: it imports what it needs, records its RSS (the baseline:
-interpreter + imports + library initialisation), runs the operation once, and reports the wall time and
-`ru_maxrss - baseline`. Throughput is MB (10**6 bytes) of *decompressed* JSON per second. Medians of
-`--repeat` runs are reported.
+interpreter + imports + library initialisation), runs the operation once, and reports the wall time, the CPU
+time (user + system, all threads) and `ru_maxrss - baseline`. Throughput is MB (10**6 bytes) of
+*decompressed* JSON per second. Medians of `--repeat` runs are reported; the runs are interleaved in rounds so
+that a busy moment of a shared machine hits every row alike.
 
     .venv/bin/python benchmarks/ingest.py                      # df_index_resolver (53.7 MB raw)
     .venv/bin/python benchmarks/ingest.py TRACE.json.gz --repeat 5 --hta-python /path/to/hta-venv/bin/python
@@ -39,52 +40,57 @@ import json, resource, sys, time
 def rss_kb():
     with open("/proc/self/statm") as fh:
         return int(fh.read().split()[1]) * (resource.getpagesize() // 1024)
+def _cpu():
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+_CPU0 = [0.0]
 def report(t0, base_kb, **extra):
     dt = time.perf_counter() - t0
+    cpu = _cpu() - _CPU0[0]
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    print(json.dumps({"seconds": dt, "peak_kb": peak, "base_kb": base_kb, **extra}))
+    print(json.dumps({"seconds": dt, "cpu_seconds": cpu, "peak_kb": peak, "base_kb": base_kb, **extra}))
 """
 
 CHILDREN = {
     "tracelens_read_gz": r"""
 import pyarrow as pa; pa.array([1]).sum()  # Arrow's one-time initialisation belongs to the baseline
 from tracelens.ingest import kineto
-base = rss_kb(); t0 = time.perf_counter()
+base = rss_kb(); _CPU0[0] = _cpu(); t0 = time.perf_counter()
 tr = kineto.read(sys.argv[1])
 report(t0, base, rows=tr.events.num_rows)
 """,
     "tracelens_read_json": r"""
 import pyarrow as pa; pa.array([1]).sum()
 from tracelens.ingest import kineto
-base = rss_kb(); t0 = time.perf_counter()
+base = rss_kb(); _CPU0[0] = _cpu(); t0 = time.perf_counter()
 tr = kineto.read(sys.argv[2])
 report(t0, base, rows=tr.events.num_rows)
 """,
     "orjson_loads": r"""
 import orjson
 data = open(sys.argv[2], "rb").read()  # the input bytes are read before the baseline
-base = rss_kb(); t0 = time.perf_counter()
+base = rss_kb(); _CPU0[0] = _cpu(); t0 = time.perf_counter()
 doc = orjson.loads(data)
 report(t0, base, rows=len(doc["traceEvents"]))
 """,
     "json_loads": r"""
 import json as js
 data = open(sys.argv[2], "rb").read()
-base = rss_kb(); t0 = time.perf_counter()
+base = rss_kb(); _CPU0[0] = _cpu(); t0 = time.perf_counter()
 doc = js.loads(data)
 report(t0, base, rows=len(doc["traceEvents"]))
 """,
     "tracelens_load_first": r"""
 import pyarrow as pa; pa.array([1]).sum()
 from tracelens.loader import load_tables
-base = rss_kb(); t0 = time.perf_counter()
+base = rss_kb(); _CPU0[0] = _cpu(); t0 = time.perf_counter()
 t = load_tables(sys.argv[3], workers=1)
 report(t0, base, rows=t.events.num_rows)
 """,
     "tracelens_load_cached": r"""
 import pyarrow as pa; pa.array([1]).sum()
 from tracelens.loader import load_tables
-base = rss_kb(); t0 = time.perf_counter()
+base = rss_kb(); _CPU0[0] = _cpu(); t0 = time.perf_counter()
 t = load_tables(sys.argv[3], workers=1)
 report(t0, base, rows=t.events.num_rows)
 """,
@@ -92,7 +98,7 @@ report(t0, base, rows=t.events.num_rows)
 import pyarrow as pa; pa.array([1]).sum()
 from tracelens.loader import load_tables
 load_tables(sys.argv[3], workers=1)  # first use of the Parquet reader in this process (one-time costs)
-base = rss_kb(); t0 = time.perf_counter()
+base = rss_kb(); _CPU0[0] = _cpu(); t0 = time.perf_counter()
 t = load_tables(sys.argv[3], workers=1)
 report(t0, base, rows=t.events.num_rows)
 """,
@@ -104,14 +110,14 @@ import logging; logging.disable(logging.CRITICAL)
 from hta.common.trace_parser import parse_trace_dataframe
 from hta.configs.parser_config import ParserConfig
 import pandas as pd
-base = rss_kb(); t0 = time.perf_counter()
+base = rss_kb(); _CPU0[0] = _cpu(); t0 = time.perf_counter()
 meta, df, sym = parse_trace_dataframe(sys.argv[1], ParserConfig())
 report(t0, base, rows=len(df))
 """,
     "hta_trace_analysis_load": r"""
 import logging; logging.disable(logging.CRITICAL)
 from hta.trace_analysis import TraceAnalysis
-base = rss_kb(); t0 = time.perf_counter()
+base = rss_kb(); _CPU0[0] = _cpu(); t0 = time.perf_counter()
 ta = TraceAnalysis(trace_dir=sys.argv[3])
 report(t0, base, rows=sum(len(d) for d in ta.t.traces.values()))
 """,
@@ -185,36 +191,39 @@ def main(argv: list[str] | None = None) -> dict:
 
         results: dict[str, dict] = {}
 
-        def measure(name: str, python: str, code: str) -> None:
-            runs = []
-            for _ in range(a.repeat):
+        jobs = [(name, sys.executable, code) for name, code in CHILDREN.items()]
+        if Path(a.hta_python).exists():
+            jobs += [(name, a.hta_python, code) for name, code in HTA_CHILDREN.items()]
+        else:
+            results["hta_parse_trace_dataframe"] = {"error": f"{a.hta_python} not found"}
+        # Rounds interleave all measurements, so that a busy moment of a shared machine hits every row alike.
+        runs: dict[str, list[dict]] = {name: [] for name, _, _ in jobs}
+        for _ in range(a.repeat):
+            for name, python, code in jobs:  # tracelens_load_first leaves the cache that _cached reads
+                if name in results:
+                    continue
                 if name == "tracelens_load_first":  # a cold cache every time
                     shutil.rmtree(run_dir / ".tracelens", ignore_errors=True)
                 try:
-                    runs.append(_run(python, code, args, env))
+                    runs[name].append(_run(python, code, args, env))
                 except RuntimeError as err:
                     results[name] = {"error": str(err)}
-                    return
-            secs = statistics.median(r["seconds"] for r in runs)
-            above = statistics.median((r["peak_kb"] - r["base_kb"]) / 1024 for r in runs)
+        for name, rs in runs.items():
+            if name in results or not rs:
+                continue
+            secs = statistics.median(r["seconds"] for r in rs)
+            above = statistics.median((r["peak_kb"] - r["base_kb"]) / 1024 for r in rs)
             results[name] = {
                 "seconds": secs,
+                "cpu_seconds": statistics.median(r["cpu_seconds"] for r in rs),
                 "mb_per_s": raw_bytes / 1e6 / secs,
-                "peak_rss_mb": statistics.median(r["peak_kb"] / 1024 for r in runs),
-                "baseline_rss_mb": statistics.median(r["base_kb"] / 1024 for r in runs),
+                "peak_rss_mb": statistics.median(r["peak_kb"] / 1024 for r in rs),
+                "baseline_rss_mb": statistics.median(r["base_kb"] / 1024 for r in rs),
                 "rss_above_baseline_mb": above,
                 "rss_over_raw": above * 2**20 / raw_bytes,
-                "rows": runs[0].get("rows"),
-                "runs": len(runs),
+                "rows": rs[0].get("rows"),
+                "runs": len(rs),
             }
-
-        for name, code in CHILDREN.items():  # tracelens_load_first leaves the cache that _cached reads
-            measure(name, sys.executable, code)
-        if Path(a.hta_python).exists():
-            for name, code in HTA_CHILDREN.items():
-                measure(name, a.hta_python, code)
-        else:
-            results["hta_parse_trace_dataframe"] = {"error": f"{a.hta_python} not found"}
 
     machine = _machine()
     machine["load_average_before_after"] = [round(load_before[0], 1), round(os.getloadavg()[0], 1)]
@@ -224,6 +233,7 @@ def main(argv: list[str] | None = None) -> dict:
     for other in ("orjson_loads", "json_loads", "hta_parse_trace_dataframe", "hta_trace_analysis_load"):
         if "seconds" in results.get(other, {}) and "seconds" in tl:
             ratios[f"tracelens_vs_{other}"] = results[other]["seconds"] / tl["seconds"]
+            ratios[f"tracelens_vs_{other}_cpu"] = results[other]["cpu_seconds"] / tl["cpu_seconds"]
     for cached in ("tracelens_load_cached", "tracelens_load_cached_warm"):
         if "seconds" in results.get("tracelens_load_first", {}) and "seconds" in results.get(cached, {}):
             ratios[f"{cached}_speedup_vs_first"] = (
@@ -244,14 +254,16 @@ def _print(out: dict) -> None:
         f"1-min load average before/after: {m['load_average_before_after']}"
     )
     print()
-    print("| what | seconds | MB/s (raw JSON) | peak RSS MB | baseline MB | above baseline MB | x raw JSON |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print(
+        "| what | seconds | CPU s | MB/s (raw JSON) | peak RSS MB | baseline MB | above baseline MB | x raw JSON |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for name, r in out["results"].items():
         if "error" in r:
-            print(f"| {name} | error: {r['error']} | | | | | |")
+            print(f"| {name} | error: {r['error']} | | | | | | |")
             continue
         print(
-            f"| {name} | {r['seconds']:.3f} | {r['mb_per_s']:.0f} | {r['peak_rss_mb']:.0f} | "
+            f"| {name} | {r['seconds']:.3f} | {r['cpu_seconds']:.3f} | {r['mb_per_s']:.0f} | {r['peak_rss_mb']:.0f} | "
             f"{r['baseline_rss_mb']:.0f} | {r['rss_above_baseline_mb']:.0f} | {r['rss_over_raw']:.2f} |"
         )
     print()
