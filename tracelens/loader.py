@@ -295,7 +295,7 @@ def ingest_to_parquet(
     total, done = len(kin), len(kin) - len(todo)
     if progress:
         progress(done, total)
-    n = min(workers or os.cpu_count() or 1, len(todo))
+    n = min(workers or os.cpu_count() or 1, len(todo)) if sys.executable else 1  # embedded: no workers
     if n <= 1:
         for f, e in todo:
             ingest_rank(str(f.path), f.rank, str(e.events), str(e.memory), str(e.meta), salvage)

@@ -50,9 +50,7 @@ def test_cache_hit_and_invalidation(tmp_path, monkeypatch):
     run = _run(tmp_path)
     first = loader.load_tables(run, workers=1)
     cached = sorted(p.name for p in (run / ".tracelens" / "cache").rglob("*.parquet"))
-    assert cached == sorted(
-        f"rank{r}.{k}.parquet" for r in (0, 1) for k in ("events", "memory", "meta")
-    )
+    assert cached == sorted(f"rank{r}.{k}.parquet" for r in (0, 1) for k in ("events", "memory", "meta"))
     monkeypatch.setattr(loader, "ingest_rank", _no_ingest)
     again = loader.load_tables(run, workers=1)
     assert again.events.equals(first.events) and again.metadata.equals(first.metadata)
