@@ -151,14 +151,19 @@ def test_match_by_seq_and_type_mismatch_finding():
 
 
 def test_match_by_order_without_seq_and_count_mismatch():
-    rows = [nccl(r, 100 * k + r, 50) for r in (0, 1) for k in range(3)]
-    rows.append(nccl(1, 900, 50))  # rank 1 issued one more allreduce on the same group
+    g = (0, 1, 2)
+    rows = [nccl(r, 100 * k + r, 50, ranks=g) for r in g for k in range(3)]
+    rows.append(nccl(1, 900, 50, ranks=g))  # rank 1 issued one more allreduce on the same group
     coll = C.collectives_from_events(events_table(rows))
     df, findings = C.match_with_findings(coll)
     sizes = df.groupby("instance").size().sort_values().tolist()
-    assert sizes == [1, 2, 2, 2]
+    assert sizes == [1, 3, 3, 3]
     assert findings and findings[0]["code"] == "COLLECTIVE_MISMATCH" and findings[0]["ranks"] == [1]
-    assert "rank 1 issued 4" in findings[0]["message"]
+    assert "rank 1 issued 4" in findings[0]["message"] and "peers issued 3" in findings[0]["message"]
+    # two ranks, one count each: the rank that issued fewer is named (a call went missing)
+    two = [x for x in rows if x["rank"] in (0, 1)]
+    _, f2 = C.match_with_findings(C.collectives_from_events(events_table(two)))
+    assert f2[0]["ranks"] == [0] and "rank 0 issued 3 while its peers issued 4" in f2[0]["message"]
 
 
 def test_p2p_matched_by_src_dst_order():
@@ -361,3 +366,13 @@ def test_op_falls_back_to_the_kernel_name_then_other():
     coll = C.collectives_from_events(events_table(rows))
     assert coll.column("op").cast(pa.string()).to_pylist() == ["sendrecv", "other"]
     assert coll.column("is_p2p").to_pylist() == [True, False]
+
+
+def test_order_matching_counts_within_steps_so_a_cut_call_only_affects_its_step():
+    # no Seq; rank 1's trace lost the first all-reduce of step 0 (cut at the window edge)
+    rows = [nccl(r, 1000 * (10 * s + k) + r, 50, step=s) for r in (0, 1) for s in (0, 1) for k in range(3)]
+    rows = [x for x in rows if not (x["rank"] == 1 and x["step"] == 0 and x["ts_ns"] == 1001)]
+    df, findings = C.match_with_findings(C.collectives_from_events(events_table(rows)))
+    step1 = df[df["step"] == 1].groupby("instance")["start_ns"].apply(sorted).tolist()
+    assert sorted(step1) == [[10_000, 10_001], [11_000, 11_001], [12_000, 12_001]]
+    assert [f["code"] for f in findings] == ["COLLECTIVE_MISMATCH"] and findings[0]["ranks"] == [1]

@@ -304,15 +304,21 @@ def _group_key(df: pd.DataFrame) -> pd.Series:
     )
 
 
-def _order(df: pd.DataFrame) -> np.ndarray:
-    """0-based position among this rank's calls of the same op in the same group (p2p: with the same peer)."""
-    key = _group_key(df)
+def _order(df: pd.DataFrame, by_step: bool = False) -> np.ndarray:
+    """0-based position among this rank's calls of the same op in the same group (p2p: with the same peer);
+    `by_step`: counted within each profiler step, so a call missing from one rank's trace (cut at the edge
+    of the profiling window) shifts the matching of that step only."""
+    key = df["group_key"].astype(str) if "group_key" in df else _group_key(df)
     peer = df["peer"].astype("Float64").fillna(-1).astype(int).astype(str)
     k = np.where(
         df["is_p2p"].astype(bool),
         "p2p|" + df["op"].astype(str) + "|" + peer,
         key + "|" + df["op"].astype(str),
     )
+    if by_step:
+        k = np.char.add(
+            np.char.add(k.astype(str), "|step|"), df["step"].astype("Int64").fillna(-1).astype(str)
+        )
     tmp = pd.DataFrame(
         {"rank": df["rank"].to_numpy(), "k": k, "t": df["start_ns"].astype("Int64").to_numpy()}
     )
@@ -460,7 +466,8 @@ def match_with_findings(coll: pa.Table, metadata: pa.Table | None = None) -> tup
     dst = np.where(is_send, peer, rank)
     has_seq = ~df["seq"].isna().to_numpy()
     seq = df["seq"].fillna(-1).astype("int64").astype(str).to_numpy()
-    order = df["order"].astype(str).to_numpy()
+    step = df["step"].astype("Int64").fillna(-1).astype(str).to_numpy()
+    order = np.char.add(np.char.add(step, "#"), _order(df, by_step=True).astype(str))
     gk = df["group_key"].astype(str).to_numpy()
     op = df["op"].astype(str).to_numpy()
     key = np.where(
@@ -513,7 +520,8 @@ def _mismatches(df: pd.DataFrame) -> list[dict]:
     counts = coll.assign(kind=kind).groupby(["group_key", "kind", "rank"]).size().reset_index(name="n")
     for (gk, op), sub in counts.groupby(["group_key", "kind"]):
         if sub["n"].nunique() > 1:
-            mode = int(sub["n"].mode().iloc[0])
+            freq = sub["n"].value_counts()  # the most common count; ties: the larger (a call went missing)
+            mode = int(max(freq.index, key=lambda v: (freq[v], v)))
             odd = sub[sub["n"] != mode]
             out.append(
                 finding(
