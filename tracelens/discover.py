@@ -9,10 +9,13 @@ naming the file, except in a run of a single Kineto trace, which is rank 0.
 from __future__ import annotations
 
 import os
+import re
+import zlib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from tracelens.errors import BadInputError, NoTracesError, RankError
+from tracelens.errors import BadInputError, BadTraceError, NoTracesError, RankError
 from tracelens.ingest import kineto
 from tracelens.ingest.sniff import KINETO, detect_format
 
@@ -44,25 +47,73 @@ def _walk(root: Path) -> list[Path]:
     return out
 
 
-def discover(path: str | Path) -> list[TraceFile]:
+def parse_rank_filter(text: str | Iterable[int] | None) -> frozenset[int] | None:
+    """Ranks chosen by a `--rank-filter` text such as "0-7,12" (ranges inclusive); None means all ranks."""
+    if text is None:
+        return None
+    if not isinstance(text, str):
+        return frozenset(int(r) for r in text)
+    out: set[int] = set()
+    for part in text.replace(" ", "").split(","):
+        m = re.fullmatch(r"(\d+)(?:-(\d+))?", part)
+        if m is None:
+            raise BadInputError(f"--rank-filter {text!r}: expected ranks and ranges such as 0-7,12")
+        lo, hi = int(m.group(1)), int(m.group(2) or m.group(1))
+        if hi < lo:
+            raise BadInputError(f"--rank-filter {text!r}: range {part} is empty")
+        if hi - lo > 1_000_000:
+            raise BadInputError(f"--rank-filter {text!r}: range {part} is too large")
+        out.update(range(lo, hi + 1))
+    return frozenset(out)
+
+
+def _corrupt_gzip(p: Path) -> bool:
+    """A file with gzip magic whose first bytes do not decompress (a damaged trace, not some other file)."""
+    try:
+        with open(p, "rb") as fh:
+            raw = fh.read(65536)
+    except OSError:
+        return False
+    if raw[:2] != b"\x1f\x8b":
+        return False
+    try:
+        zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(raw, 1024)
+    except zlib.error:
+        return True
+    return False
+
+
+def discover(path: str | Path, ranks: str | Iterable[int] | None = None) -> list[TraceFile]:
     """Trace files of the run at `path` (folder or file): Kineto files sorted by rank, then other formats.
 
-    Raises BadInputError (no such path), NoTracesError (nothing recognised) and RankError (a Kineto trace
-    without rank in a multi-trace run, two traces with the same rank, or traces whose world sizes disagree).
+    `ranks` (a set, or a `--rank-filter` text such as "0-7,12") keeps only those Kineto ranks (and rank-named
+    files of other formats), before duplicates and world sizes are checked: the way to pick one run's ranks
+    out of a mixed folder. Raises BadInputError (no such path, bad filter, filter matching nothing),
+    BadTraceError (a single file given directly that is not a trace, with the reason; a corrupt gzip file),
+    NoTracesError (nothing recognised) and RankError (a Kineto trace without rank in a multi-trace run, two
+    traces with the same rank, or traces whose world sizes disagree).
     """
     root = Path(path).expanduser()
     if not root.exists():
         raise BadInputError(f"{root}: no such file or folder")
-    candidates = [root] if root.is_file() else _walk(root)
+    chosen = parse_rank_filter(ranks)
+    single_file = root.is_file()
+    candidates = [root] if single_file else _walk(root)
     found: list[tuple[Path, str, os.stat_result]] = []
     for p in candidates:
         try:
             st = p.stat()
         except OSError:
             continue
+        if single_file and st.st_size == 0:
+            raise BadTraceError(f"{p}: empty file")
         if st.st_size == 0 or not p.is_file():
             continue
         fmt = detect_format(p)
+        if fmt is None and _corrupt_gzip(p):
+            raise BadTraceError(f"{p}: corrupt gzip data (not a readable trace)")
+        if fmt is None and single_file:
+            fmt = KINETO  # given by name: read it as Kineto, whose reader says precisely what is wrong
         if fmt is not None:
             found.append((p, fmt, st))
     if not found:
@@ -87,11 +138,19 @@ def discover(path: str | Path) -> list[TraceFile]:
                 )
             rank, source = 0, "default"
         out.append(TraceFile(p, int(rank), info["world_size"], KINETO, st.st_size, st.st_mtime, source))
+    if chosen is not None:
+        kept = [t for t in out if t.rank in chosen]
+        if out and not kept:
+            have = ", ".join(str(t.rank) for t in sorted(out, key=lambda t: t.rank)[:16])
+            raise BadInputError(f"{root}: --rank-filter keeps none of the Kineto ranks found ({have})")
+        out = kept
     _check_ranks(out)
     others = []
     for p, fmt, st in found:
         if fmt != KINETO:
             r = kineto.rank_from_name(p)
+            if chosen is not None and r is not None and r not in chosen:
+                continue
             others.append(
                 TraceFile(p, r, None, fmt, st.st_size, st.st_mtime, None if r is None else "filename")
             )
@@ -123,4 +182,4 @@ def _check_ranks(files: list[TraceFile]) -> None:
             raise RankError(f"{bad[0].path}: rank {bad[0].rank} is outside world size {ws}")
 
 
-__all__ = ["TraceFile", "discover"]
+__all__ = ["TraceFile", "discover", "parse_rank_filter"]
