@@ -68,3 +68,16 @@ def test_export_trace_of_the_cpu_run(tmp_path):
     out.write_text("{}")
     p = tracelens("report", "export-trace", str(SAMPLE), "-o", str(out))
     assert p.returncode == 2 and "--force" in p.stderr
+
+
+@pytest.mark.skipif(not SAMPLE.exists(), reason="sample_traces/cpu-gloo-4rank is absent")
+def test_export_a_subset_of_ranks(tmp_path):
+    out = tmp_path / "m.json"
+    p = tracelens("report", "export-trace", str(SAMPLE), "-o", str(out), "--ranks", "1-2")
+    assert p.returncode == 0, p.stderr
+    assert "2 rank(s)" in p.stdout
+    assert {e["pid"] for e in json.loads(out.read_text())["traceEvents"] if e["ph"] == "X"} == {1, 2}
+    p = tracelens("report", "export-trace", str(SAMPLE), "-o", str(out), "--ranks", "3-9")
+    assert p.returncode == 2 and "no trace for rank(s) 4, 5" in p.stderr
+    p = tracelens("report", "export-trace", str(SAMPLE), "-o", str(out), "--ranks", "2-1")
+    assert p.returncode == 2 and "ranges such as" in p.stderr
