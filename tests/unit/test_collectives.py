@@ -8,6 +8,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tracelens import schema
 from tracelens._testing import events_table, table_from_rows
@@ -376,3 +378,29 @@ def test_order_matching_counts_within_steps_so_a_cut_call_only_affects_its_step(
     step1 = df[df["step"] == 1].groupby("instance")["start_ns"].apply(sorted).tolist()
     assert sorted(step1) == [[10_000, 10_001], [11_000, 11_001], [12_000, 12_001]]
     assert [f["code"] for f in findings] == ["COLLECTIVE_MISMATCH"] and findings[0]["ranks"] == [1]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 10_000)), min_size=1, max_size=5),
+        min_size=1,
+        max_size=6,
+    )
+)
+def test_wait_transfer_invariants(instances):
+    """Random instances (arrival, duration per participant): the split is a partition of each duration."""
+    rows = []
+    for seq, parts in enumerate(instances):
+        ranks = tuple(range(len(parts)))
+        for r, (arrive, dur) in enumerate(parts):
+            rows.append(nccl(r, arrive, dur, seq=seq, ranks=ranks))
+    df, _ = C.match_with_findings(C.collectives_from_events(events_table(rows)))
+    w = C.wait_transfer(df, {})
+    assert (w["wait_ns"] >= 0).all() and (w["transfer_ns"] >= 0).all()
+    assert ((w["wait_ns"] + w["transfer_ns"]) == (w["end_ns"] - w["start_ns"]).astype("int64")).all()
+    assert (w["arrival_skew_ns"] >= 0).all() and (w["blame_ns"] >= 0).all()
+    assert (w["blame_ns"] <= w["arrival_skew_ns"]).all() and (w["lag_ns"] <= w["arrival_skew_ns"]).all()
+    last = w.groupby("instance")["is_last"].sum()
+    size = w.groupby("instance").size()
+    assert ((last == 1) | (size == 1)).all() and (last[size == 1] == 0).all()

@@ -74,7 +74,9 @@ def _describe(s: dict) -> str:
         what = f"device idle +{ev['idle_excess_ms']:.1f} ms/step vs {ev['peer_kind']} peers"
     else:
         what = f"transfers {ev['transfer_ratio']:.1f}x slower than other groups'"
-    return f"rank {s['rank']} ({s['cause']}, {what}, costs {s['cost_ms']:.1f} ms/step)"
+    cost = s["cost_ms"]
+    text = f"{cost:.1f}" if cost >= 1 else f"{cost:.2f}"
+    return f"rank {s['rank']} ({s['cause']}, {what}, costs {text} ms/step)"
 
 
 # ----------------------------------------------------------------------------------------------------
