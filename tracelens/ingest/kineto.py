@@ -1094,9 +1094,65 @@ def read(
         if rank is None:
             rank = 0
     events, memory = _assemble(sc, int(rank))
+    if sc.salvaged:
+        events = drop_incomplete_steps(events)
     return KinetoTrace(
         events=events, memory=memory, metadata=_metadata(path, int(rank), sc.meta, events.num_rows, sc)
     )
+
+
+#: In a salvaged trace, a step holding less than this share of the rank's fullest step's events of one
+#: family (CPU ops, launches, device work) lost events after the cut.
+INCOMPLETE_STEP_SHARE = 0.5
+_FAMILIES = (
+    ("cpu_op", "user_annotation", "python_function"),
+    ("cuda_runtime", "cuda_driver"),
+    GPU_KINDS,
+)
+
+
+def incomplete_steps(events: pa.Table, share: float = INCOMPLETE_STEP_SHARE) -> list[int]:
+    """Steps of one rank's salvaged trace that lost events after the cut.
+
+    Kineto does not write events in time order (CPU ops first, device activities after, in buffer order), so
+    the cut does not fall at one instant: a step is taken as incomplete when, for one family of events (CPU
+    ops, runtime launches, device work), it holds fewer than `share` of the count of the rank's fullest step.
+    """
+    step = events.column("step")
+    if events.num_rows == 0 or step.null_count == events.num_rows:
+        return []
+    kinds = events.column("kind").cast(pa.string())
+    steps_all = sorted(set(pc.unique(step.drop_null()).to_pylist()))
+    if len(steps_all) < 2:
+        return []
+    bad: set[int] = set()
+    for fam in _FAMILIES:
+        sub = step.filter(pc.is_in(kinds, pa.array(fam)))
+        if len(sub) == 0:
+            continue
+        vc = pc.value_counts(sub.drop_null())
+        counts = dict(zip(vc.field(0).to_pylist(), vc.field(1).to_pylist()))
+        top = max(counts.values(), default=0)
+        if top == 0:
+            continue
+        bad.update(s for s in steps_all if counts.get(s, 0) < share * top)
+    return sorted(bad)
+
+
+def drop_incomplete_steps(events: pa.Table) -> pa.Table:
+    """Leave the incomplete steps of a salvaged trace out of the step analysis: their `ProfilerStep#N`
+    events are removed and their other events get step null (they stay in the table)."""
+    bad = incomplete_steps(events)
+    if not bad:
+        return events
+    is_bad = pc.fill_null(pc.is_in(events.column("step"), pa.array(bad, pa.int32())), False)
+    names = events.column("name").cast(pa.string())
+    marker = pc.and_(is_bad, pc.starts_with(names, "ProfilerStep#"))
+    kept = events.filter(pc.invert(marker))
+    kept_bad = pc.fill_null(pc.is_in(kept.column("step"), pa.array(bad, pa.int32())), False)
+    i = kept.schema.get_field_index("step")
+    new_step = pc.if_else(kept_bad, pa.scalar(None, pa.int32()), kept.column("step"))
+    return kept.set_column(i, kept.schema.field(i), new_step)
 
 
 # ------------------------------------------------------------------------------------------- peek
