@@ -19,10 +19,11 @@ import sys
 import tempfile
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -346,15 +347,18 @@ def load_tables(
     workers: int | None = None,
     *,
     salvage: bool = False,
+    ranks: str | Iterable[int] | None = None,
 ) -> Tables:
     """Discover the run at `path` and return the Arrow tables of all its Kineto ranks.
 
     Ranks are ingested in parallel (a process pool of min(cpu count, ranks) workers, or `workers`), through
     the Parquet cache unless `no_cache` (then a temporary folder is used and removed). `progress(done, total)`
-    is called as ranks finish.
+    is called as ranks finish. `ranks` keeps only those ranks (a set or a "0-7,12" text, see
+    `discover.parse_rank_filter`). Ranks whose time ranges lie far apart (traces of different runs in one
+    folder) raise RankError naming two of the files.
     """
     p = Path(path).expanduser()
-    files = discover(p)
+    files = discover(p, ranks)
     run_dir = p if p.is_dir() else p.parent
     kin = [f for f in files if f.fmt == KINETO]
     if len(kin) == 1 and no_cache:
@@ -384,7 +388,45 @@ def load_tables(
                 files, root, use_cache=False, progress=progress, workers=workers, salvage=salvage
             )
             ev, mem, meta = read_entries(entries)
+    check_time_ranges(ev, meta)
     return Tables(ev, mem, meta, files, run_dir)
+
+
+#: Ranks whose event time ranges are separated by more than this are taken for traces of different runs.
+MIXED_RUN_GAP_NS = 10 * 60 * 10**9
+
+
+def check_time_ranges(events: pa.Table, metadata: pa.Table, gap_ns: int = MIXED_RUN_GAP_NS) -> None:
+    """Raise RankError when the ranks' event time ranges fall into groups more than `gap_ns` apart.
+
+    Ranks of one run overlap in time (clocks of different hosts differ by milliseconds, not minutes); two
+    jobs' traces copied into one folder do not. The message names a file of each group.
+    """
+    if events.num_rows == 0 or metadata.num_rows < 2:
+        return
+    import pyarrow.compute as pc
+
+    end = pc.add_checked(events.column("ts_ns"), pc.max_element_wise(events.column("dur_ns"), 0))
+    t = pa.table({"rank": events.column("rank"), "ts": events.column("ts_ns"), "end": end})
+    g = t.group_by("rank").aggregate([("ts", "min"), ("end", "max")])
+    ranks = g.column("rank").to_numpy()
+    lo = g.column("ts_min").to_numpy()
+    hi = g.column("end_max").to_numpy()
+    order = lo.argsort(kind="stable")
+    ranks, lo, hi = ranks[order], lo[order], hi[order]
+    reach = np.maximum.accumulate(hi)  # latest end among the ranks starting earlier
+    gaps = lo[1:] - reach[:-1]
+    if len(gaps) == 0 or gaps.max() <= gap_ns:
+        return
+    i = int(gaps.argmax())
+    before = int(ranks[int(np.argmax(hi[: i + 1]))])
+    after = int(ranks[i + 1])
+    paths = dict(zip(metadata.column("rank").to_pylist(), metadata.column("path").to_pylist()))
+    raise errors.RankError(
+        f"traces of different runs in one folder? rank {after} ({paths.get(after)}) starts "
+        f"{gaps[i] / 6e10:.0f} min after rank {before} ({paths.get(before)}) ended; "
+        "choose one run's ranks with --rank-filter"
+    )
 
 
 __all__ = [
@@ -392,6 +434,7 @@ __all__ = [
     "Tables",
     "cache_key",
     "cache_root",
+    "check_time_ranges",
     "ingest_to_parquet",
     "load_tables",
     "read_entries",
