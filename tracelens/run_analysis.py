@@ -39,6 +39,8 @@ class Options:
     gpu: str | None = None
     compat: str | None = None  # "hta"
     no_cache: bool = False
+    rank_filter: str | None = None  # "0-7,12": analyze only these ranks (a mixed or duplicate folder)
+    salvage: bool = True  # keep the complete events of a trace cut mid-write (PARTIAL_TRACE)
     progress: object = None  # callable(done, total) for the CLI's progress bar
 
     def merged_with_config(self, run_dir: Path) -> Options:
@@ -332,8 +334,13 @@ class Analysis:
     def base_findings(self) -> list[dict]:
         out = []
         ws = self.world_size
-        if ws and len(self.ranks) < ws:
-            missing = sorted(set(range(ws)) - set(self.ranks))
+        expected = set(range(ws)) if ws else set()
+        if self.options.rank_filter is not None and expected:
+            from tracelens.discover import parse_rank_filter
+
+            expected &= parse_rank_filter(self.options.rank_filter)
+        if ws and expected - set(self.ranks):
+            missing = sorted(expected - set(self.ranks))
             shown = ", ".join(map(str, missing[:16])) + (" ..." if len(missing) > 16 else "")
             out.append(
                 finding(
@@ -544,5 +551,11 @@ def analyze_run(path: str | Path, options: Options | None = None) -> Analysis:
     options = options or Options()
     if path.is_dir():
         options = options.merged_with_config(path)
-    tables = load_tables(path, no_cache=options.no_cache, progress=options.progress)
+    tables = load_tables(
+        path,
+        no_cache=options.no_cache,
+        progress=options.progress,
+        salvage=options.salvage,
+        ranks=options.rank_filter,
+    )
     return Analysis(path=path, options=options, tables=tables)

@@ -109,6 +109,9 @@ def analyze(
         False, "--no-cache", help="Parse the traces again; do not read or write the cache."
     ),
     no_report: bool = typer.Option(False, "--no-report", help="Skip report.html."),
+    rank_filter: str | None = typer.Option(
+        None, "--rank-filter", help="Analyze only these ranks, e.g. 0-7,12 (one run of a mixed folder)."
+    ),
     force: bool = typer.Option(False, "--force", help="Overwrite files that tracelens did not write."),
 ) -> None:
     """Analyze a run: per-rank breakdown, stragglers, pipeline bubbles, MFU; writes report.html and summary.json."""
@@ -143,6 +146,7 @@ def analyze(
             gpu=gpu,
             compat=compat,
             no_cache=no_cache,
+            rank_filter=rank_filter,
             progress=tick,
         )
         analysis = analyze_run(run_dir, opts)
