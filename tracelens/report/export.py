@@ -9,6 +9,7 @@ rank a finding names, so Perfetto shows them on the right tracks.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -165,21 +166,19 @@ def export_trace(
 ) -> int:
     """Write the merged Chrome trace JSON atomically; returns the number of trace events written."""
     evs = trace_events(events, stage_of, offsets_ns, findings)
-    doc = {
-        "traceEvents": evs,
-        "displayTimeUnit": "ms",
-        "otherData": {
-            "generator": f"tracelens {__version__}",
-            "run": run_name or "",
-            "clock_aligned": bool(offsets_ns),
-            "offsets_ns": {str(k): int(v) for k, v in (offsets_ns or {}).items()},
-        },
+    other = {
+        "schema": SCHEMA,
+        "generator": f"tracelens {__version__}",
+        "run": run_name or "",
+        "clock_aligned": bool(offsets_ns),
+        "offsets_ns": {str(k): int(v) for k, v in (offsets_ns or {}).items()},
     }
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    body = msgspec.json.encode(doc)
-    # the schema mark first, spelled as tracelens.outputs looks for it, so a rerun may overwrite this file
-    tmp.write_bytes(b'{"schema": "' + SCHEMA.encode() + b'",' + body[1:])
+    # Only keys Perfetto's JSON importer knows (it stops reading at an unknown top-level key); otherData
+    # first, written with json's ": " so tracelens.outputs finds the schema mark and a rerun may overwrite.
+    head = '{"otherData": ' + json.dumps(other) + ', "displayTimeUnit": "ms", "traceEvents": '
+    tmp.write_bytes(head.encode() + msgspec.json.encode(evs) + b"}\n")
     tmp.replace(path)
     return len(evs)
