@@ -9,7 +9,6 @@ containers and scalars can come out of one and no code can run while loading.
 
 from __future__ import annotations
 
-import gzip
 import io
 import json
 import math
@@ -126,11 +125,11 @@ def _raw_bytes(path: Path) -> bytes:
     if len(raw) > MAX_BYTES:
         raise BadTraceError(f"{path}: larger than 2 GiB, not a Flight Recorder dump")
     if raw[:2] == b"\x1f\x8b":
-        try:
-            with gzip.GzipFile(fileobj=io.BytesIO(raw)) as gz:
-                raw = gz.read(MAX_BYTES + 1)
-        except (OSError, EOFError) as err:
-            raise BadTraceError(f"{path}: corrupt gzip ({err})") from err
+        from tracelens.ingest.sniff import gunzip_bounded
+
+        raw = gunzip_bounded(raw, path)  # bounded: a decompression bomb is a BadTraceError
+        if len(raw) > MAX_BYTES:
+            raise BadTraceError(f"{path}: decompresses to more than 2 GiB, not a Flight Recorder dump")
     return raw
 
 

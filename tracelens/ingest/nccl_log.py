@@ -135,12 +135,16 @@ MEMBERSHIP = pa.schema(
 
 def _lines(path: Path) -> Iterable[str]:
     try:
-        import gzip
-
         with open(path, "rb") as fh:
             magic = fh.read(2)
-        opener = gzip.open if magic == b"\x1f\x8b" else open
-        with opener(path, "rt", encoding="utf-8", errors="replace") as fh:
+        if magic == b"\x1f\x8b":  # bounded: a decompression bomb is a BadTraceError; a cut stream is read
+            from tracelens.ingest.sniff import gunzip_bounded
+
+            with open(path, "rb") as fh:
+                text = gunzip_bounded(fh.read(), path).decode("utf-8", errors="replace")
+            yield from text.splitlines(keepends=True)
+            return
+        with open(path, encoding="utf-8", errors="replace") as fh:
             yield from fh
     except OSError as err:
         raise BadTraceError(f"{path}: cannot read NCCL log ({err})") from err

@@ -62,12 +62,9 @@ def load_events(path: str | Path) -> list[dict]:
     except OSError as err:
         raise BadTraceError(f"{path}: cannot read ({err.strerror or err})") from err
     if raw[:2] == b"\x1f\x8b":
-        import gzip
+        from tracelens.ingest.sniff import gunzip_bounded
 
-        try:
-            raw = gzip.decompress(raw)
-        except (OSError, EOFError) as err:
-            raise BadTraceError(f"{path}: corrupt gzip ({err})") from err
+        raw = gunzip_bounded(raw, path)  # bounded: a decompression bomb is a BadTraceError
     text = raw.decode("utf-8", errors="replace").strip()
     if not text.startswith("["):
         raise BadTraceError(f"{path}: not an NCCL profiler-plugin trace (expected a JSON array)")

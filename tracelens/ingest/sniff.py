@@ -45,6 +45,45 @@ def read_head(path: Path, n: int = HEAD_BYTES) -> bytes:
     return raw
 
 
+def gunzip_bounded(raw: bytes, name: str | Path) -> bytes:
+    """Decompress gzip bytes (multi-member aware) under the same bomb limits as Kineto traces: at most
+    `TRACELENS_MAX_DECOMPRESSED_BYTES` (default 64 GiB) and a ratio of 1000:1 beyond 1 GiB. A stream cut
+    mid-write yields what precedes the cut (the readers salvage or reject it); corrupt data is a BadTraceError.
+    """
+    from tracelens.errors import BadTraceError
+    from tracelens.ingest.kineto import MAX_RATIO, RATIO_MIN_BYTES, max_decompressed_bytes
+
+    limit = max_decompressed_bytes()
+    out: list[bytes] = []
+    total = 0
+    pending = raw
+    step = 1 << 20
+    while pending:
+        d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        try:
+            while pending and not d.eof:
+                piece = d.decompress(pending, step)
+                pending = d.unconsumed_tail
+                total += len(piece)
+                if total > limit:
+                    raise BadTraceError(
+                        f"{name}: decompresses to more than {limit} bytes; "
+                        "raise TRACELENS_MAX_DECOMPRESSED_BYTES if this file is genuine"
+                    )
+                if total > RATIO_MIN_BYTES and total > MAX_RATIO * len(raw):
+                    raise BadTraceError(
+                        f"{name}: compression ratio above {MAX_RATIO}:1 (decompression bomb?); "
+                        "raise TRACELENS_MAX_DECOMPRESSED_BYTES if this file is genuine"
+                    )
+                out.append(piece)
+        except zlib.error as err:
+            raise BadTraceError(f"{name}: corrupt gzip data ({err})") from None
+        if not d.eof:  # cut mid-write: keep what came before the cut
+            break
+        pending = d.unused_data.lstrip(b"\x00")
+    return b"".join(out)
+
+
 def is_gzip(path: Path) -> bool:
     with open(path, "rb") as fh:
         return fh.read(2) == b"\x1f\x8b"
@@ -88,6 +127,7 @@ __all__ = [
     "NCCL_LOG",
     "NCCL_PLUGIN",
     "detect_format",
+    "gunzip_bounded",
     "is_gzip",
     "read_head",
 ]
