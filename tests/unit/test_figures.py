@@ -136,6 +136,20 @@ def test_heatmap_values_and_missing_cells():
     assert list(fig.data[0].y) == ["r0", "r1", "r2"] and list(fig.data[0].x) == ["step 0", "step 1"]
     assert z[0] == [100.0, 101.0] and z[1] == [101.0, 102.0]
     assert z[2][0] == 102.0 and z[2][1] is None
+    assert fig.layout.updatemenus == ()  # one metric only: no buttons
+
+
+def test_heatmap_buttons_switch_metrics():
+    s = make_summary(2, n_steps=2)
+    for r in s["per_step"]:
+        r["compute_ms"] = 10.0 * r["rank"] + r["step"]
+        r["bubble_ms"] = None
+    fig = F.step_heatmap(s)
+    (menu,) = fig.layout.updatemenus
+    assert [b.label for b in menu.buttons] == ["step time", "compute"]  # bubble: no values, no button
+    assert menu.buttons[1].args[0]["z"] == [[[0.0, 1.0], [10.0, 11.0]]]
+    assert menu.buttons[1].args[1]["title.text"] == "compute per rank and step (ms)"
+    assert [list(r) for r in fig.data[0].z] == menu.buttons[0].args[0]["z"][0]
 
 
 # ----- pipeline timeline ---------------------------------------------------------------------------------

@@ -161,27 +161,49 @@ def breakdown_bar(summary: dict, max_items: int = MAX_ITEMS) -> go.Figure:
     return fig
 
 
-def step_heatmap(summary: dict, metric: str = "step_time_ms", max_items: int = MAX_ITEMS * 2) -> go.Figure:
-    """Rank x step heatmap of `metric` from summary["per_step"] (groups of ranks beyond `max_items`)."""
-    rows = [r for r in summary.get("per_step") or [] if r.get(metric) is not None]
+#: Per-step fields the heatmap can switch between (buttons), in this order.
+HEATMAP_METRICS = ("step_time_ms", "compute_ms", "exposed_comm_ms", "exposed_wait_ms", "idle_ms", "bubble_ms")
+
+
+def _metric_label(metric: str) -> str:
+    return metric.replace("_ms", "").replace("_", " ")
+
+
+def step_heatmap(
+    summary: dict,
+    metric: str = "step_time_ms",
+    max_items: int = MAX_ITEMS * 2,
+    metrics: Sequence[str] = HEATMAP_METRICS,
+) -> go.Figure:
+    """Rank x step heatmap of `metric` from summary["per_step"] (groups of ranks beyond `max_items`), with
+    buttons switching to the other `metrics` that the summary has."""
+    rows = [r for r in summary.get("per_step") or [] if r.get("step_time_ms") is not None or r.get(metric)]
     ranks = sorted({int(r["rank"]) for r in rows})
     steps = sorted({r["step"] for r in rows}, key=lambda s: (s is None, s if s is not None else 0))
     labels, members, unit = rank_groups(ranks, _stage_map(summary), max_items)
     ri = {r: i for i, r in enumerate(ranks)}
     si = {s: j for j, s in enumerate(steps)}
-    grid = np.full((len(ranks), len(steps)), np.nan)
-    for r in rows:
-        grid[ri[int(r["rank"])], si[r["step"]]] = float(r[metric])
-    z = []
-    for m in members:
-        sub = grid[[ri[r] for r in m]]
-        with warnings.catch_warnings():  # an all-missing column is None, not a warning
-            warnings.simplefilter("ignore", RuntimeWarning)
-            vals = np.nanmean(sub, axis=0) if sub.size else np.array([])
-        z.append([_r(v) for v in vals])
+    shown = [metric] + [m for m in metrics if m != metric]
+    zs: dict[str, list] = {}
+    for name in shown:
+        if not any(r.get(name) is not None for r in rows):
+            continue
+        grid = np.full((len(ranks), len(steps)), np.nan)
+        for r in rows:
+            if r.get(name) is not None:
+                grid[ri[int(r["rank"])], si[r["step"]]] = float(r[name])
+        z = []
+        for m in members:
+            sub = grid[[ri[r] for r in m]]
+            with warnings.catch_warnings():  # an all-missing column is None, not a warning
+                warnings.simplefilter("ignore", RuntimeWarning)
+                vals = np.nanmean(sub, axis=0) if sub.size else np.array([])
+            z.append([_r(v) for v in vals])
+        zs[name] = z
+    first = next(iter(zs), metric)
     fig = go.Figure(
         go.Heatmap(
-            z=z,
+            z=zs.get(first, []),
             x=["whole trace" if s is None else f"step {s}" for s in steps],
             y=labels,
             colorscale="Viridis",
@@ -189,11 +211,34 @@ def step_heatmap(summary: dict, metric: str = "step_time_ms", max_items: int = M
             hovertemplate="%{y}, %{x}: %{z:.2f} ms<extra></extra>",
         )
     )
+    title = f"{{}} per {unit} and step (ms)"
     fig.update_layout(
-        title=f"{metric.replace('_ms', '').replace('_', ' ')} per {unit} and step (ms)",
+        title=title.format(_metric_label(first)),
         yaxis_autorange="reversed",
         height=max(300, min(900, 24 * len(labels) + 150)),
     )
+    if len(zs) > 1:
+        fig.update_layout(
+            updatemenus=[
+                {
+                    "type": "buttons",
+                    "direction": "right",
+                    "x": 0,
+                    "y": 1.01,
+                    "xanchor": "left",
+                    "yanchor": "bottom",
+                    "buttons": [
+                        {
+                            "label": _metric_label(name),
+                            "method": "update",
+                            "args": [{"z": [z]}, {"title.text": title.format(_metric_label(name))}],
+                        }
+                        for name, z in zs.items()
+                    ],
+                }
+            ],
+            margin={"t": 120},
+        )
     return fig
 
 
