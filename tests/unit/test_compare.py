@@ -175,3 +175,16 @@ def test_load_side_reads_an_analyze_output_folder(tmp_path):
     other = tmp_path / "base.json"  # any name: the schema says it is a summary
     other.write_text(json.dumps(s))
     assert load_side(other) == s
+
+
+def test_runs_and_layout_difference_are_named():
+    a, b = summary(), summary()
+    a["run"].update(layout={"tp": 4, "pp": 4, "dp": 1, "cp": 1}, seq_len=4096, world_size=16, gpu="H200")
+    b["run"].update(layout={"tp": 2, "pp": 4, "dp": 1, "cp": 2}, seq_len=262144, world_size=16, gpu="H200")
+    c = compare(a, b, ("4k", "256k"))
+    assert c["runs"]["a"]["layout"] == "tp=4, pp=4, dp=1, cp=1" and c["runs"]["b"]["seq_len"] == 262144
+    assert (
+        "The layouts differ (4k: tp=4, pp=4, dp=1, cp=1; 256k: tp=2, pp=4, dp=1, cp=2): part of any change "
+        "comes from the layout."
+    ) in c["text"]
+    assert not any("layouts differ" in t for t in compare(a, a)["text"])

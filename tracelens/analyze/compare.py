@@ -136,6 +136,27 @@ def _metric(group: str, key: str, name: str, unit: str, a, b, note: str = "") ->
     }
 
 
+def layout_text(s: dict) -> str:
+    """'tp=4, pp=4, dp=1, cp=1' from run.layout ('' when unknown)."""
+    lay = (s.get("run") or {}).get("layout") or {}
+    return ", ".join(f"{k}={lay[k]}" for k in ("tp", "pp", "dp", "cp") if lay.get(k) is not None)
+
+
+def run_info(s: dict) -> dict:
+    """What identifies a run beside its numbers: name, path, layout, sequence length, world size, GPU."""
+    run = s.get("run") or {}
+    mfu = s.get("mfu") or {}
+    return {
+        "name": run.get("name"),
+        "path": run.get("path"),
+        "layout": layout_text(s) or None,
+        "seq_len": run.get("seq_len") or mfu.get("seq_len"),
+        "world_size": run.get("world_size"),
+        "gpu": run.get("gpu"),
+        "steps": len(run.get("steps") or []) or None,
+    }
+
+
 def compare(a: dict, b: dict, labels: Sequence[str] = ("A", "B")) -> dict:
     """Side-by-side metrics of two summaries, their deltas, the biggest change and a plain-words text."""
     la, lb = (str(labels[0]), str(labels[1])) if len(labels) == 2 else ("A", "B")
@@ -280,6 +301,11 @@ def compare(a: dict, b: dict, labels: Sequence[str] = ("A", "B")) -> dict:
     others = [m for m in changes[1:] if abs(m["delta"]) * 100 >= MIN_POINTS][:4]
     if others:
         text.append("Also: " + "; ".join(sentence(m) for m in others) + ".")
+    lay_a, lay_b = layout_text(a), layout_text(b)
+    if lay_a and lay_b and lay_a != lay_b:
+        text.append(
+            f"The layouts differ ({la}: {lay_a}; {lb}: {lay_b}): part of any change comes from the layout."
+        )
     ca = {f.get("code") for f in a.get("findings") or []}
     cb = {f.get("code") for f in b.get("findings") or []}
     if cb - ca:
@@ -289,15 +315,7 @@ def compare(a: dict, b: dict, labels: Sequence[str] = ("A", "B")) -> dict:
     return {
         "schema": SCHEMA,
         "labels": [la, lb],
-        "runs": {
-            k: {
-                "name": (s.get("run") or {}).get("name"),
-                "path": (s.get("run") or {}).get("path"),
-                "seq_len": (s.get("run") or {}).get("seq_len"),
-                "layout": (s.get("run") or {}).get("layout"),
-            }
-            for k, s in (("a", a), ("b", b))
-        },
+        "runs": {k: run_info(s) for k, s in (("a", a), ("b", b))},
         "per_token": per_tok,
         "metrics": metrics,
         "biggest": None if biggest is None else {k: biggest[k] for k in ("key", "name", "a", "b", "delta")},

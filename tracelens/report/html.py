@@ -454,7 +454,20 @@ def compare_sections(comparison: dict) -> list[tuple[str, object]]:
     cols = [("metric", "name"), (la, "a_text"), (lb, "b_text"), ("change", "delta_text"), ("note", "note")]
     rows = [m for m in comparison["metrics"] if m["a"] is not None or m["b"] is not None]
     metrics = table_html(rows, cols, ("name",))
-    out = [("What changed most", text), ("Side by side", metrics)]
+    runs = comparison.get("runs") or {}
+    run_rows = [{"label": lab, **(runs.get(k) or {})} for lab, k in ((la, "a"), (lb, "b"))]
+    run_cols = [
+        ("run", "label"),
+        ("name", "name"),
+        ("layout", "layout"),
+        ("sequence length", "seq_len"),
+        ("world size", "world_size"),
+        ("GPU", "gpu"),
+        ("steps", "steps"),
+        ("path", "path"),
+    ]
+    run_cols = [c for c in run_cols if any(r.get(c[1]) is not None for r in run_rows)]
+    out = [("What changed most", text + table_html(run_rows, run_cols, ("path",))), ("Side by side", metrics)]
     if any(m["group"] == "breakdown" for m in rows):
         out.append(("Breakdown", figures.compare_shares_bar(comparison, "breakdown")))
     if any(m["group"] == "layer_types" for m in rows):
