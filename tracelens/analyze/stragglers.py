@@ -181,9 +181,10 @@ def _peer_stats(per: pd.DataFrame, col: str) -> tuple[np.ndarray, np.ndarray]:
 def _slow_links(
     df: pd.DataFrame, cfg: StragglerConfig, hosts: dict[int, str] | None = None
 ) -> tuple[dict[int, float], pd.DataFrame]:
-    """Per rank, the smallest over its informative groups of the median transfer ratio (instance transfer /
-    reference transfer of the same kind: op, size, group size and whether it crosses hosts). >1 for every
-    group of a rank means its own link is slow; a rank sharing only some slow groups is a bystander."""
+    """rank -> slowness of its link: the smallest, over its groups that can be compared, of the group's
+    transfer ratio (time per byte / the reference of the same kind: op, size bucket, group size, intra- or
+    inter-host). Every group of a rank slow means its own link is slow; a rank sharing only some slow groups
+    is a bystander. Also returns the rows with their excess transfer time (`excess`)."""
     if df.empty:
         return {}, df
     d = df[(df["n_participants"] >= 2)].copy()
@@ -224,9 +225,9 @@ def _slow_links(
     inst = inst[inst["sig"].map(ref) > 0]
     if inst.empty:
         return {}, inst
-    r = inst["sig"].map(ref)
-    inst["ratio"] = inst["unit"] / r
-    inst["excess"] = ((inst["unit"] - r) * nbytes.loc[inst.index]).clip(lower=0)
+    ref_unit = inst["sig"].map(ref)
+    inst["ratio"] = inst["unit"] / ref_unit
+    inst["excess"] = ((inst["unit"] - ref_unit) * nbytes.loc[inst.index]).clip(lower=0)
     # a group is slow when most of its calls are: its lower-quartile ratio, over enough calls to tell
     by_grp = inst.groupby("grp")["ratio"]
     grp_ratio = by_grp.quantile(0.25)
