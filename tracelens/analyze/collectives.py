@@ -230,7 +230,6 @@ def _cpu_rows(events: pa.Table, ranks: np.ndarray, kind: dict, name: pa.ChunkedA
     g = g.rename(columns={x: f"{x}_w" for x in g.columns if x not in ("rank", "op", "_k")})
     m = c.merge(g, on=["rank", "op", "_k"], how="outer")
     has_c = ~m["ts_ns"].isna()
-    has_w = ~m["ts_ns_w"].isna()
     c_end = m["ts_ns"] + m["dur_ns"]
     w_end = m["ts_ns_w"] + m["dur_ns_w"]
     m["enqueue_ns"] = m["ts_ns"].where(has_c, m["ts_ns_w"])
@@ -241,7 +240,6 @@ def _cpu_rows(events: pa.Table, ranks: np.ndarray, kind: dict, name: pa.ChunkedA
         if f != "pg_ranks":
             m[f] = m[f].where(~m[f].isna(), m[f"{f}_w"])
     m["name"] = m["name"].where(has_c, m["name_w"])
-    _ = has_w
     return m
 
 
