@@ -1112,11 +1112,13 @@ _FAMILIES = (
 
 
 def incomplete_steps(events: pa.Table, share: float = INCOMPLETE_STEP_SHARE) -> list[int]:
-    """Steps of one rank's salvaged trace that lost events after the cut.
+    """Steps of one rank's salvaged trace whose analysis would be wrong because events were lost at the cut.
 
     Kineto does not write events in time order (CPU ops first, device activities after, in buffer order), so
-    the cut does not fall at one instant: a step is taken as incomplete when, for one family of events (CPU
-    ops, runtime launches, device work), it holds fewer than `share` of the count of the rank's fullest step.
+    the cut does not fall at one instant. A step lost events when, for one family of events (CPU ops, runtime
+    launches, device work), it holds fewer than `share` of the count of the rank's fullest step. The device
+    work of a step runs late (into the next steps' windows, by up to the largest spill seen in the complete
+    steps), so a step whose window such lost work may reach is incomplete as well.
     """
     step = events.column("step")
     if events.num_rows == 0 or step.null_count == events.num_rows:
@@ -1136,7 +1138,25 @@ def incomplete_steps(events: pa.Table, share: float = INCOMPLETE_STEP_SHARE) -> 
         if top == 0:
             continue
         bad.update(s for s in steps_all if counts.get(s, 0) < share * top)
-    return sorted(bad)
+    if not bad:
+        return []
+    # step windows (ProfilerStep#N markers) and how far each step's events run past its window's end
+    is_step, num = step_of_name(events.column("name").combine_chunks())
+    ts = events.column("ts_ns").fill_null(0).to_numpy()
+    end = ts + np.maximum(events.column("dur_ns").fill_null(0).to_numpy(), 0)
+    win: dict[int, tuple[int, int]] = {}
+    for n, a, b in zip(num[is_step].tolist(), ts[is_step].tolist(), end[is_step].tolist()):
+        lo, hi = win.get(n, (a, b))
+        win[n] = (min(lo, a), max(hi, b))
+    g = pa.table({"step": step, "end": pa.array(end)}).group_by("step").aggregate([("end", "max")])
+    last_end = dict(zip(g.column("step").to_pylist(), g.column("end_max").to_pylist()))
+    spill = max(
+        (max(0, last_end[s] - win[s][1]) for s in steps_all if s not in bad and s in win and s in last_end),
+        default=0,
+    )
+    lost = [(win[b][0], win[b][1] + spill) for b in bad if b in win]  # (window start, reach of its work)
+    late = {s for s in steps_all if s in win and any(a < win[s][0] < r for a, r in lost)}
+    return sorted(bad | late)
 
 
 def drop_incomplete_steps(events: pa.Table) -> pa.Table:
