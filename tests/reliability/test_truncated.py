@@ -1,0 +1,160 @@
+"""Truncated traces (a profiler killed mid-write): every complete event before the cut is kept, the rank is
+marked PARTIAL_TRACE with how much was salvaged, and only its complete steps are analyzed."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import zlib
+
+import msgspec
+import pyarrow.compute as pc
+import pytest
+from broken_traces import (
+    GLOO,
+    HTA,
+    LOG_TEXT,
+    PLUGIN_TEXT,
+    cli,
+    cut,
+    decompressed,
+    kineto_doc,
+    step_events,
+    text_with_offsets,
+    write,
+    x,
+)
+
+from tracelens.analyze.breakdown import breakdown
+from tracelens.errors import BadTraceError
+from tracelens.ingest import flight_recorder, kineto, nccl_log, nccl_plugin
+from tracelens.run_analysis import Options, analyze_run
+
+REAL = HTA / "negative_queue_length_values_check" / "rank0.json.gz"
+
+
+def _x_events(raw: bytes) -> list[dict]:
+    """Complete events of a whole trace, by an independent decoder (msgspec's generic JSON)."""
+    return [e for e in msgspec.json.decode(raw)["traceEvents"] if e.get("ph") == "X"]
+
+
+@pytest.mark.skipif(not REAL.exists(), reason=f"real HTA traces not present ({REAL})")
+def test_real_trace_cut_at_60_percent_through_the_cli(tmp_path):
+    full = decompressed(REAL)
+    want = _x_events(full)
+    write(tmp_path / "run" / "rank0.json", cut(full, 0.6))
+    out = tmp_path / "out"
+    r = cli("analyze", tmp_path / "run", "-o", out, "--no-report")
+    assert r.returncode == 0, r.stderr
+    s = json.loads((out / "summary.json").read_text())
+    partial = [f for f in s["findings"] if f["code"] == "PARTIAL_TRACE"]
+    assert len(partial) == 1 and partial[0]["ranks"] == [0]
+    msg = partial[0]["message"]
+    assert "rank0.json is truncated" in msg
+    n = int(msg.split("salvaged ")[1].split(" ")[0])
+    assert n >= 0.55 * len(want), (n, len(want))
+    assert n < len(want)
+    assert "PARTIAL_TRACE" in r.stdout  # the warning is printed too
+
+    # What was salvaged is exactly a subset of the full trace's events ...
+    tr = kineto.read(tmp_path / "run" / "rank0.json", salvage=True)
+    whole = kineto.read(REAL)
+    key = ["name", "ts_ns", "dur_ns"]
+    got = {tuple(r.values()) for r in tr.events.select(key).to_pylist()}
+    ref = {tuple(r.values()) for r in whole.events.select(key).to_pylist()}
+    assert got <= ref
+    # ... and the steps kept are the complete ones: their breakdown equals the full file's.
+    assert s["run"]["steps"] == [553]  # 550, 551, 554 lost events; 552 holds the lost work of 551
+    b_full = breakdown(whole.events).to_pylist()
+    for row in s["per_step"]:
+        ref_row = next(b for b in b_full if b["step"] == row["step"])
+        assert row["step_time_ms"] == pytest.approx(ref_row["step_time_ns"] / 1e6)
+        assert row["compute_ms"] == pytest.approx(ref_row["compute_ns"] / 1e6)
+
+
+@pytest.mark.parametrize("gz", [False, True])
+@pytest.mark.parametrize("frac", [0.35, 0.5, 0.77, 0.999])
+def test_every_complete_event_before_the_cut_is_kept(tmp_path, frac, gz):
+    events = [x("cpu_op", f"op{i}", 10.0 * i, 5, args_text="a}, {b" * (i % 3)) for i in range(200)]
+    text, ends = text_with_offsets(kineto_doc(0, 1, events))
+    data = cut(text, frac)
+    want = sum(1 for e in ends if e <= len(data))
+    p = write(tmp_path / "t.json", data, gz=gz)
+    with pytest.raises(BadTraceError, match=r"t\.json.*cut mid-write"):
+        kineto.read(p)
+    tr = kineto.read(p, salvage=True, chunk_bytes=4096)
+    assert tr.events.num_rows == want
+    assert tr.events.column("name").to_pylist() == [f"op{i}" for i in range(want)]
+    assert tr.metadata["salvaged"] is True
+    assert 0 < tr.metadata["salvaged_fraction"] <= 1
+
+
+def test_gzip_cut_mid_stream_is_salvaged(tmp_path):
+    text, ends = text_with_offsets(kineto_doc(0, 1, [x("cpu_op", f"op{i}", i, 1) for i in range(3000)]))
+    gz = gzip.compress(text)
+    p = write(tmp_path / "t.json.gz", gz[: len(gz) // 2])
+    with pytest.raises(BadTraceError, match="truncated gzip stream"):
+        kineto.read(p)
+    tr = kineto.read(p, salvage=True)
+    # the cut gzip decompresses to a prefix of the text: every event ending in that prefix is kept
+    got = zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(gz[: len(gz) // 2])
+    want = sum(1 for e in ends if e <= len(got))
+    assert 0 < want < 3000
+    assert tr.events.num_rows in (want, want - 1)  # the last one needs its closing brace and a separator
+
+
+def test_incomplete_steps_are_left_out(tmp_path):
+    events = step_events(steps=4)
+    text, ends = text_with_offsets(kineto_doc(0, 1, events))
+    # cut inside step 4 (events are written step by step): steps 1-3 complete, step 4 lost its kernels
+    p = write(tmp_path / "rank0.json", text[: ends[19] + 3])
+    tr = kineto.read(p, salvage=True)
+    assert kineto.incomplete_steps(tr.events) == []  # already dropped
+    steps = set(tr.events.column("step").drop_null().to_pylist())
+    assert steps == {1, 2, 3}
+    names = tr.events.column("name").cast("string")
+    assert not pc.any(pc.equal(names, "ProfilerStep#4")).as_py()
+    assert tr.events.num_rows == 20 - 1  # every complete event kept, the ProfilerStep#4 marker removed
+    a = analyze_run(p, Options(no_cache=True))
+    s = a.summary()
+    assert s["run"]["steps"] == [1, 2, 3]
+    codes = [f["code"] for f in s["findings"]]
+    assert "PARTIAL_TRACE" in codes
+
+
+def test_cut_before_trace_events_is_an_error(tmp_path):
+    text, _ = text_with_offsets(kineto_doc(0, 1))
+    p = write(tmp_path / "t.json", text[: text.index(b"traceEvents") - 3])
+    with pytest.raises(BadTraceError, match=r"t\.json: not a valid Kineto JSON trace"):
+        kineto.read(p, salvage=True)
+
+
+def test_cli_exit_2_without_salvage_only_when_nothing_is_left(tmp_path):
+    text, _ = text_with_offsets(kineto_doc(0, 1))
+    write(tmp_path / "run" / "rank0.json", text[:40])
+    r = cli("analyze", tmp_path / "run", "-o", tmp_path / "out", "--no-report")
+    assert r.returncode == 2
+    assert r.stderr.count("\n") == 1 and "rank0.json" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.skipif(not GLOO.exists(), reason="sample_traces/cpu-gloo-4rank absent")
+def test_flight_recorder_json_cut_is_an_error_naming_the_file(tmp_path):
+    raw = (GLOO / "flight_recorder" / "json" / "fr_trace_rank_0.json").read_bytes()
+    p = write(tmp_path / "fr_trace_rank_0.json", cut(raw, 0.6))
+    with pytest.raises(BadTraceError, match=r"fr_trace_rank_0\.json: invalid JSON"):
+        flight_recorder.read(p)
+
+
+def test_plugin_and_log_cut_keep_what_precedes_the_cut(tmp_path):
+    # plugin: the events before the cut; the collective whose end was lost has no row
+    p = write(tmp_path / "prof_987654321_2.json", PLUGIN_TEXT[: PLUGIN_TEXT.index('{"name": "Send"')])
+    t = nccl_plugin.read(p)
+    assert t.column("op").to_pylist() == ["allreduce"]
+    # log: the lines before the cut (a gzip log cut mid-stream as well)
+    whole = nccl_log.read(write(tmp_path / "a.log", LOG_TEXT))
+    cut_at = LOG_TEXT.index("node07:31337:31337 [3] NCCL INFO Recv")
+    part = nccl_log.read(write(tmp_path / "b.log", LOG_TEXT[:cut_at]))
+    assert whole.num_rows == 3 and part.num_rows == 2
+    gz = gzip.compress(LOG_TEXT.encode())
+    t = nccl_log.read(write(tmp_path / "c.log.gz", gz[: len(gz) - 12]))
+    assert 0 < t.num_rows <= 3
