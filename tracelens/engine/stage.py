@@ -1,0 +1,283 @@
+"""The per-rank stage: one rank's events -> the small results the cross-rank analyses need.
+
+Everything here looks at ONE rank's events at a time, so a run of any size needs at most one rank's events
+in memory per process. The results of a rank (`RankStage`):
+
+- `breakdown`: its rows of the per-step breakdown (`tracelens.analyze.breakdown.BREAKDOWN`);
+- `sets`: its canonical compute / communication / memory interval sets (`RankSets`);
+- `spans`: its module annotation spans (`tracelens.analyze.composition.SPANS`);
+- `xevents`: the few event rows the cross-rank analyses read (collectives and their CPU records, step and
+  module annotations, point-to-point ops; every row on ranks analysed on the CPU timeline), in the events
+  schema and in trace order (see `cross_rank_mask`).
+
+Each is written as Parquet next to the rank's ingest cache entry (`<entry>/stage-<STAGE_VERSION>/`), so a
+second analysis of the same run reads only these small files.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from tracelens import schema
+from tracelens.analyze.breakdown import BREAKDOWN, RankSets, breakdown, class_sets, step_windows
+from tracelens.analyze.classify import COMM, COMPUTE, DEVICE_KINDS, _dict_lookup, classify
+
+#: Bump when what a stage file holds changes: old stage files are then ignored (and rebuilt).
+STAGE_VERSION = "2"
+
+#: Interval-set table: one row per interval of one class of one rank.
+SETS = pa.schema([("rank", pa.int32()), ("cls", pa.int8()), ("start_ns", pa.int64()), ("end_ns", pa.int64())])
+_CLS = {"compute": 0, "comm": 1, "memory": 2}
+_PARTS = ("xevents", "spans", "breakdown", "sets")  # "sets" last: its presence marks the entry complete
+_ANNOTATION_KINDS = ("user_annotation", "gpu_user_annotation")
+# Names the cross-rank analyses look for beyond collectives (pipeline: SendRecv kernels / c10d send-recv).
+_CROSS_NAMES = re.compile(r"^record_param_comms$|send|recv|SendRecv", re.IGNORECASE)
+
+
+@dataclass
+class RankStage:
+    """Per-rank results (see the module docstring). `path` is "gpu" or "cpu" (None: no events);
+    `has_steps`: the rank has `ProfilerStep#N` windows; `spans_error`: why module_spans failed, if it did;
+    `time_range`: for `loader.check_time_ranges` (traces of different runs in one folder)."""
+
+    rank: int
+    breakdown: pa.Table
+    sets: RankSets | None
+    spans: pa.Table | None
+    xevents: pa.Table
+    has_steps: bool
+    spans_error: str | None = None
+    time_range: tuple[int, int] | None = None  # (first event start, last event end), ns; None: no events
+
+
+def cross_rank_mask(events: pa.Table, classes: np.ndarray, path: str | None) -> np.ndarray:
+    """Rows of one rank's events that the cross-rank analyses (collectives, clock offsets, stragglers,
+    layout inference, pipeline) read once the per-rank results are given to them.
+
+    CPU-timeline ranks keep every row (their compute is defined by their cpu ops; such traces are small).
+    GPU ranks keep communication-class rows, rows with collective fields, `record_param_comms` and
+    point-to-point named ops, step and module annotations, their first device event (so that the rank
+    is still recognised as a GPU rank by `classify.gpu_ranks`) and the few compute events that set the
+    pipeline's per-step marks (`_pipeline_marks`). The other compute kernels, runtime calls and cpu ops,
+    the bulk of a trace, are dropped: their contribution is in `sets`, `breakdown` and `spans`.
+    """
+    n = events.num_rows
+    if n == 0:
+        return np.zeros(0, bool)
+    if path != "gpu":
+        return np.ones(n, bool)
+    kind = events.column("kind")
+    keep = classes == COMM
+    keep |= _dict_lookup(kind, lambda v: int(v in _ANNOTATION_KINDS)).astype(bool)
+    keep |= _dict_lookup(events.column("name"), lambda v: int(bool(_CROSS_NAMES.search(v)))).astype(bool)
+    for col in ("collective", "pg_ranks", "pg_name", "src_rank", "dst_rank"):
+        keep |= events.column(col).is_valid().to_numpy(zero_copy_only=False)
+    dev = np.flatnonzero(_dict_lookup(kind, lambda v: int(v in DEVICE_KINDS)).astype(bool))
+    if dev.size:
+        keep[dev[0]] = True
+    keep[_pipeline_marks(events, classes)] = True
+    return keep
+
+
+def _pipeline_marks(events: pa.Table, classes: np.ndarray) -> np.ndarray:
+    """Row numbers of the compute events that decide the pipeline analysis' per-step marks, per step:
+    the earliest-starting and the latest-ending compute event, and the latest-ending one starting before the
+    first collective after the step's last point-to-point op (`pipeline._fallback_last`). Those marks are
+    minima and maxima, so these few rows give exactly what all compute rows give."""
+    from tracelens.analyze.pipeline import _p2p_mask
+
+    ts = events.column("ts_ns").to_numpy(zero_copy_only=False).astype(np.int64)
+    end = ts + events.column("dur_ns").fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+    step = events.column("step").fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+    valid = step >= 0
+    comp = np.flatnonzero((classes == COMPUTE) & valid)
+    if comp.size == 0:
+        return comp
+    p2p = _p2p_mask(events) & (classes == COMM)
+    coll = (classes == COMM) & ~p2p
+    df = pd.DataFrame({"i": comp, "step": step[comp], "ts": ts[comp], "end": end[comp]})
+    g = df.groupby("step")
+    rows = [df.loc[g["ts"].idxmin(), "i"].to_numpy(), df.loc[g["end"].idxmax(), "i"].to_numpy()]
+    pi = np.flatnonzero(p2p & valid)
+    if pi.size:
+        lp = pd.Series(ts[pi]).groupby(step[pi]).max().rename("lp")
+        ci = np.flatnonzero(coll & valid)
+        c = pd.DataFrame({"step": step[ci], "ts": ts[ci]}).join(lp, on="step")
+        fc = c[c["ts"] >= c["lp"]].groupby("step")["ts"].min().rename("fc")
+        d = df.join(fc, on="step")
+        d = d[d["fc"].isna() | (d["ts"] < d["fc"])]
+        if len(d):
+            rows.append(d.loc[d.groupby("step")["end"].idxmax(), "i"].to_numpy())
+    return np.unique(np.concatenate(rows))
+
+
+def rank_stage(events: pa.Table, rank: int) -> RankStage:
+    """Compute one rank's stage from its events (all rows must belong to `rank`)."""
+    from tracelens.analyze.composition import module_spans
+
+    classes = classify(events) if events.num_rows else np.zeros(0, np.int8)
+    sets = class_sets(events, classes) if events.num_rows else {}
+    rs = sets.get(rank)
+    has_steps = step_windows(events).num_rows > 0 if events.num_rows else False
+    bd = breakdown(events, sets=sets) if events.num_rows else BREAKDOWN.empty_table()
+    spans, err = None, None
+    if events.num_rows:
+        try:
+            spans = module_spans(events, None, sets=sets)
+        except Exception as e:  # noqa: BLE001 (the analysis turns it into a warning, as for one table)
+            err = f"{type(e).__name__}: {e}"
+    mask = cross_rank_mask(events, classes, rs.path if rs is not None else None)
+    xev = events.filter(pa.array(mask)) if events.num_rows else events
+    return RankStage(rank, bd, rs, spans, xev, has_steps, err, _time_range(events))
+
+
+def _time_range(events: pa.Table) -> tuple[int, int] | None:
+    if events.num_rows == 0:
+        return None
+    ts = events.column("ts_ns").to_numpy(zero_copy_only=False)
+    end = ts + np.maximum(events.column("dur_ns").fill_null(0).to_numpy(zero_copy_only=False), 0)
+    return int(ts.min()), int(end.max())
+
+
+# ------------------------------------------------------------------------------------------- files
+def stage_dir(events_parquet: Path) -> Path:
+    """Folder of a rank's stage files: beside its ingest cache entry."""
+    return Path(events_parquet).parent / f"stage-{STAGE_VERSION}"
+
+
+def stage_paths(events_parquet: Path, rank: int) -> dict[str, Path]:
+    d = stage_dir(events_parquet)
+    return {p: d / f"rank{rank}.{p}.parquet" for p in _PARTS}
+
+
+def _write_atomic(table: pa.Table, dest: Path) -> None:
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        pq.write_table(table, tmp, compression="zstd", compression_level=1)
+        os.replace(tmp, dest)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def _sets_table(st: RankStage) -> pa.Table:
+    rs = st.sets
+    meta = {
+        b"path": (rs.path if rs is not None else "").encode(),
+        b"has_steps": b"1" if st.has_steps else b"0",
+        b"spans": b"1" if st.spans is not None else b"0",
+        b"spans_error": (st.spans_error or "").encode(),
+        b"time_range": ",".join(map(str, st.time_range or ())).encode(),
+    }
+    if rs is None:
+        return SETS.empty_table().replace_schema_metadata(meta)
+    parts = [(_CLS[k], getattr(rs, k)) for k in ("compute", "comm", "memory")]
+    starts = np.concatenate([p[1][0] for p in parts]).astype(np.int64)
+    ends = np.concatenate([p[1][1] for p in parts]).astype(np.int64)
+    cls = np.concatenate([np.full(p[1][0].size, p[0], np.int8) for p in parts])
+    t = pa.table(
+        {
+            "rank": pa.array(np.full(starts.size, st.rank, np.int32)),
+            "cls": pa.array(cls),
+            "start_ns": pa.array(starts),
+            "end_ns": pa.array(ends),
+        },
+        schema=SETS,
+    )
+    return t.replace_schema_metadata(meta)
+
+
+def write_stage(st: RankStage, events_parquet: Path) -> None:
+    """Write a rank's stage files atomically, the sets file (the completion mark) last."""
+    from tracelens.analyze.composition import SPANS
+
+    paths = stage_paths(events_parquet, st.rank)
+    _write_atomic(st.xevents, paths["xevents"])
+    _write_atomic(st.spans if st.spans is not None else SPANS.empty_table(), paths["spans"])
+    _write_atomic(st.breakdown, paths["breakdown"])
+    _write_atomic(_sets_table(st), paths["sets"])
+
+
+def _read(p: Path) -> pa.Table:
+    with pq.ParquetFile(p) as f:
+        return f.read()
+
+
+def read_stage(events_parquet: Path, rank: int) -> RankStage:
+    """Read a rank's stage files back (raises OSError / ArrowException when missing or damaged)."""
+    from tracelens.analyze.composition import SPANS
+
+    paths = stage_paths(events_parquet, rank)
+    sets_t = _read(paths["sets"])
+    meta = sets_t.schema.metadata or {}
+    sets_t = sets_t.replace_schema_metadata(None)
+    xev = _read(paths["xevents"])
+    spans = _read(paths["spans"])
+    bd = _read(paths["breakdown"])
+    if not (xev.schema.equals(schema.EVENTS) and spans.schema.equals(SPANS) and bd.schema.equals(BREAKDOWN)):
+        raise OSError(f"stage files of rank {rank} have another schema")
+    if not sets_t.schema.equals(SETS):
+        raise OSError(f"stage files of rank {rank} have another schema")
+    path = meta.get(b"path", b"").decode()
+    rs = None
+    if path:
+        cls = sets_t.column("cls").to_numpy()
+        s = sets_t.column("start_ns").to_numpy()
+        e = sets_t.column("end_ns").to_numpy()
+        part = {k: (s[cls == c].copy(), e[cls == c].copy()) for k, c in _CLS.items()}
+        rs = RankSets(rank, path, part["compute"], part["comm"], part["memory"])
+    err = meta.get(b"spans_error", b"").decode() or None
+    tr = meta.get(b"time_range", b"").decode()
+    lo_hi = tuple(int(v) for v in tr.split(",")) if tr else None
+    return RankStage(
+        rank,
+        bd,
+        rs,
+        spans if meta.get(b"spans") == b"1" else None,
+        xev,
+        meta.get(b"has_steps") == b"1",
+        err,
+        lo_hi,  # type: ignore[arg-type]
+    )
+
+
+def stage_complete(events_parquet: Path, rank: int) -> bool:
+    """Cheap check (one Parquet footer): the rank's stage files were all written by this STAGE_VERSION."""
+    try:
+        return pq.read_schema(stage_paths(events_parquet, rank)["sets"]).remove_metadata().equals(SETS)
+    except (OSError, pa.ArrowException, ValueError):
+        return False
+
+
+def compute_and_write(events_parquet: str, rank: int) -> int:
+    """Read one rank's cached events, compute its stage and write it; returns the rank (a worker task)."""
+    with pq.ParquetFile(events_parquet) as f:
+        events = f.read()
+    st = rank_stage(events, rank)
+    del events
+    write_stage(st, Path(events_parquet))
+    pa.default_memory_pool().release_unused()
+    return rank
+
+
+__all__ = [
+    "STAGE_VERSION",
+    "RankStage",
+    "compute_and_write",
+    "cross_rank_mask",
+    "rank_stage",
+    "read_stage",
+    "stage_complete",
+    "stage_paths",
+    "write_stage",
+]
