@@ -36,6 +36,12 @@ import pyarrow.compute as pc
 from tracelens import schema
 from tracelens.errors import BadTraceError
 
+try:  # ISA-L's inflate (python-isal) is ~3x faster than zlib's and releases the GIL likewise; optional
+    from isal import isal_zlib as _inflate
+except ImportError:  # pragma: no cover (depends on the environment)
+    _inflate = zlib
+_INFLATE_ERRORS = tuple({zlib.error, _inflate.error})
+
 #: Decompressed bytes above which a gzip trace is refused (override with TRACELENS_MAX_DECOMPRESSED_BYTES).
 DEFAULT_MAX_DECOMPRESSED = 64 * 1024**3
 #: A compression ratio above this, once past RATIO_MIN_BYTES of output, is treated as a decompression bomb.
@@ -126,6 +132,29 @@ class _InstantOld(_Instant, tag="I"):
     pass
 
 
+class _EventInt(msgspec.Struct, tag="X", tag_field="ph", gc=False):
+    """`_Event` for files whose timestamps are JSON integers (µs, as older Kineto writes them): decoding them
+    as int is exact and cheaper than raw text. A float anywhere makes the chunk use `_Event`."""
+
+    cat: str | None = None
+    name: str | None = None
+    pid: int | float | str | None = None
+    tid: int | float | str | None = None
+    ts: int | None = None
+    dur: int | None = None
+    args: _Args = _EMPTY_ARGS
+
+
+class _InstantInt(msgspec.Struct, tag="i", tag_field="ph", gc=False):
+    name: str | None = None
+    ts: int | None = None
+    args: _Args = _EMPTY_ARGS
+
+
+class _InstantOldInt(_InstantInt, tag="I"):
+    pass
+
+
 #: Every other Chrome-trace phase decodes to an empty struct: the decoder skips its content. A phase not
 #: listed here makes the chunk fall back to the loose decoder, which handles anything.
 _OTHER_PHASES = tuple(
@@ -133,6 +162,7 @@ _OTHER_PHASES = tuple(
     for t in "BEbnestfPONDMRCcSTFpVv()"
 )
 _TAGGED = Union[(_Event, _Instant, _InstantOld, *_OTHER_PHASES)]  # noqa: UP007 (a runtime tuple of types)
+_TAGGED_INT = Union[(_EventInt, _InstantInt, _InstantOldInt, *_OTHER_PHASES)]  # noqa: UP007
 
 
 class _LooseEvent(msgspec.Struct, gc=False):
@@ -169,6 +199,7 @@ class _TopLoose(msgspec.Struct):
 
 
 _DEC_EVENTS = msgspec.json.Decoder(list[_TAGGED])  # type: ignore[valid-type]
+_DEC_EVENTS_INT = msgspec.json.Decoder(list[_TAGGED_INT])  # type: ignore[valid-type]
 _DEC_EVENTS_LOOSE = msgspec.json.Decoder(list[_LooseEvent])
 _DEC_TOP = msgspec.json.Decoder(_Top)
 _DEC_TOP_LOOSE = msgspec.json.Decoder(_TopLoose)
@@ -471,62 +502,147 @@ class _Chunk:
     mem: dict | None
 
 
+_X_TYPES = frozenset({_Event, _EventInt})
+_I_TYPES = frozenset({_Instant, _InstantOld, _InstantInt, _InstantOldInt})
+_INT_TS_TYPES = frozenset({_EventInt, _InstantInt, _InstantOldInt})
+
+
 def _columns(evs: list) -> _Chunk:
     """Build the columns of one chunk of decoded events (C-level passes; no per-event Python code)."""
     if evs and type(evs[0]) is _LooseEvent:  # the loose decoder keeps `ph` as a field
         phs = list(map(_get["ph"], evs))
         ph = np.fromiter(map(_PH_CODE.get, phs, repeat(0)), dtype=np.int8, count=len(phs))
-    else:  # the tagged decoder tells phases apart by type
-        ph = np.fromiter(map(_TYPE_CODE.get, map(type, evs), repeat(0)), dtype=np.int8, count=len(evs))
-    xs = list(compress(evs, (ph == 1).tolist()))
+        xs = list(compress(evs, (ph == 1).tolist()))
+        inst = list(compress(evs, (ph == 2).tolist())) if (ph == 2).any() else []
+    else:  # the tagged decoders tell phases apart by type
+        types = list(map(type, evs))
+        xs = list(compress(evs, map(_X_TYPES.__contains__, types)))
+        inst = list(compress(evs, map(_I_TYPES.__contains__, types))) if len(xs) < len(evs) else []
+        del types
     mem = None
-    if (ph == 2).any():
-        inst = list(compress(evs, (ph == 2).tolist()))
+    if inst:
         names = map(_get["name"], inst)
         is_mem = np.fromiter(map(eq, names, repeat(_MEMORY_NAME)), dtype=bool, count=len(inst))
         if is_mem.any():
             mem = _memory_columns(list(compress(inst, is_mem.tolist())))
     n = len(xs)
-    kind = _kind_codes(list(map(_get["cat"], xs)))
+    loose = bool(n) and type(xs[0]) is _LooseEvent
+    kind = _kind_codes_of(xs) if not loose else _kind_codes(list(map(_get["cat"], xs)))
     names = _dict_encode(_str_array(list(map(_get["name"], xs))))
     args = list(map(_get["args"], xs))
-    if n and type(xs[0]) is _LooseEvent and None in args:  # only the loose decoder lets `args: null` through
+    if loose and None in args:  # only the loose decoder lets `args: null` through
         args = [_EMPTY_LOOSE_ARGS if a is None else a for a in args]
-    ts, ts_valid = parse_us_to_ns(list(map(_get["ts"], xs)))
-    dur, dur_valid = parse_us_to_ns(list(map(_get["dur"], xs)))
-    colls = list(map(attrgetter("collective"), args))
-    has_coll = np.fromiter(map(is_not, colls, repeat(None)), dtype=bool, count=n)
-    coll_rows = np.flatnonzero(has_coll)
+    ts, ts_valid = _times_ns(xs, "ts")
+    dur, dur_valid = _times_ns(xs, "dur")
+    coll_rows = np.zeros(0, dtype=np.int64)
     coll: dict = {}
-    if coll_rows.size:
-        sub = [args[i] for i in coll_rows.tolist()]
-        for f in _COLL_FIELDS:
-            coll[f] = list(map(attrgetter(f), sub))
+    if n:
+        has_coll = np.fromiter(map(is_not, map(_get_coll, args), repeat(None)), dtype=bool, count=n)
+        coll_rows = np.flatnonzero(has_coll)
+        if coll_rows.size:
+            sub = [args[i] for i in coll_rows.tolist()]
+            for f in _COLL_FIELDS:
+                coll[f] = list(map(attrgetter(f), sub))
     return _Chunk(
         n=n,
         kind=kind,
         name=names,
-        pid=_int_array(list(map(_get["pid"], xs)), pa.int64()),
-        tid=_int_array(list(map(_get["tid"], xs)), pa.int64()),
-        device=_int_array(list(map(attrgetter("device"), args)), pa.int32()),
-        stream=_int_array(list(map(attrgetter("stream"), args)), pa.int32()),
+        pid=_lowcard_int_array(list(map(_get["pid"], xs))),
+        tid=_lowcard_int_array(list(map(_get["tid"], xs))),
+        device=_int_array(list(map(_get_device, args)), pa.int32()),
+        stream=_int_array(list(map(_get_stream, args)), pa.int32()),
         ts=ts,
         ts_valid=ts_valid,
         dur=dur,
         dur_valid=dur_valid,
-        correlation=_int_array(list(map(attrgetter("correlation"), args)), pa.int64()),
-        external_id=_int_array(list(map(attrgetter("external_id"), args)), pa.int64()),
+        correlation=_int_array(list(map(_get_corr, args)), pa.int64()),
+        external_id=_int_array(list(map(_get_ext, args)), pa.int64()),
         coll_rows=coll_rows,
         coll=coll,
         mem=mem,
     )
 
 
+_get_coll = attrgetter("collective")
+_get_device = attrgetter("device")
+_get_stream = attrgetter("stream")
+_get_corr = attrgetter("correlation")
+_get_ext = attrgetter("external_id")
+#: `cat` string -> kind code, filled as new categories are seen (bounded; misses are computed per chunk).
+_CAT_CODES: dict = {None: _OTHER}
+_CAT_CACHE_MAX = 4096
+
+
+def _kind_codes_of(xs: list) -> np.ndarray:
+    """Kind codes of typed events (`cat` is str or None) via a dict lookup per event; only categories not
+    seen before go through normalise_kind."""
+    n = len(xs)
+    codes = np.fromiter(map(_CAT_CODES.get, map(_get["cat"], xs), repeat(-1)), dtype=np.int8, count=n)
+    miss = codes < 0
+    if miss.any():
+        rows = np.flatnonzero(miss)
+        cats = list(map(_get["cat"], (xs[i] for i in rows.tolist())))
+        lut = {c: _KIND_INDEX[normalise_kind(c)] for c in set(cats)}
+        codes[rows] = np.fromiter(map(lut.__getitem__, cats), dtype=np.int8, count=len(cats))
+        if len(_CAT_CODES) + len(lut) <= _CAT_CACHE_MAX:
+            _CAT_CODES.update(lut)
+    return codes
+
+
+def _times_ns(evs: list, f: str) -> tuple[np.ndarray, np.ndarray]:
+    """`ts`/`dur` of decoded events -> (int64 ns, valid), exact: integer µs (the int decoders) are
+    multiplied by 1000, raw texts go through parse_us_to_ns."""
+    vals = list(map(_get[f], evs))
+    if evs and type(evs[0]) in _INT_TS_TYPES:
+        return int_us_to_ns(vals)
+    return parse_us_to_ns(vals)
+
+
+_US_MAX = (2**63 - 1) // 1000
+
+
+def int_us_to_ns(vals: list) -> tuple[np.ndarray, np.ndarray]:
+    """Integer microseconds (Python ints or None) -> (int64 ns, valid mask); values whose ns do not fit in
+    int64 are invalid, as in parse_us_to_ns."""
+    n = len(vals)
+    try:
+        arr = pa.array(vals, type=pa.int64())
+    except (OverflowError, pa.ArrowInvalid, pa.ArrowTypeError, TypeError):
+        ok = [v if type(v) is int and -_US_MAX <= v <= _US_MAX else None for v in vals]
+        arr = pa.array(ok, type=pa.int64())
+    if arr.null_count:
+        valid = arr.is_valid().to_numpy(zero_copy_only=False)
+        us = arr.fill_null(0).to_numpy()
+    else:
+        valid = np.ones(n, dtype=bool)
+        us = arr.to_numpy()
+    big = (us > _US_MAX) | (us < -_US_MAX)
+    if big.any():
+        valid = valid & ~big
+        us = np.where(big, 0, us)
+    return us * 1000, valid
+
+
+def _lowcard_int_array(values: list) -> pa.Array:
+    """Like _int_array(values, int64) for columns with few distinct values (pid, tid): when odd values
+    (strings such as "Spans") are present, each distinct value is coerced once instead of each row."""
+    try:
+        return pa.array(values, type=pa.int64())
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError):
+        pass
+    try:
+        uniq = dict.fromkeys(values)
+    except TypeError:  # unhashable values (loose decoder)
+        return _int_array(values, pa.int64())
+    lut = {v: _coerce_int(v) for v in uniq}
+    return pa.array(list(map(lut.__getitem__, values)), type=pa.int64())
+
+
 def _memory_columns(mems: list) -> dict:
     args = list(map(_get["args"], mems))
     if None in args:
         args = [_EMPTY_LOOSE_ARGS if a is None else a for a in args]
-    ts, valid = parse_us_to_ns(list(map(_get["ts"], mems)))
+    ts, valid = _times_ns(mems, "ts")
     return {
         "ts": ts,
         "valid": valid,
@@ -566,20 +682,23 @@ def _blocks(path: Path, out_bytes: int = _READ_BYTES) -> Generator[bytes, None, 
                 if not b:
                     return
                 yield b
-        d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        d = _inflate.decompressobj(16 + zlib.MAX_WBITS)
         total_in = total_out = 0
         pending = b""
+        exhausted = False
         while True:
-            if not pending:
+            if not pending and not exhausted:
                 pending = fh.read(max(out_bytes // 8, 16))
-                if not pending:
-                    if not d.eof:
-                        raise _Truncated()
-                    return
+                exhausted = not pending
                 total_in += len(pending)
+            cut = False
             try:
                 out = d.decompress(pending, out_bytes)
-            except zlib.error as err:
+                if exhausted and not out and not d.eof:
+                    # input used up before the end marker; ISA-L may still hold decoded bytes: take them
+                    out = d.flush()
+                    cut = True
+            except _INFLATE_ERRORS as err:
                 raise BadTraceError(f"{path}: corrupt gzip data ({err})") from None
             pending = d.unconsumed_tail
             total_out += len(out)
@@ -595,11 +714,15 @@ def _blocks(path: Path, out_bytes: int = _READ_BYTES) -> Generator[bytes, None, 
                 )
             if out:
                 yield out
+            if cut:
+                raise _Truncated()
             if d.eof:
                 rest = d.unused_data
                 if rest.lstrip(b"\x00"):  # another gzip member follows
-                    d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+                    d = _inflate.decompressobj(16 + zlib.MAX_WBITS)
                     pending = rest
+                elif exhausted:
+                    return
                 else:
                     pending = b""
 
@@ -672,11 +795,28 @@ def _is_gzip(path: Path) -> bool:
         return fh.read(2) == b"\x1f\x8b"
 
 
-def _decode_events(piece: bytes) -> list:
+@dataclass
+class _Hint:
+    """Carried from chunk to chunk: whether integer timestamps are still worth trying."""
+
+    int_ts: bool = True
+
+
+def _decode_events(piece: bytes | memoryview, hint: _Hint | None = None) -> list:
+    """Typed decode of a JSON array of events: integer-timestamp structs first (unless a previous chunk had
+    fractional timestamps), then raw-text timestamps, then the loose structs for odd value types."""
+    if hint is None or hint.int_ts:
+        try:
+            return _DEC_EVENTS_INT.decode(piece)
+        except msgspec.ValidationError:
+            pass
     try:
-        return _DEC_EVENTS.decode(piece)
+        evs = _DEC_EVENTS.decode(piece)
     except msgspec.ValidationError:
         return _DEC_EVENTS_LOOSE.decode(piece)
+    if hint is not None:
+        hint.int_ts = False  # the typed decode failed only on ts/dur: this file writes fractional µs
+    return evs
 
 
 def _decode_top(doc: bytes) -> Any:
@@ -716,6 +856,7 @@ def _scan_blocks(path: Path, blocks: Iterator[bytes], salvage: bool, chunk_bytes
     truncated = False
     eof = False
     head_from = 0
+    hint = _Hint()
     while not eof:
         try:
             b = next(blocks)
@@ -746,7 +887,7 @@ def _scan_blocks(path: Path, blocks: Iterator[bytes], salvage: bool, chunk_bytes
         if state == "events" and (len(buf) >= chunk_bytes or eof):
             cut = _last_boundary(buf, 1) if not eof else None
             if cut is not None:
-                chunk = _decode_in_place(buf, cut[0])
+                chunk = _decode_in_place(buf, cut[0], hint)
                 if chunk is not None:  # else the cut fell inside a string or nested value: read more, retry
                     chunks.append(chunk)
                     pa.default_memory_pool().release_unused()
@@ -791,7 +932,7 @@ def _scan_blocks(path: Path, blocks: Iterator[bytes], salvage: bool, chunk_bytes
     return _Scan(meta, chunks, total, total, False)
 
 
-def _decode_in_place(buf: bytearray, end: int) -> _Chunk | None:
+def _decode_in_place(buf: bytearray, end: int, hint: _Hint | None = None) -> _Chunk | None:
     """Decode the events in buf[0:end] (buf[0] == "[") as a JSON array without copying: the separator byte
     at buf[end] is overwritten with "]" (restored on failure). None when buf[:end] is not whole events."""
     saved = buf[end]
@@ -800,7 +941,7 @@ def _decode_in_place(buf: bytearray, end: int) -> _Chunk | None:
     try:
         part = mv[: end + 1]
         try:
-            evs = _decode_events(part)
+            evs = _decode_events(part, hint)
         except msgspec.DecodeError:
             buf[end] = saved
             return None
