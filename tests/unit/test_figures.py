@@ -567,3 +567,17 @@ def test_pp1_run_has_no_timeline():
     s["stages"] = [{"stage": 0, "layers": {"mlp": 4}}]
     page = H.render(s, H.build_sections(types.SimpleNamespace(grid=Grid(tp=1, pp=1, dp=2, cp=1)), s))
     assert "pp=1: no pipeline parallelism" in page and "Pipeline timeline" not in page
+
+
+def test_collectives_from_a_stored_summary():
+    s = make_summary(2)
+    s["collectives"] = {
+        "sources": {},
+        "by_op": [
+            {"op": "allreduce", "calls": 8, "bytes": 4096, "busbw_gbps_median": 120.5, "skew_ms_median": 0.25}
+        ],
+    }
+    page = H.render(s, H.build_sections(types.SimpleNamespace(), s))
+    assert "<td>allreduce</td><td>8</td><td>4,096</td><td>120.5</td><td>0.250</td>" in page.replace(
+        ' class="name"', ""
+    )

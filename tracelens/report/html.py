@@ -357,9 +357,24 @@ def _composition_section(analysis, summary: dict) -> list:
 def _collectives_section(analysis, summary: dict) -> object:
     cross = _attr(analysis, "cross")
     rows = figures.collective_rows(getattr(cross, "collectives", None)) if cross is not None else []
-    if not rows and isinstance(summary.get("collectives_summary"), list):
-        rows = summary["collectives_summary"]
-    if not rows:
+    if not rows:  # no cross-rank result (e.g. a stored summary): the per-op summary.json record
+        by_op = (
+            (summary.get("collectives") or {}).get("by_op")
+            if isinstance(summary.get("collectives"), dict)
+            else None
+        )
+        if by_op:
+            return "<p>Per operation (from summary.json).</p>" + table_html(
+                by_op,
+                [
+                    ("op", "op"),
+                    ("calls", "calls"),
+                    ("bytes (all calls)", "bytes"),
+                    ("median bus bw GB/s", "busbw_gbps_median"),
+                    ("median skew ms", "skew_ms_median"),
+                ],
+                ("op",),
+            )
         return note("No collectives matched across ranks (single rank, or no communication in the traces).")
     cols = [
         ("op", "op"),
