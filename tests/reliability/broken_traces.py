@@ -163,3 +163,17 @@ def text_with_offsets(doc: dict) -> tuple[bytes, list[int]]:
         out += (", " if i else "").encode() + json.dumps(e).encode()
         ends.append(len(out))
     return out + b"]}", ends
+
+
+def cli_inproc(capsys, *args) -> tuple[int, str, str]:
+    """The CLI in this process (fast): (exit code, stdout, stderr)."""
+    from tracelens.cli import app
+
+    capsys.readouterr()
+    try:
+        app(args=[str(a) for a in args], prog_name="tracelens")
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    out = capsys.readouterr()
+    return code, out.out, out.err
