@@ -121,7 +121,7 @@ def step_windows(events: pa.Table) -> pa.Table:
     steps = np.array([int(STEP.match(v).group(1)) for v in names], dtype=np.int64)
     rank = sub.column("rank").to_numpy(zero_copy_only=False).astype(np.int64)
     ts = sub.column("ts_ns").to_numpy(zero_copy_only=False)
-    end = ts + sub.column("dur_ns").fill_null(0).to_numpy(zero_copy_only=False)
+    end = ts + np.maximum(sub.column("dur_ns").fill_null(0).to_numpy(zero_copy_only=False), 0)
     # A step may appear twice (cpu_op and user_annotation in some versions): merge to min start, max end.
     key = rank * (1 << 32) + steps
     uk, inv = np.unique(key, return_inverse=True)
