@@ -333,9 +333,13 @@ def parse_us_to_ns_numpy(raws: list) -> tuple[np.ndarray, np.ndarray]:
     ends[-1] = buf.size
     tok = np.cumsum(is_sep, dtype=np.int64)
     dot_chars = np.flatnonzero(buf == 46)
-    dotpos = ends.copy()
-    dotpos[tok[dot_chars]] = dot_chars
     pos = np.arange(buf.size, dtype=np.int64)
+    # without a dot, the units digit is the token's last digit (a quoted "50" ends with a quote)
+    is_digit = (buf >= 48) & (buf <= 57)
+    last_digit = np.maximum.reduceat(np.append(np.where(is_digit, pos + 1, 0), 0), starts)
+    has_digit = last_digit > starts
+    dotpos = np.where(has_digit, last_digit, ends)
+    dotpos[tok[dot_chars]] = dot_chars
     tdot = dotpos[tok]
     power = tdot - pos
     power -= pos < tdot
@@ -352,7 +356,7 @@ def parse_us_to_ns_numpy(raws: list) -> tuple[np.ndarray, np.ndarray]:
     neg = np.zeros(n, dtype=bool)
     neg[tok[neg_chars]] = True
     values[neg] *= -1
-    valid = ends > starts
+    valid = (ends > starts) & has_digit  # a quoted "" or a lone "-" is no number
     # tokens with characters a plain decimal does not have, two dots, or too many integer digits
     bad = np.zeros(n, dtype=bool)
     bad_chars = np.flatnonzero(~_ALLOWED[buf] & ~is_sep)
