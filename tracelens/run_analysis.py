@@ -41,6 +41,8 @@ class Options:
     no_cache: bool = False
     rank_filter: str | None = None  # "0-7,12": analyze only these ranks (a mixed or duplicate folder)
     salvage: bool = True  # keep the complete events of a trace cut mid-write (PARTIAL_TRACE)
+    engine: str | None = None  # "local" (default) | "dask" | "memory" (one all-ranks table), tracelens.engine
+    scheduler: str | None = None  # Dask scheduler address for engine "dask" (None: a LocalCluster)
     progress: object = None  # callable(done, total) for the CLI's progress bar
 
     def merged_with_config(self, run_dir: Path) -> Options:
@@ -68,6 +70,12 @@ class Analysis:
     options: Options
     tables: object  # tracelens.loader.Tables
     warnings: list[str] = field(default_factory=list)
+    staged: object = None  # tracelens.engine.Staged: per-rank results reduced; then events load lazily
+
+    @property
+    def _xevents(self) -> pa.Table:
+        """The events the cross-rank analyses read: all of them, or the staged engine's few rows per rank."""
+        return self.staged.xevents if self.staged is not None else self.events
 
     # ---- base tables -------------------------------------------------------------------------
     @property
@@ -80,10 +88,14 @@ class Analysis:
 
     @cached_property
     def sets(self):
+        if self.staged is not None:
+            return self.staged.sets
         return class_sets(self.events)
 
     @cached_property
     def breakdown(self) -> pa.Table:
+        if self.staged is not None:
+            return self.staged.breakdown
         return breakdown(self.events, sets=self.sets)
 
     @cached_property
@@ -192,7 +204,7 @@ class Analysis:
         from tracelens.topology import grid_for_run, parse_layout
 
         layout = parse_layout(self.options.layout) if self.options.layout else None
-        return grid_for_run(self.events, self.metadata, layout, self.options.order)
+        return grid_for_run(self._xevents, self.metadata, layout, self.options.order)
 
     @property
     def grid(self):
@@ -209,14 +221,14 @@ class Analysis:
     @cached_property
     def cross(self):
         """Collectives, clock offsets, wait vs transfer and stragglers (tracelens.analyze.stragglers)."""
-        if self.events.num_rows == 0:
+        if self._xevents.num_rows == 0:
             return None
         from tracelens.analyze.stragglers import analyze_cross_rank
 
         return self._guarded(
             "cross-rank analysis",
             lambda: analyze_cross_rank(
-                self.events, self.metadata, self.breakdown, stage_of=self.stage_of, sets=self.sets
+                self._xevents, self.metadata, self.breakdown, stage_of=self.stage_of, sets=self.sets
             ),
         )
 
@@ -225,15 +237,22 @@ class Analysis:
         """Module annotation spans (layers.N.<type>) shared by the pipeline and composition analyses."""
         from tracelens.analyze.composition import module_spans
 
-        if self.events.num_rows == 0:
+        if self._xevents.num_rows == 0:
             return None
+        if self.staged is not None:
+            return self._guarded("module annotations", self._staged_spans)
         return self._guarded("module annotations", lambda: module_spans(self.events, None, sets=self.sets))
+
+    def _staged_spans(self) -> pa.Table:
+        if self.staged.spans_error:
+            raise RuntimeError(self.staged.spans_error)
+        return self.staged.spans
 
     @cached_property
     def pipeline(self):
         """Bubbles per stage (tracelens.analyze.pipeline), when the run has more than one stage."""
         g = self.grid
-        if not g.pp or g.pp < 2 or self.events.num_rows == 0:
+        if not g.pp or g.pp < 2 or self._xevents.num_rows == 0:
             return None
         from tracelens.analyze.pipeline import analyze_pipeline
 
@@ -241,7 +260,7 @@ class Analysis:
         return self._guarded(
             "pipeline analysis",
             lambda: analyze_pipeline(
-                self.events,
+                self._xevents,
                 g,
                 breakdown=self.breakdown,
                 microbatches=self.options.microbatches,
@@ -255,14 +274,14 @@ class Analysis:
     @cached_property
     def composition(self):
         """Layer types per stage and time share per layer type (tracelens.analyze.composition)."""
-        if self.events.num_rows == 0 or not self.grid.pp:
+        if self._xevents.num_rows == 0 or not self.grid.pp:
             return None
         from tracelens.analyze.composition import analyze_composition
 
         return self._guarded(
             "stage composition",
             lambda: analyze_composition(
-                self.events,
+                self._xevents,
                 self.grid,
                 model=self.model,
                 seq_len=self.options.seq_len,
@@ -551,6 +570,11 @@ def analyze_run(path: str | Path, options: Options | None = None) -> Analysis:
     options = options or Options()
     if path.is_dir():
         options = options.merged_with_config(path)
+    if (options.engine or "local") != "memory":
+        from tracelens.engine import load_with_engine
+
+        tables, staged = load_with_engine(path, options)
+        return Analysis(path=path, options=options, tables=tables, staged=staged)
     tables = load_tables(
         path,
         no_cache=options.no_cache,
