@@ -91,12 +91,12 @@ def analyze(
         ..., help="Run folder of per-rank traces (searched recursively), or one trace."
     ),
     out_dir: Path | None = typer.Option(
-        None, "-o", "--out", help="Output folder [default: reports/<run name>]."
+        None, "-o", "--out", help="Output folder (default: reports/<run name>)."
     ),
     json_path: Path | None = typer.Option(None, "--json", help="Also write summary.json to this path."),
     layout: str | None = typer.Option(None, "--layout", help="Parallel layout, e.g. tp=4,pp=4,dp=2,cp=1."),
     order: str | None = typer.Option(
-        None, "--order", help="Rank order of the layout [default: tp-cp-dp-pp]."
+        None, "--order", help="Rank order of the layout (default: tp-cp-dp-pp)."
     ),
     model: str | None = typer.Option(None, "--model", help="Model preset (qwen3.5-27b) or HF config.json."),
     seq_len: int | None = typer.Option(None, "--seq-len", help="Tokens per sequence."),
