@@ -839,11 +839,29 @@ class _Scan:
     salvaged: bool
 
 
-def _scan(path: Path, salvage: bool, chunk_bytes: int) -> _Scan:
-    """Stream the file: metadata from the keys around `traceEvents`, events decoded chunk by chunk."""
+def _utf8_replaced(blocks: Iterator[bytes]) -> Generator[bytes, None, None]:
+    """The blocks with invalid UTF-8 sequences replaced by U+FFFD (a sequence split across blocks is kept)."""
+    import codecs
+
+    dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    try:
+        for b in blocks:
+            yield dec.decode(b).encode()
+        yield dec.decode(b"", final=True).encode()
+    finally:
+        close = getattr(blocks, "close", None)
+        if close is not None:
+            close()
+
+
+def _scan(path: Path, salvage: bool, chunk_bytes: int, utf8_replace: bool = False) -> _Scan:
+    """Stream the file: metadata from the keys around `traceEvents`, events decoded chunk by chunk.
+    `utf8_replace` reads a file with invalid UTF-8 (a corrupt name) with those bytes replaced."""
     blocks = _blocks(path, max(16, min(_READ_BYTES, chunk_bytes)))
     if _is_gzip(path):
         blocks = _prefetch(blocks)
+    if utf8_replace:
+        blocks = _utf8_replaced(blocks)
     try:
         return _scan_blocks(path, blocks, salvage, chunk_bytes)
     finally:
@@ -1228,7 +1246,12 @@ def read(
     """
     path = Path(path)
     try:
-        sc = _scan(path, salvage, chunk_bytes)
+        try:
+            sc = _scan(path, salvage, chunk_bytes)
+        except BadTraceError as err:
+            if "UTF-8" not in str(err):
+                raise
+            sc = _scan(path, salvage, chunk_bytes, utf8_replace=True)  # invalid bytes in a name: replace
     except OSError as err:
         raise BadTraceError(f"{path}: cannot read ({err.strerror or err})") from None
     if rank is None:
