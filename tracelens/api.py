@@ -25,6 +25,7 @@ class Run:
 
         self.path = Path(path)
         self._analysis = analyze_run(self.path, Options(no_cache=no_cache, **options))
+        self._summary: dict | None = None
 
     def __repr__(self) -> str:
         a = self._analysis
@@ -68,9 +69,53 @@ class Run:
         """Per (rank, step): step time, compute, overlapped / exposed communication, memcpy, idle (ns)."""
         return _df(self._analysis.breakdown)
 
+    def collectives(self) -> pd.DataFrame:
+        """One row per (rank, collective instance): op, bytes, group, seq, start/end, wait vs transfer, busbw."""
+        cross = self._analysis.cross
+        if cross is None:
+            from tracelens import schema
+
+            return _df(schema.COLLECTIVES.empty_table())
+        return _df(cross.collectives)
+
+    def arrival_lag(self) -> pd.DataFrame:
+        """Rank x step table of how late each rank arrived at its collectives (ms; 0 = never the last)."""
+        cross = self._analysis.cross
+        if cross is None or cross.arrival_lag.num_rows == 0:
+            return pd.DataFrame()
+        df = cross.arrival_lag.to_pandas()
+        return (
+            df.pivot_table(index="rank", columns="step", values="lag_ns", aggfunc="sum") / 1e6
+        ).rename_axis(index="rank", columns="step")
+
+    def stragglers(self) -> pd.DataFrame:
+        """Straggler verdicts (rank, cause, cost_ms, steps flagged, evidence); empty when there is none."""
+        cross = self._analysis.cross
+        rows = cross.stragglers if cross is not None else []
+        return pd.DataFrame(
+            rows, columns=["rank", "cause", "cost_ms", "steps_flagged", "steps_total", "score", "evidence"]
+        )
+
+    def bubbles(self) -> pd.DataFrame:
+        """Per (rank, step): pipeline bubble (fill, drain, in-flight waits) in ns; empty without pipeline stages."""
+        pipe = self._analysis.pipeline
+        return _df(pipe.per_rank_step) if pipe is not None else pd.DataFrame()
+
+    def stages(self) -> pd.DataFrame:
+        """Per pipeline stage: ranks, layer types, compute, bubble fraction vs the schedule's expectation."""
+        return pd.DataFrame(self.summary()["stages"])
+
+    def findings(self) -> pd.DataFrame:
+        """Every finding (code, severity, message, ranks, stages)."""
+        return pd.DataFrame(
+            self.summary()["findings"], columns=["code", "severity", "message", "ranks", "stages"]
+        )
+
     def summary(self) -> dict:
-        """The summary.json content (schema tracelens.summary/1)."""
-        return self._analysis.summary()
+        """The summary.json content (schema tracelens.summary/1); computed once."""
+        if self._summary is None:
+            self._summary = self._analysis.summary()
+        return self._summary
 
     def to_arrow(self) -> dict[str, pa.Table]:
         """The raw Arrow tables: events, memory, metadata."""
