@@ -13,12 +13,15 @@ How and why:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import queue
 import re
 import threading
+import time
+import warnings
 import zlib
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
@@ -794,6 +797,29 @@ def _last_boundary(buf: bytes | bytearray, lo: int, hi: int | None = None) -> tu
                 return r + 1, p
 
 
+def _first_boundary(buf: bytes | bytearray, lo: int) -> tuple[int, int] | None:
+    """First `}` , `{` separator whose `}` is at or after buf[lo]: (index just after `}`, index of `{`), or
+    None when there is none yet (it depends only on the bytes, so both parts of a split read agree)."""
+    n = len(buf)
+    p = lo
+    while True:
+        p = buf.find(b"}", p)
+        if p < 0:
+            return None
+        q = p + 1
+        while q < n and buf[q] in _WS:
+            q += 1
+        if q < n and buf[q] == 44:  # ','
+            q += 1
+            while q < n and buf[q] in _WS:
+                q += 1
+            if q < n and buf[q] == 123:  # '{'
+                return p + 1, q
+        if q >= n:
+            return None  # the separator may continue in the next block
+        p += 1
+
+
 def _is_gzip(path: Path) -> bool:
     with open(path, "rb") as fh:
         return fh.read(2) == b"\x1f\x8b"
@@ -837,6 +863,7 @@ class _Scan:
     bytes_total: int
     bytes_parsed: int
     salvaged: bool
+    split_at: int | None = None  # first part of a split read: where the second part starts
 
 
 def _utf8_replaced(blocks: Iterator[bytes]) -> Generator[bytes, None, None]:
@@ -857,6 +884,10 @@ def _utf8_replaced(blocks: Iterator[bytes]) -> Generator[bytes, None, None]:
 def _scan(path: Path, salvage: bool, chunk_bytes: int, utf8_replace: bool = False) -> _Scan:
     """Stream the file: metadata from the keys around `traceEvents`, events decoded chunk by chunk.
     `utf8_replace` reads a file with invalid UTF-8 (a corrupt name) with those bytes replaced."""
+    if not salvage and not utf8_replace:
+        sc = _scan_split(path, chunk_bytes)
+        if sc is not None:
+            return sc
     blocks = _blocks(path, max(16, min(_READ_BYTES, chunk_bytes)))
     if _is_gzip(path):
         blocks = _prefetch(blocks)
@@ -868,11 +899,152 @@ def _scan(path: Path, salvage: bool, chunk_bytes: int, utf8_replace: bool = Fals
         blocks.close()  # stops the decompression thread at once when decoding failed
 
 
-def _scan_blocks(path: Path, blocks: Iterator[bytes], salvage: bool, chunk_bytes: int) -> _Scan:
+class _SplitFailed(Exception):
+    """A split read cannot be used (no boundary near the middle, odd layout, an error in either part):
+    the file is read serially instead, which also gives the precise error."""
+
+
+#: Decompressed size from which one file is decoded by two processes (see _scan_split).
+SPLIT_MIN_BYTES = 32 * 1024**2
+
+
+def _split_point(path: Path) -> int | None:
+    """Half the decompressed size of a file worth splitting, else None. For gzip the size is the trailer's
+    ISIZE (exact for one member under 4 GiB; when it is wrong the split is uneven but still correct)."""
+    size = path.stat().st_size
+    raw = size
+    with open(path, "rb") as fh:
+        if fh.read(2) == b"\x1f\x8b":
+            fh.seek(-4, os.SEEK_END)
+            raw = int.from_bytes(fh.read(4), "little")
+            if raw < size:  # more than 4 GiB, several members or not a gzip trailer
+                return None
+    return raw // 2 if raw >= SPLIT_MIN_BYTES else None
+
+
+def _can_split() -> bool:
+    """Whether to fork a helper process: POSIX fork, at least 2 usable CPUs of which one is idle (1-minute
+    load average below CPUs - 0.5: on a busy machine a second process only adds work), not inside a worker
+    process of a pool (the loader already runs one rank per worker), and no other Python thread in this
+    process. (numpy's BLAS and Arrow start idle native pool threads at import; both libraries re-initialise
+    them in a forked child, as for multiprocessing's fork start method.)
+
+    TRACELENS_SPLIT=0 turns splitting off, TRACELENS_SPLIT=1 skips the load check."""
+    mode = os.environ.get("TRACELENS_SPLIT", "auto").strip().lower()
+    if mode in ("0", "no", "off", "false") or not hasattr(os, "fork"):
+        return False
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    if cpus < 2 or threading.active_count() != 1:
+        return False
+    if mode not in ("1", "yes", "on", "true"):
+        try:
+            if os.getloadavg()[0] > cpus - 0.5:
+                return False
+        except OSError:
+            return False
+    import multiprocessing
+
+    return multiprocessing.parent_process() is None
+
+
+def _scan_split(path: Path, chunk_bytes: int) -> _Scan | None:
+    """Decode one large file with two processes: this one decodes the events of the first half of the
+    decompressed stream, a forked child those of the second half (it decompresses the first half again and
+    skips it) and sends its columns back pickled. None when not applicable or when anything went wrong (the
+    caller then reads serially)."""
+    try:
+        half = _split_point(path)
+    except OSError:
+        return None
+    if half is None or not _can_split():
+        return None
+    import pickle
+    import select
+    import signal
+
+    r, w = os.pipe()
+    t0 = time.perf_counter()
+    with warnings.catch_warnings():
+        # Python >= 3.12 warns about forking while native threads exist (the idle BLAS/Arrow pools, see
+        # _can_split); the child only decodes and writes to the pipe, and the parent bounds its wait.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
+    if pid == 0:  # child: never returns
+        try:
+            os.close(r)
+            payload = b""
+            try:
+                blocks = _blocks(path, max(16, min(_READ_BYTES, chunk_bytes)))
+                try:
+                    found: list[int] = []
+                    sc = _scan_blocks(path, blocks, False, chunk_bytes, start_at=half, found=found)
+                    sc.split_at = found[0]
+                finally:
+                    blocks.close()
+                payload = pickle.dumps(sc, protocol=pickle.HIGHEST_PROTOCOL)
+            except BaseException:  # noqa: BLE001 (reported as an empty payload; the parent reads serially)
+                payload = b""
+            with os.fdopen(w, "wb") as fh:
+                fh.write(payload)
+        finally:
+            os._exit(0)
+    os.close(w)
+    done = False
+    try:
+        with os.fdopen(r, "rb") as fh:
+            blocks = _blocks(path, max(16, min(_READ_BYTES, chunk_bytes)))
+            if _is_gzip(path):
+                blocks = _prefetch(blocks)
+            try:
+                mine = _scan_blocks(path, blocks, False, chunk_bytes, stop_at=half)
+            except (_SplitFailed, BadTraceError, msgspec.DecodeError):
+                return None
+            finally:
+                blocks.close()
+            if mine.split_at is None:  # the file was shorter than its trailer said: all read here
+                return mine
+            # the child does as much as this process did; a child that hangs is given up on
+            if not select.select([fh], [], [], max(60.0, 20 * (time.perf_counter() - t0)))[0]:
+                return None
+            payload = fh.read()
+        done = True
+        if not payload:
+            return None
+        theirs = pickle.loads(payload)
+        del payload
+        if theirs.split_at != mine.split_at:  # both parts must agree on the split boundary
+            return None
+        meta = dict(mine.meta)
+        meta.update(theirs.meta)
+        return _Scan(meta, mine.chunks + theirs.chunks, theirs.bytes_total, theirs.bytes_total, False)
+    finally:
+        if not done:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+
+
+def _scan_blocks(
+    path: Path,
+    blocks: Iterator[bytes],
+    salvage: bool,
+    chunk_bytes: int,
+    stop_at: int | None = None,
+    start_at: int | None = None,
+    found: list[int] | None = None,
+) -> _Scan:
+    """Decode the stream's events chunk by chunk. For a split read (_scan_split), `stop_at` makes this the
+    first part: events up to the first boundary at or after that offset of the decompressed stream (the
+    rest of the file is not read); `start_at` makes it the second part: events from that boundary on (its
+    offset is appended to `found`)."""
     meta: dict = {}
     chunks: list[_Chunk] = []
     buf = bytearray()
-    state = "head"
+    state = "head" if start_at is None else "seek"
+    off = 0  # offset of buf[0] in the decompressed stream
     total = 0
     parsed = 0
     truncated = False
@@ -891,6 +1063,22 @@ def _scan_blocks(path: Path, blocks: Iterator[bytes], salvage: bool, chunk_bytes
             truncated = True
         if state == "whole":
             continue
+        if state == "seek":  # second part of a split read: skip to the split boundary
+            fb = _first_boundary(buf, max(0, start_at - off))
+            if fb is None:
+                if eof:
+                    raise _SplitFailed()
+                if off + len(buf) < start_at:
+                    off += len(buf)
+                    buf.clear()
+                continue
+            off += fb[1] - 1
+            parsed = off
+            if found is not None:
+                found.append(off + 1)
+            del buf[: fb[1] - 1]
+            buf[0] = 91  # "["
+            state = "events"
         if state == "head":
             m = _TE_KEY.search(buf, head_from)
             if m is None:
@@ -904,8 +1092,23 @@ def _scan_blocks(path: Path, blocks: Iterator[bytes], salvage: bool, chunk_bytes
                 continue
             _merge_meta(meta, top)
             parsed += m.end() - 1
+            off += m.end() - 1
             del buf[: m.end() - 1]  # buf[0] is now the array's "["
             state = "events"
+            if stop_at is not None and off >= stop_at:
+                raise _SplitFailed()  # the events do not start before the split point
+        if state == "events" and stop_at is not None and off + len(buf) > stop_at:
+            # first part of a split read: the last piece ends at the first boundary at/after stop_at
+            fb = _first_boundary(buf, stop_at - off)
+            if fb is None:
+                if eof:
+                    raise _SplitFailed()
+                continue
+            chunk = _decode_in_place(buf, fb[0], hint)
+            if chunk is None:
+                raise _SplitFailed()  # not a boundary between whole events
+            chunks.append(chunk)
+            return _Scan(meta, chunks, off + fb[1], off + fb[1], False, split_at=off + fb[1])
         if state == "events" and (len(buf) >= chunk_bytes or eof):
             cut = _last_boundary(buf, 1) if not eof else None
             if cut is not None:
@@ -914,8 +1117,11 @@ def _scan_blocks(path: Path, blocks: Iterator[bytes], salvage: bool, chunk_bytes
                     chunks.append(chunk)
                     pa.default_memory_pool().release_unused()
                     parsed += cut[1] - 1
+                    off += cut[1] - 1
                     del buf[: cut[1] - 1]
                     buf[0] = 91  # "["
+    if state == "seek" or (stop_at is not None and state != "events"):
+        raise _SplitFailed()
     if state in ("head", "whole"):
         # No (usable) traceEvents key: decode what we have as one document for a precise error or result.
         if truncated and not salvage:

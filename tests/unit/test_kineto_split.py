@@ -1,0 +1,211 @@
+"""Split reads (one large file decoded by two processes): the result must be identical to the serial read.
+
+The size threshold is lowered so that small hand-built traces are split; each test checks that the split
+was really used (or, where the layout forbids it, that it was refused) and compares every column with a
+serial read of the same file.
+"""
+
+from __future__ import annotations
+
+import gzip
+import threading
+
+import kineto_traces as kt
+import pytest
+
+from tracelens.ingest import kineto
+
+
+def _events(n: int, fractional: bool) -> list:
+    """n steps of a CPU op, a launch and its kernel, a collective kernel, a memory event and flow events;
+    some names hold `}, {` (the split boundary search must not be fooled by them)."""
+    evs: list = [{"ph": "M", "name": "process_name", "pid": "Spans", "tid": 0, "args": {"name": "spans"}}]
+    for i in range(n):
+        t0 = 1000 * i
+
+        def us(v: float) -> str:
+            return f"{v:.3f}" if fractional else str(int(v))
+
+        evs.append(kt.x("user_annotation", f"ProfilerStep#{i}", us(t0 + 0.125), us(900.5)))
+        evs.append(
+            kt.x("cpu_op", 'odd }, {"name": "x' if i % 7 == 0 else "aten::mm", us(t0 + 1.5), us(20.25))
+        )
+        evs.append(kt.x("cuda_runtime", "cudaLaunchKernel", us(t0 + 2), us(3), correlation=10 + i))
+        evs.append(
+            kt.x(
+                "kernel",
+                "sgemm}, {",
+                us(t0 + 50.001),
+                us(100),
+                pid=0,
+                tid=7,
+                device=0,
+                stream=7,
+                correlation=10 + i,
+            )
+        )
+        if i % 5 == 0:
+            evs.append(
+                kt.x(
+                    "kernel",
+                    "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*, unsigned long, ncclWork*)",
+                    us(t0 + 200),
+                    us(300),
+                    pid=0,
+                    tid=20,
+                    device=0,
+                    stream=20,
+                    **{
+                        "Collective name": "allreduce",
+                        "Process Group Name": "0",
+                        "Process Group Ranks": "[0, 1]",
+                        "Group size": 2,
+                        "In msg nelems": 1024 + i,
+                        "Out msg nelems": 1024 + i,
+                        "dtype": "Float",
+                    },
+                )
+            )
+        evs.append(
+            {
+                "ph": "i",
+                "cat": "cpu_instant_event",
+                "s": "t",
+                "name": "[memory]",
+                "pid": 1,
+                "tid": 1,
+                "ts": kt.Num(us(t0 + 3)),
+                "args": {
+                    "Device Id": 0,
+                    "Bytes": 512 * i,
+                    "Total Allocated": 4096 + i,
+                    "Total Reserved": 8192,
+                },
+            }
+        )
+        evs.append(
+            {
+                "ph": "s",
+                "id": 10 + i,
+                "pid": 1,
+                "tid": 1,
+                "ts": kt.Num(us(t0 + 2)),
+                "cat": "ac2g",
+                "name": "ac2g",
+            }
+        )
+    return evs
+
+
+def _write(tmp_path, name: str, doc: dict):
+    data = kt.dumps(doc, indent=1).encode()
+    p = tmp_path / name
+    p.write_bytes(gzip.compress(data) if name.endswith(".gz") else data)
+    return p
+
+
+@pytest.fixture
+def split_on(monkeypatch):
+    """Split every file above 1 KiB; record whether each read was split."""
+    if threading.active_count() != 1:
+        pytest.skip("another Python thread is running in this test process: reads are never split then")
+    monkeypatch.setattr(kineto, "SPLIT_MIN_BYTES", 1024)
+    monkeypatch.setenv("TRACELENS_SPLIT", "1")
+    used: list[bool] = []
+    orig = kineto._scan_split
+
+    def spy(*a, **kw):
+        sc = orig(*a, **kw)
+        used.append(sc is not None)
+        return sc
+
+    monkeypatch.setattr(kineto, "_scan_split", spy)
+    return used
+
+
+def _serial(path, monkeypatch):
+    with monkeypatch.context() as m:
+        m.setenv("TRACELENS_SPLIT", "0")
+        return kineto.read(path)
+
+
+def _same(a, b) -> None:
+    assert a.events.schema.equals(b.events.schema)
+    for name in a.events.column_names:
+        assert a.events.column(name).to_pylist() == b.events.column(name).to_pylist(), name
+    assert a.memory.equals(b.memory)
+    assert a.metadata == b.metadata
+
+
+@pytest.mark.parametrize("fractional", [True, False])
+@pytest.mark.parametrize("ext", ["json", "json.gz"])
+def test_split_read_equals_serial(tmp_path, monkeypatch, split_on, fractional, ext):
+    doc = kt.doc(events=_events(60, fractional), baseTimeNanoseconds=kt.Num(str(kt.BASE)))
+    # distributedInfo after traceEvents: it comes from the second part's tail
+    doc["distributedInfo"] = {"backend": "nccl", "rank": 3, "world_size": 4}
+    p = _write(tmp_path, f"t.{ext}", doc)
+    tr = kineto.read(p)
+    assert split_on == [True]
+    serial = _serial(p, monkeypatch)
+    _same(tr, serial)
+    assert tr.metadata["rank"] == 3 and tr.metadata["world_size"] == 4
+    ev = tr.events
+    assert ev.num_rows == 60 * 4 + 12
+    assert ev.column("collective").drop_null().to_pylist() == ["allreduce"] * 12
+    assert tr.memory.num_rows == 60
+    # exact ns timestamps on both sides of the split
+    rows = ev.select(["name", "ts_ns"]).to_pylist()
+    ts = [r["ts_ns"] for r in rows if r["name"] == "cudaLaunchKernel"]
+    assert ts == [kt.BASE + 1000 * i * 1000 + 2000 for i in range(60)]
+
+
+def test_split_refused_when_middle_is_not_in_the_events(tmp_path, monkeypatch, split_on):
+    """A file whose second half is trailing metadata (a list of objects, which has `}, {` separators too):
+    the split must be given up and the serial read used."""
+    doc = kt.doc(events=_events(3, True))
+    doc["deviceProperties"] = [{"id": i, "name": "GPU", "totalGlobalMem": 1 << 30} for i in range(400)]
+    p = _write(tmp_path, "t.json", doc)
+    tr = kineto.read(p)
+    assert split_on == [False]
+    _same(tr, _serial(p, monkeypatch))
+    assert tr.metadata["num_devices"] == 400
+
+
+def test_split_refused_when_events_start_after_the_middle(tmp_path, monkeypatch, split_on):
+    doc = {"deviceProperties": [{"id": i, "name": "GPU"} for i in range(400)]}
+    doc.update(kt.doc(events=_events(3, True)))
+    p = _write(tmp_path, "t.json.gz", doc)
+    tr = kineto.read(p)
+    assert split_on == [False]
+    _same(tr, _serial(p, monkeypatch))
+
+
+def test_split_errors_are_the_serial_errors(tmp_path, monkeypatch, split_on):
+    """A cut file: the split read gives up and the serial read raises its usual error."""
+    text = gzip.compress(kt.dumps(kt.doc(events=_events(60, True))).encode())
+    p = tmp_path / "cut.json.gz"
+    p.write_bytes(text[: int(len(text) * 0.8)])
+    with pytest.raises(kineto.BadTraceError, match="cut mid-write"):
+        kineto.read(p)
+    assert split_on == [False]
+
+
+def test_split_not_used_when_disabled_or_small(tmp_path, monkeypatch):
+    p = _write(tmp_path, "t.json", kt.doc(events=_events(5, True)))
+    monkeypatch.setenv("TRACELENS_SPLIT", "1")
+    assert kineto._split_point(p) is None  # below SPLIT_MIN_BYTES
+    monkeypatch.setattr(kineto, "SPLIT_MIN_BYTES", 1024)
+    assert kineto._split_point(p) == p.stat().st_size // 2
+    monkeypatch.setenv("TRACELENS_SPLIT", "0")
+    assert kineto._can_split() is False
+
+
+def test_first_boundary():
+    fb = kineto._first_boundary
+    buf = b'[{"a": 1}, {"b": 2} ,\n {"c": 3}]'
+    assert fb(buf, 0) == (9, 11)
+    assert fb(buf, 10) == (19, 23)
+    assert fb(buf, 20) is None  # no separator after offset 20
+    assert fb(b'{"a": 1} ,  ', 0) is None  # may continue in the next block
+    assert fb(b'{"a": {"b": 1}}, {', 0) == (15, 17)  # the inner `}` is not followed by `,`
+    assert fb(buf, 8) == (9, 11)  # a `}` at or after `lo`
