@@ -2,12 +2,18 @@
 
 Every measurement runs in a fresh Python process: it imports what it needs, records its RSS (the baseline:
 interpreter + imports + library initialisation), runs the operation once, and reports the wall time, the CPU
-time (user + system, all threads) and `ru_maxrss - baseline`. Throughput is MB (10**6 bytes) of
+time (user + system, all threads and waited-for child processes) and `ru_maxrss - baseline`. Throughput is MB (10**6 bytes) of
 *decompressed* JSON per second. Medians of `--repeat` runs are reported; the runs are interleaved in rounds so
 that a busy moment of a shared machine hits every row alike.
 
     .venv/bin/python benchmarks/ingest.py                      # df_index_resolver (53.7 MB raw)
     .venv/bin/python benchmarks/ingest.py TRACE.json.gz --repeat 5 --hta-python /path/to/hta-venv/bin/python
+
+The tracelens `read` rows run with TRACELENS_SPLIT unset (the default: one large file is decoded by two
+processes only when a CPU is idle), `=0` (`_serial`: one process) and `=1` (`_split`: always two processes);
+`split runs` says how many runs of a row were split, and for those the helper's peak RSS minus its RSS just
+after the fork (the memory it allocated or copied on write) is reported separately and added in
+`x raw JSON with helper`.
 
 `tracelens_load_cached` is a fresh process reading the warm Parquet cache (what a second CLI run costs, with
 the Parquet reader's one-time start-up); `tracelens_load_cached_warm` is a second load in one process (what a
@@ -40,32 +46,64 @@ import json, resource, sys, time
 def rss_kb():
     with open("/proc/self/statm") as fh:
         return int(fh.read().split()[1]) * (resource.getpagesize() // 1024)
-def _cpu():
+def _cpu():  # this process (all threads) and its waited-for children (a split read's helper process)
     r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
+    c = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime + c.ru_utime + c.ru_stime
 _CPU0 = [0.0]
 def report(t0, base_kb, **extra):
     dt = time.perf_counter() - t0
     cpu = _cpu() - _CPU0[0]
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    print(json.dumps({"seconds": dt, "cpu_seconds": cpu, "peak_kb": peak, "base_kb": base_kb, **extra}))
+    child = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # 0 when no child ran
+    try:  # the helper's RSS just after fork (written by the hook below): its growth is its own memory
+        with open(_FORK_RSS) as fh:
+            child_start = int(fh.read())
+    except (OSError, ValueError):
+        child_start = 0
+    print(json.dumps({"seconds": dt, "cpu_seconds": cpu, "peak_kb": peak, "base_kb": base_kb,
+                      "child_peak_kb": child, "child_start_kb": child_start, **extra}))
+import os as _os, tempfile as _tf
+_FORK_RSS = _os.path.join(_tf.gettempdir(), f"tracelens-bench-fork-{_os.getpid()}")
+def _at_fork():
+    with open(_FORK_RSS, "w") as fh:
+        fh.write(str(rss_kb()))
+def spy_split(kineto):
+    _os.register_at_fork(after_in_child=_at_fork)
+    used = []
+    orig = kineto._scan_split
+    def spy(*a, **kw):
+        sc = orig(*a, **kw)
+        used.append(sc is not None)
+        return sc
+    kineto._scan_split = spy
+    return used
 """
 
-CHILDREN = {
-    "tracelens_read_gz": r"""
+_READ = r"""
+import os
 import pyarrow as pa; pa.array([1]).sum()  # Arrow's one-time initialisation belongs to the baseline
 from tracelens.ingest import kineto
+used = spy_split(kineto)
 base = rss_kb(); _CPU0[0] = _cpu(); t0 = time.perf_counter()
-tr = kineto.read(sys.argv[1])
-report(t0, base, rows=tr.events.num_rows)
-""",
-    "tracelens_read_json": r"""
-import pyarrow as pa; pa.array([1]).sum()
-from tracelens.ingest import kineto
-base = rss_kb(); _CPU0[0] = _cpu(); t0 = time.perf_counter()
-tr = kineto.read(sys.argv[2])
-report(t0, base, rows=tr.events.num_rows)
-""",
+tr = kineto.read(sys.argv[ARG])
+report(t0, base, rows=tr.events.num_rows, split=bool(used and used[0]))
+"""
+#: TRACELENS_SPLIT per tracelens row: "0" serial, "1" split (two processes), None the default (split only
+#: when a core is idle).
+SPLIT_ENV = {
+    "tracelens_read_gz": None,
+    "tracelens_read_gz_serial": "0",
+    "tracelens_read_gz_split": "1",
+    "tracelens_read_json_serial": "0",
+    "tracelens_read_json_split": "1",
+}
+CHILDREN = {
+    "tracelens_read_gz": _READ.replace("ARG", "1"),
+    "tracelens_read_gz_serial": _READ.replace("ARG", "1"),
+    "tracelens_read_gz_split": _READ.replace("ARG", "1"),
+    "tracelens_read_json_serial": _READ.replace("ARG", "2"),
+    "tracelens_read_json_split": _READ.replace("ARG", "2"),
     "orjson_loads": r"""
 import orjson
 data = open(sys.argv[2], "rb").read()  # the input bytes are read before the baseline
@@ -155,6 +193,13 @@ def _machine() -> dict:
     import orjson
     import pyarrow
 
+    try:
+        import isal
+
+        inflate = f"isal {isal.__version__}"
+    except ImportError:
+        inflate = "zlib (isal not installed)"
+
     return {
         "cpu": cpu,
         "cores": os.cpu_count(),
@@ -163,6 +208,7 @@ def _machine() -> dict:
         "pyarrow": pyarrow.__version__,
         "msgspec": msgspec.__version__,
         "orjson": orjson.__version__,
+        "inflate": inflate,
     }
 
 
@@ -204,8 +250,12 @@ def main(argv: list[str] | None = None) -> dict:
                     continue
                 if name == "tracelens_load_first":  # a cold cache every time
                     shutil.rmtree(run_dir / ".tracelens", ignore_errors=True)
+                job_env = dict(env)
+                job_env.pop("TRACELENS_SPLIT", None)
+                if SPLIT_ENV.get(name) is not None:
+                    job_env["TRACELENS_SPLIT"] = SPLIT_ENV[name]
                 try:
-                    runs[name].append(_run(python, code, args, env))
+                    runs[name].append(_run(python, code, args, job_env))
                 except RuntimeError as err:
                     results[name] = {"error": str(err)}
         for name, rs in runs.items():
@@ -213,6 +263,14 @@ def main(argv: list[str] | None = None) -> dict:
                 continue
             secs = statistics.median(r["seconds"] for r in rs)
             above = statistics.median((r["peak_kb"] - r["base_kb"]) / 1024 for r in rs)
+            # a split read's helper process: its peak RSS minus its RSS just after fork (what it allocated
+            # or copied on write; the pages it still shares with this process are not counted twice)
+            child = statistics.median(
+                max(0, r.get("child_peak_kb", 0) - r.get("child_start_kb", 0)) / 1024
+                if r.get("split")
+                else 0.0
+                for r in rs
+            )
             results[name] = {
                 "seconds": secs,
                 "cpu_seconds": statistics.median(r["cpu_seconds"] for r in rs),
@@ -221,6 +279,9 @@ def main(argv: list[str] | None = None) -> dict:
                 "baseline_rss_mb": statistics.median(r["base_kb"] / 1024 for r in rs),
                 "rss_above_baseline_mb": above,
                 "rss_over_raw": above * 2**20 / raw_bytes,
+                "helper_rss_above_baseline_mb": child,
+                "rss_with_helper_over_raw": (above + child) * 2**20 / raw_bytes,
+                "split_runs": sum(bool(r.get("split")) for r in rs),
                 "rows": rs[0].get("rows"),
                 "runs": len(rs),
             }
@@ -228,12 +289,13 @@ def main(argv: list[str] | None = None) -> dict:
     machine = _machine()
     machine["load_average_before_after"] = [round(load_before[0], 1), round(os.getloadavg()[0], 1)]
     out = {"trace": str(trace), "raw_json_bytes": raw_bytes, "machine": machine, "results": results}
-    tl = results.get("tracelens_read_gz", {})
     ratios = {}
-    for other in ("orjson_loads", "json_loads", "hta_parse_trace_dataframe", "hta_trace_analysis_load"):
-        if "seconds" in results.get(other, {}) and "seconds" in tl:
-            ratios[f"tracelens_vs_{other}"] = results[other]["seconds"] / tl["seconds"]
-            ratios[f"tracelens_vs_{other}_cpu"] = results[other]["cpu_seconds"] / tl["cpu_seconds"]
+    for mine in ("tracelens_read_gz", "tracelens_read_gz_serial", "tracelens_read_gz_split"):
+        tl = results.get(mine, {})
+        for other in ("orjson_loads", "json_loads", "hta_parse_trace_dataframe", "hta_trace_analysis_load"):
+            if "seconds" in results.get(other, {}) and "seconds" in tl:
+                ratios[f"{mine}_vs_{other}"] = results[other]["seconds"] / tl["seconds"]
+                ratios[f"{mine}_vs_{other}_cpu"] = results[other]["cpu_seconds"] / tl["cpu_seconds"]
     for cached in ("tracelens_load_cached", "tracelens_load_cached_warm"):
         if "seconds" in results.get("tracelens_load_first", {}) and "seconds" in results.get(cached, {}):
             ratios[f"{cached}_speedup_vs_first"] = (
@@ -255,16 +317,19 @@ def _print(out: dict) -> None:
     )
     print()
     print(
-        "| what | seconds | CPU s | MB/s (raw JSON) | peak RSS MB | baseline MB | above baseline MB | x raw JSON |"
+        "| what | seconds | CPU s | MB/s (raw JSON) | peak RSS MB | baseline MB | above baseline MB | x raw JSON "
+        "| helper above baseline MB | x raw JSON with helper | split runs |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name, r in out["results"].items():
         if "error" in r:
-            print(f"| {name} | error: {r['error']} | | | | | | |")
+            print(f"| {name} | error: {r['error']} | | | | | | | | | |")
             continue
         print(
             f"| {name} | {r['seconds']:.3f} | {r['cpu_seconds']:.3f} | {r['mb_per_s']:.0f} | {r['peak_rss_mb']:.0f} | "
-            f"{r['baseline_rss_mb']:.0f} | {r['rss_above_baseline_mb']:.0f} | {r['rss_over_raw']:.2f} |"
+            f"{r['baseline_rss_mb']:.0f} | {r['rss_above_baseline_mb']:.0f} | {r['rss_over_raw']:.2f} | "
+            f"{r['helper_rss_above_baseline_mb']:.0f} | {r['rss_with_helper_over_raw']:.2f} | "
+            f"{r['split_runs']}/{r['runs']} |"
         )
     print()
     for k, v in out["ratios"].items():

@@ -51,7 +51,7 @@ DEFAULT_MAX_DECOMPRESSED = 64 * 1024**3
 MAX_RATIO = 1000
 RATIO_MIN_BYTES = 1024**3
 #: Target size (bytes of JSON) of one decoded chunk of `traceEvents`.
-CHUNK_BYTES = 4 * 1024 * 1024
+CHUNK_BYTES = 1024 * 1024
 _READ_BYTES = 1024 * 1024
 
 
