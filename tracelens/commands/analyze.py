@@ -113,6 +113,15 @@ def analyze(
         None, "--rank-filter", help="Analyze only these ranks, e.g. 0-7,12 (one run of a mixed folder)."
     ),
     force: bool = typer.Option(False, "--force", help="Overwrite files that tracelens did not write."),
+    engine: str = typer.Option(
+        "local",
+        "--engine",
+        help="Where per-rank work runs: local (worker processes), dask (needs tracelens[dask]), "
+        "memory (all events in one table).",
+    ),
+    scheduler: str | None = typer.Option(
+        None, "--scheduler", help="Dask scheduler address for --engine dask [default: a local cluster]."
+    ),
 ) -> None:
     """Analyze a run: per-rank breakdown, stragglers, pipeline bubbles, MFU; writes report.html and summary.json."""
     from rich.progress import Progress
@@ -147,6 +156,8 @@ def analyze(
             compat=compat,
             no_cache=no_cache,
             rank_filter=rank_filter,
+            engine=engine,
+            scheduler=scheduler,
             progress=tick,
         )
         analysis = analyze_run(run_dir, opts)

@@ -1,0 +1,220 @@
+"""tracelens.engine: per-rank stage + cross-rank reduction give what one all-ranks table gives."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+from pipeline_tables import events_table, pipeline_run
+
+from tracelens.analyze.breakdown import breakdown, class_sets
+from tracelens.analyze.classify import classify
+from tracelens.analyze.composition import module_spans
+from tracelens.analyze.pipeline import analyze_pipeline
+from tracelens.engine import stage as S
+from tracelens.engine.local import load_staged, rank_tasks, reduce_stages
+from tracelens.topology import grid_from_layout
+
+US = 1_000
+
+
+def _split(ev: pa.Table) -> list[S.RankStage]:
+    ranks = sorted(set(ev.column("rank").to_pylist()))
+    return [S.rank_stage(ev.filter(pc.equal(ev.column("rank"), r)), r) for r in ranks]
+
+
+def _gpu_rank_rows() -> list[dict]:
+    """One GPU rank: a step, two compute kernels, their runtime launches, an NCCL kernel, its CPU record,
+    an annotation and a plain cpu op."""
+    return [
+        {"rank": 0, "kind": "user_annotation", "name": "ProfilerStep#2", "ts_ns": 0, "dur_ns": 1000, "step": 2},
+        {"rank": 0, "kind": "cpu_op", "name": "aten::mm", "ts_ns": 10, "dur_ns": 5, "step": 2},
+        {"rank": 0, "kind": "cuda_runtime", "name": "cudaLaunchKernel", "ts_ns": 11, "dur_ns": 2, "step": 2},
+        {"rank": 0, "kind": "kernel", "name": "gemm_a", "ts_ns": 100, "dur_ns": 50, "step": 2},
+        {"rank": 0, "kind": "kernel", "name": "gemm_b", "ts_ns": 160, "dur_ns": 40, "step": 2},
+        {"rank": 0, "kind": "kernel", "name": "gemm_c", "ts_ns": 205, "dur_ns": 10, "step": 2},
+        {"rank": 0, "kind": "cpu_op", "name": "record_param_comms", "ts_ns": 20, "dur_ns": 3, "step": 2,
+         "collective": "allreduce", "external_id": 7},
+        {"rank": 0, "kind": "kernel", "name": "ncclDevKernel_AllReduce_Sum_bf16_RING_LL", "ts_ns": 300,
+         "dur_ns": 100, "step": 2, "external_id": 7},
+        {"rank": 0, "kind": "gpu_user_annotation", "name": "layers.0.mlp", "ts_ns": 99, "dur_ns": 120,
+         "step": 2},
+    ]  # fmt: skip
+
+
+def test_cross_rank_mask_keeps_collectives_annotations_and_the_compute_marks():
+    ev = events_table(_gpu_rank_rows())
+    keep = S.cross_rank_mask(ev, classify(ev), "gpu")
+    kept = [n for n, k in zip(ev.column("name").to_pylist(), keep) if k]
+    # gemm_a: first device event and earliest compute start; gemm_c: latest compute end. gemm_b (in the
+    # middle), the runtime launch and aten::mm are dropped.
+    assert kept == [
+        "ProfilerStep#2",
+        "gemm_a",
+        "gemm_c",
+        "record_param_comms",
+        "ncclDevKernel_AllReduce_Sum_bf16_RING_LL",
+        "layers.0.mlp",
+    ]
+
+
+def test_cpu_timeline_ranks_keep_every_row():
+    ev = events_table([r for r in _gpu_rank_rows() if r["kind"] not in ("kernel", "gpu_user_annotation")])
+    assert S.cross_rank_mask(ev, classify(ev), "cpu").all()
+
+
+def test_stage_files_round_trip(tmp_path: Path):
+    ev = events_table(_gpu_rank_rows())
+    st = S.rank_stage(ev, 0)
+    events_parquet = tmp_path / "k" / "rank0.events.parquet"
+    assert not S.stage_complete(events_parquet, 0)
+    S.write_stage(st, events_parquet)
+    assert S.stage_complete(events_parquet, 0)
+    back = S.read_stage(events_parquet, 0)
+    assert back.breakdown.equals(st.breakdown)
+    assert back.spans.equals(st.spans)
+    assert back.xevents.equals(st.xevents)
+    assert back.has_steps and back.time_range == (0, 1000)
+    for k in ("compute", "comm", "memory"):
+        for a, b in zip(getattr(back.sets, k), getattr(st.sets, k)):
+            np.testing.assert_array_equal(a, b)
+    # compute = the three gemms [100, 150) [160, 200) [205, 215); comm = [300, 400)
+    np.testing.assert_array_equal(back.sets.compute[0], [100, 160, 205])
+    np.testing.assert_array_equal(back.sets.compute[1], [150, 200, 215])
+    np.testing.assert_array_equal(back.sets.comm[0], [300])
+    assert back.breakdown.column("exposed_comm_ns").to_pylist() == [100]
+
+
+@pytest.mark.parametrize("annotate", [True, False])
+def test_staged_pipeline_equals_the_all_ranks_pipeline(annotate: bool):
+    """4 stages, 6 microbatches, 2 steps; without annotations the pipeline falls back to compute-kernel
+    marks, which the stage keeps only a few rows of."""
+    rows, truth = pipeline_run([20 * US, 20 * US, 40 * US, 20 * US], [40 * US, 40 * US, 80 * US, 40 * US], 6,
+                               steps=2, annotate=annotate)  # fmt: skip
+    ev = events_table(rows)
+    grid = grid_from_layout(4, pp=4)
+    want = analyze_pipeline(ev, grid)
+    staged = reduce_stages(_split(ev))
+    assert staged.xevents.num_rows < ev.num_rows
+    got = analyze_pipeline(
+        staged.xevents, grid, breakdown=staged.breakdown, spans=staged.spans, sets=staged.sets
+    )
+    assert got.per_rank_step.equals(want.per_rank_step)
+    assert got.stages == want.stages
+    assert (got.microbatches, got.schedule, got.cause_stage) == (
+        want.microbatches,
+        want.schedule,
+        want.cause_stage,
+    )
+    # and both against the schedule's own truth (bubble of each stage in each step)
+    bub = {(r["rank"], r["step"]): r["bubble_ns"] for r in got.per_rank_step.to_pylist()}
+    for s, per_step in truth["bubble_ns"].items():
+        assert [bub[(s, st)] for st in range(2)] == per_step
+
+
+def test_reduction_equals_all_ranks_breakdown_sets_and_spans():
+    rows, _ = pipeline_run([20 * US] * 3, [40 * US] * 3, 4, steps=2)
+    # rank by rank, trace order within a rank: the order of the loader's all-ranks table
+    ev = events_table(sorted(rows, key=lambda r: r["rank"]))
+    staged = reduce_stages(_split(ev))
+    sets = class_sets(ev)
+    assert staged.breakdown.equals(breakdown(ev, sets=sets))
+    assert staged.spans.equals(module_spans(ev, None, sets=sets))
+    assert staged.sets.keys() == sets.keys()
+    for r in sets:
+        for k in ("compute", "comm", "memory"):
+            for a, b in zip(getattr(staged.sets[r], k), getattr(sets[r], k)):
+                np.testing.assert_array_equal(a, b)
+
+
+def test_whole_trace_windows_only_when_no_rank_has_steps():
+    base = [
+        {
+            "rank": 0,
+            "kind": "user_annotation",
+            "name": "ProfilerStep#5",
+            "ts_ns": 0,
+            "dur_ns": 100,
+            "step": 5,
+        },
+        {"rank": 0, "kind": "kernel", "name": "gemm", "ts_ns": 10, "dur_ns": 50, "step": 5},
+        {"rank": 1, "kind": "kernel", "name": "gemm", "ts_ns": 10, "dur_ns": 70},
+    ]
+    ev = events_table(base)
+    want = breakdown(ev)
+    got = reduce_stages(_split(ev)).breakdown
+    assert got.equals(want)
+    assert got.column("rank").to_pylist() == [0]  # rank 1 has no step window, as over all ranks
+    only1 = events_table(base[2:])
+    got1 = reduce_stages(_split(only1)).breakdown
+    assert got1.equals(breakdown(only1))
+    assert got1.column("step_time_ns").to_pylist() == [70]
+
+
+def _write_run(d: Path, ranks: int = 2) -> Path:
+    from kineto_traces import doc, write, x
+
+    d.mkdir()
+    for r in range(ranks):
+        evs = [
+            x("user_annotation", "ProfilerStep#2", "1000.000", "500.000"),
+            x("kernel", "gemm", "1100.000", f"{100 + 50 * r}.000", pid=0, tid=7),
+            x("kernel", "ncclDevKernel_AllReduce_Sum_f32_RING_LL", "1300.000", "40.000", pid=0, tid=20),
+        ]
+        write(d / f"rank{r}.json", doc(rank=r, world_size=ranks, events=evs))
+    return d
+
+
+def test_load_staged_caches_stages_and_rebuilds_damaged_ones(tmp_path: Path):
+    run = _write_run(tmp_path / "run")
+    tables, staged = load_staged(run, workers=1)
+    assert tables.metadata.num_rows == 2
+    assert staged.breakdown.column("compute_ns").to_pylist() == [100_000, 150_000]
+    assert staged.breakdown.column("exposed_comm_ns").to_pylist() == [40_000, 40_000]
+    # events are read lazily from the cache, and equal the eager loader's
+    from tracelens.discover import discover
+    from tracelens.loader import load_tables
+
+    eager = load_tables(run, no_cache=True, workers=1)
+    assert tables.events.equals(eager.events)
+    entries, tasks = rank_tasks(discover(run), tables.entries[0].events.parents[1])
+    assert tasks == []  # everything cached
+    bad = S.stage_paths(entries[1].events, 1)["sets"]
+    bad.write_bytes(b"not parquet")
+    entries, tasks = rank_tasks(discover(run), tables.entries[0].events.parents[1])
+    assert [t["kw"]["rank"] for t in tasks] == [1]
+    _, again = load_staged(run, workers=1)
+    assert again.breakdown.equals(staged.breakdown)
+
+
+def test_no_cache_temp_folder_lives_with_the_tables(tmp_path: Path):
+    run = _write_run(tmp_path / "run")
+    tables, _ = load_staged(run, no_cache=True, workers=1)
+    folder = tables.entries[0].events.parents[1]
+    assert folder.exists() and not (run / ".tracelens").exists()
+    n = tables.events.num_rows
+    assert n == 6
+    del tables
+    import gc
+
+    gc.collect()
+    assert not folder.exists()
+
+
+def test_simulated_run_summary_identical_across_engines(tmp_path: Path):
+    """A small simulated TP2 x PP2 run with a straggler: summary.json of the staged engine (worker
+    processes) equals the one-table engine's, byte for byte once serialised."""
+    from tracelens.run_analysis import Options, analyze_run
+    from tracelens.simulate import TINY_MODEL, SimConfig, simulate
+
+    run = tmp_path / "sim"
+    simulate(SimConfig(model=TINY_MODEL, seq_len=256, tp=2, pp=2, microbatches=4, steps=2,
+                       stragglers=[(3, 1.4, None)], compress_level=1), run)  # fmt: skip
+    mem = analyze_run(run, Options(engine="memory", no_cache=True)).summary()
+    loc = analyze_run(run, Options(engine="local")).summary()
+    assert json.dumps(loc, sort_keys=True, default=str) == json.dumps(mem, sort_keys=True, default=str)
+    assert any(s["rank"] == 3 for s in loc["stragglers"])
