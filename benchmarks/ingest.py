@@ -59,6 +59,7 @@ def report(t0, base_kb, **extra):
     try:  # the helper's RSS just after fork (written by the hook below): its growth is its own memory
         with open(_FORK_RSS) as fh:
             child_start = int(fh.read())
+        _os.remove(_FORK_RSS)
     except (OSError, ValueError):
         child_start = 0
     print(json.dumps({"seconds": dt, "cpu_seconds": cpu, "peak_kb": peak, "base_kb": base_kb,
@@ -318,7 +319,7 @@ def _print(out: dict) -> None:
     print()
     print(
         "| what | seconds | CPU s | MB/s (raw JSON) | peak RSS MB | baseline MB | above baseline MB | x raw JSON "
-        "| helper above baseline MB | x raw JSON with helper | split runs |"
+        "| helper own MB | x raw JSON with helper | split runs |"
     )
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name, r in out["results"].items():

@@ -19,6 +19,7 @@ import math
 import os
 import queue
 import re
+import sys
 import threading
 import time
 import warnings
@@ -931,8 +932,8 @@ def _can_split() -> bool:
 
     TRACELENS_SPLIT=0 turns splitting off, TRACELENS_SPLIT=1 skips the load check."""
     mode = os.environ.get("TRACELENS_SPLIT", "auto").strip().lower()
-    if mode in ("0", "no", "off", "false") or not hasattr(os, "fork"):
-        return False
+    if mode in ("0", "no", "off", "false") or not sys.platform.startswith("linux"):
+        return False  # fork is only used where it is the platform's norm
     try:
         cpus = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
@@ -965,13 +966,21 @@ def _scan_split(path: Path, chunk_bytes: int) -> _Scan | None:
     import select
     import signal
 
-    r, w = os.pipe()
     t0 = time.perf_counter()
-    with warnings.catch_warnings():
-        # Python >= 3.12 warns about forking while native threads exist (the idle BLAS/Arrow pools, see
-        # _can_split); the child only decodes and writes to the pipe, and the parent bounds its wait.
-        warnings.simplefilter("ignore", DeprecationWarning)
-        pid = os.fork()
+    try:
+        r, w = os.pipe()
+    except OSError:
+        return None
+    try:
+        with warnings.catch_warnings():
+            # Python >= 3.12 warns about forking while native threads exist (the idle BLAS/Arrow pools, see
+            # _can_split); the child only decodes and writes to the pipe, and the parent bounds its wait.
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
+    except OSError:  # e.g. a process limit: read serially
+        os.close(r)
+        os.close(w)
+        return None
     if pid == 0:  # child: never returns
         try:
             os.close(r)
