@@ -50,8 +50,9 @@ def dask_runner(client) -> Callable[[list[dict], Progress | None, int, int], Non
                 done += 1
                 if progress:
                     progress(done, total)
-        finally:
+        except BaseException:
             client.cancel(futures)
+            raise
 
     return run
 
