@@ -356,6 +356,7 @@ def parse_us_to_ns_numpy(raws: list) -> tuple[np.ndarray, np.ndarray]:
     contrib = np.append(contrib, 0)  # so that an empty last token has a valid reduceat index
     values = np.add.reduceat(contrib, starts)
     values[starts == ends] = 0
+    wrapped = values < 0  # a sum of non-negative digit terms is negative only when it overflowed int64
     neg_chars = np.flatnonzero(buf == 45)
     neg = np.zeros(n, dtype=bool)
     neg[tok[neg_chars]] = True
@@ -368,6 +369,7 @@ def parse_us_to_ns_numpy(raws: list) -> tuple[np.ndarray, np.ndarray]:
     ndots = np.bincount(tok[dot_chars], minlength=n) if dot_chars.size else np.zeros(n, np.int64)
     bad |= ndots > 1
     bad |= (dotpos - starts) > 16  # beyond int64 ns (year 2262)
+    bad |= wrapped  # 16 integer digits past 9223372036854775.807 µs: the exact parse marks them invalid
     if bad.any():
         for i in np.flatnonzero(bad):
             v = _parse_one(bytes(joined[starts[i] : ends[i]]))
@@ -602,17 +604,28 @@ def _times_ns(evs: list, f: str) -> tuple[np.ndarray, np.ndarray]:
     multiplied by 1000, raw texts go through parse_us_to_ns."""
     vals = list(map(_get[f], evs))
     if evs and type(evs[0]) in _INT_TS_TYPES:
-        return int_us_to_ns(vals)
+        return _int_us_to_ns(vals)
     return parse_us_to_ns(vals)
 
 
 _US_MAX = (2**63 - 1) // 1000
 
 
-def int_us_to_ns(vals: list) -> tuple[np.ndarray, np.ndarray]:
-    """Integer microseconds (Python ints or None) -> (int64 ns, valid mask); values whose ns do not fit in
-    int64 are invalid, as in parse_us_to_ns."""
+def _int_us_to_ns(vals: list) -> tuple[np.ndarray, np.ndarray]:
+    """Integer microseconds (Python ints or None only: what the int decoders give; numpy would truncate a
+    float) -> (int64 ns, valid mask); values whose ns do not fit in int64 are invalid, as in parse_us_to_ns."""
     n = len(vals)
+    try:  # the common case, every value present (the decoder guarantees ints): numpy reads them fastest
+        us = np.fromiter(vals, dtype=np.int64, count=n)
+    except (TypeError, OverflowError, ValueError):
+        us = None
+    if us is not None:
+        valid = np.ones(n, dtype=bool)
+        big = (us > _US_MAX) | (us < -_US_MAX)
+        if big.any():
+            valid &= ~big
+            us = np.where(big, 0, us)
+        return us * 1000, valid
     try:
         arr = pa.array(vals, type=pa.int64())
     except (OverflowError, pa.ArrowInvalid, pa.ArrowTypeError, TypeError):
@@ -648,7 +661,7 @@ def _lowcard_int_array(values: list) -> pa.Array:
 
 def _memory_columns(mems: list) -> dict:
     args = list(map(_get["args"], mems))
-    if None in args:
+    if type(mems[0]) is _LooseEvent and None in args:  # (`in` compares every struct: loose events only)
         args = [_EMPTY_LOOSE_ARGS if a is None else a for a in args]
     ts, valid = _times_ns(mems, "ts")
     return {
