@@ -218,3 +218,22 @@ def test_simulated_run_summary_identical_across_engines(tmp_path: Path):
     loc = analyze_run(run, Options(engine="local")).summary()
     assert json.dumps(loc, sort_keys=True, default=str) == json.dumps(mem, sort_keys=True, default=str)
     assert any(s["rank"] == 3 for s in loc["stragglers"])
+
+
+def test_top_operations_and_events_of_without_the_all_ranks_table(tmp_path: Path):
+    from tracelens.engine import events_of, top_operations
+    from tracelens.report.figures import top_operations as from_events
+    from tracelens.run_analysis import Options, analyze_run
+
+    run = _write_run(tmp_path / "run", ranks=3)
+    staged = analyze_run(run, Options(engine="local"))
+    one = analyze_run(run, Options(engine="memory", no_cache=True))
+    kind, rows = top_operations(staged)
+    assert (kind, rows) == from_events(one.events)
+    # 3 ranks: gemm 100 + 150 + 200 us, one call each
+    assert rows[0] == {"name": "gemm", "calls": 3, "total_ms": 0.45, "per_rank_ms": 0.15}
+    assert "events" not in vars(staged.tables)  # the all-ranks table was never built
+    got = events_of(staged, [2, 0])
+    assert sorted(set(got.column("rank").to_pylist())) == [0, 2]
+    assert got.num_rows == 6
+    assert events_of(one, [2, 0]).equals(got)

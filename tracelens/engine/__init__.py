@@ -11,6 +11,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from tracelens.engine.local import Staged, StagedTables, load_staged
 from tracelens.errors import BadInputError
 
@@ -46,4 +49,56 @@ def load_with_engine(path: str | Path, options) -> tuple[StagedTables, Staged]:
     raise BadInputError(f"--engine {engine}: expected one of {', '.join(ENGINES)}")
 
 
-__all__ = ["ENGINES", "Staged", "StagedTables", "load_staged", "load_with_engine"]
+def events_of(analysis, ranks) -> pa.Table:
+    """Events of only these ranks of an analysis: read from the cache per rank with the staged engines
+    (the all-ranks table is never built), filtered from the one table otherwise."""
+    tables = analysis.tables
+    if hasattr(tables, "events_of"):
+        return tables.events_of(ranks)
+    ev = tables.events
+    return ev.filter(
+        pc.is_in(ev.column("rank"), value_set=pa.array(sorted({int(r) for r in ranks}), pa.int32()))
+    )
+
+
+def top_operations(analysis, top: int = 15) -> tuple[str, list[dict]]:
+    """The report's top kernels (or CPU ops on a CPU-only run) by total time over all ranks, as
+    `tracelens.report.figures.top_operations(analysis.events)` gives, from the staged per-rank totals when
+    there are (without reading every event)."""
+    staged = getattr(analysis, "staged", None)
+    if staged is None or staged.ops is None:
+        from tracelens.report.figures import top_operations as from_events
+
+        return from_events(analysis.events, top)
+    from tracelens.report.figures import _r
+
+    ops = staged.ops
+    for k in ("kernel", "cpu_op"):
+        sel = ops.filter(pc.equal(ops.column("kind"), k))
+        if sel.num_rows:
+            break
+    else:
+        return "", []
+    agg = sel.group_by("name", use_threads=False).aggregate([("dur_ns", "sum"), ("calls", "sum")])
+    agg = agg.sort_by([("dur_ns_sum", "descending")]).slice(0, top)
+    n_ranks = len(pc.unique(sel.column("rank")))
+    return ("kernel" if k == "kernel" else "CPU op"), [
+        {
+            "name": r["name"],
+            "calls": int(r["calls_sum"]),
+            "total_ms": _r(r["dur_ns_sum"] / 1e6),
+            "per_rank_ms": _r(r["dur_ns_sum"] / 1e6 / max(n_ranks, 1)),
+        }
+        for r in agg.to_pylist()
+    ]
+
+
+__all__ = [
+    "ENGINES",
+    "Staged",
+    "StagedTables",
+    "events_of",
+    "load_staged",
+    "load_with_engine",
+    "top_operations",
+]

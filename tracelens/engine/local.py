@@ -47,6 +47,7 @@ class Staged:
     xevents: pa.Table
     spans_error: str | None = None
     time_ranges: pa.Table | None = None  # rank, ts_ns (first start), dur_ns (to the last end)
+    ops: pa.Table | None = None  # stage.OPS of all ranks plus their "rank" column
 
 
 def _concat(tables: list[pa.Table], sch: pa.Schema) -> pa.Table:
@@ -83,6 +84,14 @@ def reduce_stages(stages: list[S.RankStage]) -> Staged:
         xevents=_concat([s.xevents for s in stages], schema.EVENTS),
         spans_error=errs[0] if errs else None,
         time_ranges=time_ranges,
+        ops=_concat(
+            [
+                s.ops.append_column("rank", pa.array([s.rank] * s.ops.num_rows, pa.int32()))
+                for s in stages
+                if s.ops is not None
+            ],
+            S.OPS.append(pa.field("rank", pa.int32())),
+        ),
     )
 
 
@@ -103,6 +112,12 @@ class StagedTables:
     @cached_property
     def events(self) -> pa.Table:
         return self._read_all("events", schema.EVENTS)
+
+    def events_of(self, ranks: Iterable[int]) -> pa.Table:
+        """Events of only these ranks (each read from its own cache file; nothing else is read)."""
+        want = {int(r) for r in ranks}
+        parts = [_read_parquet(e.events) for e in self.entries if e.rank in want]
+        return _concat(parts, schema.EVENTS)
 
     @cached_property
     def memory(self) -> pa.Table:

@@ -32,12 +32,20 @@ from tracelens.analyze.breakdown import BREAKDOWN, RankSets, breakdown, class_se
 from tracelens.analyze.classify import COMM, COMPUTE, DEVICE_KINDS, _dict_lookup, classify
 
 #: Bump when what a stage file holds changes: old stage files are then ignored (and rebuilt).
-STAGE_VERSION = "2"
+STAGE_VERSION = "3"
 
 #: Interval-set table: one row per interval of one class of one rank.
 SETS = pa.schema([("rank", pa.int32()), ("cls", pa.int8()), ("start_ns", pa.int64()), ("end_ns", pa.int64())])
 _CLS = {"compute": 0, "comm": 1, "memory": 2}
-_PARTS = ("xevents", "spans", "breakdown", "sets")  # "sets" last: its presence marks the entry complete
+#: Per-rank totals of kernels and cpu ops by name (the report's "top operations" without all events).
+OPS = pa.schema([("kind", pa.string()), ("name", pa.string()), ("calls", pa.int64()), ("dur_ns", pa.int64())])
+_PARTS = (
+    "xevents",
+    "spans",
+    "breakdown",
+    "ops",
+    "sets",
+)  # "sets" last: its presence marks the entry complete
 _ANNOTATION_KINDS = ("user_annotation", "gpu_user_annotation")
 # Names the cross-rank analyses look for beyond collectives (pipeline: SendRecv kernels / c10d send-recv).
 _CROSS_NAMES = re.compile(r"^record_param_comms$|send|recv|SendRecv", re.IGNORECASE)
@@ -57,6 +65,7 @@ class RankStage:
     has_steps: bool
     spans_error: str | None = None
     time_range: tuple[int, int] | None = None  # (first event start, last event end), ns; None: no events
+    ops: pa.Table | None = None  # OPS: calls and total duration per (kind, name), kernels and cpu ops
 
 
 def cross_rank_mask(events: pa.Table, classes: np.ndarray, path: str | None) -> np.ndarray:
@@ -137,7 +146,35 @@ def rank_stage(events: pa.Table, rank: int) -> RankStage:
             err = f"{type(e).__name__}: {e}"
     mask = cross_rank_mask(events, classes, rs.path if rs is not None else None)
     xev = events.filter(pa.array(mask)) if events.num_rows else events
-    return RankStage(rank, bd, rs, spans, xev, has_steps, err, _time_range(events))
+    return RankStage(rank, bd, rs, spans, xev, has_steps, err, _time_range(events), op_totals(events))
+
+
+def op_totals(events: pa.Table) -> pa.Table:
+    """OPS rows of one rank: per kernel / cpu op name, calls and summed duration (null duration = 0),
+    groups in order of first appearance."""
+    import pyarrow.compute as pc
+
+    if events.num_rows == 0:
+        return OPS.empty_table()
+    kind = events.column("kind").cast(pa.string())
+    sel = events.filter(pc.is_in(kind, value_set=pa.array(["kernel", "cpu_op"])))
+    t = pa.table(
+        {
+            "kind": sel.column("kind").cast(pa.string()),
+            "name": sel.column("name").cast(pa.string()),
+            "dur_ns": sel.column("dur_ns").fill_null(0),
+        }
+    )
+    agg = t.group_by(["kind", "name"], use_threads=False).aggregate([("dur_ns", "count"), ("dur_ns", "sum")])
+    return pa.table(
+        {
+            "kind": agg.column("kind"),
+            "name": agg.column("name"),
+            "calls": agg.column("dur_ns_count").cast(pa.int64()),
+            "dur_ns": agg.column("dur_ns_sum").cast(pa.int64()),
+        },
+        schema=OPS,
+    )
 
 
 def _time_range(events: pa.Table) -> tuple[int, int] | None:
@@ -205,6 +242,7 @@ def write_stage(st: RankStage, events_parquet: Path) -> None:
     _write_atomic(st.xevents, paths["xevents"])
     _write_atomic(st.spans if st.spans is not None else SPANS.empty_table(), paths["spans"])
     _write_atomic(st.breakdown, paths["breakdown"])
+    _write_atomic(st.ops if st.ops is not None else OPS.empty_table(), paths["ops"])
     _write_atomic(_sets_table(st), paths["sets"])
 
 
@@ -224,9 +262,10 @@ def read_stage(events_parquet: Path, rank: int) -> RankStage:
     xev = _read(paths["xevents"])
     spans = _read(paths["spans"])
     bd = _read(paths["breakdown"])
+    ops = _read(paths["ops"])
     if not (xev.schema.equals(schema.EVENTS) and spans.schema.equals(SPANS) and bd.schema.equals(BREAKDOWN)):
         raise OSError(f"stage files of rank {rank} have another schema")
-    if not sets_t.schema.equals(SETS):
+    if not (sets_t.schema.equals(SETS) and ops.schema.equals(OPS)):
         raise OSError(f"stage files of rank {rank} have another schema")
     path = meta.get(b"path", b"").decode()
     rs = None
@@ -248,6 +287,7 @@ def read_stage(events_parquet: Path, rank: int) -> RankStage:
         meta.get(b"has_steps") == b"1",
         err,
         lo_hi,  # type: ignore[arg-type]
+        ops,
     )
 
 
