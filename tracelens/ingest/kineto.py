@@ -207,6 +207,15 @@ _DEC_EVENTS_INT = msgspec.json.Decoder(list[_TAGGED_INT])  # type: ignore[valid-
 _DEC_EVENTS_LOOSE = msgspec.json.Decoder(list[_LooseEvent])
 _DEC_TOP = msgspec.json.Decoder(_Top)
 _DEC_TOP_LOOSE = msgspec.json.Decoder(_TopLoose)
+_DEC_EVENT_LOOSE = msgspec.json.Decoder(_LooseEvent)
+_DEC_EVENTS_RAW = msgspec.json.Decoder(list[msgspec.Raw])
+
+
+class _TopRaw(_TopLoose):
+    traceEvents: list[msgspec.Raw] | None = None  # type: ignore[assignment]
+
+
+_DEC_TOP_RAW = msgspec.json.Decoder(_TopRaw)
 _DEC_ANY = msgspec.json.Decoder()
 
 _META_KEYS = (
@@ -329,6 +338,12 @@ def parse_us_to_ns_numpy(raws: list) -> tuple[np.ndarray, np.ndarray]:
     buf = np.frombuffer(joined, dtype=np.uint8)
     is_sep = buf == 44
     sep_pos = np.flatnonzero(is_sep)
+    if sep_pos.size != n - 1:  # a value that is a JSON array or object (holds commas): not a timestamp
+        raws = [b"" if b"," in bytes(r) else r for r in raws]
+        joined = b",".join(raws)
+        buf = np.frombuffer(joined, dtype=np.uint8)
+        is_sep = buf == 44
+        sep_pos = np.flatnonzero(is_sep)
     starts = np.empty(n, dtype=np.int64)
     starts[0] = 0
     starts[1:] = sep_pos + 1
@@ -431,7 +446,10 @@ def _int_array(values: list, type_: pa.DataType) -> pa.Array:
         values = list(values)
         for i in np.flatnonzero(~plain).tolist():
             values[i] = _coerce_int(values[i])
-        arr = pa.array(values, type=pa.int64())
+        try:
+            arr = pa.array(values, type=pa.int64())
+        except OverflowError:  # an int beyond int64: null, like any other value that is no int64
+            arr = pa.array([_coerce_int(v) for v in values], type=pa.int64())
     if type_ == pa.int64():
         return arr
     return pc.cast(arr, type_, safe=False) if arr.null_count < len(arr) else pa.nulls(len(arr), type_)
@@ -520,7 +538,7 @@ _INT_TS_TYPES = frozenset({_EventInt, _InstantInt, _InstantOldInt})
 def _columns(evs: list) -> _Chunk:
     """Build the columns of one chunk of decoded events (C-level passes; no per-event Python code)."""
     if evs and type(evs[0]) is _LooseEvent:  # the loose decoder keeps `ph` as a field
-        phs = list(map(_get["ph"], evs))
+        phs = [p if isinstance(p, str) else None for p in map(_get["ph"], evs)]  # any JSON value here
         ph = np.fromiter(map(_PH_CODE.get, phs, repeat(0)), dtype=np.int8, count=len(phs))
         xs = list(compress(evs, (ph == 1).tolist()))
         inst = list(compress(evs, (ph == 2).tolist())) if (ph == 2).any() else []
@@ -857,17 +875,40 @@ def _decode_events(piece: bytes | memoryview, hint: _Hint | None = None) -> list
     try:
         evs = _DEC_EVENTS.decode(piece)
     except msgspec.ValidationError:
-        return _DEC_EVENTS_LOOSE.decode(piece)
+        try:
+            return _DEC_EVENTS_LOOSE.decode(piece)
+        except msgspec.ValidationError:
+            return _loose_each(_DEC_EVENTS_RAW.decode(piece))
     if hint is not None:
         hint.int_ts = False  # the typed decode failed only on ts/dur: this file writes fractional µs
     return evs
+
+
+def _loose_each(raws: list) -> list:
+    """Events decoded one by one (loose), skipping array elements that are not event objects (a number, a
+    string, an object whose `args` is not an object): the last fallback for damaged files."""
+    out = []
+    for r in raws:
+        try:
+            out.append(_DEC_EVENT_LOOSE.decode(r))
+        except msgspec.ValidationError:
+            continue
+    return out
 
 
 def _decode_top(doc: bytes) -> Any:
     try:
         return _DEC_TOP.decode(doc)
     except msgspec.ValidationError:
+        pass
+    try:
         return _DEC_TOP_LOOSE.decode(doc)
+    except msgspec.ValidationError:
+        # still failing when traceEvents is not an array at all (the caller reports it)
+        top = _DEC_TOP_RAW.decode(doc)
+    if top.traceEvents is not None:
+        top.traceEvents = _loose_each(top.traceEvents)
+    return top
 
 
 @dataclass
