@@ -381,8 +381,16 @@ def read(path: str | Path, rank: int | None = None) -> pa.Table:
     dump = load_dump(path)
     try:
         return _table(_rows(dump, int(rank)))
-    except (TypeError, ValueError, AttributeError) as err:
-        raise BadTraceError(f"{path}: malformed Flight Recorder entry ({err})") from err
+    except (
+        TypeError,
+        ValueError,
+        AttributeError,
+        KeyError,
+        IndexError,
+        OverflowError,
+        pa.ArrowException,
+    ) as err:
+        raise BadTraceError(f"{path}: malformed Flight Recorder entry ({type(err).__name__}: {err})") from err
 
 
 def read_many(paths: Iterable[str | Path]) -> pa.Table:

@@ -117,8 +117,23 @@ def _pairs(events: list[dict]) -> pd.DataFrame:
     return out
 
 
+#: What a damaged plugin file (values of unexpected types) makes the parsing below raise.
+_MALFORMED = (TypeError, ValueError, AttributeError, KeyError, IndexError, OverflowError, pa.ArrowException)
+
+
 def _collect(path: Path, rank: int | None, comm_ranks: dict[str, list[int]] | None):
     events = load_events(path)
+    try:
+        return _collect_events(path, events, rank, comm_ranks)
+    except _MALFORMED as err:
+        raise BadTraceError(
+            f"{path}: malformed NCCL profiler-plugin event ({type(err).__name__}: {err})"
+        ) from None
+
+
+def _collect_events(
+    path: Path, events: list[dict], rank: int | None, comm_ranks: dict[str, list[int]] | None
+):
     p = _pairs(events)
     info = name_info(path)
     rows, details = [], []
@@ -221,13 +236,23 @@ def read(
     peers, pg_ranks, group_size and the AllGather/ReduceScatter totals (`read_many` builds it).
     """
     rows, _ = _collect(Path(path), rank, comm_ranks)
-    return _table(rows)
+    try:
+        return _table(rows)
+    except _MALFORMED as err:
+        raise BadTraceError(
+            f"{path}: malformed NCCL profiler-plugin event ({type(err).__name__}: {err})"
+        ) from None
 
 
 def read_details(path: str | Path, rank: int | None = None, comm_ranks: dict | None = None) -> pa.Table:
     """Per COLL/P2P event: algorithm, protocol, channels and proxy steps/bytes (schema DETAILS)."""
     _, details = _collect(Path(path), rank, comm_ranks)
-    return pa.Table.from_pylist(details, schema=DETAILS)
+    try:
+        return pa.Table.from_pylist(details, schema=DETAILS)
+    except _MALFORMED as err:
+        raise BadTraceError(
+            f"{path}: malformed NCCL profiler-plugin event ({type(err).__name__}: {err})"
+        ) from None
 
 
 def _file_meta(path: Path) -> tuple[int | None, str | None, int | None]:
@@ -357,7 +382,10 @@ def align_ranks(coll_plugin: pa.Table, reference_rank: int | None = None) -> pa.
     df = coll_plugin.select(["rank", "pg_name", "op", "seq", "is_p2p", "end_ns"]).to_pandas()
     df = df[~df["is_p2p"].fillna(False).astype(bool) & df["end_ns"].notna() & df["seq"].notna()]
     df = df.assign(pg_name=df["pg_name"].astype(str), op=df["op"].astype(str))
-    ranks = sorted(int(r) for r in pd.unique(coll_plugin.column("rank").to_numpy(zero_copy_only=False)))
+    ranks = sorted(
+        int(r) for r in pd.unique(coll_plugin.column("rank").drop_null().to_numpy(zero_copy_only=False))
+    )
+    df = df[df["rank"].notna()]  # a rank the file did not say: left on its own clock
     if not ranks:
         return coll_plugin
     ref = ranks[0] if reference_rank is None else int(reference_rank)
