@@ -60,10 +60,12 @@ _READ_BYTES = 1024 * 1024
 class _Args(msgspec.Struct, frozen=True, gc=False):
     """The `args` keys tracelens uses; every other key is skipped by the decoder."""
 
-    external_id: int | float | str | bool | None = msgspec.field(name="External id", default=None)
-    correlation: int | float | str | bool | None = None
-    device: int | float | str | bool | None = None
-    stream: int | float | str | bool | None = None
+    # ids: int or str only (a float or bool sends the chunk to the loose decoder), so that numpy can read
+    # them without truncating anything
+    external_id: int | str | None = msgspec.field(name="External id", default=None)
+    correlation: int | str | None = None
+    device: int | str | None = None
+    stream: int | str | None = None
     collective: int | float | str | bool | None = msgspec.field(name="Collective name", default=None)
     pg_name: int | float | str | bool | None = msgspec.field(name="Process Group Name", default=None)
     pg_desc: int | float | str | bool | None = msgspec.field(name="Process Group Description", default=None)
@@ -117,8 +119,8 @@ class _Event(msgspec.Struct, tag="X", tag_field="ph", gc=False):
 
     cat: str | None = None
     name: str | None = None
-    pid: int | float | str | None = None
-    tid: int | float | str | None = None
+    pid: int | str | None = None  # no float: see _Args
+    tid: int | str | None = None
     ts: msgspec.Raw = _RAW_NONE
     dur: msgspec.Raw = _RAW_NONE
     args: _Args = _EMPTY_ARGS
@@ -142,8 +144,8 @@ class _EventInt(msgspec.Struct, tag="X", tag_field="ph", gc=False):
 
     cat: str | None = None
     name: str | None = None
-    pid: int | float | str | None = None
-    tid: int | float | str | None = None
+    pid: int | str | None = None
+    tid: int | str | None = None
     ts: int | None = None
     dur: int | None = None
     args: _Args = _EMPTY_ARGS
@@ -564,27 +566,31 @@ def _columns(evs: list) -> _Chunk:
     dur, dur_valid = _times_ns(xs, "dur")
     coll_rows = np.zeros(0, dtype=np.int64)
     coll: dict = {}
-    if n:
+    if n and (loose or set(map(_get_coll, args)) != {None}):  # (a set of Nones is the cheap common case)
         has_coll = np.fromiter(map(is_not, map(_get_coll, args), repeat(None)), dtype=bool, count=n)
         coll_rows = np.flatnonzero(has_coll)
         if coll_rows.size:
             sub = [args[i] for i in coll_rows.tolist()]
             for f in _COLL_FIELDS:
                 coll[f] = list(map(attrgetter(f), sub))
+    # device/stream matter only for device events (elsewhere _assemble nulls them)
+    gpu = np.isin(kind, _GPU_CODES)
+    gpu_rows = np.flatnonzero(gpu)
+    gpu_args = args if gpu_rows.size == n else list(compress(args, gpu.tolist()))
     return _Chunk(
         n=n,
         kind=kind,
         name=names,
-        pid=_lowcard_int_array(list(map(_get["pid"], xs))),
-        tid=_lowcard_int_array(list(map(_get["tid"], xs))),
-        device=_int_array(list(map(_get_device, args)), pa.int32()),
-        stream=_int_array(list(map(_get_stream, args)), pa.int32()),
+        pid=_ints(_get["pid"], xs, pa.int64(), loose, lowcard=True),
+        tid=_ints(_get["tid"], xs, pa.int64(), loose, lowcard=True),
+        device=_scatter(_ints(_get_device, gpu_args, pa.int32(), loose), n, gpu_rows),
+        stream=_scatter(_ints(_get_stream, gpu_args, pa.int32(), loose), n, gpu_rows),
         ts=ts,
         ts_valid=ts_valid,
         dur=dur,
         dur_valid=dur_valid,
-        correlation=_int_array(list(map(_get_corr, args)), pa.int64()),
-        external_id=_int_array(list(map(_get_ext, args)), pa.int64()),
+        correlation=_ints(_get_corr, args, pa.int64(), loose),
+        external_id=_ints(_get_ext, args, pa.int64(), loose),
         coll_rows=coll_rows,
         coll=coll,
         mem=mem,
@@ -660,6 +666,20 @@ def _int_us_to_ns(vals: list) -> tuple[np.ndarray, np.ndarray]:
         valid = valid & ~big
         us = np.where(big, 0, us)
     return us * 1000, valid
+
+
+def _ints(get: Any, objs: list, type_: pa.DataType, loose: bool, lowcard: bool = False) -> pa.Array:
+    """An integer column from one attribute of decoded structs. Typed structs hold int, str or None there
+    (never a float, which numpy would truncate), so numpy reads a column without None at once; anything
+    else (None, "0x1f", "Spans") goes through _int_array / _lowcard_int_array."""
+    if not loose:
+        try:
+            arr = pa.array(np.fromiter(map(get, objs), dtype=np.int64, count=len(objs)))
+            return arr if type_ == pa.int64() else pc.cast(arr, type_, safe=False)
+        except (TypeError, ValueError, OverflowError):
+            pass
+    vals = list(map(get, objs))
+    return _lowcard_int_array(vals) if lowcard else _int_array(vals, type_)
 
 
 def _lowcard_int_array(values: list) -> pa.Array:
