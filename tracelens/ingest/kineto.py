@@ -58,14 +58,15 @@ _READ_BYTES = 1024 * 1024
 
 # --------------------------------------------------------------------------------------------- typed structs
 class _Args(msgspec.Struct, frozen=True, gc=False):
-    """The `args` keys tracelens uses; every other key is skipped by the decoder."""
+    """The `args` keys of complete events tracelens uses; every other key is skipped by the decoder. Few
+    fields, in Kineto's key order, make the decoder's key lookup cheaper (memory keys are in _MemArgs)."""
 
     # ids: int or str only (a float or bool sends the chunk to the loose decoder), so that numpy can read
     # them without truncating anything
     external_id: int | str | None = msgspec.field(name="External id", default=None)
-    correlation: int | str | None = None
     device: int | str | None = None
     stream: int | str | None = None
+    correlation: int | str | None = None
     collective: int | float | str | bool | None = msgspec.field(name="Collective name", default=None)
     pg_name: int | float | str | bool | None = msgspec.field(name="Process Group Name", default=None)
     pg_desc: int | float | str | bool | None = msgspec.field(name="Process Group Description", default=None)
@@ -79,10 +80,15 @@ class _Args(msgspec.Struct, frozen=True, gc=False):
     dtype: int | float | str | bool | None = None
     src_rank: int | float | str | bool | None = msgspec.field(name="Src Rank", default=None)
     dst_rank: int | float | str | bool | None = msgspec.field(name="Dst Rank", default=None)
+
+
+class _MemArgs(msgspec.Struct, frozen=True, gc=False):
+    """The `args` keys of `[memory]` instant events."""
+
+    device_id: int | float | str | bool | None = msgspec.field(name="Device Id", default=None)
+    bytes: int | float | str | bool | None = msgspec.field(name="Bytes", default=None)
     total_allocated: int | float | str | bool | None = msgspec.field(name="Total Allocated", default=None)
     total_reserved: int | float | str | bool | None = msgspec.field(name="Total Reserved", default=None)
-    bytes: int | float | str | bool | None = msgspec.field(name="Bytes", default=None)
-    device_id: int | float | str | bool | None = msgspec.field(name="Device Id", default=None)
 
 
 class _LooseArgs(msgspec.Struct, frozen=True, gc=False):
@@ -110,6 +116,7 @@ class _LooseArgs(msgspec.Struct, frozen=True, gc=False):
 
 
 _EMPTY_ARGS = _Args()
+_EMPTY_MEM_ARGS = _MemArgs()
 _EMPTY_LOOSE_ARGS = _LooseArgs()
 _RAW_NONE = msgspec.Raw(b"")
 
@@ -131,7 +138,7 @@ class _Instant(msgspec.Struct, tag="i", tag_field="ph", gc=False):
 
     name: str | None = None
     ts: msgspec.Raw = _RAW_NONE
-    args: _Args = _EMPTY_ARGS
+    args: _MemArgs = _EMPTY_MEM_ARGS
 
 
 class _InstantOld(_Instant, tag="I"):
@@ -154,7 +161,7 @@ class _EventInt(msgspec.Struct, tag="X", tag_field="ph", gc=False):
 class _InstantInt(msgspec.Struct, tag="i", tag_field="ph", gc=False):
     name: str | None = None
     ts: int | None = None
-    args: _Args = _EMPTY_ARGS
+    args: _MemArgs = _EMPTY_MEM_ARGS
 
 
 class _InstantOldInt(_InstantInt, tag="I"):
