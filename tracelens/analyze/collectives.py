@@ -370,8 +370,9 @@ def _pg_candidates(metadata: pa.Table | None) -> list[tuple[int, ...]]:
             ranks = g.get("ranks") if isinstance(g, dict) else None
             if isinstance(ranks, str):
                 ranks = [int(x) for x in re.findall(r"-?\d+", ranks)]
-            if isinstance(ranks, list) and len(ranks) >= 2:
-                seen.add(tuple(sorted(int(x) for x in ranks)))
+            plain = isinstance(ranks, list) and all(type(x) is int for x in ranks)  # else: damaged, skipped
+            if plain and len(ranks) >= 2:
+                seen.add(tuple(sorted(ranks)))
     return sorted(seen, key=lambda t: (len(t), t))
 
 
