@@ -9,11 +9,10 @@ that a busy moment of a shared machine hits every row alike.
     .venv/bin/python benchmarks/ingest.py                      # df_index_resolver (53.7 MB raw)
     .venv/bin/python benchmarks/ingest.py TRACE.json.gz --repeat 5 --hta-python /path/to/hta-venv/bin/python
 
-The tracelens `read` rows run with TRACELENS_SPLIT unset (the default: one large file is decoded by two
-processes only when a CPU is idle), `=0` (`_serial`: one process) and `=1` (`_split`: always two processes);
-`split runs` says how many runs of a row were split, and for those the helper's peak RSS minus its RSS just
-after the fork (the memory it allocated or copied on write) is reported separately and added in
-`x raw JSON with helper`.
+The tracelens `read` rows run with TRACELENS_SPLIT unset (the default: one process) and, as `_split`, with
+TRACELENS_SPLIT=1 (the file decoded by two processes); `split runs` says how many runs of a row were split,
+and for those the helper's peak RSS minus its RSS just after the fork (the memory it allocated or copied on
+write) is reported separately and added in `x raw JSON with helper`.
 
 `tracelens_load_cached` is a fresh process reading the warm Parquet cache (what a second CLI run costs, with
 the Parquet reader's one-time start-up); `tracelens_load_cached_warm` is a second load in one process (what a
@@ -90,20 +89,17 @@ base = rss_kb(); _CPU0[0] = _cpu(); t0 = time.perf_counter()
 tr = kineto.read(sys.argv[ARG])
 report(t0, base, rows=tr.events.num_rows, split=bool(used and used[0]))
 """
-#: TRACELENS_SPLIT per tracelens row: "0" serial, "1" split (two processes), None the default (split only
-#: when a core is idle).
+#: TRACELENS_SPLIT per tracelens row: None the default (one process), "1" a split read (two processes).
 SPLIT_ENV = {
     "tracelens_read_gz": None,
-    "tracelens_read_gz_serial": "0",
     "tracelens_read_gz_split": "1",
-    "tracelens_read_json_serial": "0",
+    "tracelens_read_json": None,
     "tracelens_read_json_split": "1",
 }
 CHILDREN = {
     "tracelens_read_gz": _READ.replace("ARG", "1"),
-    "tracelens_read_gz_serial": _READ.replace("ARG", "1"),
     "tracelens_read_gz_split": _READ.replace("ARG", "1"),
-    "tracelens_read_json_serial": _READ.replace("ARG", "2"),
+    "tracelens_read_json": _READ.replace("ARG", "2"),
     "tracelens_read_json_split": _READ.replace("ARG", "2"),
     "orjson_loads": r"""
 import orjson
@@ -291,7 +287,7 @@ def main(argv: list[str] | None = None) -> dict:
     machine["load_average_before_after"] = [round(load_before[0], 1), round(os.getloadavg()[0], 1)]
     out = {"trace": str(trace), "raw_json_bytes": raw_bytes, "machine": machine, "results": results}
     ratios = {}
-    for mine in ("tracelens_read_gz", "tracelens_read_gz_serial", "tracelens_read_gz_split"):
+    for mine in ("tracelens_read_gz", "tracelens_read_gz_split"):
         tl = results.get(mine, {})
         for other in ("orjson_loads", "json_loads", "hta_parse_trace_dataframe", "hta_trace_analysis_load"):
             if "seconds" in results.get(other, {}) and "seconds" in tl:

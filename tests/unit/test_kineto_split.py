@@ -198,6 +198,8 @@ def test_split_not_used_when_disabled_or_small(tmp_path, monkeypatch):
     assert kineto._split_point(p) == p.stat().st_size // 2
     monkeypatch.setenv("TRACELENS_SPLIT", "0")
     assert kineto._can_split() is False
+    monkeypatch.delenv("TRACELENS_SPLIT")
+    assert kineto._can_split() is False  # off by default
 
 
 def test_first_boundary():

@@ -986,7 +986,7 @@ class _SplitFailed(Exception):
     the file is read serially instead, which also gives the precise error."""
 
 
-#: Decompressed size from which one file is decoded by two processes (see _scan_split).
+#: Decompressed size from which one file may be decoded by two processes (opt-in, see _can_split).
 SPLIT_MIN_BYTES = 32 * 1024**2
 
 
@@ -1005,15 +1005,15 @@ def _split_point(path: Path) -> int | None:
 
 
 def _can_split() -> bool:
-    """Whether to fork a helper process: POSIX fork, at least 2 usable CPUs of which one is idle (1-minute
-    load average below CPUs - 0.5: on a busy machine a second process only adds work), not inside a worker
-    process of a pool (the loader already runs one rank per worker), and no other Python thread in this
-    process. (numpy's BLAS and Arrow start idle native pool threads at import; both libraries re-initialise
-    them in a forked child, as for multiprocessing's fork start method.)
-
-    TRACELENS_SPLIT=0 turns splitting off, TRACELENS_SPLIT=1 skips the load check."""
-    mode = os.environ.get("TRACELENS_SPLIT", "auto").strip().lower()
-    if mode in ("0", "no", "off", "false") or not sys.platform.startswith("linux"):
+    """Whether to fork a helper process. Off unless TRACELENS_SPLIT is `1` (always when applicable) or
+    `auto` (only when a CPU is idle: 1-minute load average below CPUs - 0.5), because a split read costs ~40%
+    more CPU and on the 2-core machine it was measured on it was slower in every run (docs/performance.md).
+    Also required: Linux, at least 2 usable CPUs, not inside a worker process of a pool (the loader already
+    runs one rank per worker), no other Python thread in this process. (numpy's BLAS and Arrow start idle
+    native pool threads at import; both libraries re-initialise them in a forked child, as for
+    multiprocessing's fork start method.)"""
+    mode = os.environ.get("TRACELENS_SPLIT", "0").strip().lower()
+    if mode not in ("1", "yes", "on", "true", "auto") or not sys.platform.startswith("linux"):
         return False  # fork is only used where it is the platform's norm
     try:
         cpus = len(os.sched_getaffinity(0))
@@ -1021,7 +1021,7 @@ def _can_split() -> bool:
         cpus = os.cpu_count() or 1
     if cpus < 2 or threading.active_count() != 1:
         return False
-    if mode not in ("1", "yes", "on", "true"):
+    if mode == "auto":
         try:
             if os.getloadavg()[0] > cpus - 0.5:
                 return False
