@@ -289,21 +289,29 @@ def read(path: str | Path) -> pa.Table:
     calls, inits, version = parse(path)
     if not calls and not inits and version is None:
         raise BadTraceError(f"{path}: no NCCL INFO lines (set NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,COLL)")
-    return _table(_rows(calls, inits))
+    try:
+        return _table(_rows(calls, inits))
+    except (ValueError, OverflowError, pa.ArrowException) as err:  # a number beyond int64 in a line
+        raise BadTraceError(f"{path}: malformed NCCL log line ({type(err).__name__}: {err})") from None
 
 
 def read_many(paths: Iterable[str | Path]) -> pa.Table:
     """Several logs (one per process or one merged) -> COLLECTIVES with global pg_ranks and peers resolved."""
-    parsed = [parse(Path(p)) for p in paths]
-    world: dict[tuple[str, int], int] = {}
-    for _, inits, _ in parsed:
-        for m in _membership_rows(inits):
-            if m["comm_id"]:
-                world[(m["comm_id"], m["rank"])] = m["global_rank"]
-    rows: list[dict] = []
-    for calls, inits, _ in parsed:
-        rows.extend(_rows(calls, inits, world))
-    return _table(rows)
+    paths = [Path(p) for p in paths]
+    parsed = [parse(p) for p in paths]
+    try:
+        world: dict[tuple[str, int], int] = {}
+        for _, inits, _ in parsed:
+            for m in _membership_rows(inits):
+                if m["comm_id"]:
+                    world[(m["comm_id"], m["rank"])] = m["global_rank"]
+        rows: list[dict] = []
+        for calls, inits, _ in parsed:
+            rows.extend(_rows(calls, inits, world))
+        return _table(rows)
+    except (ValueError, OverflowError, pa.ArrowException) as err:  # a number beyond int64 in a line
+        names = ", ".join(str(p) for p in paths[:3]) + (" ..." if len(paths) > 3 else "")
+        raise BadTraceError(f"{names}: malformed NCCL log line ({type(err).__name__}: {err})") from None
 
 
 def version(path: str | Path) -> str | None:
