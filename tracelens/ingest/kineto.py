@@ -445,6 +445,12 @@ def _coerce_int(v: Any) -> int | None:
 _INT_OR_NONE = frozenset({int, type(None)})
 
 
+def _rank_int(v: Any, lo: int = 0) -> int | None:
+    """A rank (lo=0) or world size (lo=1) from distributedInfo: an int in [lo, 2**31), else None (ignored)."""
+    i = _coerce_int(v)
+    return i if i is not None and lo <= i < 2**31 else None
+
+
 def _int_array(values: list, type_: pa.DataType) -> pa.Array:
     """Python values -> Arrow integer array; the fast path is pa.array, odd values are coerced one by one."""
     try:
@@ -1332,6 +1338,8 @@ def _concat_dict(parts: list[pa.Array]) -> pa.Array:
 
 def _dict_from_values(values: list, n: int, rows: np.ndarray) -> pa.Array:
     """Sparse string values at `rows` -> a length-n dictionary column, null elsewhere."""
+    if len(rows) == 0 and n:
+        return pa.nulls(n, schema.DICT_STR)
     vals = _str_array(values)
     return _dict_encode(_scatter(vals, n, rows))
 
@@ -1340,6 +1348,8 @@ def _scatter(vals: pa.Array, n: int, rows: np.ndarray) -> pa.Array:
     """Place `vals` at `rows` of a length-n array; other rows null."""
     if len(rows) == n:
         return vals
+    if len(rows) == 0:
+        return pa.nulls(n, vals.type)
     idx = np.full(n, -1, dtype=np.int64)
     idx[rows] = np.arange(len(rows))
     return vals.take(pa.array(idx, mask=idx < 0))
@@ -1505,7 +1515,7 @@ def _metadata(path: Path, rank: int, meta: dict, n_events: int, sc: _Scan) -> di
     gpu_name = None
     if dp and isinstance(dp[0], dict) and dp[0].get("name") is not None:
         gpu_name = str(dp[0]["name"])
-    ws = _coerce_int(di.get("world_size")) if di else None
+    ws = _rank_int(di.get("world_size"), 1) if di else None
     return {
         "rank": rank,
         "path": str(path),
@@ -1552,7 +1562,7 @@ def read(
         raise BadTraceError(f"{path}: cannot read ({err.strerror or err})") from None
     if rank is None:
         di = sc.meta.get("distributedInfo")
-        rank = _coerce_int(di.get("rank")) if isinstance(di, dict) else None
+        rank = _rank_int(di.get("rank")) if isinstance(di, dict) else None
         if rank is None:
             rank = rank_from_name(path)
         if rank is None:
@@ -1649,7 +1659,7 @@ PEEK_TAIL = 256 * 1024
 def rank_from_name(path: str | Path) -> int | None:
     """Rank from a file name such as `rank-3`, `rank_3`, `rank3` (case-insensitive), else None."""
     m = _RANK_RE.search(Path(path).name)
-    return int(m.group(1)) if m else None
+    return int(m.group(1)) if m and len(m.group(1)) < 10 and int(m.group(1)) < 2**31 else None
 
 
 def _json_value_at(buf: bytes, start: int) -> Any:
@@ -1749,8 +1759,8 @@ def peek(path: str | Path) -> dict:
             base_m = re.search(rb'"baseTimeNanoseconds"\s*:\s*(\d+)', tail)
     di = di if isinstance(di, dict) else None
     return {
-        "rank": _coerce_int(di.get("rank")) if di else None,
-        "world_size": _coerce_int(di.get("world_size")) if di else None,
+        "rank": _rank_int(di.get("rank")) if di else None,
+        "world_size": _rank_int(di.get("world_size"), 1) if di else None,
         "backend": None if not di or di.get("backend") is None else str(di["backend"]),
         "distributed_info": di,
         "base_time_ns": int(base_m.group(1)) if base_m else None,
