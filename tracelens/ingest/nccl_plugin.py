@@ -260,8 +260,11 @@ def _file_meta(path: Path) -> tuple[int | None, str | None, int | None]:
     info = name_info(path)
     for e in load_events(path):
         if e.get("cat") in ("COLL", "P2P") and e.get("ph") == "b":
-            a = e.get("args") or {}
-            return e.get("pid"), str(a.get("CommHash", info[0] if info else "")), a.get("Rank")
+            a = e.get("args") if isinstance(e.get("args"), dict) else {}
+            pid, r = e.get("pid"), a.get("Rank")
+            pid = pid if isinstance(pid, int | str) and not isinstance(pid, bool) else None
+            r = r if type(r) is int and 0 <= r < 2**31 else None
+            return pid, str(a.get("CommHash", info[0] if info else "")), r
     return None, (info[0] if info else None), (info[1] if info else None)
 
 
