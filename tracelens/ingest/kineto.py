@@ -1461,7 +1461,7 @@ def _assemble(sc: _Scan, rank: int) -> tuple[pa.Table, pa.Table]:
         "device": device,
         "stream": stream,
         "ts_ns": pa.array(ts + base, mask=~ts_valid),
-        "dur_ns": pa.array(dur, mask=~dur_valid),
+        "dur_ns": pa.array(np.where(dur_valid, dur, 0)),  # a missing or non-numeric dur: 0 (an instant)
         "correlation": corr,
         "external_id": _concat_pa([c.external_id for c in ch], pa.int64()),
         "step": pa.array(step.astype(np.int32), mask=step < 0),
