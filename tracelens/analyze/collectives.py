@@ -386,7 +386,9 @@ def _infer_groups(df: pd.DataFrame, candidates: list[tuple[int, ...]]) -> pd.Ser
     key = pd.Series([""] * len(df), index=df.index, dtype=object)
     unknown = (df["group_key"] == "") & ~df["is_p2p"].astype(bool)
     for _op, sub in df[unknown].groupby("op"):
-        sub = sub.sort_values("start_ns", kind="stable")
+        sub = sub[sub["end_ns"].notna()].sort_values(
+            "start_ns", kind="stable"
+        )  # no end (no duration): no group
         ends = {int(r): s["end_ns"].astype("int64").to_numpy() for r, s in sub.groupby("rank")}
         counts = {r: len(v) for r, v in ends.items()}
         scored = []
