@@ -26,7 +26,7 @@ def test_integer_timestamps_exact(tmp_path, ext):
         "op0": (big * 1000, 7000),
         "op1": (1669783687464181000, 45000),
         "op2": (-3000, 0),
-        "null_dur": (5000, None),
+        "null_dur": (5000, 0),  # a missing or non-numeric dur is 0 (an instant)
     }
 
 
@@ -37,7 +37,7 @@ def test_integer_timestamps_beyond_int64_ns_are_invalid(tmp_path):
     rows = tr.events.select(["name", "ts_ns", "dur_ns"]).to_pylist()
     assert rows == [
         {"name": "op0", "ts_ns": 10000, "dur_ns": 1000},
-        {"name": "op1", "ts_ns": 11000, "dur_ns": None},
+        {"name": "op1", "ts_ns": 11000, "dur_ns": 0},  # no valid dur: 0, like a missing one
     ]  # op2 has no valid ts: dropped like a missing one
 
 
