@@ -237,3 +237,28 @@ def test_top_operations_and_events_of_without_the_all_ranks_table(tmp_path: Path
     assert sorted(set(got.column("rank").to_pylist())) == [0, 2]
     assert got.num_rows == 6
     assert events_of(one, [2, 0]).equals(got)
+
+
+def test_no_cache_temp_folder_removed_when_loading_fails(tmp_path: Path, monkeypatch):
+    import tempfile
+
+    from kineto_traces import doc, write, x
+
+    from tracelens.errors import RankError
+
+    run = _write_run(tmp_path / "run")
+    # a third trace from another job, an hour later: RankError after ingest
+    late = [x("user_annotation", "ProfilerStep#2", "3600001000.000", "500.000")]
+    write(run / "rank2.json", doc(rank=2, world_size=3, events=late))
+    for r in (0, 1):  # same world size for all files of the folder
+        (run / f"rank{r}.json").unlink()
+    _write_run(tmp_path / "run2", ranks=2)
+    for r in (0, 1):
+        d = json.loads((tmp_path / "run2" / f"rank{r}.json").read_text())
+        d["distributedInfo"]["world_size"] = 3
+        write(run / f"rank{r}.json", d)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    with pytest.raises(RankError):
+        load_staged(run, no_cache=True, workers=1)
+    assert list((tmp_path / "tmp").iterdir()) == []

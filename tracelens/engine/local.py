@@ -218,15 +218,20 @@ def load_staged(
         else:
             run_tasks(tasks, default_workers(len(tasks), workers), progress, done, total)
 
-    entries, tasks = rank_tasks(files, root, use_cache=not no_cache, salvage=salvage)
-    run(tasks, len(entries) - len(tasks), len(entries))
     try:
-        meta, staged = read_staged(entries)
-    except OSError:  # an entry was removed or damaged between the check and the read: rebuild once
-        entries, tasks = rank_tasks(files, root, use_cache=False, salvage=salvage)
-        run(tasks, 0, len(entries))
-        meta, staged = read_staged(entries)
-    check_time_ranges(staged.time_ranges, meta)
+        entries, tasks = rank_tasks(files, root, use_cache=not no_cache, salvage=salvage)
+        run(tasks, len(entries) - len(tasks), len(entries))
+        try:
+            meta, staged = read_staged(entries)
+        except OSError:  # an entry was removed or damaged between the check and the read: rebuild once
+            entries, tasks = rank_tasks(files, root, use_cache=False, salvage=salvage)
+            run(tasks, 0, len(entries))
+            meta, staged = read_staged(entries)
+        check_time_ranges(staged.time_ranges, meta)
+    except BaseException:
+        if tmp_dir is not None:
+            shutil.rmtree(tmp_dir, ignore_errors=True)
+        raise
     tables = StagedTables(entries, meta, files, run_dir)
     if tmp_dir is not None:  # --no-cache: the folder lives as long as the tables (events are read lazily)
         tables._tmp = weakref.finalize(tables, shutil.rmtree, tmp_dir, True)
