@@ -21,13 +21,26 @@ from tracelens.errors import BadInputError
 ENGINES = ("local", "dask", "memory")
 
 
-def load_with_engine(path: str | Path, options) -> tuple[StagedTables, Staged]:
+def load_with_engine(path: str | Path, options) -> tuple[object, Staged | None]:
     """Run the per-rank part of an analysis with `options.engine` ("local" when None) and reduce it;
-    `options` is a `tracelens.run_analysis.Options`."""
+    `options` is a `tracelens.run_analysis.Options`. Returns (tables, staged); staged is None for a single
+    trace read with --no-cache (then tables is the loader's one-rank `Tables`)."""
     engine = options.engine or "local"
     if engine == "local":
         if options.scheduler:
             raise BadInputError("--scheduler needs --engine dask")
+        if options.no_cache and _single_trace(path, options.rank_filter):
+            # one rank, nothing cached: the one-table path holds one rank too, without Parquet round trips
+            from tracelens.loader import load_tables
+
+            tables = load_tables(
+                path,
+                no_cache=True,
+                progress=options.progress,
+                salvage=options.salvage,
+                ranks=options.rank_filter,
+            )
+            return tables, None
         return load_staged(
             path,
             options.no_cache,
@@ -47,6 +60,13 @@ def load_with_engine(path: str | Path, options) -> tuple[StagedTables, Staged]:
             ranks=options.rank_filter,
         )
     raise BadInputError(f"--engine {engine}: expected one of {', '.join(ENGINES)}")
+
+
+def _single_trace(path: str | Path, ranks) -> bool:
+    from tracelens.discover import discover
+    from tracelens.ingest.sniff import KINETO
+
+    return sum(f.fmt == KINETO for f in discover(Path(path).expanduser(), ranks)) == 1
 
 
 def events_of(analysis, ranks) -> pa.Table:
