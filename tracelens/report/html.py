@@ -319,7 +319,7 @@ def _pipeline_section(analysis, summary: dict) -> list:
         chain = [firsts[s] for s in sorted(firsts)]
     if not chain or (len(chain) < 2 and not stages):
         return [note("No pipeline parallelism known (pp=1 or no layout): no pipeline timeline.")]
-    events = _attr(analysis, "events")
+    events = _chain_events(analysis, chain)
     cross = _attr(analysis, "cross")
     step = pick_step(summary.get("per_step") or [])
     blocks = (
@@ -406,8 +406,22 @@ def _memory_section(analysis, summary: dict) -> object:
     return figures.memory_bar(peaks, stage_of)
 
 
+def _chain_events(analysis, chain: list[int]):
+    """Events of the pipeline chain's ranks only (the staged engines never build the all-ranks table)."""
+    if not hasattr(analysis, "tables"):
+        return _attr(analysis, "events")
+    from tracelens.engine import events_of
+
+    return events_of(analysis, chain)
+
+
 def _top_ops_section(analysis, summary: dict) -> object:
-    kind, rows = figures.top_operations(_attr(analysis, "events"))
+    if hasattr(analysis, "tables"):
+        from tracelens.engine import top_operations
+
+        kind, rows = top_operations(analysis)
+    else:
+        kind, rows = figures.top_operations(_attr(analysis, "events"))
     if not rows:
         return note("No kernels or CPU operators in the traces.")
     return table_html(
