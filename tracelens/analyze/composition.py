@@ -170,7 +170,9 @@ def module_spans(
             "e": g_end,
         }
     ).sort_values(["r", "l", "m", "b", "s"], kind="stable")
-    prev_end = df.groupby(["r", "l", "m", "b"])["e"].transform(lambda x: x.cummax().shift(1))
+    keys = ["r", "l", "m", "b"]
+    df["cm"] = df.groupby(keys, sort=False)["e"].cummax()
+    prev_end = df.groupby(keys, sort=False)["cm"].shift(1)
     same = np.zeros(rows.size, bool)
     same[df.index.to_numpy()] = (df["e"] <= prev_end.fillna(np.iinfo(np.int64).min)).to_numpy()
     rows, g_start, g_end, busy, ni = rows[~same], g_start[~same], g_end[~same], busy[~same], ni[~same]
