@@ -25,7 +25,7 @@ COMM_KERNEL = re.compile(
 )
 MEMORY_KERNEL = re.compile(r"^(Memcpy|Memset|\[?memcpy|\[?memset|hipMemcpy|hipMemset)", re.IGNORECASE)
 CPU_COMM = re.compile(r"^(c10d::|record_param_comms$|gloo:|nccl:|ProcessGroup)")
-STEP = re.compile(r"^ProfilerStep#(\d+)$")
+STEP = re.compile(r"^ProfilerStep#([0-9]{1,9})$")  # ASCII digits, fits the int32 step column
 
 DEVICE_KINDS = ("kernel", "gpu_memcpy", "gpu_memset")
 

@@ -1362,7 +1362,7 @@ def step_of_name(names: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     for i, s in enumerate(d):
         if isinstance(s, str) and s.startswith("ProfilerStep#"):
             tail = s[len("ProfilerStep#") :]
-            if tail.isdigit():
+            if tail.isascii() and tail.isdigit() and len(tail) <= 9:  # as classify.STEP: fits int32
                 nums[i] = int(tail)
     idx = names.indices.fill_null(len(d)).to_numpy(zero_copy_only=False)
     num = nums[idx]
