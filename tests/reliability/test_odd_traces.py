@@ -200,3 +200,14 @@ def test_only_instant_events(tmp_path):
     evs = [{"ph": "i", "name": "marker", "pid": 1, "tid": 1, "ts": 5, "s": "t"}]
     s = _summary(tmp_path, evs)
     assert s["per_step"] == [] and s["run"]["steps"] == [] and "NO_STEPS" in _codes(s)
+
+
+def test_step_numbers_beyond_int32_are_not_steps(tmp_path):
+    """`ProfilerStep#<number>` with 1-9 ASCII digits is a step marker; anything else an ordinary annotation."""
+    evs = step_events()
+    evs[12]["name"] = "ProfilerStep#99999999999999999999"  # step 3's marker
+    evs.append(x("user_annotation", "ProfilerStep#²", 5, 1))
+    s = _summary(tmp_path, evs)
+    assert s["run"]["steps"] == [1, 2]
+    for row in s["per_step"]:
+        _assert_ref(row)
