@@ -228,10 +228,13 @@ def analyze_pipeline(
 
     # ---- waits between a rank's own first forward and last backward ----
     wait = np.zeros(len(marks), np.int64)
+    cidx = np.flatnonzero(coll)
+    cidx = cidx[np.argsort(rank[cidx], kind="stable")]  # collective rows grouped by rank: no per-rank mask
+    crank = rank[cidx]
     for r, idx in marks.groupby("rank").groups.items():
         rs = sets.get(int(r))
-        m = rank == r
-        k = iv.union(ts[m & coll], end[m & coll])
+        sel = cidx[np.searchsorted(crank, r, "left") : np.searchsorted(crank, r, "right")]
+        k = iv.union(ts[sel], end[sel])
         busy = iv.union2(iv.union2(rs.compute, k), rs.memory) if rs is not None else k
         pos = marks.index.get_indexer(idx)
         lo = marks["first"].to_numpy()[pos]
