@@ -203,7 +203,10 @@ def _membership_rows(inits: list[dict]) -> list[dict]:
 def read_comms(path: str | Path) -> pa.Table:
     """Communicator membership from one log (schema MEMBERSHIP), one row per `Init COMPLETE` line."""
     _, inits, _ = parse(path)
-    return pa.Table.from_pylist(_membership_rows(inits), schema=MEMBERSHIP)
+    try:
+        return pa.Table.from_pylist(_membership_rows(inits), schema=MEMBERSHIP)
+    except (ValueError, OverflowError, pa.ArrowException) as err:  # a number beyond int64 in a line
+        raise BadTraceError(f"{path}: malformed NCCL log line ({type(err).__name__}: {err})") from None
 
 
 def _table(rows: list[dict]) -> pa.Table:
