@@ -13,6 +13,7 @@ import contextlib
 import copy
 import gzip
 import json
+import os
 import pickle
 import random
 from pathlib import Path
@@ -41,6 +42,8 @@ HTA_SEEDS = [
     "mtia_inference_trace/mtia_inference_rank_0.json.gz",
 ]
 MAX_EVENTS = 48
+#: TRACELENS_FUZZ_SCALE=10 runs ten times as many cases (a deeper run by hand; CI uses 1).
+SCALE = max(1, int(os.environ.get("TRACELENS_FUZZ_SCALE", "1")))
 
 SETTINGS = dict(
     deadline=None,
@@ -233,7 +236,7 @@ def work(tmp_path_factory) -> Path:
 
 
 # -------------------------------------------------------------------------------------- Kineto
-@settings(max_examples=900, **SETTINGS)
+@settings(max_examples=900 * SCALE, **SETTINGS)
 @given(
     seed=st.integers(0, 10**6),
     ops=OPS,
@@ -261,7 +264,7 @@ def test_fuzz_kineto(work, seed, ops, bops, gz, gz_cut, salvage):
         assert bd.num_rows >= 0
 
 
-@settings(max_examples=120, **SETTINGS)
+@settings(max_examples=120 * SCALE, **SETTINGS)
 @given(seed=st.integers(0, 10**6), ops=OPS, cut=st.one_of(st.none(), st.floats(0.05, 1)))
 def test_fuzz_kineto_whole_analysis(work, seed, ops, cut):
     """The whole analysis (summary and report) on mutated two-rank runs."""
@@ -298,7 +301,7 @@ def _fr_seed() -> dict:
 FR_SEED = _fr_seed()
 
 
-@settings(max_examples=300, **SETTINGS)
+@settings(max_examples=300 * SCALE, **SETTINGS)
 @given(ops=OPS, bops=BYTES_OPS, gz=st.booleans())
 def test_fuzz_flight_recorder_json(work, ops, bops, gz):
     from tracelens.analyze.hang import diagnose
@@ -310,9 +313,10 @@ def test_fuzz_flight_recorder_json(work, ops, bops, gz):
     t = _only_tracelens_errors(flight_recorder.read, p)
     if t is not None:
         _only_tracelens_errors(diagnose, t, expected_ranks=range(4))
+    _only_tracelens_errors(flight_recorder.read_status, p)
 
 
-@settings(max_examples=300, **SETTINGS)
+@settings(max_examples=300 * SCALE, **SETTINGS)
 @given(ops=OPS, bops=BYTES_OPS, protocol=st.sampled_from([2, 4, 5]))
 def test_fuzz_flight_recorder_pickle(work, ops, bops, protocol):
     doc = mutate(FR_SEED, ops)
@@ -331,7 +335,7 @@ def test_fuzz_flight_recorder_pickle(work, ops, bops, protocol):
 PLUGIN_SEED = json.loads(PLUGIN_TEXT)
 
 
-@settings(max_examples=300, **SETTINGS)
+@settings(max_examples=300 * SCALE, **SETTINGS)
 @given(ops=OPS, bops=BYTES_OPS, gz=st.booleans())
 def test_fuzz_nccl_plugin(work, ops, bops, gz):
     data = mutate_bytes(_serialize(mutate(PLUGIN_SEED, ops)), bops)
@@ -341,6 +345,8 @@ def test_fuzz_nccl_plugin(work, ops, bops, gz):
     t = _only_tracelens_errors(nccl_plugin.read, p)
     if t is not None:
         _only_tracelens_errors(nccl_plugin.align_ranks, t)
+    _only_tracelens_errors(nccl_plugin.read_details, p)
+    _only_tracelens_errors(nccl_plugin.read_many, [p])
 
 
 # ------------------------------------------------------------------------------------ NCCL log
@@ -373,7 +379,7 @@ def mutate_log(ops) -> bytes:
     return "".join(lines).encode("utf-8", errors="surrogatepass")
 
 
-@settings(max_examples=300, **SETTINGS)
+@settings(max_examples=300 * SCALE, **SETTINGS)
 @given(ops=LINE_OPS, bops=BYTES_OPS, gz=st.booleans())
 def test_fuzz_nccl_log(work, ops, bops, gz):
     data = mutate_bytes(mutate_log(ops), bops)
@@ -381,10 +387,12 @@ def test_fuzz_nccl_log(work, ops, bops, gz):
     p.write_bytes(gzip.compress(data, compresslevel=1) if gz else data)
     detect_format(p)
     _only_tracelens_errors(nccl_log.read, p)
+    _only_tracelens_errors(nccl_log.read_many, [p, p])
+    _only_tracelens_errors(nccl_log.read_comms, p)
 
 
 # ---------------------------------------------------------------------------------- discovery
-@settings(max_examples=150, **SETTINGS)
+@settings(max_examples=150 * SCALE, **SETTINGS)
 @given(ops=OPS, bops=BYTES_OPS, which=st.integers(0, 3))
 def test_fuzz_discovery_of_a_mixed_folder(work, ops, bops, which):
     """A folder of one good trace and one mutated file of any format: discover either works or says why."""
