@@ -310,13 +310,25 @@ class Analysis:
 
         files = self.tables.files
         out: dict[str, pa.Table] = {}
-        fr_json = [f.path for f in files if f.fmt == FR_JSON]
-        fr_pkl = [f.path for f in files if f.fmt == FR_PICKLE]
+
+        def usable(paths: list[Path], read) -> list[Path]:
+            """The files `read` accepts; an unreadable one (a dump cut mid-write) is a warning, not fatal."""
+            ok = []
+            for p in paths:
+                try:
+                    read(p)
+                    ok.append(p)
+                except TracelensError as err:
+                    self.warnings.append(f"skipped {err}")
+            return ok
+
+        fr_json = usable([f.path for f in files if f.fmt == FR_JSON], flight_recorder.read)
+        fr_pkl = usable([f.path for f in files if f.fmt == FR_PICKLE], flight_recorder.read)
         # The same dump is often written both ways; JSON wins, pickle fills ranks JSON lacks.
         fr = fr_json or fr_pkl
         if fr:
             out["flight_recorder"] = flight_recorder.read_many(fr)
-        plugin = [f.path for f in files if f.fmt == NCCL_PLUGIN]
+        plugin = usable([f.path for f in files if f.fmt == NCCL_PLUGIN], nccl_plugin.read)
         if plugin:
             t = nccl_plugin.read_many(plugin)
             ref = self.cross.collectives if self.cross is not None else None
@@ -325,7 +337,7 @@ class Analysis:
             else:
                 t = nccl_plugin.align_ranks(t)
             out["nccl_plugin"] = t
-        logs = [f.path for f in files if f.fmt == NCCL_LOG]
+        logs = usable([f.path for f in files if f.fmt == NCCL_LOG], nccl_log.read)
         if logs:
             out["nccl_log"] = nccl_log.read_many(logs)
         return out
