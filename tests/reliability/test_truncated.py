@@ -158,3 +158,22 @@ def test_plugin_and_log_cut_keep_what_precedes_the_cut(tmp_path):
     gz = gzip.compress(LOG_TEXT.encode())
     t = nccl_log.read(write(tmp_path / "c.log.gz", gz[: len(gz) - 12]))
     assert 0 < t.num_rows <= 3
+
+
+@pytest.mark.skipif(not GLOO.exists(), reason="sample_traces/cpu-gloo-4rank absent")
+def test_a_cut_flight_recorder_dump_in_a_run_is_skipped_with_a_warning(tmp_path):
+    """The Kineto analysis and the other dumps still count; the cut dump is named in run.warnings."""
+    d = tmp_path / "run"
+    d.mkdir()
+    for r in range(2):
+        write(d / f"rank{r}.json", kineto_doc(r, 2))
+    fr = GLOO / "flight_recorder" / "json"
+    write(d / "fr_trace_rank_0.json", (fr / "fr_trace_rank_0.json").read_bytes())
+    write(d / "fr_trace_rank_1.json", cut((fr / "fr_trace_rank_1.json").read_bytes(), 0.5))
+    s = analyze_run(d, Options(no_cache=True)).summary()
+    assert s["run"]["ranks"] == [0, 1]
+    assert any(
+        w.startswith("skipped ") and "fr_trace_rank_1.json: invalid JSON" in w for w in s["run"]["warnings"]
+    )
+    whole = flight_recorder.read(fr / "fr_trace_rank_0.json").num_rows
+    assert s["collectives"]["sources"]["flight_recorder"] == whole
