@@ -144,8 +144,9 @@ def test_pickle_only_through_the_restricted_unpickler(tmp_path):
     write(tmp_path / "run" / "rank0.json", kineto_doc(0, 1))
     with pytest.raises(BadTraceError, match=r"fr_trace_rank_0: unsafe or invalid pickle \(refused global"):
         flight_recorder.read(p)
-    with pytest.raises(BadTraceError, match="refused global"):
-        analyze_run(tmp_path / "run", Options(no_cache=True)).summary()
+    # in a run, the dump is skipped and named (the Kineto analysis goes on)
+    s = analyze_run(tmp_path / "run", Options(no_cache=True)).summary()
+    assert any("fr_trace_rank_0: unsafe or invalid pickle (refused global" in w for w in s["run"]["warnings"])
     assert not marker.exists()
     # a plain-data pickle is fine
     ok = {"version": "2.4", "pg_config": {}, "entries": []}
