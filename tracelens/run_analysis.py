@@ -390,16 +390,21 @@ class Analysis:
                 )
             )
         salvaged = self.metadata.filter(pa.compute.equal(self.metadata.column("salvaged"), True))
+        bd = self.breakdown.select(["rank", "step"]).to_pylist()
         for row in salvaged.to_pylist():
-            frac = row.get("salvaged_fraction")
-            pct = f"{100 * frac:.0f}% of its bytes" if frac is not None else "part of it"
+            kept = sorted({b["step"] for b in bd if b["rank"] == row["rank"] and b["step"] is not None})
+            steps = (
+                f"complete steps analyzed: {', '.join(map(str, kept))}" if kept else "no complete step left"
+            )
             out.append(
                 finding(
                     "PARTIAL_TRACE",
                     "warning",
-                    f"rank {row['rank']}: trace {Path(row['path']).name} is truncated; "
-                    f"salvaged {row['events']} events ({pct})",
+                    f"rank {row['rank']}: trace {Path(row['path']).name} was cut mid-write; salvaged the "
+                    f"{row['events']:,} complete events before the cut ({steps})",
                     ranks=[row["rank"]],
+                    salvaged_events=row["events"],
+                    steps_analyzed=kept,
                 )
             )
         return out

@@ -191,7 +191,7 @@ def _slow_links(
     if d.empty:
         return {}, d
     d["bytes_k"] = d["bytes"].astype("Float64").fillna(-1).astype("int64")
-    d["host"] = d["rank"].astype(int).map(hosts or {}).fillna("")
+    d["host"] = d["rank"].astype(int).map(hosts or {}).astype(object).fillna("")
     d["pair"] = np.where(
         d["is_p2p"].astype(bool),
         "p2p|" + np.minimum(d["rank"], d["peer"].fillna(-1)).astype(str) + "|"

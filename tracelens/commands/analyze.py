@@ -83,6 +83,8 @@ def print_rank_table(summary: dict) -> None:
     for line in summary.get("headlines", []):
         if line not in printed:
             console.print(line, markup=False)
+    for w in summary["run"].get("warnings") or []:
+        console.print(f"[note] {w}", markup=False)
 
 
 @app.command("analyze")
