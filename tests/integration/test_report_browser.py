@@ -264,3 +264,25 @@ def test_compare_report_in_chromium(run_report, tmp_path):
     dom, err, px = open_in_chromium(page, tmp_path)
     check_page(dom, err, px, page)
     assert "What changed most" in dom and "Side by side" in dom
+
+
+@pytest.mark.slow
+def test_1024_rank_report_under_10_mb_opens_in_chromium(tmp_path):
+    """Acceptance: the report of a simulated 1,024-rank run stays under 10 MB and opens in Chromium."""
+    from tracelens.simulate import TINY_MODEL, SimConfig, simulate
+
+    run = tmp_path / "run1024"
+    cfg = SimConfig(
+        model=TINY_MODEL, seq_len=2048, tp=8, pp=4, dp=32, microbatches=4, steps=2, seed=0, compress_level=1
+    )
+    simulate(cfg, run)
+    out = tmp_path / "out"
+    r = tracelens("analyze", str(run), "-o", str(out), "--no-cache")
+    assert r.returncode == 0, r.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert len(summary["ranks"]) == 1024
+    page = out / "report.html"
+    assert page.stat().st_size < 10 * 1024 * 1024
+    shutil.rmtree(run)  # the traces are no longer needed; keep the disk free for Chromium
+    dom, stderr, pixels = open_in_chromium(page, tmp_path)
+    check_page(dom, stderr, pixels, page)
