@@ -5,18 +5,9 @@ from __future__ import annotations
 import pyarrow as pa
 
 from tracelens import schema
+from tracelens.schema import table_from_rows
 
-
-def table_from_rows(rows: list[dict], sch: pa.Schema) -> pa.Table:
-    """Rows (missing keys -> null) to a table with exactly schema `sch` (dictionary columns encoded)."""
-    cols = {}
-    for field in sch:
-        vals = [row.get(field.name) for row in rows]
-        if pa.types.is_dictionary(field.type):
-            cols[field.name] = pa.array(vals, pa.string()).dictionary_encode().cast(field.type)
-        else:
-            cols[field.name] = pa.array(vals, field.type)
-    return pa.table(cols, schema=sch)
+__all__ = ["events_table", "table_from_rows"]
 
 
 def events_table(rows: list[dict]) -> pa.Table:

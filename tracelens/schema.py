@@ -114,4 +114,16 @@ COLLECTIVES = pa.schema(
     ]
 )
 
+def table_from_rows(rows: list[dict], sch: pa.Schema) -> pa.Table:
+    """Row dicts (missing keys -> null) to a table with exactly schema `sch`, dictionary columns encoded."""
+    cols = {}
+    for field in sch:
+        vals = [row.get(field.name) for row in rows]
+        if pa.types.is_dictionary(field.type):
+            cols[field.name] = pa.array(vals, pa.string()).dictionary_encode().cast(field.type)
+        else:
+            cols[field.name] = pa.array(vals, field.type)
+    return pa.table(cols, schema=sch)
+
+
 KERNEL_NAME_COMM = r"^(nccl(Dev)?Kernel_|rccl|ncclDevKernel|ncclKernel)"

@@ -109,14 +109,7 @@ def build(steps: int = 3, seed: int = 0) -> pa.Table:
                 instance(pg, "allgather", "BFloat16", 1 << 20, 1 << 21, 2, g[pg][1])
         instance("0", "allreduce", "Float", 1, 1, 4, list(range(WORLD)))
 
-    cols = {}
-    for field in schema.COLLECTIVES:
-        vals = [r.get(field.name) for r in rows]
-        if pa.types.is_dictionary(field.type):
-            cols[field.name] = pa.array(vals, pa.string()).dictionary_encode().cast(field.type)
-        else:
-            cols[field.name] = pa.array(vals, field.type)
-    tbl = pa.table(cols, schema=schema.COLLECTIVES)
+    tbl = schema.table_from_rows(rows, schema.COLLECTIVES)
     return tbl.sort_by([("rank", "ascending"), ("enqueue_ns", "ascending")])
 
 

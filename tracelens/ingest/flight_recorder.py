@@ -353,14 +353,7 @@ def _table(rows: list[dict]) -> pa.Table:
         key = (r["rank"], r["pg_name"], r["op"])
         r["order"] = counters.get(key, 0)
         counters[key] = r["order"] + 1
-    cols = {}
-    for field in schema.COLLECTIVES:
-        vals = [r.get(field.name) for r in rows]
-        if pa.types.is_dictionary(field.type):
-            cols[field.name] = pa.array(vals, pa.string()).dictionary_encode().cast(field.type)
-        else:
-            cols[field.name] = pa.array(vals, field.type)
-    return pa.table(cols, schema=schema.COLLECTIVES)
+    return schema.table_from_rows(rows, schema.COLLECTIVES)
 
 
 def read(path: str | Path, rank: int | None = None) -> pa.Table:

@@ -210,14 +210,7 @@ def read_comms(path: str | Path) -> pa.Table:
 
 
 def _table(rows: list[dict]) -> pa.Table:
-    cols = {}
-    for field in schema.COLLECTIVES:
-        vals = [r.get(field.name) for r in rows]
-        if pa.types.is_dictionary(field.type):
-            cols[field.name] = pa.array(vals, pa.string()).dictionary_encode().cast(field.type)
-        else:
-            cols[field.name] = pa.array(vals, field.type)
-    return pa.table(cols, schema=schema.COLLECTIVES)
+    return schema.table_from_rows(rows, schema.COLLECTIVES)
 
 
 def _rows(calls: list[dict], inits: list[dict], world: dict | None = None) -> list[dict]:

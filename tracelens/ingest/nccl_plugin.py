@@ -216,14 +216,7 @@ def _collect_events(
 
 
 def _table(rows: list[dict]) -> pa.Table:
-    cols = {}
-    for field in schema.COLLECTIVES:
-        vals = [r.get(field.name) for r in rows]
-        if pa.types.is_dictionary(field.type):
-            cols[field.name] = pa.array(vals, pa.string()).dictionary_encode().cast(field.type)
-        else:
-            cols[field.name] = pa.array(vals, field.type)
-    return pa.table(cols, schema=schema.COLLECTIVES)
+    return schema.table_from_rows(rows, schema.COLLECTIVES)
 
 
 def read(
