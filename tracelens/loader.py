@@ -10,14 +10,10 @@ user cache folder (`$XDG_CACHE_HOME/tracelens` or `~/.cache/tracelens`).
 from __future__ import annotations
 
 import hashlib
-import json
 import os
-import queue
 import shutil
-import subprocess
 import sys
 import tempfile
-import threading
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -158,127 +154,6 @@ def ingest_rank(path: str, rank: int, events: str, memory: str, meta: str, salva
     return rank
 
 
-class _WorkerPool:
-    """Persistent worker processes (`python -c ... _worker_main()`), one task at a time each, over pipes.
-
-    Workers are fresh interpreters started by command line, not by multiprocessing: nothing of the caller's
-    `__main__` is re-imported (scripts without a main guard and notebooks work) and no threads are forked.
-    """
-
-    def __init__(self, n: int):
-        env = dict(os.environ)
-        pkg_parent = str(Path(__file__).resolve().parent.parent)
-        env["PYTHONPATH"] = pkg_parent + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        self._errs = [tempfile.TemporaryFile() for _ in range(n)]  # noqa: SIM115 (closed in close())
-        self.procs = [
-            subprocess.Popen(
-                [sys.executable, "-c", "from tracelens.loader import _worker_main; _worker_main()"],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=err,
-                env=env,
-            )
-            for err in self._errs
-        ]
-
-    def run(self, i: int, task: dict) -> dict:
-        """Send one task to worker i and wait for its one-line JSON answer."""
-        p = self.procs[i]
-        assert p.stdin is not None and p.stdout is not None
-        try:
-            p.stdin.write(json.dumps(task).encode() + b"\n")
-            p.stdin.flush()
-            line = p.stdout.readline()
-        except OSError:
-            line = b""
-        if not line:
-            p.wait()
-            self._errs[i].seek(0)
-            tail = self._errs[i].read().decode(errors="replace").strip().splitlines()[-1:]
-            return {
-                "error": "RuntimeError",
-                "message": f"ingest worker died (exit {p.returncode}) " + " ".join(tail),
-            }
-        return json.loads(line)
-
-    def close(self) -> None:
-        for p in self.procs:
-            try:
-                if p.stdin:
-                    p.stdin.close()
-            except OSError:
-                pass
-        for p in self.procs:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-        for f in self._errs:
-            f.close()
-
-
-def _worker_main() -> None:
-    """Worker loop: one JSON task per stdin line -> one JSON answer per stdout line."""
-    # Answers go to a private copy of stdout; anything else printed to stdout lands on stderr instead.
-    sys.stdout.flush()
-    out = os.fdopen(os.dup(1), "wb")
-    os.dup2(2, 1)
-    for line in sys.stdin.buffer:
-        t = json.loads(line)
-        try:
-            r = ingest_rank(t["path"], t["rank"], t["events"], t["memory"], t["meta"], t["salvage"])
-            ans = {"ok": r}
-        except Exception as err:  # noqa: BLE001 (reported to the parent, which raises it there)
-            ans = {"error": type(err).__name__, "message": str(err)}
-        out.write(json.dumps(ans).encode() + b"\n")
-        out.flush()
-
-
-def _raise_remote(ans: dict) -> None:
-    cls = getattr(errors, ans.get("error", ""), None)
-    if isinstance(cls, type) and issubclass(cls, errors.TracelensError):
-        raise cls(ans["message"])
-    raise RuntimeError(f"{ans.get('error')}: {ans.get('message')}")
-
-
-def _run_parallel(tasks: list[dict], n: int, progress: Progress | None, done: int, total: int) -> None:
-    pool = _WorkerPool(n)
-    q: queue.Queue = queue.Queue()
-    for t in tasks:
-        q.put(t)
-    results: queue.Queue = queue.Queue()
-    stop = threading.Event()
-
-    def feed(i: int) -> None:
-        while not stop.is_set():
-            try:
-                t = q.get_nowait()
-            except queue.Empty:
-                return
-            results.put(pool.run(i, t))
-
-    threads = [threading.Thread(target=feed, args=(i,), daemon=True) for i in range(n)]
-    for th in threads:
-        th.start()
-    try:
-        for _ in range(len(tasks)):
-            ans = results.get()
-            if "error" in ans:
-                _raise_remote(ans)
-            done += 1
-            if progress:
-                progress(done, total)
-    finally:
-        stop.set()
-        if any(th.is_alive() for th in threads):
-            for p in pool.procs:
-                p.kill()
-        for th in threads:
-            th.join()
-        pool.close()
-
-
 def ingest_to_parquet(
     files: list[TraceFile],
     root: Path,
@@ -296,26 +171,24 @@ def ingest_to_parquet(
     total, done = len(kin), len(kin) - len(todo)
     if progress:
         progress(done, total)
+    from tracelens.engine.pool import run_tasks
+
     n = min(workers or os.cpu_count() or 1, len(todo)) if sys.executable else 1  # embedded: no workers
-    if n <= 1:
-        for f, e in todo:
-            ingest_rank(str(f.path), f.rank, str(e.events), str(e.memory), str(e.meta), salvage)
-            done += 1
-            if progress:
-                progress(done, total)
-    else:
-        tasks = [
-            {
+    tasks = [
+        {
+            "fn": "ingest_rank",
+            "kw": {
                 "path": str(f.path),
                 "rank": f.rank,
                 "events": str(e.events),
                 "memory": str(e.memory),
                 "meta": str(e.meta),
                 "salvage": salvage,
-            }
-            for f, e in todo
-        ]
-        _run_parallel(tasks, n, progress, done, total)
+            },
+        }
+        for f, e in todo
+    ]
+    run_tasks(tasks, n, progress, done, total)
     return entries
 
 

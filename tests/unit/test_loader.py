@@ -62,7 +62,7 @@ def test_cache_hit_and_invalidation(tmp_path, monkeypatch):
     seen = []
     real = loader.ingest_rank
     monkeypatch.setattr(
-        loader, "ingest_rank", lambda path, rank, *a: seen.append(rank) or real(path, rank, *a)
+        loader, "ingest_rank", lambda path, rank, **kw: seen.append(rank) or real(path, rank, **kw)
     )
     t = loader.load_tables(run, workers=1)
     assert seen == [1]

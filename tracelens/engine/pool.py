@@ -1,7 +1,7 @@
 """A small pool of persistent worker interpreters running per-rank tasks (ingest + per-rank stage).
 
-Workers are fresh interpreters started by command line (`python -c ...`), like the ingest pool of
-`tracelens.loader`: nothing of the caller's `__main__` is re-imported (scripts without a main guard and
+Used by the Parquet ingest of `tracelens.loader` and by the per-rank stage of the local engine.
+Workers are fresh interpreters started by command line (`python -c ...`): nothing of the caller's `__main__` is re-imported (scripts without a main guard and
 notebooks work) and no threads are forked. Tasks and answers are one JSON line each over pipes; a task
 names a function of `TASKS` and its keyword arguments.
 """
@@ -27,8 +27,14 @@ def _process_rank(**kw) -> int:
     return process_rank(**kw)
 
 
+def _ingest_rank(**kw) -> int:
+    from tracelens.loader import ingest_rank
+
+    return ingest_rank(**kw)
+
+
 #: Functions a worker may run, by name.
-TASKS: dict[str, Callable[..., int]] = {"process_rank": _process_rank}
+TASKS: dict[str, Callable[..., int]] = {"process_rank": _process_rank, "ingest_rank": _ingest_rank}
 
 
 class WorkerPool:
