@@ -16,9 +16,7 @@ second analysis of the same run reads only these small files.
 
 from __future__ import annotations
 
-import os
 import re
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +28,7 @@ import pyarrow.parquet as pq
 from tracelens import schema
 from tracelens.analyze.breakdown import BREAKDOWN, RankSets, breakdown, class_sets, step_windows
 from tracelens.analyze.classify import COMM, COMPUTE, DEVICE_KINDS, _dict_lookup, classify
+from tracelens.loader import _write_atomic  # one atomic Parquet writer for every cache file
 
 #: Bump when what a stage file holds changes: old stage files are then ignored (and rebuilt).
 STAGE_VERSION = "3"
@@ -194,17 +193,6 @@ def stage_dir(events_parquet: Path) -> Path:
 def stage_paths(events_parquet: Path, rank: int) -> dict[str, Path]:
     d = stage_dir(events_parquet)
     return {p: d / f"rank{rank}.{p}.parquet" for p in _PARTS}
-
-
-def _write_atomic(table: pa.Table, dest: Path) -> None:
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
-    try:
-        pq.write_table(table, tmp, compression="zstd", compression_level=1)
-        os.replace(tmp, dest)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
 
 
 def _sets_table(st: RankStage) -> pa.Table:
