@@ -411,22 +411,34 @@ class Analysis:
 
     # ---- summary ------------------------------------------------------------------------------
     def exposed_comm_findings(self, ranks: list[dict]) -> list[dict]:
+        """EXPOSED_COMM_HIGH on exposed communication beyond pipeline waits.
+
+        A pipeline stage that waits for its neighbour waits inside the P2P receive kernel, so that time is
+        exposed communication and bubble at once; it is reported as a bubble, not here.
+        """
+
+        def beyond_bubble(r: dict) -> float:
+            exposed = r["exposed_comm_ms"] or 0.0
+            return exposed - min(r.get("bubble_ms") or 0.0, exposed)
+
         high = [
             r
             for r in ranks
-            if r["step_time_ms"] and (r["exposed_comm_ms"] or 0) / r["step_time_ms"] > EXPOSED_COMM_THRESHOLD
+            if r["step_time_ms"] and beyond_bubble(r) / r["step_time_ms"] > EXPOSED_COMM_THRESHOLD
         ]
         if not high:
             return []
-        worst = max(high, key=lambda r: r["exposed_comm_ms"] / r["step_time_ms"])
-        share = worst["exposed_comm_ms"] / worst["step_time_ms"]
+        worst = max(high, key=lambda r: beyond_bubble(r) / r["step_time_ms"])
+        share = beyond_bubble(worst) / worst["step_time_ms"]
+        waits = worst["exposed_comm_ms"] - beyond_bubble(worst)
+        of_which = f"; {waits:.1f} ms more are pipeline waits" if waits > 0 else ""
         return [
             finding(
                 "EXPOSED_COMM_HIGH",
                 "warning",
-                f"exposed communication takes more than {EXPOSED_COMM_THRESHOLD:.0%} of the step on "
-                f"{len(high)} of {len(ranks)} ranks (worst: rank {worst['rank']}, {share:.0%}, "
-                f"{worst['exposed_comm_ms']:.1f} ms/step)",
+                f"exposed communication (beyond pipeline waits) takes more than {EXPOSED_COMM_THRESHOLD:.0%} of "
+                f"the step on {len(high)} of {len(ranks)} ranks (worst: rank {worst['rank']}, {share:.0%}, "
+                f"{beyond_bubble(worst):.1f} ms/step{of_which})",
                 ranks=[r["rank"] for r in high],
                 threshold=EXPOSED_COMM_THRESHOLD,
             )

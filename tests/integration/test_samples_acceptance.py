@@ -69,3 +69,16 @@ def test_planted_faults_found_and_clean_runs_quiet(sample):
         assert "KV_HEAD_REPLICATION" in codes
     if "split" in name:
         assert "UNEQUAL_STAGE_COMPOSITION" in codes
+
+
+def test_exposed_comm_high_ignores_pipeline_waits(sample):
+    """P2P waits are bubbles: a clean pipeline run whose exposed comm is mostly bubble gets no EXPOSED_COMM_HIGH."""
+    name, truth, summary = sample
+    fired = any(f["code"] == "EXPOSED_COMM_HIGH" for f in summary["findings"])
+    beyond = [
+        (r["exposed_comm_ms"] - min(r["bubble_ms"] or 0, r["exposed_comm_ms"])) / r["step_time_ms"]
+        for r in summary["ranks"]
+    ]
+    assert fired == (max(beyond) > 0.20), name
+    if name == "qwen35-27b-seq4k-tp4pp4":
+        assert not fired and max(r["exposed_comm_ms"] / r["step_time_ms"] for r in summary["ranks"]) > 0.4
