@@ -330,48 +330,38 @@ def bubble_bar(stages: Sequence[Mapping]) -> go.Figure:
 # ----------------------------------------------------------------------------------------------------
 # composition
 # ----------------------------------------------------------------------------------------------------
-def composition_bar(stages: Mapping) -> go.Figure:
-    """Stacked layer counts by type per stage; `stages`: {stage: {layer type: count}}."""
-    keys = sorted(stages, key=lambda s: int(s))
-    types = sorted({t for s in keys for t in stages[s]})
+def _stacked_by_type(per_stage: Mapping, value, title: str, yaxis: str, height: int) -> go.Figure:
+    """Stacked bars per stage, one trace per layer type; `per_stage`: {stage: {layer type: number}}."""
+    keys = sorted(per_stage, key=lambda s: int(s))
+    types = sorted({t for s in keys for t in per_stage[s]})
     fig = go.Figure()
     for t in types:
         fig.add_bar(
             name=txt(t),
             x=[f"stage {s}" for s in keys],
-            y=[int(stages[s].get(t, 0) or 0) for s in keys],
+            y=[value(per_stage[s].get(t)) for s in keys],
             marker_color=TYPE_COLORS.get(t),
         )
-    fig.update_layout(
-        barmode="stack",
-        title="Layers per pipeline stage, by type",
-        yaxis_title="layers",
-        legend_orientation="h",
-        height=360,
-    )
+    fig.update_layout(barmode="stack", title=title, yaxis_title=yaxis, legend_orientation="h", height=height)
     return fig
+
+
+def composition_bar(stages: Mapping) -> go.Figure:
+    """Stacked layer counts by type per stage; `stages`: {stage: {layer type: count}}."""
+    return _stacked_by_type(
+        stages, lambda v: int(v or 0), "Layers per pipeline stage, by type", "layers", 360
+    )
 
 
 def stage_type_ms_bar(per_stage_type_ms: Mapping) -> go.Figure:
     """Stacked GPU compute per microbatch by layer type per stage (composition.per_stage_type_ms, ms)."""
-    keys = sorted(per_stage_type_ms, key=lambda s: int(s))
-    types = sorted({t for s in keys for t in per_stage_type_ms[s]})
-    fig = go.Figure()
-    for t in types:
-        fig.add_bar(
-            name=txt(t),
-            x=[f"stage {s}" for s in keys],
-            y=[_r(per_stage_type_ms[s].get(t) or 0.0) for s in keys],
-            marker_color=TYPE_COLORS.get(t),
-        )
-    fig.update_layout(
-        barmode="stack",
-        title="Compute per microbatch by layer type and stage (forward + backward)",
-        yaxis_title="ms per microbatch",
-        legend_orientation="h",
-        height=380,
+    return _stacked_by_type(
+        per_stage_type_ms,
+        lambda v: _r(v or 0.0),
+        "Compute per microbatch by layer type and stage (forward + backward)",
+        "ms per microbatch",
+        380,
     )
-    return fig
 
 
 def time_share_bar(
