@@ -211,3 +211,34 @@ def test_first_boundary():
     assert fb(b'{"a": 1} ,  ', 0) is None  # may continue in the next block
     assert fb(b'{"a": {"b": 1}}, {', 0) == (15, 17)  # the inner `}` is not followed by `,`
     assert fb(buf, 8) == (9, 11)  # a `}` at or after `lo`
+
+
+def test_split_tests_run_in_a_fresh_process():
+    """A split read needs a process with no other thread; in a long pytest session (Dask, browsers) threads
+    linger and the fixture above skips. Run this module in a fresh interpreter so the split path is always
+    tested: every test must pass and none may skip."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    here = Path(__file__)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            str(here),
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-k",
+            "not fresh_process",
+            "-rs",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=here.parents[2],
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    assert "skipped" not in r.stdout and " passed" in r.stdout, r.stdout[-2000:]
