@@ -171,8 +171,6 @@ def ingest_to_parquet(
     total, done = len(kin), len(kin) - len(todo)
     if progress:
         progress(done, total)
-    from tracelens.engine.pool import run_tasks
-
     n = min(workers or os.cpu_count() or 1, len(todo)) if sys.executable else 1  # embedded: no workers
     tasks = [
         {
@@ -188,7 +186,10 @@ def ingest_to_parquet(
         }
         for f, e in todo
     ]
-    run_tasks(tasks, n, progress, done, total)
+    if tasks:
+        from tracelens.workers import run_tasks
+
+        run_tasks(tasks, n, progress, done, total)
     return entries
 
 

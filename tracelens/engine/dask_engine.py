@@ -20,7 +20,7 @@ from tracelens.errors import BadInputError
 
 def _run_task(task: dict) -> int:
     """Run one per-rank task inside a Dask worker."""
-    from tracelens.engine.pool import TASKS
+    from tracelens.workers import TASKS
 
     return TASKS[task["fn"]](**task["kw"])
 

@@ -202,7 +202,7 @@ def load_staged(
     `no_cache` works in a temporary folder removed with the tables, or, when not `temp_cache` (a cluster
     whose workers cannot see this machine's temporary folder), rebuilds the run's cache entries in place.
     """
-    from tracelens.engine.pool import run_tasks
+    from tracelens.workers import run_tasks
 
     p = Path(path).expanduser()
     files = discover(p, ranks)

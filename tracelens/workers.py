@@ -47,7 +47,7 @@ class WorkerPool:
         self._errs = [tempfile.TemporaryFile() for _ in range(n)]  # noqa: SIM115 (closed in close())
         self.procs = [
             subprocess.Popen(
-                [sys.executable, "-c", "from tracelens.engine.pool import worker_main; worker_main()"],
+                [sys.executable, "-c", "from tracelens.workers import worker_main; worker_main()"],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=err,
