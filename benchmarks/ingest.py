@@ -9,8 +9,8 @@ that a busy moment of a shared machine hits every row alike.
     .venv/bin/python benchmarks/ingest.py                      # df_index_resolver (53.7 MB raw)
     .venv/bin/python benchmarks/ingest.py TRACE.json.gz --repeat 5 --hta-python /path/to/hta-venv/bin/python
 
-The tracelens `read` rows run with TRACELENS_SPLIT unset (the default: one process) and, as `_split`, with
-TRACELENS_SPLIT=1 (the file decoded by two processes); `split runs` says how many runs of a row were split,
+The tracelens `read` rows run with TRACELENS_SPLIT unset (the default, `auto`: two processes when a CPU is
+idle, else one) and, as `_split`, with TRACELENS_SPLIT=1 (always two processes); `split runs` says how many runs of a row were split,
 and for those the helper's peak RSS minus its RSS just after the fork (the memory it allocated or copied on
 write) is reported separately and added in `x raw JSON with helper`.
 
@@ -89,7 +89,7 @@ base = rss_kb(); _CPU0[0] = _cpu(); t0 = time.perf_counter()
 tr = kineto.read(sys.argv[ARG])
 report(t0, base, rows=tr.events.num_rows, split=bool(used and used[0]))
 """
-#: TRACELENS_SPLIT per tracelens row: None the default (one process), "1" a split read (two processes).
+#: TRACELENS_SPLIT per tracelens row: None the default (auto), "1" a split read (two processes).
 SPLIT_ENV = {
     "tracelens_read_gz": None,
     "tracelens_read_gz_split": "1",

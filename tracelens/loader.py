@@ -115,7 +115,7 @@ def _write_atomic(table: pa.Table, dest: Path) -> None:
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(f".{dest.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
     try:
-        pq.write_table(table, tmp, compression="zstd", compression_level=1)
+        pq.write_table(table, tmp, compression="lz4")
         os.replace(tmp, dest)
     finally:
         if tmp.exists():

@@ -44,6 +44,8 @@ class WorkerPool:
         env = dict(os.environ)
         pkg_parent = str(Path(__file__).resolve().parent.parent.parent)
         env["PYTHONPATH"] = pkg_parent + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        if env.get("TRACELENS_SPLIT", "auto").strip().lower() == "auto":
+            env["TRACELENS_SPLIT"] = "0"  # the pool already keeps every core busy with one rank per worker
         self._errs = [tempfile.TemporaryFile() for _ in range(n)]  # noqa: SIM115 (closed in close())
         self.procs = [
             subprocess.Popen(

@@ -8,6 +8,7 @@ serial read of the same file.
 from __future__ import annotations
 
 import gzip
+import os
 import threading
 
 import kineto_traces as kt
@@ -199,7 +200,11 @@ def test_split_not_used_when_disabled_or_small(tmp_path, monkeypatch):
     monkeypatch.setenv("TRACELENS_SPLIT", "0")
     assert kineto._can_split() is False
     monkeypatch.delenv("TRACELENS_SPLIT")
-    assert kineto._can_split() is False  # off by default
+    # default "auto": only with an idle CPU (1-minute load average below CPUs - 0.5)
+    monkeypatch.setattr(kineto.os, "getloadavg", lambda: (64.0, 64.0, 64.0))
+    assert kineto._can_split() is False
+    monkeypatch.setattr(kineto.os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    assert kineto._can_split() is (threading.active_count() == 1 and len(os.sched_getaffinity(0)) >= 2)
 
 
 def test_first_boundary():

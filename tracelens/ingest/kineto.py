@@ -1011,14 +1011,15 @@ def _split_point(path: Path) -> int | None:
 
 
 def _can_split() -> bool:
-    """Whether to fork a helper process. Off unless TRACELENS_SPLIT is `1` (always when applicable) or
-    `auto` (only when a CPU is idle: 1-minute load average below CPUs - 0.5), because a split read costs ~40%
-    more CPU and on the 2-core machine it was measured on it was slower in every run (docs/performance.md).
+    """Whether to fork a helper process. TRACELENS_SPLIT: `auto` (the default: only when a CPU is idle,
+    1-minute load average below CPUs - 0.5), `1` (always when applicable) or `0` (never). A split read costs
+    ~40% more CPU in total, so it pays only with an idle core (docs/performance.md); pool workers (the
+    loader's one rank per worker) run with TRACELENS_SPLIT=0.
     Also required: Linux, at least 2 usable CPUs, not inside a worker process of a pool (the loader already
     runs one rank per worker), no other Python thread in this process. (numpy's BLAS and Arrow start idle
     native pool threads at import; both libraries re-initialise them in a forked child, as for
     multiprocessing's fork start method.)"""
-    mode = os.environ.get("TRACELENS_SPLIT", "0").strip().lower()
+    mode = os.environ.get("TRACELENS_SPLIT", "auto").strip().lower()
     if mode not in ("1", "yes", "on", "true", "auto") or not sys.platform.startswith("linux"):
         return False  # fork is only used where it is the platform's norm
     try:
