@@ -421,6 +421,14 @@ class Analysis:
         return out
 
     # ---- summary ------------------------------------------------------------------------------
+    def rank_warnings(self) -> list[str]:
+        """Say so when a trace's rank was assumed (a lone trace without rank info is taken as rank 0)."""
+        return [
+            f"{Path(f.path).name}: no rank in distributedInfo or the file name; analyzed as rank {f.rank}"
+            for f in getattr(self.tables, "files", [])
+            if getattr(f, "rank_source", None) == "default"
+        ]
+
     def exposed_comm_findings(self, ranks: list[dict]) -> list[dict]:
         """EXPOSED_COMM_HIGH on exposed communication beyond pipeline waits.
 
@@ -498,7 +506,9 @@ class Analysis:
             "gpu": self.gpu_name,
             "seq_len": self.options.seq_len,
             "layout": self.grid.to_dict(),
-            "warnings": list(self.warnings) + list(getattr(self.grid, "notes", []) or []),
+            "warnings": self.rank_warnings()
+            + list(self.warnings)
+            + list(getattr(self.grid, "notes", []) or []),
             "analysis_path": sorted(set(self.breakdown.column("path").to_pylist())),
         }
         out = {

@@ -100,3 +100,17 @@ def test_compat_hta_matches_hta_golden(tmp_path):
         got = rows[int(rank)]
         for key in ("idle_time_pctg", "compute_time_pctg", "non_compute_time_pctg", "comp_comm_overlap_pctg"):
             assert abs(got[key] - want[key]) <= 0.1, (rank, key, got[key], want[key])
+
+
+@pytest.mark.skipif(not HTA.is_dir(), reason="../shared/traces/hta is absent")
+def test_assumed_rank_is_a_warning(tmp_path):
+    """A lone trace without rank info is analyzed as rank 0, and the summary and CLI say so."""
+    r = run("analyze", HTA / "rank_unavailable", "-o", tmp_path / "o", "--no-report")
+    assert r.returncode == 0, r.stderr
+    s = json.loads((tmp_path / "o" / "summary.json").read_text())
+    assert s["run"]["ranks"] == [0]
+    assert any("analyzed as rank 0" in w for w in s["run"]["warnings"])
+    assert "analyzed as rank 0" in r.stdout
+    r = run("analyze", GLOO, "-o", tmp_path / "g", "--no-report")
+    s = json.loads((tmp_path / "g" / "summary.json").read_text())
+    assert not any("analyzed as rank" in w for w in s["run"]["warnings"])
