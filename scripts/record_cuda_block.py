@@ -174,43 +174,44 @@ def build(torch, dims: Dims, group):
                 return x + _ReduceFromTP.apply(self.out_proj(o.flatten(-2)))
 
     def chunk_gated_delta_rule(q, k, v, g, beta):
-        """Chunked gated delta rule (Yang et al. 2024): [B, T, H, D] inputs, fp32 inside."""
+        """Chunked gated delta rule (Yang et al. 2024), [B, T, H, D] inputs, fp32 inside, organised as
+        flash-linear-attention's kernels are: per chunk, a triangular solve gives the WY factors (w, u);
+        a sequential scan over chunks computes each chunk's starting state (fla's `..._fwd_kernel_h`);
+        the outputs of all chunks then follow in parallel (fla's `chunk_fwd_kernel_o`)."""
         with record_function("chunk_gated_delta_rule"):
             dt = q.dtype
-            q, k, v, beta = (t.transpose(1, 2).float() for t in (q, k, v, beta))
-            g = g.transpose(1, 2)
-            b_, h_, t_, dk = k.shape
+            b_, t_, h_, dk = k.shape
             dv = v.shape[-1]
             n = t_ // CHUNK
+            # [B*H, N, C, D] in fp32
+            q, k, v = (x.transpose(1, 2).float().reshape(b_ * h_, n, CHUNK, -1) for x in (q, k, v))
+            beta = beta.transpose(1, 2).float().reshape(b_ * h_, n, CHUNK, 1)
+            g = g.transpose(1, 2).float().reshape(b_ * h_, n, CHUNK).cumsum(-1)
             q = q * dk**-0.5
-            kb = k * beta[..., None]
-            vb = v * beta[..., None]
-            q, k, kb, vb = (t.reshape(b_, h_, n, CHUNK, -1) for t in (q, k, kb, vb))
-            g = g.reshape(b_, h_, n, CHUNK).cumsum(-1)
+            kb, vb = k * beta, v * beta
             lower = torch.tril(torch.ones(CHUNK, CHUNK, dtype=torch.bool, device=q.device), -1)
-            decay = (g[..., :, None] - g[..., None, :]).masked_fill(~lower, -math.inf).exp()
+            causal = torch.tril(torch.ones(CHUNK, CHUNK, dtype=torch.bool, device=q.device))
+            gdiff = g[..., :, None] - g[..., None, :]
             eye = torch.eye(CHUNK, dtype=q.dtype, device=q.device)
-            big_l = (kb @ k.transpose(-1, -2)) * decay  # strictly lower
+            big_l = (kb @ k.transpose(-1, -2)) * gdiff.masked_fill(~lower, -math.inf).exp()
             tmat = torch.linalg.solve_triangular(
                 eye + big_l, eye.expand_as(big_l), upper=False, unitriangular=True
             )
             w = tmat @ (kb * g.exp()[..., None])
             u = tmat @ vb
-            causal = torch.tril(torch.ones(CHUNK, CHUNK, dtype=torch.bool, device=q.device))
-            decay_qk = (g[..., :, None] - g[..., None, :]).masked_fill(~causal, -math.inf).exp()
-            s = q.new_zeros(b_, h_, dk, dv)
-            outs = []
-            for i in range(n):
-                qi, ki, gi = q[:, :, i], k[:, :, i], g[:, :, i]
-                vi = u[:, :, i] - w[:, :, i] @ s
-                attn = (qi @ ki.transpose(-1, -2)) * decay_qk[:, :, i]
-                outs.append((qi * gi.exp()[..., None]) @ s + attn @ vi)
-                s = (
-                    s * gi[..., -1, None, None].exp()
-                    + (ki * (gi[..., -1:] - gi).exp()[..., None]).transpose(-1, -2) @ vi
-                )
-            o = torch.stack(outs, 2).reshape(b_, h_, t_, dv)
-            return o.transpose(1, 2).to(dt)
+            kd = (k * (g[..., -1:] - g).exp()[..., None]).transpose(-1, -2)  # [BH, N, dk, C]
+            dlast = g[..., -1].exp()[..., None, None]  # [BH, N, 1, 1]
+            s = q.new_zeros(b_ * h_, dk, dv)
+            states, vnews = [], []
+            for i in range(n):  # the only sequential part
+                states.append(s)
+                vn = torch.baddbmm(u[:, i], w[:, i], s, alpha=-1.0)
+                vnews.append(vn)
+                s = torch.baddbmm(s * dlast[:, i], kd[:, i], vn)
+            hs, vns = torch.stack(states, 1), torch.stack(vnews, 1)
+            attn = (q @ k.transpose(-1, -2)) * gdiff.masked_fill(~causal, -math.inf).exp()
+            o = (q * g.exp()[..., None]) @ hs + attn @ vns
+            return o.reshape(b_, h_, t_, dv).transpose(1, 2).to(dt)
 
     class GatedAttention(nn.Module):
         def __init__(self, name):
@@ -295,7 +296,38 @@ def _timer(torch, device):
     return run
 
 
-def calibrate(torch, dims: Dims, seqs, device, dtype, sdpa, gdn, peak, hbm) -> dict:
+def _attention(torch, t, s, heads, head_dim, device, dtype, peak) -> dict:
+    """Forward and backward time of causal scaled_dot_product_attention with `heads` heads."""
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    q, k, v = (
+        torch.randn(1, heads, s, head_dim, device=device, dtype=dtype, requires_grad=True) for _ in range(3)
+    )
+    fwd_flops = 4.0 * s * s * head_dim * heads / 2  # causal: half of the full QK^T and PV products
+    go = torch.randn(1, heads, s, head_dim, device=device, dtype=dtype)
+    reps = 10 if s <= 32768 else 3
+    ms_f = t(lambda q, k, v: sdpa(q, k, v, is_causal=True), q, k, v, reps=reps)
+    ms_fb = t(
+        lambda q, k, v, go: torch.autograd.grad(sdpa(q, k, v, is_causal=True), (q, k, v), go),
+        q,
+        k,
+        v,
+        go,
+        reps=reps,
+    )
+    ms_b = max(ms_fb - ms_f, 1e-6)
+    return {
+        "seq": s,
+        "heads": heads,
+        "head_dim": head_dim,
+        "fwd_flops": fwd_flops,
+        "fwd_ms": ms_f,
+        "bwd_ms": ms_b,
+        "fwd_eff": fwd_flops / ms_f / 1e-3 / peak,
+        "bwd_eff": 2.5 * fwd_flops / ms_b / 1e-3 / peak,  # backward = 2.5x forward FLOPs (FA convention)
+    }
+
+
+def calibrate(torch, dims: Dims, seqs, device, dtype, gdn, peak, hbm, attn_seqs=()) -> dict:
     """Isolated kernel timings of the block's operations at each sequence length."""
     t = _timer(torch, device)
     d = dims
@@ -336,30 +368,10 @@ def calibrate(torch, dims: Dims, seqs, device, dtype, sdpa, gdn, peak, hbm) -> d
                     }
                 )
             del x, w, gy
-        # flash attention, causal, this rank's heads (GQA K/V expanded as the model does)
-        q = torch.randn(1, d.q_heads, s, d.head_dim, device=device, dtype=dtype, requires_grad=True)
-        k = torch.randn(1, d.kv_heads, s, d.head_dim, device=device, dtype=dtype, requires_grad=True)
-        v = torch.randn(1, d.kv_heads, s, d.head_dim, device=device, dtype=dtype, requires_grad=True)
-        fwd_flops = 4.0 * s * s * d.head_dim * d.q_heads / 2  # causal: half of the full QK^T and PV
-        o = sdpa(q, k, v)
-        go = torch.randn_like(o)
-        ms_f = t(sdpa, q, k, v)
-        ms_fb = t(lambda q, k, v, go: torch.autograd.grad(sdpa(q, k, v), (q, k, v), go), q, k, v, go)
-        ms_b = max(ms_fb - ms_f, 1e-6)
-        out["attention"].append(
-            {
-                "seq": s,
-                "heads": d.q_heads,
-                "kv_heads": d.kv_heads,
-                "head_dim": d.head_dim,
-                "fwd_flops": fwd_flops,
-                "fwd_ms": ms_f,
-                "bwd_ms": ms_b,
-                "fwd_eff": fwd_flops / ms_f / 1e-3 / peak,
-                "bwd_eff": 2.5 * fwd_flops / ms_b / 1e-3 / peak,
-            }
-        )
-        del q, k, v, o, go
+        # fused causal attention alone (K/V already expanded to every query head): this rank's heads,
+        # and at 32,768 tokens and more also twice as many (a TP=2 rank, as the 262,144-token sample uses)
+        for heads in (d.q_heads, 2 * d.q_heads) if s >= 32768 else (d.q_heads,):
+            out["attention"].append(_attention(torch, t, s, heads, d.head_dim, device, dtype, peak))
         # memory-bound: an elementwise gate over the hidden state (read 2 tensors, write 1)
         a = torch.randn(s, d.hidden, device=device, dtype=dtype)
         b = torch.randn(s, d.hidden, device=device, dtype=dtype)
@@ -388,6 +400,8 @@ def calibrate(torch, dims: Dims, seqs, device, dtype, sdpa, gdn, peak, hbm) -> d
         ms = t(gdn, qg, kg, vg, gg, bb, reps=3, warm=1)
         out["gdn_core"].append({"seq": s, "heads": d.v_heads, "head_dim": d.gdn_dim, "fwd_ms": ms})
         del qg, kg, vg, gg, bb
+    for s in attn_seqs:  # long sequences: attention alone (a Ulysses CP rank holds every token)
+        out["attention"].append(_attention(torch, t, s, d.q_heads, d.head_dim, device, dtype, peak))
     return out
 
 
@@ -398,6 +412,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tiny", action="store_true", help="tiny shapes (a CPU dry run)")
     ap.add_argument("--tp", type=int, default=4, help="TP degree whose per-rank shard is run (default 4)")
     ap.add_argument("--seqs", default="4096,32768")
+    ap.add_argument("--steps", type=int, default=2, help="profiled steps up to 8,192 tokens (longer: 1)")
+    ap.add_argument("--attn-seqs", default="262144", help="extra sequence lengths for the attention timing")
     ap.add_argument("--no-calibrate", action="store_true")
     args = ap.parse_args(argv)
 
@@ -460,7 +476,7 @@ def main(argv=None) -> int:
         "runs": [],
     }
     for s in seqs:
-        active = 2 if s <= 8192 else 1
+        active = args.steps if s <= 8192 else 1
         x = torch.randn(1, s, dims.hidden, device=device, dtype=dtype)
         step_ms: list[float] = []
 
@@ -516,7 +532,8 @@ def main(argv=None) -> int:
     if not args.no_calibrate:
         peak = 989e12 if device == "cuda" else 1e12
         hbm = 4.8e12 if device == "cuda" else 50e9
-        cal = calibrate(torch, dims, seqs, device, dtype, sdpa, gdn, peak, hbm)
+        attn_seqs = [int(x) for x in args.attn_seqs.split(",") if x]
+        cal = calibrate(torch, dims, seqs, device, dtype, gdn, peak, hbm, attn_seqs)
         cal.update(
             {
                 "peak_bf16_flops": peak,
@@ -532,7 +549,7 @@ def main(argv=None) -> int:
             )
         for r in cal["attention"]:
             print(
-                f"attn seq={r['seq']} fwd {r['fwd_ms']:.3f} ms eff {r['fwd_eff']:.3f} "
+                f"attn seq={r['seq']} heads={r['heads']} fwd {r['fwd_ms']:.3f} ms eff {r['fwd_eff']:.3f} "
                 f"bwd {r['bwd_ms']:.3f} ms eff {r['bwd_eff']:.3f}"
             )
         for r in cal["memory_bound"]:
