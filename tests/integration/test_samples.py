@@ -162,3 +162,13 @@ def test_analyzer_matches_truth_on_smallest_sample(tmp_path):
         assert row["compute_ms"] == pytest.approx(want_ms, rel=0.01)
     if summary.get("mfu") and summary["mfu"].get("value") is not None:
         assert summary["mfu"]["value"] == pytest.approx(truth["mfu"]["value"], rel=0.01)
+
+
+def test_committed_samples_stay_under_20_mb():
+    """Issue 3's budget for everything in sample_traces/ (caches and reports written by runs excluded)."""
+    files = [
+        f
+        for f in SAMPLES.rglob("*")
+        if f.is_file() and not any(p.startswith(".") for p in f.relative_to(SAMPLES).parts)
+    ]
+    assert sum(f.stat().st_size for f in files) <= 20_000_000
