@@ -196,7 +196,7 @@ def test_split_not_used_when_disabled_or_small(tmp_path, monkeypatch):
     monkeypatch.setenv("TRACELENS_SPLIT", "1")
     assert kineto._split_point(p) is None  # below SPLIT_MIN_BYTES
     monkeypatch.setattr(kineto, "SPLIT_MIN_BYTES", 1024)
-    assert kineto._split_point(p) == p.stat().st_size // 2
+    assert kineto._split_point(p) == int(p.stat().st_size * kineto.SPLIT_SHARE)
     monkeypatch.setenv("TRACELENS_SPLIT", "0")
     assert kineto._can_split() is False
     monkeypatch.delenv("TRACELENS_SPLIT")
@@ -249,3 +249,28 @@ def test_split_tests_run_in_a_fresh_process(tmp_path):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
     suite = ET.parse(report).getroot().find("testsuite")
     assert int(suite.get("tests")) >= 9 and suite.get("skipped") == "0" and suite.get("failures") == "0"
+
+
+def test_split_payload_larger_than_the_shared_mapping(tmp_path, monkeypatch, split_on):
+    """The child's columns normally come back through shared memory; when they do not fit, through the pipe:
+    same result either way."""
+    import pickle
+
+    doc = kt.doc(events=_events(60, True), baseTimeNanoseconds=kt.Num(str(kt.BASE)))
+    p = _write(tmp_path, "t.json.gz", doc)
+    received: list[str] = []
+    loads = pickle.loads
+
+    def spy(data):
+        received.append(type(data).__name__)
+        return loads(data)
+
+    monkeypatch.setattr(pickle, "loads", spy)
+    shared = kineto.read(p)
+    monkeypatch.setattr(kineto, "_SHM_SLACK", -(1 << 40))  # a one-page mapping: the payload cannot fit
+    tr = kineto.read(p)
+    assert split_on == [True, True]
+    assert received == ["memoryview", "bytes"]  # shared memory, then the pipe
+    _same(tr, shared)
+    _same(tr, _serial(p, monkeypatch))
+    assert tr.events.num_rows == 60 * 4 + 12 and tr.memory.num_rows == 60

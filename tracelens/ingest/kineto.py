@@ -14,11 +14,13 @@ How and why:
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import math
 import os
 import queue
 import re
+import signal
 import sys
 import threading
 import time
@@ -53,7 +55,12 @@ MAX_RATIO = 1000
 RATIO_MIN_BYTES = 1024**3
 #: Target size (bytes of JSON) of one decoded chunk of `traceEvents`.
 CHUNK_BYTES = 1024 * 1024
-_READ_BYTES = 1024 * 1024
+#: Inflated block size. Larger blocks are allocated by mmap and fault their pages in afresh each time
+#: (1 MiB blocks cost ~3,000 page faults, ~5 ms, per 25 MB of JSON); 256 KiB ones are reused from the heap.
+_READ_BYTES = 256 * 1024
+#: Arrow's allocator is asked to return freed memory to the OS after this many bytes of decoded JSON (not
+#: after every chunk: mimalloc's collection costs ~0.3 ms a time, and the pages it returns fault back in).
+RELEASE_BYTES = 16 * 1024 * 1024
 
 
 # --------------------------------------------------------------------------------------------- typed structs
@@ -952,6 +959,7 @@ class _Scan:
     bytes_parsed: int
     salvaged: bool
     split_at: int | None = None  # first part of a split read: where the second part starts
+    helper: int | None = None  # a split read's child process, to be reaped (_reap)
 
 
 def _utf8_replaced(blocks: Iterator[bytes]) -> Generator[bytes, None, None]:
@@ -994,11 +1002,17 @@ class _SplitFailed(Exception):
 
 #: Decompressed size from which one file may be decoded by two processes (opt-in, see _can_split).
 SPLIT_MIN_BYTES = 32 * 1024**2
+#: Share of the decompressed bytes this process decodes in a split read (the child decodes the rest). The
+#: child first inflates and skips this share (~5 ms per 25 MB), and this process assembles the table after
+#: (~10 ms); Kineto writes the small, dense CPU events first, so the first bytes are slower to decode. Below
+#: half measured best (df_index_resolver: 0.44-0.47; docs/performance.md).
+SPLIT_SHARE = 0.46
 
 
 def _split_point(path: Path) -> int | None:
-    """Half the decompressed size of a file worth splitting, else None. For gzip the size is the trailer's
-    ISIZE (exact for one member under 4 GiB; when it is wrong the split is uneven but still correct)."""
+    """Where a split read cuts the decompressed stream of a file worth splitting (SPLIT_SHARE of its size),
+    else None. For gzip the size is the trailer's ISIZE (exact for one member under 4 GiB; when it is wrong
+    the split is uneven but still correct)."""
     size = path.stat().st_size
     raw = size
     with open(path, "rb") as fh:
@@ -1007,14 +1021,14 @@ def _split_point(path: Path) -> int | None:
             raw = int.from_bytes(fh.read(4), "little")
             if raw < size:  # more than 4 GiB, several members or not a gzip trailer
                 return None
-    return raw // 2 if raw >= SPLIT_MIN_BYTES else None
+    return int(raw * SPLIT_SHARE) if raw >= SPLIT_MIN_BYTES else None
 
 
 def _can_split() -> bool:
     """Whether to fork a helper process. TRACELENS_SPLIT: `auto` (the default: only when a CPU is idle,
     1-minute load average below CPUs - 0.5), `1` (always when applicable) or `0` (never). A split read costs
-    ~40% more CPU in total, so it pays only with an idle core (docs/performance.md); pool workers (the
-    loader's one rank per worker) run with TRACELENS_SPLIT=0.
+    more CPU in total, so it pays only with an idle core (docs/performance.md); pool workers (the loader's
+    one rank per worker) run with TRACELENS_SPLIT=0.
     Also required: Linux, at least 2 usable CPUs, not inside a worker process of a pool (the loader already
     runs one rank per worker), no other Python thread in this process. (numpy's BLAS and Arrow start idle
     native pool threads at import; both libraries re-initialise them in a forked child, as for
@@ -1034,30 +1048,38 @@ def _can_split() -> bool:
                 return False
         except OSError:
             return False
-    import multiprocessing
+    # a pool's worker process has imported multiprocessing (importing it here would cost ~1 ms)
+    mp = sys.modules.get("multiprocessing")
+    return mp is None or mp.parent_process() is None
 
-    return multiprocessing.parent_process() is None
+
+#: Bytes of the shared memory through which the child hands its columns back, beyond its share of the JSON
+#: (only the pages written are allocated; a larger payload goes through the pipe).
+_SHM_SLACK = 16 * 1024**2
 
 
 def _scan_split(path: Path, chunk_bytes: int) -> _Scan | None:
-    """Decode one large file with two processes: this one decodes the events of the first half of the
-    decompressed stream, a forked child those of the second half (it decompresses the first half again and
-    skips it) and sends its columns back pickled. None when not applicable or when anything went wrong (the
-    caller then reads serially)."""
+    """Decode one large file with two processes: this one decodes the events of the first part of the
+    decompressed stream (SPLIT_SHARE), a forked child those of the rest (it decompresses the first part
+    again and skips it), merges its chunks and hands them back pickled, through an anonymous shared mapping
+    (the pipe only signals; it carries the payload when that does not fit). None when not applicable or when
+    anything went wrong (the caller then reads serially). On success the child may still be exiting: its
+    pid is in `_Scan.helper`, for _reap once the table is built."""
     try:
-        half = _split_point(path)
+        cut = _split_point(path)
     except OSError:
         return None
-    if half is None or not _can_split():
+    if cut is None or not _can_split():
         return None
+    import mmap
     import pickle
     import select
-    import signal
 
     t0 = time.perf_counter()
     try:
+        shm = mmap.mmap(-1, max(4096, int(cut / SPLIT_SHARE) - cut + _SHM_SLACK))
         r, w = os.pipe()
-    except OSError:
+    except (OSError, ValueError, OverflowError):
         return None
     try:
         with warnings.catch_warnings():
@@ -1068,23 +1090,33 @@ def _scan_split(path: Path, chunk_bytes: int) -> _Scan | None:
     except OSError:  # e.g. a process limit: read serially
         os.close(r)
         os.close(w)
+        shm.close()
         return None
     if pid == 0:  # child: never returns
         try:
             os.close(r)
+            header = b""
             payload = b""
             try:
                 blocks = _blocks(path, max(16, min(_READ_BYTES, chunk_bytes)))
                 try:
                     found: list[int] = []
-                    sc = _scan_blocks(path, blocks, False, chunk_bytes, start_at=half, found=found)
+                    sc = _scan_blocks(path, blocks, False, chunk_bytes, start_at=cut, found=found)
                     sc.split_at = found[0]
                 finally:
                     blocks.close()
-                payload = pickle.dumps(sc, protocol=pickle.HIGHEST_PROTOCOL)
-            except BaseException:  # noqa: BLE001 (reported as an empty payload; the parent reads serially)
-                payload = b""
+                sc.chunks = [_merge_chunks(sc.chunks)] if sc.chunks else []
+                try:
+                    shm.seek(8)
+                    pickle.dump(sc, shm, protocol=pickle.HIGHEST_PROTOCOL)
+                    header = b"M" + (shm.tell() - 8).to_bytes(8, "little")
+                except ValueError:  # larger than the mapping: through the pipe
+                    payload = pickle.dumps(sc, protocol=pickle.HIGHEST_PROTOCOL)
+                    header = b"P" + len(payload).to_bytes(8, "little")
+            except BaseException:  # noqa: BLE001 (reported as an empty message; the parent reads serially)
+                header = payload = b""
             with os.fdopen(w, "wb") as fh:
+                fh.write(header)
                 fh.write(payload)
         finally:
             os._exit(0)
@@ -1096,32 +1128,47 @@ def _scan_split(path: Path, chunk_bytes: int) -> _Scan | None:
             if _is_gzip(path):
                 blocks = _prefetch(blocks)
             try:
-                mine = _scan_blocks(path, blocks, False, chunk_bytes, stop_at=half)
+                mine = _scan_blocks(path, blocks, False, chunk_bytes, stop_at=cut)
             except (_SplitFailed, BadTraceError, msgspec.DecodeError):
                 return None
             finally:
                 blocks.close()
             if mine.split_at is None:  # the file was shorter than its trailer said: all read here
                 return mine
-            # the child does as much as this process did; a child that hangs is given up on
+            # the child does about as much as this process did; a child that hangs is given up on
             if not select.select([fh], [], [], max(60.0, 20 * (time.perf_counter() - t0)))[0]:
                 return None
-            payload = fh.read()
+            header = fh.read(9)
+            if len(header) != 9:
+                return None
+            n = int.from_bytes(header[1:], "little")
+            payload = memoryview(shm)[8 : 8 + n] if header[:1] == b"M" else fh.read(n)
+            theirs = pickle.loads(payload)
+            del payload
         done = True
-        if not payload:
-            return None
-        theirs = pickle.loads(payload)
-        del payload
         if theirs.split_at != mine.split_at:  # both parts must agree on the split boundary
             return None
         meta = dict(mine.meta)
         meta.update(theirs.meta)
-        return _Scan(meta, mine.chunks + theirs.chunks, theirs.bytes_total, theirs.bytes_total, False)
+        return _Scan(
+            meta, mine.chunks + theirs.chunks, theirs.bytes_total, theirs.bytes_total, False, helper=pid
+        )
+    except (OSError, EOFError, pickle.UnpicklingError):
+        return None
     finally:
+        with contextlib.suppress(BufferError):  # (a view still held by an exception: freed with it)
+            shm.close()
         if not done:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
+            _reap(pid)
+
+
+def _reap(pid: int | None) -> None:
+    """Wait for a split read's child (it has sent its columns and is exiting)."""
+    if pid is not None:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
 
 
 def _scan_blocks(
@@ -1148,6 +1195,7 @@ def _scan_blocks(
     eof = False
     head_from = 0
     hint = _Hint()
+    released = 0  # `parsed` when Arrow's allocator last returned memory
     while not eof:
         try:
             b = next(blocks)
@@ -1212,8 +1260,10 @@ def _scan_blocks(
                 chunk = _decode_in_place(buf, cut[0], hint)
                 if chunk is not None:  # else the cut fell inside a string or nested value: read more, retry
                     chunks.append(chunk)
-                    pa.default_memory_pool().release_unused()
                     parsed += cut[1] - 1
+                    if parsed - released >= RELEASE_BYTES:
+                        pa.default_memory_pool().release_unused()
+                        released = parsed
                     off += cut[1] - 1
                     del buf[: cut[1] - 1]
                     buf[0] = 91  # "["
@@ -1418,30 +1468,64 @@ def assign_steps(
     return step
 
 
+_MEM_INT_TYPES = {
+    "device": pa.int32(),
+    "bytes": pa.int64(),
+    "total_allocated": pa.int64(),
+    "total_reserved": pa.int64(),
+}
+
+
+def _merge_chunks(ch: list[_Chunk]) -> _Chunk:
+    """Several chunks' columns as one chunk (concatenated in order). A split read's child merges its chunks
+    before sending them: one object to pickle, and less of the assembly left to the parent."""
+    if len(ch) == 1:
+        return ch[0]
+    offs = np.cumsum([0] + [c.n for c in ch])
+    coll: dict[str, list] = {}
+    if any(c.coll for c in ch):
+        coll = {f: [] for f in _COLL_FIELDS}
+        for c in ch:
+            for f in _COLL_FIELDS:
+                coll[f].extend(c.coll.get(f, ()))
+    mems = [c.mem for c in ch if c.mem is not None]
+    mem = None
+    if mems:
+        mem = {
+            "ts": _concat_np([m["ts"] for m in mems], np.int64),
+            "valid": _concat_np([m["valid"] for m in mems], bool),
+        }
+        for f, t in _MEM_INT_TYPES.items():
+            mem[f] = _concat_pa([m[f] for m in mems], t)
+    return _Chunk(
+        n=int(offs[-1]),
+        kind=_concat_np([c.kind for c in ch], np.int8),
+        name=_concat_dict([c.name for c in ch]),
+        pid=_concat_pa([c.pid for c in ch], pa.int64()),
+        tid=_concat_pa([c.tid for c in ch], pa.int64()),
+        device=_concat_pa([c.device for c in ch], pa.int32()),
+        stream=_concat_pa([c.stream for c in ch], pa.int32()),
+        ts=_concat_np([c.ts for c in ch], np.int64),
+        ts_valid=_concat_np([c.ts_valid for c in ch], bool),
+        dur=_concat_np([c.dur for c in ch], np.int64),
+        dur_valid=_concat_np([c.dur_valid for c in ch], bool),
+        correlation=_concat_pa([c.correlation for c in ch], pa.int64()),
+        external_id=_concat_pa([c.external_id for c in ch], pa.int64()),
+        coll_rows=_concat_np([c.coll_rows + o for c, o in zip(ch, offs)], np.int64),
+        coll=coll,
+        mem=mem,
+    )
+
+
 def _assemble(sc: _Scan, rank: int) -> tuple[pa.Table, pa.Table]:
     base = _coerce_int(sc.meta.get("baseTimeNanoseconds")) or 0
-    ch = sc.chunks
-    ts = _concat_np([c.ts for c in ch], np.int64)
-    ts_valid = _concat_np([c.ts_valid for c in ch], bool)
-    dur = _concat_np([c.dur for c in ch], np.int64)
-    dur_valid = _concat_np([c.dur_valid for c in ch], bool)
-    kind = _concat_np([c.kind for c in ch], np.int8)
-    names = _concat_dict([c.name for c in ch])
-    corr = _concat_pa([c.correlation for c in ch], pa.int64())
-    n = len(ts)
-    # collective columns: sparse rows across chunks
-    offs = np.cumsum([0] + [c.n for c in ch])
-    rows = _concat_np([c.coll_rows + o for c, o in zip(ch, offs)], np.int64)
-    coll: dict[str, list] = {f: [] for f in _COLL_FIELDS}
-    for c in ch:
-        for f in _COLL_FIELDS:
-            coll[f].extend(c.coll.get(f, ()))
+    c = _merge_chunks(sc.chunks)
+    ts, ts_valid, dur, dur_valid, kind, names = c.ts, c.ts_valid, c.dur, c.dur_valid, c.kind, c.name
+    n, corr, rows = c.n, c.correlation, c.coll_rows
+    coll = {f: c.coll.get(f, []) for f in _COLL_FIELDS}
     step = assign_steps(kind, names, ts, dur, corr)
     is_gpu = np.isin(kind, _GPU_CODES)
-    device = _concat_pa([c.device for c in ch], pa.int32())
-    stream = _concat_pa([c.stream for c in ch], pa.int32())
-    pid = _concat_pa([c.pid for c in ch], pa.int64())
-    tid = _concat_pa([c.tid for c in ch], pa.int64())
+    device, stream, pid, tid = c.device, c.stream, c.pid, c.tid
     gpu_mask = pa.array(is_gpu)
     # device events: device/stream from args, else Kineto's convention pid = device, tid = stream
     device = pc.if_else(
@@ -1464,7 +1548,7 @@ def _assemble(sc: _Scan, rank: int) -> tuple[pa.Table, pa.Table]:
         "ts_ns": pa.array(ts + base, mask=~ts_valid),
         "dur_ns": pa.array(np.where(dur_valid, dur, 0)),  # a missing or non-numeric dur: 0 (an instant)
         "correlation": corr,
-        "external_id": _concat_pa([c.external_id for c in ch], pa.int64()),
+        "external_id": c.external_id,
         "step": pa.array(step.astype(np.int32), mask=step < 0),
         "collective": _dict_from_values(coll["collective"], n, rows),
         "pg_name": _dict_from_values(coll["pg_name"], n, rows),
@@ -1483,18 +1567,17 @@ def _assemble(sc: _Scan, rank: int) -> tuple[pa.Table, pa.Table]:
     events = pa.Table.from_arrays([cols[f.name] for f in schema.EVENTS], schema=schema.EVENTS)
     if not ts_valid.all():
         events = events.filter(pa.array(ts_valid))
-    mems = [c.mem for c in ch if c.mem is not None]
-    if mems:
-        mts = _concat_np([m["ts"] for m in mems], np.int64)
-        mvalid = _concat_np([m["valid"] for m in mems], bool)
+    m = c.mem
+    if m is not None:
+        mts, mvalid = m["ts"], m["valid"]
         memory = pa.Table.from_arrays(
             [
                 pa.array(np.full(len(mts), rank, dtype=np.int32)),
                 pa.array(mts + base, mask=~mvalid),
-                _concat_pa([m["device"] for m in mems], pa.int32()),
-                _concat_pa([m["bytes"] for m in mems], pa.int64()),
-                _concat_pa([m["total_allocated"] for m in mems], pa.int64()),
-                _concat_pa([m["total_reserved"] for m in mems], pa.int64()),
+                m["device"],
+                m["bytes"],
+                m["total_allocated"],
+                m["total_reserved"],
             ],
             schema=schema.MEMORY,
         )
@@ -1550,8 +1633,21 @@ def read(
 
     `rank` overrides the trace's own (`distributedInfo.rank`, else a `rank<N>` file name, else 0).
     `salvage=True` keeps the complete events of a file cut mid-write instead of raising BadTraceError.
+
+    Python's cyclic garbage collector is paused while reading (and re-enabled after, when it was on): the
+    decode allocates and frees millions of objects without cycles, and a full collection triggered by them
+    would scan every object of the process (~25 ms with pyarrow and pandas loaded) for nothing.
     """
-    path = Path(path)
+    paused = gc.isenabled()
+    gc.disable()
+    try:
+        return _read(Path(path), rank, salvage, chunk_bytes)
+    finally:
+        if paused:
+            gc.enable()
+
+
+def _read(path: Path, rank: int | None, salvage: bool, chunk_bytes: int) -> KinetoTrace:
     try:
         try:
             sc = _scan(path, salvage, chunk_bytes)
@@ -1568,7 +1664,10 @@ def read(
             rank = rank_from_name(path)
         if rank is None:
             rank = 0
-    events, memory = _assemble(sc, int(rank))
+    try:
+        events, memory = _assemble(sc, int(rank))
+    finally:
+        _reap(sc.helper)
     if sc.salvaged:
         events = drop_incomplete_steps(events)
     return KinetoTrace(
