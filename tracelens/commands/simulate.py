@@ -33,6 +33,13 @@ def simulate_cmd(
         int, typer.Option("--seed", help="Random seed (same seed -> byte-identical output).")
     ] = 0,
     gpu: Annotated[str, typer.Option("--gpu", help="GPU type: H100 or H200.")] = "H100",
+    kernel_costs: Annotated[
+        str,
+        typer.Option(
+            "--kernel-costs",
+            help="Kernel-cost preset: published (default) or h200-measured (docs/calibration.md).",
+        ),
+    ] = "published",
     ranks_per_host: Annotated[int, typer.Option("--ranks-per-host", help="GPUs per host.")] = 8,
     order: Annotated[
         str, typer.Option("--order", help="Rank order, fastest-varying axis first.")
@@ -89,6 +96,7 @@ def simulate_cmd(
         schedule=schedule.lower(),
         seed=seed,
         gpu=gpu,
+        kernel_costs=kernel_costs,
         ranks_per_host=ranks_per_host,
         order=order,
         sequence_parallel=sequence_parallel,

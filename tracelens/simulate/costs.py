@@ -1,10 +1,18 @@
 """Hardware constants and kernel cost model of the simulator.
 
-No GPU was available when this was written, so the efficiencies are calibrated from published H100
-numbers (see docs/simulator.md for the sources): dense BF16 cuBLAS GEMMs reach ~70-75% of the 989
-TFLOP/s peak on large shapes, FlashAttention-2 ~35% forward / ~30% backward, the chunked Gated DeltaNet
-Triton kernels (flash-linear-attention) ~20-25%, memory-bound kernels ~75-80% of HBM bandwidth;
-NVLink4 all-reduce bus bandwidth ~360 GB/s within a host and ~45 GB/s per GPU over 400 Gb/s InfiniBand.
+Two kernel-cost presets (`KERNEL_COSTS`, `tracelens simulate --kernel-costs NAME`):
+
+- `published` (the default, used by the committed samples): efficiencies from published H100 numbers
+  (docs/simulator.md): dense BF16 cuBLAS GEMMs ~70-75% of the 989 TFLOP/s peak on large shapes,
+  FlashAttention-2 ~35% forward / ~30% backward, the chunked Gated DeltaNet Triton kernels
+  (flash-linear-attention) ~20-25%, memory-bound kernels ~75-80% of HBM bandwidth.
+- `h200-measured`: fitted to kernels timed on an NVIDIA H200 by scripts/record_cuda_block.py
+  (docs/calibration.md): cuBLAS GEMMs of the Qwen3.5-27B TP=4 shapes, cuDNN fused attention (what
+  PyTorch 2.11 and Transformer Engine run on Hopper), an elementwise kernel for HBM bandwidth.
+
+Both: NVLink4 all-reduce bus bandwidth ~360 GB/s within a host and ~45 GB/s per GPU over 400 Gb/s
+InfiniBand (nccl-tests results published for DGX H100); the Gated DeltaNet efficiency stays the published
+one in both (the recording ran an eager reference implementation, not fla's fused kernels).
 """
 
 from __future__ import annotations
@@ -45,6 +53,54 @@ EFF_HBM = 0.78
 KERNEL_FLOOR_NS = 2500  # smallest kernel duration (launch + tail)
 COLL_LATENCY_NS = {"intra": 12_000, "inter": 25_000}
 GDN_CHUNK = 64
+
+
+@dataclass(frozen=True)
+class KernelCosts:
+    """Efficiencies of one kernel-cost preset. Each efficiency ramps with the work of one kernel,
+    `eff x W / (W + half)` (W = FLOPs or bytes; half = 0 means constant), as measured: small kernels
+    do not fill the GPU."""
+
+    name: str
+    gemm_eff: float
+    gemm_half_flops: float
+    attn_fwd_eff: float
+    attn_fwd_half_flops: float
+    attn_bwd_eff: float
+    attn_bwd_half_flops: float
+    gdn_eff: float
+    hbm_eff: float
+    hbm_half_bytes: float
+    floor_ns: float
+    attn_fwd_kernel: str
+    attn_bwd_kernel: str
+
+    @staticmethod
+    def _ramp(eff: float, work: float, half: float) -> float:
+        return eff * work / (work + half) if half > 0 else eff
+
+    def gemm_ns(self, flops: float, peak: float) -> float:
+        """Duration of a dense BF16 GEMM."""
+        return max(
+            self.floor_ns, flops / (peak * self._ramp(self.gemm_eff, flops, self.gemm_half_flops)) * 1e9
+        )
+
+    def attn_ns(self, flops: float, peak: float, backward: bool) -> float:
+        """Duration of fused causal attention (forward, or backward with its 2.5x FLOPs)."""
+        eff = (
+            self._ramp(self.attn_bwd_eff, flops, self.attn_bwd_half_flops)
+            if backward
+            else self._ramp(self.attn_fwd_eff, flops, self.attn_fwd_half_flops)
+        )
+        return max(self.floor_ns, flops / (peak * eff) * 1e9)
+
+    def flops_ns(self, flops: float, peak: float, eff: float) -> float:
+        return max(self.floor_ns, flops / (peak * eff) * 1e9)
+
+    def mem_ns(self, nbytes: float, gpu: GpuSpec) -> float:
+        """Duration of a memory-bound kernel moving `nbytes` through HBM."""
+        eff = self._ramp(self.hbm_eff, nbytes, self.hbm_half_bytes)
+        return max(self.floor_ns, nbytes / (gpu.hbm_bw * eff) * 1e9)
 
 
 def device_properties(gpu: GpuSpec, n_devices: int) -> list[dict]:
@@ -209,3 +265,48 @@ COLL_RECORD_NAME = {
     "recv": "recv",
 }
 DTYPE_BYTES = {"BFloat16": 2, "Float": 4}
+
+
+#: cuDNN's fused attention kernels on Hopper, as PyTorch 2.11 named them in the H200 recording.
+CUDNN_ATTN_FWD = (
+    "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_7_64x128x256_4x1x1_cga1x1x1_kernel0_0"
+)
+CUDNN_ATTN_BWD = (
+    "cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16_knob_26_64x64x256_1x4x1_cga1x1x1_kernel0_0"
+)
+
+KERNEL_COSTS = {
+    "published": KernelCosts(
+        "published",
+        gemm_eff=EFF_GEMM,
+        gemm_half_flops=EFF_GEMM_HALF_FLOPS,
+        attn_fwd_eff=EFF_FLASH_FWD,
+        attn_fwd_half_flops=0.0,
+        attn_bwd_eff=EFF_FLASH_BWD,
+        attn_bwd_half_flops=0.0,
+        gdn_eff=EFF_GDN,
+        hbm_eff=EFF_HBM,
+        hbm_half_bytes=0.0,
+        floor_ns=KERNEL_FLOOR_NS,
+        attn_fwd_kernel=FLASH_FWD,
+        attn_bwd_kernel=FLASH_BWD,
+    ),
+    # Least-squares fits (log error) to docs/calibration.md's H200 measurements: 42 GEMMs (median
+    # measured/model 1.01, range 0.70-1.13), cuDNN attention at 4,096-262,144 tokens, an elementwise
+    # kernel at 126 MB and 1 GB; the kernel floor is the H200 trace's 1st-percentile kernel duration.
+    "h200-measured": KernelCosts(
+        "h200-measured",
+        gemm_eff=0.726,
+        gemm_half_flops=19.9e9,
+        attn_fwd_eff=0.622,
+        attn_fwd_half_flops=66.2e9,
+        attn_bwd_eff=0.387,
+        attn_bwd_half_flops=76.2e9,
+        gdn_eff=EFF_GDN,
+        hbm_eff=0.879,
+        hbm_half_bytes=49.6e6,
+        floor_ns=800.0,
+        attn_fwd_kernel=CUDNN_ATTN_FWD,
+        attn_bwd_kernel=CUDNN_ATTN_BWD,
+    ),
+}

@@ -99,6 +99,7 @@ class ProgramBuilder:
 
     def __init__(self, cfg: SimConfig, model, gpu: C.GpuSpec, peak: float):
         self.cfg, self.m, self.gpu, self.peak = cfg, model, gpu, peak
+        self.costs = C.KERNEL_COSTS[cfg.kernel_costs]
         tp = cfg.tp
         m = model
         self.T = cfg.micro_batch_size * cfg.seq_len // cfg.cp  # tokens per rank per microbatch
@@ -142,7 +143,7 @@ class ProgramBuilder:
             COMPUTE,
             name,
             S_COMPUTE,
-            C.gemm_ns(flops, self.peak),
+            self.costs.gemm_ns(flops, self.peak),
             grid=(max(1, n // 256), max(1, m_ // 128), 1),
             block=(384, 1, 1),
             **kw,
@@ -153,18 +154,23 @@ class ProgramBuilder:
             COMPUTE,
             name,
             S_COMPUTE,
-            C.mem_ns(nbytes, self.gpu),
+            self.costs.mem_ns(nbytes, self.gpu),
             grid=(max(1, int(nbytes // 65536)), 1, 1),
             block=(256, 1, 1),
             **kw,
         )
 
-    def _flops(self, name: str, flops: float, eff: float, **kw) -> Op:
+    def _flops(self, name: str, flops: float, eff: float | None = None, attn: str = "", **kw) -> Op:
+        """A FLOP-bound kernel at efficiency `eff`, or fused attention (`attn` = "fwd" | "bwd")."""
+        if attn:
+            ns = self.costs.attn_ns(flops, self.peak, backward=attn == "bwd")
+        else:
+            ns = self.costs.flops_ns(flops, self.peak, self.costs.gdn_eff if eff is None else eff)
         return Op(
             COMPUTE,
             name,
             S_COMPUTE,
-            C.flops_ns(flops, self.peak, eff),
+            ns,
             grid=(self._attn_grid(), 1, 1),
             block=(128, 1, 1),
             **kw,
@@ -244,7 +250,7 @@ class ProgramBuilder:
             ops += self._cp_a2a(T * (self.q_r + 2 * self.kv_r * hd), kw)
             heads = self.nq_r / self.cfg.cp
             flops = 2.0 * self.cfg.micro_batch_size * self.cfg.seq_len**2 * hd * heads  # 4*s^2*d*h/2, causal
-            ops.append(self._flops(C.FLASH_FWD, flops, C.EFF_FLASH_FWD, **kw))
+            ops.append(self._flops(self.costs.attn_fwd_kernel, flops, attn="fwd", **kw))
             ops += self._cp_a2a(T * self.nq_r * hd, kw)
             ops.append(self._gemm(C.GEMM_FPROP, T, self.nq_r * hd, h, **kw))
         else:
@@ -254,10 +260,8 @@ class ProgramBuilder:
             ops.append(self._mem(C.CONV_FWD, 2 * 2 * T * conv_ch, **kw))
             ck = C.GDN_CHUNK
             # chunked delta rule: intra-chunk K K^T and WY transform + state recurrence, then the output
-            ops.append(self._flops(C.GDN_FWD[0], T * nv * (4.0 * dk * dv + 2 * ck * dk), C.EFF_GDN, **kw))
-            ops.append(
-                self._flops(C.GDN_FWD[1], T * nv * (2.0 * dk * dv + 2 * ck * (dk + dv)), C.EFF_GDN, **kw)
-            )
+            ops.append(self._flops(C.GDN_FWD[0], T * nv * (4.0 * dk * dv + 2 * ck * dk), **kw))
+            ops.append(self._flops(C.GDN_FWD[1], T * nv * (2.0 * dk * dv + 2 * ck * (dk + dv)), **kw))
             ops.append(self._mem(C.GATED_NORM_FWD, 3 * 2 * T * nv * dv, **kw))
             ops.append(self._gemm(C.GEMM_FPROP, T, nv * dv, h, **kw))
         ops += self._tp_fwd_out(kw)
@@ -273,7 +277,7 @@ class ProgramBuilder:
             ops += self._cp_a2a(T * self.nq_r * hd, kw)
             heads = self.nq_r / self.cfg.cp
             flops = 2.5 * 2.0 * self.cfg.micro_batch_size * self.cfg.seq_len**2 * hd * heads
-            ops.append(self._flops(C.FLASH_BWD, flops, C.EFF_FLASH_BWD, **kw))
+            ops.append(self._flops(self.costs.attn_bwd_kernel, flops, attn="bwd", **kw))
             ops += self._cp_a2a(T * (self.q_r + 2 * self.kv_r * hd), kw)
             n_in = self.q_r + 2 * self.kv_r * hd
         else:
@@ -282,12 +286,8 @@ class ProgramBuilder:
             ops.append(self._gemm(C.GEMM_DGRAD, T, h, nv * dv, **kw))
             ops.append(self._gemm(C.GEMM_WGRAD, nv * dv, T, h, **kw))
             ops.append(self._mem(C.GATED_NORM_BWD, 5 * 2 * T * nv * dv, **kw))
-            ops.append(self._flops(C.GDN_BWD[0], 4.0 * T * dk * dv * nv, C.EFF_GDN, **kw))
-            ops.append(
-                self._flops(
-                    C.GDN_BWD[1], T * nv * (4.0 * dk * dv + 8 * ck * dk + 6 * ck * dv), C.EFF_GDN, **kw
-                )
-            )
+            ops.append(self._flops(C.GDN_BWD[0], 4.0 * T * dk * dv * nv, **kw))
+            ops.append(self._flops(C.GDN_BWD[1], T * nv * (4.0 * dk * dv + 8 * ck * dk + 6 * ck * dv), **kw))
             conv_ch = 2 * nk * dk + nv * dv
             ops.append(self._mem(C.CONV_BWD, 3 * 2 * T * conv_ch, **kw))
             n_in = 2 * nk * dk + 2 * nv * dv + 2 * nv
