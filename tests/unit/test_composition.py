@@ -205,3 +205,78 @@ def test_audit_for_run_reuses_the_layout_audit():
     assert "UNEQUAL_STAGE_COMPOSITION" not in [f["code"] for f in again]
     assert audit_for_run(Grid(pp=4), model) == (None, [])
     assert audit_for_run(grid_from_layout(4, tp=4), None) == (None, [])
+
+
+def _real_like_rows(with_seq: bool = True):
+    """One rank as real PyTorch writes it: module annotations only around the forward (thread 1); the
+    autograd thread (2) runs `evaluate_function` nodes carrying the forward op's sequence number."""
+    rows, seqs = [], []
+
+    def add(seq=None, **r):
+        rows.append({"rank": 0, "step": 0, **r})
+        seqs.append(seq)
+
+    add(kind="user_annotation", name="ProfilerStep#0", ts_ns=0, dur_ns=10_000, tid=1)
+    # forward: attention op (seq 10) and MLP op (seq 11), each launching one kernel
+    add(kind="user_annotation", name="layers.0.self_attn", ts_ns=100, dur_ns=900, tid=1)
+    add(seq=10, kind="cpu_op", name="aten::mm", ts_ns=200, dur_ns=50, tid=1)
+    add(kind="cuda_runtime", name="cudaLaunchKernel", ts_ns=210, dur_ns=5, tid=1, correlation=1)
+    add(kind="kernel", name="attn_fwd", ts_ns=2000, dur_ns=40, correlation=1, stream=7)
+    add(kind="user_annotation", name="layers.0.mlp", ts_ns=1000, dur_ns=900, tid=1)
+    add(seq=11, kind="cpu_op", name="aten::mm", ts_ns=1100, dur_ns=50, tid=1)
+    add(kind="cuda_runtime", name="cudaLaunchKernel", ts_ns=1110, dur_ns=5, tid=1, correlation=2)
+    add(kind="kernel", name="mlp_fwd", ts_ns=2040, dur_ns=10, correlation=2, stream=7)
+    # backward, reverse order, on the autograd thread; the MLP node launches two kernels
+    add(
+        seq=11,
+        kind="cpu_op",
+        name="autograd::engine::evaluate_function: MmBackward0",
+        ts_ns=5000,
+        dur_ns=400,
+        tid=2,
+    )
+    add(seq=11, kind="cpu_op", name="MmBackward0", ts_ns=5010, dur_ns=380, tid=2)
+    add(kind="cuda_runtime", name="cudaLaunchKernel", ts_ns=5100, dur_ns=5, tid=2, correlation=3)
+    add(kind="kernel", name="mlp_dgrad", ts_ns=6000, dur_ns=12, correlation=3, stream=7)
+    add(kind="cuda_runtime", name="cudaLaunchKernel", ts_ns=5200, dur_ns=5, tid=2, correlation=4)
+    add(kind="kernel", name="mlp_wgrad", ts_ns=6012, dur_ns=8, correlation=4, stream=7)
+    add(
+        seq=10,
+        kind="cpu_op",
+        name="autograd::engine::evaluate_function: MmBackward0",
+        ts_ns=5500,
+        dur_ns=400,
+        tid=2,
+    )
+    add(kind="cuda_runtime", name="cudaLaunchKernel", ts_ns=5600, dur_ns=5, tid=2, correlation=5)
+    add(kind="kernel", name="attn_bwd", ts_ns=6020, dur_ns=80, correlation=5, stream=7)
+    # a node whose forward op ran outside every module annotation (e.g. the loss): not attributed
+    add(
+        seq=3,
+        kind="cpu_op",
+        name="autograd::engine::evaluate_function: MeanBackward0",
+        ts_ns=4800,
+        dur_ns=100,
+        tid=2,
+    )
+    add(seq=3, kind="cpu_op", name="aten::mean", ts_ns=3000, dur_ns=50, tid=1)
+    add(kind="cuda_runtime", name="cudaLaunchKernel", ts_ns=4850, dur_ns=5, tid=2, correlation=6)
+    add(kind="kernel", name="mean_bwd", ts_ns=5990, dur_ns=10, correlation=6, stream=7)
+    ev = events_table(rows)
+    if with_seq:
+        import pyarrow as pa
+
+        ev = ev.append_column("sequence_nr", pa.array(seqs, pa.int64()))
+    return ev
+
+
+def test_backward_attributed_by_sequence_number():
+    sp = module_spans(_real_like_rows()).to_pandas()
+    fwd = sp[~sp["backward"]].set_index("module")["compute_ns"].to_dict()
+    bwd = sp[sp["backward"]].groupby("module")["compute_ns"].sum().to_dict()
+    assert fwd == {"full_attention": 40, "mlp": 10}
+    assert bwd == {"full_attention": 80, "mlp": 20}  # both MLP backward kernels; the loss node is not
+    assert set(sp["layer"]) == {0}
+    # without sequence numbers (older traces) only the forward is attributed, as before
+    sp0 = module_spans(_real_like_rows(with_seq=False)).to_pandas()
+    assert not sp0["backward"].any() and sp0["compute_ns"].sum() == 50

@@ -132,63 +132,163 @@ def module_spans(
     gpu_ranks = set(np.unique(rank[gpu_rows]).tolist())
     # CPU annotations only for ranks without GPU annotations (else the same instance counts twice)
     cpu_rows = np.flatnonzero(hit & is_cpu_ann & ~np.isin(rank, list(gpu_ranks)))
-    parts = []
+    parts: list[tuple] = []  # (rows, gpu start, gpu end, layer, module, backward)
+
+    def add(rows_: np.ndarray, s_: np.ndarray, e_: np.ndarray) -> None:
+        n_ = idx[rows_]
+        parts.append((rows_, s_, e_, layer_of[n_], [mod_of[i] for i in n_], bwd_of[n_]))
+
+    cpu_path_rank = {int(r): getattr(sets.get(int(r)), "path", "gpu") == "cpu" for r in np.unique(rank)}
     if gpu_rows.size:
-        parts.append((gpu_rows, ts[gpu_rows], end[gpu_rows]))
+        add(gpu_rows, ts[gpu_rows], end[gpu_rows])
     if cpu_rows.size:
         # ranks analysed on the CPU timeline (no device events, e.g. gloo): the annotation is the span
-        cpu_path = np.array([getattr(sets.get(int(r)), "path", "gpu") == "cpu" for r in rank[cpu_rows]], bool)
+        cpu_path = np.array([cpu_path_rank[int(r)] for r in rank[cpu_rows]], bool)
         on_cpu, launched = cpu_rows[cpu_path], cpu_rows[~cpu_path]
         if on_cpu.size:
-            parts.append((on_cpu, ts[on_cpu], end[on_cpu]))
+            add(on_cpu, ts[on_cpu], end[on_cpu])
         if launched.size:
             s, e = _launched_span(events, launched, rank, ts, end)
-            parts.append((launched, s, e))
+            add(launched, s, e)
+    # backward passes: real PyTorch runs them outside the module annotations; follow each autograd
+    # node back to the forward op that created it (same sequence number) and that op's annotation
+    with_bwd = set(np.unique(rank[hit & bwd_of[idx]]).tolist())
+    fwd_ann = np.flatnonzero(hit & is_cpu_ann & ~bwd_of[idx] & ~np.isin(rank, list(with_bwd)))
+    if fwd_ann.size:
+        bw = _backward_by_sequence(events, fwd_ann, rank, ts, end, cpu_path_rank)
+        if bw is not None:
+            rows_, s_, e_, owner = bw
+            n_ = idx[fwd_ann[owner]]
+            parts.append((rows_, s_, e_, layer_of[n_], [mod_of[i] for i in n_], np.ones(rows_.size, bool)))
     if not parts:
         return SPANS.empty_table()
     rows = np.concatenate([p[0] for p in parts])
     g_start = np.concatenate([p[1] for p in parts])
     g_end = np.concatenate([p[2] for p in parts])
+    lay = np.concatenate([p[3] for p in parts])
+    mods = np.array([m for p in parts for m in p[4]], dtype=object)
+    bwds = np.concatenate([p[5] for p in parts])
     keep = g_end > g_start
-    rows, g_start, g_end = rows[keep], g_start[keep], g_end[keep]
+    rows, g_start, g_end, lay, mods, bwds = (
+        rows[keep],
+        g_start[keep],
+        g_end[keep],
+        lay[keep],
+        mods[keep],
+        bwds[keep],
+    )
     busy = np.zeros(rows.size, np.int64)
     for r in np.unique(rank[rows]):
         m = rank[rows] == r
         rs = sets.get(int(r))
         if rs is not None:
             busy[m] = iv.measure_in_windows(rs.compute, g_start[m], g_end[m])
-    ni = idx[rows]
     # an annotation nested in another of the same layer and module (e.g. `layers.3.self_attn.core`) is
     # part of the outer one: drop it so its time is counted once
     df = pd.DataFrame(
-        {
-            "r": rank[rows],
-            "l": layer_of[ni],
-            "m": [mod_of[i] for i in ni],
-            "b": bwd_of[ni],
-            "s": g_start,
-            "e": g_end,
-        }
+        {"r": rank[rows], "l": lay, "m": mods, "b": bwds, "s": g_start, "e": g_end}
     ).sort_values(["r", "l", "m", "b", "s"], kind="stable")
     keys = ["r", "l", "m", "b"]
     df["cm"] = df.groupby(keys, sort=False)["e"].cummax()
     prev_end = df.groupby(keys, sort=False)["cm"].shift(1)
     same = np.zeros(rows.size, bool)
     same[df.index.to_numpy()] = (df["e"] <= prev_end.fillna(np.iinfo(np.int64).min)).to_numpy()
-    rows, g_start, g_end, busy, ni = rows[~same], g_start[~same], g_end[~same], busy[~same], ni[~same]
+    k = ~same
+    rows, g_start, g_end, busy, lay, mods, bwds = (
+        rows[k],
+        g_start[k],
+        g_end[k],
+        busy[k],
+        lay[k],
+        mods[k],
+        bwds[k],
+    )
     return pa.table(
         {
             "rank": pa.array(rank[rows].astype(np.int32)),
             "step": pa.array(np.where(step[rows] < 0, None, step[rows]).tolist(), pa.int32()),
-            "layer": pa.array(layer_of[ni].astype(np.int32)),
-            "module": pa.array([mod_of[i] for i in ni], pa.string()),
-            "backward": pa.array(bwd_of[ni]),
+            "layer": pa.array(lay.astype(np.int32)),
+            "module": pa.array(mods.tolist(), pa.string()),
+            "backward": pa.array(bwds.astype(bool)),
             "gpu_start_ns": pa.array(g_start),
             "gpu_end_ns": pa.array(g_end),
             "compute_ns": pa.array(busy),
         },
         schema=SPANS,
     )
+
+
+#: Name prefix of the autograd engine's per-node cpu op (one per backward node executed).
+EVAL_PREFIX = "autograd::engine::evaluate_function:"
+
+
+def _backward_by_sequence(
+    events: pa.Table, fwd_ann: np.ndarray, rank: np.ndarray, ts: np.ndarray, end: np.ndarray, cpu_path: dict
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+    """Backward spans of forward module annotations, from the autograd sequence number.
+
+    Each autograd node's `autograd::engine::evaluate_function: XBackward0` op carries the `Sequence
+    number` of the forward op that recorded the node; that op ran inside a module annotation on the
+    forward thread. Returns (evaluate_function rows, span start, span end, index into `fwd_ann` of the
+    owning annotation): the span is the GPU window of the kernels launched inside the node (device
+    ranks) or the node itself (ranks on the CPU timeline). None without sequence numbers."""
+    if "sequence_nr" not in events.column_names:
+        return None
+    seq = events.column("sequence_nr").fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+    if not (seq >= 0).any():
+        return None
+    kind = events.column("kind")
+    is_op = _dict_lookup(kind, lambda v: int(v == "cpu_op")).astype(bool)
+    is_eval = _dict_lookup(events.column("name"), lambda v: int(str(v).startswith(EVAL_PREFIX))).astype(bool)
+    tid = events.column("tid").fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+    fwd_ops = np.flatnonzero(is_op & ~is_eval & (seq >= 0) & np.isin(rank, np.unique(rank[fwd_ann])))
+    if fwd_ops.size == 0:
+        return None
+    owner = _owners(fwd_ann, fwd_ops, rank, tid, ts, end)
+    fwd_ops, owner = fwd_ops[owner >= 0], owner[owner >= 0]
+    if fwd_ops.size == 0:
+        return None
+    # (rank, sequence number) -> owning annotation; sequence numbers count up per forward thread, so a
+    # number names one forward op in a run (one forward thread per rank, as in training loops)
+    key = rank[fwd_ops] * (1 << 40) + seq[fwd_ops]
+    o = np.argsort(key, kind="stable")
+    key, owner = key[o], owner[o]
+    evals = np.flatnonzero(is_eval & (seq >= 0))
+    ekey = rank[evals] * (1 << 40) + seq[evals]
+    pos = np.clip(np.searchsorted(key, ekey), 0, key.size - 1)
+    found = key[pos] == ekey
+    evals, eowner = evals[found], owner[pos[found]]
+    if evals.size == 0:
+        return None
+    on_cpu = np.array([cpu_path.get(int(r), False) for r in rank[evals]], bool)
+    s_ = ts[evals].copy()
+    e_ = end[evals].copy()
+    dev = np.flatnonzero(~on_cpu)
+    if dev.size:
+        s_[dev], e_[dev] = _launched_span(events, evals[dev], rank, ts, end)
+    return evals, s_, e_, eowner
+
+
+def _owners(
+    ann_rows: np.ndarray, pts: np.ndarray, rank: np.ndarray, tid: np.ndarray, ts: np.ndarray, end: np.ndarray
+) -> np.ndarray:
+    """Index into `ann_rows` of the annotation holding each event row of `pts` (its start inside the
+    annotation, same rank and thread; the innermost when annotations nest), -1 for none."""
+    ann_key = rank[ann_rows] * (1 << 32) + tid[ann_rows]
+    p_key = rank[pts] * (1 << 32) + tid[pts]
+    owner = np.full(pts.size, -1, np.int64)
+    for k in np.unique(ann_key):
+        a = np.flatnonzero(ann_key == k)
+        a = a[np.argsort(ts[ann_rows[a]], kind="stable")]
+        lo, hi = ts[ann_rows[a]], end[ann_rows[a]]
+        # drop annotations that contain a later one (keep the innermost so windows are disjoint)
+        inner = np.ones(a.size, bool)
+        inner[:-1] = hi[:-1] <= lo[1:]
+        a, lo, hi = a[inner], lo[inner], hi[inner]
+        m = np.flatnonzero(p_key == k)
+        w = iv.assign_windows(ts[pts[m]], lo, hi)
+        owner[m[w >= 0]] = a[w[w >= 0]]
+    return owner
 
 
 def _launched_span(
@@ -213,21 +313,7 @@ def _launched_span(
     pos = np.clip(np.searchsorted(rt_key, dev_key), 0, rt_key.size - 1)
     found = rt_key[pos] == dev_key
     dev, launch = dev[found], rt_sorted[pos[found]]
-    # annotation holding each launch, per (rank, tid); innermost first when annotations nest
-    ann_key = rank[ann_rows] * (1 << 32) + tid[ann_rows]
-    l_key = rank[launch] * (1 << 32) + tid[launch]
-    owner = np.full(dev.size, -1, np.int64)
-    for k in np.unique(ann_key):
-        a = np.flatnonzero(ann_key == k)
-        a = a[np.argsort(ts[ann_rows[a]], kind="stable")]
-        lo, hi = ts[ann_rows[a]], end[ann_rows[a]]
-        # drop annotations that contain a later one (keep the innermost so windows are disjoint)
-        inner = np.ones(a.size, bool)
-        inner[:-1] = hi[:-1] <= lo[1:]
-        a, lo, hi = a[inner], lo[inner], hi[inner]
-        m = np.flatnonzero(l_key == k)
-        w = iv.assign_windows(ts[launch[m]], lo, hi)
-        owner[m[w >= 0]] = a[w[w >= 0]]
+    owner = _owners(ann_rows, launch, rank, tid, ts, end)
     has = owner >= 0
     if has.any():
         o_idx = owner[has]
