@@ -251,26 +251,53 @@ def test_split_tests_run_in_a_fresh_process(tmp_path):
     assert int(suite.get("tests")) >= 9 and suite.get("skipped") == "0" and suite.get("failures") == "0"
 
 
-def test_split_payload_larger_than_the_shared_mapping(tmp_path, monkeypatch, split_on):
-    """The child's columns normally come back through shared memory; when they do not fit, through the pipe:
-    same result either way."""
-    import pickle
-
+def test_split_columns_larger_than_the_shared_mapping(tmp_path, monkeypatch, split_on):
+    """The child's columns normally come back through shared memory (message kind M); when they do not fit,
+    inside the pipe message (kind P): same result either way."""
     doc = kt.doc(events=_events(60, True), baseTimeNanoseconds=kt.Num(str(kt.BASE)))
+    doc["distributedInfo"] = {"backend": "nccl", "rank": 1, "world_size": 2, "pg_config": [{"x": [1, 2.5]}]}
     p = _write(tmp_path, "t.json.gz", doc)
-    received: list[str] = []
-    loads = pickle.loads
+    kinds: list[bytes] = []
+    orig = kineto._part_from_message
 
-    def spy(data):
-        received.append(type(data).__name__)
-        return loads(data)
+    def spy(msg, shm):
+        kinds.append(msg[:1])
+        return orig(msg, shm)
 
-    monkeypatch.setattr(pickle, "loads", spy)
+    monkeypatch.setattr(kineto, "_part_from_message", spy)
     shared = kineto.read(p)
-    monkeypatch.setattr(kineto, "_SHM_SLACK", -(1 << 40))  # a one-page mapping: the payload cannot fit
+    monkeypatch.setattr(kineto, "_SHM_SLACK", -(1 << 40))  # a one-page mapping: the columns cannot fit
     tr = kineto.read(p)
     assert split_on == [True, True]
-    assert received == ["memoryview", "bytes"]  # shared memory, then the pipe
+    assert kinds == [b"M", b"P"]
     _same(tr, shared)
     _same(tr, _serial(p, monkeypatch))
     assert tr.events.num_rows == 60 * 4 + 12 and tr.memory.num_rows == 60
+    assert tr.metadata["rank"] == 1
+    assert '"pg_config":[{"x":[1,2.5]}]' in tr.metadata["distributed_info_json"]
+
+
+def test_part_message_round_trip():
+    """The child's message carries every column, the collective args and the metadata exactly."""
+    import mmap
+
+    evs = kineto._decode_events(kt.dumps(_events(12, True)).encode())
+    sc = kineto._Scan(
+        {"distributedInfo": {"rank": 3, "big": 2**62, "f": 0.1}}, [kineto._columns(evs)], 100, 100, False, 42
+    )
+    c = sc.chunks[0]
+    for shm in (mmap.mmap(-1, 1 << 20), mmap.mmap(-1, 4096)):  # in the mapping, then in the message
+        back = kineto._part_from_message(kineto._part_message(sc, shm), shm)
+        assert back.meta == sc.meta and back.split_at == 42 and back.bytes_total == 100
+        b = back.chunks[0]
+        assert b.n == c.n == 12 * 4 + 3
+        for f in ("kind", "ts", "ts_valid", "dur", "dur_valid", "coll_rows"):
+            assert getattr(b, f).dtype == getattr(c, f).dtype and (getattr(b, f) == getattr(c, f)).all(), f
+        for f in ("name", "pid", "tid", "device", "stream", "correlation", "external_id"):
+            assert getattr(b, f).equals(getattr(c, f)), f
+        assert b.coll == c.coll and b.coll["in_nelems"] == [1024, 1029, 1034]
+        assert set(b.mem) == set(c.mem) and all((b.mem[k] == c.mem[k]).all() for k in ("ts", "valid"))
+        assert all(
+            b.mem[k].equals(c.mem[k]) for k in ("device", "bytes", "total_allocated", "total_reserved")
+        )
+        del b, back

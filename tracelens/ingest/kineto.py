@@ -286,6 +286,18 @@ _LAUNCH_CODES = np.array([_KIND_INDEX["cuda_runtime"], _KIND_INDEX["cuda_driver"
 _STEP_CODES = np.array([_KIND_INDEX["user_annotation"], _KIND_INDEX["cpu_op"]], dtype=np.int8)
 
 
+def _kind_table(codes: np.ndarray) -> np.ndarray:
+    """Kind code -> whether it is one of `codes` (indexing this table is cheaper than np.isin)."""
+    table = np.zeros(len(schema.KINDS), dtype=bool)
+    table[codes] = True
+    return table
+
+
+_IS_GPU = _kind_table(_GPU_CODES)
+_IS_LAUNCH = _kind_table(_LAUNCH_CODES)
+_IS_STEP = _kind_table(_STEP_CODES)
+
+
 def normalise_kind(cat: Any) -> str:
     """Kineto `cat` -> one of schema.KINDS (case-insensitive; older, ROCm and MTIA names folded in)."""
     if not isinstance(cat, str):
@@ -594,7 +606,7 @@ def _columns(evs: list) -> _Chunk:
             for f in _COLL_FIELDS:
                 coll[f] = list(map(attrgetter(f), sub))
     # device/stream matter only for device events (elsewhere _assemble nulls them)
-    gpu = np.isin(kind, _GPU_CODES)
+    gpu = _IS_GPU[kind]
     gpu_rows = np.flatnonzero(gpu)
     gpu_args = args if gpu_rows.size == n else list(compress(args, gpu.tolist()))
     return _Chunk(
@@ -1054,17 +1066,112 @@ def _can_split() -> bool:
 
 
 #: Bytes of the shared memory through which the child hands its columns back, beyond its share of the JSON
-#: (only the pages written are allocated; a larger payload goes through the pipe).
+#: (only the pages written are allocated; larger columns go through the pipe).
 _SHM_SLACK = 16 * 1024**2
+_EV_COLS = (
+    "kind",
+    "name",
+    "pid",
+    "tid",
+    "device",
+    "stream",
+    "ts",
+    "ts_valid",
+    "dur",
+    "dur_valid",
+    "correlation",
+    "external_id",
+)
+_MEM_COLS = ("ts", "valid", "device", "bytes", "total_allocated", "total_reserved")
+_NP_COLS = frozenset({"kind", "ts", "ts_valid", "dur", "dur_valid", "valid"})  # numpy in a _Chunk
+_HDR = (
+    41  # message header: kind byte, then 5 int64 (extra length, events offset/length, memory offset/length)
+)
+
+
+def _part_message(sc: _Scan, shm: Any) -> bytes:
+    """The second part of a split read as the child's message to the parent: its columns (merged into one
+    chunk) as Arrow IPC streams written into the shared mapping `shm` (kind `M`), or after the header when
+    they do not fit (kind `P`); everything else (metadata, collective args) as msgpack (JSON values only,
+    so exact). No pickle: the parent reads plain data."""
+    c = _merge_chunks(sc.chunks)
+
+    def arrow(v: Any) -> pa.Array:
+        return pa.array(v.view(np.uint8) if v.dtype == bool else v) if isinstance(v, np.ndarray) else v
+
+    batches = [pa.RecordBatch.from_arrays([arrow(getattr(c, f)) for f in _EV_COLS], names=list(_EV_COLS))]
+    if c.mem is not None:
+        batches.append(
+            pa.RecordBatch.from_arrays([arrow(c.mem[f]) for f in _MEM_COLS], names=list(_MEM_COLS))
+        )
+    extra = msgspec.msgpack.encode(
+        {
+            "meta": sc.meta,
+            "n": c.n,
+            "coll_rows": c.coll_rows.tolist(),
+            "coll": c.coll,
+            "bytes_total": sc.bytes_total,
+            "split_at": sc.split_at,
+        }
+    )
+    spans = [0, 0, 0, 0]
+    try:
+        kind, sink = b"M", pa.FixedSizeBufferWriter(pa.py_buffer(shm))
+        for i, batch in enumerate(batches):
+            spans[2 * i] = sink.tell()
+            with pa.ipc.new_stream(sink, batch.schema) as w:
+                w.write_batch(batch)
+            spans[2 * i + 1] = sink.tell() - spans[2 * i]
+        body = b""
+    except OSError:  # larger than the mapping
+        kind, sink = b"P", pa.BufferOutputStream()
+        for i, batch in enumerate(batches):
+            spans[2 * i] = sink.tell()
+            with pa.ipc.new_stream(sink, batch.schema) as w:
+                w.write_batch(batch)
+            spans[2 * i + 1] = sink.tell() - spans[2 * i]
+        body = sink.getvalue().to_pybytes()
+    return kind + np.array([len(extra), *spans], dtype=np.int64).tobytes() + extra + body
+
+
+def _part_from_message(msg: bytes, shm: Any) -> _Scan | None:
+    """The child's message (_part_message) -> its _Scan with one chunk; the columns read from the shared
+    mapping are not copied (they are copied once, when the parts are concatenated). None when malformed."""
+    if len(msg) < _HDR or msg[:1] not in (b"M", b"P"):
+        return None
+    n_extra, ev_off, ev_len, mem_off, mem_len = np.frombuffer(msg, dtype=np.int64, count=5, offset=1).tolist()
+    extra = msgspec.msgpack.decode(msg[_HDR : _HDR + n_extra])
+    src = pa.py_buffer(shm) if msg[:1] == b"M" else pa.py_buffer(msg).slice(_HDR + n_extra)
+
+    def columns(off: int, length: int) -> dict:
+        batch = pa.ipc.open_stream(src.slice(off, length)).read_next_batch()
+        out: dict = {}
+        for name, col in zip(batch.schema.names, batch.columns):
+            if name in _NP_COLS:
+                arr = col.to_numpy()
+                out[name] = arr.view(bool) if name in ("ts_valid", "dur_valid", "valid") else arr
+            else:
+                out[name] = col
+        return out
+
+    ev = columns(ev_off, ev_len)
+    chunk = _Chunk(
+        n=extra["n"],
+        coll_rows=np.array(extra["coll_rows"], dtype=np.int64),
+        coll=extra["coll"],
+        mem=columns(mem_off, mem_len) if mem_len else None,
+        **ev,
+    )
+    return _Scan(extra["meta"], [chunk], extra["bytes_total"], extra["bytes_total"], False, extra["split_at"])
 
 
 def _scan_split(path: Path, chunk_bytes: int) -> _Scan | None:
     """Decode one large file with two processes: this one decodes the events of the first part of the
     decompressed stream (SPLIT_SHARE), a forked child those of the rest (it decompresses the first part
-    again and skips it), merges its chunks and hands them back pickled, through an anonymous shared mapping
-    (the pipe only signals; it carries the payload when that does not fit). None when not applicable or when
-    anything went wrong (the caller then reads serially). On success the child may still be exiting: its
-    pid is in `_Scan.helper`, for _reap once the table is built."""
+    again and skips it) and hands its columns back as Arrow IPC in an anonymous shared mapping (the pipe
+    carries a small message: _part_message). None when not applicable or when anything went wrong (the
+    caller then reads serially). On success the child may still be exiting: its pid is in `_Scan.helper`,
+    for _reap once the table is built."""
     try:
         cut = _split_point(path)
     except OSError:
@@ -1072,7 +1179,6 @@ def _scan_split(path: Path, chunk_bytes: int) -> _Scan | None:
     if cut is None or not _can_split():
         return None
     import mmap
-    import pickle
     import select
 
     t0 = time.perf_counter()
@@ -1095,8 +1201,6 @@ def _scan_split(path: Path, chunk_bytes: int) -> _Scan | None:
     if pid == 0:  # child: never returns
         try:
             os.close(r)
-            header = b""
-            payload = b""
             try:
                 blocks = _blocks(path, max(16, min(_READ_BYTES, chunk_bytes)))
                 try:
@@ -1105,19 +1209,11 @@ def _scan_split(path: Path, chunk_bytes: int) -> _Scan | None:
                     sc.split_at = found[0]
                 finally:
                     blocks.close()
-                sc.chunks = [_merge_chunks(sc.chunks)] if sc.chunks else []
-                try:
-                    shm.seek(8)
-                    pickle.dump(sc, shm, protocol=pickle.HIGHEST_PROTOCOL)
-                    header = b"M" + (shm.tell() - 8).to_bytes(8, "little")
-                except ValueError:  # larger than the mapping: through the pipe
-                    payload = pickle.dumps(sc, protocol=pickle.HIGHEST_PROTOCOL)
-                    header = b"P" + len(payload).to_bytes(8, "little")
+                msg = _part_message(sc, shm)
             except BaseException:  # noqa: BLE001 (reported as an empty message; the parent reads serially)
-                header = payload = b""
+                msg = b""
             with os.fdopen(w, "wb") as fh:
-                fh.write(header)
-                fh.write(payload)
+                fh.write(msg)
         finally:
             os._exit(0)
     os.close(w)
@@ -1138,29 +1234,28 @@ def _scan_split(path: Path, chunk_bytes: int) -> _Scan | None:
             # the child does about as much as this process did; a child that hangs is given up on
             if not select.select([fh], [], [], max(60.0, 20 * (time.perf_counter() - t0)))[0]:
                 return None
-            header = fh.read(9)
-            if len(header) != 9:
-                return None
-            n = int.from_bytes(header[1:], "little")
-            payload = memoryview(shm)[8 : 8 + n] if header[:1] == b"M" else fh.read(n)
-            theirs = pickle.loads(payload)
-            del payload
+            msg = fh.read()  # up to the child closing its end
         done = True
-        if theirs.split_at != mine.split_at:  # both parts must agree on the split boundary
+        theirs = _part_from_message(msg, shm)
+        if theirs is None or theirs.split_at != mine.split_at:  # both parts must agree on the boundary
             return None
         meta = dict(mine.meta)
         meta.update(theirs.meta)
-        return _Scan(
+        sc = _Scan(
             meta, mine.chunks + theirs.chunks, theirs.bytes_total, theirs.bytes_total, False, helper=pid
         )
-    except (OSError, EOFError, pickle.UnpicklingError):
+        pid = None  # reaped by the caller, after the assembly (the child is exiting meanwhile)
+        return sc
+    except (OSError, ValueError, KeyError, TypeError, pa.ArrowException, msgspec.DecodeError):
         return None
     finally:
-        with contextlib.suppress(BufferError):  # (a view still held by an exception: freed with it)
+        # the mapping stays while columns read from it live (they are copied when the parts are joined)
+        with contextlib.suppress(BufferError):
             shm.close()
-        if not done:
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
+        if pid is not None:
+            if not done:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
             _reap(pid)
 
 
@@ -1426,11 +1521,10 @@ def assign_steps(
     """Step of each event (-1 = none): CPU events by the enclosing ProfilerStep#N window, device events by
     the step of the cuda_runtime/cuda_driver launch with the same correlation id (else by their own start)."""
     n = len(kind)
-    step = np.full(n, -1, dtype=np.int64)
     is_step, num = step_of_name(names)
-    is_step &= np.isin(kind, _STEP_CODES)
+    is_step &= _IS_STEP[kind]
     if not is_step.any():
-        return step
+        return np.full(n, -1, dtype=np.int64)
     s_num = num[is_step]
     s_start = ts[is_step]
     s_end = s_start + np.maximum(dur[is_step], 0)
@@ -1442,29 +1536,24 @@ def assign_steps(
     np.maximum.at(w_end, inv, s_end)
     order = np.argsort(w_start, kind="stable")
     w_start, w_end, uniq = w_start[order], w_end[order], uniq[order]
-
-    def enclosing(t: np.ndarray) -> np.ndarray:
-        j = np.searchsorted(w_start, t, side="right") - 1
-        ok = (j >= 0) & (t < w_end[np.clip(j, 0, None)])
-        return np.where(ok, uniq[np.clip(j, 0, None)], -1)
-
-    is_gpu = np.isin(kind, _GPU_CODES)
-    step[~is_gpu] = enclosing(ts[~is_gpu])
+    # every event by its own start (device events keep it when no launch matches)
+    j = np.searchsorted(w_start, ts, side="right") - 1
+    np.maximum(j, 0, out=j)
+    step = np.where((ts >= w_start[0]) & (ts < w_end[j]), uniq[j], -1)
+    is_gpu = _IS_GPU[kind]
     if is_gpu.any():
-        own = enclosing(ts[is_gpu])
         corr_np = corr.fill_null(-1).to_numpy(zero_copy_only=False)
-        launch = np.isin(kind, _LAUNCH_CODES) & (corr_np >= 0)
-        g_corr = corr_np[is_gpu]
+        launch = _IS_LAUNCH[kind] & (corr_np >= 0)
         if launch.any():
             l_corr = corr_np[launch]
             l_step = step[launch]
             o = np.argsort(l_corr, kind="stable")
             l_corr, l_step = l_corr[o], l_step[o]
+            g_corr = corr_np[is_gpu]
             j = np.searchsorted(l_corr, g_corr)
-            jc = np.clip(j, 0, l_corr.size - 1)
+            jc = np.minimum(j, l_corr.size - 1)
             hit = (j < l_corr.size) & (l_corr[jc] == g_corr) & (g_corr >= 0)
-            own = np.where(hit, l_step[jc], own)
-        step[is_gpu] = own
+            step[is_gpu] = np.where(hit, l_step[jc], step[is_gpu])
     return step
 
 
@@ -1524,7 +1613,7 @@ def _assemble(sc: _Scan, rank: int) -> tuple[pa.Table, pa.Table]:
     n, corr, rows = c.n, c.correlation, c.coll_rows
     coll = {f: c.coll.get(f, []) for f in _COLL_FIELDS}
     step = assign_steps(kind, names, ts, dur, corr)
-    is_gpu = np.isin(kind, _GPU_CODES)
+    is_gpu = _IS_GPU[kind]
     device, stream, pid, tid = c.device, c.stream, c.pid, c.tid
     gpu_mask = pa.array(is_gpu)
     # device events: device/stream from args, else Kineto's convention pid = device, tid = stream
