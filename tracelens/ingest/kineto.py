@@ -90,12 +90,13 @@ class _Args(msgspec.Struct, frozen=True, gc=False):
 
 
 class _MemArgs(msgspec.Struct, frozen=True, gc=False):
-    """The `args` keys of `[memory]` instant events."""
+    """The `args` keys of `[memory]` instant events: int or str only, as the ids of _Args (numpy reads them
+    at once); any other value type sends the chunk to the loose decoder."""
 
-    device_id: int | float | str | bool | None = msgspec.field(name="Device Id", default=None)
-    bytes: int | float | str | bool | None = msgspec.field(name="Bytes", default=None)
-    total_allocated: int | float | str | bool | None = msgspec.field(name="Total Allocated", default=None)
-    total_reserved: int | float | str | bool | None = msgspec.field(name="Total Reserved", default=None)
+    device_id: int | str | None = msgspec.field(name="Device Id", default=None)
+    bytes: int | str | None = msgspec.field(name="Bytes", default=None)
+    total_allocated: int | str | None = msgspec.field(name="Total Allocated", default=None)
+    total_reserved: int | str | None = msgspec.field(name="Total Reserved", default=None)
 
 
 class _LooseArgs(msgspec.Struct, frozen=True, gc=False):
@@ -731,17 +732,24 @@ def _lowcard_int_array(values: list) -> pa.Array:
 
 def _memory_columns(mems: list) -> dict:
     args = list(map(_get["args"], mems))
-    if type(mems[0]) is _LooseEvent and None in args:  # (`in` compares every struct: loose events only)
+    loose = type(mems[0]) is _LooseEvent
+    if loose and None in args:  # (`in` compares every struct: loose events only)
         args = [_EMPTY_LOOSE_ARGS if a is None else a for a in args]
     ts, valid = _times_ns(mems, "ts")
     return {
         "ts": ts,
         "valid": valid,
-        "device": _int_array(list(map(attrgetter("device_id"), args)), pa.int32()),
-        "bytes": _int_array(list(map(attrgetter("bytes"), args)), pa.int64()),
-        "total_allocated": _int_array(list(map(attrgetter("total_allocated"), args)), pa.int64()),
-        "total_reserved": _int_array(list(map(attrgetter("total_reserved"), args)), pa.int64()),
+        "device": _ints(_get_device_id, args, pa.int32(), loose),
+        "bytes": _ints(_get_bytes, args, pa.int64(), loose),
+        "total_allocated": _ints(_get_total_allocated, args, pa.int64(), loose),
+        "total_reserved": _ints(_get_total_reserved, args, pa.int64(), loose),
     }
+
+
+_get_device_id = attrgetter("device_id")
+_get_bytes = attrgetter("bytes")
+_get_total_allocated = attrgetter("total_allocated")
+_get_total_reserved = attrgetter("total_reserved")
 
 
 # ------------------------------------------------------------------------------------------ reading
@@ -1220,9 +1228,9 @@ def _scan_split(path: Path, chunk_bytes: int) -> _Scan | None:
     done = False
     try:
         with os.fdopen(r, "rb") as fh:
+            # inflated inline, as in the child: with both cores decoding, a third (inflating) thread only
+            # adds GIL hand-offs
             blocks = _blocks(path, max(16, min(_READ_BYTES, chunk_bytes)))
-            if _is_gzip(path):
-                blocks = _prefetch(blocks)
             try:
                 mine = _scan_blocks(path, blocks, False, chunk_bytes, stop_at=cut)
             except (_SplitFailed, BadTraceError, msgspec.DecodeError):
