@@ -301,3 +301,28 @@ def test_part_message_round_trip():
             b.mem[k].equals(c.mem[k]) for k in ("device", "bytes", "total_allocated", "total_reserved")
         )
         del b, back
+
+
+def test_split_blocks_same_bytes_and_limits(tmp_path, monkeypatch):
+    """The split read's reader gives the bytes of _blocks (multi-member gzip included); a cut or oversized
+    file ends the split read (the serial read reports it)."""
+    data = [kt.dumps(kt.doc(events=_events(30, True))).encode(), b"\n" * 70000]
+    p = tmp_path / "t.json.gz"
+    p.write_bytes(gzip.compress(data[0]) + gzip.compress(data[1]))
+
+    def joined(it) -> bytes:
+        return b"".join(bytes(b) for b in it)
+
+    assert joined(kineto._split_blocks(p, 4096)) == joined(kineto._blocks(p, 4096)) == data[0] + data[1]
+    if kineto._GzipReader is None:
+        pytest.skip("python-isal is not installed: split reads use _blocks itself")
+    cut = tmp_path / "cut.json.gz"
+    cut.write_bytes(p.read_bytes()[: len(gzip.compress(data[0])) // 2])
+    with pytest.raises(kineto._SplitFailed):
+        joined(kineto._split_blocks(cut, 4096))
+    monkeypatch.setenv("TRACELENS_MAX_DECOMPRESSED_BYTES", str(len(data[0])))
+    with pytest.raises(kineto._SplitFailed):
+        joined(kineto._split_blocks(p, 4096))
+    plain = tmp_path / "t.json"
+    plain.write_bytes(data[0])
+    assert joined(kineto._split_blocks(plain, 4096)) == data[0]
