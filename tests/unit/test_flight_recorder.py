@@ -284,3 +284,29 @@ def test_normalise_op():
     assert fr.normalise_op("nccl:_reduce_scatter_base")[0] == "reducescatter"
     assert fr.normalise_op("nccl:all_to_all_single")[0] == "alltoall"
     assert fr.normalise_op("xccl:something_new")[0] == "something_new"
+
+
+def test_non_finite_numbers_are_unknown(tmp_path):
+    """JSON dumps may hold Infinity/NaN (Python's json writes them): they read as unknown, no crash."""
+    import math
+
+    src = Path(__file__).resolve().parents[2] / "sample_traces" / "cpu-gloo-4rank" / "flight_recorder" / "json"
+    if not src.is_dir():
+        pytest.skip("sample_traces/cpu-gloo-4rank is absent")
+    d = json.loads((src / "fr_trace_rank_0.json").read_text())
+    n = len(d["entries"])
+    d["pg_status"] = {
+        "0": {
+            "last_enqueued_collective": math.inf,
+            "last_started_collective": math.nan,
+            "last_completed_collective": -math.inf,
+        }
+    }
+    d["entries"][0]["time_created_ns"] = math.inf
+    d["entries"][1]["time_discovered_started_ns"] = math.nan
+    p = tmp_path / "fr_trace_rank_0.json"
+    p.write_text(json.dumps(d))
+    t = fr.read(p, 0)
+    assert t.num_rows == n
+    st = fr.read_status(p)["pg_status"]["0"]
+    assert st["last_enqueued_collective"] is None and st["last_started_collective"] is None

@@ -211,7 +211,10 @@ def _int_or_none(v: Any) -> int | None:
     if isinstance(v, bool) or v is None:
         return None
     if isinstance(v, (int, float)):
-        return int(v) if v else None
+        try:
+            return int(v) if v else None
+        except (OverflowError, ValueError):  # inf, nan
+            return None
     if isinstance(v, str):
         try:
             n = int(v)
@@ -266,7 +269,7 @@ def _status_marks(dump: dict) -> dict[str, tuple[int, int]]:
                 for key in ("last_started_collective", "last_completed_collective"):
                     try:
                         vals.append(int(st.get(key, -1)))
-                    except (TypeError, ValueError):
+                    except (TypeError, ValueError, OverflowError):
                         vals.append(-1)
                 out[str(pg_id)] = (vals[0], vals[1])
     return out
@@ -420,7 +423,7 @@ def read_status(path: str | Path) -> dict:
                 v = st.get(key)
                 try:
                     n = int(v) if v is not None and not isinstance(v, bool) else None
-                except (TypeError, ValueError):
+                except (TypeError, ValueError, OverflowError):  # a string, nan, inf
                     n = None
                 item[key] = n if n is not None and n >= 0 else None
             name, desc = names.get(str(pg_id), (None, None))
