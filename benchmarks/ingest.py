@@ -279,6 +279,7 @@ def main(argv: list[str] | None = None) -> dict:
                 "helper_rss_above_baseline_mb": child,
                 "rss_with_helper_over_raw": (above + child) * 2**20 / raw_bytes,
                 "split_runs": sum(bool(r.get("split")) for r in rs),
+                "seconds_each_run": [round(r["seconds"], 4) for r in rs],
                 "rows": rs[0].get("rows"),
                 "runs": len(rs),
             }
@@ -328,6 +329,11 @@ def _print(out: dict) -> None:
             f"{r['helper_rss_above_baseline_mb']:.0f} | {r['rss_with_helper_over_raw']:.2f} | "
             f"{r['split_runs']}/{r['runs']} |"
         )
+    print()
+    print("seconds of each run (in round order; the table gives their median):")
+    for name, r in out["results"].items():
+        if "seconds_each_run" in r:
+            print(f"  {name}: {', '.join(f'{x:.3f}' for x in r['seconds_each_run'])}")
     print()
     for k, v in out["ratios"].items():
         print(f"{k}: {v:.1f}x")

