@@ -112,9 +112,17 @@ def _pairs(events: list[dict]) -> pd.DataFrame:
     b["k"] = b.groupby(["cat", "name", "id"], dropna=False).cumcount()
     e["k"] = e.groupby(["cat", "name", "id"], dropna=False).cumcount()
     out = b.merge(e, on=["cat", "name", "id", "k"], how="left")
-    out["begin_ns"] = np.round(pd.to_numeric(out["ts"], errors="coerce") * 1000.0).astype("Int64")
-    out["end_ns"] = np.round(pd.to_numeric(out["ts_end"], errors="coerce") * 1000.0).astype("Int64")
+    out["begin_ns"] = _us_to_ns(out["ts"])
+    out["end_ns"] = _us_to_ns(out["ts_end"])
     return out
+
+
+def _us_to_ns(col: pd.Series) -> pd.Series:
+    """µs values (numbers or numeric strings) to nullable int64 ns; non-numbers, NaN, infinities and
+    values beyond int64 become null."""
+    v = pd.to_numeric(col, errors="coerce").astype("float64") * 1000.0
+    v = v.where(np.isfinite(v) & (v.abs() < 9.0e18))
+    return np.round(v).astype("Int64")
 
 
 #: What a damaged plugin file (values of unexpected types) makes the parsing below raise.
