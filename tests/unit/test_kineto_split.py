@@ -282,11 +282,10 @@ def test_part_message_round_trip():
     import mmap
 
     evs = kineto._decode_events(kt.dumps(_events(12, True)).encode())
-    sc = kineto._Scan(
-        {"distributedInfo": {"rank": 3, "big": 2**62, "f": 0.1}}, [kineto._columns(evs)], 100, 100, False, 42
-    )
-    c = sc.chunks[0]
+    c = kineto._columns(evs)
+    meta = {"distributedInfo": {"rank": 3, "big": 2**62, "f": 0.1}}
     for shm in (mmap.mmap(-1, 1 << 20), mmap.mmap(-1, 4096)):  # in the mapping, then in the message
+        sc = kineto._Scan(meta, [c], 100, 100, False, 42)
         back = kineto._part_from_message(kineto._part_message(sc, shm), shm)
         assert back.meta == sc.meta and back.split_at == 42 and back.bytes_total == 100
         b = back.chunks[0]

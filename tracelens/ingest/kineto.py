@@ -1169,6 +1169,8 @@ def _part_message(sc: _Scan, shm: Any) -> bytes:
     they do not fit (kind `P`); everything else (metadata, collective args) as msgpack (JSON values only,
     so exact). No pickle: the parent reads plain data."""
     c = _merge_chunks(sc.chunks)
+    sc.chunks = []  # the per-chunk columns are copies now: freed (and returned) before the IPC copy
+    pa.default_memory_pool().release_unused()
 
     def arrow(v: Any) -> pa.Array:
         return pa.array(v.view(np.uint8) if v.dtype == bool else v) if isinstance(v, np.ndarray) else v
@@ -1690,6 +1692,7 @@ def _merge_chunks(ch: list[_Chunk]) -> _Chunk:
 def _assemble(sc: _Scan, rank: int) -> tuple[pa.Table, pa.Table]:
     base = _coerce_int(sc.meta.get("baseTimeNanoseconds")) or 0
     c = _merge_chunks(sc.chunks)
+    sc.chunks = []  # their columns are in `c` now: freed (a split read's child columns unmap with them)
     ts, ts_valid, dur, dur_valid, kind, names = c.ts, c.ts_valid, c.dur, c.dur_valid, c.kind, c.name
     n, corr, rows = c.n, c.correlation, c.coll_rows
     coll = {f: c.coll.get(f, []) for f in _COLL_FIELDS}
