@@ -1089,10 +1089,10 @@ class _SplitFailed(Exception):
 #: Decompressed size from which one file may be decoded by two processes (opt-in, see _can_split).
 SPLIT_MIN_BYTES = 32 * 1024**2
 #: Share of the decompressed bytes this process decodes in a split read (the child decodes the rest). The
-#: child first inflates and skips this share (~5 ms per 25 MB), and this process assembles the table after
-#: (~10 ms); Kineto writes the small, dense CPU events first, so the first bytes are slower to decode. Below
-#: half measured best (df_index_resolver: 0.44-0.47; docs/performance.md).
-SPLIT_SHARE = 0.46
+#: child first inflates and skips this share (~5 ms per 25 MB) and this process assembles the table after
+#: (~10 ms), while Kineto writes the small, dense CPU events first (more events per byte in the first
+#: half): on df_index_resolver both parts end within a few ms of each other at 0.5 (0.42-0.50 measured).
+SPLIT_SHARE = 0.5
 
 
 def _split_point(path: Path) -> int | None:
