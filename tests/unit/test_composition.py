@@ -207,7 +207,7 @@ def test_audit_for_run_reuses_the_layout_audit():
     assert audit_for_run(grid_from_layout(4, tp=4), None) == (None, [])
 
 
-def _real_like_rows(with_seq: bool = True):
+def _real_like_rows(with_seq: bool = True, hook_annotations: bool = False):
     """One rank as real PyTorch writes it: module annotations only around the forward (thread 1); the
     autograd thread (2) runs `evaluate_function` nodes carrying the forward op's sequence number."""
     rows, seqs = [], []
@@ -262,6 +262,9 @@ def _real_like_rows(with_seq: bool = True):
     add(seq=3, kind="cpu_op", name="aten::mean", ts_ns=3000, dur_ns=50, tid=1)
     add(kind="cuda_runtime", name="cudaLaunchKernel", ts_ns=4850, dur_ns=5, tid=2, correlation=6)
     add(kind="kernel", name="mean_bwd", ts_ns=5990, dur_ns=10, correlation=6, stream=7)
+    if hook_annotations:  # as module backward hooks write them; the attention one closes too early
+        add(kind="user_annotation", name="layers.0.mlp.backward", ts_ns=4990, dur_ns=420, tid=2)
+        add(kind="user_annotation", name="layers.0.self_attn.backward", ts_ns=5450, dur_ns=20, tid=2)
     ev = events_table(rows)
     if with_seq:
         import pyarrow as pa
@@ -280,3 +283,9 @@ def test_backward_attributed_by_sequence_number():
     # without sequence numbers (older traces) only the forward is attributed, as before
     sp0 = module_spans(_real_like_rows(with_seq=False)).to_pandas()
     assert not sp0["backward"].any() and sp0["compute_ns"].sum() == 50
+    # backward annotations (module hooks) are replaced where sequence numbers work: nothing counted twice
+    sp2 = module_spans(_real_like_rows(hook_annotations=True)).to_pandas()
+    assert sp2[sp2["backward"]].groupby("module")["compute_ns"].sum().to_dict() == bwd
+    # and are used as before without them
+    sp3 = module_spans(_real_like_rows(with_seq=False, hook_annotations=True)).to_pandas()
+    assert sp3[sp3["backward"]].groupby("module")["compute_ns"].sum().to_dict() == {"mlp": 20}

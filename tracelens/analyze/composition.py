@@ -128,17 +128,25 @@ def module_spans(
     if sets is None:
         sets = class_sets(events)
 
-    gpu_rows = np.flatnonzero(hit & is_gpu_ann)
+    cpu_path_rank = {int(r): getattr(sets.get(int(r)), "path", "gpu") == "cpu" for r in np.unique(rank)}
+    # backward passes: real PyTorch runs them outside the module annotations; follow each autograd node
+    # back to the forward op that created it (same sequence number) and that op's annotation. Where this
+    # works it replaces backward annotations (e.g. from module backward hooks, which close early for a
+    # module whose input needs no gradient and miss nodes that run after the input gradient is ready).
+    fwd_ann = np.flatnonzero(hit & is_cpu_ann & ~bwd_of[idx])
+    bw = _backward_by_sequence(events, fwd_ann, rank, ts, end, cpu_path_rank) if fwd_ann.size else None
+    seq_ranks = list(np.unique(rank[bw[0]]).tolist()) if bw is not None else []
+    use = hit & ~(bwd_of[idx] & np.isin(rank, seq_ranks))
+    gpu_rows = np.flatnonzero(use & is_gpu_ann)
     gpu_ranks = set(np.unique(rank[gpu_rows]).tolist())
     # CPU annotations only for ranks without GPU annotations (else the same instance counts twice)
-    cpu_rows = np.flatnonzero(hit & is_cpu_ann & ~np.isin(rank, list(gpu_ranks)))
+    cpu_rows = np.flatnonzero(use & is_cpu_ann & ~np.isin(rank, list(gpu_ranks)))
     parts: list[tuple] = []  # (rows, gpu start, gpu end, layer, module, backward)
 
     def add(rows_: np.ndarray, s_: np.ndarray, e_: np.ndarray) -> None:
         n_ = idx[rows_]
         parts.append((rows_, s_, e_, layer_of[n_], [mod_of[i] for i in n_], bwd_of[n_]))
 
-    cpu_path_rank = {int(r): getattr(sets.get(int(r)), "path", "gpu") == "cpu" for r in np.unique(rank)}
     if gpu_rows.size:
         add(gpu_rows, ts[gpu_rows], end[gpu_rows])
     if cpu_rows.size:
@@ -150,16 +158,10 @@ def module_spans(
         if launched.size:
             s, e = _launched_span(events, launched, rank, ts, end)
             add(launched, s, e)
-    # backward passes: real PyTorch runs them outside the module annotations; follow each autograd
-    # node back to the forward op that created it (same sequence number) and that op's annotation
-    with_bwd = set(np.unique(rank[hit & bwd_of[idx]]).tolist())
-    fwd_ann = np.flatnonzero(hit & is_cpu_ann & ~bwd_of[idx] & ~np.isin(rank, list(with_bwd)))
-    if fwd_ann.size:
-        bw = _backward_by_sequence(events, fwd_ann, rank, ts, end, cpu_path_rank)
-        if bw is not None:
-            rows_, s_, e_, owner = bw
-            n_ = idx[fwd_ann[owner]]
-            parts.append((rows_, s_, e_, layer_of[n_], [mod_of[i] for i in n_], np.ones(rows_.size, bool)))
+    if bw is not None:
+        rows_, s_, e_, owner = bw
+        n_ = idx[fwd_ann[owner]]
+        parts.append((rows_, s_, e_, layer_of[n_], [mod_of[i] for i in n_], np.ones(rows_.size, bool)))
     if not parts:
         return SPANS.empty_table()
     rows = np.concatenate([p[0] for p in parts])
