@@ -271,6 +271,27 @@ def build(torch, dims: Dims, group):
     return nn.Sequential(*layers), sdpa, chunk_gated_delta_rule
 
 
+def _annotate_backward(torch, model) -> None:
+    """record_function("<name>.backward") from each part's backward pre-hook (gradient w.r.t. its output
+    ready) to its backward hook (gradient w.r.t. its input computed), on the autograd thread."""
+    for m in model:
+        label = f"{m.name}.backward"
+
+        def pre(mod, grad_output, label=label):
+            rf = torch.profiler.record_function(label)
+            rf.__enter__()
+            mod._tl_backward_rf = rf
+
+        def post(mod, grad_input, grad_output):
+            rf = getattr(mod, "_tl_backward_rf", None)
+            if rf is not None:
+                rf.__exit__(None, None, None)
+                mod._tl_backward_rf = None
+
+        m.register_full_backward_pre_hook(pre)
+        m.register_full_backward_hook(post)
+
+
 def _timer(torch, device):
     """Median milliseconds of fn() over `reps` runs (CUDA events on GPU, perf_counter on CPU)."""
 
@@ -415,6 +436,12 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=2, help="profiled steps up to 8,192 tokens (longer: 1)")
     ap.add_argument("--attn-seqs", default="262144", help="extra sequence lengths for the attention timing")
     ap.add_argument("--no-calibrate", action="store_true")
+    ap.add_argument(
+        "--annotate-backward",
+        action="store_true",
+        help="also wrap each part's backward in record_function('<name>.backward') (module backward hooks): "
+        "ground truth for attributing backward kernels without annotations",
+    )
     args = ap.parse_args(argv)
 
     import torch
@@ -453,6 +480,8 @@ def main(argv=None) -> int:
 
     model, sdpa, gdn = build(torch, dims, group)
     model = model.to(device=device, dtype=dtype)
+    if args.annotate_backward:
+        _annotate_backward(torch, model)
     for p in model.parameters():
         if p.dim() > 1:
             torch.nn.init.normal_(p, std=0.02)
@@ -523,7 +552,8 @@ def main(argv=None) -> int:
                 "step_ms_cuda_events": step_ms[1:],  # the first profiled step is the profiler's warm-up
                 "all_reduces_per_step": n_ar,
                 "all_reduce_bytes": s * dims.hidden * (2 if dtype == torch.bfloat16 else 4),
-                "annotations_per_step": [m.name for m in model],
+                "annotations_per_step": [m.name for m in model]
+                + ([f"{m.name}.backward" for m in reversed(model)] if args.annotate_backward else []),
             }
         )
         print(f"seq {s}: steps {[round(v, 1) for v in step_ms]} ms -> {tdir}", flush=True)
