@@ -312,16 +312,39 @@ def test_split_blocks_same_bytes_and_limits(tmp_path, monkeypatch):
     def joined(it) -> bytes:
         return b"".join(bytes(b) for b in it)
 
-    assert joined(kineto._split_blocks(p, 4096)) == joined(kineto._blocks(p, 4096)) == data[0] + data[1]
+    assert joined(kineto._reused_blocks(p, 4096)) == joined(kineto._blocks(p, 4096)) == data[0] + data[1]
     if kineto._GzipReader is None:
         pytest.skip("python-isal is not installed: split reads use _blocks itself")
     cut = tmp_path / "cut.json.gz"
     cut.write_bytes(p.read_bytes()[: len(gzip.compress(data[0])) // 2])
     with pytest.raises(kineto._SplitFailed):
-        joined(kineto._split_blocks(cut, 4096))
+        joined(kineto._reused_blocks(cut, 4096))
     monkeypatch.setenv("TRACELENS_MAX_DECOMPRESSED_BYTES", str(len(data[0])))
     with pytest.raises(kineto._SplitFailed):
-        joined(kineto._split_blocks(p, 4096))
+        joined(kineto._reused_blocks(p, 4096))
     plain = tmp_path / "t.json"
     plain.write_bytes(data[0])
-    assert joined(kineto._split_blocks(plain, 4096)) == data[0]
+    assert joined(kineto._reused_blocks(plain, 4096)) == data[0]
+
+
+def test_serial_fast_path_gives_up_on_a_cut_file(tmp_path, monkeypatch):
+    """One-process read: the inline reader gives up on a cut gzip stream, and the careful reader then raises
+    the usual error (or, with salvage, keeps the complete events)."""
+    monkeypatch.setenv("TRACELENS_SPLIT", "0")
+    whole = gzip.compress(kt.dumps(kt.doc(events=_events(200, True))).encode())
+    p = tmp_path / "cut.json.gz"
+    p.write_bytes(whole[: int(len(whole) * 0.8)])
+    used: list[str] = []
+    for name in ("_reused_blocks", "_blocks"):
+        orig = getattr(kineto, name)
+
+        def spy(*a, _orig=orig, _name=name, **kw):
+            used.append(_name)
+            return _orig(*a, **kw)
+
+        monkeypatch.setattr(kineto, name, spy)
+    with pytest.raises(kineto.BadTraceError, match="cut mid-write"):
+        kineto.read(p, chunk_bytes=4096)
+    assert used[:2] == ["_reused_blocks", "_blocks"]
+    tr = kineto.read(p, chunk_bytes=4096, salvage=True)
+    assert tr.metadata["salvaged"] and 0 < tr.events.num_rows < 200 * 4 + 40

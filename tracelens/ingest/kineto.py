@@ -862,11 +862,13 @@ def _blocks(path: Path, out_bytes: int = _READ_BYTES) -> Generator[bytes, None, 
                     pending = b""
 
 
-def _split_blocks(path: Path, out_bytes: int) -> Generator[memoryview | bytes, None, None]:
-    """Decompressed content of `path` for a split read: like _blocks (same limits), but inflated by ISA-L's
-    gzip reader into one reused buffer, so no block is allocated (fresh pages fault in: ~5 ms per 25 MB in
-    a forked child). A block is valid only until the next one is requested (_scan_blocks copies it). Any
-    error, a cut file included, raises _SplitFailed: the serial read then reports it precisely. Falls back
+def _reused_blocks(path: Path, out_bytes: int) -> Generator[memoryview | bytes, None, None]:
+    """Decompressed content of `path` for the fast paths (split reads, serial reads without salvage): like
+    _blocks (same limits), but inflated inline by ISA-L's gzip reader into one reused buffer, so no block is
+    allocated (fresh pages fault in: ~5 ms per 25 MB in a forked child) and no thread hands blocks over (the
+    decoder holds the GIL for a chunk at a time, so a background inflater mostly waits for it). A block is
+    valid only until the next one is requested (_scan_blocks copies it). Any error, a cut file included,
+    raises _SplitFailed: the careful path (_blocks) then reads the file and reports it precisely. Falls back
     to _blocks without python-isal."""
     if _GzipReader is None or not _is_gzip(path):
         yield from _blocks(path, out_bytes)
@@ -1070,6 +1072,13 @@ def _scan(path: Path, salvage: bool, chunk_bytes: int, utf8_replace: bool = Fals
         sc = _scan_split(path, chunk_bytes)
         if sc is not None:
             return sc
+        blocks = _reused_blocks(path, max(16, min(_READ_BYTES, chunk_bytes)))
+        try:
+            return _scan_blocks(path, blocks, salvage, chunk_bytes)
+        except _SplitFailed:  # a cut or corrupt gzip stream: read again below, for the precise error
+            pass
+        finally:
+            blocks.close()
     blocks = _blocks(path, max(16, min(_READ_BYTES, chunk_bytes)))
     if _is_gzip(path):
         blocks = _prefetch(blocks)
@@ -1278,7 +1287,7 @@ def _scan_split(path: Path, chunk_bytes: int) -> _Scan | None:
         try:
             os.close(r)
             try:
-                blocks = _split_blocks(path, max(16, min(_READ_BYTES, chunk_bytes)))
+                blocks = _reused_blocks(path, max(16, min(_READ_BYTES, chunk_bytes)))
                 try:
                     found: list[int] = []
                     sc = _scan_blocks(path, blocks, False, chunk_bytes, start_at=cut, found=found)
@@ -1298,7 +1307,7 @@ def _scan_split(path: Path, chunk_bytes: int) -> _Scan | None:
         with os.fdopen(r, "rb") as fh:
             # inflated inline, as in the child: with both cores decoding, a third (inflating) thread only
             # adds GIL hand-offs
-            blocks = _split_blocks(path, max(16, min(_READ_BYTES, chunk_bytes)))
+            blocks = _reused_blocks(path, max(16, min(_READ_BYTES, chunk_bytes)))
             try:
                 mine = _scan_blocks(path, blocks, False, chunk_bytes, stop_at=cut)
             except (_SplitFailed, BadTraceError, msgspec.DecodeError):
