@@ -1629,9 +1629,14 @@ def assign_steps(
     order = np.argsort(w_start, kind="stable")
     w_start, w_end, uniq = w_start[order], w_end[order], uniq[order]
     # every event by its own start (device events keep it when no launch matches)
-    j = np.searchsorted(w_start, ts, side="right") - 1
+    # (in place where possible: each new full-length array is ~1 MB of fresh pages to fault in)
+    j = np.searchsorted(w_start, ts, side="right")
+    j -= 1
     np.maximum(j, 0, out=j)
-    step = np.where((ts >= w_start[0]) & (ts < w_end[j]), uniq[j], -1)
+    inside = ts < w_end[j]
+    inside &= ts >= w_start[0]
+    step = uniq[j]
+    step[~inside] = -1
     is_gpu = _IS_GPU[kind]
     if is_gpu.any():
         corr_np = corr.fill_null(-1).to_numpy(zero_copy_only=False)
@@ -1716,6 +1721,11 @@ def _assemble(sc: _Scan, rank: int) -> tuple[pa.Table, pa.Table]:
     stream = pc.if_else(
         gpu_mask, pc.coalesce(stream, pc.cast(tid, pa.int32(), safe=False)), pa.scalar(None, pa.int32())
     )
+    if ts.flags.writeable:  # (the merged copy: adding the base in place spares a full-length array)
+        ts_ns = ts
+        ts_ns += base
+    else:
+        ts_ns = ts + base
     kinds = pa.DictionaryArray.from_arrays(
         pa.array(kind.astype(np.int32)), pa.array(list(schema.KINDS), type=pa.string())
     )
@@ -1727,8 +1737,9 @@ def _assemble(sc: _Scan, rank: int) -> tuple[pa.Table, pa.Table]:
         "tid": tid,
         "device": device,
         "stream": stream,
-        "ts_ns": pa.array(ts + base, mask=~ts_valid),
-        "dur_ns": pa.array(np.where(dur_valid, dur, 0)),  # a missing or non-numeric dur: 0 (an instant)
+        "ts_ns": pa.array(ts_ns, mask=None if ts_valid.all() else ~ts_valid),
+        # a missing or non-numeric dur: 0 (an instant)
+        "dur_ns": pa.array(dur if dur_valid.all() else np.where(dur_valid, dur, 0)),
         "correlation": corr,
         "external_id": c.external_id,
         "step": pa.array(step.astype(np.int32), mask=step < 0),
