@@ -9,6 +9,10 @@ How and why:
   (Arrow's decimal cast), so 3-decimal microsecond timestamps at epoch scale (1.7e18 ns > 2**53) stay exact.
 - Columns are built per chunk with C-level `map`/`attrgetter` passes and numpy/Arrow, never a Python loop per
   event.
+- Speed (docs/performance.md): gzip is inflated inline into one reused buffer; the garbage collector is paused
+  while reading; `args` decode into a lean struct until a collective appears; on an idle multi-core machine
+  a large file is decoded by two processes (_scan_split), the child's columns coming back as Arrow IPC in
+  shared memory. Every fast path falls back to the careful one, with identical results.
 """
 
 from __future__ import annotations
