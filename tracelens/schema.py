@@ -38,6 +38,7 @@ EVENTS = pa.schema(
         ("dur_ns", pa.int64()),
         ("correlation", pa.int64()),
         ("external_id", pa.int64()),
+        ("sequence_nr", pa.int64()),  # autograd `Sequence number` of cpu ops (forward op <-> backward node)
         ("step", pa.int32()),  # ProfilerStep#N enclosing the event (GPU: the step of its CPU launch)
         # Collective fields (NCCL kernels and record_param_comms cpu ops); null elsewhere.
         ("collective", DICT_STR),

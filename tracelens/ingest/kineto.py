@@ -78,6 +78,8 @@ class _Args(msgspec.Struct, frozen=True, gc=False):
     # ids: int or str only (a float or bool sends the chunk to the loose decoder), so that numpy can read
     # them without truncating anything
     external_id: int | str | None = msgspec.field(name="External id", default=None)
+    # autograd: a forward op and the backward node it recorded share this number (analyze.composition)
+    sequence_nr: int | str | None = msgspec.field(name="Sequence number", default=None)
     device: int | str | None = None
     stream: int | str | None = None
     correlation: int | str | None = None
@@ -110,6 +112,7 @@ class _LooseArgs(msgspec.Struct, frozen=True, gc=False):
     """Fallback for `args` whose values have unexpected JSON types (objects, nested lists)."""
 
     external_id: Any = msgspec.field(name="External id", default=None)
+    sequence_nr: Any = msgspec.field(name="Sequence number", default=None)
     correlation: Any = None
     device: Any = None
     stream: Any = None
@@ -189,6 +192,8 @@ class _ArgsLean(msgspec.Struct, frozen=True, gc=False):
     decoded again with _Args, and so is the rest of the file: _Hint.lean), so results are the same."""
 
     external_id: int | str | None = msgspec.field(name="External id", default=None)
+    # autograd: a forward op and the backward node it recorded share this number (analyze.composition)
+    sequence_nr: int | str | None = msgspec.field(name="Sequence number", default=None)
     device: int | str | None = None
     stream: int | str | None = None
     correlation: int | str | None = None
@@ -594,6 +599,7 @@ class _Chunk:
     dur_valid: np.ndarray
     correlation: pa.Array
     external_id: pa.Array
+    sequence_nr: pa.Array
     coll_rows: np.ndarray  # row indices (within the chunk) that carry collective args
     coll: dict  # field -> Python list aligned with coll_rows
     mem: dict | None
@@ -664,6 +670,7 @@ def _columns(evs: list) -> _Chunk:
         dur_valid=dur_valid,
         correlation=_ints(_get_corr, args, pa.int64(), loose),
         external_id=_ints(_get_ext, args, pa.int64(), loose),
+        sequence_nr=_ints(_get_seqnr, args, pa.int64(), loose),
         coll_rows=coll_rows,
         coll=coll,
         mem=mem,
@@ -675,6 +682,7 @@ _get_device = attrgetter("device")
 _get_stream = attrgetter("stream")
 _get_corr = attrgetter("correlation")
 _get_ext = attrgetter("external_id")
+_get_seqnr = attrgetter("sequence_nr")
 #: `cat` string -> kind code, filled as new categories are seen (bounded; misses are computed per chunk).
 _CAT_CODES: dict = {None: _OTHER}
 _CAT_CACHE_MAX = 4096
@@ -1168,6 +1176,7 @@ _EV_COLS = (
     "dur_valid",
     "correlation",
     "external_id",
+    "sequence_nr",
 )
 _MEM_COLS = ("ts", "valid", "device", "bytes", "total_allocated", "total_reserved")
 _NP_COLS = frozenset({"kind", "ts", "ts_valid", "dur", "dur_valid", "valid"})  # numpy in a _Chunk
@@ -1701,6 +1710,7 @@ def _merge_chunks(ch: list[_Chunk]) -> _Chunk:
         dur_valid=_concat_np([c.dur_valid for c in ch], bool),
         correlation=_concat_pa([c.correlation for c in ch], pa.int64()),
         external_id=_concat_pa([c.external_id for c in ch], pa.int64()),
+        sequence_nr=_concat_pa([c.sequence_nr for c in ch], pa.int64()),
         coll_rows=_concat_np([c.coll_rows + o for c, o in zip(ch, offs)], np.int64),
         coll=coll,
         mem=mem,
@@ -1746,6 +1756,7 @@ def _assemble(sc: _Scan, rank: int) -> tuple[pa.Table, pa.Table]:
         "dur_ns": pa.array(dur if dur_valid.all() else np.where(dur_valid, dur, 0)),
         "correlation": corr,
         "external_id": c.external_id,
+        "sequence_nr": c.sequence_nr,
         "step": pa.array(step.astype(np.int32), mask=step < 0),
         "collective": _dict_from_values(coll["collective"], n, rows),
         "pg_name": _dict_from_values(coll["pg_name"], n, rows),
