@@ -269,7 +269,9 @@ def _real_like_rows(with_seq: bool = True, hook_annotations: bool = False):
     if with_seq:
         import pyarrow as pa
 
-        ev = ev.append_column("sequence_nr", pa.array(seqs, pa.int64()))
+        ev = ev.set_column(
+            ev.schema.get_field_index("sequence_nr"), "sequence_nr", pa.array(seqs, pa.int64())
+        )
     return ev
 
 
