@@ -1677,7 +1677,7 @@ _MEM_INT_TYPES = {
 
 def _merge_chunks(ch: list[_Chunk]) -> _Chunk:
     """Several chunks' columns as one chunk (concatenated in order). A split read's child merges its chunks
-    before sending them: one object to pickle, and less of the assembly left to the parent."""
+    before sending them: one Arrow IPC batch to write, and less of the assembly left to the parent."""
     if len(ch) == 1:
         return ch[0]
     offs = np.cumsum([0] + [c.n for c in ch])
