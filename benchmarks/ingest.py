@@ -16,7 +16,9 @@ write) is reported separately and added in `x raw JSON with helper`.
 
 `tracelens_load_cached` is a fresh process reading the warm Parquet cache (what a second CLI run costs, with
 the Parquet reader's one-time start-up); `tracelens_load_cached_warm` is a second load in one process (what a
-notebook's reload costs). HTA runs in its own virtual environment (it is not a tracelens dependency); its
+notebook's reload costs). `tracelens_load_run_first` / `_run_cached` do the same for a multi-rank run (`--run`,
+default the 16-rank sample): the first load ingests the ranks in the worker pool sized to the machine and
+writes the per-rank Parquet cache; the cached load reads it (their MB/s count that run's decompressed JSON). HTA runs in its own virtual environment (it is not a tracelens dependency); its
 rows are skipped when `--hta-python` does not exist. HTA is timed on
 `hta.common.trace_parser.parse_trace_dataframe` (the per-file parse inside `TraceAnalysis`, default JSON
 backend) and on the whole `TraceAnalysis(trace_dir=...)` load.
@@ -39,6 +41,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_TRACE = REPO.parent / "shared" / "traces" / "hta" / "df_index_resolver" / "df_index_resolver.json.gz"
 DEFAULT_HTA_PYTHON = Path("/work/hta-venv/bin/python")
+DEFAULT_RUN = REPO / "sample_traces" / "qwen35-27b-seq4k-tp4pp4"
 
 _PRELUDE = r"""
 import json, resource, sys, time
@@ -129,6 +132,20 @@ base = rss_kb(); _CPU0[0] = _cpu(); t0 = time.perf_counter()
 t = load_tables(sys.argv[3], workers=1)
 report(t0, base, rows=t.events.num_rows)
 """,
+    "tracelens_load_run_first": r"""
+import pyarrow as pa; pa.array([1]).sum()
+from tracelens.loader import load_tables
+base = rss_kb(); _CPU0[0] = _cpu(); t0 = time.perf_counter()
+t = load_tables(sys.argv[4])  # every rank, through the worker pool sized to the machine
+report(t0, base, rows=t.events.num_rows)
+""",
+    "tracelens_load_run_cached": r"""
+import pyarrow as pa; pa.array([1]).sum()
+from tracelens.loader import load_tables
+base = rss_kb(); _CPU0[0] = _cpu(); t0 = time.perf_counter()
+t = load_tables(sys.argv[4])
+report(t0, base, rows=t.events.num_rows)
+""",
     "tracelens_load_cached_warm": r"""
 import pyarrow as pa; pa.array([1]).sum()
 from tracelens.loader import load_tables
@@ -215,6 +232,11 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--hta-python", default=str(DEFAULT_HTA_PYTHON))
     ap.add_argument("--json", help="also write the results as JSON here")
+    ap.add_argument(
+        "--run",
+        default=str(DEFAULT_RUN),
+        help="a multi-rank run for the first-load vs cached-reload rows (default: the 16-rank sample)",
+    )
     a = ap.parse_args(argv)
 
     trace = Path(a.trace).resolve()
@@ -230,7 +252,17 @@ def main(argv: list[str] | None = None) -> dict:
         run_dir = Path(tmp) / "run"
         run_dir.mkdir()
         shutil.copy(trace, run_dir / trace.name)
-        args = [str(trace), str(raw), str(run_dir)]
+        multi = Path(tmp) / "multi"
+        multi.mkdir()
+        for f in sorted(Path(a.run).iterdir()):  # the traces only (no cache, no reports)
+            if f.is_file() and ".pt.trace.json" in f.name:
+                shutil.copy(f, multi / f.name)
+        multi_raw = 0
+        for f in multi.iterdir():
+            with (gzip.open if f.name.endswith(".gz") else open)(f, "rb") as fh:
+                while chunk := fh.read(1 << 20):
+                    multi_raw += len(chunk)
+        args = [str(trace), str(raw), str(run_dir), str(multi)]
 
         results: dict[str, dict] = {}
 
@@ -247,6 +279,8 @@ def main(argv: list[str] | None = None) -> dict:
                     continue
                 if name == "tracelens_load_first":  # a cold cache every time
                     shutil.rmtree(run_dir / ".tracelens", ignore_errors=True)
+                if name == "tracelens_load_run_first":
+                    shutil.rmtree(multi / ".tracelens", ignore_errors=True)
                 job_env = dict(env)
                 job_env.pop("TRACELENS_SPLIT", None)
                 if SPLIT_ENV.get(name) is not None:
@@ -271,11 +305,13 @@ def main(argv: list[str] | None = None) -> dict:
             results[name] = {
                 "seconds": secs,
                 "cpu_seconds": statistics.median(r["cpu_seconds"] for r in rs),
-                "mb_per_s": raw_bytes / 1e6 / secs,
+                "mb_per_s": (multi_raw if name.startswith("tracelens_load_run") else raw_bytes) / 1e6 / secs,
                 "peak_rss_mb": statistics.median(r["peak_kb"] / 1024 for r in rs),
                 "baseline_rss_mb": statistics.median(r["base_kb"] / 1024 for r in rs),
                 "rss_above_baseline_mb": above,
-                "rss_over_raw": above * 2**20 / raw_bytes,
+                "rss_over_raw": above
+                * 2**20
+                / (multi_raw if name.startswith("tracelens_load_run") else raw_bytes),
                 "helper_rss_above_baseline_mb": child,
                 "rss_with_helper_over_raw": (above + child) * 2**20 / raw_bytes,
                 "split_runs": sum(bool(r.get("split")) for r in rs),
@@ -294,6 +330,12 @@ def main(argv: list[str] | None = None) -> dict:
             if "seconds" in results.get(other, {}) and "seconds" in tl:
                 ratios[f"{mine}_vs_{other}"] = results[other]["seconds"] / tl["seconds"]
                 ratios[f"{mine}_vs_{other}_cpu"] = results[other]["cpu_seconds"] / tl["cpu_seconds"]
+    if "seconds" in results.get("tracelens_load_run_first", {}) and "seconds" in results.get(
+        "tracelens_load_run_cached", {}
+    ):
+        ratios["tracelens_load_run_cached_speedup_vs_first"] = (
+            results["tracelens_load_run_first"]["seconds"] / results["tracelens_load_run_cached"]["seconds"]
+        )
     for cached in ("tracelens_load_cached", "tracelens_load_cached_warm"):
         if "seconds" in results.get("tracelens_load_first", {}) and "seconds" in results.get(cached, {}):
             ratios[f"{cached}_speedup_vs_first"] = (

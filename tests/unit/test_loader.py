@@ -125,3 +125,31 @@ def test_worker_error_is_raised_in_parent(tmp_path):
     bad.write_bytes(bad.read_bytes()[:-40])  # cut mid-write
     with pytest.raises(BadTraceError, match="host_1"):
         loader.load_tables(run, no_cache=True, workers=2)
+
+
+def test_all_null_columns_are_synthesized_identically(tmp_path):
+    """Cached columns the Parquet statistics call entirely null are built without decoding; the table must
+    equal a full read, and a list column of empty lists (its leaf statistics count them as nulls) is read."""
+    import pyarrow.parquet as pq
+
+    n = 5
+    cols = {}
+    for f in schema.EVENTS:
+        if f.name == "name":
+            cols[f.name] = pa.array(["a", "b", "a", "c", "b"]).dictionary_encode().cast(f.type)
+        elif f.name == "ts_ns":
+            cols[f.name] = pa.array(range(n), pa.int64())
+        elif f.name == "pg_ranks":
+            cols[f.name] = pa.array([[], None, [], None, None], f.type)  # empty lists, not nulls
+        else:
+            cols[f.name] = pa.nulls(n, f.type)
+    t = pa.table(cols, schema=schema.EVENTS)
+    p = tmp_path / "rank0.events.parquet"
+    loader._write_atomic(t, p)
+    with pq.ParquetFile(p) as f:
+        empty = loader._all_null_columns(f.metadata)
+    assert "collective" in empty and "seq" in empty and "step" in empty
+    assert not {"name", "ts_ns", "pg_ranks"} & empty
+    got = loader._read_checked(p, "events")
+    assert got.equals(pq.read_table(p)) and got.equals(t)
+    assert got.column("pg_ranks").to_pylist() == [[], None, [], None, None]
