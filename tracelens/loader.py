@@ -354,14 +354,25 @@ def check_time_ranges(events: pa.Table, metadata: pa.Table, gap_ns: int = MIXED_
     """
     if events.num_rows == 0 or metadata.num_rows < 2:
         return
-    import pyarrow.compute as pc
-
-    end = pc.add_checked(events.column("ts_ns"), pc.max_element_wise(events.column("dur_ns"), 0))
-    t = pa.table({"rank": events.column("rank"), "ts": events.column("ts_ns"), "end": end})
-    g = t.group_by("rank").aggregate([("ts", "min"), ("end", "max")])
-    ranks = g.column("rank").to_numpy()
-    lo = g.column("ts_min").to_numpy()
-    hi = g.column("end_max").to_numpy()
+    ts_col = events.column("ts_ns")
+    if ts_col.null_count:
+        events = events.filter(ts_col.is_valid())
+        if events.num_rows == 0:
+            return
+    ts = events.column("ts_ns").to_numpy()
+    dur = np.maximum(events.column("dur_ns").fill_null(0).to_numpy(), 0)
+    with np.errstate(over="ignore"):
+        end = ts + dur
+    end[end < ts] = np.iinfo(np.int64).max  # an absurd duration saturates instead of wrapping
+    rk = events.column("rank").to_numpy()
+    # per run of equal ranks (the cache concatenates ranks in blocks), then per rank
+    starts = np.flatnonzero(np.r_[True, rk[1:] != rk[:-1]])
+    blk_lo, blk_hi, blk_rank = np.minimum.reduceat(ts, starts), np.maximum.reduceat(end, starts), rk[starts]
+    ranks, inv = np.unique(blk_rank, return_inverse=True)
+    lo = np.full(ranks.size, np.iinfo(np.int64).max, np.int64)
+    hi = np.full(ranks.size, np.iinfo(np.int64).min, np.int64)
+    np.minimum.at(lo, inv, blk_lo)
+    np.maximum.at(hi, inv, blk_hi)
     order = lo.argsort(kind="stable")
     ranks, lo, hi = ranks[order], lo[order], hi[order]
     reach = np.maximum.accumulate(hi)  # latest end among the ranks starting earlier
