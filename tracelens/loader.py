@@ -132,7 +132,8 @@ def _read_checked(p: Path, part: str) -> pa.Table | None:
     decoded: they are built as null arrays over one shared zero buffer, which saves decoding them and, in a
     fresh process, faulting in their memory (a quarter of a cached reload)."""
     try:
-        with pq.ParquetFile(p) as f:  # lighter than pq.read_table (no dataset machinery)
+        # a memory-mapped source: no read() copies of the pages, and steadier than a path in a fresh process
+        with pa.memory_map(str(p)) as src, pq.ParquetFile(src) as f:  # lighter than pq.read_table
             if not f.schema_arrow.equals(_SCHEMAS[part]):
                 return None
             empty = _all_null_columns(f.metadata)
