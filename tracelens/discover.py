@@ -83,7 +83,13 @@ def _corrupt_gzip(p: Path) -> bool:
     return False
 
 
-def discover(path: str | Path, ranks: str | Iterable[int] | None = None) -> list[TraceFile]:
+def _memo_key(p: Path, st: os.stat_result) -> str:
+    return f"{p.resolve()}|{st.st_size}|{st.st_mtime_ns}"
+
+
+def discover(
+    path: str | Path, ranks: str | Iterable[int] | None = None, memo: dict | None = None
+) -> list[TraceFile]:
     """Trace files of the run at `path` (folder or file): Kineto files sorted by rank, then other formats.
 
     `ranks` (a set, or a `--rank-filter` text such as "0-7,12") keeps only those Kineto ranks (and rank-named
@@ -92,6 +98,10 @@ def discover(path: str | Path, ranks: str | Iterable[int] | None = None) -> list
     BadTraceError (a single file given directly that is not a trace, with the reason; a corrupt gzip file),
     NoTracesError (nothing recognised) and RankError (a Kineto trace without rank in a multi-trace run, two
     traces with the same rank, or traces whose world sizes disagree).
+
+    `memo` (a dict the caller keeps, e.g. beside the Parquet cache) remembers what the file contents said
+    (format; rank and world size of Kineto files) per (path, size, mtime): an unchanged file is not opened
+    again. Entries are added for files read.
     """
     root = Path(path).expanduser()
     if not root.exists():
@@ -109,7 +119,14 @@ def discover(path: str | Path, ranks: str | Iterable[int] | None = None) -> list
             raise BadTraceError(f"{p}: empty file")
         if st.st_size == 0 or not p.is_file():
             continue
+        known = memo.get(_memo_key(p, st)) if memo is not None else None
+        if isinstance(known, list) and len(known) == 4:
+            if known[0] is not None:
+                found.append((p, known[0], st))
+            continue
         fmt = detect_format(p)
+        if memo is not None and fmt is not None and fmt != KINETO:
+            memo[_memo_key(p, st)] = [fmt, None, None, None]
         if fmt is None and _corrupt_gzip(p):
             raise BadTraceError(f"{p}: corrupt gzip data (not a readable trace)")
         if fmt is None and single_file:
@@ -126,7 +143,13 @@ def discover(path: str | Path, ranks: str | Iterable[int] | None = None) -> list
     single = len(kin) == 1
     out: list[TraceFile] = []
     for p, st in kin:
-        info = kineto.peek(p)
+        known = memo.get(_memo_key(p, st)) if memo is not None else None
+        if isinstance(known, list) and len(known) == 4 and known[0] == KINETO:
+            info = {"rank": known[1], "world_size": known[2]}
+        else:
+            info = kineto.peek(p)
+            if memo is not None:
+                memo[_memo_key(p, st)] = [KINETO, info["rank"], info["world_size"], None]
         rank, source = info["rank"], "distributedInfo"
         if rank is None:
             rank, source = kineto.rank_from_name(p), "filename"

@@ -153,3 +153,48 @@ def test_all_null_columns_are_synthesized_identically(tmp_path):
     got = loader._read_checked(p, "events")
     assert got.equals(pq.read_table(p)) and got.equals(t)
     assert got.column("pg_ranks").to_pylist() == [[], None, [], None, None]
+
+
+def test_discovery_memo_skips_reading_unchanged_traces(tmp_path, monkeypatch):
+    import json
+
+    from tracelens.ingest import kineto
+
+    run = _run(tmp_path)
+    first = loader.load_tables(run, workers=1)
+    memo = run / ".tracelens" / "cache" / loader.DISCOVER_MEMO
+    doc = json.loads(memo.read_text())
+    assert sorted(v[1] for v in doc["files"].values()) == [0, 1]  # the ranks distributedInfo gave
+
+    def no_peek(p):
+        raise AssertionError(f"{p} opened again although unchanged")
+
+    monkeypatch.setattr(kineto, "peek", no_peek)
+    again = loader.load_tables(run, workers=1)
+    assert again.events.equals(first.events)
+    assert [f.rank for f in again.files] == [0, 1]
+    monkeypatch.undo()
+    # a changed file is read again; a memo of another tracelens version is ignored
+    p = run / "host_1.pt.trace.json"
+    os.utime(p, ns=(p.stat().st_mtime_ns + 10**9, p.stat().st_mtime_ns + 10**9))
+    seen = []
+    real = kineto.peek
+    monkeypatch.setattr(kineto, "peek", lambda q: seen.append(q.name) or real(q))
+    loader.load_tables(run, workers=1)
+    assert seen == ["host_1.pt.trace.json"]
+    doc = json.loads(memo.read_text())
+    memo.write_text(json.dumps({**doc, "version": "0.0.0-other"}))
+    seen.clear()
+    loader.load_tables(run, workers=1)
+    assert sorted(seen) == ["host_0.pt.trace.json", "host_1.pt.trace.json"]
+
+
+def test_no_traces_creates_no_cache_folder(tmp_path):
+    from tracelens.errors import NoTracesError
+
+    d = tmp_path / "empty"
+    d.mkdir()
+    (d / "notes.txt").write_text("not a trace")
+    with pytest.raises(NoTracesError):
+        loader.load_tables(d)
+    assert sorted(p.name for p in d.iterdir()) == ["notes.txt"]
