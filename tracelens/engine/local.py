@@ -27,7 +27,16 @@ from tracelens.analyze.breakdown import BREAKDOWN, RankSets
 from tracelens.discover import TraceFile, discover
 from tracelens.engine import stage as S
 from tracelens.ingest.sniff import KINETO
-from tracelens.loader import RankParquet, _entry, _valid_entry, cache_root, check_time_ranges, ingest_rank
+from tracelens.loader import (
+    RankParquet,
+    _entry,
+    _load_memo,
+    _save_memo,
+    _valid_entry,
+    cache_root,
+    check_time_ranges,
+    ingest_rank,
+)
 
 Progress = Callable[[int, int], None]
 
@@ -205,10 +214,14 @@ def load_staged(
     from tracelens.workers import run_tasks
 
     p = Path(path).expanduser()
-    files = discover(p, ranks)
     run_dir = p if p.is_dir() else p.parent
+    memo = {} if no_cache or not p.exists() else _load_memo(run_dir)  # see loader.load_tables
+    known = len(memo)
+    files = discover(p, ranks, memo=None if no_cache else memo)
     tmp_dir = Path(tempfile.mkdtemp(prefix="tracelens-")) if no_cache and temp_cache else None
     root = tmp_dir if tmp_dir is not None else cache_root(run_dir)
+    if tmp_dir is None and not no_cache and len(memo) != known:
+        _save_memo(root, memo)
 
     def run(tasks: list[dict], done: int, total: int) -> None:
         if progress:
