@@ -87,11 +87,16 @@ def cache_root(run_dir: Path) -> Path:
     # A folder without write permission bits is read-only by intent, even for root (who could write it).
     if _owner_writable(run_dir) and _writable(d):
         return d
-    tag = hashlib.sha1(str(run_dir.resolve()).encode()).hexdigest()[:16]
-    d = user_cache_dir() / "runs" / tag / "cache"
+    d = _user_cache_of(run_dir)
     if _writable(d):
         return d
     raise OSError(f"no writable cache folder for {run_dir}")
+
+
+def _user_cache_of(run_dir: Path) -> Path:
+    """The cache folder of a read-only run in the user cache directory."""
+    tag = hashlib.sha1(str(run_dir.resolve()).encode()).hexdigest()[:16]
+    return user_cache_dir() / "runs" / tag / "cache"
 
 
 def cache_key(f: TraceFile, salvage: bool = False) -> str:
@@ -275,8 +280,7 @@ def _existing_cache_root(run_dir: Path) -> Path | None:
     d = run_dir / ".tracelens" / "cache"
     if _owner_writable(run_dir) and d.is_dir():
         return d
-    tag = hashlib.sha1(str(run_dir.resolve()).encode()).hexdigest()[:16]
-    d = user_cache_dir() / "runs" / tag / "cache"
+    d = _user_cache_of(run_dir)
     return d if d.is_dir() else None
 
 
