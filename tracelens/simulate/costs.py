@@ -94,8 +94,9 @@ class KernelCosts:
         )
         return max(self.floor_ns, flops / (peak * eff) * 1e9)
 
-    def flops_ns(self, flops: float, peak: float, eff: float) -> float:
-        return max(self.floor_ns, flops / (peak * eff) * 1e9)
+    def gdn_ns(self, flops: float, peak: float) -> float:
+        """Duration of a chunked Gated DeltaNet kernel (constant efficiency)."""
+        return max(self.floor_ns, flops / (peak * self.gdn_eff) * 1e9)
 
     def mem_ns(self, nbytes: float, gpu: GpuSpec) -> float:
         """Duration of a memory-bound kernel moving `nbytes` through HBM."""
@@ -124,21 +125,6 @@ def device_properties(gpu: GpuSpec, n_devices: int) -> list[dict]:
         }
         for i in range(n_devices)
     ]
-
-
-def gemm_ns(flops: float, peak: float) -> float:
-    """Duration of a dense BF16 GEMM: FLOPs / (peak x efficiency), efficiency ramping with size."""
-    eff = EFF_GEMM * flops / (flops + EFF_GEMM_HALF_FLOPS)
-    return max(KERNEL_FLOOR_NS, flops / (peak * eff) * 1e9)
-
-
-def flops_ns(flops: float, peak: float, eff: float) -> float:
-    return max(KERNEL_FLOOR_NS, flops / (peak * eff) * 1e9)
-
-
-def mem_ns(nbytes: float, gpu: GpuSpec) -> float:
-    """Duration of a memory-bound kernel moving `nbytes` through HBM."""
-    return max(KERNEL_FLOOR_NS, nbytes / (gpu.hbm_bw * EFF_HBM) * 1e9)
 
 
 #: Collective algorithm factors (nccl-tests busbw convention): bytes moved per rank / message bytes.

@@ -160,12 +160,12 @@ class ProgramBuilder:
             **kw,
         )
 
-    def _flops(self, name: str, flops: float, eff: float | None = None, attn: str = "", **kw) -> Op:
-        """A FLOP-bound kernel at efficiency `eff`, or fused attention (`attn` = "fwd" | "bwd")."""
+    def _flops(self, name: str, flops: float, attn: str = "", **kw) -> Op:
+        """A FLOP-bound kernel: fused attention (`attn` = "fwd" | "bwd") or a chunked Gated DeltaNet one."""
         if attn:
             ns = self.costs.attn_ns(flops, self.peak, backward=attn == "bwd")
         else:
-            ns = self.costs.flops_ns(flops, self.peak, self.costs.gdn_eff if eff is None else eff)
+            ns = self.costs.gdn_ns(flops, self.peak)
         return Op(
             COMPUTE,
             name,
