@@ -259,16 +259,25 @@ def _concat(tables: list[pa.Table], sch: pa.Schema) -> pa.Table:
 
 def read_entries(entries: list[RankParquet]) -> tuple[pa.Table, pa.Table, pa.Table]:
     """Concatenate cached per-rank Parquet into (events, memory, metadata), dictionaries unified."""
-    out = []
-    for part in _PARTS:
-        tabs = []
-        for e in entries:
-            t = _read_checked(getattr(e, part), part)
-            if t is None:
-                raise OSError(f"cache entry {getattr(e, part)} vanished or is corrupt")
-            tabs.append(t)
-        out.append(_concat(tabs, _SCHEMAS[part]))
-    return out[0], out[1], out[2]
+    jobs = [(getattr(e, part), part) for e in entries for part in _PARTS]
+    tabs = _read_jobs(jobs)
+    for (p, _), t in zip(jobs, tabs):
+        if t is None:
+            raise OSError(f"cache entry {p} vanished or is corrupt")
+    out = [tabs[i :: len(_PARTS)] for i in range(len(_PARTS))]
+    ev, mem, meta = (_concat(ts, _SCHEMAS[part]) for ts, part in zip(out, _PARTS))
+    return ev, mem, meta
+
+
+def _read_jobs(jobs: list[tuple[Path, str]]) -> list[pa.Table | None]:
+    """_read_checked of each (path, part), in order; several files are read concurrently (the Parquet reader
+    releases the GIL)."""
+    if len(jobs) <= 1:
+        return [_read_checked(*j) for j in jobs]
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(min(4, len(jobs))) as ex:
+        return list(ex.map(lambda j: _read_checked(*j), jobs))
 
 
 #: File beside the Parquet cache remembering what discovery read from each trace (see discover's `memo`).
@@ -311,23 +320,35 @@ def _save_memo(root: Path, memo: dict) -> None:
             tmp.unlink()
 
 
+def discover_remembered(
+    p: Path, ranks: str | Iterable[int] | None, no_cache: bool
+) -> tuple[list[TraceFile], Callable[[Path], None]]:
+    """`discover` with the memo of an earlier load (DISCOVER_MEMO, beside the cache): per (path, size,
+    mtime) what each trace said, so an unchanged run is not opened file by file again (1,024 ranks: ~1 s).
+    Returns the files and `save(cache_root)`, which writes the memo back when discovery added to it. With
+    `no_cache` plain discovery, and `save` does nothing."""
+    if no_cache or not p.exists():
+        return discover(p, ranks), lambda root: None
+    memo = _load_memo(p if p.is_dir() else p.parent)
+    known = len(memo)
+    files = discover(p, ranks, memo=memo)
+
+    def save(root: Path) -> None:
+        if len(memo) != known:
+            _save_memo(root, memo)
+
+    return files, save
+
+
 def _read_warm(entries: list[RankParquet]) -> tuple[pa.Table, pa.Table, pa.Table] | None:
     """The tables when every entry is cached with the current schemas (each file read once, its schema
-    checked as it is read), else None as soon as one is missing or stale."""
-    jobs = [(getattr(e, part), part) for e in entries for part in _PARTS]
-    if not jobs or not all(p.is_file() for p, _ in jobs):  # no rank, or a cold or partial cache
+    checked as it is read), else None."""
+    if not entries or not all(getattr(e, part).is_file() for e in entries for part in _PARTS):
+        return None  # no rank, or a cold or partial cache: nothing is read
+    try:
+        return read_entries(entries)
+    except OSError:
         return None
-    if len(jobs) > 1:  # the Parquet reader releases the GIL: files are read concurrently
-        from concurrent.futures import ThreadPoolExecutor
-
-        with ThreadPoolExecutor(min(4, len(jobs))) as ex:
-            tabs = list(ex.map(lambda j: _read_checked(*j), jobs))
-    else:
-        tabs = [_read_checked(*jobs[0])]
-    if any(t is None for t in tabs):
-        return None
-    out = [tabs[i :: len(_PARTS)] for i in range(len(_PARTS))]
-    return tuple(_concat(ts, _SCHEMAS[p]) for ts, p in zip(out, _PARTS))  # type: ignore[return-value]
 
 
 def load_tables(
@@ -349,11 +370,7 @@ def load_tables(
     """
     p = Path(path).expanduser()
     run_dir = p if p.is_dir() else p.parent
-    # discovery remembers per (path, size, mtime) what each trace said, beside the cache: an unchanged run
-    # is not opened file by file again (1,024 ranks: ~1 s)
-    memo = {} if no_cache or not p.exists() else _load_memo(run_dir)
-    known = len(memo)
-    files = discover(p, ranks, memo=None if no_cache else memo)
+    files, save_memo = discover_remembered(p, ranks, no_cache)
     kin = [f for f in files if f.fmt == KINETO]
     if len(kin) == 1 and no_cache:
         f = kin[0]
@@ -374,8 +391,7 @@ def load_tables(
             shutil.rmtree(tmp, ignore_errors=True)
     else:
         root = cache_root(run_dir)
-        if len(memo) != known:
-            _save_memo(root, memo)
+        save_memo(root)
         warm = _read_warm([_entry(root, f, salvage) for f in kin])
         if warm is not None:  # every rank cached: read once, no separate validation pass
             if progress:

@@ -24,17 +24,16 @@ import pyarrow.parquet as pq
 
 from tracelens import schema
 from tracelens.analyze.breakdown import BREAKDOWN, RankSets
-from tracelens.discover import TraceFile, discover
+from tracelens.discover import TraceFile
 from tracelens.engine import stage as S
 from tracelens.ingest.sniff import KINETO
 from tracelens.loader import (
     RankParquet,
     _entry,
-    _load_memo,
-    _save_memo,
     _valid_entry,
     cache_root,
     check_time_ranges,
+    discover_remembered,
     ingest_rank,
 )
 
@@ -215,13 +214,10 @@ def load_staged(
 
     p = Path(path).expanduser()
     run_dir = p if p.is_dir() else p.parent
-    memo = {} if no_cache or not p.exists() else _load_memo(run_dir)  # see loader.load_tables
-    known = len(memo)
-    files = discover(p, ranks, memo=None if no_cache else memo)
+    files, save_memo = discover_remembered(p, ranks, no_cache)
     tmp_dir = Path(tempfile.mkdtemp(prefix="tracelens-")) if no_cache and temp_cache else None
     root = tmp_dir if tmp_dir is not None else cache_root(run_dir)
-    if tmp_dir is None and not no_cache and len(memo) != known:
-        _save_memo(root, memo)
+    save_memo(root)
 
     def run(tasks: list[dict], done: int, total: int) -> None:
         if progress:
