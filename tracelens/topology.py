@@ -254,10 +254,11 @@ def _parse_ranks(v) -> tuple[int, ...] | None:
     return None
 
 
-def _groups_from_metadata(metadata: pa.Table | None) -> list[tuple[str | None, tuple[int, ...]]]:
-    out: list[tuple[str | None, tuple[int, ...]]] = []
+def pg_config_entries(metadata: pa.Table | None) -> Iterable[dict]:
+    """Every process-group entry (a dict) of every rank's `distributedInfo.pg_config` (metadata column
+    `pg_config_json`; a dict keyed by group or a list); unreadable JSON and non-dict entries are skipped."""
     if metadata is None or "pg_config_json" not in metadata.column_names:
-        return out
+        return
     for text in metadata.column("pg_config_json").to_pylist():
         if not text:
             continue
@@ -265,15 +266,18 @@ def _groups_from_metadata(metadata: pa.Table | None) -> list[tuple[str | None, t
             cfg = json.loads(text)
         except ValueError:
             continue
-        entries = cfg.values() if isinstance(cfg, dict) else cfg
-        for e in entries if isinstance(entries, Iterable) else ():
-            if not isinstance(e, dict):
-                continue
-            ranks = _parse_ranks(e.get("ranks"))
-            size = e.get("pg_size")
-            if ranks is None or (isinstance(size, int) and size != len(ranks)):
-                continue
-            out.append((e.get("pg_desc", e.get("desc")), ranks))
+        entries = cfg.values() if isinstance(cfg, dict) else cfg if isinstance(cfg, list) else ()
+        yield from (e for e in entries if isinstance(e, dict))
+
+
+def _groups_from_metadata(metadata: pa.Table | None) -> list[tuple[str | None, tuple[int, ...]]]:
+    out: list[tuple[str | None, tuple[int, ...]]] = []
+    for e in pg_config_entries(metadata):
+        ranks = _parse_ranks(e.get("ranks"))
+        size = e.get("pg_size")
+        if ranks is None or (isinstance(size, int) and size != len(ranks)):
+            continue
+        out.append((e.get("pg_desc", e.get("desc")), ranks))
     return out
 
 

@@ -10,7 +10,6 @@ time spent waiting for the last participant and time moving data. See docs/strag
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -23,6 +22,7 @@ from tracelens import schema
 from tracelens.analyze import intervals as iv
 from tracelens.analyze.classify import COMM_KERNEL, _dict_lookup, gpu_ranks
 from tracelens.findings import finding
+from tracelens.topology import pg_config_entries
 
 #: Canonical op names (schema.COLLECTIVES `op`), checked in this order against the squashed raw name.
 _OP_PATTERNS = (
@@ -354,25 +354,14 @@ def coll_frame(coll: pa.Table) -> pd.DataFrame:
 
 def _pg_candidates(metadata: pa.Table | None) -> list[tuple[int, ...]]:
     """Distinct process-group rank lists that the traces' distributedInfo.pg_config declare."""
-    if metadata is None or "pg_config_json" not in metadata.column_names:
-        return []
     seen: set[tuple[int, ...]] = set()
-    for text in metadata.column("pg_config_json").to_pylist():
-        if not text:
-            continue
-        try:
-            cfg = json.loads(text)
-        except ValueError:
-            continue
-        if isinstance(cfg, dict):
-            cfg = list(cfg.values())
-        for g in cfg if isinstance(cfg, list) else []:
-            ranks = g.get("ranks") if isinstance(g, dict) else None
-            if isinstance(ranks, str):
-                ranks = [int(x) for x in re.findall(r"-?\d+", ranks)]
-            plain = isinstance(ranks, list) and all(type(x) is int for x in ranks)  # else: damaged, skipped
-            if plain and len(ranks) >= 2:
-                seen.add(tuple(sorted(ranks)))
+    for g in pg_config_entries(metadata):
+        ranks = g.get("ranks")
+        if isinstance(ranks, str):
+            ranks = [int(x) for x in re.findall(r"-?\d+", ranks)]
+        plain = isinstance(ranks, list) and all(type(x) is int for x in ranks)  # else: damaged, skipped
+        if plain and len(ranks) >= 2:
+            seen.add(tuple(sorted(ranks)))
     return sorted(seen, key=lambda t: (len(t), t))
 
 
