@@ -354,3 +354,22 @@ def test_unknown_phases_and_odd_types_fall_back_to_the_loose_decoder(tmp_path):
     assert tr.events.column("name").to_pylist() == ["kept", "7"]
     assert tr.events.column("ts_ns").to_pylist() == [2000, 3000]
     assert _rows(tr.memory)[0]["bytes"] == 8 and _rows(tr.memory)[0]["device"] == 0
+
+
+def test_reference_cycle_holding_decoded_events_does_not_break_the_read(tmp_path, monkeypatch):
+    """Raw timestamps reference the decode buffer; if a reference cycle still holds a chunk's decoded events
+    when the buffer is released (the cyclic collector is paused while reading), the read frees it instead of
+    failing with "memoryview has N exported buffers" (seen once under Dask with two threads per worker)."""
+    events = [kt.x("cpu_op", f"op{i}", f"{100 + i}.125", "0.500") for i in range(300)]
+    p = kt.write(tmp_path / "rank0.json", kt.doc(rank=0, world_size=1, events=events))
+    want = kineto.read(p, chunk_bytes=2048).events
+    real = kineto._columns
+
+    def leaky(evs):
+        cycle = [evs]
+        cycle.append(cycle)  # unreachable once this returns, but only the cyclic collector frees it
+        return real(evs)
+
+    monkeypatch.setattr(kineto, "_columns", leaky)
+    got = kineto.read(p, chunk_bytes=2048).events
+    assert got.equals(want) and got.num_rows == 300

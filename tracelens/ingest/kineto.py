@@ -1522,7 +1522,13 @@ def _decode_in_place(buf: bytearray, end: int, hint: _Hint | None = None) -> _Ch
             evs = _decode_events(part, hint)
             chunk = _columns(evs)
         del evs
-        part.release()
+        try:
+            part.release()
+        except BufferError:
+            # decoded objects (raw timestamps reference the buffer) are still held by a reference cycle,
+            # which the paused cyclic collector (see read) has not freed: free it now
+            gc.collect()
+            part.release()
     finally:
         mv.release()
     return chunk
