@@ -161,7 +161,7 @@ def transfer_to_reference(g: Graph, ranks: list[int]) -> Change:
     inst = df.groupby("inst").agg(
         transfer=("transfer", "median"), bytes=("bytes", "first"), op=("op", "first"), n=("rank", "size")
     )
-    inst["has"] = df.groupby("inst")["rank"].agg(lambda r: bool(np.isin(r, ranks).any()))
+    inst["has"] = df.assign(has=np.isin(df["rank"].to_numpy(), ranks)).groupby("inst")["has"].any()
     sized = inst["bytes"].fillna(0) > 0
     inst["unit"] = inst["transfer"] / inst["bytes"].where(sized, 1.0)
     inst["sig"] = _sig(inst)
@@ -197,29 +197,35 @@ def group_median_bandwidth(g: Graph, group: str) -> Change:
 
 def host_gaps_removed(g: Graph, rank: int, peers: list[int]) -> Change:
     """The rank's launch intervals (per step, in launch order) cut to its peers' median at the same position
-    (its own median interval when the peers launch a different number of kernels)."""
+    (its own median interval in steps where no peer launches the same number of kernels)."""
     ch = Change(g)
-    has = g.k_release > NEG / 2
-    for st in np.unique(g.k_step):
-        origin = g.step_origin.get(int(st), 0.0)
-
-        def deltas(r, st=st, origin=origin):
-            idx = np.flatnonzero(has & (g.k_rank == r) & (g.k_step == st))
-            idx = idx[np.argsort(g.k_release[idx], kind="stable")]
-            rel = g.k_release[idx]
-            return idx, np.diff(np.r_[origin, rel])
-
-        idx, dl = deltas(rank)
-        if idx.size == 0:
-            continue
-        pd_ = [deltas(p)[1] for p in peers]
-        pd_ = [x for x in pd_ if x.size == dl.size]
-        if pd_:
-            ref = np.median(np.vstack(pd_), axis=0)
-        else:
-            ref = np.full(dl.size, np.median(dl))
-        new = origin + np.cumsum(np.minimum(dl, ref))
-        ch.release[idx] = np.minimum(g.k_release[idx], new)
+    sel = np.flatnonzero((g.k_release > NEG / 2) & np.isin(g.k_rank, [rank, *peers]))
+    if sel.size == 0:
+        return ch
+    df = pd.DataFrame({"k": sel, "rank": g.k_rank[sel], "step": g.k_step[sel], "rel": g.k_release[sel]})
+    df = df.sort_values(["rank", "step", "rel"], kind="stable")
+    origin = df["step"].map(g.step_origin).fillna(0.0)
+    prev = df.groupby(["rank", "step"])["rel"].shift(1)
+    df["delta"] = df["rel"] - prev.fillna(origin)
+    df["pos"] = df.groupby(["rank", "step"]).cumcount()
+    n = df.groupby(["rank", "step"])["k"].transform("size")
+    mine = df[df["rank"] == rank]
+    if mine.empty:
+        return ch
+    n_mine = mine.groupby("step")["k"].size()
+    peer = df[(df["rank"] != rank) & (n.to_numpy() == df["step"].map(n_mine).fillna(-1).to_numpy())]
+    ref = peer.groupby(["step", "pos"])["delta"].median()
+    own_med = mine.groupby("step")["delta"].transform("median")
+    key = pd.MultiIndex.from_arrays([mine["step"], mine["pos"]])
+    r = ref.reindex(key).to_numpy() if len(ref) else np.full(len(mine), np.nan)
+    r = np.where(np.isnan(r), own_med.to_numpy(), r)
+    cut = np.minimum(mine["delta"].to_numpy(), r)
+    new = (
+        mine["step"].map(g.step_origin).fillna(0.0).to_numpy()
+        + pd.Series(cut).groupby(mine["step"].to_numpy()).cumsum().to_numpy()
+    )
+    k = mine["k"].to_numpy()
+    ch.release[k] = np.minimum(g.k_release[k], new)
     return ch
 
 
