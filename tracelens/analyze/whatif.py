@@ -113,8 +113,12 @@ def split_compute(
     m = _compute_mask(g)
     key = pd.MultiIndex.from_arrays([g.k_rank, g.k_step])
     fac = pd.Series(out, dtype=float).reindex(key).to_numpy() if out else np.full(g.k_dur.size, np.nan)
-    fac = np.where(np.isnan(fac) | ~m, 1.0, fac)
-    ch.dur = g.k_dur * fac
+    fac = np.where(np.isnan(fac), 1.0, fac)
+    ch.dur = g.k_dur * np.where(m, fac, 1.0)
+    # moved layers take their launches along: each stage's CPU timeline stretches or shrinks alike
+    has = g.k_release > NEG / 2
+    origin = pd.Series(g.k_step).map(g.step_origin).fillna(0.0).to_numpy()
+    ch.release = np.where(has, origin + (g.k_release - origin) * fac, g.k_release)
     return ch
 
 
