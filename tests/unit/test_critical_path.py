@@ -72,7 +72,11 @@ def test_replay_reproduces_and_path(shift):
     assert d["by_rank_ms"] == {"0": 150 / 1e6, "1": 150 / 1e6}
     assert d["by_kind_ms"] == {"compute": 200 / 1e6, "transfer": 100 / 1e6}
     kinds = [(s["rank"], s["kind"], s["ms"] * 1e6) for s in d["segments"]]
-    assert [(r, k, round(v)) for r, k, v in kinds] == [(1, "compute", 150), (0, "transfer", 100), (0, "compute", 50)]
+    assert [(r, k, round(v)) for r, k, v in kinds] == [
+        (1, "compute", 150),
+        (0, "transfer", 100),
+        (0, "compute", 50),
+    ]
 
 
 def test_straggler_compute_replay():

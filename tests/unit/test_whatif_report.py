@@ -24,8 +24,24 @@ def test_findings_ordered_by_saving():
 
 def test_critical_path_on_pipeline_timeline():
     blocks = [
-        {"stage": 0, "rank": 0, "phase": "forward", "microbatch": 0, "start_ms": 0.0, "end_ms": 1.0, "t0_ms": 100.0},
-        {"stage": 1, "rank": 4, "phase": "forward", "microbatch": 0, "start_ms": 1.0, "end_ms": 2.0, "t0_ms": 100.0},
+        {
+            "stage": 0,
+            "rank": 0,
+            "phase": "forward",
+            "microbatch": 0,
+            "start_ms": 0.0,
+            "end_ms": 1.0,
+            "t0_ms": 100.0,
+        },
+        {
+            "stage": 1,
+            "rank": 4,
+            "phase": "forward",
+            "microbatch": 0,
+            "start_ms": 1.0,
+            "end_ms": 2.0,
+            "t0_ms": 100.0,
+        },
     ]
     crit = [
         {"step": 3, "rank": 1, "stage": 0, "kind": "compute", "op": "mlp", "start_ms": 100.2, "ms": 0.5},
