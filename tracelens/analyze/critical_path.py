@@ -64,7 +64,13 @@ def device_nodes(events: pa.Table, spans: pa.Table | None = None) -> pa.Table:
     for k in DEVICE_KINDS:
         dev |= _dict_lookup(kind, lambda v, k=k: int(v == k)).astype(bool)
     step = events.column("step")
-    dev &= step.is_valid().to_numpy(zero_copy_only=False)
+    has_step = step.is_valid().to_numpy(zero_copy_only=False)
+    if (dev & has_step).any():
+        dev &= has_step
+    else:  # no ProfilerStep annotations: the whole trace is one window (step 0), as the breakdown does
+        events = events.set_column(
+            events.column_names.index("step"), "step", pa.array(np.zeros(events.num_rows, np.int32))
+        )
     rt = _dict_lookup(kind, lambda v: int(v == "cuda_runtime")).astype(bool)
     comm_name = _dict_lookup(events.column("name"), lambda v: int(bool(COMM_KERNEL.match(v)))).astype(bool)
     has_coll = events.column("collective").is_valid().to_numpy(zero_copy_only=False)
