@@ -303,6 +303,58 @@ class Analysis:
             ),
         )
 
+    # ---- critical path and what-if (tracelens.analyze.critical_path, .whatif) ---------------------
+    @cached_property
+    def critical(self):
+        """Cross-rank dependency graph, its replay and the critical path per step (None without device work)."""
+        if self._xevents.num_rows == 0 or len(self.ranks) < 1:
+            return None
+        return self._guarded("critical path", self._critical)
+
+    def _critical(self):
+        from tracelens.analyze import critical_path as cp
+        from tracelens.engine import events_of
+
+        parts, chunk = [], 64
+        for i in range(0, len(self.ranks), chunk):
+            ev = events_of(self, self.ranks[i : i + chunk])
+            parts.append(cp.device_nodes(ev, self.spans))
+            del ev
+        nodes = pa.concat_tables(parts) if parts else cp.NODES.empty_table()
+        cross = self.cross
+        return cp.analyze_critical_path(
+            nodes,
+            cross.collectives if cross is not None else None,
+            cross.offsets_ns if cross is not None else None,
+            self.stage_of,
+        )
+
+    def what_if(self, findings: list[dict]) -> list[dict]:
+        """The summary's `what_if` list; sets `saving_ms` on the findings it has a fix for."""
+        crit = self.critical
+        if crit is None:
+            return []
+        from tracelens.analyze.whatif import per_layer_ns, what_if
+
+        comp = self.composition
+        layer_ns = None
+        if comp is not None and comp.layer_split:
+            m = self.pipeline.microbatches if self.pipeline is not None else self.options.microbatches
+            layer_ns = per_layer_ns(comp.per_stage_type_ms, list(comp.layer_split), m)
+        return self._guarded(
+            "what-if",
+            lambda: what_if(
+                crit,
+                findings,
+                peers_of=self.cross.peers if self.cross is not None else None,
+                stage_of=self.stage_of,
+                heavy_stage=comp.heavy_stage if comp is not None else None,
+                layer_split=comp.layer_split if comp is not None else None,
+                suggested_split=comp.suggested_split if comp is not None else None,
+                layer_ns=layer_ns,
+            ),
+        ) or []
+
     def audit(self, existing: list[dict]):
         """Layout audit of the model on this run's grid: (AuditResult or None, new findings)."""
         if self.model is None:
@@ -528,6 +580,8 @@ class Analysis:
             "collectives": collectives_dict(cross, self.nccl),
             "audit": audit.to_dict() if audit is not None else None,
         }
+        out["what_if"] = self.what_if(findings)
+        out["critical_path"] = self.critical.to_dict() if self.critical is not None else None
         if self.options.compat == "hta":
             out["compat"] = self.hta_compat()
         return out
