@@ -98,8 +98,8 @@ def diagnose_processes(coll: pa.Table) -> list[dict]:
 
     A process that never made the call the others made at one position, and made nothing after it on
     that communicator, hung there or is the one the others wait for (COLLECTIVE_HANG; from a log, whose
-    calls carry no completion, a warning when it is the last call anyone logged: the log may just end
-    there). Calls at one position that disagree on op, element counts or dtype are a desync
+    calls carry no completion, only a warning when it is the last call logged and most members lack it:
+    the logs may just end there). Calls at one position that disagree on op, element counts or dtype are a desync
     (COLLECTIVE_MISMATCH), naming the minority processes. Never raises on unknown ranks."""
     if coll.num_rows == 0:
         return []
@@ -119,6 +119,8 @@ def diagnose_processes(coll: pa.Table) -> list[dict]:
         nranks = grp["group_size"].dropna()
         nranks = int(nranks.mode().iloc[0]) if len(nranks) else None
         comm = f"communicator {pg}" + (f" ({nranks} ranks)" if nranks else "")
+        if nranks and len(members) > nranks:  # identical communicators a log without INIT lines cannot tell apart
+            comm = f"communicators {pg} ({len(members)} processes in groups of {nranks} that made the same calls)"
         lo = grp.groupby("who")["_pos"].min().max()  # an excerpt may start at different points per process
         grp = grp[grp["_pos"] >= lo]
         last = grp.groupby("who")["_pos"].max()
@@ -135,7 +137,9 @@ def diagnose_processes(coll: pa.Table) -> list[dict]:
             where = _seq_text(source, pos, rows["seq"].iloc[0])
             beyond = (grp["_pos"] > pos).any()
             n = len(joined)
-            tail = "" if beyond or source != "nccl_log" else " (the last call in the logs: they may just end here)"
+            # A log has no completions: the last logged call missing on a majority may be where it was cut.
+            sure = source != "nccl_log" or beyond or len(missing) < n
+            tail = "" if beyond or source != "nccl_log" else " (the last call logged on it: unless the logs were cut here)"
             msg = (
                 f"{_names(missing, rank_of)} never called {op} {where} on {comm}; "
                 f"{n} process{'es' if n != 1 else ''} did{tail}"
@@ -144,7 +148,7 @@ def diagnose_processes(coll: pa.Table) -> list[dict]:
             hangs.append(
                 finding(
                     "COLLECTIVE_HANG",
-                    "error" if (beyond or source != "nccl_log") else "warning",
+                    "error" if sure else "warning",
                     msg,
                     ranks=known,
                     source=source,

@@ -217,6 +217,11 @@ def _clean_hosts(path: Path) -> set[str]:
     return hosts
 
 
+# A host token glued to the end of the previous message, when no known host ends it: the stream pointer
+# (`0x55d0c0000b00nodeB`) or RCCL's globalrank (`5nodeB`) before a host that starts with a non-hex letter.
+_GLUED_RE = re.compile(r"^(?:0x[0-9a-fA-F]+|\d+)(?=[g-zG-Z_])")
+
+
 def _cores(text: str, hosts: set[str]) -> list[tuple[int, int, dict]]:
     """(start, end, core info) of each core on a line. A core glued to the text before it (`..stream
     0x7f1anode03:41:41 [0] NCCL INFO`) takes the longest known host that ends its host token; the rest of
@@ -224,12 +229,13 @@ def _cores(text: str, hosts: set[str]) -> list[tuple[int, int, dict]]:
     out = []
     for m in _CORE_RE.finditer(text):
         host, start = m.group("host"), m.start()
-        if host not in hosts and start > 0 and text[start - 1] not in _BOUNDARY:
+        if host not in hosts and start > 0:
             cands = [h for h in hosts if host.endswith(h)]
-            if cands:
-                h = max(cands, key=len)
-                start += len(host) - len(h)
-                host = h
+            after_call = text[:start].endswith(("stream ", "globalrank "))
+            glued = _GLUED_RE.match(host) if after_call else None
+            h = max(cands, key=len) if cands else (host[glued.end() :] if glued else host)
+            start += len(host) - len(h)
+            host = h
         info = {"host": host, "pid": m.group("pid"), "tid": m.group("tid"), "dev": m.group("dev"),
                 "level": m.group("level")}  # fmt: skip
         out.append((start, m.end(), info))
