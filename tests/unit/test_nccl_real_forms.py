@@ -87,6 +87,36 @@ def test_rccl_globalrank_gives_the_rank_without_init(tmp_path):
     assert list(df["rank"]) == [5, 5] and list(df["seq"]) == [0x1E7, 0x1E8]
 
 
+def test_formats_md_line_grammar(tmp_path):
+    """The grammar of ../shared/docs/formats.md section 3 (debug.cc core, enqueue.cc call, init.cc lines of
+    ncclCommInitRank with its newer `localSize .. used .. bytes on core` tail, and ncclCommSplit, whose
+    commId comes after `parent .. color .. key ..`), in a job's stdout with unrelated lines."""
+    p = tmp_path / "stdout.txt"
+    p.write_text(
+        "epoch 1 loss 2.31\n"
+        "h1:7:7 [3] NCCL INFO NCCL version 2.27.5+cuda12.9\n"
+        "h1:7:9 [3] NCCL INFO [Rank 3] ncclCommInitRank comm 0x55aa00 rank 3 nranks 8 cudaDev 3 nvmlDev 3 "
+        "busId 4a000 commId 0x1a2b3c - Init START\n"
+        "h1:7:9 [3] NCCL INFO ncclCommInitRank comm 0x55aa00 rank 3 nranks 8 cudaDev 3 nvmlDev 3 busId 4a000 "
+        "commId 0x1a2b3c localSize 1208 used 1234567 bytes on core 12 - Init COMPLETE\n"
+        "h1:7:9 [3] NCCL INFO ncclCommSplit comm 0x55bb00 rank 1 nranks 2 cudaDev 3 nvmlDev 3 busId 4a000 "
+        "parent 0x55aa00 color 1 key 3 commId 0x77ee - Init COMPLETE\n"
+        "h1:7:7 [3] NCCL INFO AllReduce: opCount 3 sendbuff 0x7f0a recvbuff 0x7f0a count 1048576 datatype 9 "
+        "op 0 root 0 comm 0x55aa00 [nranks=8] stream 0x55cc\n"
+        "h1:7:7 [3] NCCL INFO Send: opCount 1f sendbuff 0x7f0b recvbuff (nil) count 16 datatype 7 op 0 "
+        "root 0 comm 0x55bb00 [nranks=2] stream 0x55cc\n"
+    )
+    comms = nccl_log.read_comms(p).to_pylist()
+    assert [(c["comm_id"], c["rank"], c["nranks"], c["global_rank"]) for c in comms] == [
+        ("0x1a2b3c", 3, 8, 3),
+        ("0x77ee", 1, 2, 3),
+    ]
+    df = nccl_log.read(p).to_pandas()
+    assert list(df["pg_name"]) == ["0x1a2b3c", "0x77ee"] and list(df["seq"]) == [3, 0x1F]
+    assert list(df["bytes"]) == [1048576 * 2, 16 * 4] and list(df["rank"]) == [3, 3]
+    assert nccl_log.version(p) == "2.27.5+cuda12.9"
+
+
 # ---------------------------------------------------------------------------------------------------
 # 2. no INIT lines: communicators inferred across processes, ranks unknown
 # ---------------------------------------------------------------------------------------------------
@@ -267,6 +297,35 @@ def test_plugin_2_28_bare_values_read_like_quoted(tmp_path):
     assert nccl_plugin.quote_bare_values('{"a": true, "b": null, "c": 0x1f, "d": -nan}') == (
         '{"a": true, "b": null, "c": "0x1f", "d": "-nan"}'
     )
+
+
+def test_plugin_older_tree_layout(tmp_path):
+    """ext-profiler/example/print_event.c (older NCCL): COLL `nMaxChannels`, P2P without nChannels, one
+    `Send` PROXY op with nested state objects."""
+    p = tmp_path / "prof_42_0.json"
+    p.write_text(
+        "[\n"
+        '{"name": "AllReduce", "cat": "COLL", "ph": "b", "id": 0, "pid": 77, "tid": 1, "ts": 10.000000, "args": '
+        '{"SeqNum": 0, "CommHash": 42, "Rank": 0, "Count": 1024, "Datatype": "ncclBfloat16", "Algorithm": "RING", '
+        '"Protocol": "LL", "nMaxChannels": 2}},\n'
+        '{"name": "Send", "cat": "PROXY", "ph": "b", "id": 0, "pid": 77, "tid": 1, "ts": 12.000000, "args": '
+        '{"Channel": 0, "Peer": 1, "Steps": 3, "ChunkSize": 65536, "transSize": 2048, "POSTED": {"step": 3, '
+        '"ts": 12.5}, "REM_FIFO_WAIT": {"step": 3, "ts": 13.0}, "TRANSMITTED": {"step": 3, "ts": 14.0}, '
+        '"DONE": {"step": 3, "ts": 15.0}}},\n'
+        '{"name": "Send", "cat": "PROXY", "ph": "e", "id": 0, "pid": 77, "tid": 1, "ts": 15.000000},\n'
+        '{"name": "AllReduce", "cat": "COLL", "ph": "e", "id": 0, "pid": 77, "tid": 1, "ts": 16.000000},\n'
+        '{"name": "Send", "cat": "P2P", "ph": "b", "id": 0, "pid": 77, "tid": 1, "ts": 20.000000, "args": '
+        '{"CommHash": 42, "Rank": 0, "Peer": 1, "Count": 8, "Datatype": "ncclFloat32"}},\n'
+        '{"name": "Send", "cat": "P2P", "ph": "e", "id": 0, "pid": 77, "tid": 1, "ts": 21.000000},\n'
+        "{}]\n"
+    )
+    d = nccl_plugin.read_details(p).to_pylist()
+    assert [(r["op"], r["n_channels"], r["proxy_steps"], r["proxy_bytes"]) for r in d] == [
+        ("allreduce", 2, 3, 2048),
+        ("send", None, 0, 0),
+    ]
+    t = nccl_plugin.read(p).to_pandas()
+    assert list(t["bytes"]) == [2048, 32] and list(t["end_ns"] - t["enqueue_ns"]) == [6000, 1000]
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -118,11 +118,12 @@ _CALL_RE = re.compile(_CALL_BODY)
 _CALL_SEARCH = re.compile(r"(?<![A-Za-z])" + _CALL_BODY)
 # NCCL >= 2.1x: `ncclCommInitRank comm .. rank .. nranks .. cudaDev .. nvmlDev .. busId .. commId ..
 # - Init COMPLETE`;
-# NCCL 2.4-era: `comm 0x.. rank 0 nranks 1 cudaDev 0 nvmlDev 0 - Init COMPLETE`.
+# NCCL 2.4-era: `comm 0x.. rank 0 nranks 1 cudaDev 0 nvmlDev 0 - Init COMPLETE`; split communicators print
+# `ncclCommSplit comm .. busId .. parent 0x.. color C key K commId 0x.. localSize ..` (commId after parent).
 _INIT_RE = re.compile(
     r"(?:\[Rank \d+\]\s+)?(?:(?P<api>ncclCommInit\w*|ncclCommSplit\w*)\s+)?comm (?P<comm>0x[0-9a-fA-F]+) "
     r"rank (?P<rank>\d+) nranks (?P<nranks>\d+) cudaDev (?P<cudadev>\d+)(?: nvmlDev (?P<nvmldev>\d+))?"
-    r"(?: busId (?P<busid>[0-9a-fA-F]+))?(?: commId (?P<commid>0x[0-9a-fA-F]+))?.*Init COMPLETE"
+    r"(?: busId (?P<busid>[0-9a-fA-F]+))?(?:.*? commId (?P<commid>0x[0-9a-fA-F]+))?.*Init COMPLETE"
 )
 _VERSION_RE = re.compile(r"NCCL version (\S+)")
 _FUNC_NAMES = tuple(NCCL_OPS)

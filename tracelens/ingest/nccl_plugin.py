@@ -4,7 +4,9 @@ One Chrome-trace JSON array per communicator per rank, `<prefix>_<commHash>_<ran
 `ph: b/e` pairs (matched by `cat` and `id`), closed by `{}`. `COLL` events carry SeqNum (per communicator
 and per collective type), CommHash, Rank (communicator-local), Count (NCCL API count), Datatype
 ("ncclBfloat16"), Algorithm, Protocol, nChannels; `P2P` events carry CommHash, Rank, Peer, Count, Datatype,
-nChannels; `PROXY` events carry Channel, Peer, Steps, ChunkSize, transSize.
+nChannels; `PROXY` events carry Channel, Peer, Steps, ChunkSize, transSize. Older trees
+(`ext-profiler/example/print_event.c`) write `nMaxChannels` and one `Send`/`Recv` PROXY op with nested
+state timestamps; NCCL 2.28.x wrote some API-event values unquoted (`quote_bare_values`).
 Timestamps are microseconds since the plugin started (steady clock), **not** epoch time: `read` returns them
 as nanoseconds on that clock and `align` shifts them onto a reference (Kineto) clock by matching collective
 end times. `enqueue_ns` is the COLL begin (the task enqueue), `end_ns` the COLL end; `start_ns` is null.
@@ -178,7 +180,9 @@ def _collect_events(
     prox_b = proxies["begin_ns"].astype("float64").to_numpy()
     prox_steps = np.array([a.get("Steps", 0) or 0 for a in proxies["args"]], dtype=np.int64)
     prox_bytes = np.array([a.get("transSize", 0) or 0 for a in proxies["args"]], dtype=np.int64)
-    prox_progress = proxies["name"].astype(str).str.startswith("Progress").to_numpy()
+    # ProgressSend/ProgressRecv (current example plugin); older trees print one `Send` / `Recv` PROXY op
+    names = proxies["name"].astype(str)
+    prox_progress = (names.str.startswith("Progress") | names.isin(["Send", "Recv"])).to_numpy()
     order_ctr: dict[tuple, int] = {}
     for r in ops.itertuples(index=False):
         a = r.args
@@ -238,7 +242,7 @@ def _collect_events(
                 "seq": int(seq) if seq is not None else None,
                 "algorithm": a.get("Algorithm"),
                 "protocol": a.get("Protocol"),
-                "n_channels": a.get("nChannels"),
+                "n_channels": a.get("nChannels", a.get("nMaxChannels")),  # older trees: nMaxChannels
                 "proxy_steps": int(prox_steps[inside].sum()) if len(prox_b) else None,
                 "proxy_bytes": int(prox_bytes[inside].sum()) if len(prox_b) else None,
                 "pid": int(r.pid) if _is_int(r.pid) else None,
