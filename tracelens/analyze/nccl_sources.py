@@ -124,9 +124,13 @@ def diagnose_processes(coll: pa.Table) -> list[dict]:
         lo = grp.groupby("who")["_pos"].min().max()  # an excerpt may start at different points per process
         grp = grp[grp["_pos"] >= lo]
         last = grp.groupby("who")["_pos"].max()
-        present = grp.groupby("_pos")["who"].agg(lambda s: set(s))
-        # hang: the first position some members never reached (and they made nothing after it)
-        for pos, joined in present.items():
+        # hang: the first position some members never reached (and they made nothing after it): for each
+        # member, the first position after its last call that another member reached
+        positions = np.unique(grp["_pos"].to_numpy())
+        after = np.searchsorted(positions, last.to_numpy(), side="right")
+        stops = np.unique(positions[after[after < positions.size]])
+        for pos in stops:
+            joined = set(grp.loc[grp["_pos"] == pos, "who"])
             missing = sorted(m for m in members if m not in joined and last.get(m, -1) < pos)
             if not missing:
                 continue

@@ -100,11 +100,8 @@ def api_count(op: str, in_nelems: int, out_nelems: int) -> int:
 # timestamp after `[dev]`. Whatever precedes it is a prefix and is skipped: NCCL_DEBUG_TIMESTAMP_FORMAT's
 # `[date time] `, a bare or RFC 3339 timestamp (Kubernetes), Ray's `(RayTrainWorker pid=.., ip=..) `,
 # torchrun's `[rank3]:` / `[default0]:`, SLURM's `0: `. It is searched, not anchored, so a line holding two
-# messages (interleaved writers) yields both.
-_CORE_RE = re.compile(
-    r"(?P<host>[A-Za-z0-9_][\w.\-]*):(?P<pid>\d+):(?P<tid>\d+)\s+\[(?P<dev>\d+)\]\s+(?:\d+(?:\.\d+)?\s+)?"
-    r"NCCL (?P<level>INFO|WARN)\b ?"
-)
+# messages (interleaved writers) yields both: `_find_cores` finds each `NCCL INFO` marker and reads the
+# `host:pid:tid [dev] ` before it backwards (`_CORE_REV`).
 # Collective call message (enqueue.cc), after the core. Forks print `peer N` for `op N root N`, a decimal
 # comm and `[nranks=N, localRanks=M]`; RCCL/MSCCL append `task N globalrank G`.
 _CALL_BODY = (
@@ -206,15 +203,43 @@ STAT_KEYS = (
 _BOUNDARY = frozenset(" \t[]():|>,;\"'=")
 
 
+# The same core read backwards from its `NCCL INFO` / `NCCL WARN` marker: matching a reversed window at its
+# start costs the length of the core, where searching the whole line forwards costs far more.
+_CORE_REV = re.compile(
+    r"\s+(?:(?:\d+\.)?\d+\s+)?\](?P<dev>\d+)\[\s+(?P<tid>\d+):(?P<pid>\d+):(?P<host>[\w.\-]*[A-Za-z0-9_])"
+)
+_MARKERS = ("NCCL INFO", "NCCL WARN")
+
+
+def _find_cores(text: str) -> list[tuple[int, int, dict]]:
+    """(start, end, groups) of every `host:pid:tid [dev] NCCL INFO|WARN ` core on a line, left to right."""
+    out: list[tuple[int, int, dict]] = []
+    prev = 0
+    j = text.find("NCCL ")
+    while j >= 0:
+        level = text[j + 5 : j + 9]
+        if level in ("INFO", "WARN") and (j + 9 == len(text) or not text[j + 9].isalnum()):
+            m = _CORE_REV.match(text[prev:j][::-1])
+            if m:
+                end = j + 9 + (1 if text[j + 9 : j + 10] == " " else 0)
+                g = {k: v[::-1] for k, v in m.groupdict().items()}
+                g["level"] = level
+                out.append((j - m.end(), end, g))
+                prev = end
+        j = text.find("NCCL ", j + 5)
+    return out
+
+
 def _clean_hosts(path: Path) -> set[str]:
     """Hosts of cores that stand at a word boundary (the first core of a line, not glued to other text)."""
     hosts: set[str] = set()
     for line in _lines(path):
-        if "NCCL" not in line:
+        if "NCCL " not in line:
             continue
-        m = _CORE_RE.search(line)
-        if m and (m.start() == 0 or line[m.start() - 1] in _BOUNDARY):
-            hosts.add(m.group("host"))
+        j = line.find("NCCL INFO")
+        m = _CORE_REV.match(line[:j][::-1]) if j > 0 else None
+        if m and (m.end() == j or line[j - m.end() - 1] in _BOUNDARY):
+            hosts.add(m.group("host")[::-1])
     return hosts
 
 
@@ -228,8 +253,8 @@ def _cores(text: str, hosts: set[str]) -> list[tuple[int, int, dict]]:
     0x7f1anode03:41:41 [0] NCCL INFO`) takes the longest known host that ends its host token; the rest of
     the token goes back to the message before it."""
     out = []
-    for m in _CORE_RE.finditer(text):
-        host, start = m.group("host"), m.start()
+    for start, end, g in _find_cores(text):
+        host = g["host"]
         if host not in hosts and start > 0:
             cands = [h for h in hosts if host.endswith(h)]
             after_call = text[:start].endswith(("stream ", "globalrank "))
@@ -237,9 +262,8 @@ def _cores(text: str, hosts: set[str]) -> list[tuple[int, int, dict]]:
             h = max(cands, key=len) if cands else (host[glued.end() :] if glued else host)
             start += len(host) - len(h)
             host = h
-        info = {"host": host, "pid": m.group("pid"), "tid": m.group("tid"), "dev": m.group("dev"),
-                "level": m.group("level")}  # fmt: skip
-        out.append((start, m.end(), info))
+        info = {"host": host, "pid": g["pid"], "tid": g["tid"], "dev": g["dev"], "level": g["level"]}
+        out.append((start, end, info))
     return out
 
 
@@ -254,7 +278,7 @@ def parse_file(path: str | Path) -> LogParse:
     for line in _lines(out.path):
         st["lines"] += 1
         text = line.rstrip("\r\n")
-        cores = _cores(text, hosts) if "NCCL" in text else []
+        cores = _cores(text, hosts) if "NCCL " in text else []
         lead = text[: cores[0][0]] if cores else text
         if pending and lead.strip():
             for i in range(len(pending) - 1, -1, -1):
@@ -454,13 +478,6 @@ def _compatible(a: dict, b: dict) -> bool:
     return same >= 0.5 * len(common) or same_op >= 0.8 * len(common)
 
 
-def _root(parent: list[int], i: int) -> int:
-    while parent[i] != i:
-        parent[i] = parent[parent[i]]
-        i = parent[i]
-    return i
-
-
 def infer_communicators(rows: list[dict]) -> None:
     """Name, across processes, the communicators that no init line identified (rows marked `_ptr`).
 
@@ -494,17 +511,16 @@ def infer_communicators(rows: list[dict]) -> None:
         for key in keys:
             classes.setdefault(tuple(sorted(streams[key]["sig"].items())), []).append(key)
         groups = [c for c in classes.values() if len(c) % max(n, 1) == 0]
-        rest = [c for c in classes.values() if len(c) % max(n, 1) != 0]
-        parent = list(range(len(rest)))
-        for i in range(len(rest)):
-            for j in range(i + 1, len(rest)):
-                ri, rj = _root(parent, i), _root(parent, j)
-                if ri != rj and _compatible(streams[rest[i][0]]["sig"], streams[rest[j][0]]["sig"]):
-                    parent[rj] = ri
-        merged: dict[int, list[tuple]] = {}
-        for i, c in enumerate(rest):
-            merged.setdefault(_root(parent, i), []).extend(c)
-        groups += list(merged.values())
+        rest = sorted((c for c in classes.values() if len(c) % max(n, 1) != 0), key=len, reverse=True)
+        merged: list[list[tuple]] = []  # greedy: each class joins the first group it is compatible with
+        for c in rest:
+            sig = streams[c[0]]["sig"]
+            home = next((g for g in merged if _compatible(streams[g[0]]["sig"], sig)), None)
+            if home is None:
+                merged.append(list(c))
+            else:
+                home.extend(c)
+        groups += merged
         groups.sort(key=lambda g: min(streams[k]["first"] for k in g))
         for i, g in enumerate(groups):
             for key in g:
