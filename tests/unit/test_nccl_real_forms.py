@@ -14,8 +14,10 @@ from pathlib import Path
 import nccl_tables
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pytest
 
+from tracelens import schema
 from tracelens.analyze import hang, nccl_sources
 from tracelens.analyze.collectives import busbw_factor
 from tracelens.ingest import nccl_log, nccl_plugin
@@ -445,3 +447,40 @@ def test_kineto_and_logs_cross_checked(tmp_path):
     write_nccl_outputs(other, nccl_tables.build(steps=1, seed=1), formats=("log",))
     res = nccl_sources.cross_check(nccl_log.read_many(sorted((other / "nccl_logs").iterdir())), coll)
     assert not res["agree"] and "disagree" in res["note"]
+
+
+def _plugin_rows(calls: dict[int, list[tuple[str, bool]]]) -> pa.Table:
+    """COLLECTIVES rows as the plugin reader makes them: per rank a list of (op, completed), SeqNum per op."""
+
+    rows = []
+    for rank, seqs in calls.items():
+        per_op: dict[str, int] = {}
+        for k, (op, done) in enumerate(seqs):
+            s = per_op.get(op, 0)
+            per_op[op] = s + 1
+            rows.append({"rank": rank, "source": "nccl_plugin", "pg_name": "777", "group_size": len(calls),
+                         "op": op, "dtype": "Float", "in_nelems": 64, "out_nelems": 64 * (4 if op == "allgather" else 1),
+                         "bytes": 256, "seq": s, "is_p2p": False, "state": "completed" if done else "started",
+                         "enqueue_ns": 1000 * k + rank, "end_ns": 1000 * k + 500 if done else None,
+                         "process": f"pid {10 + rank}"})  # fmt: skip
+    return schema.table_from_rows(rows, schema.COLLECTIVES)
+
+
+def test_plugin_desync_and_hang_by_position():
+    """The plugin's SeqNum counts per collective type, so calls are matched by their position in the
+    communicator's sequence: an allgather where the others call their second allreduce is a desync."""
+    odd = _plugin_rows({r: [("allreduce", True), ("allgather" if r == 2 else "allreduce", True)] for r in range(4)})
+    (f,) = nccl_sources.diagnose_processes(odd)
+    assert f["code"] == "COLLECTIVE_MISMATCH" and f["ranks"] == [2] and f["processes"] == ["pid 12"]
+    assert f["message"] == (
+        "op mismatch at call #1 (SeqNum 1) on communicator 777 (4 ranks): rank 2 (pid 12) called allgather "
+        "where 3 processes called allreduce"
+    )
+    stuck = _plugin_rows({r: [("allreduce", True)] + ([] if r == 3 else [("allreduce", False)]) for r in range(4)})
+    (f,) = nccl_sources.diagnose_processes(stuck)
+    assert f["code"] == "COLLECTIVE_HANG" and f["severity"] == "error" and f["ranks"] == [3]
+    assert f["message"] == (
+        "rank 3 (pid 13) never called allreduce call #1 (SeqNum 1) on communicator 777 (4 ranks); 3 processes did"
+    )
+    done = _plugin_rows({r: [("allreduce", True)] + ([] if r == 3 else [("allreduce", True)]) for r in range(4)})
+    assert nccl_sources.diagnose_processes(done) == []  # completed by the others: rank 3's record is lost
