@@ -385,7 +385,11 @@ def analyze_sources(
     res = NcclSourcesResult()
     for name in ("nccl_log", "nccl_plugin"):
         t = nccl.get(name)
-        if t is None or t.num_rows == 0:
+        if t is None:
+            continue
+        if t.num_rows == 0:
+            what = "NCCL_DEBUG_SUBSYS=COLL" if name == "nccl_log" else "NCCL_PROFILE_EVENT_MASK with Coll (2)"
+            res.notes.append(f"{name}: read, but it holds no collective calls (set {what})")
             continue
         df = frame(t)
         res.by_op += by_op(df)

@@ -53,7 +53,10 @@ def print_rank_table(summary: dict) -> None:
     shown = ranks if len(ranks) <= 64 else ranks[:8] + ranks[-8:]
     for r in shown:
         table.add_row(*[str(r[k]) if k in ("rank", "stage") else _fmt(r.get(k), 1) for _, k in present])
-    console.print(table)
+    if ranks or (summary.get("collectives") or {}).get("processes"):
+        console.print(table)
+    else:  # nothing per rank or per process: say so rather than print an empty table
+        console.print(f"{run['name']}: no per-rank trace and no NCCL collective calls to analyze")
     if not ranks and (summary.get("collectives") or {}).get("by_op"):
         console.print(nccl_op_table(summary))
     if len(ranks) > 64:
