@@ -247,6 +247,15 @@ def test_interleaved_and_cut_lines(tmp_path):
                      "prefix_recovered": 1, "unattributed": 1, "damaged": 1, "files": 1}  # fmt: skip
 
 
+def test_host_cut_at_the_start_of_a_line(tmp_path):
+    p = tmp_path / "cut_host.log"
+    full = call("gpu-node03", 4119, 4, "AllGather", 1)
+    p.write_text(full + "\n" + call("gpu-node03", 4119, 4, "AllGather", 2)[5:] + "\n")  # `ode03:4119:..`
+    coll, stats = nccl_log.read_many_stats([p])
+    assert list(coll.column("process").to_pylist()) == ["gpu-node03:4119"] * 2
+    assert stats["prefix_recovered"] == 1 and stats["damaged"] == 0
+
+
 def test_glued_host_without_a_clean_line(tmp_path):
     """Even when a host never starts a line, a stream pointer or RCCL globalrank glued before it is split off."""
     p = tmp_path / "glued.log"

@@ -230,17 +230,21 @@ def _find_cores(text: str) -> list[tuple[int, int, dict]]:
     return out
 
 
-def _clean_hosts(path: Path) -> set[str]:
-    """Hosts of cores that stand at a word boundary (the first core of a line, not glued to other text)."""
-    hosts: set[str] = set()
+def _clean_hosts(path: Path) -> set[tuple[str, str]]:
+    """(host, pid) of cores that stand at a word boundary (the first core of a line, not glued to other
+    text), less those whose host is the cut end of a longer host of the same pid."""
+    pairs: set[tuple[str, str]] = set()
     for line in _lines(path):
         if "NCCL " not in line:
             continue
         j = line.find("NCCL INFO")
         m = _CORE_REV.match(line[:j][::-1]) if j > 0 else None
         if m and (m.end() == j or line[j - m.end() - 1] in _BOUNDARY):
-            hosts.add(m.group("host")[::-1])
-    return hosts
+            pairs.add((m.group("host")[::-1], m.group("pid")[::-1]))
+    by_pid: dict[str, list[str]] = {}
+    for h, pid in pairs:
+        by_pid.setdefault(pid, []).append(h)
+    return {(h, pid) for h, pid in pairs if not any(o != h and o.endswith(h) for o in by_pid[pid])}
 
 
 # A host token glued to the end of the previous message, when no known host ends it: the stream pointer
@@ -248,13 +252,14 @@ def _clean_hosts(path: Path) -> set[str]:
 _GLUED_RE = re.compile(r"^(?:0x[0-9a-fA-F]+|\d+)(?=[g-zG-Z_])")
 
 
-def _cores(text: str, hosts: set[str]) -> list[tuple[int, int, dict]]:
+def _cores(text: str, hosts: set[str], pairs: set[tuple[str, str]]) -> list[tuple[int, int, dict]]:
     """(start, end, core info) of each core on a line. A core glued to the text before it (`..stream
     0x7f1anode03:41:41 [0] NCCL INFO`) takes the longest known host that ends its host token; the rest of
-    the token goes back to the message before it."""
+    the token goes back to the message before it. A host whose start was cut off takes the one known host
+    that ends with it."""
     out = []
     for start, end, g in _find_cores(text):
-        host = g["host"]
+        host, cut = g["host"], False
         if host not in hosts and start > 0:
             cands = [h for h in hosts if host.endswith(h)]
             after_call = text[:start].endswith(("stream ", "globalrank "))
@@ -262,7 +267,13 @@ def _cores(text: str, hosts: set[str]) -> list[tuple[int, int, dict]]:
             h = max(cands, key=len) if cands else (host[glued.end() :] if glued else host)
             start += len(host) - len(h)
             host = h
+        if (host, g["pid"]) not in pairs:  # the start of the host was cut off (`de03:41:41 [0] ..`)
+            longer = [h for h, pid in pairs if pid == g["pid"] and h != host and h.endswith(host)]
+            if len(longer) == 1:
+                host, cut = longer[0], True
         info = {"host": host, "pid": g["pid"], "tid": g["tid"], "dev": g["dev"], "level": g["level"]}
+        if cut:
+            info["cut"] = True
         out.append((start, end, info))
     return out
 
@@ -273,12 +284,13 @@ def parse_file(path: str | Path) -> LogParse:
     next line; a call without its prefix becomes an orphan; what cannot be rebuilt is counted as damaged."""
     out = LogParse(Path(path))
     st = out.stats
-    hosts = _clean_hosts(out.path)
+    pairs = _clean_hosts(out.path)
+    hosts = {h for h, _ in pairs}
     pending: list[tuple[dict, str]] = []  # (core info, cut call body) from the previous line
     for line in _lines(out.path):
         st["lines"] += 1
         text = line.rstrip("\r\n")
-        cores = _cores(text, hosts) if "NCCL " in text else []
+        cores = _cores(text, hosts, pairs) if "NCCL " in text else []
         lead = text[: cores[0][0]] if cores else text
         if pending and lead.strip():
             for i in range(len(pending) - 1, -1, -1):
@@ -304,6 +316,8 @@ def parse_file(path: str | Path) -> LogParse:
         if len(cores) > 1:
             st["multi_message_lines"] += 1
         for j, (_, end, info) in enumerate(cores):
+            if info.pop("cut", False):
+                st["prefix_recovered"] += 1
             if info.pop("level") != "INFO":
                 continue
             stop = cores[j + 1][0] if j + 1 < len(cores) else len(text)
