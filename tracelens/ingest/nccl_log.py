@@ -170,6 +170,22 @@ def _lines(path: Path) -> Iterable[str]:
         raise BadTraceError(f"{path}: cannot read NCCL log ({err})") from err
 
 
+#: Counters of `LogParse.stats` (docs/nccl-inputs.md): lines read; lines holding an NCCL core; calls
+#: read; lines that held more than one message; calls rebuilt from a message cut across two lines; lines
+#: that lost (part of) their prefix, given their process by the comm pointer or the known host; call
+#: fragments without a process (`unattributed`) and call fragments that could not be rebuilt (`damaged`).
+STAT_KEYS = (
+    "lines",
+    "nccl_lines",
+    "calls",
+    "multi_message_lines",
+    "rejoined",
+    "prefix_recovered",
+    "unattributed",
+    "damaged",
+)
+
+
 @dataclass
 class LogParse:
     """What one log file holds: calls and init records (dicts of the regex groups plus host/pid/tid/dev),
@@ -182,21 +198,6 @@ class LogParse:
     version: str | None = None
     orphans: list[dict] = field(default_factory=list)
     stats: dict = field(default_factory=lambda: dict.fromkeys(STAT_KEYS, 0))
-
-
-#: Counters of `LogParse.stats` (docs/nccl-inputs.md): lines read; lines holding an NCCL core; calls
-#: read; lines that held more than one message; calls rebuilt from a message cut across two lines; calls
-#: whose line lost its prefix, attributed to a process by their comm pointer; and what was lost.
-STAT_KEYS = (
-    "lines",
-    "nccl_lines",
-    "calls",
-    "multi_message_lines",
-    "rejoined",
-    "prefix_recovered",
-    "unattributed",
-    "damaged",
-)
 
 
 #: Characters that may precede a `host:pid:tid` core that is not glued to the text before it.
@@ -581,12 +582,12 @@ def read(path: str | Path) -> pa.Table:
 
 def read_many_stats(paths: Iterable[str | Path]) -> tuple[pa.Table, dict]:
     """`read_many` plus the parse counters summed over the files (STAT_KEYS, and `files`)."""
-    paths = [Path(p) for p in paths]
-    parses = [parse_file(p) for p in paths]
+    files = [Path(p) for p in paths]
+    parses = [parse_file(p) for p in files]
     try:
         table = _build(parses)
     except (ValueError, OverflowError, pa.ArrowException) as err:  # a number beyond int64 in a line
-        raise _malformed(paths, err) from None
+        raise _malformed(files, err) from None
     stats = {k: sum(lp.stats[k] for lp in parses) for k in STAT_KEYS}
     stats["files"] = len(parses)
     return table, stats
