@@ -493,3 +493,25 @@ def test_plugin_desync_and_hang_by_position():
     )
     done = _plugin_rows({r: [("allreduce", True)] + ([] if r == 3 else [("allreduce", True)]) for r in range(4)})
     assert nccl_sources.diagnose_processes(done) == []  # completed by the others: rank 3's record is lost
+
+
+def test_rccl_mismatch_names_rank_and_process(tmp_path):
+    """RCCL lines (numeric timestamp after [dev], `task N globalrank G`), no INIT lines: one process calls
+    AllGather at opCount 0x28c where the others call AllReduce."""
+    lines = []
+    for oc in range(0x28A, 0x28E):
+        for r in range(4):
+            func = "AllGather" if (oc == 0x28C and r == 1) else "AllReduce"
+            lines.append(
+                f"mi250-{r // 2}:{300 + r}:{310 + r} [{r % 2}] 16583740{oc:04d}{r} NCCL INFO {func}: opCount {oc:x} "
+                f"sendbuff 0x7f01 recvbuff 0x7f02 count 4096 datatype 7 op 0 root 0 comm 0x55{r}0 [nranks=4] "
+                f"stream 0x7f03 task {oc - 0x28A} globalrank {r}"
+            )
+    p = tmp_path / "rccl.log"
+    p.write_text("\n".join(lines) + "\n")
+    (f,) = nccl_sources.diagnose_processes(nccl_log.read(p))
+    assert f["code"] == "COLLECTIVE_MISMATCH" and f["ranks"] == [1] and f["processes"] == ["mi250-0:301"]
+    assert f["message"].startswith(
+        "op mismatch at opCount 0x28c on communicator n4#0 (4 ranks): rank 1 (mi250-0:301) called allgather "
+        "where 3 processes called allreduce"
+    )
