@@ -402,8 +402,23 @@ class Analysis:
             out["nccl_plugin"] = t
         logs = usable([f.path for f in files if f.fmt == NCCL_LOG], nccl_log.read)
         if logs:
-            out["nccl_log"] = nccl_log.read_many(logs)
+            out["nccl_log"], self.nccl_log_stats = nccl_log.read_many_stats(logs)
         return out
+
+    nccl_log_stats: dict | None = None  # parse counters of the NCCL logs (nccl_log.STAT_KEYS)
+
+    @cached_property
+    def nccl_sources(self):
+        """Collective analysis of the logs / plugin dumps on their own (tracelens.analyze.nccl_sources)."""
+        nccl = self.nccl
+        if not any(k in nccl for k in ("nccl_log", "nccl_plugin")):
+            return None
+        from tracelens.analyze.nccl_sources import analyze_sources
+
+        kineto = self.cross.collectives if self.cross is not None else None
+        return self._guarded(
+            "NCCL log / plugin analysis", lambda: analyze_sources(nccl, kineto, self.nccl_log_stats)
+        )
 
     @cached_property
     def nccl_world(self) -> int | None:
@@ -417,12 +432,18 @@ class Analysis:
 
     def nccl_findings(self) -> list[dict]:
         fr = self.nccl.get("flight_recorder")
-        if fr is None or fr.num_rows == 0:
-            return []
-        from tracelens.analyze.hang import diagnose
+        out: list[dict] = []
+        if fr is not None and fr.num_rows:
+            from tracelens.analyze.hang import diagnose
 
-        world = self.nccl_world
-        return diagnose(fr, expected_ranks=range(world) if world else None)
+            world = self.nccl_world
+            out = diagnose(fr, expected_ranks=range(world) if world else None)
+        return out + self.nccl_source_findings({f["code"] for f in out})
+
+    def nccl_source_findings(self, have: set[str]) -> list[dict]:
+        """Hang / desync findings from logs and plugin dumps, unless Flight Recorder already gave that code."""
+        res = self.nccl_sources
+        return [f for f in res.findings if f["code"] not in have] if res is not None else []
 
     # ---- findings that need only the base tables ---------------------------------------------
     def base_findings(self) -> list[dict]:
@@ -444,7 +465,7 @@ class Analysis:
                     ranks=missing,
                 )
             )
-        if not self.steps:
+        if not self.steps and self.ranks:  # a folder of NCCL logs / plugin dumps only has no steps to miss
             out.append(
                 finding(
                     "NO_STEPS",
@@ -559,6 +580,7 @@ class Analysis:
             "seq_len": self.options.seq_len,
             "layout": self.grid.to_dict(),
             "warnings": self.rank_warnings()
+            + (list(self.nccl_sources.notes) if self.nccl_sources is not None else [])
             + list(self.warnings)
             + list(getattr(self.grid, "notes", []) or []),
             "analysis_path": sorted(set(self.breakdown.column("path").to_pylist())),
@@ -577,7 +599,7 @@ class Analysis:
             "composition": composition_dict(comp),
             "pipeline": pipeline_dict(pipe),
             "clock": clock_dict(cross),
-            "collectives": collectives_dict(cross, self.nccl),
+            "collectives": nccl_sources_dict(collectives_dict(cross, self.nccl), self.nccl_sources, self),
             "audit": audit.to_dict() if audit is not None else None,
         }
         out["what_if"] = self.what_if(findings)
@@ -647,6 +669,22 @@ def collectives_dict(cross, nccl: dict[str, pa.Table]) -> dict:
             v = _median(g["arrival_skew_ns"])
             rec["skew_ms_median"] = None if v is None else v / 1e6
         out["by_op"].append(rec)
+    return out
+
+
+def nccl_sources_dict(out: dict, res, analysis=None) -> dict:
+    """Add the log / plugin analysis to the summary's "collectives": per-op rows when no Kineto trace gave
+    any, per-process and per-communicator tables, the Kineto cross-check and the log parse counters."""
+    if res is None:
+        return out
+    if not out["by_op"]:
+        out["by_op"] = list(res.by_op)
+    out["processes"] = res.processes
+    out["communicators"] = res.communicators
+    out["cross_check"] = res.cross_check
+    stats = getattr(analysis, "nccl_log_stats", None)
+    if stats:
+        out["log_parse"] = dict(stats)
     return out
 
 
