@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from tracelens.cli import app
+from tracelens._app import app
 
 _FORMATS = ("text", "markdown", "junit", "github", "json")
 
@@ -54,6 +54,7 @@ def check(
     """
     from tracelens.analyze import regress
     from tracelens.errors import BadInputError
+    from tracelens.run_analysis import summary_of
 
     if fmt not in _FORMATS:
         raise BadInputError(f"--format {fmt}: expected one of {', '.join(_FORMATS)}")
@@ -74,8 +75,8 @@ def check(
     }
     if no_cache:
         options["no_cache"] = True
-    base = regress.load_summary(baseline, **options)
-    cur = regress.load_summary(current, **options)
+    base = summary_of(baseline, **options)
+    cur = summary_of(current, **options)
     report = regress.check(
         base, cur, rule_set, baseline_label=_label(baseline, base), current_label=_label(current, cur)
     )

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from tracelens.cli import app
+from tracelens._app import app
 
 OUTPUTS = ("events.parquet", "memory.parquet", "metadata.parquet")
 
@@ -35,7 +35,7 @@ def ingest(
     from rich.progress import Progress
 
     from tracelens.errors import BadInputError
-    from tracelens.loader import load_tables
+    from tracelens.run import load_tables
 
     if out.exists() and not out.is_dir():
         raise BadInputError(f"{out} exists and is not a folder")
