@@ -261,7 +261,7 @@ def _copy_gloo(dst: Path) -> Path:
 def test_two_analyses_at_once_do_not_corrupt_the_cache(tmp_path):
     run = _copy_gloo(tmp_path / "run")
     code = (
-        "import sys; from tracelens.loader import load_tables; "
+        "import sys; from tracelens.run import load_tables; "
         "t = load_tables(sys.argv[1], workers=1); "
         "print(t.events.num_rows, t.metadata.column('events').to_pylist())"
     )
