@@ -120,35 +120,35 @@ report(t0, base, rows=len(doc["traceEvents"]))
 """,
     "tracelens_load_first": r"""
 import pyarrow as pa; pa.array([1]).sum()
-from tracelens.loader import load_tables
+from tracelens.run import load_tables
 base = rss_kb(); _CPU0[0] = _cpu(); t0 = time.perf_counter()
 t = load_tables(sys.argv[3], workers=1)
 report(t0, base, rows=t.events.num_rows)
 """,
     "tracelens_load_cached": r"""
 import pyarrow as pa; pa.array([1]).sum()
-from tracelens.loader import load_tables
+from tracelens.run import load_tables
 base = rss_kb(); _CPU0[0] = _cpu(); t0 = time.perf_counter()
 t = load_tables(sys.argv[3], workers=1)
 report(t0, base, rows=t.events.num_rows)
 """,
     "tracelens_load_run_first": r"""
 import pyarrow as pa; pa.array([1]).sum()
-from tracelens.loader import load_tables
+from tracelens.run import load_tables
 base = rss_kb(); _CPU0[0] = _cpu(); t0 = time.perf_counter()
 t = load_tables(sys.argv[4])  # every rank, through the worker pool sized to the machine
 report(t0, base, rows=t.events.num_rows)
 """,
     "tracelens_load_run_cached": r"""
 import pyarrow as pa; pa.array([1]).sum()
-from tracelens.loader import load_tables
+from tracelens.run import load_tables
 base = rss_kb(); _CPU0[0] = _cpu(); t0 = time.perf_counter()
 t = load_tables(sys.argv[4])
 report(t0, base, rows=t.events.num_rows)
 """,
     "tracelens_load_cached_warm": r"""
 import pyarrow as pa; pa.array([1]).sum()
-from tracelens.loader import load_tables
+from tracelens.run import load_tables
 load_tables(sys.argv[3], workers=1)  # first use of the Parquet reader in this process (one-time costs)
 base = rss_kb(); _CPU0[0] = _cpu(); t0 = time.perf_counter()
 t = load_tables(sys.argv[3], workers=1)

@@ -280,10 +280,10 @@ def test_fuzz_kineto_whole_analysis(work, seed, ops, cut):
         if cut is not None and r == 1:
             data = data[: int(cut * len(data))]
         (d / f"rank{r}.json").write_bytes(data)
-    # what analyze_run does (engine "memory"), with the ranks read in this process: fast
-    tables = _only_tracelens_errors(load_tables, d, no_cache=True, workers=1, salvage=True)
-    if tables is not None:
-        a = Analysis(path=d, options=Options(no_cache=True, engine="memory"), tables=tables)
+    # what analyze_run does, with the ranks read in this process: fast
+    loaded = _only_tracelens_errors(load_tables, d, no_cache=True, workers=1, salvage=True)
+    if loaded is not None:
+        a = Analysis(path=d, options=Options(no_cache=True), run=loaded)
         s = _only_tracelens_errors(a.summary)
         if s is not None:
             json.dumps(s, default=str)

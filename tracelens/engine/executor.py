@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 import pickle
 import queue
@@ -47,6 +48,20 @@ def _send(fh: IO[bytes], obj: object) -> None:
     fh.flush()
 
 
+class _Unpickler(pickle.Unpickler):
+    """Only what the pool's own messages hold: tracelens' functions, data classes and errors, paths and
+    builtin exceptions. Anything else (it would be neither the parent nor its worker talking) is refused."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module == "tracelens" or module.startswith("tracelens.") or module in ("pathlib", "collections"):
+            return super().find_class(module, name)
+        if module == "builtins":
+            obj = getattr(__import__("builtins"), name, None)
+            if isinstance(obj, type) and issubclass(obj, BaseException):
+                return obj
+        raise pickle.UnpicklingError(f"worker message: refused global {module}.{name}")
+
+
 def _recv(fh: IO[bytes]) -> Any:
     head = fh.read(_LEN.size)
     if len(head) < _LEN.size:
@@ -55,7 +70,7 @@ def _recv(fh: IO[bytes]) -> Any:
     data = fh.read(n)
     if len(data) < n:
         raise EOFError
-    return pickle.loads(data)
+    return _Unpickler(io.BytesIO(data)).load()
 
 
 def worker_main() -> None:
