@@ -484,12 +484,13 @@ class Analysis:
         }
 
 
-def summary_of(path: str | Path, **options) -> dict:
-    """A summary from a summary.json file, a folder holding one (and no traces), or a run folder / trace
-    analyzed now (its tracelens.toml applies): what `check`, `compare` and the API read."""
+def summary_of(path: str | Path, trace_files: bool = False, **options) -> dict:
+    """A summary from a summary.json file, a folder holding one (and no traces), or a run folder analyzed
+    now (its tracelens.toml applies); with `trace_files` a single trace file is analyzed too (see
+    `tracelens.summary.stored_summary`). What `check`, `compare` and the API read."""
     from tracelens.summary import load_summary, stored_summary
 
-    stored = stored_summary(Path(path))
+    stored = stored_summary(Path(path), trace_files)
     if stored is not None:
         return load_summary(stored)
     return analyze_run(path, Options(**options)).summary()

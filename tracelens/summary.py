@@ -241,15 +241,18 @@ def _json_default(o):
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")
 
 
-def stored_summary(path: Path) -> Path | None:
-    """The summary.json that `path` names: the file itself (a .json holding the schema mark or named
-    summary*), or a folder's summary.json when the folder holds no trace files; else None (a run to analyze)."""
+def stored_summary(path: Path, trace_files: bool = False) -> Path | None:
+    """The summary.json that `path` names, or None when it names a run to analyze: a folder's summary.json
+    when the folder holds no trace files; a file itself, except with `trace_files` (compare, which also
+    takes single traces) a file that is not a .json holding the schema mark or named summary*."""
     path = Path(path)
     if not path.exists():
         raise BadInputError(f"{path}: no such file or directory")
     if path.is_dir():
         f = path / "summary.json"
         return f if f.is_file() and not any(path.glob("*trace*.json*")) else None
+    if not trace_files:
+        return path
     if path.suffix == ".json":
         with open(path, "rb") as fh:
             head = fh.read(65536)

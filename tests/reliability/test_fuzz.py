@@ -268,8 +268,8 @@ def test_fuzz_kineto(work, seed, ops, bops, gz, gz_cut, salvage):
 @given(seed=st.integers(0, 10**6), ops=OPS, cut=st.one_of(st.none(), st.floats(0.05, 1)))
 def test_fuzz_kineto_whole_analysis(work, seed, ops, cut):
     """The whole analysis (summary and report) on mutated two-rank runs."""
-    from tracelens.run import load_tables
     from tracelens.report.html import render
+    from tracelens.run import load_tables
     from tracelens.run_analysis import Analysis, Options
 
     d = work / f"run{seed % 4}"

@@ -32,8 +32,8 @@ from broken_traces import (
 from tracelens.errors import BadTraceError
 from tracelens.ingest import flight_recorder, kineto, nccl_log, nccl_plugin
 from tracelens.run import load_tables
-from tracelens.store.cache import default_cache_dir
 from tracelens.run_analysis import Options, analyze_run
+from tracelens.store.cache import default_cache_dir
 
 SCRIPT = "<script>alert(1)</script>"
 IMG = '<img src=x onerror="alert(2)">'

@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tracelens.run_analysis import summary_of
 from tracelens.analyze import regress
 from tracelens.analyze.regress import Rules, check
 from tracelens.errors import BadConfigError, BadInputError
+from tracelens.run_analysis import summary_of
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -370,11 +370,11 @@ def test_load_summary_errors(tmp_path):
     rows = [{"rank": 0, "step": 1, "step_time_ms": 1.0}, {"rank": 0, "step": 2, "step_time_ms": "slow"}]
     p.write_text(json.dumps({"schema": "tracelens.summary/1", "per_step": rows}))
     with pytest.raises(BadInputError, match=r"per_step\[1\] is malformed"):
-        summary_of(p)
+        regress.validate_summary(summary_of(p), str(p))
     rows = [{"rank": 0, "step": 1, "step_time_ms": 1.0}, {"step": 2, "step_time_ms": 2.0}]
     p.write_text(json.dumps({"schema": "tracelens.summary/1", "per_step": rows}))
     with pytest.raises(BadInputError, match=r"per_step\[1\] is malformed"):
-        summary_of(p)
+        regress.validate_summary(summary_of(p), str(p))
 
 
 def test_folder_with_summary_json_is_read(tmp_path):

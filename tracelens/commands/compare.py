@@ -34,7 +34,7 @@ def load_side(path: Path) -> dict:
     from tracelens.run_analysis import Options, analyze_run
     from tracelens.summary import load_summary, stored_summary
 
-    stored = stored_summary(path)
+    stored = stored_summary(path, trace_files=True)
     if stored is not None:
         return load_summary(stored)
     analysis = analyze_run(path, Options())
