@@ -23,6 +23,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -69,7 +70,7 @@ class Run:
     entries: list[RankParquet]
     cache_root: Path | None
     warnings: list[str] = field(default_factory=list)
-    _scratch: weakref.finalize | None = field(default=None, repr=False)
+    _scratch: weakref.finalize[Any, Any] | None = field(default=None, repr=False)
 
     @cached_property
     def events(self) -> pa.Table:

@@ -384,7 +384,7 @@ class Analysis:
         if self.options.rank_filter is not None and expected:
             from tracelens.discover import parse_rank_filter
 
-            expected &= parse_rank_filter(self.options.rank_filter)
+            expected &= parse_rank_filter(self.options.rank_filter) or set()
         if ws and expected - set(self.ranks):
             missing = sorted(expected - set(self.ranks))
             shown = ", ".join(map(str, missing[:16])) + (" ..." if len(missing) > 16 else "")
@@ -484,7 +484,7 @@ class Analysis:
         }
 
 
-def summary_of(path: str | Path, trace_files: bool = False, **options) -> dict:
+def summary_of(path: str | Path, *, trace_files: bool = False, **options) -> dict:
     """A summary from a summary.json file, a folder holding one (and no traces), or a run folder analyzed
     now (its tracelens.toml applies); with `trace_files` a single trace file is analyzed too (see
     `tracelens.summary.stored_summary`). What `check`, `compare` and the API read."""

@@ -84,10 +84,9 @@ def rank_rows(per_step: list[dict], stage_of: dict[int, int] | None) -> list[dic
     out = []
     for rank in sorted(by_rank):
         rows = by_rank[rank]
-        rec = {"rank": rank, "stage": (stage_of or {}).get(rank)}
+        rec: dict[str, Any] = {"rank": rank, "stage": (stage_of or {}).get(rank)}
         for f in fields:
-            vals = [r.get(f) for r in rows]
-            vals = [v for v in vals if v is not None]
+            vals = [v for v in (r.get(f) for r in rows) if v is not None]
             rec[f] = round(float(np.mean(vals)), 6) if vals else None
         rec["steps"] = len(rows)
         out.append(rec)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -59,7 +59,7 @@ def check(
     if fmt not in _FORMATS:
         raise BadInputError(f"--format {fmt}: expected one of {', '.join(_FORMATS)}")
     rule_set = regress.load_rules(rules)
-    options = {
+    options: dict[str, Any] = {
         k: v
         for k, v in {
             "layout": layout,

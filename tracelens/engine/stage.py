@@ -59,7 +59,8 @@ def cross_rank_mask(events: pa.Table, classes: np.ndarray, path: str | None) -> 
     if dev.size:
         keep[dev[0]] = True
     keep[_pipeline_marks(events, classes)] = True
-    return keep
+    out: np.ndarray = keep
+    return out
 
 
 def _pipeline_marks(events: pa.Table, classes: np.ndarray) -> np.ndarray:

@@ -85,7 +85,7 @@ def rank_groups(
     if len(ranks) <= max_items:
         labels = [f"r{r}" + (f" s{stage_of[r]}" if stage_of.get(r) is not None else "") for r in ranks]
         return labels, [[r] for r in ranks], "rank"
-    stages = sorted({stage_of.get(r) for r in ranks if stage_of.get(r) is not None})
+    stages = sorted({s for s in (stage_of.get(r) for r in ranks) if s is not None})
     if stages and all(stage_of.get(r) is not None for r in ranks) and len(stages) <= max_items:
         members = [[r for r in ranks if stage_of.get(r) == s] for s in stages]
         return [f"stage {s} ({len(m)} ranks)" for s, m in zip(stages, members)], members, "stage"

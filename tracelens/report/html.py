@@ -467,7 +467,7 @@ def compare_sections(comparison: dict) -> list[tuple[str, object]]:
         ("path", "path"),
     ]
     run_cols = [c for c in run_cols if any(r.get(c[1]) is not None for r in run_rows)]
-    out = [("What changed most", text + table_html(run_rows, run_cols, ("path",))), ("Side by side", metrics)]
+    out: list[tuple[str, object]] = [("What changed most", text + table_html(run_rows, run_cols, ("path",))), ("Side by side", metrics)]
     if any(m["group"] == "breakdown" for m in rows):
         out.append(("Breakdown", figures.compare_shares_bar(comparison, "breakdown")))
     if any(m["group"] == "layer_types" for m in rows):

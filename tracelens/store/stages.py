@@ -145,7 +145,7 @@ def read_stage(events_parquet: Path, rank: int) -> RankStage:
 def stage_complete(events_parquet: Path, rank: int) -> bool:
     """Cheap check (one Parquet footer): the rank's stage files were all written by this STAGE_VERSION."""
     try:
-        return pq.read_schema(stage_paths(events_parquet, rank)["sets"]).remove_metadata().equals(SETS)
+        return bool(pq.read_schema(stage_paths(events_parquet, rank)["sets"]).remove_metadata().equals(SETS))
     except (OSError, pa.ArrowException, ValueError):
         return False
 
