@@ -83,8 +83,9 @@ def check(
     rendered = regress.RENDERERS[fmt](report)
     if output is not None:
         try:
-            output.parent.mkdir(parents=True, exist_ok=True)
-            output.write_text(rendered, encoding="utf-8")
+            from tracelens.store.atomic import write_text
+
+            write_text(output, rendered)
         except OSError as err:
             raise BadInputError(f"cannot write {output}: {err.strerror or err}") from err
         typer.echo(regress.render_text(report) if fmt != "text" else report.headline(), nl=fmt == "text")

@@ -36,6 +36,7 @@ def ingest(
 
     from tracelens.errors import BadInputError
     from tracelens.run import load_tables
+    from tracelens.store.atomic import write_atomic
 
     if out.exists() and not out.is_dir():
         raise BadInputError(f"{out} exists and is not a folder")
@@ -52,7 +53,7 @@ def ingest(
     try:
         out.mkdir(parents=True, exist_ok=True)
         for name, table in zip(OUTPUTS, (tables.events, tables.memory, tables.metadata)):
-            pq.write_table(table, out / name, compression="zstd")
+            write_atomic(out / name, lambda tmp, t=table: pq.write_table(t, tmp, compression="zstd"))
     except OSError as err:
         raise BadInputError(f"{out}: cannot write ({err.strerror or err})") from None
     ranks = tables.metadata.column("rank").to_pylist()
