@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Annotated
 
@@ -10,6 +11,12 @@ import typer
 from tracelens._app import app
 
 OUTPUTS = ("events.parquet", "memory.parquet", "metadata.parquet")
+
+
+def _write_zstd(table: object, path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    pq.write_table(table, path, compression="zstd")
 
 
 @app.command("ingest")
@@ -31,7 +38,6 @@ def ingest(
     ] = 0,
 ) -> None:
     """Parse every rank's Kineto trace into Parquet tables (schemas in tracelens/schema.py)."""
-    import pyarrow.parquet as pq
     from rich.progress import Progress
 
     from tracelens.errors import BadInputError
@@ -53,7 +59,7 @@ def ingest(
     try:
         out.mkdir(parents=True, exist_ok=True)
         for name, table in zip(OUTPUTS, (tables.events, tables.memory, tables.metadata)):
-            write_atomic(out / name, lambda tmp, t=table: pq.write_table(t, tmp, compression="zstd"))
+            write_atomic(out / name, functools.partial(_write_zstd, table))
     except OSError as err:
         raise BadInputError(f"{out}: cannot write ({err.strerror or err})") from None
     ranks = tables.metadata.column("rank").to_pylist()
