@@ -7,7 +7,7 @@ again on the warm cache. Peak RSS is the largest SUM of the resident memory of t
 (the CLI and its worker processes), sampled every 20 ms from /proc, next to the largest single process.
 Runs are deleted afterwards (`--keep` keeps them).
 
-    .venv/bin/python benchmarks/scale.py [--ranks 8,64,256,1024] [--engine local|memory|dask] [--no-report]
+    .venv/bin/python benchmarks/scale.py [--ranks 8,64,256,1024] [--engine local|dask] [--no-report]
 """
 
 from __future__ import annotations
@@ -117,13 +117,13 @@ def run_measured(cmd: list[str], interval: float = 0.02) -> dict:
     return {"wall_s": wall, "cpu_s": cpu, "peak_tree_rss": peak[0], "peak_proc_rss": peak[1]}
 
 
-def events_of(run: Path) -> int:
-    """Complete events of all ranks, from the metadata in the run's cache."""
+def events_of(cache: Path) -> int:
+    """Complete events of all ranks, from the metadata in the run's cache folder."""
     sys.path.insert(0, str(REPO))
     import pyarrow.parquet as pq
 
     n = 0
-    for p in (run / ".tracelens" / "cache").rglob("rank*.meta.parquet"):
+    for p in cache.rglob("rank*.meta.parquet"):
         n += sum(v or 0 for v in pq.read_table(p, columns=["events"]).column("events").to_pylist())
     return n
 
@@ -131,7 +131,7 @@ def events_of(run: Path) -> int:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ranks", default="8,64,256,1024")
-    ap.add_argument("--engine", default="local", choices=["local", "memory", "dask"])
+    ap.add_argument("--engine", default="local", choices=["local", "dask"])
     ap.add_argument("--no-report", action="store_true", help="skip report.html (default: write it)")
     ap.add_argument("--workdir", default=None, help="where runs are written (default: a temporary folder)")
     ap.add_argument("--keep", action="store_true", help="keep the simulated runs")
@@ -148,15 +148,16 @@ def main() -> None:
                 t = time.perf_counter()
                 simulate_run(n, run)
                 print(f"simulated {n} ranks in {time.perf_counter() - t:.1f} s", file=sys.stderr, flush=True)
-            shutil.rmtree(run / ".tracelens", ignore_errors=True)
+            cache = work / f"cache{n}"  # a cache of this run's own (cold first, then warm)
+            shutil.rmtree(cache, ignore_errors=True)
             raw = raw_bytes(run)
             out = work / f"out{n}"
-            cmd = exe + [str(run), "-o", str(out), "--force", "--engine", args.engine]
+            cmd = exe + [str(run), "-o", str(out), "--force", "--engine", args.engine, "--cache-dir", str(cache)]
             if args.no_report:
                 cmd.append("--no-report")
             cold = run_measured(cmd)
             warm = run_measured(cmd)
-            ev = events_of(run)
+            ev = events_of(cache)
             row = {"ranks": n, "raw_json_bytes": raw, "events": ev, "cold": cold, "warm": warm}
             rows.append(row)
             print(

@@ -5,7 +5,7 @@ Light imports only: heavy modules load on first use.
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from tracelens._version import __version__
 
 __all__ = ["__version__", "load", "Run"]
 

@@ -58,7 +58,7 @@ class Run:
     @cached_property
     def memory(self) -> pd.DataFrame:
         """`[memory]` events: allocated and reserved bytes over time per rank."""
-        return _df(self._analysis.tables.memory)
+        return _df(self._analysis.run.memory)
 
     @cached_property
     def metadata(self) -> pd.DataFrame:
@@ -126,5 +126,5 @@ class Run:
 
     def to_arrow(self) -> dict[str, pa.Table]:
         """The raw Arrow tables: events, memory, metadata."""
-        t = self._analysis.tables
-        return {"events": t.events, "memory": t.memory, "metadata": t.metadata}
+        r = self._analysis.run
+        return {"events": r.events, "memory": r.memory, "metadata": r.metadata}

@@ -1,80 +1,19 @@
 """Command-line interface (Typer). Thin: parses options, calls the library, prints, maps errors to exit codes.
 
-Exit codes: 0 success, 1 regression found (`check`), 2 bad input (any TracelensError).
+Exit codes: 0 success, 1 regression found (`check`), 2 bad input (any TracelensError). The app itself is
+in `tracelens._app`; each sub-command lives in tracelens/commands/<name>.py and registers on it when imported
+here (the commands never import this module).
 """
 
 from __future__ import annotations
 
-import os
-import sys
-import traceback
+from tracelens._app import app
+from tracelens.commands import analyze as _analyze  # noqa: F401
+from tracelens.commands import audit_layout as _audit_layout  # noqa: F401
+from tracelens.commands import check as _check  # noqa: F401
+from tracelens.commands import compare as _compare  # noqa: F401
+from tracelens.commands import ingest as _ingest  # noqa: F401
+from tracelens.commands import report as _report  # noqa: F401
+from tracelens.commands import simulate as _simulate  # noqa: F401
 
-import typer
-
-from tracelens import __version__
-from tracelens.errors import TracelensError
-
-
-class _App(typer.Typer):
-    """Typer app that turns TracelensError into a one-line message and exit code 2."""
-
-    def __call__(self, *args, **kwargs):
-        debug = "--debug" in sys.argv[1:] or os.environ.get("TRACELENS_DEBUG") == "1"
-        if "--debug" in sys.argv[1:]:
-            sys.argv.remove("--debug")
-            os.environ["TRACELENS_DEBUG"] = "1"
-        try:
-            return super().__call__(*args, **kwargs)
-        except TracelensError as err:
-            if debug:
-                traceback.print_exc()
-            typer.echo(f"tracelens: error: {err}", err=True)
-            sys.exit(err.exit_code)
-        except KeyboardInterrupt:
-            typer.echo("tracelens: interrupted", err=True)
-            sys.exit(130)
-        except SystemExit:
-            raise
-        except Exception as err:  # a bug, not a user error: say so in one line, traceback with --debug
-            if debug:
-                traceback.print_exc()
-            else:
-                typer.echo(
-                    f"tracelens: internal error: {type(err).__name__}: {err} (rerun with --debug for a traceback)",
-                    err=True,
-                )
-            sys.exit(3)
-
-
-app = _App(
-    name="tracelens",
-    help="Why is my multi-GPU training run slow? Analyze PyTorch profiler and NCCL traces.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    context_settings={"help_option_names": ["-h", "--help"]},
-)
-
-
-def _version(value: bool) -> None:
-    if value:
-        typer.echo(f"tracelens {__version__}")
-        raise typer.Exit()
-
-
-@app.callback()
-def _main(
-    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Show the version."),
-    debug: bool = typer.Option(False, "--debug", help="Show tracebacks for errors."),
-) -> None:
-    """tracelens: per-rank and per-stage analysis of multi-GPU training traces."""
-
-
-# Sub-commands live in tracelens/commands/<name>.py; each registers itself on `app` when imported.
-from tracelens.commands import analyze as _analyze  # noqa: E402,F401
-from tracelens.commands import audit_layout as _audit_layout  # noqa: E402,F401
-from tracelens.commands import check as _check  # noqa: E402,F401
-from tracelens.commands import compare as _compare  # noqa: E402,F401
-from tracelens.commands import ingest as _ingest  # noqa: E402,F401
-from tracelens.commands import report as _report  # noqa: E402,F401
-from tracelens.commands import simulate as _simulate  # noqa: E402,F401
+__all__ = ["app"]

@@ -7,18 +7,20 @@ Analyzers stay pure; this module decides what runs (given the options and what t
 from __future__ import annotations
 
 import dataclasses
-import os
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 
-from tracelens import __version__
-from tracelens.analyze.breakdown import breakdown, class_sets
 from tracelens.errors import BadInputError, TracelensError
 from tracelens.findings import finding
+from tracelens.policy import contained
+
+if TYPE_CHECKING:
+    from tracelens.run import Run
 
 #: Share of the step that exposed communication may take before EXPOSED_COMM_HIGH (per rank, mean over steps).
 EXPOSED_COMM_THRESHOLD = 0.20
@@ -39,9 +41,10 @@ class Options:
     gpu: str | None = None
     compat: str | None = None  # "hta"
     no_cache: bool = False
+    cache_dir: str | None = None  # cache root (default: the user cache folder, tracelens.store.cache)
     rank_filter: str | None = None  # "0-7,12": analyze only these ranks (a mixed or duplicate folder)
     salvage: bool = True  # keep the complete events of a trace cut mid-write (PARTIAL_TRACE)
-    engine: str | None = None  # "local" (default) | "dask" | "memory" (one all-ranks table), tracelens.engine
+    engine: str | None = None  # "local" (default) | "dask": where the per-rank tasks run (tracelens.engine)
     scheduler: str | None = None  # Dask scheduler address for engine "dask" (None: a LocalCluster)
     progress: object = None  # callable(done, total) for the CLI's progress bar
 
@@ -68,35 +71,31 @@ class Analysis:
 
     path: Path
     options: Options
-    tables: object  # tracelens.loader.Tables
+    run: Run  # tracelens.run.Run: metadata, files, per-rank stage results; events read lazily
     warnings: list[str] = field(default_factory=list)
-    staged: object = None  # tracelens.engine.Staged: per-rank results reduced; then events load lazily
 
     @property
     def _xevents(self) -> pa.Table:
-        """The events the cross-rank analyses read: all of them, or the staged engine's few rows per rank."""
-        return self.staged.xevents if self.staged is not None else self.events
+        """The events the cross-rank analyses read: the per-rank stages' few rows per rank."""
+        return self.run.stages.xevents
 
     # ---- base tables -------------------------------------------------------------------------
     @property
     def events(self) -> pa.Table:
-        return self.tables.events
+        """Every event of every rank (read from the cache on first use)."""
+        return self.run.events
 
     @property
     def metadata(self) -> pa.Table:
-        return self.tables.metadata
+        return self.run.metadata
 
-    @cached_property
+    @property
     def sets(self):
-        if self.staged is not None:
-            return self.staged.sets
-        return class_sets(self.events)
+        return self.run.stages.sets
 
-    @cached_property
+    @property
     def breakdown(self) -> pa.Table:
-        if self.staged is not None:
-            return self.staged.breakdown
-        return breakdown(self.events, sets=self.sets)
+        return self.run.stages.breakdown
 
     @cached_property
     def ranks(self) -> list[int]:
@@ -198,17 +197,9 @@ class Analysis:
     def bubble_per_rank_step(self) -> pa.Table | None:
         return self.pipeline.per_rank_step if self.pipeline is not None else None
 
-    # ---- optional analyzers: a failure becomes a warning (TRACELENS_STRICT=1 re-raises) -----------
+    # ---- optional analyzers: a failure becomes a warning (tracelens.policy) ---------------------
     def _guarded(self, what: str, fn):
-        try:
-            return fn()
-        except TracelensError:
-            raise
-        except Exception as err:
-            if os.environ.get("TRACELENS_STRICT") == "1" or os.environ.get("TRACELENS_DEBUG") == "1":
-                raise
-            self.warnings.append(f"{what} skipped: {type(err).__name__}: {err}")
-            return None
+        return contained(f"{what} skipped", fn, self.warnings)
 
     @cached_property
     def _grid_and_findings(self):
@@ -246,18 +237,16 @@ class Analysis:
     @cached_property
     def spans(self):
         """Module annotation spans (layers.N.<type>) shared by the pipeline and composition analyses."""
-        from tracelens.analyze.composition import module_spans
 
         if self._xevents.num_rows == 0:
             return None
-        if self.staged is not None:
-            return self._guarded("module annotations", self._staged_spans)
-        return self._guarded("module annotations", lambda: module_spans(self.events, None, sets=self.sets))
+        return self._guarded("module annotations", self._staged_spans)
 
     def _staged_spans(self) -> pa.Table:
-        if self.staged.spans_error:
-            raise RuntimeError(self.staged.spans_error)
-        return self.staged.spans
+        st = self.run.stages
+        if st.spans_error:
+            raise RuntimeError(st.spans_error)
+        return st.spans
 
     @cached_property
     def pipeline(self):
@@ -313,11 +302,10 @@ class Analysis:
 
     def _critical(self):
         from tracelens.analyze import critical_path as cp
-        from tracelens.engine import events_of
 
         parts, chunk = [], 64
         for i in range(0, len(self.ranks), chunk):
-            ev = events_of(self, self.ranks[i : i + chunk])
+            ev = self.run.events_of(self.ranks[i : i + chunk])
             parts.append(cp.device_nodes(ev, self.spans))
             del ev
         nodes = pa.concat_tables(parts) if parts else cp.NODES.empty_table()
@@ -355,6 +343,21 @@ class Analysis:
             ),
         ) or []
 
+    @cached_property
+    def layer_composition(self):
+        """Layer types and time share per layer type for `compare`: `composition`, or on a run without
+        pipeline stages the same analysis over the whole run (None when it cannot run: a warning)."""
+        if self.composition is not None or self._xevents.num_rows == 0:
+            return self.composition
+        from tracelens.analyze.composition import analyze_composition
+
+        return self._guarded(
+            "layer composition",
+            lambda: analyze_composition(
+                self._xevents, self.grid, breakdown=self.breakdown, spans=self.spans, sets=self.sets
+            ),
+        )
+
     def audit(self, existing: list[dict]):
         """Layout audit of the model on this run's grid: (AuditResult or None, new findings)."""
         if self.model is None:
@@ -371,7 +374,7 @@ class Analysis:
         from tracelens.ingest import flight_recorder, nccl_log, nccl_plugin
         from tracelens.ingest.sniff import FR_JSON, FR_PICKLE, NCCL_LOG, NCCL_PLUGIN
 
-        files = self.tables.files
+        files = self.run.files
         out: dict[str, pa.Table] = {}
 
         def usable(paths: list[Path], read) -> list[Path]:
@@ -453,7 +456,7 @@ class Analysis:
         if self.options.rank_filter is not None and expected:
             from tracelens.discover import parse_rank_filter
 
-            expected &= parse_rank_filter(self.options.rank_filter)
+            expected &= parse_rank_filter(self.options.rank_filter) or set()
         if ws and expected - set(self.ranks):
             missing = sorted(expected - set(self.ranks))
             shown = ", ".join(map(str, missing[:16])) + (" ..." if len(missing) > 16 else "")
@@ -498,8 +501,8 @@ class Analysis:
         """Say so when a trace's rank was assumed (a lone trace without rank info is taken as rank 0)."""
         return [
             f"{Path(f.path).name}: no rank in distributedInfo or the file name; analyzed as rank {f.rank}"
-            for f in getattr(self.tables, "files", [])
-            if getattr(f, "rank_source", None) == "default"
+            for f in self.run.files
+            if f.rank_source == "default"
         ]
 
     def exposed_comm_findings(self, ranks: list[dict]) -> list[dict]:
@@ -537,76 +540,10 @@ class Analysis:
         ]
 
     def summary(self) -> dict:
-        from tracelens import summary as S
+        """The summary.json document of this analysis (built by `tracelens.summary.build_summary`)."""
+        from tracelens.summary import build_summary
 
-        cross, pipe, comp = self.cross, self.pipeline, self.composition
-        extra = {}
-        if cross is not None:
-            extra["exposed_wait_ns"] = cross.exposed_split
-            extra["exposed_transfer_ns"] = cross.exposed_split
-        if pipe is not None:
-            extra["bubble_ns"] = pipe.per_rank_step
-        per_step = S.per_step_rows(self.breakdown, extra)
-        ranks = S.rank_rows(per_step, self.stage_of)
-        findings = self.base_findings()
-        findings += self._grid_and_findings[1]
-        for part in (cross, pipe, comp):
-            if part is not None:
-                findings += part.findings
-        findings += self.exposed_comm_findings(ranks)
-        audit, audit_findings = self.audit(findings)
-        findings += audit_findings
-        findings += self.nccl_findings()
-        stages = []
-        if pipe is not None:
-            for st in pipe.stages:
-                st = dict(st)
-                if comp is not None and st["stage"] in comp.stages:
-                    st["layers"] = comp.stages[st["stage"]]
-                stages.append(st)
-        elif comp is not None:
-            stages = [{"stage": s, "layers": layers} for s, layers in sorted(comp.stages.items())]
-        headlines = []
-        if cross is not None and len(self.ranks) > 1:
-            headlines.append(cross.one_line())
-        headlines += [f["message"] for f in findings if f["code"] == "COLLECTIVE_HANG"][:1]
-        run = {
-            "path": str(self.path),
-            "name": run_name(self.path),
-            "world_size": self.world_size,
-            "ranks": self.ranks,
-            "steps": self.steps,
-            "gpu": self.gpu_name,
-            "seq_len": self.options.seq_len,
-            "layout": self.grid.to_dict(),
-            "warnings": self.rank_warnings()
-            + (list(self.nccl_sources.notes) if self.nccl_sources is not None else [])
-            + list(self.warnings)
-            + list(getattr(self.grid, "notes", []) or []),
-            "analysis_path": sorted(set(self.breakdown.column("path").to_pylist())),
-        }
-        out = {
-            "schema": S.SCHEMA,
-            "tracelens_version": __version__,
-            "run": run,
-            "ranks": ranks,
-            "stages": stages,
-            "stragglers": cross.stragglers if cross is not None else [],
-            "mfu": self.mfu,
-            "findings": findings,
-            "per_step": per_step,
-            "headlines": headlines,
-            "composition": composition_dict(comp),
-            "pipeline": pipeline_dict(pipe),
-            "clock": clock_dict(cross),
-            "collectives": nccl_sources_dict(collectives_dict(cross, self.nccl), self.nccl_sources, self),
-            "audit": audit.to_dict() if audit is not None else None,
-        }
-        out["what_if"] = self.what_if(findings)
-        out["critical_path"] = self.critical.to_dict() if self.critical is not None else None
-        if self.options.compat == "hta":
-            out["compat"] = self.hta_compat()
-        return out
+        return build_summary(self)
 
     def hta_compat(self) -> dict:
         """HolisticTraceAnalysis 0.5's temporal breakdown and comm/comp overlap, per rank."""
@@ -619,92 +556,23 @@ class Analysis:
         }
 
 
-def composition_dict(comp) -> dict | None:
-    if comp is None:
-        return None
-    return {
-        "source": comp.source,
-        "time_share": comp.time_share,
-        "stages": {str(k): v for k, v in comp.stages.items()},
-        "per_stage_type_ms": {str(k): v for k, v in comp.per_stage_type_ms.items()},
-        "per_stage_compute_ms": {str(k): v for k, v in comp.per_stage_compute.items()},
-        "imbalance": comp.imbalance,
-        "heavy_stage": comp.heavy_stage,
-        "layer_split": comp.layer_split,
-        "suggested_split": comp.suggested_split,
-    }
+def summary_of(path: str | Path, *, trace_files: bool = False, **options) -> dict:
+    """A summary from a summary.json file, a folder holding one (and no traces), or a run folder analyzed
+    now (its tracelens.toml applies); with `trace_files` a single trace file is analyzed too (see
+    `tracelens.summary.stored_summary`). What `check`, `compare` and the API read."""
+    from tracelens.summary import load_summary, stored_summary
 
-
-def pipeline_dict(pipe) -> dict | None:
-    if pipe is None:
-        return None
-    return {
-        "microbatches": pipe.microbatches,
-        "schedule": pipe.schedule,
-        "virtual_stages": pipe.virtual_stages,
-        "expected_bubble_fraction": pipe.expected_bubble_fraction,
-        "cause_stage": pipe.cause_stage,
-    }
-
-
-def clock_dict(cross) -> dict | None:
-    if cross is None:
-        return None
-    return {"offsets_ms": {str(r): round(v / 1e6, 6) for r, v in sorted(cross.offsets_ns.items())}}
-
-
-def collectives_dict(cross, nccl: dict[str, pa.Table]) -> dict:
-    """Per op: instances, bytes, median bus bandwidth and arrival skew (small: per op, not per instance)."""
-    out: dict = {"sources": {k: int(v.num_rows) for k, v in nccl.items()}, "by_op": []}
-    if cross is None or cross.collectives.num_rows == 0:
-        return out
-    df = cross.collectives.to_pandas()
-    out["sources"]["kineto"] = int(len(df))
-    cols = set(df.columns)
-    for op, g in df.groupby("op", observed=True):
-        rec = {"op": str(op), "calls": int(len(g)), "bytes": int(g["bytes"].fillna(0).sum())}
-        if "busbw_gbps" in cols:
-            rec["busbw_gbps_median"] = _median(g["busbw_gbps"])
-        if "arrival_skew_ns" in cols:
-            v = _median(g["arrival_skew_ns"])
-            rec["skew_ms_median"] = None if v is None else v / 1e6
-        out["by_op"].append(rec)
-    return out
-
-
-def nccl_sources_dict(out: dict, res, analysis=None) -> dict:
-    """Add the log / plugin analysis to the summary's "collectives": per-op rows when no Kineto trace gave
-    any, per-process and per-communicator tables, the Kineto cross-check and the log parse counters."""
-    if res is None:
-        return out
-    if not out["by_op"]:
-        out["by_op"] = list(res.by_op)
-    out["processes"] = res.processes
-    out["communicators"] = res.communicators
-    out["cross_check"] = res.cross_check
-    stats = getattr(analysis, "nccl_log_stats", None)
-    if stats:
-        out["log_parse"] = dict(stats)
-    return out
-
-
-def _median(series) -> float | None:
-    v = series.dropna()
-    return float(v.median()) if len(v) else None
-
-
-def run_name(path: Path) -> str:
-    path = Path(path).resolve()
-    name = path.name
-    for suffix in (".gz", ".json"):
-        if name.endswith(suffix):
-            name = name[: -len(suffix)]
-    return name or "run"
+    stored = stored_summary(Path(path), trace_files)
+    if stored is not None:
+        return load_summary(stored)
+    return analyze_run(path, Options(**options)).summary()
 
 
 def analyze_run(path: str | Path, options: Options | None = None) -> Analysis:
-    """Load a run (folder or single trace file) and return its lazily evaluated analysis."""
-    from tracelens.loader import load_tables
+    """Load a run (folder or single trace file) with `tracelens.run.load_run` and return its lazily
+    evaluated analysis; `options.engine` picks the executor of the per-rank tasks."""
+    from tracelens.engine import ENGINES
+    from tracelens.run import LoadOptions, load_run
 
     path = Path(path)
     if not path.exists():
@@ -712,16 +580,23 @@ def analyze_run(path: str | Path, options: Options | None = None) -> Analysis:
     options = options or Options()
     if path.is_dir():
         options = options.merged_with_config(path)
-    if (options.engine or "local") != "memory":
-        from tracelens.engine import load_with_engine
-
-        tables, staged = load_with_engine(path, options)
-        return Analysis(path=path, options=options, tables=tables, staged=staged)
-    tables = load_tables(
-        path,
+    engine = options.engine or "local"
+    if engine not in ENGINES:
+        raise BadInputError(f"--engine {engine}: expected one of {', '.join(ENGINES)}")
+    if options.scheduler and engine != "dask":
+        raise BadInputError("--scheduler needs --engine dask")
+    lopts = LoadOptions(
         no_cache=options.no_cache,
-        progress=options.progress,
+        cache_dir=options.cache_dir,
         salvage=options.salvage,
         ranks=options.rank_filter,
+        progress=options.progress,  # type: ignore[arg-type]
     )
-    return Analysis(path=path, options=options, tables=tables)
+    if engine == "dask":
+        from tracelens.engine.dask_engine import dask_executor
+
+        with dask_executor(options.scheduler) as ex:
+            run = load_run(path, lopts, ex)
+    else:
+        run = load_run(path, lopts)
+    return Analysis(path=path, options=options, run=run)

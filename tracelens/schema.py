@@ -6,6 +6,8 @@ One table per kind of record, all ranks together, with a `rank` column. Strings 
 
 from __future__ import annotations
 
+from typing import Any
+
 import pyarrow as pa
 
 DICT_STR = pa.dictionary(pa.int32(), pa.string())
@@ -116,7 +118,7 @@ COLLECTIVES = pa.schema(
     ]
 )
 
-def table_from_rows(rows: list[dict], sch: pa.Schema) -> pa.Table:
+def table_from_rows(rows: list[dict[str, Any]], sch: pa.Schema) -> pa.Table:
     """Row dicts (missing keys -> null) to a table with exactly schema `sch`, dictionary columns encoded."""
     cols = {}
     for field in sch:

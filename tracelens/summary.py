@@ -9,12 +9,17 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 
-from tracelens import __version__
+from tracelens._version import __version__
 from tracelens.errors import BadInputError
+from tracelens.store.atomic import write_text
+
+if TYPE_CHECKING:
+    from tracelens.run_analysis import Analysis
 
 SCHEMA = "tracelens.summary/1"
 
@@ -79,23 +84,166 @@ def rank_rows(per_step: list[dict], stage_of: dict[int, int] | None) -> list[dic
     out = []
     for rank in sorted(by_rank):
         rows = by_rank[rank]
-        rec = {"rank": rank, "stage": (stage_of or {}).get(rank)}
+        rec: dict[str, Any] = {"rank": rank, "stage": (stage_of or {}).get(rank)}
         for f in fields:
-            vals = [r.get(f) for r in rows]
-            vals = [v for v in vals if v is not None]
+            vals = [v for v in (r.get(f) for r in rows) if v is not None]
             rec[f] = round(float(np.mean(vals)), 6) if vals else None
         rec["steps"] = len(rows)
         out.append(rec)
     return out
 
 
+def build_summary(a: Analysis) -> dict:
+    """summary.json of an analysis (`a`: the typed analysis result, `tracelens.run_analysis.Analysis`)."""
+    cross, pipe, comp = a.cross, a.pipeline, a.composition
+    extra = {}
+    if cross is not None:
+        extra["exposed_wait_ns"] = cross.exposed_split
+        extra["exposed_transfer_ns"] = cross.exposed_split
+    if pipe is not None:
+        extra["bubble_ns"] = pipe.per_rank_step
+    per_step = per_step_rows(a.breakdown, extra)
+    ranks = rank_rows(per_step, a.stage_of)
+    findings = a.base_findings()
+    findings += a._grid_and_findings[1]
+    for part in (cross, pipe, comp):
+        if part is not None:
+            findings += part.findings
+    findings += a.exposed_comm_findings(ranks)
+    audit, audit_findings = a.audit(findings)
+    findings += audit_findings
+    findings += a.nccl_findings()
+    stages = []
+    if pipe is not None:
+        for st in pipe.stages:
+            st = dict(st)
+            if comp is not None and st["stage"] in comp.stages:
+                st["layers"] = comp.stages[st["stage"]]
+            stages.append(st)
+    elif comp is not None:
+        stages = [{"stage": s, "layers": layers} for s, layers in sorted(comp.stages.items())]
+    headlines = []
+    if cross is not None and len(a.ranks) > 1:
+        headlines.append(cross.one_line())
+    headlines += [f["message"] for f in findings if f["code"] == "COLLECTIVE_HANG"][:1]
+    run = {
+        "path": str(a.path),
+        "name": run_name(a.path),
+        "world_size": a.world_size,
+        "ranks": a.ranks,
+        "steps": a.steps,
+        "gpu": a.gpu_name,
+        "seq_len": a.options.seq_len,
+        "layout": a.grid.to_dict(),
+        "warnings": a.run.warnings
+        + a.rank_warnings()
+        + (list(a.nccl_sources.notes) if a.nccl_sources is not None else [])
+        + list(a.warnings)
+        + list(getattr(a.grid, "notes", []) or []),
+        "analysis_path": sorted(set(a.breakdown.column("path").to_pylist())),
+    }
+    out = {
+        "schema": SCHEMA,
+        "tracelens_version": __version__,
+        "run": run,
+        "ranks": ranks,
+        "stages": stages,
+        "stragglers": cross.stragglers if cross is not None else [],
+        "mfu": a.mfu,
+        "findings": findings,
+        "per_step": per_step,
+        "headlines": headlines,
+        "composition": composition_dict(comp),
+        "pipeline": pipeline_dict(pipe),
+        "clock": clock_dict(cross),
+        "collectives": nccl_sources_dict(collectives_dict(cross, a.nccl), a.nccl_sources, a),
+        "audit": audit.to_dict() if audit is not None else None,
+    }
+    out["what_if"] = a.what_if(findings)
+    out["critical_path"] = a.critical.to_dict() if a.critical is not None else None
+    if a.options.compat == "hta":
+        out["compat"] = a.hta_compat()
+    return out
+
+
+
+def composition_dict(comp) -> dict | None:
+    if comp is None:
+        return None
+    return {
+        "source": comp.source,
+        "time_share": comp.time_share,
+        "stages": {str(k): v for k, v in comp.stages.items()},
+        "per_stage_type_ms": {str(k): v for k, v in comp.per_stage_type_ms.items()},
+        "per_stage_compute_ms": {str(k): v for k, v in comp.per_stage_compute.items()},
+        "imbalance": comp.imbalance,
+        "heavy_stage": comp.heavy_stage,
+        "layer_split": comp.layer_split,
+        "suggested_split": comp.suggested_split,
+    }
+
+
+def pipeline_dict(pipe) -> dict | None:
+    if pipe is None:
+        return None
+    return {
+        "microbatches": pipe.microbatches,
+        "schedule": pipe.schedule,
+        "virtual_stages": pipe.virtual_stages,
+        "expected_bubble_fraction": pipe.expected_bubble_fraction,
+        "cause_stage": pipe.cause_stage,
+    }
+
+
+def clock_dict(cross) -> dict | None:
+    if cross is None:
+        return None
+    return {"offsets_ms": {str(r): round(v / 1e6, 6) for r, v in sorted(cross.offsets_ns.items())}}
+
+
+def collectives_dict(cross, nccl: dict[str, pa.Table]) -> dict:
+    """Per op: instances, bytes, median bus bandwidth and arrival skew (small: per op, not per instance)."""
+    out: dict = {"sources": {k: int(v.num_rows) for k, v in nccl.items()}, "by_op": []}
+    if cross is None or cross.collectives.num_rows == 0:
+        return out
+    df = cross.collectives.to_pandas()
+    out["sources"]["kineto"] = int(len(df))
+    cols = set(df.columns)
+    for op, g in df.groupby("op", observed=True):
+        rec = {"op": str(op), "calls": int(len(g)), "bytes": int(g["bytes"].fillna(0).sum())}
+        if "busbw_gbps" in cols:
+            rec["busbw_gbps_median"] = _median(g["busbw_gbps"])
+        if "arrival_skew_ns" in cols:
+            v = _median(g["arrival_skew_ns"])
+            rec["skew_ms_median"] = None if v is None else v / 1e6
+        out["by_op"].append(rec)
+    return out
+
+
+def nccl_sources_dict(out: dict, res, analysis=None) -> dict:
+    """Add the log / plugin analysis to the summary's "collectives": per-op rows when no Kineto trace gave
+    any, per-process and per-communicator tables, the Kineto cross-check and the log parse counters."""
+    if res is None:
+        return out
+    if not out["by_op"]:
+        out["by_op"] = list(res.by_op)
+    out["processes"] = res.processes
+    out["communicators"] = res.communicators
+    out["cross_check"] = res.cross_check
+    stats = getattr(analysis, "nccl_log_stats", None)
+    if stats:
+        out["log_parse"] = dict(stats)
+    return out
+
+
+def _median(series) -> float | None:
+    v = series.dropna()
+    return float(v.median()) if len(v) else None
+
+
 def write_summary(summary: dict, path: Path) -> None:
     """Write atomically: a reader never sees half a file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(summary, indent=2, allow_nan=False, default=_json_default) + "\n")
-    tmp.replace(path)
+    write_text(path, json.dumps(summary, indent=2, allow_nan=False, default=_json_default) + "\n")
 
 
 def _json_default(o):
@@ -111,36 +259,70 @@ def _json_default(o):
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")
 
 
+def stored_summary(path: Path, trace_files: bool = False) -> Path | None:
+    """The summary.json that `path` names, or None when it names a run to analyze: a folder's summary.json
+    when the folder holds no trace files; a file itself, except with `trace_files` (compare, which also
+    takes single traces) a file that is not a .json holding the schema mark or named summary*."""
+    path = Path(path)
+    if not path.exists():
+        raise BadInputError(f"{path}: no such file or directory")
+    if path.is_dir():
+        f = path / "summary.json"
+        return f if f.is_file() and not any(path.glob("*trace*.json*")) else None
+    if not trace_files:
+        return path
+    if path.suffix == ".json":
+        with open(path, "rb") as fh:
+            head = fh.read(65536)
+        if b'"tracelens.summary/' in head or "summary" in path.name:
+            return path
+    return None
+
+
 def load_summary(path: str | Path) -> dict:
-    """Read and validate a summary.json written by tracelens."""
+    """Read and validate a summary.json written by tracelens (the one loader: check, compare, the API)."""
     path = Path(path)
     if not path.is_file():
         raise BadInputError(f"{path}: no such file")
     try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        data = json.loads(path.read_bytes())
+    except (OSError, UnicodeDecodeError, ValueError) as err:
         raise BadInputError(f"{path}: not a JSON summary ({err.__class__.__name__})") from err
-    if not isinstance(data, dict) or not str(data.get("schema", "")).startswith("tracelens.summary/"):
-        raise BadInputError(f"{path}: not a tracelens summary (no 'schema': '{SCHEMA}')")
-    if data["schema"] != SCHEMA:
-        raise BadInputError(f"{path}: summary schema {data['schema']} is not supported (expected {SCHEMA})")
+    validate_summary(data, str(path))
     return data
 
 
-def summarize(path: str | Path, **options) -> dict:
-    """Analyze a run folder (or load a summary.json) and return the summary dict."""
-    path = Path(path)
-    if path.is_file() and path.suffix == ".json" and path.name.startswith("summary"):
-        return load_summary(path)
-    from tracelens.run_analysis import Options, analyze_run
+def validate_summary(data: Any, label: str) -> None:
+    """Raise BadInputError unless `data` is a `tracelens.summary/1` document (the one validator)."""
+    if not isinstance(data, dict) or not str(data.get("schema", "")).startswith("tracelens.summary/"):
+        raise BadInputError(f"{label}: not a tracelens summary (no 'schema': '{SCHEMA}')")
+    if data["schema"] != SCHEMA:
+        raise BadInputError(f"{label}: unsupported summary schema {data['schema']!r} (expected {SCHEMA!r})")
+    for key, kind in (("run", dict), ("ranks", list)):
+        if key in data and data[key] is not None and not isinstance(data[key], kind):
+            raise BadInputError(f"{label}: summary field {key!r} must be a {kind.__name__}")
+    per_step = data.get("per_step")
+    if per_step is not None and not (isinstance(per_step, list) and all(isinstance(r, dict) for r in per_step)):
+        raise BadInputError(f"{label}: summary field 'per_step' must be a list of objects")
 
-    return analyze_run(path, Options(**options)).summary()
+
+def run_name(path: Path) -> str:
+    """A run's name: its folder or file name without .json / .gz."""
+    path = Path(path).resolve()
+    name = path.name
+    for suffix in (".gz", ".json"):
+        if name.endswith(suffix):
+            name = name[: -len(suffix)]
+    return name or "run"
 
 
 __all__ = [
     "SCHEMA",
-    "summarize",
+    "build_summary",
     "load_summary",
+    "run_name",
+    "stored_summary",
+    "validate_summary",
     "write_summary",
     "per_step_rows",
     "rank_rows",

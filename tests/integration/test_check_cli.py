@@ -155,9 +155,10 @@ def test_real_traces_slower_run_fails_and_reverse_passes(tmp_path):
     if not HTA.is_dir():
         pytest.skip(f"real traces absent: {HTA}")
     from tracelens.analyze import regress
+    from tracelens.run_analysis import summary_of
 
-    control = regress.load_summary(HTA / "trace_diff" / "control", no_cache=True)
-    test = regress.load_summary(HTA / "trace_diff" / "test", no_cache=True)
+    control = summary_of(HTA / "trace_diff" / "control", no_cache=True)
+    test = summary_of(HTA / "trace_diff" / "test", no_cache=True)
     truth_c = _profiler_step_ms(HTA / "trace_diff" / "control" / "control.json.gz")
     truth_t = _profiler_step_ms(HTA / "trace_diff" / "test" / "test.json.gz")
     assert len(truth_c) == len(truth_t) == 6

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from tracelens.analyze import regress
+from tracelens.run_analysis import summary_of as summarize
 from tracelens.simulate import SimConfig, simulate
-from tracelens.summary import summarize
 
 # Dense, small enough to simulate in a fraction of a second; compute is a large part of the step.
 MODEL = {
@@ -88,7 +88,7 @@ def test_summary_json_round_trip_gives_the_same_verdict(runs, tmp_path):
     from tracelens.summary import write_summary
 
     write_summary(runs["baseline"][1], tmp_path / "summary.json")
-    stored = regress.load_summary(tmp_path)
+    stored = summarize(tmp_path)
     direct = regress.check(runs["baseline"][1], runs["slow-link"][1])
     again = regress.check(stored, runs["slow-link"][1])
     assert [(r.rule, r.status, r.p_value) for r in again.results] == [

@@ -116,7 +116,7 @@ def test_tracelens_ingest_matches_hta_within_tolerance(traces: Path, golden_path
 
 def test_trace_filter_through_load_tables(traces: Path) -> None:
     """The acceptance run: trace_filter's two ranks via the loader the CLI uses, within 0.1 pp of HTA."""
-    from tracelens.loader import load_tables
+    from tracelens.run import load_tables
 
     golden = json.loads((GOLDEN / "hta_trace_filter.json").read_text())
     tables = load_tables(traces / "trace_filter", no_cache=True, workers=1)

@@ -13,7 +13,7 @@ import pytest
 from tracelens import schema
 from tracelens.errors import RankError
 from tracelens.ingest import kineto
-from tracelens.loader import load_tables
+from tracelens.run import load_tables
 
 TRACES = Path(__file__).resolve().parents[2].parent / "shared" / "traces" / "hta"
 pytestmark = pytest.mark.skipif(not TRACES.is_dir(), reason=f"real traces not found at {TRACES}")

@@ -8,7 +8,7 @@ import pytest
 
 from tracelens.analyze.composition import analyze_composition
 from tracelens.analyze.pipeline import analyze_pipeline
-from tracelens.loader import load_tables
+from tracelens.run import load_tables
 from tracelens.simulate import SimConfig, resolve_model, simulate
 from tracelens.topology import infer_grid
 

@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 import pytest
 
 from tracelens.analyze.stragglers import analyze_cross_rank
-from tracelens.loader import load_tables
+from tracelens.run import load_tables
 from tracelens.simulate import SimConfig, simulate
 
 REPO = Path(__file__).resolve().parents[2]

@@ -268,8 +268,8 @@ def test_fuzz_kineto(work, seed, ops, bops, gz, gz_cut, salvage):
 @given(seed=st.integers(0, 10**6), ops=OPS, cut=st.one_of(st.none(), st.floats(0.05, 1)))
 def test_fuzz_kineto_whole_analysis(work, seed, ops, cut):
     """The whole analysis (summary and report) on mutated two-rank runs."""
-    from tracelens.loader import load_tables
     from tracelens.report.html import render
+    from tracelens.run import load_tables
     from tracelens.run_analysis import Analysis, Options
 
     d = work / f"run{seed % 4}"
@@ -280,10 +280,10 @@ def test_fuzz_kineto_whole_analysis(work, seed, ops, cut):
         if cut is not None and r == 1:
             data = data[: int(cut * len(data))]
         (d / f"rank{r}.json").write_bytes(data)
-    # what analyze_run does (engine "memory"), with the ranks read in this process: fast
-    tables = _only_tracelens_errors(load_tables, d, no_cache=True, workers=1, salvage=True)
-    if tables is not None:
-        a = Analysis(path=d, options=Options(no_cache=True, engine="memory"), tables=tables)
+    # what analyze_run does, with the ranks read in this process: fast
+    loaded = _only_tracelens_errors(load_tables, d, no_cache=True, workers=1, salvage=True)
+    if loaded is not None:
+        a = Analysis(path=d, options=Options(no_cache=True), run=loaded)
         s = _only_tracelens_errors(a.summary)
         if s is not None:
             json.dumps(s, default=str)

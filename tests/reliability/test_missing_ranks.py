@@ -10,7 +10,7 @@ from broken_traces import BASE_NS, cli, kineto_doc, run, write
 
 from tracelens.discover import parse_rank_filter
 from tracelens.errors import BadInputError, RankError
-from tracelens.loader import load_tables
+from tracelens.run import load_tables
 from tracelens.run_analysis import Options, analyze_run
 
 

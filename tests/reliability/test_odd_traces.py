@@ -187,7 +187,7 @@ def test_clock_jump_inside_a_step(tmp_path):
 
 def test_a_whole_rank_hours_off_is_taken_for_another_run(tmp_path):
     from tracelens.errors import RankError
-    from tracelens.loader import load_tables
+    from tracelens.run import load_tables
 
     write(tmp_path / "rank0.json", kineto_doc(0, 2))
     write(tmp_path / "rank1.json", kineto_doc(1, 2, baseTimeNanoseconds=BASE_NS + 3 * 3600 * 10**9))

@@ -3,6 +3,7 @@ overridable limit, no path written in a trace is opened, and the cache survives 
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import pickle
@@ -30,8 +31,9 @@ from broken_traces import (
 
 from tracelens.errors import BadTraceError
 from tracelens.ingest import flight_recorder, kineto, nccl_log, nccl_plugin
-from tracelens.loader import cache_root, load_tables
+from tracelens.run import load_tables
 from tracelens.run_analysis import Options, analyze_run
+from tracelens.store.cache import default_cache_dir
 
 SCRIPT = "<script>alert(1)</script>"
 IMG = '<img src=x onerror="alert(2)">'
@@ -155,7 +157,8 @@ def test_pickle_only_through_the_restricted_unpickler(tmp_path):
 
 
 def test_no_other_unpickling_in_the_code():
-    """Static check: every pickle load in tracelens goes through flight_recorder's restricted unpickler."""
+    """Static check: every pickle load in tracelens goes through a restricted unpickler (flight_recorder's;
+    the local worker pool's `_Unpickler`, which admits only tracelens globals, paths and exceptions)."""
     pat = re.compile(
         r"pickle\.loads?\(|read_pickle\(|allow_pickle\s*=\s*True|cloudpickle|dill\.|joblib\.load"
     )
@@ -166,6 +169,10 @@ def test_no_other_unpickling_in_the_code():
             if pat.search(line):
                 hits.append(f"{f.relative_to(REPO)}:{i}: {line.strip()}")
     assert hits == []
+    from tracelens.engine import executor
+
+    with pytest.raises(pickle.UnpicklingError, match=r"refused global (os|posix)\.system"):
+        executor._Unpickler(io.BytesIO(pickle.dumps(os.system))).load()
 
 
 def test_gzip_bomb_is_refused_with_an_overridable_limit(tmp_path, monkeypatch, capsys):
@@ -261,7 +268,7 @@ def _copy_gloo(dst: Path) -> Path:
 def test_two_analyses_at_once_do_not_corrupt_the_cache(tmp_path):
     run = _copy_gloo(tmp_path / "run")
     code = (
-        "import sys; from tracelens.loader import load_tables; "
+        "import sys; from tracelens.run import load_tables; "
         "t = load_tables(sys.argv[1], workers=1); "
         "print(t.events.num_rows, t.metadata.column('events').to_pylist())"
     )
@@ -278,11 +285,11 @@ def test_two_analyses_at_once_do_not_corrupt_the_cache(tmp_path):
     ref = load_tables(run, no_cache=True)
     assert outs[0][0].decode().split()[0] == str(ref.events.num_rows)
     # the cache holds complete entries only: no temporary files left, every Parquet readable
-    root = cache_root(run)
+    root = default_cache_dir()
     files = [f for f in root.rglob("*") if f.is_file()]
     assert files and not [f for f in files if f.name.endswith(".tmp")]
     for f in files:
-        if f.name == "discover.json":  # discovery's memo (JSON, written atomically like the Parquet)
+        if f.parent.name == "memo":  # discovery's memo (JSON, written atomically like the Parquet)
             assert json.loads(f.read_text())["files"]
         else:
             pq.read_schema(f)
@@ -294,7 +301,7 @@ def test_two_analyses_at_once_do_not_corrupt_the_cache(tmp_path):
 def test_a_corrupt_cache_entry_is_detected_and_rebuilt(tmp_path, damage):
     run = _copy_gloo(tmp_path / "run")
     first = load_tables(run, workers=1)
-    victim = sorted(cache_root(run).rglob("rank2.events.parquet"))[0]
+    victim = first.entries[2].events
     data = victim.read_bytes()
     if damage == "garbage":
         victim.write_bytes(b"PAR1" + os.urandom(len(data) - 8) + b"PAR1")

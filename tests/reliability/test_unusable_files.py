@@ -14,7 +14,7 @@ import pytest
 from broken_traces import cli, cli_inproc, kineto_doc, run, write
 
 from tracelens.errors import BadTraceError, NoTracesError
-from tracelens.loader import load_tables
+from tracelens.run import load_tables
 
 CASES = {
     # name: (bytes, expected reason in the message)

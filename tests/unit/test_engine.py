@@ -1,4 +1,5 @@
-"""tracelens.engine: per-rank stage + cross-rank reduction give what one all-ranks table gives."""
+"""tracelens.engine and tracelens.run: per-rank stage + cross-rank reduction give what one all-ranks table
+gives; the executors (in process, local pool) agree."""
 
 from __future__ import annotations
 
@@ -16,13 +17,17 @@ from tracelens.analyze.classify import classify
 from tracelens.analyze.composition import module_spans
 from tracelens.analyze.pipeline import analyze_pipeline
 from tracelens.engine import stage as S
-from tracelens.engine.local import load_staged, rank_tasks, reduce_stages
+from tracelens.engine.executor import InlineExecutor, LocalPool
+from tracelens.engine.reduce import reduce_stages
+from tracelens.engine.tasks import needs_work
+from tracelens.run import LoadOptions, load_run
+from tracelens.store import stages as ST
 from tracelens.topology import grid_from_layout
 
 US = 1_000
 
 
-def _split(ev: pa.Table) -> list[S.RankStage]:
+def _split(ev: pa.Table) -> list[ST.RankStage]:
     ranks = sorted(set(ev.column("rank").to_pylist()))
     return [S.rank_stage(ev.filter(pc.equal(ev.column("rank"), r)), r) for r in ranks]
 
@@ -71,10 +76,10 @@ def test_stage_files_round_trip(tmp_path: Path):
     ev = events_table(_gpu_rank_rows())
     st = S.rank_stage(ev, 0)
     events_parquet = tmp_path / "k" / "rank0.events.parquet"
-    assert not S.stage_complete(events_parquet, 0)
-    S.write_stage(st, events_parquet)
-    assert S.stage_complete(events_parquet, 0)
-    back = S.read_stage(events_parquet, 0)
+    assert not ST.stage_complete(events_parquet, 0)
+    ST.write_stage(st, events_parquet)
+    assert ST.stage_complete(events_parquet, 0)
+    back = ST.read_stage(events_parquet, 0)
     assert back.breakdown.equals(st.breakdown)
     assert back.spans.equals(st.spans)
     assert back.xevents.equals(st.xevents)
@@ -169,74 +174,77 @@ def _write_run(d: Path, ranks: int = 2) -> Path:
     return d
 
 
-def test_load_staged_caches_stages_and_rebuilds_damaged_ones(tmp_path: Path):
+def test_load_run_caches_stages_and_rebuilds_damaged_ones(tmp_path: Path):
     run = _write_run(tmp_path / "run")
-    tables, staged = load_staged(run, workers=1)
-    assert tables.metadata.num_rows == 2
+    opts = LoadOptions(workers=1, cache_dir=tmp_path / "cache")
+    loaded = load_run(run, opts)
+    staged = loaded.stages
+    assert loaded.metadata.num_rows == 2
     assert staged.breakdown.column("compute_ns").to_pylist() == [100_000, 150_000]
     assert staged.breakdown.column("exposed_comm_ns").to_pylist() == [40_000, 40_000]
-    # events are read lazily from the cache, and equal the eager loader's
-    from tracelens.discover import discover
-    from tracelens.loader import load_tables
+    # events are read lazily from the cache, and equal an uncached load's
+    from tracelens.run import load_tables
 
     eager = load_tables(run, no_cache=True, workers=1)
-    assert tables.events.equals(eager.events)
-    entries, tasks = rank_tasks(discover(run), tables.entries[0].events.parents[1])
-    assert tasks == []  # everything cached
-    bad = S.stage_paths(entries[1].events, 1)["sets"]
+    assert loaded.events.equals(eager.events)
+    assert not any(needs_work(e, True) for e in loaded.entries)  # everything cached
+    bad = ST.stage_paths(loaded.entries[1].events, 1)["sets"]
     bad.write_bytes(b"not parquet")
-    entries, tasks = rank_tasks(discover(run), tables.entries[0].events.parents[1])
-    assert [t["kw"]["rank"] for t in tasks] == [1]
-    _, again = load_staged(run, workers=1)
+    assert [e.rank for e in loaded.entries if needs_work(e, True)] == [1]
+    again = load_run(run, opts).stages
     assert again.breakdown.equals(staged.breakdown)
 
 
-def test_no_cache_temp_folder_lives_with_the_tables(tmp_path: Path):
+def test_no_cache_temp_folder_lives_with_the_run(tmp_path: Path):
     run = _write_run(tmp_path / "run")
-    tables, _ = load_staged(run, no_cache=True, workers=1)
-    folder = tables.entries[0].events.parents[1]
+    loaded = load_run(run, LoadOptions(no_cache=True, workers=1, cache_dir=tmp_path / "cache"))
+    folder = loaded.entries[0].events.parents[2]
     assert folder.exists() and not (run / ".tracelens").exists()
-    n = tables.events.num_rows
+    assert not (tmp_path / "cache" / "entries").exists()
+    n = loaded.events.num_rows
     assert n == 6
-    del tables
+    del loaded
     import gc
 
     gc.collect()
     assert not folder.exists()
 
 
-def test_simulated_run_summary_identical_across_engines(tmp_path: Path):
-    """A small simulated TP2 x PP2 run with a straggler: summary.json of the staged engine (worker
-    processes) equals the one-table engine's, byte for byte once serialised."""
-    from tracelens.run_analysis import Options, analyze_run
+def test_simulated_run_summary_identical_across_executors(tmp_path: Path):
+    """A small simulated TP2 x PP2 run with a straggler: summary.json with the per-rank tasks in this
+    process equals the one with them on a pool of worker interpreters, byte for byte once serialised."""
+    from tracelens.run_analysis import Analysis, Options
     from tracelens.simulate import TINY_MODEL, SimConfig, simulate
 
     run = tmp_path / "sim"
     simulate(SimConfig(model=TINY_MODEL, seq_len=256, tp=2, pp=2, microbatches=4, steps=2,
                        stragglers=[(3, 1.4, None)], compress_level=1), run)  # fmt: skip
-    mem = analyze_run(run, Options(engine="memory", no_cache=True)).summary()
-    loc = analyze_run(run, Options(engine="local")).summary()
-    assert json.dumps(loc, sort_keys=True, default=str) == json.dumps(mem, sort_keys=True, default=str)
-    assert any(s["rank"] == 3 for s in loc["stragglers"])
+    opts = LoadOptions(no_cache=True, salvage=True)
+    inline = Analysis(run, Options(), load_run(run, opts, InlineExecutor())).summary()
+    pool = LocalPool(2)
+    try:
+        pooled = Analysis(run, Options(), load_run(run, opts, pool)).summary()
+    finally:
+        pool.shutdown()
+    assert json.dumps(pooled, sort_keys=True, default=str) == json.dumps(inline, sort_keys=True, default=str)
+    assert any(s["rank"] == 3 for s in pooled["stragglers"])
 
 
 def test_top_operations_and_events_of_without_the_all_ranks_table(tmp_path: Path):
-    from tracelens.engine import events_of, top_operations
-    from tracelens.report.figures import top_operations as from_events
-    from tracelens.run_analysis import Options, analyze_run
+    from tracelens.report.figures import top_operations, top_operations_of_stages
 
     run = _write_run(tmp_path / "run", ranks=3)
-    staged = analyze_run(run, Options(engine="local"))
-    one = analyze_run(run, Options(engine="memory", no_cache=True))
-    kind, rows = top_operations(staged)
-    assert (kind, rows) == from_events(one.events)
+    loaded = load_run(run, LoadOptions(workers=1, cache_dir=tmp_path / "cache"))
+    kind, rows = top_operations_of_stages(loaded.stages.ops)
     # 3 ranks: gemm 100 + 150 + 200 us, one call each
     assert rows[0] == {"name": "gemm", "calls": 3, "total_ms": 0.45, "per_rank_ms": 0.15}
-    assert "events" not in vars(staged.tables)  # the all-ranks table was never built
-    got = events_of(staged, [2, 0])
+    got = loaded.events_of([2, 0])
+    assert "events" not in vars(loaded)  # the all-ranks table was never built
     assert sorted(set(got.column("rank").to_pylist())) == [0, 2]
     assert got.num_rows == 6
-    assert events_of(one, [2, 0]).equals(got)
+    ev = loaded.events
+    assert (kind, rows) == top_operations(ev)
+    assert ev.filter(pc.is_in(ev.column("rank"), pa.array([0, 2], pa.int32()))).equals(got)
 
 
 def test_no_cache_temp_folder_removed_when_loading_fails(tmp_path: Path, monkeypatch):
@@ -260,5 +268,5 @@ def test_no_cache_temp_folder_removed_when_loading_fails(tmp_path: Path, monkeyp
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     (tmp_path / "tmp").mkdir()
     with pytest.raises(RankError):
-        load_staged(run, no_cache=True, workers=1)
+        load_run(run, LoadOptions(no_cache=True, workers=1))
     assert list((tmp_path / "tmp").iterdir()) == []

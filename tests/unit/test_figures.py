@@ -8,6 +8,7 @@ import types
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from tracelens import schema
@@ -430,9 +431,12 @@ def test_page_escapes_untrusted_names_everywhere():
     ]
     s["composition"] = {"stages": {"0": {XSS: 1}}, "time_share": {XSS: 0.5}}
     ev = events_table([{"rank": 0, "kind": "kernel", "name": XSS, "ts_ns": 0, "dur_ns": MS, "step": 0}])
-    analysis = types.SimpleNamespace(
-        events=ev, tables=types.SimpleNamespace(memory=None), grid=None, cross=None, composition=None
-    )
+    from tracelens.engine.stage import op_totals
+
+    ops = op_totals(ev)
+    ops = ops.append_column("rank", pa.array([0] * ops.num_rows, pa.int32()))
+    analysis = _analysis(run=types.SimpleNamespace(events_of=lambda ranks: ev, memory=None,
+                                                    stages=types.SimpleNamespace(ops=ops)))
     page = H.render(s, H.build_sections(analysis, s))
     assert not _raw_payload_outside_escaped_text(page)
     assert "&lt;script&gt;window.__xss=1&lt;/script&gt;" in page  # shown as text (title, finding, top ops)
@@ -443,9 +447,15 @@ def test_page_escapes_untrusted_names_everywhere():
     assert "could not be drawn" not in page
 
 
+def _analysis(**kw):
+    """What the report reads of an analysis (`tracelens.run_analysis.Analysis`), nothing computed."""
+    run = types.SimpleNamespace(events_of=lambda ranks: None, memory=None, stages=types.SimpleNamespace(ops=None))
+    return types.SimpleNamespace(**{"warnings": [], "grid": None, "cross": None, "composition": None, "run": run, **kw})
+
+
 def test_absent_analyses_become_one_line_notes():
     s = make_summary(2)
-    page = H.render(s, H.build_sections(types.SimpleNamespace(), s))
+    page = H.render(s, H.build_sections(None, s))
     notes = re.findall(r'<p class="note">([^<]*)</p>', page)
     assert any("pipeline" in n for n in notes) and any("composition" in n.lower() for n in notes)
     assert any("collectives" in n.lower() for n in notes) and any("memory" in n.lower() for n in notes)
@@ -457,9 +467,12 @@ def test_absent_analyses_become_one_line_notes():
 def test_a_broken_section_becomes_a_note(monkeypatch):
     s = make_summary(2)
     monkeypatch.delenv("TRACELENS_DEBUG", raising=False)
+    monkeypatch.delenv("TRACELENS_STRICT", raising=False)  # strict mode (the tests' default) re-raises
     monkeypatch.setattr(F, "step_heatmap", lambda summary: 1 / 0)
-    page = H.render(s, H.build_sections(types.SimpleNamespace(), s))
-    assert "heatmap: could not be drawn (ZeroDivisionError" in page
+    analysis = _analysis()
+    page = H.render(s, H.build_sections(analysis, s))
+    assert "heatmap could not be drawn: ZeroDivisionError" in page
+    assert analysis.warnings == ["report section heatmap could not be drawn: ZeroDivisionError: division by zero"]
 
 
 def test_1024_rank_page_stays_under_10_mb():
@@ -472,7 +485,7 @@ def test_1024_rank_page_stays_under_10_mb():
         "stages": {str(i): {"linear_attention": 12, "full_attention": 4} for i in range(4)},
         "time_share": {"linear_attention": 0.3, "full_attention": 0.1, "mlp": 0.4},
     }
-    page = H.render(s, H.build_sections(types.SimpleNamespace(), s))
+    page = H.render(s, H.build_sections(None, s))
     assert len(page.encode()) < 10 * 2**20
     # the embedded summary drops the 10,240 per-step rows (summary.json has them), figures are aggregated
     assert "10240 rows: see summary.json" in page
@@ -565,7 +578,7 @@ def test_pp1_run_has_no_timeline():
 
     s = make_summary(2)
     s["stages"] = [{"stage": 0, "layers": {"mlp": 4}}]
-    page = H.render(s, H.build_sections(types.SimpleNamespace(grid=Grid(tp=1, pp=1, dp=2, cp=1)), s))
+    page = H.render(s, H.build_sections(_analysis(grid=Grid(tp=1, pp=1, dp=2, cp=1)), s))
     assert "pp=1: no pipeline parallelism" in page and "Pipeline timeline" not in page
 
 
@@ -577,7 +590,7 @@ def test_collectives_from_a_stored_summary():
             {"op": "allreduce", "calls": 8, "bytes": 4096, "busbw_gbps_median": 120.5, "skew_ms_median": 0.25}
         ],
     }
-    page = H.render(s, H.build_sections(types.SimpleNamespace(), s))
+    page = H.render(s, H.build_sections(None, s))
     assert "<td>allreduce</td><td>8</td><td>4,096</td><td>120.5</td><td>0.250</td>" in page.replace(
         ' class="name"', ""
     )

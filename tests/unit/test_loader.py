@@ -1,4 +1,5 @@
-"""load_tables: all ranks in one table, the per-rank Parquet cache (hit, rebuild, corrupt, read-only)."""
+"""load_run / load_tables: all ranks in one table, the per-rank Parquet cache in the user cache folder (hit,
+rebuild, corrupt, identity of a file, read-only folders, LRU bound)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,24 @@ import kineto_traces as kt
 import pyarrow as pa
 import pytest
 
-from tracelens import loader, schema
+from tracelens import schema
+from tracelens.engine import tasks
 from tracelens.errors import BadTraceError
+from tracelens.run import load_tables
+from tracelens.store import atomic, cache
+
+
+@pytest.fixture(autouse=True)
+def cache_dir(tmp_path):
+    """A cache of this test's own (set outside monkeypatch: the tests call monkeypatch.undo())."""
+    d = tmp_path / "cache"
+    old = os.environ.get("TRACELENS_CACHE_DIR")
+    os.environ["TRACELENS_CACHE_DIR"] = str(d)
+    yield d
+    if old is None:
+        os.environ.pop("TRACELENS_CACHE_DIR", None)
+    else:
+        os.environ["TRACELENS_CACHE_DIR"] = old
 
 
 def _run(tmp_path, n=2):
@@ -31,7 +48,7 @@ def _no_ingest(*a, **k):
 def test_all_ranks_one_table(tmp_path):
     run = _run(tmp_path)
     calls = []
-    t = loader.load_tables(run, workers=1, progress=lambda d, n: calls.append((d, n)))
+    t = load_tables(run, workers=1, progress=lambda d, n: calls.append((d, n)))
     assert t.events.schema.equals(schema.EVENTS)
     assert t.memory.schema.equals(schema.MEMORY)
     assert t.metadata.schema.equals(schema.METADATA)
@@ -46,13 +63,15 @@ def test_all_ranks_one_table(tmp_path):
     assert calls[0] == (0, 2) and calls[-1] == (2, 2)
 
 
-def test_cache_hit_and_invalidation(tmp_path, monkeypatch):
+def test_cache_hit_and_invalidation(tmp_path, monkeypatch, cache_dir):
     run = _run(tmp_path)
-    first = loader.load_tables(run, workers=1)
-    cached = sorted(p.name for p in (run / ".tracelens" / "cache").rglob("*.parquet"))
+    listing = sorted(p.name for p in run.rglob("*"))
+    first = load_tables(run, workers=1)
+    assert sorted(p.name for p in run.rglob("*")) == listing  # nothing written into the run folder
+    cached = sorted(p.name for p in (cache_dir / "entries").glob("*/*.parquet"))
     assert cached == sorted(f"rank{r}.{k}.parquet" for r in (0, 1) for k in ("events", "memory", "meta"))
-    monkeypatch.setattr(loader, "ingest_rank", _no_ingest)
-    again = loader.load_tables(run, workers=1)
+    monkeypatch.setattr(tasks, "ingest_rank", _no_ingest)
+    again = load_tables(run, workers=1)
     assert again.events.equals(first.events) and again.metadata.equals(first.metadata)
     monkeypatch.undo()
     # a changed file gets a new key: it is ingested again, the other rank comes from the cache
@@ -60,11 +79,9 @@ def test_cache_hit_and_invalidation(tmp_path, monkeypatch):
     kt.write(p, kt.doc(rank=1, world_size=2, events=[kt.x("cpu_op", "changed", "1.000", "1.000")]))
     os.utime(p, ns=(p.stat().st_mtime_ns + 10**9, p.stat().st_mtime_ns + 10**9))
     seen = []
-    real = loader.ingest_rank
-    monkeypatch.setattr(
-        loader, "ingest_rank", lambda path, rank, **kw: seen.append(rank) or real(path, rank, **kw)
-    )
-    t = loader.load_tables(run, workers=1)
+    real = tasks.ingest_rank
+    monkeypatch.setattr(tasks, "ingest_rank", lambda path, rank, *a: seen.append(rank) or real(path, rank, *a))
+    t = load_tables(run, workers=1)
     assert seen == [1]
     assert "changed" in t.events.column("name").to_pylist()
 
@@ -72,8 +89,8 @@ def test_cache_hit_and_invalidation(tmp_path, monkeypatch):
 @pytest.mark.parametrize("damage", ["garbage", "truncate", "other_schema", "delete"])
 def test_corrupt_cache_entry_is_rebuilt(tmp_path, damage):
     run = _run(tmp_path)
-    first = loader.load_tables(run, workers=1)
-    victim = next((run / ".tracelens" / "cache").rglob("rank1.events.parquet"))
+    first = load_tables(run, workers=1)
+    victim = next((tmp_path / "cache").rglob("rank1.events.parquet"))
     if damage == "garbage":
         victim.write_bytes(b"not parquet at all")
     elif damage == "truncate":
@@ -84,16 +101,17 @@ def test_corrupt_cache_entry_is_rebuilt(tmp_path, damage):
         pq.write_table(pa.table({"x": [1, 2]}), victim)
     else:
         victim.unlink()
-    again = loader.load_tables(run, workers=1)
+    again = load_tables(run, workers=1)
     assert again.events.equals(first.events)
 
 
 def test_read_only_run_dir_uses_user_cache(tmp_path, monkeypatch):
     run = _run(tmp_path)
+    monkeypatch.delenv("TRACELENS_CACHE_DIR")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     os.chmod(run, 0o555)
     try:
-        t = loader.load_tables(run, workers=1)
+        t = load_tables(run, workers=1)
     finally:
         os.chmod(run, 0o755)
     assert t.events.num_rows == 6
@@ -101,19 +119,78 @@ def test_read_only_run_dir_uses_user_cache(tmp_path, monkeypatch):
     assert list((tmp_path / "xdg" / "tracelens").rglob("rank0.events.parquet"))
 
 
+def test_read_only_run_and_unwritable_cache_fall_back_to_no_cache(tmp_path):
+    """No cache folder can be made (its parent is a file: unwritable even for root): the run is analyzed
+    without cache, with a warning, and nothing is written into the (read-only) run folder."""
+    run = _run(tmp_path)
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    os.chmod(run, 0o555)
+    try:
+        t = load_tables(run, workers=1, cache_dir=blocker / "cache")
+        assert t.events.num_rows == 6 and t.cache_root is None
+        assert any("not writable" in w for w in t.warnings)
+    finally:
+        os.chmod(run, 0o755)
+    assert sorted(p.name for p in run.iterdir()) == ["host_0.pt.trace.json", "host_1.pt.trace.json"]
+
+
+def test_same_size_edit_with_mtime_restored_is_not_served_stale(tmp_path):
+    """`touch -r` puts the old mtime back after a same-size edit; the ctime still moves, so the key does."""
+    import shutil
+    import time
+
+    run = _run(tmp_path)
+    p = run / "host_1.pt.trace.json"
+    first = load_tables(run, workers=1)
+    assert "kernel_rank1" in first.events.column("name").to_pylist()
+    ref = tmp_path / "ref"
+    shutil.copy2(p, ref)
+    time.sleep(0.01)
+    p.write_bytes(p.read_bytes().replace(b"kernel_rank1", b"kernel_edit1"))  # same size
+    st = ref.stat()
+    os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))  # touch -r ref
+    assert p.stat().st_size == ref.stat().st_size and p.stat().st_mtime_ns == ref.stat().st_mtime_ns
+    again = load_tables(run, workers=1)
+    names = again.events.column("name").to_pylist()
+    assert "kernel_edit1" in names and "kernel_rank1" not in names
+
+
+def test_cache_is_bounded_least_recently_used_first(tmp_path, cache_dir, monkeypatch):
+    runs = []
+    for i in range(3):
+        runs.append(_run(tmp_path / f"r{i}", n=1))
+    load_tables(runs[0], workers=1)
+    one = sum(f.stat().st_size for f in (cache_dir / "entries").rglob("*") if f.is_file())
+    load_tables(runs[1], workers=1)
+    os.utime(next((cache_dir / "entries").iterdir()), (0, 0))  # force an order
+    entries = {}
+    for d in (cache_dir / "entries").iterdir():
+        entries[d.stat().st_mtime] = d
+    oldest = entries[min(entries)]
+    # room for two runs' entries: the third load evicts the least recently used one, never its own
+    monkeypatch.setenv("TRACELENS_CACHE_MAX_BYTES", str(int(one * 2.5)))
+    third = load_tables(runs[2], workers=1)
+    left = sorted((cache_dir / "entries").iterdir())
+    assert not oldest.exists() and len(left) == 2
+    assert third.entries[0].folder in left
+    assert third.events.num_rows == 3
+
+
 def test_no_cache_writes_nothing(tmp_path):
     run = _run(tmp_path)
-    t = loader.load_tables(run, no_cache=True, workers=1)
+    t = load_tables(run, no_cache=True, workers=1)
     assert t.events.num_rows == 6 and not (run / ".tracelens").exists()
-    single = loader.load_tables(run / "host_0.pt.trace.json", no_cache=True)
+    assert not (tmp_path / "cache" / "entries").exists()
+    single = load_tables(run / "host_0.pt.trace.json", no_cache=True)
     assert single.metadata.column("rank").to_pylist() == [0] and single.events.num_rows == 3
 
 
 def test_parallel_workers_match_serial(tmp_path):
     run = _run(tmp_path, n=3)
-    serial = loader.load_tables(run, no_cache=True, workers=1)
+    serial = load_tables(run, no_cache=True, workers=1)
     calls = []
-    par = loader.load_tables(run, no_cache=True, workers=2, progress=lambda d, n: calls.append(d))
+    par = load_tables(run, no_cache=True, workers=2, progress=lambda d, n: calls.append(d))
     assert par.events.equals(serial.events)
     assert par.metadata.drop_columns(["path"]).equals(serial.metadata.drop_columns(["path"]))
     assert calls[-1] == 3
@@ -124,7 +201,7 @@ def test_worker_error_is_raised_in_parent(tmp_path):
     bad = run / "host_1.pt.trace.json"
     bad.write_bytes(bad.read_bytes()[:-40])  # cut mid-write
     with pytest.raises(BadTraceError, match="host_1"):
-        loader.load_tables(run, no_cache=True, workers=2)
+        load_tables(run, no_cache=True, workers=2)
 
 
 def test_all_null_columns_are_synthesized_identically(tmp_path):
@@ -145,12 +222,12 @@ def test_all_null_columns_are_synthesized_identically(tmp_path):
             cols[f.name] = pa.nulls(n, f.type)
     t = pa.table(cols, schema=schema.EVENTS)
     p = tmp_path / "rank0.events.parquet"
-    loader._write_atomic(t, p)
+    atomic.write_parquet(p, t)
     with pq.ParquetFile(p) as f:
-        empty = loader._all_null_columns(f.metadata)
+        empty = cache._all_null_columns(f.metadata)
     assert "collective" in empty and "seq" in empty and "step" in empty
     assert not {"name", "ts_ns", "pg_ranks"} & empty
-    got = loader._read_checked(p, "events")
+    got = cache.read_checked(p, "events")
     assert got.equals(pq.read_table(p)) and got.equals(t)
     assert got.column("pg_ranks").to_pylist() == [[], None, [], None, None]
 
@@ -161,8 +238,8 @@ def test_discovery_memo_skips_reading_unchanged_traces(tmp_path, monkeypatch):
     from tracelens.ingest import kineto
 
     run = _run(tmp_path)
-    first = loader.load_tables(run, workers=1)
-    memo = run / ".tracelens" / "cache" / loader.DISCOVER_MEMO
+    first = load_tables(run, workers=1)
+    memo = next((tmp_path / "cache" / "memo").glob("*.json"))
     doc = json.loads(memo.read_text())
     assert sorted(v[1] for v in doc["files"].values()) == [0, 1]  # the ranks distributedInfo gave
 
@@ -170,7 +247,7 @@ def test_discovery_memo_skips_reading_unchanged_traces(tmp_path, monkeypatch):
         raise AssertionError(f"{p} opened again although unchanged")
 
     monkeypatch.setattr(kineto, "peek", no_peek)
-    again = loader.load_tables(run, workers=1)
+    again = load_tables(run, workers=1)
     assert again.events.equals(first.events)
     assert [f.rank for f in again.files] == [0, 1]
     monkeypatch.undo()
@@ -180,12 +257,12 @@ def test_discovery_memo_skips_reading_unchanged_traces(tmp_path, monkeypatch):
     seen = []
     real = kineto.peek
     monkeypatch.setattr(kineto, "peek", lambda q: seen.append(q.name) or real(q))
-    loader.load_tables(run, workers=1)
+    load_tables(run, workers=1)
     assert seen == ["host_1.pt.trace.json"]
     doc = json.loads(memo.read_text())
     memo.write_text(json.dumps({**doc, "version": "0.0.0-other"}))
     seen.clear()
-    loader.load_tables(run, workers=1)
+    load_tables(run, workers=1)
     assert sorted(seen) == ["host_0.pt.trace.json", "host_1.pt.trace.json"]
 
 
@@ -196,5 +273,5 @@ def test_no_traces_creates_no_cache_folder(tmp_path):
     d.mkdir()
     (d / "notes.txt").write_text("not a trace")
     with pytest.raises(NoTracesError):
-        loader.load_tables(d)
+        load_tables(d)
     assert sorted(p.name for p in d.iterdir()) == ["notes.txt"]

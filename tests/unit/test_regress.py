@@ -14,6 +14,7 @@ import pytest
 from tracelens.analyze import regress
 from tracelens.analyze.regress import Rules, check
 from tracelens.errors import BadConfigError, BadInputError
+from tracelens.run_analysis import summary_of
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -352,34 +353,34 @@ def test_rules_file_errors(tmp_path):
 
 def test_load_summary_errors(tmp_path):
     with pytest.raises(BadInputError, match="no such file"):
-        regress.load_summary(tmp_path / "missing.json")
+        summary_of(tmp_path / "missing.json")
     p = tmp_path / "x.json"
     p.write_text("{not json")
     with pytest.raises(BadInputError, match="not a JSON summary"):
-        regress.load_summary(p)
+        summary_of(p)
     p.write_text(json.dumps({"traceEvents": []}))
     with pytest.raises(BadInputError, match="not a tracelens summary"):
-        regress.load_summary(p)
+        summary_of(p)
     p.write_text(json.dumps({"schema": "tracelens.summary/9"}))
     with pytest.raises(BadInputError, match="unsupported summary schema"):
-        regress.load_summary(p)
+        summary_of(p)
     p.write_text(json.dumps({"schema": "tracelens.summary/1", "per_step": {"a": 1}}))
     with pytest.raises(BadInputError, match="per_step"):
-        regress.load_summary(p)
+        summary_of(p)
     rows = [{"rank": 0, "step": 1, "step_time_ms": 1.0}, {"rank": 0, "step": 2, "step_time_ms": "slow"}]
     p.write_text(json.dumps({"schema": "tracelens.summary/1", "per_step": rows}))
     with pytest.raises(BadInputError, match=r"per_step\[1\] is malformed"):
-        regress.load_summary(p)
+        regress.validate_summary(summary_of(p), str(p))
     rows = [{"rank": 0, "step": 1, "step_time_ms": 1.0}, {"step": 2, "step_time_ms": 2.0}]
     p.write_text(json.dumps({"schema": "tracelens.summary/1", "per_step": rows}))
     with pytest.raises(BadInputError, match=r"per_step\[1\] is malformed"):
-        regress.load_summary(p)
+        regress.validate_summary(summary_of(p), str(p))
 
 
 def test_folder_with_summary_json_is_read(tmp_path):
     s = make_summary(25)
     (tmp_path / "summary.json").write_text(json.dumps(s))
-    assert regress.load_summary(tmp_path) == s
+    assert summary_of(tmp_path) == s
 
 
 # ---- renderers ------------------------------------------------------------------------------------------

@@ -31,7 +31,6 @@ try:  # Python 3.11+
 except ModuleNotFoundError:  # pragma: no cover - Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
-SUMMARY_SCHEMA = "tracelens.summary/1"
 
 #: per-call memo of per_step column arrays (id(rows) -> (rows, arrays)), active only inside `check`
 _ARRAYS_MEMO: ContextVar[dict[int, tuple[list, dict]] | None] = ContextVar("_ARRAYS_MEMO", default=None)
@@ -190,52 +189,12 @@ def load_rules(path: str | Path | None) -> Rules:
 # Loading summaries
 
 
-def load_summary(path: str | Path, **summarize_options: Any) -> dict:
-    """Read BASELINE/CURRENT: a summary.json file, a folder holding summary.json, or a run folder.
-
-    A run folder (traces) is analysed with `tracelens.summary.summarize(run_dir, **summarize_options)`.
-    Raises BadInputError when the path is missing or is not a `tracelens.summary/1` document.
-    """
-    path = Path(path)
-    if not path.exists():
-        raise BadInputError(f"no such file or folder: {path}")
-    if path.is_dir():
-        stored = path / "summary.json"
-        if stored.is_file():
-            return _read_summary_file(stored)
-        from tracelens.summary import summarize
-
-        summary = summarize(path, **summarize_options)
-        validate_summary(summary, str(path))
-        return summary
-    return _read_summary_file(path)
-
-
-def _read_summary_file(path: Path) -> dict:
-    """Parse and validate one summary.json file."""
-    try:
-        data = json.loads(path.read_bytes())
-    except (OSError, UnicodeDecodeError, ValueError) as err:
-        raise BadInputError(f"{path}: not a JSON summary ({type(err).__name__})") from err
-    validate_summary(data, str(path))
-    return data
-
-
 def validate_summary(data: Any, label: str) -> None:
-    """Raise BadInputError unless `data` looks like a `tracelens.summary/1` document."""
-    if not isinstance(data, dict) or "schema" not in data:
-        raise BadInputError(f'{label}: not a tracelens summary (no "schema" key)')
-    schema = data["schema"]
-    if schema != SUMMARY_SCHEMA:
-        raise BadInputError(f"{label}: unsupported summary schema {schema!r} (expected {SUMMARY_SCHEMA!r})")
-    for key, kind in (("run", dict), ("ranks", list)):
-        if key in data and data[key] is not None and not isinstance(data[key], kind):
-            raise BadInputError(f"{label}: summary field {key!r} must be a {kind.__name__}")
+    """`tracelens.summary.validate_summary` (the one validator), then the per-step samples the rules read."""
+    from tracelens.summary import validate_summary as validate_document
+
+    validate_document(data, label)
     per_step = data.get("per_step")
-    if per_step is not None and not (
-        isinstance(per_step, list) and all(isinstance(r, dict) for r in per_step)
-    ):
-        raise BadInputError(f"{label}: summary field 'per_step' must be a list of objects")
     if per_step:
         try:
             _per_step_arrays(per_step)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from tracelens.cli import app
+from tracelens._app import app
 from tracelens.outputs import guard_overwrite
 
 
@@ -164,8 +164,13 @@ def analyze(
     engine: str = typer.Option(
         "local",
         "--engine",
-        help="Where per-rank work runs: local (worker processes), dask (needs tracelens[dask]), "
-        "memory (all events in one table).",
+        help="Where per-rank work runs: local (worker processes) or dask (needs tracelens[dask]).",
+    ),
+    cache_dir: str | None = typer.Option(
+        None,
+        "--cache-dir",
+        help="Cache folder [default: $TRACELENS_CACHE_DIR, else the user cache folder]; shared storage "
+        "for a Dask cluster.",
     ),
     scheduler: str | None = typer.Option(
         None, "--scheduler", help="Dask scheduler address for --engine dask [default: a local cluster]."
@@ -175,8 +180,8 @@ def analyze(
     from rich.progress import Progress
 
     from tracelens.errors import BadInputError
-    from tracelens.run_analysis import Options, analyze_run, run_name
-    from tracelens.summary import write_summary
+    from tracelens.run_analysis import Options, analyze_run
+    from tracelens.summary import run_name, write_summary
 
     if compat not in (None, "hta"):
         raise BadInputError(f"--compat {compat}: only 'hta' is supported")
@@ -203,6 +208,7 @@ def analyze(
             gpu=gpu,
             compat=compat,
             no_cache=no_cache,
+            cache_dir=cache_dir,
             rank_filter=rank_filter,
             engine=engine,
             scheduler=scheduler,

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from tracelens.cli import app
+from tracelens._app import app
 
 
 def _parse_split(text: str | None) -> list[int] | None:

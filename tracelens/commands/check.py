@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
-from tracelens.cli import app
+from tracelens._app import app
 
 _FORMATS = ("text", "markdown", "junit", "github", "json")
 
@@ -54,11 +54,12 @@ def check(
     """
     from tracelens.analyze import regress
     from tracelens.errors import BadInputError
+    from tracelens.run_analysis import summary_of
 
     if fmt not in _FORMATS:
         raise BadInputError(f"--format {fmt}: expected one of {', '.join(_FORMATS)}")
     rule_set = regress.load_rules(rules)
-    options = {
+    options: dict[str, Any] = {
         k: v
         for k, v in {
             "layout": layout,
@@ -74,16 +75,17 @@ def check(
     }
     if no_cache:
         options["no_cache"] = True
-    base = regress.load_summary(baseline, **options)
-    cur = regress.load_summary(current, **options)
+    base = summary_of(baseline, **options)
+    cur = summary_of(current, **options)
     report = regress.check(
         base, cur, rule_set, baseline_label=_label(baseline, base), current_label=_label(current, cur)
     )
     rendered = regress.RENDERERS[fmt](report)
     if output is not None:
         try:
-            output.parent.mkdir(parents=True, exist_ok=True)
-            output.write_text(rendered, encoding="utf-8")
+            from tracelens.store.atomic import write_text
+
+            write_text(output, rendered)
         except OSError as err:
             raise BadInputError(f"cannot write {output}: {err.strerror or err}") from err
         typer.echo(regress.render_text(report) if fmt != "text" else report.headline(), nl=fmt == "text")

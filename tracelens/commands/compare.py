@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from tracelens.cli import app
+from tracelens._app import app
 
 #: A comma that separates labels: not a thousands separator (a comma followed by exactly three digits).
 _LABEL_SPLIT = re.compile(r",(?!\d{3}(?:\D|$))")
@@ -29,40 +29,24 @@ def parse_labels(values: list[str] | None) -> tuple[str, str] | None:
 
 
 def load_side(path: Path) -> dict:
-    """A summary.json, or a run folder / trace analyzed now (its tracelens.toml applies)."""
-    from tracelens.errors import BadInputError
-    from tracelens.summary import load_summary
-
-    if not path.exists():
-        raise BadInputError(f"{path}: no such file or directory")
-    if path.is_dir() and (path / "summary.json").is_file() and not any(path.glob("*trace*.json*")):
-        return load_summary(path / "summary.json")
-    if path.is_file() and path.suffix == ".json":
-        with open(path, "rb") as fh:
-            head = fh.read(65536)
-        if b'"tracelens.summary/' in head or "summary" in path.name:
-            return load_summary(path)
+    """A summary.json, or a run folder / trace analyzed now (its tracelens.toml applies); an analyzed run
+    carries its layer composition from the analysis even without pipeline stages."""
     from tracelens.run_analysis import Options, analyze_run
+    from tracelens.summary import load_summary, stored_summary
 
+    stored = stored_summary(path, trace_files=True)
+    if stored is not None:
+        return load_summary(stored)
     analysis = analyze_run(path, Options())
     summary = analysis.summary()
     if not summary.get("composition"):
-        summary["composition"] = _composition(analysis)
+        comp = analysis.layer_composition
+        if comp is not None and (comp.stages or comp.time_share):
+            summary["composition"] = {
+                "stages": {str(k): v for k, v in comp.stages.items()},
+                "time_share": dict(comp.time_share),
+            }
     return summary
-
-
-def _composition(analysis) -> dict | None:
-    """Layer-type composition and time shares when the summary lacks them (module annotations needed)."""
-    comp = getattr(analysis, "composition", None)
-    if comp is None:
-        from tracelens.analyze.composition import analyze_composition
-        from tracelens.topology import grid_for_run
-
-        grid = getattr(analysis, "grid", None) or grid_for_run(analysis.events, analysis.metadata)[0]
-        comp = analyze_composition(analysis.events, grid, breakdown=analysis.breakdown)
-    if not comp.stages and not comp.time_share:
-        return None
-    return {"stages": {str(k): v for k, v in comp.stages.items()}, "time_share": dict(comp.time_share)}
 
 
 @app.command("compare")
@@ -84,7 +68,8 @@ def compare_cmd(
     from tracelens.analyze.compare import compare
     from tracelens.outputs import guard_overwrite
     from tracelens.report.html import write_compare_report
-    from tracelens.run_analysis import run_name
+    from tracelens.store.atomic import write_text
+    from tracelens.summary import run_name
 
     names = parse_labels(labels) or (run_name(a), run_name(b))
     out_dir = out_dir or Path("reports") / f"compare-{run_name(a)}-vs-{run_name(b)}"
@@ -94,9 +79,7 @@ def compare_cmd(
     sa, sb = load_side(a), load_side(b)
     result = compare(sa, sb, names)
     out_dir.mkdir(parents=True, exist_ok=True)
-    tmp = json_path.with_name(json_path.name + ".tmp")
-    tmp.write_text(json.dumps(result, indent=2, default=str) + "\n")
-    tmp.replace(json_path)
+    write_text(json_path, json.dumps(result, indent=2, default=str) + "\n")
     write_compare_report(result, html_path)
     for line in result["text"]:
         typer.echo(line)

@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from tracelens.cli import app
+from tracelens._app import app
 
 OUTPUTS = ("events.parquet", "memory.parquet", "metadata.parquet")
+
+
+def _write_zstd(table: object, path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    pq.write_table(table, path, compression="zstd")
 
 
 @app.command("ingest")
@@ -31,11 +38,11 @@ def ingest(
     ] = 0,
 ) -> None:
     """Parse every rank's Kineto trace into Parquet tables (schemas in tracelens/schema.py)."""
-    import pyarrow.parquet as pq
     from rich.progress import Progress
 
     from tracelens.errors import BadInputError
-    from tracelens.loader import load_tables
+    from tracelens.run import load_tables
+    from tracelens.store.atomic import write_atomic
 
     if out.exists() and not out.is_dir():
         raise BadInputError(f"{out} exists and is not a folder")
@@ -52,7 +59,7 @@ def ingest(
     try:
         out.mkdir(parents=True, exist_ok=True)
         for name, table in zip(OUTPUTS, (tables.events, tables.memory, tables.metadata)):
-            pq.write_table(table, out / name, compression="zstd")
+            write_atomic(out / name, functools.partial(_write_zstd, table))
     except OSError as err:
         raise BadInputError(f"{out}: cannot write ({err.strerror or err})") from None
     ranks = tables.metadata.column("rank").to_pylist()

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from tracelens.cli import app
+from tracelens._app import app
 
 report_app = typer.Typer(
     help="Report utilities: merged Chrome trace of all ranks for Perfetto.", no_args_is_help=True
@@ -57,11 +57,8 @@ def export_trace_cmd(
     summary = analysis.summary()
     offsets = None
     if not no_align:
-        try:
-            cross = getattr(analysis, "cross", None)
-        except Exception:  # noqa: BLE001 - no alignment is better than no trace
-            cross = None
-        offsets = getattr(cross, "offsets_ns", None) or None
+        cross = analysis.cross  # None when the cross-rank analysis could not run (a warning)
+        offsets = (cross.offsets_ns if cross is not None else None) or None
     stage_of = {int(r["rank"]): r.get("stage") for r in summary.get("ranks") or []}
     events = analysis.events
     shown = len(analysis.ranks)

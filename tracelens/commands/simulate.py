@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from tracelens.cli import app
+from tracelens._app import app
 
 
 @app.command("simulate")

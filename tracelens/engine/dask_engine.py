@@ -1,31 +1,25 @@
-"""The Dask engine: per-rank ingest and per-rank stage as Dask tasks, cross-rank reduction on the client.
+"""Dask as an executor: per-rank tasks on a Dask cluster through `Client.get_executor()`.
 
-Each task is the local engine's `process_rank` (ingest one trace into the run's Parquet cache unless a valid
-entry exists, then write its per-rank stage files); the client then reads the small stage files and reduces
-them exactly as the local engine does, so both give the same analysis. Workers read the traces and write
-the cache at the paths the client sees: on a multi-machine cluster the run folder (and its `.tracelens/cache`)
-must be on storage shared by the client and every worker. Needs the optional extra `dask[distributed]`.
+The tasks are the same plain functions the local pool runs (`tracelens.engine.tasks.process_rank`); the
+client then reads the small stage files and reduces them as for a local run, so both give the same
+analysis. Workers read the traces and write the cache at the paths the client sees: on a multi-machine
+cluster the cache (`--cache-dir` / `$TRACELENS_CACHE_DIR`) must be on storage shared by the client and every
+worker. Needs the optional extra `dask[distributed]`.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable
-from pathlib import Path
+from collections.abc import Iterator
+from concurrent.futures import Executor
+from contextlib import contextmanager
+from typing import Any
 
-from tracelens.engine.local import Progress, Staged, StagedTables, load_staged
 from tracelens.errors import BadInputError
 
 
-def _run_task(task: dict) -> int:
-    """Run one per-rank task inside a Dask worker."""
-    from tracelens.workers import TASKS
-
-    return TASKS[task["fn"]](**task["kw"])
-
-
-def _import_distributed():
+def _import_distributed() -> Any:
     try:
         import distributed
     except ImportError as err:
@@ -35,41 +29,10 @@ def _import_distributed():
     return distributed
 
 
-def dask_runner(client) -> Callable[[list[dict], Progress | None, int, int], None]:
-    """A `load_staged` runner that submits each task to `client` and waits for all of them."""
-    distributed = _import_distributed()
-
-    def run(tasks: list[dict], progress: Progress | None, done: int, total: int) -> None:
-        if not tasks:
-            return
-        keys = [f"tracelens-rank-{t['kw']['rank']}-{os.urandom(4).hex()}" for t in tasks]
-        futures = client.map(_run_task, tasks, key=keys, pure=False)
-        try:
-            for fut in distributed.as_completed(futures):
-                fut.result()  # re-raises the task's exception (TracelensError subclasses as themselves)
-                done += 1
-                if progress:
-                    progress(done, total)
-        except BaseException:
-            client.cancel(futures)
-            raise
-
-    return run
-
-
-def load_dask(
-    path: str | Path,
-    scheduler: str | None = None,
-    no_cache: bool = False,
-    progress: Progress | None = None,
-    *,
-    salvage: bool = False,
-    ranks=None,
-    n_workers: int | None = None,
-) -> tuple[StagedTables, Staged]:
-    """`load_staged` with the per-rank tasks on the Dask cluster at `scheduler` (an address such as
-    `tcp://host:8786`), or on a LocalCluster of `n_workers` single-threaded worker processes (default:
-    the CPU count) when `scheduler` is None."""
+@contextmanager
+def dask_executor(scheduler: str | None = None, n_workers: int | None = None) -> Iterator[Executor]:
+    """An executor on the Dask cluster at `scheduler` (an address such as `tcp://host:8786`), or on a
+    LocalCluster of `n_workers` single-threaded worker processes (default: the CPU count) when None."""
     distributed = _import_distributed()
     cluster = None
     try:
@@ -87,19 +50,12 @@ def load_dask(
     except OSError as err:
         raise BadInputError(f"--scheduler {scheduler}: cannot connect ({err})") from err
     try:
-        return load_staged(
-            path,
-            no_cache,
-            progress,
-            salvage=salvage,
-            ranks=ranks,
-            runner=dask_runner(client),
-            temp_cache=False,
-        )
+        ex: Executor = client.get_executor(pure=False)
+        yield ex
     finally:
         client.close()
         if cluster is not None:
             cluster.close()
 
 
-__all__ = ["dask_runner", "load_dask"]
+__all__ = ["dask_executor"]

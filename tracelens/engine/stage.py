@@ -17,7 +17,6 @@ second analysis of the same run reads only these small files.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -25,46 +24,13 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tracelens import schema
-from tracelens.analyze.breakdown import BREAKDOWN, RankSets, breakdown, class_sets, step_windows
+from tracelens.analyze.breakdown import BREAKDOWN, breakdown, class_sets, step_windows
 from tracelens.analyze.classify import COMM, COMPUTE, DEVICE_KINDS, _dict_lookup, classify
-from tracelens.loader import _write_atomic  # one atomic Parquet writer for every cache file
+from tracelens.store.stages import OPS, RankStage, write_stage
 
-#: Bump when what a stage file holds changes: old stage files are then ignored (and rebuilt).
-STAGE_VERSION = "3"
-
-#: Interval-set table: one row per interval of one class of one rank.
-SETS = pa.schema([("rank", pa.int32()), ("cls", pa.int8()), ("start_ns", pa.int64()), ("end_ns", pa.int64())])
-_CLS = {"compute": 0, "comm": 1, "memory": 2}
-#: Per-rank totals of kernels and cpu ops by name (the report's "top operations" without all events).
-OPS = pa.schema([("kind", pa.string()), ("name", pa.string()), ("calls", pa.int64()), ("dur_ns", pa.int64())])
-_PARTS = (
-    "xevents",
-    "spans",
-    "breakdown",
-    "ops",
-    "sets",
-)  # "sets" last: its presence marks the entry complete
 _ANNOTATION_KINDS = ("user_annotation", "gpu_user_annotation")
 # Names the cross-rank analyses look for beyond collectives (pipeline: SendRecv kernels / c10d send-recv).
 _CROSS_NAMES = re.compile(r"^record_param_comms$|send|recv|SendRecv", re.IGNORECASE)
-
-
-@dataclass
-class RankStage:
-    """Per-rank results (see the module docstring). `path` is "gpu" or "cpu" (None: no events);
-    `has_steps`: the rank has `ProfilerStep#N` windows; `spans_error`: why module_spans failed, if it did;
-    `time_range`: for `loader.check_time_ranges` (traces of different runs in one folder)."""
-
-    rank: int
-    breakdown: pa.Table
-    sets: RankSets | None
-    spans: pa.Table | None
-    xevents: pa.Table
-    has_steps: bool
-    spans_error: str | None = None
-    time_range: tuple[int, int] | None = None  # (first event start, last event end), ns; None: no events
-    ops: pa.Table | None = None  # OPS: calls and total duration per (kind, name), kernels and cpu ops
 
 
 def cross_rank_mask(events: pa.Table, classes: np.ndarray, path: str | None) -> np.ndarray:
@@ -93,7 +59,8 @@ def cross_rank_mask(events: pa.Table, classes: np.ndarray, path: str | None) -> 
     if dev.size:
         keep[dev[0]] = True
     keep[_pipeline_marks(events, classes)] = True
-    return keep
+    out: np.ndarray = keep
+    return out
 
 
 def _pipeline_marks(events: pa.Table, classes: np.ndarray) -> np.ndarray:
@@ -184,109 +151,6 @@ def _time_range(events: pa.Table) -> tuple[int, int] | None:
     return int(ts.min()), int(end.max())
 
 
-# ------------------------------------------------------------------------------------------- files
-def stage_dir(events_parquet: Path) -> Path:
-    """Folder of a rank's stage files: beside its ingest cache entry."""
-    return Path(events_parquet).parent / f"stage-{STAGE_VERSION}"
-
-
-def stage_paths(events_parquet: Path, rank: int) -> dict[str, Path]:
-    d = stage_dir(events_parquet)
-    return {p: d / f"rank{rank}.{p}.parquet" for p in _PARTS}
-
-
-def _sets_table(st: RankStage) -> pa.Table:
-    rs = st.sets
-    meta = {
-        b"path": (rs.path if rs is not None else "").encode(),
-        b"has_steps": b"1" if st.has_steps else b"0",
-        b"spans": b"1" if st.spans is not None else b"0",
-        b"spans_error": (st.spans_error or "").encode(),
-        b"time_range": ",".join(map(str, st.time_range or ())).encode(),
-    }
-    if rs is None:
-        return SETS.empty_table().replace_schema_metadata(meta)
-    parts = [(_CLS[k], getattr(rs, k)) for k in ("compute", "comm", "memory")]
-    starts = np.concatenate([p[1][0] for p in parts]).astype(np.int64)
-    ends = np.concatenate([p[1][1] for p in parts]).astype(np.int64)
-    cls = np.concatenate([np.full(p[1][0].size, p[0], np.int8) for p in parts])
-    t = pa.table(
-        {
-            "rank": pa.array(np.full(starts.size, st.rank, np.int32)),
-            "cls": pa.array(cls),
-            "start_ns": pa.array(starts),
-            "end_ns": pa.array(ends),
-        },
-        schema=SETS,
-    )
-    return t.replace_schema_metadata(meta)
-
-
-def write_stage(st: RankStage, events_parquet: Path) -> None:
-    """Write a rank's stage files atomically, the sets file (the completion mark) last."""
-    from tracelens.analyze.composition import SPANS
-
-    paths = stage_paths(events_parquet, st.rank)
-    _write_atomic(st.xevents, paths["xevents"])
-    _write_atomic(st.spans if st.spans is not None else SPANS.empty_table(), paths["spans"])
-    _write_atomic(st.breakdown, paths["breakdown"])
-    _write_atomic(st.ops if st.ops is not None else OPS.empty_table(), paths["ops"])
-    _write_atomic(_sets_table(st), paths["sets"])
-
-
-def _read(p: Path) -> pa.Table:
-    with pq.ParquetFile(p) as f:
-        return f.read()
-
-
-def read_stage(events_parquet: Path, rank: int) -> RankStage:
-    """Read a rank's stage files back (raises OSError / ArrowException when missing or damaged)."""
-    from tracelens.analyze.composition import SPANS
-
-    paths = stage_paths(events_parquet, rank)
-    sets_t = _read(paths["sets"])
-    meta = sets_t.schema.metadata or {}
-    sets_t = sets_t.replace_schema_metadata(None)
-    xev = _read(paths["xevents"])
-    spans = _read(paths["spans"])
-    bd = _read(paths["breakdown"])
-    ops = _read(paths["ops"])
-    if not (xev.schema.equals(schema.EVENTS) and spans.schema.equals(SPANS) and bd.schema.equals(BREAKDOWN)):
-        raise OSError(f"stage files of rank {rank} have another schema")
-    if not (sets_t.schema.equals(SETS) and ops.schema.equals(OPS)):
-        raise OSError(f"stage files of rank {rank} have another schema")
-    path = meta.get(b"path", b"").decode()
-    rs = None
-    if path:
-        cls = sets_t.column("cls").to_numpy()
-        s = sets_t.column("start_ns").to_numpy()
-        e = sets_t.column("end_ns").to_numpy()
-        part = {k: (s[cls == c].copy(), e[cls == c].copy()) for k, c in _CLS.items()}
-        rs = RankSets(rank, path, part["compute"], part["comm"], part["memory"])
-    err = meta.get(b"spans_error", b"").decode() or None
-    tr = meta.get(b"time_range", b"").decode()
-    lo_hi = tuple(int(v) for v in tr.split(",")) if tr else None
-    return RankStage(
-        rank,
-        bd,
-        rs,
-        spans if meta.get(b"spans") == b"1" else None,
-        xev,
-        meta.get(b"has_steps") == b"1",
-        err,
-        lo_hi,  # type: ignore[arg-type]
-        ops,
-    )
-
-
-def stage_complete(events_parquet: Path, rank: int) -> bool:
-    """Cheap check (one Parquet footer): the rank's stage files were all written by this STAGE_VERSION."""
-    try:
-        return pq.read_schema(stage_paths(events_parquet, rank)["sets"]).remove_metadata().equals(SETS)
-    except (OSError, pa.ArrowException, ValueError):
-        return False
-
-
 def compute_and_write(events_parquet: str, rank: int) -> int:
     """Read one rank's cached events, compute its stage and write it; returns the rank (a worker task)."""
     with pq.ParquetFile(events_parquet) as f:
@@ -299,13 +163,8 @@ def compute_and_write(events_parquet: str, rank: int) -> int:
 
 
 __all__ = [
-    "STAGE_VERSION",
-    "RankStage",
     "compute_and_write",
     "cross_rank_mask",
+    "op_totals",
     "rank_stage",
-    "read_stage",
-    "stage_complete",
-    "stage_paths",
-    "write_stage",
 ]

@@ -18,7 +18,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tracelens import __version__
+from tracelens._version import __version__
+from tracelens.store.atomic import write_bytes
 
 SCHEMA = "tracelens.chrome-trace/1"
 GPU_TID_BASE = 1_000_000_000
@@ -173,12 +174,8 @@ def export_trace(
         "clock_aligned": bool(offsets_ns),
         "offsets_ns": {str(k): int(v) for k, v in (offsets_ns or {}).items()},
     }
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
     # Only keys Perfetto's JSON importer knows (it stops reading at an unknown top-level key); otherData
     # first, written with json's ": " so tracelens.outputs finds the schema mark and a rerun may overwrite.
     head = '{"otherData": ' + json.dumps(other) + ', "displayTimeUnit": "ms", "traceEvents": '
-    tmp.write_bytes(head.encode() + msgspec.json.encode(evs) + b"}\n")
-    tmp.replace(path)
+    write_bytes(path, head.encode() + msgspec.json.encode(evs) + b"}\n")
     return len(evs)

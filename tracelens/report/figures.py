@@ -85,7 +85,7 @@ def rank_groups(
     if len(ranks) <= max_items:
         labels = [f"r{r}" + (f" s{stage_of[r]}" if stage_of.get(r) is not None else "") for r in ranks]
         return labels, [[r] for r in ranks], "rank"
-    stages = sorted({stage_of.get(r) for r in ranks if stage_of.get(r) is not None})
+    stages = sorted({s for s in (stage_of.get(r) for r in ranks) if s is not None})
     if stages and all(stage_of.get(r) is not None for r in ranks) and len(stages) <= max_items:
         members = [[r for r in ranks if stage_of.get(r) == s] for s in stages]
         return [f"stage {s} ({len(m)} ranks)" for s, m in zip(stages, members)], members, "stage"
@@ -608,3 +608,30 @@ def compare_shares_bar(comparison: Mapping, group: str = "breakdown") -> go.Figu
         title=title, barmode="group", yaxis_title="% of step time", legend_orientation="h", height=400
     )
     return fig
+
+
+def top_operations_of_stages(ops: pa.Table | None, top: int = 15) -> tuple[str, list[dict]]:
+    """`top_operations` from the per-rank stages' totals (`tracelens.store.stages.OPS` plus "rank"), so the
+    report's top kernels (or CPU ops on a CPU-only run) need no pass over every event."""
+    import pyarrow.compute as pc
+
+    if ops is None or ops.num_rows == 0:
+        return "", []
+    for k in ("kernel", "cpu_op"):
+        sel = ops.filter(pc.equal(ops.column("kind"), k))
+        if sel.num_rows:
+            break
+    else:
+        return "", []
+    agg = sel.group_by("name", use_threads=False).aggregate([("dur_ns", "sum"), ("calls", "sum")])
+    agg = agg.sort_by([("dur_ns_sum", "descending")]).slice(0, top)
+    n_ranks = len(pc.unique(sel.column("rank")))
+    return ("kernel" if k == "kernel" else "CPU op"), [
+        {
+            "name": r["name"],
+            "calls": int(r["calls_sum"]),
+            "total_ms": _r(r["dur_ns_sum"] / 1e6),
+            "per_rank_ms": _r(r["dur_ns_sum"] / 1e6 / max(n_ranks, 1)),
+        }
+        for r in agg.to_pylist()
+    ]

@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import html
 import json
-import os
 from collections.abc import Callable
 from pathlib import Path
 
 import plotly.io as pio
 
-from tracelens import __version__
+from tracelens._version import __version__
 from tracelens.outputs import GENERATOR_MARK
+from tracelens.policy import contained
 from tracelens.report import figures
+from tracelens.store.atomic import write_text
 
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px auto;max-width:1200px;
@@ -197,7 +198,7 @@ def _finding_order(f: dict) -> tuple:
     """Findings with a what-if saving first, largest saving first (summary `what_if`); then by severity."""
     order = {"error": 0, "warning": 1, "info": 2}
     saving = f.get("saving_ms")
-    return (saving is None, -(saving or 0.0), order.get(f.get("severity"), 3))
+    return (saving is None, -(saving or 0.0), order.get(str(f.get("severity")), 3))
 
 
 def _saving_text(f: dict) -> str:
@@ -287,24 +288,13 @@ def render(
     )
 
 
-def _safe(label: str, fn: Callable[[], object]) -> object:
-    """Run one section builder; a failure becomes a note (TRACELENS_DEBUG=1 re-raises)."""
-    try:
-        return fn()
-    except Exception as err:  # noqa: BLE001 - one broken section must not cost the whole report
-        if os.environ.get("TRACELENS_DEBUG") == "1":
-            raise
-        return note(f"{label}: could not be drawn ({type(err).__name__}: {err})")
-
-
-def _attr(analysis, name: str):
-    """An analysis result, or None when it is absent or could not run."""
-    try:
-        return getattr(analysis, name, None)
-    except Exception:  # noqa: BLE001 - an analyzer that fails only loses its section
-        if os.environ.get("TRACELENS_DEBUG") == "1":
-            raise
-        return None
+def _section(analysis, label: str, fn: Callable[[], object]) -> object:
+    """One section builder under the error policy (`tracelens.policy`): a failure becomes a warning of the
+    run and a note in its place."""
+    warnings: list[str] = analysis.warnings if analysis is not None else []
+    n = len(warnings)
+    out = contained(f"report section {label} could not be drawn", fn, warnings)
+    return out if len(warnings) == n else note(warnings[-1])
 
 
 def _pipeline_section(analysis, summary: dict) -> list:
@@ -312,7 +302,7 @@ def _pipeline_section(analysis, summary: dict) -> list:
 
     stages = summary.get("stages") or []
     out: list = []
-    grid = _attr(analysis, "grid")
+    grid = analysis.grid if analysis is not None else None
     stage_of = {int(r["rank"]): r.get("stage") for r in summary.get("ranks") or []}
     chain: list[int] = []
     if grid is not None and getattr(grid, "pp", None) == 1:
@@ -331,8 +321,8 @@ def _pipeline_section(analysis, summary: dict) -> list:
         chain = [firsts[s] for s in sorted(firsts)]
     if not chain or (len(chain) < 2 and not stages):
         return [note("No pipeline parallelism known (pp=1 or no layout): no pipeline timeline.")]
-    events = _chain_events(analysis, chain)
-    cross = _attr(analysis, "cross")
+    events = analysis.run.events_of(chain) if analysis is not None else None
+    cross = analysis.cross if analysis is not None else None
     step = pick_step(summary.get("per_step") or [])
     blocks = (
         pipeline_blocks(events, chain, stage_of, step, getattr(cross, "offsets_ns", None))
@@ -350,7 +340,7 @@ def _pipeline_section(analysis, summary: dict) -> list:
 
 
 def _composition_section(analysis, summary: dict) -> list:
-    result = _attr(analysis, "composition")
+    result = analysis.composition if analysis is not None else None
     comp = summary.get("composition") or result
     stages = figures._get(comp, "stages") or figures._get(result, "stages") or {}
     share = figures._get(comp, "time_share") or figures._get(result, "time_share") or {}
@@ -368,7 +358,7 @@ def _composition_section(analysis, summary: dict) -> list:
 
 
 def _collectives_section(analysis, summary: dict) -> object:
-    cross = _attr(analysis, "cross")
+    cross = analysis.cross if analysis is not None else None
     rows = figures.collective_rows(getattr(cross, "collectives", None)) if cross is not None else []
     if not rows:  # no cross-rank result (e.g. a stored summary): the per-op summary.json record
         by_op = (
@@ -411,30 +401,15 @@ def _collectives_section(analysis, summary: dict) -> object:
 
 
 def _memory_section(analysis, summary: dict) -> object:
-    tables = _attr(analysis, "tables")
-    peaks = figures.memory_peaks(getattr(tables, "memory", None)) if tables is not None else []
+    peaks = figures.memory_peaks(analysis.run.memory) if analysis is not None else []
     if not peaks:
         return note("No memory events in the traces (record with profile_memory=True).")
     stage_of = {int(r["rank"]): r.get("stage") for r in summary.get("ranks") or []}
     return figures.memory_bar(peaks, stage_of)
 
 
-def _chain_events(analysis, chain: list[int]):
-    """Events of the pipeline chain's ranks only (the staged engines never build the all-ranks table)."""
-    if not hasattr(analysis, "tables"):
-        return _attr(analysis, "events")
-    from tracelens.engine import events_of
-
-    return events_of(analysis, chain)
-
-
 def _top_ops_section(analysis, summary: dict) -> object:
-    if hasattr(analysis, "tables"):
-        from tracelens.engine import top_operations
-
-        kind, rows = top_operations(analysis)
-    else:
-        kind, rows = figures.top_operations(_attr(analysis, "events"))
+    kind, rows = figures.top_operations_of_stages(analysis.run.stages.ops) if analysis is not None else ("", [])
     if not rows:
         return note("No kernels or CPU operators in the traces.")
     return table_html(
@@ -456,29 +431,25 @@ def build_sections(analysis, summary: dict) -> list[tuple[str, object]]:
         ("Findings", findings_html(summary)),
         (
             "Per-rank breakdown",
-            _safe("breakdown", lambda: figures.breakdown_bar(summary))
+            _section(analysis, "breakdown", lambda: figures.breakdown_bar(summary))
             if summary.get("ranks")
             else note("No ranks analyzed."),
         ),
         (
             "Step time per rank and step",
-            _safe("heatmap", lambda: figures.step_heatmap(summary)) if heat else note("No per-step samples."),
+            _section(analysis, "heatmap", lambda: figures.step_heatmap(summary)) if heat else note("No per-step samples."),
         ),
-        ("Pipeline", _safe("pipeline", lambda: _pipeline_section(analysis, summary))),
-        ("Stage composition", _safe("composition", lambda: _composition_section(analysis, summary))),
-        ("Collectives", _safe("collectives", lambda: _collectives_section(analysis, summary))),
-        ("Memory", _safe("memory", lambda: _memory_section(analysis, summary))),
-        ("Top operations", _safe("top operations", lambda: _top_ops_section(analysis, summary))),
+        ("Pipeline", _section(analysis, "pipeline", lambda: _pipeline_section(analysis, summary))),
+        ("Stage composition", _section(analysis, "composition", lambda: _composition_section(analysis, summary))),
+        ("Collectives", _section(analysis, "collectives", lambda: _collectives_section(analysis, summary))),
+        ("Memory", _section(analysis, "memory", lambda: _memory_section(analysis, summary))),
+        ("Top operations", _section(analysis, "top operations", lambda: _top_ops_section(analysis, summary))),
         ("Run", metadata_html(summary)),
     ]
 
 
 def _write(text: str, path: Path) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
+    write_text(path, text)
 
 
 def write_report(analysis, summary: dict, path: Path) -> None:
@@ -509,7 +480,7 @@ def compare_sections(comparison: dict) -> list[tuple[str, object]]:
         ("path", "path"),
     ]
     run_cols = [c for c in run_cols if any(r.get(c[1]) is not None for r in run_rows)]
-    out = [("What changed most", text + table_html(run_rows, run_cols, ("path",))), ("Side by side", metrics)]
+    out: list[tuple[str, object]] = [("What changed most", text + table_html(run_rows, run_cols, ("path",))), ("Side by side", metrics)]
     if any(m["group"] == "breakdown" for m in rows):
         out.append(("Breakdown", figures.compare_shares_bar(comparison, "breakdown")))
     if any(m["group"] == "layer_types" for m in rows):

@@ -1,0 +1,70 @@
+"""The Typer app every command registers on (`tracelens.cli` imports the commands; they import this).
+
+Exit codes: 0 success, 1 regression found (`check`), 2 bad input (any TracelensError).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+
+import typer
+
+from tracelens._version import __version__
+from tracelens.errors import TracelensError
+
+
+class _App(typer.Typer):
+    """Typer app that turns TracelensError into a one-line message and exit code 2."""
+
+    def __call__(self, *args, **kwargs):
+        debug = "--debug" in sys.argv[1:] or os.environ.get("TRACELENS_DEBUG") == "1"
+        if "--debug" in sys.argv[1:]:
+            sys.argv.remove("--debug")
+            os.environ["TRACELENS_DEBUG"] = "1"
+        try:
+            return super().__call__(*args, **kwargs)
+        except TracelensError as err:
+            if debug:
+                traceback.print_exc()
+            typer.echo(f"tracelens: error: {err}", err=True)
+            sys.exit(err.exit_code)
+        except KeyboardInterrupt:
+            typer.echo("tracelens: interrupted", err=True)
+            sys.exit(130)
+        except SystemExit:
+            raise
+        except Exception as err:  # a bug, not a user error: say so in one line, traceback with --debug
+            if debug:
+                traceback.print_exc()
+            else:
+                typer.echo(
+                    f"tracelens: internal error: {type(err).__name__}: {err} (rerun with --debug for a traceback)",
+                    err=True,
+                )
+            sys.exit(3)
+
+
+app = _App(
+    name="tracelens",
+    help="Why is my multi-GPU training run slow? Analyze PyTorch profiler and NCCL traces.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"tracelens {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Show the version."),
+    debug: bool = typer.Option(False, "--debug", help="Show tracebacks for errors."),
+) -> None:
+    """tracelens: per-rank and per-stage analysis of multi-GPU training traces."""

@@ -1,0 +1,69 @@
+"""Cross-rank reduction: the per-rank stages of a run concatenated into what one all-ranks pass gives."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from tracelens import schema
+from tracelens.analyze.breakdown import BREAKDOWN, RankSets
+from tracelens.analyze.composition import SPANS
+from tracelens.store.cache import concat
+from tracelens.store.stages import OPS, RankStage
+
+
+@dataclass
+class Staged:
+    """The reduced per-rank results of a whole run (what `Analysis` reads instead of the events table).
+
+    `sets`: rank -> RankSets; `breakdown`: BREAKDOWN rows of all ranks; `spans`: SPANS rows of all ranks,
+    or None with `spans_error` when a rank's module_spans failed; `xevents`: the cross-rank event rows of
+    all ranks (events schema, rank order, trace order within a rank)."""
+
+    sets: dict[int, RankSets]
+    breakdown: pa.Table
+    spans: pa.Table | None
+    xevents: pa.Table
+    spans_error: str | None = None
+    time_ranges: pa.Table | None = None  # rank, ts_ns (first start), dur_ns (to the last end)
+    ops: pa.Table | None = None  # stage.OPS of all ranks plus their "rank" column
+
+
+def reduce_stages(stages: list[RankStage]) -> Staged:
+    """Concatenate per-rank stages (in rank order) into what one all-ranks computation would give.
+
+    One rule is not a plain concatenation: a rank without `ProfilerStep` gets a whole-trace window from
+    the breakdown, but only when NO rank has steps (as `breakdown()` over all ranks decides)."""
+    stages = sorted(stages, key=lambda s: s.rank)
+    any_steps = any(s.has_steps for s in stages)
+    bds = [s.breakdown for s in stages if s.has_steps or not any_steps]
+    errs = [f"rank {s.rank}: {s.spans_error}" for s in stages if s.spans_error]
+    spans = None if errs else concat([s.spans for s in stages if s.spans is not None], SPANS)
+    tr = [(s.rank, *s.time_range) for s in stages if s.time_range is not None]
+    time_ranges = pa.table(
+        {
+            "rank": pa.array([t[0] for t in tr], pa.int32()),
+            "ts_ns": pa.array([t[1] for t in tr], pa.int64()),
+            "dur_ns": pa.array([t[2] - t[1] for t in tr], pa.int64()),
+        }
+    )
+    return Staged(
+        sets={s.rank: s.sets for s in stages if s.sets is not None},
+        breakdown=concat(bds, BREAKDOWN),
+        spans=spans,
+        xevents=concat([s.xevents for s in stages], schema.EVENTS),
+        spans_error=errs[0] if errs else None,
+        time_ranges=time_ranges,
+        ops=concat(
+            [
+                s.ops.append_column("rank", pa.array([s.rank] * s.ops.num_rows, pa.int32()))
+                for s in stages
+                if s.ops is not None
+            ],
+            OPS.append(pa.field("rank", pa.int32())),
+        ),
+    )
+
+
+__all__ = ["Staged", "reduce_stages"]

@@ -1,0 +1,273 @@
+"""The one way a run gets into memory: `load_run(path, options, executor) -> Run`.
+
+The CLI, the notebook API (`tracelens.load`), the report and the Dask engine all come through here, and a
+one-rank run takes the same path (in this process). For each Kineto rank, one plain task
+(`tracelens.engine.tasks.process_rank`) ingests its trace into the Parquet cache and computes its per-rank
+stage; the tasks run on an executor (a local pool by default, Dask's `Client.get_executor()` for a cluster).
+This process then reads back only the metadata and the small stage results and reduces them
+(`tracelens.engine.reduce`); the events and memory tables are read lazily, when asked for.
+
+The cache lives in the user cache directory (`tracelens.store.cache`), never in the run folder. With
+`no_cache`, or when the cache directory cannot be written, the work is done in a scratch folder that is
+removed with the `Run`.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import uuid
+import weakref
+from collections.abc import Callable, Iterable
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from tracelens import errors, schema
+from tracelens.discover import TraceFile, discover
+from tracelens.engine.executor import local_executor, run_all
+from tracelens.engine.reduce import Staged, reduce_stages
+from tracelens.engine.tasks import needs_work, process_rank
+from tracelens.ingest.sniff import KINETO
+from tracelens.store import cache
+from tracelens.store.cache import RankParquet
+from tracelens.store.stages import read_stage
+
+Progress = Callable[[int, int], None]
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    """How to load a run. `ranks`: keep only these ranks (a set or a "0-7,12" text, see
+    `discover.parse_rank_filter`); `cache_dir`: the cache root (default `store.cache.default_cache_dir()`);
+    `workers`: size of the default local pool; `progress(done, total)` is called as ranks finish."""
+
+    no_cache: bool = False
+    cache_dir: str | Path | None = None
+    salvage: bool = False
+    ranks: str | Iterable[int] | None = None
+    workers: int | None = None
+    progress: Progress | None = None
+
+
+@dataclass(eq=False)
+class Run:
+    """One loaded run. `metadata` (schema.METADATA, one row per rank), `files` (every discovered input, all
+    formats) and `stages` (the per-rank stage results of every rank, reduced) are in memory; `events` and
+    `memory` (all ranks) are read from the cache when first asked for, `events_of(ranks)` reads only those
+    ranks. `warnings`: what the loader had to work around (e.g. an unwritable cache)."""
+
+    path: Path
+    run_dir: Path
+    files: list[TraceFile]
+    metadata: pa.Table
+    stages: Staged
+    entries: list[RankParquet]
+    cache_root: Path | None
+    warnings: list[str] = field(default_factory=list)
+    _scratch: weakref.finalize[Any, Any] | None = field(default=None, repr=False)
+
+    @cached_property
+    def events(self) -> pa.Table:
+        """Every event of every rank (schema.EVENTS), ranks in order."""
+        return cache.read_part(self.entries, "events")
+
+    @cached_property
+    def memory(self) -> pa.Table:
+        """Every `[memory]` record of every rank (schema.MEMORY)."""
+        return cache.read_part(self.entries, "memory")
+
+    def events_of(self, ranks: Iterable[int]) -> pa.Table:
+        """Events of only these ranks (each read from its own cache file; nothing else is read)."""
+        want = {int(r) for r in ranks}
+        return cache.read_part([e for e in self.entries if e.rank in want], "events")
+
+    @property
+    def ranks(self) -> list[int]:
+        return [e.rank for e in self.entries]
+
+    def close(self) -> None:
+        """Remove the scratch folder of a run loaded without cache (also done when the Run is collected)."""
+        if self._scratch is not None:
+            self._scratch()
+
+
+def _scratch_dir(root: Path | None) -> Path:
+    """A scratch folder for one uncached load: under the cache root when it is writable (workers of a
+    cluster see it where they see the cache), else in the system temporary folder."""
+    if root is not None:
+        d = root / "tmp" / uuid.uuid4().hex
+        try:
+            d.mkdir(parents=True)
+            return d
+        except OSError:
+            pass
+    return Path(tempfile.mkdtemp(prefix="tracelens-"))
+
+
+def _read_results(entries: list[RankParquet]) -> tuple[pa.Table, Staged]:
+    """(metadata of all ranks, reduced stages) from the entries; OSError when one is missing or damaged."""
+    try:
+        meta = cache.concat([cache.read_parquet(e.meta) for e in entries], schema.METADATA)
+        stages = [read_stage(e.events, e.rank) for e in entries]
+    except (pa.ArrowException, ValueError) as err:
+        raise OSError(f"stage files vanished or are corrupt: {err}") from err
+    if not meta.schema.equals(schema.METADATA):
+        raise OSError("cached metadata has another schema")
+    return meta, reduce_stages(stages)
+
+
+def load_run(
+    path: str | Path, options: LoadOptions | None = None, executor: Executor | None = None
+) -> Run:
+    """Discover the run at `path` (a folder or one trace), run the per-rank tasks still needed on
+    `executor` (default: `engine.executor.local_executor`) and return the `Run`.
+
+    Ranks whose time ranges lie far apart (traces of different runs in one folder) raise RankError naming
+    two of the files."""
+    o = options or LoadOptions()
+    p = Path(path).expanduser()
+    run_dir = p if p.is_dir() else p.parent
+    warnings: list[str] = []
+    root = None if o.no_cache else cache.open_cache(o.cache_dir)
+    if not o.no_cache and root is None:
+        where = o.cache_dir or cache.default_cache_dir()
+        warnings.append(f"cache folder {where} is not writable: analyzed without cache")
+    if root is not None:
+        memo = cache.load_memo(root, run_dir)
+        known = len(memo)
+        files = discover(p, o.ranks, memo=memo)
+        if len(memo) != known:
+            cache.save_memo(root, run_dir, memo)
+    else:
+        files = discover(p, o.ranks)
+    scratch = None
+    if root is None:
+        scratch = _scratch_dir(None if o.no_cache and o.cache_dir is None else cache.open_cache(o.cache_dir))
+    work = root if root is not None else scratch
+    assert work is not None
+    try:
+        run = _load(p, run_dir, files, work, o, executor, use_cache=root is not None)
+    except BaseException:
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
+        raise
+    run.cache_root = root
+    run.warnings = warnings
+    if scratch is not None:  # the folder lives as long as the Run (events are read lazily)
+        run._scratch = weakref.finalize(run, shutil.rmtree, scratch, True)
+    return run
+
+
+def _load(
+    p: Path,
+    run_dir: Path,
+    files: list[TraceFile],
+    work: Path,
+    o: LoadOptions,
+    executor: Executor | None,
+    use_cache: bool,
+) -> Run:
+    kin = sorted((f for f in files if f.fmt == KINETO and f.rank is not None), key=lambda f: f.rank or 0)
+    entries = [cache.entry(work, f.path, int(f.rank or 0), o.salvage) for f in kin]
+
+    def run_tasks(cached: bool) -> int:
+        todo = [(f, e) for f, e in zip(kin, entries) if needs_work(e, cached)]
+        done, total = len(entries) - len(todo), len(entries)
+        if o.progress:
+            o.progress(done, total)
+        if todo:
+            calls = [(str(f.path), e.rank, e, o.salvage, cached) for f, e in todo]
+            ex = executor or local_executor(len(todo), o.workers)
+            try:
+                run_all(ex, process_rank, calls, o.progress, done, total)
+            finally:
+                if executor is None:
+                    ex.shutdown(wait=True)
+        return len(todo)
+
+    wrote = run_tasks(use_cache)
+    try:
+        meta, staged = _read_results(entries)
+    except OSError:  # an entry was removed or damaged between the check and the read: rebuild once
+        wrote += run_tasks(False)
+        meta, staged = _read_results(entries)
+    if staged.time_ranges is not None:
+        check_time_ranges(staged.time_ranges, meta)
+    if use_cache:
+        cache.touch(entries)
+        if wrote:
+            cache.evict(work, keep=[e.folder for e in entries])
+    return Run(p, run_dir, files, meta, staged, entries, work if use_cache else None)
+
+
+def load_tables(
+    path: str | Path,
+    no_cache: bool = False,
+    progress: Progress | None = None,
+    workers: int | None = None,
+    *,
+    salvage: bool = False,
+    ranks: str | Iterable[int] | None = None,
+    cache_dir: str | Path | None = None,
+) -> Run:
+    """`load_run` with keyword options (the notebook-friendly spelling); `.events`, `.memory`,
+    `.metadata` and `.files` are the run's tables."""
+    opts = LoadOptions(no_cache, cache_dir, salvage, ranks, workers, progress)
+    return load_run(path, opts)
+
+
+#: Ranks whose event time ranges are separated by more than this are taken for traces of different runs.
+MIXED_RUN_GAP_NS = 10 * 60 * 10**9
+
+
+def check_time_ranges(events: pa.Table, metadata: pa.Table, gap_ns: int = MIXED_RUN_GAP_NS) -> None:
+    """Raise RankError when the ranks' event time ranges fall into groups more than `gap_ns` apart.
+
+    Ranks of one run overlap in time (clocks of different hosts differ by milliseconds, not minutes); two
+    jobs' traces copied into one folder do not. The message names a file of each group.
+    """
+    if events.num_rows == 0 or metadata.num_rows < 2:
+        return
+    ts_col = events.column("ts_ns")
+    if ts_col.null_count:
+        events = events.filter(ts_col.is_valid())
+        if events.num_rows == 0:
+            return
+    ts = events.column("ts_ns").to_numpy()
+    dur = np.maximum(events.column("dur_ns").fill_null(0).to_numpy(), 0)
+    with np.errstate(over="ignore"):
+        end = ts + dur
+    end[end < ts] = np.iinfo(np.int64).max  # an absurd duration saturates instead of wrapping
+    rk = events.column("rank").to_numpy()
+    # per run of equal ranks (the cache concatenates ranks in blocks), then per rank
+    starts = np.flatnonzero(np.r_[True, rk[1:] != rk[:-1]])
+    blk_lo, blk_hi, blk_rank = np.minimum.reduceat(ts, starts), np.maximum.reduceat(end, starts), rk[starts]
+    ranks, inv = np.unique(blk_rank, return_inverse=True)
+    lo = np.full(ranks.size, np.iinfo(np.int64).max, np.int64)
+    hi = np.full(ranks.size, np.iinfo(np.int64).min, np.int64)
+    np.minimum.at(lo, inv, blk_lo)
+    np.maximum.at(hi, inv, blk_hi)
+    order = lo.argsort(kind="stable")
+    ranks, lo, hi = ranks[order], lo[order], hi[order]
+    reach = np.maximum.accumulate(hi)  # latest end among the ranks starting earlier
+    gaps = lo[1:] - reach[:-1]
+    if len(gaps) == 0 or gaps.max() <= gap_ns:
+        return
+    i = int(gaps.argmax())
+    before = int(ranks[int(np.argmax(hi[: i + 1]))])
+    after = int(ranks[i + 1])
+    paths = dict(zip(metadata.column("rank").to_pylist(), metadata.column("path").to_pylist()))
+    raise errors.RankError(
+        f"traces of different runs in one folder? rank {after} ({paths.get(after)}) starts "
+        f"{gaps[i] / 6e10:.0f} min after rank {before} ({paths.get(before)}) ended; "
+        "choose one run's ranks with --rank-filter"
+    )
+
+
+__all__ = ["LoadOptions", "MIXED_RUN_GAP_NS", "Run", "check_time_ranges", "load_run", "load_tables"]

@@ -1,0 +1,51 @@
+"""The one atomic writer: every file tracelens writes goes to a temporary name beside it, then is renamed.
+
+A reader (another analysis, a browser, a CI job) never sees half a file, and a failed write leaves the
+previous file in place. The temporary name is unique per process and call, so concurrent writers of the
+same file do not trample each other's temporary files.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+
+def write_atomic(dest: str | Path, write: Callable[[Path], object]) -> None:
+    """Call `write(tmp)` to fill a temporary file beside `dest`, then rename it onto `dest`."""
+    dest = Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        write(tmp)
+        os.replace(tmp, dest)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def write_bytes(dest: str | Path, data: bytes) -> None:
+    """Write bytes atomically."""
+    write_atomic(dest, lambda tmp: tmp.write_bytes(data))
+
+
+def write_text(dest: str | Path, text: str) -> None:
+    """Write UTF-8 text atomically."""
+    write_bytes(dest, text.encode("utf-8"))
+
+
+def write_parquet(dest: str | Path, table: pa.Table) -> None:
+    """Write a Parquet file atomically.
+
+    Uncompressed: the cache is read far more often than written, and Parquet's own dictionary and run-length
+    encodings already keep it at ~6% of the JSON (lz4 saved a third of that and cost ~1 ms per 100k events on
+    every read)."""
+    write_atomic(dest, lambda tmp: pq.write_table(table, tmp, compression="none"))
+
+
+__all__ = ["write_atomic", "write_bytes", "write_parquet", "write_text"]
