@@ -463,9 +463,18 @@ class Analysis:
             )
         ]
 
+    # ---- per-op view (tracelens.ops_view, docs/ops.md) -----------------------------------------
+    @cached_property
+    def ops_view(self):
+        """Per-op FLOPs, time and roofline of one rank per stage (None when it could not be built)."""
+        from tracelens.ops_view import ops_view
+
+        return self._guarded("per-op view", lambda: ops_view(self))
+
     def summary(self) -> dict:
         from tracelens import summary as S
 
+        ops_rows = self.ops_view.summary_rows() if self.ops_view is not None else []
         cross, pipe, comp = self.cross, self.pipeline, self.composition
         extra = {}
         if cross is not None:
@@ -527,6 +536,7 @@ class Analysis:
             "clock": clock_dict(cross),
             "collectives": collectives_dict(cross, self.nccl),
             "audit": audit.to_dict() if audit is not None else None,
+            "ops": ops_rows,
         }
         if self.options.compat == "hta":
             out["compat"] = self.hta_compat()

@@ -1,0 +1,450 @@
+"""Per-operator performance: FLOPs and bytes of each op (tracelens.models.op_flops) against the time of
+its GPU kernels, achieved TFLOP/s and TB/s, and the roofline bound; kernel tables; launch statistics; the
+allocator timeline. Pure functions: tables in, DataFrames out (docs/ops.md explains every column).
+
+An op instance is a CPU operator that launched kernels: every kernel is linked to the innermost CPU op
+active at its launch (its `External id`, else its launch's through `correlation`), so nested ops
+(`aten::linear` -> `aten::mm`) are never counted twice. On ranks without kernels (CPU-only runs) the
+instances are the leaf CPU ops and their time is their CPU duration.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from functools import lru_cache
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from tracelens.models.hardware import hbm_bandwidth, roofline_peak_flops
+from tracelens.models.op_flops import op_cost, op_family
+from tracelens.schema import KERNEL_NAME_COMM
+
+#: Columns of the op table (one row per rank, op, shapes, main kernel and layer type).
+OP_COLUMNS = [
+    "rank", "stage", "op", "kernel", "shapes", "layer_type", "model", "calls", "ms_per_step", "flops",
+    "bytes", "tflops", "tbps", "bound", "roofline_pct",
+]
+#: The summary's `ops` keys, in order.
+SUMMARY_KEYS = [
+    "op", "kernel", "stage", "rank", "layer_type", "shapes", "calls", "ms_per_step", "flops", "bytes",
+    "tflops", "tbps", "bound", "roofline_pct",
+]
+#: Kernels shorter than this count as short in the launch statistics.
+SHORT_KERNEL_NS = 10_000
+_COMM = re.compile(KERNEL_NAME_COMM)
+
+
+# ------------------------------------------------------------------------------------------- kernel names
+def _fold_templates(s: str) -> str:
+    out, depth = [], 0
+    for ch in s:
+        if ch == "<":
+            if depth == 0:
+                out.append("<…>")
+            depth += 1
+        elif ch == ">" and depth:
+            depth -= 1
+        elif depth == 0:
+            out.append(ch)
+    return "".join(out)
+
+
+def _strip_args(s: str) -> str:
+    """Drop a trailing argument list `(...)` (balanced from the end)."""
+    s = s.rstrip()
+    if not s.endswith(")"):
+        return s
+    depth = 0
+    for i in range(len(s) - 1, -1, -1):
+        if s[i] == ")":
+            depth += 1
+        elif s[i] == "(":
+            depth -= 1
+            if depth == 0:
+                return s[:i].rstrip() if i > 0 else s
+    return s
+
+
+@lru_cache(maxsize=8192)
+def short_kernel_name(name: str | None) -> str | None:
+    """A readable kernel name: return type, argument list and namespaces dropped, template arguments folded
+    to `<…>`, the functor of PyTorch's elementwise/reduce kernels kept in brackets
+    (`vectorized_elementwise_kernel<…>[CUDAFunctor_add]`). Names without C++ syntax are kept as they are."""
+    if not name:
+        return name
+    s = name.strip()
+    if "(" not in s and "<" not in s and "::" not in s:
+        return s
+    functor = None
+    m = re.search(r"at::native::(?:[\w:]*::)?((?:CUDAFunctor_|BinaryFunctor|AUnaryFunctor|FillFunctor|"
+                  r"[A-Z]\w*Functor|\w+_functor|\w+_kernel_cuda|MulFunctor|AddFunctor)\w*)", s)
+    if m and ("elementwise_kernel" in s or "reduce_kernel" in s):
+        functor = m.group(1)
+        inner = re.search(r"binary_internal::(\w+Functor)", s)
+        if inner:
+            functor = inner.group(1)
+    s = re.sub(r"^void\s+", "", s)
+    s = _strip_args(s)
+    s = _fold_templates(s)
+    s = re.sub(r"\(anonymous namespace\)::", "", s)
+    base = s.split("::")[-1] if "::" in s else s
+    base = base.strip() or s
+    return f"{base}[{functor}]" if functor else base
+
+
+# ------------------------------------------------------------------------------------------- helpers
+def _col(t: pa.Table, name: str, fill=None) -> np.ndarray:
+    c = t.column(name)
+    if fill is not None:
+        c = c.fill_null(fill)
+    return c.to_numpy(zero_copy_only=False)
+
+
+def _kind_mask(events: pa.Table, kinds: tuple[str, ...]) -> np.ndarray:
+    return pc.is_in(events.column("kind").cast(pa.string()), value_set=pa.array(kinds)).to_numpy(
+        zero_copy_only=False
+    )
+
+
+def _frame(events: pa.Table, mask: np.ndarray, cols: list[str]) -> pd.DataFrame:
+    sub = events.filter(pa.array(mask))
+    data = {}
+    for c in cols:
+        col = sub.column(c)
+        if pa.types.is_dictionary(col.type):
+            col = col.cast(pa.string())
+        data[c] = col.to_pandas()
+    return pd.DataFrame(data)
+
+
+def _in_steps(step: pd.Series, steps: list[int] | None) -> pd.Series:
+    if steps is None:
+        return step.notna()
+    return step.isin(list(steps))
+
+
+def _layer_of(ranks: np.ndarray, ts: np.ndarray, spans: pa.Table | None) -> np.ndarray:
+    """Module name of the module span (layers.N.<module>) holding each (rank, ts), else None."""
+    out = np.full(len(ts), None, dtype=object)
+    if spans is None or spans.num_rows == 0 or len(ts) == 0:
+        return out
+    sp = spans.to_pandas()
+    sp = sp[sp["gpu_start_ns"].notna() & sp["gpu_end_ns"].notna()]
+    for r, g in sp.groupby("rank"):
+        g = g.sort_values("gpu_start_ns")
+        st = g["gpu_start_ns"].to_numpy(np.int64)
+        en = g["gpu_end_ns"].to_numpy(np.int64)
+        mod = g["module"].to_numpy(object)
+        sel = np.flatnonzero(ranks == r)
+        if not sel.size:
+            continue
+        i = np.searchsorted(st, ts[sel], side="right") - 1
+        ok = i >= 0
+        ok[ok] &= ts[sel][ok] < en[i[ok]]
+        out[sel[ok]] = mod[i[ok]]
+    return out
+
+
+def _leaf_cpu_ops(ops: pd.DataFrame) -> pd.DataFrame:
+    """CPU ops with no CPU op nested inside them (per thread)."""
+    if ops.empty:
+        return ops
+    o = ops.sort_values(["rank", "tid", "ts_ns", "dur_ns"], ascending=[True, True, True, False])
+    end = (o["ts_ns"] + o["dur_ns"]).to_numpy()
+    nxt_ts = o["ts_ns"].shift(-1).to_numpy()
+    same = (o["rank"].shift(-1) == o["rank"]).to_numpy() & (o["tid"].shift(-1) == o["tid"]).to_numpy()
+    leaf = ~same | ~(nxt_ts < end)
+    return o[leaf]
+
+
+# ------------------------------------------------------------------------------------------- op instances
+def op_instances(events: pa.Table, shapes: pa.Table | None = None, steps: list[int] | None = None,
+                 spans: pa.Table | None = None) -> pd.DataFrame:
+    """One row per op instance: rank, step, external_id, op, kernel (its longest kernel, short name),
+    n_kernels, time_ns (sum of its kernels; CPU duration on kernel-less ranks), start_ns, layer_type, and
+    its recorded shapes (input_dims, input_types, concrete_inputs: JSON text or None). `shapes`: OP_SHAPES
+    rows with a `rank` column (tracelens.ingest.op_shapes)."""
+    cols = ["rank", "name", "ts_ns", "dur_ns", "external_id", "correlation", "step"]
+    empty = pd.DataFrame(columns=["rank", "step", "external_id", "op", "kernel", "n_kernels", "time_ns",
+                                  "start_ns", "layer_type", "input_dims", "input_types", "concrete_inputs"])
+    if events.num_rows == 0:
+        return empty
+    k = _frame(events, _kind_mask(events, ("kernel",)), cols)
+    if not k.empty:
+        uniq = {n: bool(_COMM.search(n)) for n in k["name"].dropna().unique()}
+        k = k[~k["name"].map(uniq).fillna(False).astype(bool)]
+    cpu = _frame(events, _kind_mask(events, ("cpu_op",)), cols + ["tid"])
+    parts = []
+    gpu_ranks = set(k["rank"].unique()) if not k.empty else set()
+    if not k.empty:
+        k = k[_in_steps(k["step"], steps)]
+        rt = _frame(events, _kind_mask(events, ("cuda_runtime", "cuda_driver")), ["rank", "correlation",
+                                                                                 "external_id"])
+        rt = rt.dropna().drop_duplicates(["rank", "correlation"])
+        k = k.merge(rt.rename(columns={"external_id": "rt_ext"}), on=["rank", "correlation"], how="left")
+        k["ext"] = k["external_id"].fillna(k["rt_ext"])
+        names = cpu.dropna(subset=["external_id"]).drop_duplicates(["rank", "external_id"])
+        names = names[["rank", "external_id", "name"]].rename(columns={"external_id": "ext", "name": "op"})
+        k = k.merge(names, on=["rank", "ext"], how="left")
+        k["kernel"] = k["name"].map(short_kernel_name)
+        k = k.sort_values("dur_ns", ascending=False)
+        # unlinked kernels stay one instance each
+        key = k["ext"].astype("Int64").astype(str).where(k["ext"].notna(), "k" + k.index.astype(str))
+        k["key"] = key
+        g = k.groupby(["rank", "key"], sort=False)
+        inst = g.agg(step=("step", "first"), external_id=("ext", "first"), op=("op", "first"),
+                     kernel=("kernel", "first"), n_kernels=("dur_ns", "size"), time_ns=("dur_ns", "sum"),
+                     start_ns=("ts_ns", "min")).reset_index().drop(columns="key")
+        parts.append(inst)
+    if not cpu.empty:
+        c = cpu[~cpu["rank"].isin(gpu_ranks)]
+        c = c[_in_steps(c["step"], steps)]
+        c = c[~c["name"].str.startswith("ProfilerStep")]
+        if not c.empty:
+            leaf = _leaf_cpu_ops(c)
+            parts.append(pd.DataFrame({
+                "rank": leaf["rank"], "step": leaf["step"], "external_id": leaf["external_id"],
+                "op": leaf["name"], "kernel": None, "n_kernels": 0, "time_ns": leaf["dur_ns"],
+                "start_ns": leaf["ts_ns"],
+            }))
+    if not parts:
+        return empty
+    inst = pd.concat(parts, ignore_index=True)
+    inst["layer_type"] = _layer_of(inst["rank"].to_numpy(np.int64), inst["start_ns"].to_numpy(np.int64), spans)
+    if shapes is not None and shapes.num_rows:
+        sh = shapes.to_pandas().drop_duplicates(["rank", "external_id"]).drop(columns=["name"], errors="ignore")
+        inst = inst.merge(sh, on=["rank", "external_id"], how="left")
+    else:
+        inst["input_dims"] = inst["input_types"] = inst["concrete_inputs"] = None
+    return inst
+
+
+@lru_cache(maxsize=65536)
+def _cost(op: str, dims: str | None, types: str | None, concrete: str | None):
+    if not isinstance(op, str) or not isinstance(dims, str):
+        return None
+    try:
+        d = json.loads(dims)
+        t = json.loads(types) if isinstance(types, str) else None
+        c = json.loads(concrete) if isinstance(concrete, str) else None
+    except ValueError:
+        return None
+    return op_cost(op, d, t, c)
+
+
+def _none(v):
+    return None if v is None or (isinstance(v, float) and not np.isfinite(v)) else v
+
+
+def op_table(instances: pd.DataFrame, gpu_name: str | None, n_steps: int | dict | None = None,
+             stage_of: dict[int, int] | None = None) -> pd.DataFrame:
+    """Op instances grouped by (rank, op, shapes, kernel, layer type) with per-step time, FLOPs and
+    bytes, achieved TFLOP/s and TB/s, and the roofline (OP_COLUMNS), longest first. `n_steps`: steps the
+    instances span (per rank as a dict; default: distinct steps seen per rank)."""
+    if instances.empty:
+        return pd.DataFrame(columns=OP_COLUMNS)
+    inst = instances.copy()
+    for c in ("input_dims", "input_types", "concrete_inputs"):
+        if c not in inst:
+            inst[c] = None
+    costs = [
+        _cost(o, d, t, c)
+        for o, d, t, c in zip(inst["op"], inst["input_dims"], inst["input_types"], inst["concrete_inputs"])
+    ]
+    inst["flops"] = [None if x is None else x.flops for x in costs]
+    inst["bytes"] = [None if x is None else x.bytes for x in costs]
+    inst["dtype_class"] = [None if x is None else x.dtype for x in costs]
+    inst["model"] = [op_family(o) if isinstance(o, str) else None for o in inst["op"]]
+    inst["shapes"] = inst["input_dims"]
+    key = ["rank", "op", "shapes", "kernel", "layer_type"]
+    for c in key[1:]:
+        inst[c] = inst[c].astype(object).where(inst[c].notna(), "\x00")
+    g = inst.groupby(key, sort=False, dropna=False)
+    agg = g.agg(calls=("time_ns", "size"), time_ns=("time_ns", "sum"), model=("model", "first"),
+                dtype_class=("dtype_class", "first"),
+                flops_n=("flops", "count"), flops=("flops", "sum"), bytes=("bytes", "sum")).reset_index()
+    for c in key[1:]:
+        agg[c] = agg[c].where(agg[c] != "\x00", None)
+    if isinstance(n_steps, dict):
+        steps = agg["rank"].map(lambda r: n_steps.get(int(r)) or 1)
+    elif n_steps:
+        steps = pd.Series(float(n_steps), index=agg.index)
+    else:
+        per = instances.groupby("rank")["step"].nunique()
+        steps = agg["rank"].map(lambda r: max(int(per.get(r, 1)), 1))
+    steps = steps.astype(float)
+    known = agg["flops_n"] == agg["calls"]  # every call has a cost: else the group's cost is unknown
+    agg["flops"] = (agg["flops"] / steps).where(known)
+    agg["bytes"] = (agg["bytes"] / steps).where(known)
+    agg["calls"] = agg["calls"] / steps
+    agg["ms_per_step"] = agg["time_ns"] / steps / 1e6
+    secs = agg["ms_per_step"] / 1e3
+    pos = secs > 0
+    agg["tflops"] = (agg["flops"] / secs / 1e12).where(pos & known)
+    agg["tbps"] = (agg["bytes"] / secs / 1e12).where(pos & known)
+    bw = hbm_bandwidth(gpu_name)
+    bound, pct = [], []
+    for f, b, dc, tf, tb in zip(agg["flops"], agg["bytes"], agg["dtype_class"], agg["tflops"], agg["tbps"]):
+        if f is None or not np.isfinite(f) or not np.isfinite(tf if tf is not None else np.nan):
+            bound.append(None)
+            pct.append(None)
+            continue
+        peak = roofline_peak_flops(gpu_name, dc) if f > 0 else None
+        if f == 0 and bw is not None or (peak is not None and bw is not None and b > 0 and f / b < peak / bw):
+            bound.append("memory")  # attainable = intensity x bandwidth: % of roofline = TB/s / peak TB/s
+            pct.append(100.0 * tb * 1e12 / bw)
+        elif f > 0 and peak is not None and bw is not None:
+            bound.append("compute")
+            pct.append(100.0 * tf * 1e12 / peak)
+        else:
+            bound.append(None)
+            pct.append(None)
+    agg["bound"] = bound
+    agg["roofline_pct"] = pct
+    agg["stage"] = agg["rank"].map(lambda r: None if stage_of is None else stage_of.get(int(r)))
+    agg = agg.sort_values(["ms_per_step", "op"], ascending=[False, True], na_position="last")
+    return agg[OP_COLUMNS].reset_index(drop=True)
+
+
+def kernel_table(instances: pd.DataFrame, n_steps: int | dict | None = None,
+                 stage_of: dict[int, int] | None = None) -> pd.DataFrame:
+    """Kernels (short names) by time per step and rank: calls and ms per step, and the op that launches
+    them most (by time). Ranks without kernels give no rows."""
+    k = instances[instances["kernel"].notna()] if not instances.empty else instances
+    cols = ["rank", "stage", "kernel", "op", "calls", "ms_per_step"]
+    if k.empty:
+        return pd.DataFrame(columns=cols)
+    g = k.groupby(["rank", "kernel"], sort=False)
+    agg = g.agg(calls=("time_ns", "size"), time_ns=("time_ns", "sum")).reset_index()
+    top_op = (k.assign(op=k["op"].fillna("(no CPU op)")).groupby(["rank", "kernel", "op"])["time_ns"].sum()
+              .reset_index().sort_values("time_ns", ascending=False).drop_duplicates(["rank", "kernel"]))
+    agg = agg.merge(top_op[["rank", "kernel", "op"]], on=["rank", "kernel"], how="left")
+    if isinstance(n_steps, dict):
+        steps = agg["rank"].map(lambda r: n_steps.get(int(r)) or 1).astype(float)
+    else:
+        steps = float(n_steps) if n_steps else 1.0
+    agg["calls"] = agg["calls"] / steps
+    agg["ms_per_step"] = agg["time_ns"] / steps / 1e6
+    agg["stage"] = agg["rank"].map(lambda r: None if stage_of is None else stage_of.get(int(r)))
+    return agg.sort_values("ms_per_step", ascending=False)[cols].reset_index(drop=True)
+
+
+def summary_rows(table: pd.DataFrame, per_stage: int = 15, limit: int = 60) -> list[dict]:
+    """The summary's `ops`: the top `per_stage` rows of each stage (or rank, when stages are unknown) by
+    time per step, at most `limit` in all; numbers rounded, unknowns null."""
+    if table.empty:
+        return []
+    t = table.copy()
+    grp = t["stage"].where(t["stage"].notna(), -1 - t["rank"])
+    t = t.assign(_g=grp).sort_values(["_g", "ms_per_step"], ascending=[True, False])
+    t = t.groupby("_g", sort=True).head(per_stage).head(limit)
+    out = []
+    for r in t.to_dict("records"):
+        row = {}
+        for k in SUMMARY_KEYS:
+            v = _none(r.get(k))
+            if isinstance(v, (np.integer,)):
+                v = int(v)
+            elif isinstance(v, (float, np.floating)):
+                v = float(v)
+                v = round(v, 4) if k in ("ms_per_step", "calls", "tflops", "tbps", "roofline_pct") else v
+            if k in ("rank", "stage") and v is not None:
+                v = int(v)
+            if k == "flops" or k == "bytes":
+                v = None if v is None else float(round(v))
+            row[k] = v
+        out.append(row)
+    return out
+
+
+# ------------------------------------------------------------------------------------------- launches
+def launch_stats(events: pa.Table, steps: list[int] | None = None) -> pd.DataFrame:
+    """Per rank: kernels, launch delay (kernel start minus its CPU launch's start, through `correlation`)
+    median / p90 / mean in µs, and the share of kernels (by count and by time) shorter than 10 µs.
+    Evidence for a host-bound rank: long queues mean the GPU waits on nothing, short kernels with small
+    delays mean the CPU is what keeps it busy."""
+    cols = ["rank", "kernels", "launch_delay_median_us", "launch_delay_p90_us", "launch_delay_mean_us",
+            "short_kernel_share", "short_kernel_time_share"]
+    if events.num_rows == 0:
+        return pd.DataFrame(columns=cols)
+    k = _frame(events, _kind_mask(events, ("kernel",)), ["rank", "ts_ns", "dur_ns", "correlation", "step"])
+    k = k[_in_steps(k["step"], steps)]
+    if k.empty:
+        return pd.DataFrame(columns=cols)
+    rt = _frame(events, _kind_mask(events, ("cuda_runtime", "cuda_driver")), ["rank", "ts_ns", "correlation"])
+    rt = rt.dropna().drop_duplicates(["rank", "correlation"]).rename(columns={"ts_ns": "launch_ns"})
+    k = k.merge(rt, on=["rank", "correlation"], how="left")
+    k["delay_us"] = (k["ts_ns"] - k["launch_ns"]) / 1e3
+    rows = []
+    for r, g in k.groupby("rank"):
+        d = g["delay_us"].dropna()
+        short = g["dur_ns"] < SHORT_KERNEL_NS
+        tot = float(g["dur_ns"].sum())
+        rows.append({
+            "rank": int(r), "kernels": int(len(g)),
+            "launch_delay_median_us": float(d.median()) if len(d) else None,
+            "launch_delay_p90_us": float(d.quantile(0.9)) if len(d) else None,
+            "launch_delay_mean_us": float(d.mean()) if len(d) else None,
+            "short_kernel_share": float(short.mean()),
+            "short_kernel_time_share": float(g.loc[short, "dur_ns"].sum() / tot) if tot > 0 else None,
+        })
+    return pd.DataFrame(rows, columns=cols)
+
+
+# ------------------------------------------------------------------------------------------- memory
+def memory_timeline(memory: pa.Table, max_points: int = 2000) -> pd.DataFrame:
+    """Allocator samples per rank on the GPU (device >= 0): ts_ns, allocated and reserved bytes, thinned to
+    at most `max_points` per rank (the peak sample always kept)."""
+    cols = ["rank", "ts_ns", "allocated", "reserved"]
+    if memory is None or memory.num_rows == 0:
+        return pd.DataFrame(columns=cols)
+    m = memory.to_pandas()
+    m = m[(m["device"] >= 0) & m["total_allocated"].notna()].sort_values(["rank", "ts_ns"])
+    out = []
+    for _, g in m.groupby("rank"):
+        if len(g) > max_points:
+            idx = np.unique(np.concatenate([np.linspace(0, len(g) - 1, max_points).astype(int),
+                                            [int(np.argmax(g["total_allocated"].to_numpy()))]]))
+            g = g.iloc[idx]
+        out.append(g)
+    if not out:
+        return pd.DataFrame(columns=cols)
+    m = pd.concat(out)
+    return pd.DataFrame({"rank": m["rank"].astype(int), "ts_ns": m["ts_ns"], "allocated": m["total_allocated"],
+                         "reserved": m["total_reserved"]}).reset_index(drop=True)
+
+
+def memory_peaks(memory: pa.Table, events: pa.Table | None = None,
+                 stage_of: dict[int, int] | None = None) -> pd.DataFrame:
+    """Per rank: peak allocated / reserved bytes, when, and the innermost CPU op running at the peak
+    (from `events`, the same rank's; None when no op covers that instant)."""
+    cols = ["rank", "stage", "peak_allocated", "peak_reserved", "peak_ts_ns", "op_at_peak"]
+    if memory is None or memory.num_rows == 0:
+        return pd.DataFrame(columns=cols)
+    m = memory.to_pandas()
+    m = m[(m["device"] >= 0) & m["total_allocated"].notna()]
+    if m.empty:
+        return pd.DataFrame(columns=cols)
+    i = m.groupby("rank")["total_allocated"].idxmax()
+    pk = m.loc[i, ["rank", "total_allocated", "ts_ns"]]
+    res = m.groupby("rank")["total_reserved"].max()
+    ops = None
+    if events is not None and events.num_rows:
+        ops = _frame(events, _kind_mask(events, ("cpu_op",)), ["rank", "name", "ts_ns", "dur_ns"])
+    rows = []
+    for r, a, t in zip(pk["rank"], pk["total_allocated"], pk["ts_ns"]):
+        op = None
+        if ops is not None and not ops.empty:
+            o = ops[(ops["rank"] == r) & (ops["ts_ns"] <= t) & (ops["ts_ns"] + ops["dur_ns"] >= t)]
+            if not o.empty:
+                op = str(o.sort_values("dur_ns").iloc[0]["name"])
+        rows.append({"rank": int(r), "stage": None if stage_of is None else stage_of.get(int(r)),
+                     "peak_allocated": int(a), "peak_reserved": _none(float(res.get(r))) if r in res else None,
+                     "peak_ts_ns": int(t), "op_at_peak": op})
+    out = pd.DataFrame(rows, columns=cols)
+    out["peak_reserved"] = out["peak_reserved"].map(lambda v: None if v is None or pd.isna(v) else int(v))
+    return out
