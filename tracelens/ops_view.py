@@ -44,8 +44,21 @@ def default_ranks(analysis) -> list[int]:
 
 
 def _paths(analysis) -> dict[int, str]:
-    md = analysis.metadata
-    return {int(r): p for r, p in zip(md.column("rank").to_pylist(), md.column("path").to_pylist()) if p}
+    """rank -> Kineto file, from the discovered files (metadata paths may be relative to another folder)."""
+    from pathlib import Path
+
+    from tracelens.ingest.sniff import KINETO
+
+    out: dict[int, str] = {}
+    for f in getattr(analysis.tables, "files", None) or []:
+        if f.fmt == KINETO and f.rank is not None:
+            out.setdefault(int(f.rank), str(f.path))
+    if not out:
+        md = analysis.metadata
+        for r, p in zip(md.column("rank").to_pylist(), md.column("path").to_pylist()):
+            if p and Path(p).exists():
+                out[int(r)] = str(p)
+    return out
 
 
 def _shapes(analysis, ranks: list[int]) -> pa.Table:

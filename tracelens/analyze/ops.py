@@ -36,6 +36,7 @@ SUMMARY_KEYS = [
 #: Kernels shorter than this count as short in the launch statistics.
 SHORT_KERNEL_NS = 10_000
 _COMM = re.compile(KERNEL_NAME_COMM)
+_NULL_KEY = "<tracelens:null>"  # stands for a null in group keys (pandas drops or mangles nulls there)
 
 
 # ------------------------------------------------------------------------------------------- kernel names
@@ -262,13 +263,13 @@ def op_table(instances: pd.DataFrame, gpu_name: str | None, n_steps: int | dict 
     inst["shapes"] = inst["input_dims"]
     key = ["rank", "op", "shapes", "kernel", "layer_type"]
     for c in key[1:]:
-        inst[c] = inst[c].astype(object).where(inst[c].notna(), "\x00")
+        inst[c] = inst[c].astype(object).where(inst[c].notna(), _NULL_KEY)
     g = inst.groupby(key, sort=False, dropna=False)
     agg = g.agg(calls=("time_ns", "size"), time_ns=("time_ns", "sum"), model=("model", "first"),
                 dtype_class=("dtype_class", "first"),
                 flops_n=("flops", "count"), flops=("flops", "sum"), bytes=("bytes", "sum")).reset_index()
     for c in key[1:]:
-        agg[c] = agg[c].where(agg[c] != "\x00", None)
+        agg[c] = agg[c].where(agg[c] != _NULL_KEY, None)
     if isinstance(n_steps, dict):
         steps = agg["rank"].map(lambda r: n_steps.get(int(r)) or 1)
     elif n_steps:
