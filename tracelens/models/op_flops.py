@@ -113,10 +113,11 @@ def _broadcast(shapes: list[list[int]]) -> list[int] | None:
 
 
 # ------------------------------------------------------------------------------------------- GEMMs
-def _gemm(m: int, k: int, n: int, batch: int, es_a: int, es_b: int, es_c: int, extra_c: bool) -> tuple[float, float]:
-    """2*B*M*N*K FLOPs (+B*M*N for an added input); bytes: A, B read, C written (and read when added)."""
-    flops = 2.0 * batch * m * n * k + (batch * m * n if extra_c else 0)
-    byts = batch * (m * k * es_a + k * n * es_b + m * n * es_c * (2 if extra_c else 1))
+def _gemm(m: int, k: int, n: int, batch: int, es_a: int, es_b: int, es_c: int, c_in: int) -> tuple[float, float]:
+    """2*B*M*N*K FLOPs (+B*M*N when an input `c_in` elements big is added); bytes: A and B read, C written,
+    the added input read."""
+    flops = 2.0 * batch * m * n * k + (batch * m * n if c_in else 0)
+    byts = batch * (m * k * es_a + k * n * es_b + m * n * es_c) + c_in * es_c
     return flops, float(byts)
 
 
@@ -125,20 +126,20 @@ def _mm(name, dims, types, concrete):
     if name in ("aten::addmm", "aten::baddbmm", "aten::addbmm"):
         if len(t) < 3:
             return None
-        (_c, es_c), (a, es_a), (b, es_b) = t[0], t[1], t[2]
-        add = True
+        (c, es_c), (a, es_a), (b, es_b) = t[0], t[1], t[2]
+        c_in = max(_numel(c), 1)
     else:
         if len(t) < 2:
             return None
         (a, es_a), (b, es_b) = t[0], t[1]
-        es_c, add = es_a, False
+        es_c, c_in = es_a, 0
     if name in ("aten::mm", "aten::addmm") and len(a) == 2 and len(b) == 2 and a[1] == b[0]:
-        return _gemm(a[0], a[1], b[1], 1, es_a, es_b, es_c, add)
+        return _gemm(a[0], a[1], b[1], 1, es_a, es_b, es_c, c_in)
     if name in ("aten::bmm", "aten::baddbmm") and len(a) == 3 and len(b) == 3 and a[2] == b[1] and a[0] == b[0]:
-        return _gemm(a[1], a[2], b[2], a[0], es_a, es_b, es_c, add)
-    if name == "aten::addbmm" and len(a) == 3 and len(b) == 3 and a[2] == b[1]:
-        f, by = _gemm(a[1], a[2], b[2], a[0], es_a, es_b, es_c, False)
-        return f + a[1] * b[2], by + a[1] * b[2] * es_c
+        return _gemm(a[1], a[2], b[2], a[0], es_a, es_b, es_c, c_in)
+    if name == "aten::addbmm" and len(a) == 3 and len(b) == 3 and a[2] == b[1]:  # sum over the batch
+        f, by = _gemm(a[1], a[2], b[2], a[0], es_a, es_b, es_c, 0)
+        return f + a[1] * b[2], by - (a[0] - 1) * a[1] * b[2] * es_c + c_in * es_c
     return None
 
 
