@@ -78,8 +78,11 @@ def short_kernel_name(name: str | None) -> str | None:
     if not name:
         return name
     s = name.strip()
+    tensile = re.match(r"(Cijk_\w+?_MT\d+x\d+x\d+)", s)  # AMD Tensile/hipBLASLt: up to the tile shape
+    if tensile:
+        return tensile.group(1)
     if "(" not in s and "<" not in s and "::" not in s:
-        return s
+        return s if len(s) <= 96 else s[:95] + "…"
     functor = None
     m = re.search(r"at::native::(?:[\w:]*::)?((?:CUDAFunctor_|BinaryFunctor|AUnaryFunctor|FillFunctor|"
                   r"[A-Z]\w*Functor|\w+_functor|\w+_kernel_cuda|MulFunctor|AddFunctor)\w*)", s)
