@@ -94,3 +94,20 @@ def test_qwen15_prefill_gemms_and_block_flops(name, peak):
     tokens, seq = 16 * 559, 559
     want = sum(layer_forward_flops(model, "full_attention", seq).values()) * tokens
     assert per_block == pytest.approx(want, rel=0.05)
+
+
+def test_analyze_ops_prints_the_top_of_the_table(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    sample = REPO / "sample_traces" / "cpu-gloo-4rank"
+    if not sample.is_dir():
+        pytest.skip("sample_traces/cpu-gloo-4rank is absent")
+    env = dict(os.environ, PYTHONPATH=str(REPO), COLUMNS="200")
+    r = subprocess.run([sys.executable, "-m", "tracelens", "analyze", str(sample), "-o", str(tmp_path / "o"),
+                        "--no-cache", "--no-report", "--ops"], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "Top ops" in r.stdout
+    top = max(json.loads((tmp_path / "o" / "summary.json").read_text())["ops"], key=lambda x: x["ms_per_step"])
+    assert top["op"] in r.stdout and f"{top['ms_per_step']:,.3f}" in r.stdout
