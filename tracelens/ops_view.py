@@ -122,6 +122,7 @@ def _steps_per_rank(analysis, ranks: list[int], inst: pd.DataFrame) -> dict[int,
         for r, g in df.groupby("rank"):
             out[int(r)] = int(g["step"].nunique())
     for r in ranks:
-        if not out.get(r) and not inst.empty:
-            out[r] = max(int(inst.loc[inst["rank"] == r, "step"].nunique()), 1)
+        if not out.get(r):  # no steps: the whole trace is one "step"
+            n = int(inst.loc[inst["rank"] == r, "step"].nunique()) if not inst.empty else 0
+            out[r] = max(n, 1)
     return out

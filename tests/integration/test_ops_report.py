@@ -47,7 +47,7 @@ def test_op_table_in_report_equals_api(sample):
         assert (cells[10] == "") == (r["tflops"] is None)
         same = api[(api["rank"] == r["rank"]) & (api["op"].fillna("") == (r["op"] or ""))
                    & (api["kernel"].fillna("") == (r["kernel"] or ""))
-                   & (api["shapes"].fillna("") == (r["shapes"] or ""))
+                   & (api["shapes"].fillna("").str.startswith((r["shapes"] or "").rstrip("…")))
                    & (api["layer_type"].fillna("") == (r["layer_type"] or ""))]
         assert len(same) == 1
         a = same.iloc[0]

@@ -129,6 +129,8 @@ def test_optimizer_and_elementwise():
     # broadcast add [4,8] + [8]: 32 outputs; inputs read, output written
     assert cost("aten::add", [[4, 8], [8], []], [F32, F32, "Scalar"]) == (32.0, 4.0 * (32 + 8) + 128.0)
     assert cost("aten::mul_", [[4, 8], [4, 8]], [BF, BF]) == (32.0, 2.0 * 64 + 64.0)
+    # mul(self, scalar, out=...): the out tensor is written, not read (32 fp32 read + 32 written + the scalar)
+    assert cost("aten::mul", [[4, 8], [], [4, 8]], [F32, "double", F32]) == (32.0, 128.0 + 8.0 + 128.0)
     assert cost("aten::copy_", [[4, 8], [4, 8], []], [BF, F32, "Scalar"]) == (0.0, 64.0 + 128.0)
     assert cost("aten::fill_", [[4, 8], []], [F32, "Scalar"]) == (0.0, 128.0)
     assert cost("aten::sum", [[4, 8], [], [], []], [F32, "", "Scalar", ""]) == (32.0, 132.0)

@@ -159,3 +159,32 @@ def test_cpu_only_rank_uses_leaf_ops():
     inst = O.op_instances(schema.table_from_rows(rows, schema.EVENTS), None, [1])
     assert sorted(inst["op"]) == ["aten::mm", "aten::relu"]
     assert dict(zip(inst["op"], inst["time_ns"])) == {"aten::mm": 400, "aten::relu": 100}
+
+
+def test_older_traces_link_kernels_to_the_op_around_their_launch():
+    """Older Kineto writes the launch's correlation as every `External id`: no CPU op carries it, so the
+    kernel belongs to the innermost CPU op on the launching thread that holds the launch."""
+    rows = [
+        dict(rank=0, kind="cpu_op", name="ProfilerStep#1", ts_ns=0, dur_ns=10_000, tid=1, step=1),
+        dict(rank=0, kind="cpu_op", name="aten::linear", ts_ns=10, dur_ns=500, external_id=1, tid=1, step=1),
+        dict(rank=0, kind="cpu_op", name="aten::t", ts_ns=20, dur_ns=10, external_id=2, tid=1, step=1),
+        dict(rank=0, kind="cpu_op", name="aten::mm", ts_ns=40, dur_ns=400, external_id=3, tid=1, step=1),
+        dict(rank=0, kind="cpu_op", name="aten::relu", ts_ns=600, dur_ns=100, external_id=4, tid=1, step=1),
+        dict(rank=0, kind="cuda_runtime", name="cudaLaunchKernel", ts_ns=100, dur_ns=5, correlation=77,
+             external_id=77, tid=1, step=1),
+        dict(rank=0, kind="cuda_runtime", name="cudaLaunchKernel", ts_ns=650, dur_ns=5, correlation=78,
+             external_id=78, tid=1, step=1),
+        dict(rank=0, kind="cuda_runtime", name="cudaLaunchKernel", ts_ns=5_000, dur_ns=5, correlation=79,
+             external_id=79, tid=1, step=1),  # outside every op but the step: the step annotation op
+        dict(rank=0, kind="kernel", name="gemm", ts_ns=1_000, dur_ns=300, correlation=77, external_id=77, step=1,
+             device=0, stream=7),
+        dict(rank=0, kind="kernel", name="relu_kernel", ts_ns=2_000, dur_ns=50, correlation=78, external_id=78,
+             step=1, device=0, stream=7),
+        dict(rank=0, kind="kernel", name="k3", ts_ns=6_000, dur_ns=5, correlation=79, external_id=79, step=1,
+             device=0, stream=7),
+    ]
+    inst = O.op_instances(schema.table_from_rows(rows, schema.EVENTS), None, [1])
+    got = dict(zip(inst["kernel"], inst["op"]))
+    assert got == {"gemm": "aten::mm", "relu_kernel": "aten::relu", "k3": "ProfilerStep#1"}
+    ext = inst.set_index("kernel")["external_id"]
+    assert ext["gemm"] == 3 and ext["relu_kernel"] == 4  # the op's own id: its shapes join on it

@@ -33,6 +33,9 @@ SUMMARY_KEYS = [
     "op", "kernel", "stage", "rank", "layer_type", "shapes", "calls", "ms_per_step", "flops", "bytes",
     "tflops", "tbps", "bound", "roofline_pct",
 ]
+#: `shapes` longer than this are cut (with "…") in summary rows (a fused optimizer step over thousands of
+#: tensors records them all); the API's tables keep them whole.
+SHAPES_MAX_CHARS = 256
 #: Kernels shorter than this count as short in the launch statistics.
 SHORT_KERNEL_NS = 10_000
 _COMM = re.compile(KERNEL_NAME_COMM)
@@ -126,8 +129,9 @@ def _frame(events: pa.Table, mask: np.ndarray, cols: list[str]) -> pd.DataFrame:
 
 
 def _in_steps(step: pd.Series, steps: list[int] | None) -> pd.Series:
-    if steps is None:
-        return step.notna()
+    """Rows in the analyzed steps; every row when the run has no steps (no ProfilerStep annotations)."""
+    if not steps:
+        return pd.Series(True, index=step.index)
     return step.isin(list(steps))
 
 
@@ -165,6 +169,49 @@ def _leaf_cpu_ops(ops: pd.DataFrame) -> pd.DataFrame:
     return o[leaf]
 
 
+def _enclosing_ops(cpu: pd.DataFrame, points: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """(external_id, name) of the innermost CPU op on the same rank and thread holding each point
+    (columns rank, rt_tid, rt_ts), else (nan, None). The latest op starting before the point is found with
+    merge_asof, then its parents are walked until one ends after the point."""
+    n = len(points)
+    out_ext = np.full(n, np.nan)
+    out_op = np.full(n, None, dtype=object)
+    c = cpu.dropna(subset=["tid", "ts_ns"]).sort_values(["rank", "tid", "ts_ns", "dur_ns"],
+                                                         ascending=[True, True, True, False])
+    if c.empty or n == 0:
+        return out_ext, out_op
+    c = c.reset_index(drop=True)
+    start = c["ts_ns"].to_numpy(np.int64)
+    end = start + c["dur_ns"].fillna(0).to_numpy(np.int64)
+    parent = np.full(len(c), -1, dtype=np.int64)
+    grp = (c["rank"].astype(str) + ":" + c["tid"].astype(str)).to_numpy()
+    stack: list[int] = []
+    for i in range(len(c)):  # one pass over one rank's CPU ops (only for traces without op ids)
+        while stack and (grp[stack[-1]] != grp[i] or end[stack[-1]] <= start[i]):
+            stack.pop()
+        parent[i] = stack[-1] if stack else -1
+        stack.append(i)
+    c["row"] = np.arange(len(c))
+    p = points.reset_index(drop=True).assign(pos=np.arange(n)).rename(columns={"rt_tid": "tid", "rt_ts": "ts_ns"})
+    p["ts_ns"] = p["ts_ns"].astype(np.int64)
+    p["tid"] = p["tid"].astype(c["tid"].dtype)
+    p = p.sort_values("ts_ns")
+    m = pd.merge_asof(p, c[["rank", "tid", "ts_ns", "row"]].sort_values("ts_ns"), on="ts_ns",
+                      by=["rank", "tid"], direction="backward")
+    row = m["row"].fillna(-1).to_numpy(np.int64).copy()
+    t = m["ts_ns"].to_numpy(np.int64)
+    for _ in range(64):  # nesting depth
+        bad = (row >= 0) & (end[np.maximum(row, 0)] <= t)
+        if not bad.any():
+            break
+        row[bad] = parent[row[bad]]
+    ok = row >= 0
+    pos = m["pos"].to_numpy(np.int64)
+    out_ext[pos[ok]] = c["external_id"].to_numpy(float)[row[ok]]
+    out_op[pos[ok]] = c["name"].to_numpy(object)[row[ok]]
+    return out_ext, out_op
+
+
 # ------------------------------------------------------------------------------------------- op instances
 def op_instances(events: pa.Table, shapes: pa.Table | None = None, steps: list[int] | None = None,
                  spans: pa.Table | None = None) -> pd.DataFrame:
@@ -187,13 +234,19 @@ def op_instances(events: pa.Table, shapes: pa.Table | None = None, steps: list[i
     if not k.empty:
         k = k[_in_steps(k["step"], steps)]
         rt = _frame(events, _kind_mask(events, ("cuda_runtime", "cuda_driver")), ["rank", "correlation",
-                                                                                 "external_id"])
-        rt = rt.dropna().drop_duplicates(["rank", "correlation"])
-        k = k.merge(rt.rename(columns={"external_id": "rt_ext"}), on=["rank", "correlation"], how="left")
+                                                                                 "external_id", "ts_ns", "tid"])
+        rt = rt.dropna(subset=["correlation"]).drop_duplicates(["rank", "correlation"])
+        rt = rt.rename(columns={"external_id": "rt_ext", "ts_ns": "rt_ts", "tid": "rt_tid"})
+        k = k.merge(rt, on=["rank", "correlation"], how="left")
         k["ext"] = k["external_id"].fillna(k["rt_ext"])
         names = cpu.dropna(subset=["external_id"]).drop_duplicates(["rank", "external_id"])
         names = names[["rank", "external_id", "name"]].rename(columns={"external_id": "ext", "name": "op"})
         k = k.merge(names, on=["rank", "ext"], how="left")
+        miss = k["op"].isna() & k["rt_ts"].notna() & k["rt_tid"].notna()
+        if miss.any():  # older traces: ids are per launch; the op is the innermost one around the launch
+            ext, op = _enclosing_ops(cpu, k.loc[miss, ["rank", "rt_tid", "rt_ts"]])
+            k.loc[miss, "ext"] = ext
+            k.loc[miss, "op"] = op
         k["kernel"] = k["name"].map(short_kernel_name)
         k = k.sort_values("dur_ns", ascending=False)
         # unlinked kernels stay one instance each
@@ -279,7 +332,7 @@ def op_table(instances: pd.DataFrame, gpu_name: str | None, n_steps: int | dict 
         steps = pd.Series(float(n_steps), index=agg.index)
     else:
         per = instances.groupby("rank")["step"].nunique()
-        steps = agg["rank"].map(lambda r: max(int(per.get(r, 1)), 1))
+        steps = agg["rank"].map(lambda r: max(int(per.get(r, 1) or 1), 1))
     steps = steps.astype(float)
     known = agg["flops_n"] == agg["calls"]  # every call has a cost: else the group's cost is unknown
     agg["flops"] = (agg["flops"] / steps).where(known)
@@ -360,6 +413,8 @@ def summary_rows(table: pd.DataFrame, per_stage: int = 15, limit: int = 60) -> l
                 v = int(v)
             if k == "flops" or k == "bytes":
                 v = None if v is None else float(round(v))
+            if k == "shapes" and isinstance(v, str) and len(v) > SHAPES_MAX_CHARS:
+                v = v[: SHAPES_MAX_CHARS - 1] + "…"
             row[k] = v
         out.append(row)
     return out
@@ -400,14 +455,21 @@ def launch_stats(events: pa.Table, steps: list[int] | None = None) -> pd.DataFra
 
 
 # ------------------------------------------------------------------------------------------- memory
+def _device_samples(memory: pa.Table) -> pd.DataFrame:
+    """Allocator samples of the GPUs (device >= 0), or of the CPU (-1) when the trace has no GPU ones."""
+    m = memory.to_pandas()
+    m = m[m["total_allocated"].notna()]
+    dev = m["device"].fillna(-1)
+    return m[dev >= 0] if (dev >= 0).any() else m[dev < 0]
+
+
 def memory_timeline(memory: pa.Table, max_points: int = 2000) -> pd.DataFrame:
-    """Allocator samples per rank on the GPU (device >= 0): ts_ns, allocated and reserved bytes, thinned to
-    at most `max_points` per rank (the peak sample always kept)."""
+    """Allocator samples per rank on the GPU (device >= 0; the CPU's when there are none): ts_ns, allocated
+    and reserved bytes, thinned to at most `max_points` per rank (the peak sample always kept)."""
     cols = ["rank", "ts_ns", "allocated", "reserved"]
     if memory is None or memory.num_rows == 0:
         return pd.DataFrame(columns=cols)
-    m = memory.to_pandas()
-    m = m[(m["device"] >= 0) & m["total_allocated"].notna()].sort_values(["rank", "ts_ns"])
+    m = _device_samples(memory).sort_values(["rank", "ts_ns"])
     out = []
     for _, g in m.groupby("rank"):
         if len(g) > max_points:
@@ -429,8 +491,7 @@ def memory_peaks(memory: pa.Table, events: pa.Table | None = None,
     cols = ["rank", "stage", "peak_allocated", "peak_reserved", "peak_ts_ns", "op_at_peak"]
     if memory is None or memory.num_rows == 0:
         return pd.DataFrame(columns=cols)
-    m = memory.to_pandas()
-    m = m[(m["device"] >= 0) & m["total_allocated"].notna()]
+    m = _device_samples(memory)
     if m.empty:
         return pd.DataFrame(columns=cols)
     i = m.groupby("rank")["total_allocated"].idxmax()

@@ -393,6 +393,7 @@ _UNARY = {"neg", "exp", "log", "sqrt", "rsqrt", "sigmoid", "tanh", "relu", "silu
 _BINARY = {"add", "sub", "mul", "div", "maximum", "minimum", "eq", "ne", "lt", "le", "gt", "ge", "where",
            "masked_fill", "addcmul", "addcdiv", "lerp", "rsub", "remainder", "fmod", "logical_and",
            "logical_or", "bitwise_and", "bitwise_or", "xor", "atan2", "hypot", "copysign", "floor_divide"}
+_TERNARY = {"where", "addcmul", "addcdiv", "lerp", "masked_fill"}
 _MOVE = {"copy", "fill", "zero", "clone", "contiguous", "_to_copy", "cat", "stack", "index_select",
          "gather", "scatter", "masked_scatter", "flip", "roll", "repeat", "repeat_interleave", "tril", "triu"}
 _REDUCE = {"sum", "mean", "amax", "amin", "max", "min", "prod", "norm", "linalg_vector_norm", "cumsum",
@@ -441,6 +442,11 @@ def _elementwise(name, dims, types, concrete):
     if b == "copy" and len(t) >= 2:
         (dst, es_d), (_src, es_s) = t[0], t[1]
         return 0.0, float(_numel(dst) * es_d + _numel(dst) * es_s)
+    arity = 3 if b in _TERNARY else 2 if kind == "binary" or b == "pow" else 1
+    if kind in ("unary", "binary") and len(t) > arity:
+        ins = _broadcast([s for s, _ in t[:arity]])
+        if ins is not None and t[-1][0] == ins:  # an `out=` tensor: written, not read
+            t = t[:-1]
     read = sum(_numel(s) * es for s, es in t)
     if kind == "reduce":
         n_in = _numel(t[0][0])

@@ -524,8 +524,14 @@ def _memory_peaks_of(analysis, summary: dict):
     stage_of = {int(r["rank"]): r.get("stage") for r in summary.get("ranks") or []}
     if mem is None or mem.num_rows == 0:
         return memory_peaks(mem)
-    ranks = sorted(set(mem.column("rank").to_pylist()))
-    return memory_peaks(mem, events_of(analysis, ranks[:64]), stage_of)
+    # the op at the peak needs the rank's events: read those of the ranks shown (first 16) and of each
+    # stage's highest peak only (a large run's events are never all read for this)
+    first = memory_peaks(mem, None, stage_of)
+    want = set(first["rank"].head(16))
+    if first["stage"].notna().any():
+        top = first.dropna(subset=["stage"]).sort_values("peak_allocated", ascending=False)
+        want |= set(top.drop_duplicates("stage")["rank"])
+    return memory_peaks(mem, events_of(analysis, sorted(int(r) for r in want)), stage_of)
 
 
 def _memory_timeline_section(analysis, summary: dict) -> object:
