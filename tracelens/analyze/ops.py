@@ -245,12 +245,16 @@ def op_instances(events: pa.Table, shapes: pa.Table | None = None, steps: list[i
         miss = k["op"].isna() & k["rt_ts"].notna() & k["rt_tid"].notna()
         if miss.any():  # older traces: ids are per launch; the op is the innermost one around the launch
             ext, op = _enclosing_ops(cpu, k.loc[miss, ["rank", "rt_tid", "rt_ts"]])
-            k.loc[miss, "ext"] = ext
-            k.loc[miss, "op"] = op
+            found = np.array([o is not None for o in op], dtype=bool)
+            rows = k.index[miss][found]  # (kernels still unlinked keep their id: it groups one launch's kernels)
+            k.loc[rows, "ext"] = ext[found]
+            k.loc[rows, "op"] = op[found]
         k["kernel"] = k["name"].map(short_kernel_name)
         k = k.sort_values("dur_ns", ascending=False)
-        # unlinked kernels stay one instance each
-        key = k["ext"].astype("Int64").astype(str).where(k["ext"].notna(), "k" + k.index.astype(str))
+        # kernels not linked to a CPU op stay one instance each (an id no CPU op carries may be an
+        # annotation's, which spans a whole layer: it does not make its kernels one op)
+        key = k["ext"].astype("Int64").astype(str).where(k["ext"].notna() & k["op"].notna(),
+                                                          "k" + k.index.astype(str))
         k["key"] = key
         g = k.groupby(["rank", "key"], sort=False)
         inst = g.agg(step=("step", "first"), external_id=("ext", "first"), op=("op", "first"),
@@ -344,7 +348,8 @@ def op_table(instances: pd.DataFrame, gpu_name: str | None, n_steps: int | dict 
     agg["tflops"] = (agg["flops"] / secs / 1e12).where(pos & known)
     agg["tbps"] = (agg["bytes"] / secs / 1e12).where(pos & known)
     bw = hbm_bandwidth(gpu_name)
-    bound, pct = [], []
+    bound: list[str | None] = []
+    pct: list[float | None] = []
     for f, b, dc, tf, tb in zip(agg["flops"], agg["bytes"], agg["dtype_class"], agg["tflops"], agg["tbps"]):
         if f is None or not np.isfinite(f) or not np.isfinite(tf if tf is not None else np.nan):
             bound.append(None)
@@ -377,9 +382,10 @@ def kernel_table(instances: pd.DataFrame, n_steps: int | dict | None = None,
         return pd.DataFrame(columns=cols)
     g = k.groupby(["rank", "kernel"], sort=False)
     agg = g.agg(calls=("time_ns", "size"), time_ns=("time_ns", "sum")).reset_index()
-    top_op = (k.assign(op=k["op"].fillna("(no CPU op)")).groupby(["rank", "kernel", "op"])["time_ns"].sum()
+    top_op = (k.assign(op=k["op"].fillna(_NULL_KEY)).groupby(["rank", "kernel", "op"])["time_ns"].sum()
               .reset_index().sort_values("time_ns", ascending=False).drop_duplicates(["rank", "kernel"]))
     agg = agg.merge(top_op[["rank", "kernel", "op"]], on=["rank", "kernel"], how="left")
+    agg["op"] = agg["op"].where(agg["op"] != _NULL_KEY, None)
     if isinstance(n_steps, dict):
         steps = agg["rank"].map(lambda r: n_steps.get(int(r)) or 1).astype(float)
     else:

@@ -503,6 +503,7 @@ def op_cost(name: str, dims: Any, types: Any, concrete: Any = None) -> OpCost | 
     fam = op_family(name)
     if fam is None:
         return None
+    fn: Any
     if fam == "gated_deltanet":
         fn = _gated_delta
     elif fam == "elementwise":

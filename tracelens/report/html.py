@@ -453,6 +453,10 @@ _SORT_JS = (
 )
 
 
+def pd_isna(v) -> bool:
+    return v is None or (isinstance(v, float) and v != v)
+
+
 def sortable_table_html(rows: list[dict], columns: list[tuple[str, str]]) -> str:
     """A table whose headers sort it (click; again to reverse); each cell keeps its raw value in data-v."""
 
@@ -501,6 +505,15 @@ def _ops_section(analysis, summary: dict) -> object:
     parts.append(f"<p>Top operations per stage by GPU time per step (ranks {esc(', '.join(map(str, ranks)))}; "
                  "one rank per stage). Click a column to sort. docs/ops.md explains every column.</p>")
     parts.append(sortable_table_html(rows, _OPS_COLUMNS))
+    if view is not None and not view.kernels.empty:
+        kt = view.kernels.assign(_s=view.kernels["stage"].fillna(-1)).groupby("_s", sort=True).head(10)
+        parts.append("<p>Top kernels per stage by GPU time per step, with the op that launches them most.</p>")
+        parts.append(sortable_table_html(
+            [{k: ("(no CPU op)" if k == "op" and pd_isna(v) else None if pd_isna(v) else v) for k, v in r.items()}
+             for r in kt.drop(columns="_s").to_dict("records")],
+            [("stage", "stage"), ("rank", "rank"), ("kernel", "kernel"), ("op", "op"), ("calls/step", "calls"),
+             ("ms/step", "ms_per_step")],
+        ))
     if view is not None and not view.launches.empty:
         lr = view.launches.to_dict("records")
         parts.append("<p>Kernel launches: delay from the CPU launch to the GPU start, and short (&lt;10 µs) "
