@@ -327,7 +327,8 @@ def op_table(instances: pd.DataFrame, gpu_name: str | None, n_steps: int | dict 
     g = inst.groupby(key, sort=False, dropna=False)
     agg = g.agg(calls=("time_ns", "size"), time_ns=("time_ns", "sum"), model=("model", "first"),
                 dtype_class=("dtype_class", "first"),
-                flops_n=("flops", "count"), flops=("flops", "sum"), bytes=("bytes", "sum")).reset_index()
+                flops_n=("flops", "count"), flops=("flops", "sum"), bytes_n=("bytes", "count"),
+                bytes=("bytes", "sum")).reset_index()
     for c in key[1:]:
         agg[c] = agg[c].where(agg[c] != _NULL_KEY, None)
     if isinstance(n_steps, dict):
@@ -340,18 +341,20 @@ def op_table(instances: pd.DataFrame, gpu_name: str | None, n_steps: int | dict 
     steps = steps.astype(float)
     known = agg["flops_n"] == agg["calls"]  # every call has a cost: else the group's cost is unknown
     agg["flops"] = (agg["flops"] / steps).where(known)
-    agg["bytes"] = (agg["bytes"] / steps).where(known)
+    known_b = agg["bytes_n"] == agg["calls"]
+    agg["bytes"] = (agg["bytes"] / steps).where(known_b)
     agg["calls"] = agg["calls"] / steps
     agg["ms_per_step"] = agg["time_ns"] / steps / 1e6
     secs = agg["ms_per_step"] / 1e3
     pos = secs > 0
     agg["tflops"] = (agg["flops"] / secs / 1e12).where(pos & known)
-    agg["tbps"] = (agg["bytes"] / secs / 1e12).where(pos & known)
+    agg["tbps"] = (agg["bytes"] / secs / 1e12).where(pos & known_b)
     bw = hbm_bandwidth(gpu_name)
     bound: list[str | None] = []
     pct: list[float | None] = []
     for f, b, dc, tf, tb in zip(agg["flops"], agg["bytes"], agg["dtype_class"], agg["tflops"], agg["tbps"]):
-        if f is None or not np.isfinite(f) or not np.isfinite(tf if tf is not None else np.nan):
+        if f is None or not np.isfinite(f) or not np.isfinite(tf if tf is not None else np.nan) \
+                or b is None or not np.isfinite(b):
             bound.append(None)
             pct.append(None)
             continue

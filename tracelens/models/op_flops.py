@@ -34,10 +34,11 @@ DTYPE_CLASS = {
 @dataclass(frozen=True)
 class OpCost:
     """FLOPs and bytes of one call; `model` names the formula (docs/ops.md); `dtype` the compute class
-    (bf16, fp16, fp8, fp32, fp64 or None)."""
+    (bf16, fp16, fp8, fp32, fp64 or None). `bytes` is None when element sizes are not recorded (tensor
+    lists: the profiler writes `TensorList`, not the elements' dtype)."""
 
     flops: float
-    bytes: float
+    bytes: float | None
     model: str
     dtype: str | None
 
@@ -70,7 +71,7 @@ def _tensors(dims: list, types: list) -> list[tuple[list[int], int]]:
     for i, d in enumerate(dims):
         t = types[i] if i < len(types) else None
         if str(t) in ("TensorList", "GenericList") and isinstance(d, list):
-            out += [(s, 4) for s in d if _is_shape(s)]  # element type of a list is not recorded: see docs
+            out += [(s, 0) for s in d if _is_shape(s)]  # element type of a list is not recorded: size 0
             continue
         es = _esize(t)
         if es is not None and isinstance(d, list) and all(isinstance(x, int) for x in d):
@@ -381,7 +382,7 @@ def _optimizer(name, dims, types, concrete):
     n = sum(_numel(s) for s in lists[0] if isinstance(s, list))
     if n == 0:
         return None
-    return float(fl * n), float(4 * n * (reads + writes))  # list element dtype is not recorded: fp32 state
+    return float(fl * n), None  # (bytes: reads + writes elements each, of a dtype the trace does not say)
 
 
 # ------------------------------------------------------------------------------------------- elementwise
@@ -431,7 +432,7 @@ def _elementwise(name, dims, types, concrete):
         if not lists:
             return None
         n = sum(_numel(s) for s in lists[0] if isinstance(s, list))
-        return float(n), float(4 * n * (len(lists) + 1))
+        return float(n), None  # (element dtype of the lists not recorded)
     t = _tensors(dims, types)
     if not t:
         return None
@@ -517,6 +518,11 @@ def op_cost(name: str, dims: Any, types: Any, concrete: Any = None) -> OpCost | 
     if res is None:
         return None
     flops, byts = res
-    if not (math.isfinite(flops) and math.isfinite(byts)) or flops < 0 or byts < 0:
+    if not math.isfinite(flops) or flops < 0:
         return None
-    return OpCost(flops=float(flops), bytes=float(byts), model=fam, dtype=_dclass(types))
+    if byts is not None and (not math.isfinite(byts) or byts < 0):
+        return None
+    if byts is not None and any(str(t) in ("TensorList", "GenericList") for t in types):
+        byts = None  # some inputs are tensor lists of unrecorded dtype: their bytes are unknown
+    return OpCost(flops=float(flops), bytes=None if byts is None else float(byts), model=fam,
+                  dtype=_dclass(types))
