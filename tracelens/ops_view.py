@@ -23,7 +23,7 @@ class OpsView:
     instances: pd.DataFrame
     ops: pd.DataFrame
     kernels: pd.DataFrame
-    launches: pd.DataFrame
+    launches: pd.DataFrame  # of `ranks` and (default view) of the stragglers
     shapes_recorded: bool  # any op of these ranks carries Input Dims
 
     def summary_rows(self) -> list[dict]:
@@ -94,6 +94,7 @@ def ops_view(analysis, ranks: list[int] | None = None) -> OpsView:
     """The op, kernel and launch tables of `ranks` (default: default_ranks) over the analyzed steps."""
     from tracelens.engine import events_of
 
+    ranks_given = ranks
     ranks = sorted({int(r) for r in (ranks if ranks is not None else default_ranks(analysis))})
     ev = events_of(analysis, ranks) if ranks else None
     steps = list(analysis.steps) or None
@@ -108,9 +109,26 @@ def ops_view(analysis, ranks: list[int] | None = None) -> OpsView:
         instances=inst,
         ops=O.op_table(inst, analysis.gpu_name, n_steps, stage_of),
         kernels=O.kernel_table(inst, n_steps, stage_of),
-        launches=O.launch_stats(ev, steps),
+        launches=_launches(analysis, ranks, ev, steps, default=ranks_given is None),
         shapes_recorded=shapes.num_rows > 0,
     )
+
+
+def _launches(analysis, ranks: list[int], ev: pa.Table, steps, default: bool) -> pd.DataFrame:
+    """Launch statistics of `ranks` and, by default, of the stragglers too (evidence for a host-bound one)."""
+    from tracelens.engine import events_of
+
+    extra: list[int] = []
+    if default:
+        try:
+            cross = analysis.cross
+            extra = sorted({int(s["rank"]) for s in (cross.stragglers if cross is not None else [])} - set(ranks))
+        except Exception:  # noqa: BLE001 - stragglers are optional here
+            extra = []
+    out = O.launch_stats(ev, steps)
+    if extra:
+        out = pd.concat([out, O.launch_stats(events_of(analysis, extra), steps)], ignore_index=True)
+    return out.sort_values("rank").reset_index(drop=True) if not out.empty else out
 
 
 def _steps_per_rank(analysis, ranks: list[int], inst: pd.DataFrame) -> dict[int, int]:
