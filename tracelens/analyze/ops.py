@@ -244,7 +244,8 @@ def op_instances(events: pa.Table, shapes: pa.Table | None = None, steps: list[i
         k = k.merge(names, on=["rank", "ext"], how="left")
         miss = k["op"].isna() & k["rt_ts"].notna() & k["rt_tid"].notna()
         if miss.any():  # older traces: ids are per launch; the op is the innermost one around the launch
-            ext, op = _enclosing_ops(cpu, k.loc[miss, ["rank", "rt_tid", "rt_ts"]])
+            ops_only = cpu[~cpu["name"].fillna("").str.startswith("ProfilerStep")]  # (a step is no op)
+            ext, op = _enclosing_ops(ops_only, k.loc[miss, ["rank", "rt_tid", "rt_ts"]])
             found = np.array([o is not None for o in op], dtype=bool)
             rows = k.index[miss][found]  # (kernels still unlinked keep their id: it groups one launch's kernels)
             k.loc[rows, "ext"] = ext[found]
