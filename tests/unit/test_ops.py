@@ -189,3 +189,22 @@ def test_older_traces_link_kernels_to_the_op_around_their_launch():
     assert got["gemm"] == "aten::mm" and got["relu_kernel"] == "aten::relu" and pd.isna(got["k3"])
     ext = inst.set_index("kernel")["external_id"]
     assert ext["gemm"] == 3 and ext["relu_kernel"] == 4  # the op's own id: its shapes join on it
+
+
+def test_unknown_bytes_keep_flops_but_no_bound_and_stepless_traces_count_everything():
+    rows = [
+        dict(rank=0, kind="cpu_op", name="aten::_foreach_add_", ts_ns=0, dur_ns=100, external_id=1, tid=1),
+        dict(rank=0, kind="cuda_runtime", name="cudaLaunchKernel", ts_ns=10, dur_ns=5, correlation=5,
+             external_id=1, tid=1),
+        dict(rank=0, kind="kernel", name="multi_tensor_apply_kernel", ts_ns=1_000, dur_ns=1_000, correlation=5,
+             external_id=1, device=0, stream=7),
+    ]
+    shapes = pa.table({"external_id": [1], "name": ["aten::_foreach_add_"],
+                       "input_dims": [json.dumps([[[1000], [1000]], [[1000], [1000]]])],
+                       "input_types": [json.dumps(["TensorList", "TensorList"])], "concrete_inputs": [None],
+                       "rank": pa.array([0], pa.int32())})
+    inst = O.op_instances(schema.table_from_rows(rows, schema.EVENTS), shapes, None)  # no ProfilerStep
+    t = O.op_table(inst, H100).iloc[0]
+    assert t["calls"] == 1 and t["ms_per_step"] == pytest.approx(0.001)
+    assert t["flops"] == 2000 and t["tflops"] == pytest.approx(2000 / 1e-6 / 1e12)
+    assert pd.isna(t["bytes"]) and pd.isna(t["tbps"]) and t["bound"] is None and t["roofline_pct"] is None
