@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import tracelens
-from tracelens.models import model_from_config
+from tracelens.models import get_model, model_from_config
 from tracelens.models.flops import layer_forward_flops
 from tracelens.models.op_flops import op_cost
 
@@ -111,3 +111,32 @@ def test_analyze_ops_prints_the_top_of_the_table(tmp_path):
     assert "Top ops" in r.stdout
     top = max(json.loads((tmp_path / "o" / "summary.json").read_text())["ops"], key=lambda x: x["ms_per_step"])
     assert top["op"] in r.stdout and f"{top['ms_per_step']:,.3f}" in r.stdout
+
+
+BLOCK_CPU = REPO / "tests" / "data" / "qwen35-block-seq256-cpu"
+
+
+def test_block_flops_match_the_model_on_a_recording_with_shapes():
+    """The H200 sample's block (scripts/record_cuda_block.py, one TP=4 rank's shard of Qwen3.5-27B layers
+    12-15: 3 Gated DeltaNet + 1 gated attention, each with its MLP), recorded on a CPU with shapes at 256
+    tokens, forward + backward: the per-op FLOPs of the step equal the model's Megatron training FLOPs per
+    token of those four layers, over the TP shard, x tokens (docs/mfu.md) within 5%."""
+    if not BLOCK_CPU.is_dir():
+        pytest.skip("tests/data/qwen35-block-seq256-cpu is absent")
+    truth = json.loads((BLOCK_CPU / "truth.json").read_text())
+    run = tracelens.load(BLOCK_CPU, no_cache=True)
+    ops = run.op_table()
+    seq, tp = truth["runs"][0]["seq"], truth["tp_shard_of"]
+    model = get_model("qwen3.5-27b")
+    per_token = sum(
+        3 * sum(layer_forward_flops(model, kind, seq).values())
+        for kind in ("linear_attention", "linear_attention", "linear_attention", "full_attention")
+    )
+    want = per_token / tp * seq * truth["microbatch"]
+    got = ops["flops"].sum()
+    assert got == pytest.approx(want, rel=0.05)
+    # where the FLOPs are: GEMMs (the eager chunked DeltaNet's bmm included), then the attention core
+    by_model = ops.groupby("model")["flops"].sum() / want
+    assert by_model["gemm"] > 0.95 and 0 < by_model["attention"] < 0.01
+    by_layer = ops.groupby("layer_type")["flops"].sum() / want
+    assert set(by_layer.index) >= {"mlp", "linear_attention", "full_attention"}

@@ -150,16 +150,22 @@ def test_memory_peak_and_op_at_peak():
     assert list(O.memory_timeline(mem, max_points=1)["allocated"]) == [10, 100]
 
 
-def test_cpu_only_rank_uses_leaf_ops():
+def test_cpu_only_rank_counts_outermost_modelled_ops_and_bare_leaves():
     rows = [
         dict(rank=0, kind="cpu_op", name="ProfilerStep#1", ts_ns=0, dur_ns=1000, tid=1, step=1),
         dict(rank=0, kind="cpu_op", name="aten::linear", ts_ns=10, dur_ns=500, external_id=1, tid=1, step=1),
         dict(rank=0, kind="cpu_op", name="aten::mm", ts_ns=20, dur_ns=400, external_id=2, tid=1, step=1),
+        dict(rank=0, kind="cpu_op", name="aten::resolve_conj", ts_ns=30, dur_ns=5, external_id=5, tid=1, step=1),
         dict(rank=0, kind="cpu_op", name="aten::relu", ts_ns=600, dur_ns=100, external_id=3, tid=1, step=1),
+        dict(rank=0, kind="cpu_op", name="aten::zeros", ts_ns=800, dur_ns=60, external_id=6, tid=1, step=1),
+        dict(rank=0, kind="cpu_op", name="aten::empty", ts_ns=805, dur_ns=20, external_id=7, tid=1, step=1),
+        dict(rank=0, kind="cpu_op", name="aten::mm", ts_ns=100, dur_ns=50, external_id=4, tid=2, step=1),
     ]
     inst = O.op_instances(schema.table_from_rows(rows, schema.EVENTS), None, [1])
-    assert sorted(inst["op"]) == ["aten::mm", "aten::relu"]
-    assert dict(zip(inst["op"], inst["time_ns"])) == {"aten::mm": 400, "aten::relu": 100}
+    # linear (with its mm and resolve_conj inside) once; relu; empty (a leaf without a model, under zeros,
+    # which has none either); the other thread's mm
+    assert sorted(zip(inst["op"], inst["time_ns"])) == [
+        ("aten::empty", 20), ("aten::linear", 500), ("aten::mm", 50), ("aten::relu", 100)]
 
 
 def test_older_traces_link_kernels_to_the_op_around_their_launch():

@@ -158,15 +158,35 @@ def _layer_of(ranks: np.ndarray, ts: np.ndarray, spans: pa.Table | None) -> np.n
 
 
 def _leaf_cpu_ops(ops: pd.DataFrame) -> pd.DataFrame:
-    """CPU ops with no CPU op nested inside them (per thread)."""
+    """The CPU op instances of a rank without kernels (per thread): every modelled op with no modelled op
+    around it (its inner calls, `aten::mm` -> `aten::resolve_conj`, `aten::empty`, are implementation
+    details of its time), and every op without a model that has no op nested inside it and no modelled op
+    around it. So no time is counted twice."""
     if ops.empty:
         return ops
     o = ops.sort_values(["rank", "tid", "ts_ns", "dur_ns"], ascending=[True, True, True, False])
-    end = (o["ts_ns"] + o["dur_ns"]).to_numpy()
-    nxt_ts = o["ts_ns"].shift(-1).to_numpy()
-    same = (o["rank"].shift(-1) == o["rank"]).to_numpy() & (o["tid"].shift(-1) == o["tid"]).to_numpy()
-    leaf = ~same | ~(nxt_ts < end)
-    return o[leaf]
+    start = o["ts_ns"].to_numpy(np.int64)
+    end = start + o["dur_ns"].fillna(0).to_numpy(np.int64)
+    grp = (o["rank"].astype(str) + ":" + o["tid"].astype(str)).to_numpy()
+    names = o["name"].to_numpy(object)
+    fam = {n: op_family(n) is not None for n in set(names) if isinstance(n, str)}
+    modelled = np.array([fam.get(n, False) for n in names], dtype=bool)
+    n = len(o)
+    nxt_same = np.zeros(n, dtype=bool)
+    nxt_same[:-1] = grp[1:] == grp[:-1]
+    nxt_ts = np.empty(n, dtype=np.int64)
+    nxt_ts[:-1] = start[1:]
+    nxt_ts[-1] = np.iinfo(np.int64).max
+    leaf = ~nxt_same | (nxt_ts >= end)
+    under = np.zeros(n, dtype=bool)
+    stack: list[tuple[int, bool]] = []  # (row, a modelled op is this op or around it)
+    for i in range(n):  # one pass over one CPU-only rank's ops (such traces are small)
+        while stack and (grp[stack[-1][0]] != grp[i] or end[stack[-1][0]] <= start[i]):
+            stack.pop()
+        under[i] = bool(stack) and stack[-1][1]
+        stack.append((i, under[i] or modelled[i]))
+    keep = (modelled & ~under) | (~modelled & leaf & ~under)
+    return o[keep]
 
 
 def _enclosing_ops(cpu: pd.DataFrame, points: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
