@@ -536,6 +536,7 @@ def main(argv=None) -> int:
             activities=acts,
             schedule=torch.profiler.schedule(wait=0, warmup=1, active=active),
             on_trace_ready=torch.profiler.tensorboard_trace_handler(str(tdir), use_gzip=True),
+            record_shapes=True,  # Input Dims / Input type: the per-op FLOPs of docs/ops.md
         ) as prof:
             for _ in range(1 + active):
                 step()

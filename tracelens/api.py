@@ -128,3 +128,40 @@ class Run:
         """The raw Arrow tables: events, memory, metadata."""
         r = self._analysis.run
         return {"events": r.events, "memory": r.memory, "metadata": r.metadata}
+
+    # ---- per-op view (docs/ops.md); `ranks=None`: one rank per stage, as in summary.json's `ops` ------
+    def _ops_view(self, ranks=None):
+        if ranks is None:
+            view = self._analysis.ops_view
+            if view is None:
+                raise RuntimeError("the per-op view could not be built: see summary()['run']['warnings']")
+            return view
+        from tracelens.ops_view import ops_view
+
+        return ops_view(self._analysis, list(ranks))
+
+    def op_table(self, ranks=None) -> pd.DataFrame:
+        """Ops by time per step: op, kernel, shapes, layer type, calls, ms per step, FLOPs, bytes, TFLOP/s,
+        TB/s, roofline bound and % (tracelens.analyze.ops.OP_COLUMNS); `ranks`: which ranks (default one
+        per stage)."""
+        return self._ops_view(ranks).ops.copy()
+
+    def kernel_table(self, ranks=None) -> pd.DataFrame:
+        """Kernels (short names) by time per step, with the op that launches them most."""
+        return self._ops_view(ranks).kernels.copy()
+
+    def launch_stats(self, ranks=None) -> pd.DataFrame:
+        """Per rank: kernel launch delay (CPU launch to GPU start) and the share of short kernels."""
+        return self._ops_view(ranks).launches.copy()
+
+    def memory_timeline(self) -> pd.DataFrame:
+        """Allocator samples per rank: ts_ns, allocated and reserved bytes (from `[memory]` events)."""
+        from tracelens.analyze.ops import memory_timeline
+
+        return memory_timeline(self._analysis.run.memory)
+
+    def memory_peaks(self) -> pd.DataFrame:
+        """Per rank: peak allocated / reserved bytes, when, and the CPU op running at the peak."""
+        from tracelens.report.html import _memory_peaks_of
+
+        return _memory_peaks_of(self._analysis, self.summary())

@@ -539,6 +539,14 @@ class Analysis:
             )
         ]
 
+    # ---- per-op view (tracelens.ops_view, docs/ops.md) -----------------------------------------
+    @cached_property
+    def ops_view(self):
+        """Per-op FLOPs, time and roofline of one rank per stage (None when it could not be built)."""
+        from tracelens.ops_view import ops_view
+
+        return self._guarded("per-op view", lambda: ops_view(self))
+
     def summary(self) -> dict:
         """The summary.json document of this analysis (built by `tracelens.summary.build_summary`)."""
         from tracelens.summary import build_summary

@@ -159,6 +159,7 @@ def build_summary(a: Analysis) -> dict:
         "collectives": nccl_sources_dict(collectives_dict(cross, a.nccl), a.nccl_sources, a),
         "audit": audit.to_dict() if audit is not None else None,
     }
+    out["ops"] = a.ops_view.summary_rows() if a.ops_view is not None else []
     out["what_if"] = a.what_if(findings)
     out["critical_path"] = a.critical.to_dict() if a.critical is not None else None
     if a.options.compat == "hta":

@@ -131,6 +131,28 @@ def nccl_op_table(summary: dict):
         t.add_row(r.get("source", "kineto"), r["op"], f"{r['calls']:,}", "-" if inst is None else f"{inst:,}",
                   _fmt(r["bytes"] / 2**20, 1), _fmt(r.get("busbw_gbps_median"), 1))  # fmt: skip
     return t
+def print_ops_table(summary: dict, top: int = 20) -> None:
+    """The top of summary.json's `ops` (docs/ops.md), longest first."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(highlight=False)
+    if not console.is_terminal:
+        console.width = max(console.width, 160)
+    rows = sorted(summary.get("ops") or [], key=lambda r: -(r.get("ms_per_step") or 0))[:top]
+    if not rows:
+        console.print("no ops in the analyzed steps")
+        return
+    table = Table(title="Top ops (GPU time per step; one rank per stage)")
+    for col in ("stage", "op", "kernel", "layer", "calls", "ms/step", "TFLOP/s", "TB/s", "bound", "% roofline"):
+        table.add_column(col, justify="left" if col in ("op", "kernel", "layer", "bound") else "right")
+    for r in rows:
+        table.add_row(
+            _fmt(r.get("stage"), 0), r.get("op") or "(no CPU op)", r.get("kernel") or "-",
+            r.get("layer_type") or "-", _fmt(r.get("calls"), 1), _fmt(r.get("ms_per_step"), 3),
+            _fmt(r.get("tflops"), 1), _fmt(r.get("tbps"), 2), r.get("bound") or "-", _fmt(r.get("roofline_pct"), 1),
+        )
+    console.print(table)
 
 
 @app.command("analyze")
@@ -175,6 +197,7 @@ def analyze(
     scheduler: str | None = typer.Option(
         None, "--scheduler", help="Dask scheduler address for --engine dask [default: a local cluster]."
     ),
+    ops: bool = typer.Option(False, "--ops", help="Also print the top ops per stage (FLOPs, TFLOP/s, roofline)."),
 ) -> None:
     """Analyze a run: per-rank breakdown, stragglers, pipeline bubbles, MFU; writes report.html and summary.json."""
     from rich.progress import Progress
@@ -226,4 +249,6 @@ def analyze(
 
         write_report(analysis, summary, report_path)
     print_rank_table(summary)
+    if ops:
+        print_ops_table(summary)
     typer.echo(f"wrote {summary_path}" + ("" if no_report else f" and {report_path}"))

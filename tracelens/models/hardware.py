@@ -70,3 +70,53 @@ def peak_flops(gpu_name: str | None, dtype: str = "bf16") -> float | None:
 def known_gpus() -> list[str]:
     """Canonical names of the GPUs with known peaks."""
     return [name for _, name, _, _ in _GPUS]
+
+
+# ------------------------------------------------------------------------------------------ roofline peaks
+# For the per-op roofline (tracelens.analyze.ops): HBM bandwidth (TB/s) and the FP32 non-tensor peak
+# (TFLOP/s) per GPU, from the vendors' datasheets (docs/ops.md lists the sources). Pattern on the
+# lower-cased device name; first match wins. MI250(X)/MI210 have no 16-bit entry above but a bandwidth here.
+_MEMORY: tuple[tuple[str, float, float | None], ...] = (
+    (r"gb200", 8.0, 80.0),
+    (r"b200", 8.0, 80.0),
+    (r"gh200", 4.0, 67.0),
+    (r"h200", 4.8, 67.0),
+    (r"(h100|h800).*pcie", 2.0, 51.0),
+    (r"h100.*nvl", 3.9, 60.0),
+    (r"h100|h800", 3.35, 67.0),
+    (r"a100.*80\s*gb|a800.*80\s*gb", 2.039, 19.5),
+    (r"a100|a800", 1.555, 19.5),
+    (r"mi325x", 6.0, 163.4),
+    (r"mi300x", 5.3, 163.4),
+    (r"mi250x|mi250", 3.2768, 47.9),
+    (r"mi210", 1.6384, 22.6),
+    (r"v100.*pcie", 0.9, 14.0),
+    (r"v100", 0.9, 15.7),
+)
+
+
+def _memory_row(gpu_name: str | None) -> tuple[float, float | None] | None:
+    if not gpu_name:
+        return None
+    low = gpu_name.lower()
+    for pattern, tbps, fp32 in _MEMORY:
+        if re.search(pattern, low):
+            return tbps, fp32
+    return None
+
+
+def hbm_bandwidth(gpu_name: str | None) -> float | None:
+    """Peak HBM bandwidth of one GPU in bytes/s, or None when the GPU is unknown."""
+    row = _memory_row(gpu_name)
+    return None if row is None else row[0] * 1e12
+
+
+def roofline_peak_flops(gpu_name: str | None, dtype_class: str | None) -> float | None:
+    """The compute peak a roofline uses for an op computing in `dtype_class` (bf16, fp16, fp8: dense
+    tensor-core peak of peak_flops; fp32: the FP32 non-tensor peak); None when unknown (fp64 too)."""
+    if dtype_class in ("bf16", "fp16", "fp8"):
+        return peak_flops(gpu_name, dtype_class)
+    if dtype_class == "fp32":
+        row = _memory_row(gpu_name)
+        return None if row is None or row[1] is None else row[1] * 1e12
+    return None

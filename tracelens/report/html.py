@@ -424,6 +424,156 @@ def _top_ops_section(analysis, summary: dict) -> object:
     )
 
 
+# ---- per-op view (tracelens.ops_view, docs/ops.md): op table, memory over time, launch statistics ----------
+_OPS_COLUMNS = [
+    ("stage", "stage"), ("rank", "rank"), ("op", "op"), ("kernel", "kernel"), ("layer type", "layer_type"),
+    ("shapes", "shapes"), ("calls/step", "calls"), ("ms/step", "ms_per_step"), ("GFLOP/step", "gflops"),
+    ("MB/step", "mbytes"), ("TFLOP/s", "tflops"), ("TB/s", "tbps"), ("bound", "bound"), ("% roofline", "roofline_pct"),
+]
+_SORT_JS = (
+    "<script>document.querySelectorAll('table.sortable').forEach(function(t){"
+    "t.querySelectorAll('th').forEach(function(th,i){th.style.cursor='pointer';th.onclick=function(){"
+    "var b=t.tBodies[0],rs=Array.from(b.rows),d=th.dataset.d==='1'?-1:1;th.dataset.d=d===1?'1':'0';"
+    "rs.sort(function(x,y){var a=x.cells[i].dataset.v,c=y.cells[i].dataset.v;"
+    "var na=parseFloat(a),nc=parseFloat(c);if(a===''&&c!=='')return 1;if(c===''&&a!=='')return -1;"
+    "if(!isNaN(na)&&!isNaN(nc))return d*(na-nc);return d*String(a).localeCompare(String(c));});"
+    "rs.forEach(function(r){b.appendChild(r);});};});});</script>"
+)
+
+
+def pd_isna(v) -> bool:
+    return v is None or (isinstance(v, float) and v != v)
+
+
+def sortable_table_html(rows: list[dict], columns: list[tuple[str, str]]) -> str:
+    """A table whose headers sort it (click; again to reverse); each cell keeps its raw value in data-v."""
+
+    def cell(v) -> tuple[str, str]:
+        if v is None:
+            return "", "-"
+        if isinstance(v, float):
+            return repr(v), (f"{v:,.3f}" if abs(v) < 100 else f"{v:,.1f}")
+        if isinstance(v, int) and not isinstance(v, bool):
+            return str(v), f"{v:,}"
+        return str(v), str(v)
+
+    head = "".join(f"<th>{esc(h)}</th>" for h, _ in columns)
+    body = []
+    for r in rows:
+        tds = []
+        for _, k in columns:
+            raw, shown = cell(r.get(k))
+            tds.append(f'<td data-v="{esc(raw)}">{esc(shown)}</td>')
+        body.append("<tr>" + "".join(tds) + "</tr>")
+    return f'<table class="sortable"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
+
+
+def ops_report_rows(summary: dict) -> list[dict]:
+    """The op table's rows as the report shows them: summary.json's `ops` plus GFLOP and MB per step."""
+    out = []
+    for r in summary.get("ops") or []:
+        r = dict(r)
+        r["gflops"] = None if r.get("flops") is None else r["flops"] / 1e9
+        r["mbytes"] = None if r.get("bytes") is None else r["bytes"] / 1e6
+        r["op"] = r.get("op") or "(no CPU op)"
+        out.append(r)
+    return out
+
+
+def _ops_section(analysis, summary: dict) -> object:
+    rows = ops_report_rows(summary)
+    if not rows:
+        return note("No kernels or CPU operators in the analyzed steps.")
+    view = analysis.ops_view if analysis is not None else None
+    parts = []
+    if view is not None and not view.shapes_recorded:
+        parts.append(note("The traces carry no operator shapes (record with record_shapes=True): FLOPs, "
+                          "TFLOP/s and the roofline are unknown (-); times and kernels are measured."))
+    ranks = sorted({r["rank"] for r in rows if r.get("rank") is not None})
+    parts.append(f"<p>Top operations per stage by GPU time per step (ranks {esc(', '.join(map(str, ranks)))}; "
+                 "one rank per stage). Click a column to sort. docs/ops.md explains every column.</p>")
+    parts.append(sortable_table_html(rows, _OPS_COLUMNS))
+    if view is not None and not view.kernels.empty:
+        kt = view.kernels.assign(_s=view.kernels["stage"].fillna(-1)).groupby("_s", sort=True).head(10)
+        parts.append("<p>Top kernels per stage by GPU time per step, with the op that launches them most.</p>")
+        parts.append(sortable_table_html(
+            [{k: ("(no CPU op)" if k == "op" and pd_isna(v) else None if pd_isna(v) else v) for k, v in r.items()}
+             for r in kt.drop(columns="_s").to_dict("records")],
+            [("stage", "stage"), ("rank", "rank"), ("kernel", "kernel"), ("op", "op"), ("calls/step", "calls"),
+             ("ms/step", "ms_per_step")],
+        ))
+    if view is not None and not view.launches.empty:
+        lr = view.launches.to_dict("records")
+        parts.append("<p>Kernel launches: delay from the CPU launch to the GPU start, and short (&lt;10 µs) "
+                     "kernels.</p>")
+        parts.append(table_html(lr, [
+            ("rank", "rank"), ("kernels", "kernels"), ("median delay µs", "launch_delay_median_us"),
+            ("p90 delay µs", "launch_delay_p90_us"), ("mean delay µs", "launch_delay_mean_us"),
+            ("short-kernel share", "short_kernel_share"), ("short-kernel time share", "short_kernel_time_share"),
+        ]))
+    parts.append(_SORT_JS)
+    return parts
+
+
+def _memory_peaks_of(analysis, summary: dict):
+    """Per rank: peak allocated / reserved, and the CPU op running at the peak (tracelens.analyze.ops)."""
+    from tracelens.analyze.ops import memory_peaks
+
+    mem = analysis.run.memory if analysis is not None else None
+    stage_of = {int(r["rank"]): r.get("stage") for r in summary.get("ranks") or []}
+    if mem is None or mem.num_rows == 0:
+        return memory_peaks(mem)
+    # the op at the peak needs the rank's events: read those of the ranks shown (first 16) and of each
+    # stage's highest peak only (a large run's events are never all read for this)
+    first = memory_peaks(mem, None, stage_of)
+    want = set(first["rank"].head(16))
+    if first["stage"].notna().any():
+        top = first.dropna(subset=["stage"]).sort_values("peak_allocated", ascending=False)
+        want |= set(top.drop_duplicates("stage")["rank"])
+    return memory_peaks(mem, analysis.run.events_of(sorted(int(r) for r in want)), stage_of)
+
+
+def _memory_timeline_section(analysis, summary: dict) -> object:
+    from tracelens.analyze.ops import memory_timeline
+
+    mem = analysis.run.memory if analysis is not None else None
+    tl = memory_timeline(mem, max_points=1500)
+    if tl.empty:
+        return note("No GPU memory events in the traces (record with profile_memory=True).")
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    ranks = sorted(tl["rank"].unique())[:16]
+    t0 = float(tl["ts_ns"].min())
+    for r in ranks:
+        g = tl[tl["rank"] == r]
+        x = ((g["ts_ns"] - t0) / 1e6).round(3).tolist()
+        fig.add_scatter(x=x, y=(g["allocated"] / 2**30).round(4).tolist(), mode="lines", name=f"rank {r} allocated")
+        fig.add_scatter(x=x, y=(g["reserved"] / 2**30).round(4).tolist(), mode="lines", name=f"rank {r} reserved",
+                        line={"dash": "dot"})
+    fig.update_layout(title="Allocator over time" + (" (first 16 ranks)" if len(tl["rank"].unique()) > 16 else ""),
+                      xaxis_title="ms since the first sample", yaxis_title="GiB", height=420)
+    peaks = _memory_peaks_of(analysis, summary)
+    rows = peaks.to_dict("records")
+    for r in rows:
+        r["peak_allocated_gib"] = r["peak_allocated"] / 2**30
+        r["peak_reserved_gib"] = None if r["peak_reserved"] is None else r["peak_reserved"] / 2**30
+    stage_rows = []
+    if not peaks.empty and peaks["stage"].notna().any():
+        for st, g in peaks.dropna(subset=["stage"]).groupby("stage"):
+            top = g.sort_values("peak_allocated", ascending=False).iloc[0]
+            stage_rows.append({"stage": int(st), "peak_gib": float(top["peak_allocated"]) / 2**30,
+                               "rank": int(top["rank"]), "op": top["op_at_peak"]})
+    out = [fig]
+    if stage_rows:
+        out.append(table_html(stage_rows, [("stage", "stage"), ("peak allocated GiB", "peak_gib"),
+                                           ("on rank", "rank"), ("op at the peak", "op")], ("op",)))
+    out.append(table_html(rows[:64], [("rank", "rank"), ("stage", "stage"), ("peak allocated GiB", "peak_allocated_gib"),
+                                      ("peak reserved GiB", "peak_reserved_gib"), ("op at the peak", "op_at_peak")],
+                          ("op_at_peak",)))
+    return out
+
+
 def build_sections(analysis, summary: dict) -> list[tuple[str, object]]:
     """Report sections for one run, findings first."""
     heat = summary.get("per_step") or []
@@ -444,6 +594,8 @@ def build_sections(analysis, summary: dict) -> list[tuple[str, object]]:
         ("Collectives", _section(analysis, "collectives", lambda: _collectives_section(analysis, summary))),
         ("Memory", _section(analysis, "memory", lambda: _memory_section(analysis, summary))),
         ("Top operations", _section(analysis, "top operations", lambda: _top_ops_section(analysis, summary))),
+        ("Operations: FLOPs and roofline", _section(analysis, "op table", lambda: _ops_section(analysis, summary))),
+        ("Memory over time", _section(analysis, "memory timeline", lambda: _memory_timeline_section(analysis, summary))),
         ("Run", metadata_html(summary)),
     ]
 

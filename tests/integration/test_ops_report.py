@@ -1,0 +1,58 @@
+"""The op table is in the report of every bundled run, and its numbers are the API's (Run.op_table)."""
+
+from __future__ import annotations
+
+import html
+import re
+from pathlib import Path
+
+import pytest
+
+import tracelens
+from tracelens.report.html import build_sections, render
+
+REPO = Path(__file__).resolve().parents[2]
+SAMPLES = sorted(p for p in (REPO / "sample_traces").iterdir() if p.is_dir()) if (REPO / "sample_traces").is_dir() else []
+SECTION = "Operations: FLOPs and roofline"
+
+
+def _table_rows(page: str) -> list[list[str]]:
+    m = re.search(r'<table class="sortable">.*?</table>', page, re.S)
+    if not m:
+        return []
+    return [
+        [html.unescape(v) for v in re.findall(r'<td data-v="(.*?)">', tr)]
+        for tr in re.findall(r"<tr>(.*?)</tr>", m.group(0), re.S)
+        if "<td" in tr
+    ]
+
+
+@pytest.mark.parametrize("sample", SAMPLES, ids=lambda p: p.name)
+def test_op_table_in_report_equals_api(sample):
+    run = tracelens.load(sample, no_cache=True)
+    summary = run.summary()
+    page = render(summary, build_sections(run.analysis, summary))
+    assert f"<h2>{SECTION}</h2>" in page
+    rows = summary["ops"]
+    if not list(sample.rglob("*.pt.trace.json*")):  # Flight Recorder only: no op table, a note instead
+        assert rows == [] and '<table class="sortable">' not in page
+        return
+    assert rows, sample.name
+    shown = _table_rows(page)
+    assert len(shown) == len(rows)
+    api = run.op_table()
+    for r, cells in zip(rows, shown, strict=True):
+        # columns: stage, rank, op, kernel, layer type, shapes, calls, ms, GFLOP, MB, TFLOP/s, TB/s, bound, %
+        assert cells[1] == str(r["rank"]) and float(cells[7]) == r["ms_per_step"]
+        assert (cells[10] == "") == (r["tflops"] is None)
+        same = api[(api["rank"] == r["rank"]) & (api["op"].fillna("") == (r["op"] or ""))
+                   & (api["kernel"].fillna("") == (r["kernel"] or ""))
+                   & (api["shapes"].fillna("").str.startswith((r["shapes"] or "").rstrip("…")))
+                   & (api["layer_type"].fillna("") == (r["layer_type"] or ""))]
+        assert len(same) == 1
+        a = same.iloc[0]
+        assert round(float(a["ms_per_step"]), 4) == r["ms_per_step"]
+        assert round(float(a["calls"]), 4) == r["calls"]
+        if r["tflops"] is not None:
+            assert round(float(a["tflops"]), 4) == r["tflops"]
+            assert float(cells[10]) == r["tflops"]
