@@ -45,6 +45,7 @@ import pyarrow.compute as pc
 
 from tracelens import schema
 from tracelens.errors import BadTraceError
+from tracelens.ingest import salvage as _salv
 
 try:  # ISA-L's inflate (python-isal) is ~3x faster than zlib's and releases the GIL likewise; optional
     from isal import isal_zlib as _inflate
@@ -1060,6 +1061,7 @@ class _Scan:
     salvaged: bool
     split_at: int | None = None  # first part of a split read: where the second part starts
     helper: int | None = None  # a split read's child process, to be reaped (_reap)
+    damage: _salv.Damage = field(default_factory=_salv.Damage)  # events mended or skipped (salvage.py)
 
 
 def _utf8_replaced(blocks: Iterator[bytes]) -> Generator[bytes, None, None]:
@@ -1388,6 +1390,7 @@ def _scan_blocks(
     eof = False
     head_from = 0
     hint = _Hint()
+    dmg = _salv.Damage()
     released = 0  # `parsed` when Arrow's allocator last returned memory
     while not eof:
         try:
@@ -1446,20 +1449,38 @@ def _scan_blocks(
             if chunk is None:
                 raise _SplitFailed()  # not a boundary between whole events
             chunks.append(chunk)
+            if dmg.any:
+                raise _SplitFailed()  # the serial read counts the damage
             return _Scan(meta, chunks, off + fb[1], off + fb[1], False, split_at=off + fb[1])
-        if state == "events" and (len(buf) >= chunk_bytes or eof):
-            cut = _last_boundary(buf, 1) if not eof else None
-            if cut is not None:
-                chunk = _decode_in_place(buf, cut[0], hint)
-                if chunk is not None:  # else the cut fell inside a string or nested value: read more, retry
-                    chunks.append(chunk)
-                    parsed += cut[1] - 1
-                    if parsed - released >= RELEASE_BYTES:
-                        pa.default_memory_pool().release_unused()
-                        released = parsed
-                    off += cut[1] - 1
-                    del buf[: cut[1] - 1]
+        while state == "events" and len(buf) >= chunk_bytes and not eof:
+            cut = _last_boundary(buf, 1)
+            if cut is None:
+                break
+            errs: list[Exception] = []
+            chunk = _decode_in_place(buf, cut[0], hint, errs)
+            if chunk is None:
+                p = _salv.error_at(errs[0], bytes(buf[: cut[0]])) if errs else None
+                if p is None or p >= cut[0]:
+                    break  # the cut fell inside a string or nested value: read more, retry
+                # a local error (an invalid byte, NaN, a flipped separator) in the middle of the data
+                nxt = _read_past(path, buf, p, errs[0], hint, chunks, dmg, off, salvage, stop_at, start_at)
+                if nxt is None:
+                    break  # the damaged region runs past the data read so far
+                if nxt:
+                    parsed += nxt - 1
+                    off += nxt - 1
+                    del buf[: nxt - 1]
                     buf[0] = 91  # "["
+                continue
+            chunks.append(chunk)
+            parsed += cut[1] - 1
+            if parsed - released >= RELEASE_BYTES:
+                pa.default_memory_pool().release_unused()
+                released = parsed
+            off += cut[1] - 1
+            del buf[: cut[1] - 1]
+            buf[0] = 91  # "["
+            break
     if state == "seek" or (stop_at is not None and state != "events"):
         raise _SplitFailed()
     if state in ("head", "whole"):
@@ -1480,27 +1501,101 @@ def _scan_blocks(
             chunks.append(_columns(top.traceEvents))
         return _Scan(meta, chunks, total, total, False)
     # Last piece: the remaining events, the `]` closing the array and the top-level keys after it.
-    tail = b'{"traceEvents":' + bytes(buf)
-    try:
-        top = _decode_top(tail)
-    except msgspec.DecodeError as err:
-        if not salvage:
-            why = "truncated gzip stream" if truncated else f"not valid JSON ({err})"
-            raise BadTraceError(f"{path}: {why}; the file may have been cut mid-write") from None
-        evs = _salvage_tail(buf)
-        if evs:
-            chunks.append(_columns(evs[0]))
-            parsed += evs[1]
-        return _Scan(meta, chunks, total, parsed, True)
+    while True:
+        tail = b'{"traceEvents":' + bytes(buf)
+        try:
+            top = _decode_top(tail)
+            break
+        except msgspec.DecodeError as err:
+            p = _salv.error_at(err, tail)
+            p = None if p is None or p < 16 else p - 15  # index in buf
+            if not _salv.is_cut(buf, p):
+                assert p is not None
+                nxt = _read_past(path, buf, p, err, hint, chunks, dmg, off, salvage, stop_at, start_at)
+                if nxt == 0:
+                    continue  # mended in place
+                if nxt is not None:
+                    parsed += nxt - 1
+                    off += nxt - 1
+                    del buf[: nxt - 1]
+                    buf[0] = 91  # "["
+                    continue
+                # the damage is in the last event: drop it when the array is closed after it
+                start = _salv.keep_before(buf, p, _keeper(chunks, hint))
+                parsed += start - 1
+                off += start - 1
+                del buf[1:start]
+                if _salv.drop_last_event(buf, 1, p - (start - 1), dmg, off):
+                    continue
+                p = len(buf)
+            if not salvage:
+                why = "truncated gzip stream" if truncated else f"not valid JSON ({err})"
+                raise BadTraceError(f"{path}: {why}; the file may have been cut mid-write") from None
+            evs = _salvage_tail(buf, len(buf) if p is None else p)
+            if evs:
+                chunks.append(_columns(evs[0]))
+                parsed += evs[1]
+            return _Scan(meta, chunks, total, parsed, True, damage=dmg)
     _merge_meta(meta, top)
     if top.traceEvents:
         chunks.append(_columns(top.traceEvents))
     if not chunks and not top.traceEvents:
         raise BadTraceError(f"{path}: traceEvents is empty (nothing was recorded)")
-    return _Scan(meta, chunks, total, total, False)
+    return _Scan(meta, chunks, total, total, False, damage=dmg)
 
 
-def _decode_in_place(buf: bytearray, end: int, hint: _Hint | None = None) -> _Chunk | None:
+def _keeper(chunks: list, hint: _Hint) -> Any:
+    """salvage.keep_before's decode: the whole events of buf[:end] become a chunk."""
+
+    def decode(buf: bytearray, end: int) -> bool:
+        chunk = _decode_in_place(buf, end, hint)
+        if chunk is None:
+            return False
+        chunks.append(chunk)
+        return True
+
+    return decode
+
+
+def _read_past(
+    path: Path,
+    buf: bytearray,
+    p: int,
+    err: Exception,
+    hint: _Hint,
+    chunks: list,
+    dmg: _salv.Damage,
+    off: int,
+    salvage: bool,
+    stop_at: int | None,
+    start_at: int | None,
+) -> int | None:
+    """A local decode error at buf[p] (buf[0] == "["), followed by more data. Mended in place (returns 0:
+    decode again), or, with salvage, the whole events before the damaged one become chunks and the index of
+    the `{` of the first whole event after it is returned (the caller drops buf up to there); None when no
+    event boundary follows the error in buf (the caller reads more, or at the end of the data drops the
+    last event). Without salvage a damaged event is a BadTraceError at once."""
+    if _salv.mend(buf, p, err):
+        if stop_at is not None or start_at is not None:
+            raise _SplitFailed()  # the serial read counts the damage
+        dmg.mended += 1
+        dmg.note(off + p)
+        return 0
+    if not salvage:
+        raise BadTraceError(
+            f"{path}: invalid JSON at byte {off + p} of the decompressed data "
+            f"({_salv._POS.sub('', str(err)).strip()}); "
+            "salvage (the CLI's default) skips the damaged event"
+        )
+    if _salv.first_boundary(buf, p) is None:
+        return None
+    start = _salv.keep_before(buf, p, _keeper(chunks, hint))
+    return _salv.skip_to_next(buf, start, p, dmg, off)
+
+
+def _decode_in_place(
+    buf: bytearray, end: int, hint: _Hint | None = None, errors: list | None = None
+) -> _Chunk | None:
     """Decode the events in buf[0:end] (buf[0] == "[") as a JSON array without copying: the separator byte
     at buf[end] is overwritten with "]" (restored on failure). None when buf[:end] is not whole events."""
     saved = buf[end]
@@ -1510,8 +1605,11 @@ def _decode_in_place(buf: bytearray, end: int, hint: _Hint | None = None) -> _Ch
         part = mv[: end + 1]
         try:
             evs = _decode_events(part, hint)
-        except msgspec.DecodeError:
+        except msgspec.DecodeError as err:
+            part.release()
             buf[end] = saved
+            if errors is not None:
+                errors.append(err.with_traceback(None))  # (its frames would hold `part`)
             return None
         try:
             chunk = _columns(evs)
@@ -1534,10 +1632,10 @@ def _decode_in_place(buf: bytearray, end: int, hint: _Hint | None = None) -> _Ch
     return chunk
 
 
-def _salvage_tail(buf: bytearray) -> tuple[list, int] | None:
-    """Complete events at the start of a cut-off remainder (buf[0] == "["): try event boundaries from the
-    last one back."""
-    hi = len(buf)
+def _salvage_tail(buf: bytearray, hi: int) -> tuple[list, int] | None:
+    """Complete events at the start of a cut-off remainder (buf[0] == "[") before buf[hi] (where the data
+    ends or turns bad): try event boundaries from the last one back (a bounded number of times: the
+    remainder is at most about two chunks, so this costs a bounded time)."""
     for _ in range(64):
         cut = _last_boundary(buf, 1, hi)
         if cut is None:
@@ -1547,8 +1645,10 @@ def _salvage_tail(buf: bytearray) -> tuple[list, int] | None:
         except msgspec.DecodeError:
             hi = cut[0] - 1
     # a single complete event before the cut?
-    end = buf.rfind(b"}")
-    while end > 0:
+    end = buf.rfind(b"}", 0, hi)
+    for _ in range(64):
+        if end <= 0:
+            break
         try:
             return _decode_events(bytes(buf[: end + 1]) + b"]"), end + 1
         except msgspec.DecodeError:
@@ -1829,9 +1929,11 @@ def _metadata(path: Path, rank: int, meta: dict, n_events: int, sc: _Scan) -> di
         "device_properties_json": _json_text(dp),
         "events": n_events,
         "salvaged": sc.salvaged,
-        "salvaged_fraction": (sc.bytes_parsed / sc.bytes_total if sc.bytes_total else 0.0)
+        "salvaged_fraction": min(1.0, sc.bytes_parsed / sc.bytes_total if sc.bytes_total else 0.0)
         if sc.salvaged
         else None,
+        "damaged_events": sc.damage.skipped,
+        "mended_strings": sc.damage.mended,
     }
 
 

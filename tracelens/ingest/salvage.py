@@ -1,0 +1,192 @@
+"""Damage inside a Kineto trace: telling a file cut mid-write from a local error, and reading on past it.
+
+A decode of a piece of the `traceEvents` array fails either because the data ended (a cut: the error is at
+the end of the data) or because of a local error in one event (an invalid UTF-8 byte, a lone surrogate
+escape, a bare `NaN`, a flipped separator): the error is followed by more events. A local error costs only
+the event it is in: what can be mended in place without changing the byte count is mended (an invalid UTF-8
+byte becomes U+FFFD, a lone `\\uD800` escape `\\uFFFD`), anything else is skipped from the event boundary
+before the error to the one after it and counted. Each byte is decoded a bounded number of times (the
+failed decode stops at the error, the events before it are decoded once more), so salvage is linear in the
+file size.
+
+The stream reader (kineto._scan_blocks) owns the buffer; these helpers only inspect and edit it.
+"""
+
+from __future__ import annotations
+
+import codecs
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import msgspec
+
+_POS = re.compile(r"\(byte (\d+)\)")
+_WS = b" \t\r\n"
+#: The end of the events array: an event's closing brace, then `]`.
+_ARRAY_END = re.compile(rb"\}[ \t\r\n]*\]")
+#: Attempts at an earlier event boundary when the one found was inside a nested value.
+MAX_BACKTRACK = 16
+
+
+@dataclass
+class Damage:
+    """What a read mended or skipped (counted per file, reported in its metadata and as a warning)."""
+
+    skipped: int = 0  # damaged events left out
+    skipped_bytes: int = 0
+    mended: int = 0  # invalid UTF-8 sequences and lone surrogate escapes replaced in place
+    first_at: int | None = None  # offset of the first damage in the decompressed stream
+
+    def note(self, at: int) -> None:
+        if self.first_at is None or at < self.first_at:
+            self.first_at = at
+
+    @property
+    def any(self) -> bool:
+        return bool(self.skipped or self.mended)
+
+
+def error_at(err: Exception, piece: bytes | bytearray | memoryview) -> int | None:
+    """Index in `piece` where msgspec's decode failed, or None when the data ended first (truncated)."""
+    msg = str(err)
+    m = _POS.search(msg)
+    if m:
+        return int(m.group(1))
+    if "UTF-8" in msg:
+        try:
+            codecs.utf_8_decode(piece, "strict", True)
+        except UnicodeDecodeError as u:
+            return u.start
+    return None
+
+
+def mend(buf: bytearray, p: int, err: Exception) -> bool:
+    """Mend in place the error at buf[p] when it is an invalid UTF-8 sequence (replaced by U+FFFD, as a
+    lenient decoder would) or a lone surrogate escape (replaced by `\\uFFFD`). False when not mendable."""
+    msg = str(err)
+    if "UTF-8" in msg:
+        end = p + 1
+        # the rest of an invalid sequence: continuation bytes (10xxxxxx)
+        while end < len(buf) and end < p + 4 and 0x80 <= buf[end] < 0xC0:
+            end += 1
+        bad = bytes(buf[p:end])
+        fixed = bad.decode("utf-8", "replace").encode()
+        if fixed == bad:
+            return False
+        buf[p:end] = fixed
+        return True
+    if "surrogate" in msg or "hex escape" in msg:
+        q = buf.rfind(b"\\u", max(0, p - 12), p + 1)
+        while q >= 0:
+            try:
+                v = int(bytes(buf[q + 2 : q + 6]), 16)
+            except ValueError:
+                v = 0
+            if 0xD800 <= v <= 0xDFFF:
+                buf[q : q + 6] = b"\\ufffd"
+                return True
+            q = buf.rfind(b"\\u", max(0, p - 12), q)
+    return False
+
+
+def first_boundary(buf: bytes | bytearray, lo: int) -> tuple[int, int] | None:
+    """First `}` , `{` separator whose `}` is at or after buf[lo]: (index after `}`, index of `{`)."""
+    n = len(buf)
+    p = lo
+    while True:
+        p = buf.find(b"}", p)
+        if p < 0:
+            return None
+        q = p + 1
+        while q < n and buf[q] in _WS:
+            q += 1
+        if q < n and buf[q] == 44:  # ','
+            q += 1
+            while q < n and buf[q] in _WS:
+                q += 1
+            if q < n and buf[q] == 123:  # '{'
+                return p + 1, q
+        if q >= n:
+            return None
+        p += 1
+
+
+def last_boundary(buf: bytes | bytearray, lo: int, hi: int) -> tuple[int, int] | None:
+    """Last `}` , `{` separator whose `{` is in buf[lo:hi]: (index after `}`, index of `{`)."""
+    p = hi
+    while True:
+        p = buf.rfind(b"{", lo, p)
+        if p <= lo:
+            return None
+        q = p - 1
+        while q > lo and buf[q] in _WS:
+            q -= 1
+        if buf[q] == 44:
+            r = q - 1
+            while r > lo and buf[r] in _WS:
+                r -= 1
+            if buf[r] == 125:
+                return r + 1, p
+
+
+def count_events(buf: bytes | bytearray, lo: int, hi: int) -> int:
+    """Events in a damaged region: each Kineto event has one `"ph"` key (at least one)."""
+    return max(1, buf.count(b'"ph"', lo, hi))
+
+
+def keep_before(
+    buf: bytearray, p: int, decode: Callable[[bytearray, int], bool]
+) -> int:
+    """Decode (through `decode(buf, end)`, which keeps the events of buf[:end] and says whether they
+    decoded) the whole events before the one holding the error at buf[p]. Returns where the damaged region
+    starts (the `{` of the damaged event, 1 when it is the first)."""
+    hi = p + 1
+    for _ in range(MAX_BACKTRACK):
+        b0 = last_boundary(buf, 1, hi)
+        if b0 is None:
+            return 1
+        if decode(buf, b0[0]):
+            return b0[1]
+        hi = b0[1]  # that boundary was inside a nested value: an earlier one
+    return 1
+
+
+def skip_to_next(buf: bytearray, start: int, p: int, dmg: Damage, base: int) -> int | None:
+    """The `{` of the first whole event after the error at buf[p] (the damaged region buf[start:that] is
+    counted in `dmg`), or None when no event boundary follows yet."""
+    b1 = first_boundary(buf, p)
+    if b1 is None:
+        return None
+    dmg.skipped += count_events(buf, start, b1[0])
+    dmg.skipped_bytes += b1[1] - start
+    dmg.note(base + start)
+    return b1[1]
+
+
+def drop_last_event(buf: bytearray, start: int, p: int, dmg: Damage, base: int) -> bool:
+    """At the end of the data: when the error at buf[p] is in the last event and the events array is
+    closed after it, delete the damaged event(s) buf[start:] up to the `]` (the keys after the array stay).
+    False when the array is not closed after the error (a cut)."""
+    m = _ARRAY_END.search(buf, p)
+    if m is None:
+        return False
+    end = m.end() - 1  # index of `]`
+    dmg.skipped += count_events(buf, start, end)
+    dmg.skipped_bytes += end - start
+    dmg.note(base + start)
+    del buf[start:end]
+    # a separator left before the `]` (start > 1: the events before were decoded and removed already)
+    return True
+
+
+def is_cut(buf: bytes | bytearray, p: int | None) -> bool:
+    """Whether a decode error at buf[p] (None: the data ended) is the end of the data: nothing but
+    whitespace or zero bytes (a preallocated file's unwritten rest) follows it."""
+    if p is None:
+        return True
+    return not bytes(buf[p:]).strip(b" \t\r\n\x00")
+
+
+def decode_error(err: Exception) -> bool:
+    return isinstance(err, msgspec.DecodeError) and not isinstance(err, msgspec.ValidationError)
