@@ -19,6 +19,7 @@ from tracelens import __version__
 from tracelens.analyze.breakdown import breakdown, class_sets
 from tracelens.errors import BadInputError, TracelensError
 from tracelens.findings import finding
+from tracelens.ingest.salvage import damaged_findings
 
 #: Share of the step that exposed communication may take before EXPOSED_COMM_HIGH (per rank, mean over steps).
 EXPOSED_COMM_THRESHOLD = 0.20
@@ -418,6 +419,7 @@ class Analysis:
                     steps_analyzed=kept,
                 )
             )
+        out.extend(damaged_findings(self.metadata))
         return out
 
     # ---- summary ------------------------------------------------------------------------------

@@ -20,6 +20,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import msgspec
+import pyarrow as pa
+
+from tracelens.findings import finding
 
 _POS = re.compile(r"\(byte (\d+)\)")
 _WS = b" \t\r\n"
@@ -135,9 +138,7 @@ def count_events(buf: bytes | bytearray, lo: int, hi: int) -> int:
     return max(1, buf.count(b'"ph"', lo, hi))
 
 
-def keep_before(
-    buf: bytearray, p: int, decode: Callable[[bytearray, int], bool]
-) -> int:
+def keep_before(buf: bytearray, p: int, decode: Callable[[bytearray, int], bool]) -> int:
     """Decode (through `decode(buf, end)`, which keeps the events of buf[:end] and says whether they
     decoded) the whole events before the one holding the error at buf[p]. Returns where the damaged region
     starts (the `{` of the damaged event, 1 when it is the first)."""
@@ -190,3 +191,33 @@ def is_cut(buf: bytes | bytearray, p: int | None) -> bool:
 
 def decode_error(err: Exception) -> bool:
     return isinstance(err, msgspec.DecodeError) and not isinstance(err, msgspec.ValidationError)
+
+
+def damaged_findings(metadata: pa.Table) -> list[dict]:
+    """PARTIAL_TRACE warnings for the ranks whose trace had damaged events (skipped) or mended strings."""
+    if "damaged_events" not in metadata.column_names:
+        return []
+    out = []
+    for row in metadata.select(["rank", "path", "damaged_events", "mended_strings", "events"]).to_pylist():
+        n, m = row["damaged_events"] or 0, row["mended_strings"] or 0
+        if not n and not m:
+            continue
+        parts = []
+        if n:
+            parts.append(f"{n:,} damaged event{'s' if n != 1 else ''} (invalid JSON) skipped")
+        if m:
+            parts.append(
+                f"{m:,} invalid UTF-8 sequence{'s' if m != 1 else ''} or lone surrogate{'s' if m != 1 else ''} replaced by U+FFFD"
+            )
+        name = row["path"].rsplit("/", 1)[-1]
+        out.append(
+            finding(
+                "PARTIAL_TRACE",
+                "warning",
+                f"rank {row['rank']}: trace {name}: {'; '.join(parts)}; the other {row['events']:,} events are read",
+                ranks=[row["rank"]],
+                damaged_events=n,
+                mended_strings=m,
+            )
+        )
+    return out
