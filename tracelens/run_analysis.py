@@ -17,6 +17,7 @@ import pyarrow as pa
 
 from tracelens import __version__
 from tracelens.analyze.breakdown import breakdown, class_sets
+from tracelens.discover import left_out
 from tracelens.errors import BadInputError, TracelensError
 from tracelens.findings import finding
 from tracelens.ingest.salvage import damaged_findings
@@ -509,6 +510,7 @@ class Analysis:
             "seq_len": self.options.seq_len,
             "layout": self.grid.to_dict(),
             "warnings": self.rank_warnings()
+            + left_out(self.path, self.tables.files)
             + list(self.warnings)
             + list(getattr(self.grid, "notes", []) or []),
             "analysis_path": sorted(set(self.breakdown.column("path").to_pylist())),

@@ -866,11 +866,11 @@ def _blocks(path: Path, out_bytes: int = _READ_BYTES) -> Generator[bytes, None, 
                 raise _Truncated()
             if d.eof:
                 rest = d.unused_data
-                if rest.lstrip(b"\x00"):  # another gzip member follows
+                if rest.lstrip(b"\x00")[:2] == b"\x1f\x8b":  # another gzip member follows
                     d = _inflate.decompressobj(16 + zlib.MAX_WBITS)
-                    pending = rest
-                elif exhausted:
-                    return
+                    pending = rest.lstrip(b"\x00")
+                elif rest.lstrip(b"\x00") or exhausted:
+                    return  # the end, or trailing bytes that are not a gzip member (the trace before is whole)
                 else:
                     pending = b""
 
@@ -1421,6 +1421,10 @@ def _scan_blocks(
             buf[0] = 91  # "["
             state = "events"
         if state == "head":
+            if head_from == 0 and buf[:3] == b"\xef\xbb\xbf":  # a UTF-8 byte order mark
+                del buf[:3]
+                off += 3
+                parsed += 3
             m = _TE_KEY.search(buf, head_from)
             if m is None:
                 head_from = max(0, len(buf) - 64)
