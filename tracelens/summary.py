@@ -118,12 +118,15 @@ def load_summary(path: str | Path) -> dict:
         raise BadInputError(f"{path}: no such file")
     try:
         data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
         raise BadInputError(f"{path}: not a JSON summary ({err.__class__.__name__})") from err
     if not isinstance(data, dict) or not str(data.get("schema", "")).startswith("tracelens.summary/"):
         raise BadInputError(f"{path}: not a tracelens summary (no 'schema': '{SCHEMA}')")
     if data["schema"] != SCHEMA:
         raise BadInputError(f"{path}: summary schema {data['schema']} is not supported (expected {SCHEMA})")
+    from tracelens.summary_check import check_shape
+
+    check_shape(data, str(path))
     return data
 
 

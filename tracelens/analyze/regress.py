@@ -215,7 +215,7 @@ def _read_summary_file(path: Path) -> dict:
     """Parse and validate one summary.json file."""
     try:
         data = json.loads(path.read_bytes())
-    except (OSError, UnicodeDecodeError, ValueError) as err:
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as err:
         raise BadInputError(f"{path}: not a JSON summary ({type(err).__name__})") from err
     validate_summary(data, str(path))
     return data
@@ -231,6 +231,9 @@ def validate_summary(data: Any, label: str) -> None:
     for key, kind in (("run", dict), ("ranks", list)):
         if key in data and data[key] is not None and not isinstance(data[key], kind):
             raise BadInputError(f"{label}: summary field {key!r} must be a {kind.__name__}")
+    from tracelens.summary_check import check_shape
+
+    check_shape(data, label)
     per_step = data.get("per_step")
     if per_step is not None and not (
         isinstance(per_step, list) and all(isinstance(r, dict) for r in per_step)

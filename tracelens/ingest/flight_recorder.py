@@ -153,6 +153,8 @@ def load_dump(path: str | Path) -> dict:
             dump = json.loads(raw)
         except (ValueError, UnicodeDecodeError) as err:
             raise BadTraceError(f"{path}: invalid JSON ({err})") from err
+        except RecursionError:
+            raise BadTraceError(f"{path}: invalid JSON (nested too deeply)") from None
     elif raw[:1] == b"\x80":
         dump = loads_pickle(raw, str(path))
     else:

@@ -1977,6 +1977,8 @@ def _read(path: Path, rank: int | None, salvage: bool, chunk_bytes: int) -> Kine
             sc = _scan(path, salvage, chunk_bytes, utf8_replace=True)  # invalid bytes in a name: replace
     except OSError as err:
         raise BadTraceError(f"{path}: cannot read ({err.strerror or err})") from None
+    except RecursionError:
+        raise BadTraceError(f"{path}: not a valid Kineto JSON trace (nested too deeply)") from None
     if rank is None:
         di = sc.meta.get("distributedInfo")
         rank = _rank_int(di.get("rank")) if isinstance(di, dict) else None
@@ -2117,7 +2119,7 @@ def _json_value_at(buf: bytes, start: int) -> Any:
             if depth == 0:
                 try:
                     return _DEC_ANY.decode(buf[start : start + m.end()])
-                except msgspec.DecodeError:
+                except (msgspec.DecodeError, RecursionError):
                     return None
     return None
 

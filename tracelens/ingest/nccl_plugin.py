@@ -70,11 +70,13 @@ def load_events(path: str | Path) -> list[dict]:
         raise BadTraceError(f"{path}: not an NCCL profiler-plugin trace (expected a JSON array)")
     try:
         data = json.loads(text)
+    except RecursionError:
+        raise BadTraceError(f"{path}: invalid JSON in NCCL profiler-plugin trace (nested too deeply)") from None
     except ValueError:
         cut = text.rfind("},")
         try:
             data = json.loads(text[: cut + 1] + "]") if cut > 0 else None
-        except ValueError:
+        except (ValueError, RecursionError):
             data = None
         if data is None:
             raise BadTraceError(f"{path}: invalid JSON in NCCL profiler-plugin trace") from None
