@@ -106,6 +106,8 @@ def discover(
     root = Path(path).expanduser()
     if not root.exists():
         raise BadInputError(f"{root}: no such file or folder")
+    if not root.is_dir() and not root.is_file():
+        raise BadInputError(f"{root}: not a regular file or folder")
     chosen = parse_rank_filter(ranks)
     single_file = root.is_file()
     candidates = [root] if single_file else _walk(root)

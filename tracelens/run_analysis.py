@@ -47,6 +47,13 @@ class Options:
     scheduler: str | None = None  # Dask scheduler address for engine "dask" (None: a LocalCluster)
     progress: object = None  # callable(done, total) for the CLI's progress bar
 
+    def __post_init__(self) -> None:
+        # counts and rates given as options must be positive (`--seq-len -5` is a typo, not a run)
+        for k in ("seq_len", "global_batch", "microbatches", "peak_tflops"):
+            v = getattr(self, k)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0):
+                raise BadInputError(f"--{k.replace('_', '-')} {v}: must be a positive number")
+
     def merged_with_config(self, run_dir: Path) -> Options:
         """Fill unset options from run_dir/tracelens.toml when present."""
         try:
