@@ -86,7 +86,8 @@ METADATA = pa.schema(
         ("salvaged", pa.bool_()),  # true when the file was truncated and partially recovered
         ("salvaged_fraction", pa.float64()),  # bytes parsed / bytes in file, when salvaged
         ("damaged_events", pa.int64()),  # events skipped for a local error (ingest/salvage.py)
-        ("mended_strings", pa.int64()),  # invalid UTF-8 sequences / lone surrogates replaced by U+FFFD
+        ("mended_strings", pa.int64()),
+        ("dropped_events", pa.int64()),  # events without a usable ts (absent, invalid, beyond int64 ns)  # invalid UTF-8 sequences / lone surrogates replaced by U+FFFD
     ]
 )
 

@@ -47,7 +47,13 @@ _MFU_FIELDS = {
     "convention": _STR,
 }
 _FINDING_FIELDS = {"code": _STR, "severity": _STR, "message": _STR, "ranks": _LIST, "stages": _LIST}
-_STAGE_FIELDS = {"stage": _INT, "ranks": _LIST, "compute_ms": _NUM, "bubble_ms": _NUM, "bubble_fraction": _NUM}
+_STAGE_FIELDS = {
+    "stage": _INT,
+    "ranks": _LIST,
+    "compute_ms": _NUM,
+    "bubble_ms": _NUM,
+    "bubble_fraction": _NUM,
+}
 _RUN_FIELDS = {"name": _STR, "world_size": _INT, "ranks": _LIST, "steps": _LIST, "warnings": _LIST}
 
 

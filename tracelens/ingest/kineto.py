@@ -1062,6 +1062,7 @@ class _Scan:
     split_at: int | None = None  # first part of a split read: where the second part starts
     helper: int | None = None  # a split read's child process, to be reaped (_reap)
     damage: _salv.Damage = field(default_factory=_salv.Damage)  # events mended or skipped (salvage.py)
+    dropped: int = 0  # events without a usable timestamp (absent, invalid, beyond int64 ns), set by _assemble
 
 
 def _utf8_replaced(blocks: Iterator[bytes]) -> Generator[bytes, None, None]:
@@ -1845,6 +1846,13 @@ def _assemble(sc: _Scan, rank: int) -> tuple[pa.Table, pa.Table]:
     stream = pc.if_else(
         gpu_mask, pc.coalesce(stream, pc.cast(tid, pa.int32(), safe=False)), pa.scalar(None, pa.int32())
     )
+    # an absolute time (base + ts) or an end (+ dur) beyond int64 would wrap around: such an event is
+    # dropped like one without a timestamp (and counted in the metadata)
+    wraps = _wraps(ts, dur, dur_valid, base)
+    if wraps is not None:
+        ts_valid = ts_valid & ~wraps
+        ts = np.where(wraps, 0, ts)
+    sc.dropped = int(n - np.count_nonzero(ts_valid))
     if ts.flags.writeable:  # (the merged copy: adding the base in place spares a full-length array)
         ts_ns = ts
         ts_ns += base
@@ -1907,6 +1915,21 @@ def _assemble(sc: _Scan, rank: int) -> tuple[pa.Table, pa.Table]:
     return events, memory
 
 
+_I64 = np.iinfo(np.int64)
+
+
+def _wraps(ts: np.ndarray, dur: np.ndarray, dur_valid: np.ndarray, base: int) -> np.ndarray | None:
+    """Events whose absolute start (base + ts) or end (+ dur) does not fit in int64 ns, or None."""
+    if not len(ts):
+        return None
+    hi = _I64.max - max(base, 0)
+    lo = _I64.min - min(base, 0)
+    d = np.where(dur_valid, np.maximum(dur, 0), 0)
+    # ts + d overflows only when ts > hi - d (both sides computed without overflow: 0 <= d, hi >= 0)
+    bad = (ts > hi - d) | (ts < lo)
+    return bad if bad.any() else None
+
+
 def _json_text(v: Any) -> str | None:
     return None if v is None else json.dumps(v, separators=(",", ":"), default=str)
 
@@ -1937,6 +1960,7 @@ def _metadata(path: Path, rank: int, meta: dict, n_events: int, sc: _Scan) -> di
         if sc.salvaged
         else None,
         "damaged_events": sc.damage.skipped,
+        "dropped_events": sc.dropped,
         "mended_strings": sc.damage.mended,
     }
 

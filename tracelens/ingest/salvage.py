@@ -194,20 +194,24 @@ def decode_error(err: Exception) -> bool:
 
 
 def damaged_findings(metadata: pa.Table) -> list[dict]:
-    """PARTIAL_TRACE warnings for the ranks whose trace had damaged events (skipped) or mended strings."""
-    if "damaged_events" not in metadata.column_names:
+    """PARTIAL_TRACE warnings for the ranks whose trace had damaged events (skipped), mended strings, or
+    events dropped for an unusable timestamp (absent, invalid, beyond int64 ns)."""
+    cols = [c for c in ("damaged_events", "mended_strings", "dropped_events") if c in metadata.column_names]
+    if not cols:
         return []
     out = []
-    for row in metadata.select(["rank", "path", "damaged_events", "mended_strings", "events"]).to_pylist():
-        n, m = row["damaged_events"] or 0, row["mended_strings"] or 0
-        if not n and not m:
+    for row in metadata.select(["rank", "path", "events", *cols]).to_pylist():
+        n, m, d = (row.get(c) or 0 for c in ("damaged_events", "mended_strings", "dropped_events"))
+        if not n and not m and not d:
             continue
         parts = []
         if n:
-            parts.append(f"{n:,} damaged event{'s' if n != 1 else ''} (invalid JSON) skipped")
+            parts.append(f"{n:,} damaged event{_s(n)} (invalid JSON) skipped")
         if m:
+            parts.append(f"{m:,} invalid UTF-8 sequence{_s(m)} or lone surrogate{_s(m)} replaced by U+FFFD")
+        if d:
             parts.append(
-                f"{m:,} invalid UTF-8 sequence{'s' if m != 1 else ''} or lone surrogate{'s' if m != 1 else ''} replaced by U+FFFD"
+                f"{d:,} event{_s(d)} without a usable timestamp (absent, invalid or beyond int64 ns) dropped"
             )
         name = row["path"].rsplit("/", 1)[-1]
         out.append(
@@ -218,6 +222,11 @@ def damaged_findings(metadata: pa.Table) -> list[dict]:
                 ranks=[row["rank"]],
                 damaged_events=n,
                 mended_strings=m,
+                dropped_events=d,
             )
         )
     return out
+
+
+def _s(n: int) -> str:
+    return "" if n == 1 else "s"
