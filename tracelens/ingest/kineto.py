@@ -1428,6 +1428,7 @@ def _scan_blocks(
                 parsed += 3
             m = _TE_KEY.search(buf, head_from)
             if m is None:
+                _bound_head(path, buf, off)
                 head_from = max(0, len(buf) - 64)
                 continue
             head = bytes(buf[: m.end()]) + b"]}"
@@ -1460,6 +1461,7 @@ def _scan_blocks(
         while state == "events" and len(buf) >= chunk_bytes and not eof:
             cut = _last_boundary(buf, 1)
             if cut is None:
+                _bound_event(path, buf, off, chunk_bytes)
                 break
             errs: list[Exception] = []
             chunk = _decode_in_place(buf, cut[0], hint, errs)
@@ -1547,6 +1549,57 @@ def _scan_blocks(
     if not chunks and not top.traceEvents:
         raise BadTraceError(f"{path}: traceEvents is empty (nothing was recorded)")
     return _Scan(meta, chunks, total, total, False, damage=dmg)
+
+
+#: Bytes before the `traceEvents` key (metadata) beyond which a file is not taken for a Kineto trace, and
+#: bytes one event may take (beyond a chunk): both bound what the reader holds whatever the input.
+MAX_HEAD_BYTES = 256 * 1024**2
+MAX_EVENT_BYTES = 256 * 1024**2
+#: A run of whitespace at least this long at the end of the buffer is collapsed (JSON between tokens).
+_WS_RUN = 64 * 1024
+
+
+def _collapse_ws(buf: bytearray) -> int:
+    """Collapse a long run of whitespace at the end of buf to one byte (whitespace between JSON tokens is
+    insignificant; a trace padded with gigabytes of it, a 229:1 gzip, must not be held). Returns bytes
+    removed."""
+    n = len(buf)
+    if n < _WS_RUN or buf[n - 1] not in _WS or bytes(buf[n - _WS_RUN :]).strip(_WS):
+        return 0
+    q = n - _WS_RUN  # buf[q:] is whitespace: find where the run starts, a slice at a time (C speed)
+    while q > 0:
+        lo = max(0, q - _WS_RUN)
+        keep = len(bytes(buf[lo:q]).rstrip(_WS))
+        q = lo + keep
+        if keep:
+            break
+    removed = n - q - 1
+    del buf[q + 1 :]
+    return removed
+
+
+def _bound_head(path: Path, buf: bytearray, off: int) -> None:
+    """Before the `traceEvents` key: fail fast on bytes no JSON object starts with (a file of zeros, a
+    binary), collapse whitespace padding, and give up past MAX_HEAD_BYTES of metadata."""
+    first = bytes(buf[:4096]).lstrip(_WS)[:1]
+    if first and first != b"{":
+        raise BadTraceError(f"{path}: not a valid Kineto JSON trace (starts with {first!r}, not a JSON object)")
+    _collapse_ws(buf)
+    if len(buf) > MAX_HEAD_BYTES:
+        raise BadTraceError(
+            f"{path}: no traceEvents key in the first {MAX_HEAD_BYTES >> 20} MiB (not a Kineto trace?)"
+        )
+
+
+def _bound_event(path: Path, buf: bytearray, off: int, chunk_bytes: int) -> None:
+    """Between event boundaries: collapse whitespace padding; an event longer than MAX_EVENT_BYTES (or
+    bytes that never reach a boundary) is not a trace we can hold."""
+    _collapse_ws(buf)
+    if len(buf) > chunk_bytes + MAX_EVENT_BYTES:
+        raise BadTraceError(
+            f"{path}: no event boundary in {MAX_EVENT_BYTES >> 20} MiB after byte {off} of the decompressed "
+            "data (an event that large is not a Kineto trace)"
+        )
 
 
 def _keeper(chunks: list, hint: _Hint) -> Any:

@@ -45,7 +45,7 @@ def read_head(path: Path, n: int = HEAD_BYTES) -> bytes:
     return raw
 
 
-def gunzip_bounded(raw: bytes, name: str | Path) -> bytes:
+def gunzip_bounded(raw: bytes, name: str | Path, limit: int | None = None) -> bytes:
     """Decompress gzip bytes (multi-member aware) under the same bomb limits as Kineto traces: at most
     `TRACELENS_MAX_DECOMPRESSED_BYTES` (default 64 GiB) and a ratio of 1000:1 beyond 1 GiB. A stream cut
     mid-write yields what precedes the cut (the readers salvage or reject it); corrupt data is a BadTraceError.
@@ -53,7 +53,7 @@ def gunzip_bounded(raw: bytes, name: str | Path) -> bytes:
     from tracelens.errors import BadTraceError
     from tracelens.ingest.kineto import MAX_RATIO, RATIO_MIN_BYTES, max_decompressed_bytes
 
-    limit = max_decompressed_bytes()
+    limit = max_decompressed_bytes() if limit is None else min(limit, max_decompressed_bytes())
     out: list[bytes] = []
     total = 0
     pending = raw
