@@ -230,3 +230,77 @@ def damaged_findings(metadata: pa.Table) -> list[dict]:
 
 def _s(n: int) -> str:
     return "" if n == 1 else "s"
+
+
+# ------------------------------------------------------------------------- which steps a cut trace covers
+_DEVICE_KINDS = ("kernel", "gpu_memcpy", "gpu_memset")
+#: Runtime/driver calls that put work on the device, matched in their names (CUDA, HIP, graphs).
+_LAUNCH_RE = r"Launch|Memcpy|Memset"
+
+
+def uncovered_steps(events: pa.Table) -> tuple[set[int], bool]:
+    """Steps of a salvaged trace that the trace demonstrably does not cover: a launch of the step (a
+    runtime/driver kernel launch, copy or memset with a correlation id) whose device work is not in the
+    trace was lost after the cut. Also whether the trace lost all its device work (launches, but no device
+    event at all): such a rank is not compared on the GPU path. Works for every step, the only one included
+    (the half-of-the-fullest-step rule cannot tell when all steps lost events)."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    need = {"kind", "name", "correlation", "step"}
+    if events.num_rows == 0 or not need <= set(events.column_names):
+        return set(), False
+    kinds = events.column("kind").cast(pa.string())
+    corr = events.column("correlation")
+    is_dev = pc.and_(pc.is_in(kinds, pa.array(_DEVICE_KINDS)), pc.is_valid(corr))
+    is_launch = pc.and_(
+        pc.and_(pc.is_in(kinds, pa.array(["cuda_runtime", "cuda_driver"])), pc.is_valid(corr)),
+        pc.match_substring_regex(events.column("name").cast(pa.string()), _LAUNCH_RE),
+    )
+    n_launch = pc.sum(is_launch).as_py() or 0
+    if not n_launch:
+        return set(), False
+    step = events.column("step")
+    dev_corr = pc.unique(corr.filter(is_dev))
+    if len(dev_corr) == 0:
+        steps = step.filter(is_launch).drop_null()
+        return set(np.unique(steps.to_numpy()).tolist()) if len(steps) else set(), True
+    missing = pc.and_(is_launch, pc.invert(pc.is_in(corr, dev_corr)))
+    steps = step.filter(missing).drop_null()
+    bad = set(np.unique(steps.to_numpy()).tolist()) if len(steps) else set()
+    bad |= _launch_shortfall(events, kinds, step)
+    return bad, False
+
+
+#: A step whose launching CPU ops kept fewer of their launches than this share of the best step's share,
+#: or than LAUNCH_FLOOR absolutely, lost launches (and their device work) at the cut.
+LAUNCH_SHARE = 0.9
+LAUNCH_FLOOR = 0.5
+
+
+def _launch_shortfall(events: pa.Table, kinds: pa.Array, step: pa.ChunkedArray) -> set[int]:
+    """Kineto writes all CPU ops first, so a cut keeps them and loses launches: a CPU op whose name launched
+    device work elsewhere in this trace (linked by External id) and has no launch of its own lost it. Steps
+    whose share of such ops with their launch falls short (relative to the best step, or absolutely) are
+    not covered."""
+    import pyarrow.compute as pc
+
+    ext = events.column("external_id")
+    names = events.column("name").cast(pa.string())
+    cpu = pc.and_(pc.equal(kinds, "cpu_op"), pc.is_valid(ext))
+    rt = pc.and_(pc.is_in(kinds, pa.array(["cuda_runtime", "cuda_driver"])), pc.is_valid(ext))
+    rt = pc.and_(rt, pc.match_substring_regex(names, _LAUNCH_RE))
+    launched = pc.unique(ext.filter(rt))
+    if len(launched) == 0:
+        return set()
+    has = pc.is_in(ext, launched)
+    expect = pc.and_(cpu, pc.is_in(names, pc.unique(names.filter(pc.and_(cpu, has)))))
+    t = pa.table(
+        {"step": step, "n": pc.cast(expect, pa.int64()), "h": pc.cast(pc.and_(expect, has), pa.int64())}
+    )
+    g = t.filter(pc.is_valid(t.column("step"))).group_by("step").aggregate([("n", "sum"), ("h", "sum")])
+    share = {s: h / n for s, n, h in zip(*(g.column(c).to_pylist() for c in ("step", "n_sum", "h_sum"))) if n}
+    if not share:
+        return set()
+    best = max(share.values())
+    return {s for s, v in share.items() if v < LAUNCH_SHARE * best or v < LAUNCH_FLOOR}
