@@ -24,7 +24,7 @@ from tracelens import schema
 from tracelens.errors import BadTraceError, RankError
 
 SOURCE = "flight_recorder"
-MAX_BYTES = 1 << 30  # a dump bigger than 1 GiB is not a Flight Recorder dump (2,000 entries: ~1-5 MB)
+MAX_BYTES = 256 << 20  # a dump bigger than 256 MiB is not a Flight Recorder dump (2,000 entries: ~1-5 MB)
 #: Entries beyond this are not a Flight Recorder ring buffer (the default holds 2,000; TORCH_NCCL_TRACE_
 #: BUFFER_SIZE is set to tens of thousands at most in practice).
 MAX_ENTRIES = 1_000_000
@@ -126,14 +126,14 @@ def _raw_bytes(path: Path) -> bytes:
     except OSError as err:
         raise BadTraceError(f"{path}: cannot read ({err.strerror or err})") from err
     if len(raw) > MAX_BYTES:
-        raise BadTraceError(f"{path}: larger than 1 GiB, not a Flight Recorder dump")
+        raise BadTraceError(f"{path}: larger than 256 MiB, not a Flight Recorder dump")
     if raw[:2] == b"\x1f\x8b":
         from tracelens.ingest.sniff import gunzip_bounded
 
         # bounded: stops as soon as the output passes MAX_BYTES (a bomb is a BadTraceError, never inflated)
         raw = gunzip_bounded(raw, path, MAX_BYTES)
         if len(raw) > MAX_BYTES:
-            raise BadTraceError(f"{path}: decompresses to more than 1 GiB, not a Flight Recorder dump")
+            raise BadTraceError(f"{path}: decompresses to more than 256 MiB, not a Flight Recorder dump")
     return raw
 
 
