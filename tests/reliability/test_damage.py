@@ -194,3 +194,41 @@ def test_cli_names_the_damage(tmp_path, clean):
     assert len(dmg) == 1 and dmg[0]["damaged_events"] == 1
     assert "1 damaged event (invalid JSON) skipped" in dmg[0]["message"]
     assert "was cut mid-write" not in dmg[0]["message"]
+
+
+# ---- property: one local error anywhere costs exactly its event -------------------------------------
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_DAMAGE = {
+    "nan": lambda ev: ev.replace(b'"dur": 1.5', b'"dur": NaN'),
+    "inf": lambda ev: ev.replace(b'"ts": ', b'"ts": -Infinity, "x": ', 1),
+    "ctrl": lambda ev: ev.replace(b'"tid"', b'\x02"tid"', 1),
+    "quote": lambda ev: ev.replace(b'"pid": 0', b'"pid": "0', 1),
+}
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    n=st.integers(3, 400),
+    where=st.floats(0, 1),
+    how=st.sampled_from(sorted(_DAMAGE)),
+    chunk=st.sampled_from([64, 1024, 1 << 20]),
+    gz=st.booleans(),
+)
+def test_one_damaged_event_anywhere(tmp_path_factory, n, where, how, chunk, gz):
+    evs = [
+        json.dumps(
+            {"ph": "X", "cat": "kernel", "name": f"k{i}", "pid": 0, "tid": 7, "ts": 10.0 * i, "dur": 1.5}
+        ).encode()
+        for i in range(n)
+    ]
+    i = min(n - 1, int(where * n))
+    evs[i] = _DAMAGE[how](evs[i])
+    data = b'{"baseTimeNanoseconds": 0, "traceEvents": [' + b",\n".join(evs) + b'], "displayTimeUnit": "ms"}'
+    p = tmp_path_factory.mktemp("p") / "t.json"
+    p.write_bytes(gzip.compress(data) if gz else data)
+    tr = kineto.read(p, salvage=True, chunk_bytes=chunk)
+    names = tr.events.column("name").cast("string").to_pylist()
+    assert names == [f"k{j}" for j in range(n) if j != i]
+    assert tr.metadata["damaged_events"] == 1 and tr.metadata["salvaged"] is False
