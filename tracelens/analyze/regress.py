@@ -231,9 +231,6 @@ def validate_summary(data: Any, label: str) -> None:
     for key, kind in (("run", dict), ("ranks", list)):
         if key in data and data[key] is not None and not isinstance(data[key], kind):
             raise BadInputError(f"{label}: summary field {key!r} must be a {kind.__name__}")
-    from tracelens.summary_check import check_shape
-
-    check_shape(data, label)
     per_step = data.get("per_step")
     if per_step is not None and not (
         isinstance(per_step, list) and all(isinstance(r, dict) for r in per_step)
@@ -244,6 +241,9 @@ def validate_summary(data: Any, label: str) -> None:
             _per_step_arrays(per_step)
         except ValueError as err:
             raise BadInputError(f"{label}: {err}") from err
+    from tracelens.summary_check import check_shape
+
+    check_shape(data, label)
 
 
 # ----------------------------------------------------------------------------------------------------------
