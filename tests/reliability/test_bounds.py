@@ -92,7 +92,7 @@ def test_whitespace_padding_between_events_is_not_held(tmp_path):
     p = tmp_path / "pad.json.gz"
     p.write_bytes(gzip.compress(doc[:at].encode()) + member * 4 + gzip.compress(doc[at:].encode()))  # 256 MiB
     out, peak = _peak_mb(f"tr = kineto.read({str(p)!r}, salvage=True)\nprint('ROWS', tr.events.num_rows)")
-    want = kineto.read(tmp_path.joinpath("plain.json") if False else _plain(tmp_path, doc)).events.num_rows
+    want = kineto.read(_plain(tmp_path, doc)).events.num_rows
     assert f"ROWS {want}" in out
     assert peak < 96, peak  # was: the whole padding (256 MB here, 12 GB for the 46 MB gzip of the report)
 
@@ -105,7 +105,11 @@ def _plain(tmp_path: Path, doc: str) -> Path:
 
 def test_pickle_memo_bomb_is_refused(tmp_path):
     entry = {"record_id": 0, "pg_id": 0, "collective_seq_id": 1, "profiling_name": "nccl:all_reduce"}
-    dump = {"version": "2.4", "pg_config": {}, "entries": [entry] * 900_000}  # one record, memoized (under the cap)
+    dump = {
+        "version": "2.4",
+        "pg_config": {},
+        "entries": [entry] * 900_000,
+    }  # one record, memoized (under the cap)
     p = tmp_path / "fr_trace_rank_0"
     p.write_bytes(pickle.dumps(dump, protocol=4))
     assert p.stat().st_size < 8 << 20
