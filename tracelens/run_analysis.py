@@ -416,6 +416,8 @@ class Analysis:
             steps = (
                 f"complete steps analyzed: {', '.join(map(str, kept))}" if kept else "no complete step left"
             )
+            if row.get("device_events_lost"):
+                steps += "; every device event was lost: not comparable on the GPU path"
             out.append(
                 finding(
                     "PARTIAL_TRACE",

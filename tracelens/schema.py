@@ -87,7 +87,8 @@ METADATA = pa.schema(
         ("salvaged_fraction", pa.float64()),  # bytes parsed / bytes in file, when salvaged
         ("damaged_events", pa.int64()),  # events skipped for a local error (ingest/salvage.py)
         ("mended_strings", pa.int64()),
-        ("dropped_events", pa.int64()),  # events without a usable ts (absent, invalid, beyond int64 ns)  # invalid UTF-8 sequences / lone surrogates replaced by U+FFFD
+        ("dropped_events", pa.int64()),
+        ("device_events_lost", pa.bool_()),  # salvaged: launches kept, every device event lost at the cut  # events without a usable ts (absent, invalid, beyond int64 ns)  # invalid UTF-8 sequences / lone surrogates replaced by U+FFFD
     ]
 )
 

@@ -136,3 +136,26 @@ def test_nccl_log_streams_with_a_line_cap(tmp_path):
     out, peak = _peak_mb(f"calls, inits, v = nccl_log.parse({str(p)!r})\nprint('CALLS', len(calls))")
     assert "CALLS 2" in out, out
     assert peak < 64, peak
+
+
+def test_rank_that_lost_every_device_event_says_so(tmp_path):
+    from broken_traces import step_events, text_with_offsets
+
+    # Kineto order: CPU ops and launches first, device work after; the cut falls before any kernel
+    evs = step_events(3)
+    host = [e for e in evs if e["cat"] != "kernel"]
+    text, ends = text_with_offsets(kineto_doc(0, 1, host + [e for e in evs if e["cat"] == "kernel"]))
+    p = tmp_path / "run" / "rank0.json"
+    p.parent.mkdir()
+    p.write_bytes(text[: ends[len(host) - 1] + 3])
+    tr = kineto.read(p, salvage=True)
+    assert tr.metadata["salvaged"] is True and tr.metadata["device_events_lost"] is True
+    assert tr.events.column("step").null_count == tr.events.num_rows  # no step called complete
+    r = cli("analyze", p.parent, "-o", tmp_path / "out", "--no-report", "--no-cache")
+    assert r.returncode == 0, r.stderr
+    f = [
+        f
+        for f in json.loads((tmp_path / "out" / "summary.json").read_text())["findings"]
+        if f["code"] == "PARTIAL_TRACE"
+    ]
+    assert "every device event was lost" in f[0]["message"] and f[0]["steps_analyzed"] == []

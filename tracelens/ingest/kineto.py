@@ -2067,11 +2067,13 @@ def _read(path: Path, rank: int | None, salvage: bool, chunk_bytes: int) -> Kine
         events, memory = _assemble(sc, int(rank))
     finally:
         _reap(sc.helper)
+    device_lost = False
     if sc.salvaged:
+        device_lost = _salv.uncovered_steps(events)[1]
         events = drop_incomplete_steps(events)
-    return KinetoTrace(
-        events=events, memory=memory, metadata=_metadata(path, int(rank), sc.meta, events.num_rows, sc)
-    )
+    meta = _metadata(path, int(rank), sc.meta, events.num_rows, sc)
+    meta["device_events_lost"] = device_lost
+    return KinetoTrace(events=events, memory=memory, metadata=meta)
 
 
 #: In a salvaged trace, a step holding less than this share of the rank's fullest step's events of one
