@@ -36,6 +36,10 @@ class _App(typer.Typer):
         except SystemExit:
             raise
         except Exception as err:  # a bug, not a user error: say so in one line, traceback with --debug
+            if isinstance(err, OSError) and err.filename and not debug:
+                # a path that cannot be read or written (permissions, a special file): the user's to fix
+                typer.echo(f"tracelens: error: {err.filename}: {err.strerror or err}", err=True)
+                sys.exit(2)
             if debug:
                 traceback.print_exc()
             else:

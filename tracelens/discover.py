@@ -108,6 +108,8 @@ def discover(
     root = Path(path).expanduser()
     if not root.exists():
         raise BadInputError(f"{root}: no such file or folder")
+    if not root.is_dir() and not root.is_file():
+        raise BadInputError(f"{root}: not a regular file or folder")
     chosen = parse_rank_filter(ranks)
     single_file = root.is_file()
     candidates = [root] if single_file else _walk(root)
@@ -207,4 +209,30 @@ def _check_ranks(files: list[TraceFile]) -> None:
             raise RankError(f"{bad[0].path}: rank {bad[0].rank} is outside world size {ws}")
 
 
-__all__ = ["TraceFile", "discover", "parse_rank_filter"]
+def left_out(path: str | Path, files: Iterable[TraceFile]) -> list[str]:
+    """Why files of a run folder that discovery did not take were left out, when a user would want to
+    know: a file that cannot be read (permissions, a dangling link) or one that tracelens wrote itself (an
+    exported trace saved in the run folder). Only the files not taken are looked at."""
+    from tracelens.ingest.sniff import own_output, read_head
+
+    root = Path(path).expanduser()
+    if not root.is_dir():
+        return []
+    taken = {Path(f.path) for f in files}
+    out = []
+    for p in _walk(root):
+        if p in taken:
+            continue
+        try:
+            if p.stat().st_size == 0:
+                continue
+            head = read_head(p, 4096)
+        except OSError as err:
+            out.append(f"left out {p}: cannot read ({err.strerror or err})")
+            continue
+        if own_output(head):
+            out.append(f"left out {p}: written by tracelens (an output, not a trace)")
+    return out
+
+
+__all__ = ["TraceFile", "discover", "left_out", "parse_rank_filter"]

@@ -17,6 +17,7 @@ import pyarrow as pa
 
 from tracelens.errors import BadInputError, TracelensError
 from tracelens.findings import finding
+from tracelens.ingest.salvage import damaged_findings
 from tracelens.policy import contained
 
 if TYPE_CHECKING:
@@ -47,6 +48,13 @@ class Options:
     engine: str | None = None  # "local" (default) | "dask": where the per-rank tasks run (tracelens.engine)
     scheduler: str | None = None  # Dask scheduler address for engine "dask" (None: a LocalCluster)
     progress: object = None  # callable(done, total) for the CLI's progress bar
+
+    def __post_init__(self) -> None:
+        # counts and rates given as options must be positive (`--seq-len -5` is a typo, not a run)
+        for k in ("seq_len", "global_batch", "microbatches", "peak_tflops"):
+            v = getattr(self, k)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0):
+                raise BadInputError(f"--{k.replace('_', '-')} {v}: must be a positive number")
 
     def merged_with_config(self, run_dir: Path) -> Options:
         """Fill unset options from run_dir/tracelens.toml when present."""
@@ -483,6 +491,8 @@ class Analysis:
             steps = (
                 f"complete steps analyzed: {', '.join(map(str, kept))}" if kept else "no complete step left"
             )
+            if row.get("device_events_lost"):
+                steps += "; every device event was lost: not comparable on the GPU path"
             out.append(
                 finding(
                     "PARTIAL_TRACE",
@@ -494,6 +504,7 @@ class Analysis:
                     steps_analyzed=kept,
                 )
             )
+        out.extend(damaged_findings(self.metadata))
         return out
 
     # ---- summary ------------------------------------------------------------------------------

@@ -87,6 +87,10 @@ METADATA = pa.schema(
         ("events", pa.int64()),
         ("salvaged", pa.bool_()),  # true when the file was truncated and partially recovered
         ("salvaged_fraction", pa.float64()),  # bytes parsed / bytes in file, when salvaged
+        ("damaged_events", pa.int64()),  # events skipped for a local error (ingest/salvage.py)
+        ("mended_strings", pa.int64()),
+        ("dropped_events", pa.int64()),
+        ("device_events_lost", pa.bool_()),  # salvaged: launches kept, every device event lost at the cut  # events without a usable ts (absent, invalid, beyond int64 ns)  # invalid UTF-8 sequences / lone surrogates replaced by U+FFFD
     ]
 )
 

@@ -15,6 +15,7 @@ import numpy as np
 import pyarrow as pa
 
 from tracelens._version import __version__
+from tracelens.discover import left_out
 from tracelens.errors import BadInputError
 from tracelens.store.atomic import write_text
 
@@ -137,6 +138,7 @@ def build_summary(a: Analysis) -> dict:
         "layout": a.grid.to_dict(),
         "warnings": a.run.warnings
         + a.rank_warnings()
+        + left_out(a.path, a.run.files)
         + (list(a.nccl_sources.notes) if a.nccl_sources is not None else [])
         + list(a.warnings)
         + list(getattr(a.grid, "notes", []) or []),
@@ -287,7 +289,7 @@ def load_summary(path: str | Path) -> dict:
         raise BadInputError(f"{path}: no such file")
     try:
         data = json.loads(path.read_bytes())
-    except (OSError, UnicodeDecodeError, ValueError) as err:
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as err:
         raise BadInputError(f"{path}: not a JSON summary ({err.__class__.__name__})") from err
     validate_summary(data, str(path))
     return data
@@ -305,6 +307,9 @@ def validate_summary(data: Any, label: str) -> None:
     per_step = data.get("per_step")
     if per_step is not None and not (isinstance(per_step, list) and all(isinstance(r, dict) for r in per_step)):
         raise BadInputError(f"{label}: summary field 'per_step' must be a list of objects")
+    from tracelens.summary_check import check_shape
+
+    check_shape(data, label)
 
 
 def run_name(path: Path) -> str:

@@ -368,11 +368,11 @@ def test_load_summary_errors(tmp_path):
     with pytest.raises(BadInputError, match="per_step"):
         summary_of(p)
     rows = [{"rank": 0, "step": 1, "step_time_ms": 1.0}, {"rank": 0, "step": 2, "step_time_ms": "slow"}]
-    p.write_text(json.dumps({"schema": "tracelens.summary/1", "per_step": rows}))
-    with pytest.raises(BadInputError, match=r"per_step\[1\] is malformed"):
+    p.write_text(json.dumps({"schema": "tracelens.summary/1", "run": {}, "ranks": [], "per_step": rows}))
+    with pytest.raises(BadInputError, match=r"per_step\[1\]"):  # the loader's shape check says which field
         regress.validate_summary(summary_of(p), str(p))
     rows = [{"rank": 0, "step": 1, "step_time_ms": 1.0}, {"step": 2, "step_time_ms": 2.0}]
-    p.write_text(json.dumps({"schema": "tracelens.summary/1", "per_step": rows}))
+    p.write_text(json.dumps({"schema": "tracelens.summary/1", "run": {}, "ranks": [], "per_step": rows}))
     with pytest.raises(BadInputError, match=r"per_step\[1\] is malformed"):
         regress.validate_summary(summary_of(p), str(p))
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from tracelens._app import app
-from tracelens.outputs import guard_overwrite
+from tracelens.outputs import guard_outputs, guard_overwrite
 
 
 def _fmt(v, nd=1) -> str:
@@ -213,6 +213,7 @@ def analyze(
     report_path = out_dir / "report.html"
     for p in [summary_path, report_path] + ([json_path] if json_path else []):
         guard_overwrite(p, force)
+    guard_outputs([summary_path, report_path] + ([json_path] if json_path else []), [run_dir], force)
 
     with Progress(transient=True) as progress:
         task = progress.add_task("reading traces", total=None)

@@ -59,6 +59,10 @@ def check(
     if fmt not in _FORMATS:
         raise BadInputError(f"--format {fmt}: expected one of {', '.join(_FORMATS)}")
     rule_set = regress.load_rules(rules)
+    if output is not None:
+        from tracelens.outputs import guard_outputs
+
+        guard_outputs([output], [baseline, current, rules])
     options: dict[str, Any] = {
         k: v
         for k, v in {

@@ -66,7 +66,7 @@ def compare_cmd(
     import json
 
     from tracelens.analyze.compare import compare
-    from tracelens.outputs import guard_overwrite
+    from tracelens.outputs import guard_outputs, guard_overwrite
     from tracelens.report.html import write_compare_report
     from tracelens.store.atomic import write_text
     from tracelens.summary import run_name
@@ -76,6 +76,7 @@ def compare_cmd(
     html_path, json_path = out_dir / "compare.html", out_dir / "compare.json"
     for p in (html_path, json_path):
         guard_overwrite(p, force)
+    guard_outputs([html_path, json_path], [a, b], force)
     sa, sb = load_side(a), load_side(b)
     result = compare(sa, sb, names)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -24,7 +24,10 @@ from tracelens import schema
 from tracelens.errors import BadTraceError, RankError
 
 SOURCE = "flight_recorder"
-MAX_BYTES = 2 << 30  # a dump bigger than 2 GiB is not a Flight Recorder dump
+MAX_BYTES = 256 << 20  # a dump bigger than 256 MiB is not a Flight Recorder dump (2,000 entries: ~1-5 MB)
+#: Entries beyond this are not a Flight Recorder ring buffer (the default holds 2,000; TORCH_NCCL_TRACE_
+#: BUFFER_SIZE is set to tens of thousands at most in practice).
+MAX_ENTRIES = 1_000_000
 
 #: profiling_name operation (after the "nccl:"/"gloo:" prefix) -> normalised op of schema.COLLECTIVES.
 OP_NAMES = {
@@ -123,13 +126,14 @@ def _raw_bytes(path: Path) -> bytes:
     except OSError as err:
         raise BadTraceError(f"{path}: cannot read ({err.strerror or err})") from err
     if len(raw) > MAX_BYTES:
-        raise BadTraceError(f"{path}: larger than 2 GiB, not a Flight Recorder dump")
+        raise BadTraceError(f"{path}: larger than 256 MiB, not a Flight Recorder dump")
     if raw[:2] == b"\x1f\x8b":
         from tracelens.ingest.sniff import gunzip_bounded
 
-        raw = gunzip_bounded(raw, path)  # bounded: a decompression bomb is a BadTraceError
+        # bounded: stops as soon as the output passes MAX_BYTES (a bomb is a BadTraceError, never inflated)
+        raw = gunzip_bounded(raw, path, MAX_BYTES)
         if len(raw) > MAX_BYTES:
-            raise BadTraceError(f"{path}: decompresses to more than 2 GiB, not a Flight Recorder dump")
+            raise BadTraceError(f"{path}: decompresses to more than 256 MiB, not a Flight Recorder dump")
     return raw
 
 
@@ -153,6 +157,8 @@ def load_dump(path: str | Path) -> dict:
             dump = json.loads(raw)
         except (ValueError, UnicodeDecodeError) as err:
             raise BadTraceError(f"{path}: invalid JSON ({err})") from err
+        except RecursionError:
+            raise BadTraceError(f"{path}: invalid JSON (nested too deeply)") from None
     elif raw[:1] == b"\x80":
         dump = loads_pickle(raw, str(path))
     else:
@@ -166,6 +172,14 @@ def load_dump(path: str | Path) -> dict:
         entries = []
     if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
         raise BadTraceError(f"{path}: Flight Recorder 'entries' is not a list of records")
+    if len(entries) > MAX_ENTRIES:
+        raise BadTraceError(
+            f"{path}: {len(entries):,} Flight Recorder entries, more than {MAX_ENTRIES:,} (a ring buffer "
+            "that large is not a Flight Recorder dump)"
+        )
+    if len({id(e) for e in entries}) != len(entries):
+        # a pickle can reference one record many times (its memo): 10 MB expand to millions of rows
+        raise BadTraceError(f"{path}: Flight Recorder entries repeat one record (a pickle memo bomb?)")
     dump["entries"] = entries
     return dump
 

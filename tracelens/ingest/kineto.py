@@ -45,6 +45,7 @@ import pyarrow.compute as pc
 
 from tracelens import schema
 from tracelens.errors import BadTraceError
+from tracelens.ingest import salvage as _salv
 
 try:  # ISA-L's inflate (python-isal) is ~3x faster than zlib's and releases the GIL likewise; optional
     from isal import isal_zlib as _inflate
@@ -865,11 +866,11 @@ def _blocks(path: Path, out_bytes: int = _READ_BYTES) -> Generator[bytes, None, 
                 raise _Truncated()
             if d.eof:
                 rest = d.unused_data
-                if rest.lstrip(b"\x00"):  # another gzip member follows
+                if rest.lstrip(b"\x00")[:2] == b"\x1f\x8b":  # another gzip member follows
                     d = _inflate.decompressobj(16 + zlib.MAX_WBITS)
-                    pending = rest
-                elif exhausted:
-                    return
+                    pending = rest.lstrip(b"\x00")
+                elif rest.lstrip(b"\x00") or exhausted:
+                    return  # the end, or trailing bytes that are not a gzip member (the trace before is whole)
                 else:
                     pending = b""
 
@@ -1060,6 +1061,8 @@ class _Scan:
     salvaged: bool
     split_at: int | None = None  # first part of a split read: where the second part starts
     helper: int | None = None  # a split read's child process, to be reaped (_reap)
+    damage: _salv.Damage = field(default_factory=_salv.Damage)  # events mended or skipped (salvage.py)
+    dropped: int = 0  # events without a usable timestamp (absent, invalid, beyond int64 ns), set by _assemble
 
 
 def _utf8_replaced(blocks: Iterator[bytes]) -> Generator[bytes, None, None]:
@@ -1390,6 +1393,7 @@ def _scan_blocks(
     eof = False
     head_from = 0
     hint = _Hint()
+    dmg = _salv.Damage()
     released = 0  # `parsed` when Arrow's allocator last returned memory
     while not eof:
         try:
@@ -1420,8 +1424,13 @@ def _scan_blocks(
             buf[0] = 91  # "["
             state = "events"
         if state == "head":
+            if head_from == 0 and buf[:3] == b"\xef\xbb\xbf":  # a UTF-8 byte order mark
+                del buf[:3]
+                off += 3
+                parsed += 3
             m = _TE_KEY.search(buf, head_from)
             if m is None:
+                _bound_head(path, buf, off)
                 head_from = max(0, len(buf) - 64)
                 continue
             head = bytes(buf[: m.end()]) + b"]}"
@@ -1448,20 +1457,39 @@ def _scan_blocks(
             if chunk is None:
                 raise _SplitFailed()  # not a boundary between whole events
             chunks.append(chunk)
+            if dmg.any:
+                raise _SplitFailed()  # the serial read counts the damage
             return _Scan(meta, chunks, off + fb[1], off + fb[1], False, split_at=off + fb[1])
-        if state == "events" and (len(buf) >= chunk_bytes or eof):
-            cut = _last_boundary(buf, 1) if not eof else None
-            if cut is not None:
-                chunk = _decode_in_place(buf, cut[0], hint)
-                if chunk is not None:  # else the cut fell inside a string or nested value: read more, retry
-                    chunks.append(chunk)
-                    parsed += cut[1] - 1
-                    if parsed - released >= RELEASE_BYTES:
-                        pa.default_memory_pool().release_unused()
-                        released = parsed
-                    off += cut[1] - 1
-                    del buf[: cut[1] - 1]
+        while state == "events" and len(buf) >= chunk_bytes and not eof:
+            cut = _last_boundary(buf, 1)
+            if cut is None:
+                _bound_event(path, buf, off, chunk_bytes)
+                break
+            errs: list[Exception] = []
+            chunk = _decode_in_place(buf, cut[0], hint, errs)
+            if chunk is None:
+                p = _salv.error_at(errs[0], bytes(buf[: cut[0]])) if errs else None
+                if p is None or p >= cut[0]:
+                    break  # the cut fell inside a string or nested value: read more, retry
+                # a local error (an invalid byte, NaN, a flipped separator) in the middle of the data
+                nxt = _read_past(path, buf, p, errs[0], hint, chunks, dmg, off, salvage, stop_at, start_at)
+                if nxt is None:
+                    break  # the damaged region runs past the data read so far
+                if nxt:
+                    parsed += nxt - 1
+                    off += nxt - 1
+                    del buf[: nxt - 1]
                     buf[0] = 91  # "["
+                continue
+            chunks.append(chunk)
+            parsed += cut[1] - 1
+            if parsed - released >= RELEASE_BYTES:
+                pa.default_memory_pool().release_unused()
+                released = parsed
+            off += cut[1] - 1
+            del buf[: cut[1] - 1]
+            buf[0] = 91  # "["
+            break
     if state == "seek" or (stop_at is not None and state != "events"):
         raise _SplitFailed()
     if state in ("head", "whole"):
@@ -1482,27 +1510,152 @@ def _scan_blocks(
             chunks.append(_columns(top.traceEvents))
         return _Scan(meta, chunks, total, total, False)
     # Last piece: the remaining events, the `]` closing the array and the top-level keys after it.
-    tail = b'{"traceEvents":' + bytes(buf)
-    try:
-        top = _decode_top(tail)
-    except msgspec.DecodeError as err:
-        if not salvage:
-            why = "truncated gzip stream" if truncated else f"not valid JSON ({err})"
-            raise BadTraceError(f"{path}: {why}; the file may have been cut mid-write") from None
-        evs = _salvage_tail(buf)
-        if evs:
-            chunks.append(_columns(evs[0]))
-            parsed += evs[1]
-        return _Scan(meta, chunks, total, parsed, True)
+    while True:
+        tail = b'{"traceEvents":' + bytes(buf)
+        try:
+            top = _decode_top(tail)
+            break
+        except msgspec.DecodeError as err:
+            p = _salv.error_at(err, tail)
+            p = None if p is None or p < 16 else p - 15  # index in buf
+            if not _salv.is_cut(buf, p):
+                assert p is not None
+                nxt = _read_past(path, buf, p, err, hint, chunks, dmg, off, salvage, stop_at, start_at)
+                if nxt == 0:
+                    continue  # mended in place
+                if nxt is not None:
+                    parsed += nxt - 1
+                    off += nxt - 1
+                    del buf[: nxt - 1]
+                    buf[0] = 91  # "["
+                    continue
+                # the damage is in the last event: drop it when the array is closed after it
+                start = _salv.keep_before(buf, p, _keeper(chunks, hint))
+                parsed += start - 1
+                off += start - 1
+                del buf[1:start]
+                if _salv.drop_last_event(buf, 1, p - (start - 1), dmg, off):
+                    continue
+                p = len(buf)
+            if not salvage:
+                why = "truncated gzip stream" if truncated else f"not valid JSON ({err})"
+                raise BadTraceError(f"{path}: {why}; the file may have been cut mid-write") from None
+            evs = _salvage_tail(buf, len(buf) if p is None else p)
+            if evs:
+                chunks.append(_columns(evs[0]))
+                parsed += evs[1]
+            return _Scan(meta, chunks, total, parsed, True, damage=dmg)
     _merge_meta(meta, top)
     if top.traceEvents:
         chunks.append(_columns(top.traceEvents))
     if not chunks and not top.traceEvents:
         raise BadTraceError(f"{path}: traceEvents is empty (nothing was recorded)")
-    return _Scan(meta, chunks, total, total, False)
+    return _Scan(meta, chunks, total, total, False, damage=dmg)
 
 
-def _decode_in_place(buf: bytearray, end: int, hint: _Hint | None = None) -> _Chunk | None:
+#: Bytes before the `traceEvents` key (metadata) beyond which a file is not taken for a Kineto trace, and
+#: bytes one event may take (beyond a chunk): both bound what the reader holds whatever the input.
+MAX_HEAD_BYTES = 256 * 1024**2
+MAX_EVENT_BYTES = 256 * 1024**2
+#: A run of whitespace at least this long at the end of the buffer is collapsed (JSON between tokens).
+_WS_RUN = 64 * 1024
+
+
+def _collapse_ws(buf: bytearray) -> int:
+    """Collapse a long run of whitespace at the end of buf to one byte (whitespace between JSON tokens is
+    insignificant; a trace padded with gigabytes of it, a 229:1 gzip, must not be held). Returns bytes
+    removed."""
+    n = len(buf)
+    if n < _WS_RUN or buf[n - 1] not in _WS or bytes(buf[n - _WS_RUN :]).strip(_WS):
+        return 0
+    q = n - _WS_RUN  # buf[q:] is whitespace: find where the run starts, a slice at a time (C speed)
+    while q > 0:
+        lo = max(0, q - _WS_RUN)
+        keep = len(bytes(buf[lo:q]).rstrip(_WS))
+        q = lo + keep
+        if keep:
+            break
+    removed = n - q - 1
+    del buf[q + 1 :]
+    return removed
+
+
+def _bound_head(path: Path, buf: bytearray, off: int) -> None:
+    """Before the `traceEvents` key: fail fast on bytes no JSON object starts with (a file of zeros, a
+    binary), collapse whitespace padding, and give up past MAX_HEAD_BYTES of metadata."""
+    first = bytes(buf[:4096]).lstrip(_WS)[:1]
+    if first and first != b"{":
+        raise BadTraceError(f"{path}: not a valid Kineto JSON trace (starts with {first!r}, not a JSON object)")
+    _collapse_ws(buf)
+    if len(buf) > MAX_HEAD_BYTES:
+        raise BadTraceError(
+            f"{path}: no traceEvents key in the first {MAX_HEAD_BYTES >> 20} MiB (not a Kineto trace?)"
+        )
+
+
+def _bound_event(path: Path, buf: bytearray, off: int, chunk_bytes: int) -> None:
+    """Between event boundaries: collapse whitespace padding; an event longer than MAX_EVENT_BYTES (or
+    bytes that never reach a boundary) is not a trace we can hold."""
+    _collapse_ws(buf)
+    if len(buf) > chunk_bytes + MAX_EVENT_BYTES:
+        raise BadTraceError(
+            f"{path}: no event boundary in {MAX_EVENT_BYTES >> 20} MiB after byte {off} of the decompressed "
+            "data (an event that large is not a Kineto trace)"
+        )
+
+
+def _keeper(chunks: list, hint: _Hint) -> Any:
+    """salvage.keep_before's decode: the whole events of buf[:end] become a chunk."""
+
+    def decode(buf: bytearray, end: int) -> bool:
+        chunk = _decode_in_place(buf, end, hint)
+        if chunk is None:
+            return False
+        chunks.append(chunk)
+        return True
+
+    return decode
+
+
+def _read_past(
+    path: Path,
+    buf: bytearray,
+    p: int,
+    err: Exception,
+    hint: _Hint,
+    chunks: list,
+    dmg: _salv.Damage,
+    off: int,
+    salvage: bool,
+    stop_at: int | None,
+    start_at: int | None,
+) -> int | None:
+    """A local decode error at buf[p] (buf[0] == "["), followed by more data. Mended in place (returns 0:
+    decode again), or, with salvage, the whole events before the damaged one become chunks and the index of
+    the `{` of the first whole event after it is returned (the caller drops buf up to there); None when no
+    event boundary follows the error in buf (the caller reads more, or at the end of the data drops the
+    last event). Without salvage a damaged event is a BadTraceError at once."""
+    if _salv.mend(buf, p, err):
+        if stop_at is not None or start_at is not None:
+            raise _SplitFailed()  # the serial read counts the damage
+        dmg.mended += 1
+        dmg.note(off + p)
+        return 0
+    if not salvage:
+        raise BadTraceError(
+            f"{path}: invalid JSON at byte {off + p} of the decompressed data "
+            f"({_salv._POS.sub('', str(err)).strip()}); "
+            "salvage (the CLI's default) skips the damaged event"
+        )
+    if _salv.first_boundary(buf, p) is None:
+        return None
+    start = _salv.keep_before(buf, p, _keeper(chunks, hint))
+    return _salv.skip_to_next(buf, start, p, dmg, off)
+
+
+def _decode_in_place(
+    buf: bytearray, end: int, hint: _Hint | None = None, errors: list | None = None
+) -> _Chunk | None:
     """Decode the events in buf[0:end] (buf[0] == "[") as a JSON array without copying: the separator byte
     at buf[end] is overwritten with "]" (restored on failure). None when buf[:end] is not whole events."""
     saved = buf[end]
@@ -1512,8 +1665,11 @@ def _decode_in_place(buf: bytearray, end: int, hint: _Hint | None = None) -> _Ch
         part = mv[: end + 1]
         try:
             evs = _decode_events(part, hint)
-        except msgspec.DecodeError:
+        except msgspec.DecodeError as err:
+            part.release()
             buf[end] = saved
+            if errors is not None:
+                errors.append(err.with_traceback(None))  # (its frames would hold `part`)
             return None
         try:
             chunk = _columns(evs)
@@ -1536,10 +1692,10 @@ def _decode_in_place(buf: bytearray, end: int, hint: _Hint | None = None) -> _Ch
     return chunk
 
 
-def _salvage_tail(buf: bytearray) -> tuple[list, int] | None:
-    """Complete events at the start of a cut-off remainder (buf[0] == "["): try event boundaries from the
-    last one back."""
-    hi = len(buf)
+def _salvage_tail(buf: bytearray, hi: int) -> tuple[list, int] | None:
+    """Complete events at the start of a cut-off remainder (buf[0] == "[") before buf[hi] (where the data
+    ends or turns bad): try event boundaries from the last one back (a bounded number of times: the
+    remainder is at most about two chunks, so this costs a bounded time)."""
     for _ in range(64):
         cut = _last_boundary(buf, 1, hi)
         if cut is None:
@@ -1549,8 +1705,10 @@ def _salvage_tail(buf: bytearray) -> tuple[list, int] | None:
         except msgspec.DecodeError:
             hi = cut[0] - 1
     # a single complete event before the cut?
-    end = buf.rfind(b"}")
-    while end > 0:
+    end = buf.rfind(b"}", 0, hi)
+    for _ in range(64):
+        if end <= 0:
+            break
         try:
             return _decode_events(bytes(buf[: end + 1]) + b"]"), end + 1
         except msgspec.DecodeError:
@@ -1743,6 +1901,13 @@ def _assemble(sc: _Scan, rank: int) -> tuple[pa.Table, pa.Table]:
     stream = pc.if_else(
         gpu_mask, pc.coalesce(stream, pc.cast(tid, pa.int32(), safe=False)), pa.scalar(None, pa.int32())
     )
+    # an absolute time (base + ts) or an end (+ dur) beyond int64 would wrap around: such an event is
+    # dropped like one without a timestamp (and counted in the metadata)
+    wraps = _wraps(ts, dur, dur_valid, base)
+    if wraps is not None:
+        ts_valid = ts_valid & ~wraps
+        ts = np.where(wraps, 0, ts)
+    sc.dropped = int(n - np.count_nonzero(ts_valid))
     if ts.flags.writeable:  # (the merged copy: adding the base in place spares a full-length array)
         ts_ns = ts
         ts_ns += base
@@ -1805,6 +1970,21 @@ def _assemble(sc: _Scan, rank: int) -> tuple[pa.Table, pa.Table]:
     return events, memory
 
 
+_I64 = np.iinfo(np.int64)
+
+
+def _wraps(ts: np.ndarray, dur: np.ndarray, dur_valid: np.ndarray, base: int) -> np.ndarray | None:
+    """Events whose absolute start (base + ts) or end (+ dur) does not fit in int64 ns, or None."""
+    if not len(ts):
+        return None
+    hi = _I64.max - max(base, 0)
+    lo = _I64.min - min(base, 0)
+    d = np.where(dur_valid, np.maximum(dur, 0), 0)
+    # ts + d overflows only when ts > hi - d (both sides computed without overflow: 0 <= d, hi >= 0)
+    bad = (ts > hi - d) | (ts < lo)
+    return bad if bad.any() else None
+
+
 def _json_text(v: Any) -> str | None:
     return None if v is None else json.dumps(v, separators=(",", ":"), default=str)
 
@@ -1831,9 +2011,12 @@ def _metadata(path: Path, rank: int, meta: dict, n_events: int, sc: _Scan) -> di
         "device_properties_json": _json_text(dp),
         "events": n_events,
         "salvaged": sc.salvaged,
-        "salvaged_fraction": (sc.bytes_parsed / sc.bytes_total if sc.bytes_total else 0.0)
+        "salvaged_fraction": min(1.0, sc.bytes_parsed / sc.bytes_total if sc.bytes_total else 0.0)
         if sc.salvaged
         else None,
+        "damaged_events": sc.damage.skipped,
+        "dropped_events": sc.dropped,
+        "mended_strings": sc.damage.mended,
     }
 
 
@@ -1873,6 +2056,8 @@ def _read(path: Path, rank: int | None, salvage: bool, chunk_bytes: int) -> Kine
             sc = _scan(path, salvage, chunk_bytes, utf8_replace=True)  # invalid bytes in a name: replace
     except OSError as err:
         raise BadTraceError(f"{path}: cannot read ({err.strerror or err})") from None
+    except RecursionError:
+        raise BadTraceError(f"{path}: not a valid Kineto JSON trace (nested too deeply)") from None
     if rank is None:
         di = sc.meta.get("distributedInfo")
         rank = _rank_int(di.get("rank")) if isinstance(di, dict) else None
@@ -1884,11 +2069,13 @@ def _read(path: Path, rank: int | None, salvage: bool, chunk_bytes: int) -> Kine
         events, memory = _assemble(sc, int(rank))
     finally:
         _reap(sc.helper)
+    device_lost = False
     if sc.salvaged:
+        device_lost = _salv.uncovered_steps(events)[1]
         events = drop_incomplete_steps(events)
-    return KinetoTrace(
-        events=events, memory=memory, metadata=_metadata(path, int(rank), sc.meta, events.num_rows, sc)
-    )
+    meta = _metadata(path, int(rank), sc.meta, events.num_rows, sc)
+    meta["device_events_lost"] = device_lost
+    return KinetoTrace(events=events, memory=memory, metadata=meta)
 
 
 #: In a salvaged trace, a step holding less than this share of the rank's fullest step's events of one
@@ -1915,9 +2102,10 @@ def incomplete_steps(events: pa.Table, share: float = INCOMPLETE_STEP_SHARE) -> 
         return []
     kinds = events.column("kind").cast(pa.string())
     steps_all = sorted(set(pc.unique(step.drop_null()).to_pylist()))
+    # a step with a launch whose device work is missing is not covered by the trace (salvage.py)
+    bad: set[int] = set(_salv.uncovered_steps(events)[0]) & set(steps_all)
     if len(steps_all) < 2:
-        return []
-    bad: set[int] = set()
+        return sorted(bad)
     for fam in _FAMILIES:
         sub = step.filter(pc.is_in(kinds, pa.array(fam)))
         if len(sub) == 0:
@@ -2013,7 +2201,7 @@ def _json_value_at(buf: bytes, start: int) -> Any:
             if depth == 0:
                 try:
                     return _DEC_ANY.decode(buf[start : start + m.end()])
-                except msgspec.DecodeError:
+                except (msgspec.DecodeError, RecursionError):
                     return None
     return None
 

@@ -153,19 +153,21 @@ MEMBERSHIP = pa.schema(
 )
 
 
+#: A log line longer than this is not an NCCL line: it is skipped (read in pieces, never held whole).
+MAX_LINE_BYTES = 1 << 20
+
+
 def _lines(path: Path) -> Iterable[str]:
+    """The log's lines, streamed (plain or gzip): what is held is one line of at most MAX_LINE_BYTES, and
+    a gzip stream is inflated as it is read under the Kineto bomb limits (ingest.sniff)."""
     try:
         with open(path, "rb") as fh:
             magic = fh.read(2)
-        if magic == b"\x1f\x8b":  # bounded: a decompression bomb is a BadTraceError; a cut stream is read
-            from tracelens.ingest.sniff import gunzip_bounded
-
-            with open(path, "rb") as fh:
-                text = gunzip_bounded(fh.read(), path).decode("utf-8", errors="replace")
-            yield from text.splitlines(keepends=True)
+        if magic == b"\x1f\x8b":
+            yield from _gz_lines(path)
             return
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            yield from fh
+        with open(path, "rb") as fh:
+            yield from _bounded_lines(fh, path)
     except OSError as err:
         raise BadTraceError(f"{path}: cannot read NCCL log ({err})") from err
 
@@ -363,6 +365,49 @@ def attribute_orphans(parses: list[LogParse]) -> None:
                 lp.stats["unattributed"] += 1
         lp.orphans = []
         lp.stats["calls"] = len(lp.calls)
+def _bounded_lines(fh, path: Path, counter=None) -> Iterable[str]:
+    while True:
+        line = fh.readline(MAX_LINE_BYTES)
+        if not line:
+            return
+        if counter is not None:
+            counter(len(line))
+        if len(line) >= MAX_LINE_BYTES and not line.endswith(b"\n"):
+            while line and not line.endswith(b"\n"):  # the rest of an overlong line: skipped
+                line = fh.readline(MAX_LINE_BYTES)
+                if counter is not None:
+                    counter(len(line))
+            continue
+        yield line.decode("utf-8", errors="replace")
+
+
+def _gz_lines(path: Path) -> Iterable[str]:
+    """Lines of a gzip log, inflated as they are read; a stream cut mid-write yields the lines before the
+    cut, corrupt data is a BadTraceError, more output than the bomb limits allow too."""
+    import gzip
+    import zlib
+
+    from tracelens.ingest.kineto import MAX_RATIO, RATIO_MIN_BYTES, max_decompressed_bytes
+
+    limit = max_decompressed_bytes()
+    size = max(1, path.stat().st_size)
+    total = [0]
+
+    def count(n: int) -> None:
+        total[0] += n
+        if total[0] > limit or (total[0] > RATIO_MIN_BYTES and total[0] > MAX_RATIO * size):
+            raise BadTraceError(
+                f"{path}: decompresses to more than {min(limit, MAX_RATIO * size)} bytes (decompression bomb?); "
+                "raise TRACELENS_MAX_DECOMPRESSED_BYTES if this file is genuine"
+            )
+
+    with gzip.open(path, "rb") as fh:
+        try:
+            yield from _bounded_lines(fh, path, count)
+        except EOFError:  # cut mid-write: the lines before the cut
+            return
+        except (zlib.error, gzip.BadGzipFile) as err:
+            raise BadTraceError(f"{path}: corrupt gzip data ({err})") from None
 
 
 def parse(path: str | Path) -> tuple[list[dict], list[dict], str | None]:

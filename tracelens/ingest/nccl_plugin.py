@@ -89,6 +89,8 @@ def load_events(path: str | Path) -> list[dict]:
         raise BadTraceError(f"{path}: not an NCCL profiler-plugin trace (expected a JSON array)")
     try:
         data = json.loads(text)
+    except RecursionError:
+        raise BadTraceError(f"{path}: invalid JSON in NCCL profiler-plugin trace (nested too deeply)") from None
     except ValueError:
         text = quote_bare_values(text)
         data = None
@@ -101,7 +103,7 @@ def load_events(path: str | Path) -> list[dict]:
         cut = text.rfind("},")
         try:
             data = json.loads(text[: cut + 1] + "]") if cut > 0 else None
-        except ValueError:
+        except (ValueError, RecursionError):
             data = None
         if data is None:
             raise BadTraceError(f"{path}: invalid JSON in NCCL profiler-plugin trace") from None

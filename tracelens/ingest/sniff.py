@@ -45,7 +45,7 @@ def read_head(path: Path, n: int = HEAD_BYTES) -> bytes:
     return raw
 
 
-def gunzip_bounded(raw: bytes, name: str | Path) -> bytes:
+def gunzip_bounded(raw: bytes, name: str | Path, limit: int | None = None) -> bytes:
     """Decompress gzip bytes (multi-member aware) under the same bomb limits as Kineto traces: at most
     `TRACELENS_MAX_DECOMPRESSED_BYTES` (default 64 GiB) and a ratio of 1000:1 beyond 1 GiB. A stream cut
     mid-write yields what precedes the cut (the readers salvage or reject it); corrupt data is a BadTraceError.
@@ -53,7 +53,7 @@ def gunzip_bounded(raw: bytes, name: str | Path) -> bytes:
     from tracelens.errors import BadTraceError
     from tracelens.ingest.kineto import MAX_RATIO, RATIO_MIN_BYTES, max_decompressed_bytes
 
-    limit = max_decompressed_bytes()
+    limit = max_decompressed_bytes() if limit is None else min(limit, max_decompressed_bytes())
     out: list[bytes] = []
     total = 0
     pending = raw
@@ -81,7 +81,20 @@ def gunzip_bounded(raw: bytes, name: str | Path) -> bytes:
         if not d.eof:  # cut mid-write: keep what came before the cut
             break
         pending = d.unused_data.lstrip(b"\x00")
+        if pending[:2] != b"\x1f\x8b":
+            break  # trailing bytes that are not another gzip member: the stream before them is whole
     return b"".join(out)
+
+
+#: UTF-8 byte order mark.
+BOM = b"\xef\xbb\xbf"
+_OWN_MARKS = (b'"schema": "tracelens.', b'"schema":"tracelens.')
+
+
+def own_output(head: bytes) -> bool:
+    """Whether a JSON file's first bytes mark it as written by tracelens (report export-trace, summary.json,
+    compare.json): such a file in a run folder is not one of its traces."""
+    return any(m in head[:4096] for m in _OWN_MARKS)
 
 
 def is_gzip(path: Path) -> bool:
@@ -98,10 +111,13 @@ def detect_format(path: str | Path) -> str | None:
         return None
     if not head:
         return None
+    head = head.removeprefix(BOM)  # a UTF-8 byte order mark (some editors and Windows tools write one)
     stripped = head.lstrip()
     if head[:1] == b"\x80":  # pickle protocol 2+
         return FR_PICKLE if b"entries" in head or b"pg_config" in head or b"version" in head else None
     if stripped[:1] == b"{":
+        if own_output(head):
+            return None  # tracelens' own outputs (an exported trace, a summary) are not inputs
         if b'"traceEvents"' in head or b'"schemaVersion"' in head or b'"deviceProperties"' in head:
             return KINETO
         fr_keys = b'"entries"' in head or b'"pg_status"' in head

@@ -237,7 +237,7 @@ def metadata_html(summary: dict) -> str:
 def _embed_json(data) -> str:
     """JSON that cannot end its <script> element or open markup: <, > and & as \\u escapes."""
     text = json.dumps(data, default=str, allow_nan=False) if data is not None else "null"
-    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026").replace("'", "\\u0027")
 
 
 def _slim(summary: dict) -> dict:

@@ -1,0 +1,161 @@
+"""Issue 19, items 2 and 4: salvage does not call incomplete steps complete, and every reader holds a
+bounded amount of memory whatever the input (bombs fail fast or stream)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import pickle
+import subprocess
+import sys
+import zlib
+from pathlib import Path
+
+import pytest
+from broken_traces import REPO, cli, kineto_doc
+
+from tracelens.errors import BadTraceError
+from tracelens.ingest import flight_recorder, kineto
+
+SAMPLE = next((REPO / "sample_traces" / "h200-qwen35-block-seq4k").glob("*.json.gz"))
+
+
+@pytest.fixture(scope="module")
+def full(tmp_path_factory) -> tuple[bytes, dict]:
+    """The H200 sample's JSON and its per-step breakdown (the ground truth for its cut copies)."""
+    raw = gzip.decompress(SAMPLE.read_bytes())
+    d = tmp_path_factory.mktemp("full")
+    (d / "rank0.json").write_bytes(raw)
+    r = cli("analyze", d, "-o", d / "out", "--no-report", "--no-cache")
+    assert r.returncode == 0, r.stderr
+    per_step = json.loads((d / "out" / "summary.json").read_text())["per_step"]
+    return raw, {p["step"]: p for p in per_step}
+
+
+# ---- item 2 ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("share", [0.1, 0.3, 0.6, 0.9])
+def test_cut_trace_reports_only_steps_it_covers(tmp_path, full, share):
+    raw, truth = full
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "rank0.json").write_bytes(raw[: int(len(raw) * share)])
+    r = cli("analyze", run, "-o", tmp_path / "out", "--no-report", "--no-cache")
+    assert r.returncode == 0, r.stderr
+    s = json.loads((tmp_path / "out" / "summary.json").read_text())
+    partial = [f for f in s["findings"] if f["code"] == "PARTIAL_TRACE"]
+    assert partial and partial[0]["ranks"] == [0]
+    kept = partial[0]["steps_analyzed"]
+    # every step it calls complete has exactly the whole trace's numbers
+    for p in s["per_step"]:
+        if p["step"] in kept:
+            for k in ("step_time_ms", "compute_ms", "memcpy_ms", "idle_ms"):
+                assert p[k] == pytest.approx(truth[p["step"]][k], rel=1e-6, abs=1e-6), (share, p["step"], k)
+    if share <= 0.6:  # half of the device work or more is lost: no step of this rank is whole
+        assert kept == []
+    else:
+        assert kept == [1]  # step 2 lost launches and kernels at the cut
+
+
+# ---- item 4 ------------------------------------------------------------------------------------------
+def _peak_mb(code: str) -> tuple[str, float]:
+    """Run `code` in a fresh interpreter; its output and peak RSS growth (MB) beyond the imports."""
+    prog = (
+        "import resource, sys\n"
+        "from tracelens.ingest import kineto, flight_recorder, nccl_log\n"
+        "base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+        "try:\n" + "".join("    " + line + "\n" for line in code.splitlines()) + "except Exception as e:\n"
+        "    print(type(e).__name__, e)\n"
+        "print('PEAK', (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024)\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", prog], capture_output=True, text=True, env={"PYTHONPATH": str(REPO)}
+    )
+    assert r.returncode == 0, r.stderr
+    out, peak = r.stdout.rsplit("PEAK", 1)
+    return out, float(peak)
+
+
+def test_sparse_zero_file_fails_fast(tmp_path):
+    p = tmp_path / "zeros.json"
+    with open(p, "wb") as fh:
+        fh.truncate(2 << 30)  # 2 GiB, sparse
+    out, peak = _peak_mb(f"kineto.read({str(p)!r}, salvage=True)")
+    assert "BadTraceError" in out and "not a JSON object" in out
+    assert peak < 64, peak
+
+
+def test_whitespace_padding_between_events_is_not_held(tmp_path):
+    doc = json.dumps(kineto_doc(0, 1))
+    at = doc.index("}, {") + 3
+    pad = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    member = pad.compress(b" " * (64 << 20)) + pad.flush()
+    p = tmp_path / "pad.json.gz"
+    p.write_bytes(gzip.compress(doc[:at].encode()) + member * 4 + gzip.compress(doc[at:].encode()))  # 256 MiB
+    out, peak = _peak_mb(f"tr = kineto.read({str(p)!r}, salvage=True)\nprint('ROWS', tr.events.num_rows)")
+    want = kineto.read(_plain(tmp_path, doc)).events.num_rows
+    assert f"ROWS {want}" in out
+    assert peak < 96, peak  # was: the whole padding (256 MB here, 12 GB for the 46 MB gzip of the report)
+
+
+def _plain(tmp_path: Path, doc: str) -> Path:
+    p = tmp_path / "plain.json"
+    p.write_text(doc)
+    return p
+
+
+def test_pickle_memo_bomb_is_refused(tmp_path):
+    entry = {"record_id": 0, "pg_id": 0, "collective_seq_id": 1, "profiling_name": "nccl:all_reduce"}
+    dump = {
+        "version": "2.4",
+        "pg_config": {},
+        "entries": [entry] * 900_000,
+    }  # one record, memoized (under the cap)
+    p = tmp_path / "fr_trace_rank_0"
+    p.write_bytes(pickle.dumps(dump, protocol=4))
+    assert p.stat().st_size < 8 << 20
+    with pytest.raises(BadTraceError, match="memo bomb"):
+        flight_recorder.read(p)
+    out, peak = _peak_mb(f"flight_recorder.read({str(p)!r})")
+    assert "memo bomb" in out and peak < 256, peak
+
+
+def test_flight_recorder_gzip_bomb_stops_at_its_cap(tmp_path, monkeypatch):
+    monkeypatch.setattr(flight_recorder, "MAX_BYTES", 32 << 20)
+    d = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    p = tmp_path / "fr_trace_rank_0.json.gz"
+    p.write_bytes(d.compress(b'{"version": "2.4", "entries": [' + b" " * (256 << 20)) + d.flush())
+    with pytest.raises(BadTraceError, match="more than"):
+        flight_recorder.read(p)
+
+
+def test_nccl_log_streams_with_a_line_cap(tmp_path):
+    d = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    line = b"host:1:2 [0] NCCL INFO AllReduce: opCount 1 sendbuff 0x1 recvbuff 0x2 count 4 datatype 7 op 0 root 0 comm 0xabc [nranks=2] stream 0x5\n"
+    p = tmp_path / "nccl.log.gz"
+    p.write_bytes(d.compress(line + b"x" * (512 << 20) + b"\n" + line) + d.flush())  # one 512 MiB line
+    out, peak = _peak_mb(f"calls, inits, v = nccl_log.parse({str(p)!r})\nprint('CALLS', len(calls))")
+    assert "CALLS 2" in out, out
+    assert peak < 64, peak
+
+
+def test_rank_that_lost_every_device_event_says_so(tmp_path):
+    from broken_traces import step_events, text_with_offsets
+
+    # Kineto order: CPU ops and launches first, device work after; the cut falls before any kernel
+    evs = step_events(3)
+    host = [e for e in evs if e["cat"] != "kernel"]
+    text, ends = text_with_offsets(kineto_doc(0, 1, host + [e for e in evs if e["cat"] == "kernel"]))
+    p = tmp_path / "run" / "rank0.json"
+    p.parent.mkdir()
+    p.write_bytes(text[: ends[len(host) - 1] + 3])
+    tr = kineto.read(p, salvage=True)
+    assert tr.metadata["salvaged"] is True and tr.metadata["device_events_lost"] is True
+    assert tr.events.column("step").null_count == tr.events.num_rows  # no step called complete
+    r = cli("analyze", p.parent, "-o", tmp_path / "out", "--no-report", "--no-cache")
+    assert r.returncode == 0, r.stderr
+    f = [
+        f
+        for f in json.loads((tmp_path / "out" / "summary.json").read_text())["findings"]
+        if f["code"] == "PARTIAL_TRACE"
+    ]
+    assert "every device event was lost" in f[0]["message"] and f[0]["steps_analyzed"] == []
