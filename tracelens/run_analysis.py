@@ -71,6 +71,7 @@ class Analysis:
     tables: object  # tracelens.loader.Tables
     warnings: list[str] = field(default_factory=list)
     staged: object = None  # tracelens.engine.Staged: per-rank results reduced; then events load lazily
+    mfu_findings: list = field(default_factory=list)  # MFU_IMPOSSIBLE, set when `mfu` is computed
 
     @property
     def _xevents(self) -> pa.Table:
@@ -160,7 +161,7 @@ class Analysis:
         tokens = seq * self.options.global_batch if seq and self.options.global_batch else None
         steps = self.step_times_s
         mean_step = float(np.mean(list(steps.values()))) if steps else None
-        return compute_mfu(
+        raw = compute_mfu(
             self.model,
             seq,
             tokens,
@@ -170,6 +171,23 @@ class Analysis:
             step_times_s=steps or None,
             lost_time_s=self.lost_time_s(),
         )
+        return self._mfu_guarded(raw)
+
+    def _mfu_guarded(self, raw: dict) -> dict | None:
+        """Null an impossible MFU (> 100%) and keep its MFU_IMPOSSIBLE finding (analyze/mfu_checks.py)."""
+        from tracelens.analyze.mfu_checks import impossible_mfu
+
+        mfu, self.mfu_findings = impossible_mfu(raw, self.options.global_batch)
+        return mfu
+
+    @cached_property
+    def mfu_warnings(self) -> list[str]:
+        """The batch options against what the trace shows (microbatches x dp), analyze/mfu_checks.py."""
+        from tracelens.analyze.mfu_checks import trace_conflicts
+
+        pipe = self.pipeline
+        observed = getattr(pipe, "microbatches_observed", None) if pipe is not None else None
+        return trace_conflicts(self.options.global_batch, self.options.microbatches, observed, self.grid.dp)
 
     def lost_time_s(self) -> dict[str, float] | None:
         """Mean over (rank, step) of the bubble and of the exposed communication beyond it, in seconds.
@@ -484,6 +502,8 @@ class Analysis:
         audit, audit_findings = self.audit(findings)
         findings += audit_findings
         findings += self.nccl_findings()
+        _ = self.mfu  # computes MFU, and its MFU_IMPOSSIBLE finding when the inputs are wrong
+        findings += self.mfu_findings
         stages = []
         if pipe is not None:
             for st in pipe.stages:
@@ -508,6 +528,7 @@ class Analysis:
             "layout": self.grid.to_dict(),
             "warnings": self.rank_warnings()
             + list(self.warnings)
+            + (self.mfu_warnings if self.model is not None else [])
             + list(getattr(self.grid, "notes", []) or []),
             "analysis_path": sorted(set(self.breakdown.column("path").to_pylist())),
         }
@@ -618,13 +639,15 @@ def analyze_run(path: str | Path, options: Options | None = None) -> Analysis:
     if not path.exists():
         raise BadInputError(f"{path}: no such file or directory")
     options = options or Options()
+    flag_warnings: list[str] = []
     if path.is_dir():
+        flag_warnings = _flag_conflicts(options, path)
         options = options.merged_with_config(path)
     if (options.engine or "local") != "memory":
         from tracelens.engine import load_with_engine
 
         tables, staged = load_with_engine(path, options)
-        return Analysis(path=path, options=options, tables=tables, staged=staged)
+        return Analysis(path=path, options=options, tables=tables, staged=staged, warnings=flag_warnings)
     tables = load_tables(
         path,
         no_cache=options.no_cache,
@@ -632,4 +655,16 @@ def analyze_run(path: str | Path, options: Options | None = None) -> Analysis:
         salvage=options.salvage,
         ranks=options.rank_filter,
     )
-    return Analysis(path=path, options=options, tables=tables)
+    return Analysis(path=path, options=options, tables=tables, warnings=flag_warnings)
+
+
+def _flag_conflicts(options: Options, run_dir: Path) -> list[str]:
+    """Flags that contradict run_dir/tracelens.toml (analyze/mfu_checks.py); [] without a config."""
+    from tracelens.analyze.mfu_checks import flag_conflicts
+    from tracelens.config import read_run_config
+
+    try:
+        cfg = read_run_config(run_dir)
+    except TracelensError:
+        return []  # a bad tracelens.toml is reported by merged_with_config
+    return flag_conflicts(vars(options), cfg or {})

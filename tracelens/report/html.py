@@ -48,6 +48,7 @@ FINDING_TITLES = {
     "COLLECTIVE_MISMATCH": "Ranks disagree on a collective",
     "NO_STEPS": "No step annotations",
     "LAYOUT_INCONSISTENT": "Layout inconsistent",
+    "MFU_IMPOSSIBLE": "MFU above 100%: wrong inputs",
 }
 #: Embedded copy of the summary drops per_step beyond this many rows (summary.json keeps them all).
 EMBED_PER_STEP_MAX = 2000
