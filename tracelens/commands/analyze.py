@@ -14,7 +14,43 @@ def _fmt(v, nd=1) -> str:
     return "-" if v is None else f"{v:,.{nd}f}"
 
 
-def print_rank_table(summary: dict) -> None:
+def usable_input_or_error(summary: dict, run_dir: Path) -> None:
+    """No profiler data and no NCCL data: one-line error (exit 2) naming why, instead of an empty table."""
+    from tracelens.errors import BadInputError
+
+    if summary["ranks"] or ((summary.get("collectives") or {}).get("sources") or {}):
+        return
+    reasons = [f["message"] for f in summary["findings"] if f["severity"] in ("warning", "error")]
+    reasons += [w for w in summary["run"].get("warnings") or [] if "no rank in distributedInfo" not in w]
+    why = "; ".join(" ".join(r.split()) for r in reasons[:2]) or "no events in any trace"
+    raise BadInputError(f"{run_dir}: no usable input: {why}")
+
+
+def print_nccl_only(summary: dict, nccl_ranks: list[int], console) -> None:
+    """Header of a run with NCCL inputs but no profiler traces (a hang dump): what was read, no empty table."""
+    sources = (summary.get("collectives") or {}).get("sources") or {}
+    what = ", ".join(f"{n:,} {src.replace('_', ' ')} records" for src, n in sources.items())
+    ranks = f"{len(nccl_ranks)} rank(s) ({_ranges(nccl_ranks)})" if nccl_ranks else "unknown ranks"
+    console.print(f"{summary['run']['name']}: no profiler traces; NCCL inputs only: {what} from {ranks}",
+                  markup=False)
+
+
+def _ranges(ranks: list[int]) -> str:
+    out, start, prev = [], None, None
+    for r in sorted(ranks):
+        if start is None:
+            start = prev = r
+        elif r == prev + 1:
+            prev = r
+        else:
+            out.append(f"{start}-{prev}" if prev != start else str(start))
+            start = prev = r
+    if start is not None:
+        out.append(f"{start}-{prev}" if prev != start else str(start))
+    return ",".join(out)
+
+
+def print_rank_table(summary: dict, nccl_ranks: list[int] | None = None) -> None:
     """Per-rank table (Rich), aggregated by stage beyond 64 ranks so it stays readable."""
     from rich.console import Console
     from rich.table import Table
@@ -24,6 +60,14 @@ def print_rank_table(summary: dict) -> None:
         console.width = max(console.width, 120)
     ranks = summary["ranks"]
     run = summary["run"]
+    if not ranks:
+        print_nccl_only(summary, nccl_ranks or [], console)
+        for f in summary["findings"]:
+            if f["severity"] in ("warning", "error"):
+                console.print(f"[{f['severity']}] {f['code']}: {f['message']}", markup=False)
+        for w in run.get("warnings") or []:
+            console.print(f"[note] {w}", markup=False)
+        return
     steps = run["steps"]
     title = f"{run['name']}: {len(run['ranks'])} rank(s), " + (
         f"{len(steps)} step(s)" if steps else "no ProfilerStep (whole trace)"
@@ -165,6 +209,7 @@ def analyze(
         analysis = analyze_run(run_dir, opts)
         progress.update(task, description="analyzing")
         summary = analysis.summary()
+    usable_input_or_error(summary, run_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     write_summary(summary, summary_path)
     if json_path:
@@ -173,5 +218,10 @@ def analyze(
         from tracelens.report.html import write_report
 
         write_report(analysis, summary, report_path)
-    print_rank_table(summary)
+    nccl_ranks = (
+        sorted({r for t in analysis.nccl.values() for r in t.column("rank").to_pylist() if r is not None})
+        if not summary["ranks"]
+        else None
+    )
+    print_rank_table(summary, nccl_ranks)
     typer.echo(f"wrote {summary_path}" + ("" if no_report else f" and {report_path}"))
