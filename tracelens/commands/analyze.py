@@ -50,6 +50,18 @@ def _ranges(ranks: list[int]) -> str:
     return ",".join(out)
 
 
+def _shown_ranks(summary: dict, limit: int = 64, head: int = 8) -> tuple[list[dict], set[int]]:
+    """All rank rows up to `limit`, else the first and last `head` plus every rank a finding names."""
+    from tracelens.report.figures import flagged_ranks
+
+    ranks = summary["ranks"]
+    if len(ranks) <= limit:
+        return ranks, set()
+    flagged = set(flagged_ranks(summary))
+    keep = {r["rank"] for r in ranks[:head] + ranks[-head:]} | flagged
+    return [r for r in ranks if r["rank"] in keep], flagged & {r["rank"] for r in ranks}
+
+
 def print_rank_table(summary: dict, nccl_ranks: list[int] | None = None) -> None:
     """Per-rank table (Rich), aggregated by stage beyond 64 ranks so it stays readable."""
     from rich.console import Console
@@ -91,12 +103,18 @@ def print_rank_table(summary: dict, nccl_ranks: list[int] | None = None) -> None
     ]
     for head, _ in present:
         table.add_column(head, justify="right", no_wrap=True)
-    shown = ranks if len(ranks) <= 64 else ranks[:8] + ranks[-8:]
+    shown, flagged = _shown_ranks(summary)
     for r in shown:
-        table.add_row(*[str(r[k]) if k in ("rank", "stage") else _fmt(r.get(k), 1) for _, k in present])
+        cells = [str(r[k]) if k in ("rank", "stage") else _fmt(r.get(k), 1) for _, k in present]
+        if r["rank"] in flagged:
+            cells[0] += "*"
+        table.add_row(*cells)
     console.print(table)
-    if len(ranks) > 64:
-        console.print(f"({len(ranks) - 16} ranks not shown; see summary.json or the report)")
+    if len(shown) < len(ranks):
+        console.print(
+            f"({len(ranks) - len(shown)} ranks not shown; see summary.json or the report)"
+            + (" * rank named by a finding" if flagged else "")
+        )
     mfu = summary.get("mfu") or {}
     if mfu.get("value") is not None:
         console.print(f"MFU {100 * mfu['value']:.1f}% ({mfu.get('convention')} convention)")
