@@ -85,8 +85,9 @@ def build_wheel(repo: Path = REPO) -> Path:
     dist = repo / "dist"
     for old in dist.glob("tracelens_train-*.whl"):
         old.unlink()
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist), str(repo)],
-                   check=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist), str(repo)], check=True
+    )
     (wheel,) = dist.glob("tracelens_train-*.whl")
     return wheel
 
@@ -120,13 +121,17 @@ def run_one(where: str, cmd: str) -> None:
         if part.endswith("--dry-run"):
             return
         py = (root / venv / "bin" / "python").resolve()
-        probe = ("import importlib.metadata as m, tracelens; "
-                 f"print(m.version('{DIST_NAME}'), tracelens.__version__, tracelens.__file__)")
-        got = subprocess.run([str(py), "-c", probe], cwd="/", env=env, check=True, capture_output=True,
-                             text=True).stdout.split()
+        probe = (
+            "import importlib.metadata as m, tracelens; "
+            f"print(m.version('{DIST_NAME}'), tracelens.__version__, tracelens.__file__)"
+        )
+        got = subprocess.run(
+            [str(py), "-c", probe], cwd="/", env=env, check=True, capture_output=True, text=True
+        ).stdout.split()
         assert got[0] == got[1], f"{DIST_NAME} {got[0]} but tracelens.__version__ {got[1]}"
-        subprocess.run([str(py.parent / "tracelens"), "--help"], cwd="/", env=env, check=True,
-                       capture_output=True)
+        subprocess.run(
+            [str(py.parent / "tracelens"), "--help"], cwd="/", env=env, check=True, capture_output=True
+        )
         print(f"    ok: {DIST_NAME} {got[0]}, import tracelens from {got[2]}", flush=True)
 
 

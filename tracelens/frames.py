@@ -35,7 +35,11 @@ def _mapper(t: pa.DataType):
 
 def stage_column(ranks: pa.ChunkedArray | pa.Array, stage_of: Mapping[int, int | None] | None) -> pa.Array:
     """Stage of each rank (int64, null where unknown), vectorized through a lookup table."""
-    r = pc.fill_null(ranks, -1).to_numpy(zero_copy_only=False).astype(np.int64) if len(ranks) else np.zeros(0, np.int64)
+    r = (
+        pc.fill_null(ranks, -1).to_numpy(zero_copy_only=False).astype(np.int64)
+        if len(ranks)
+        else np.zeros(0, np.int64)
+    )
     known = {int(k): int(v) for k, v in (stage_of or {}).items() if v is not None}
     if not known or r.size == 0:
         return pa.nulls(len(r), pa.int64())

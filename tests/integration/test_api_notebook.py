@@ -63,7 +63,9 @@ def test_per_step_tables_are_in_ms_like_the_summary(run):
         assert mine["compute_ms"].mean() == pytest.approx(row["compute_ms"], abs=1e-6)
     bub = run.bubbles()
     for row in s["ranks"]:
-        assert bub[bub["rank"] == row["rank"]]["bubble_ms"].mean() == pytest.approx(row["bubble_ms"], abs=1e-6)
+        assert bub[bub["rank"] == row["rank"]]["bubble_ms"].mean() == pytest.approx(
+            row["bubble_ms"], abs=1e-6
+        )
     assert str(run.events["dur_ns"].dtype) == "int64[pyarrow]"  # events stay exact ns
 
 
@@ -85,7 +87,9 @@ def test_compare_and_check(run):
     want = compare_summaries(run.summary(), other.summary(), ("a", "b"))
     assert got["text"] == want["text"] and got["metrics"] == want["metrics"]
     by_path = tracelens.compare(TP4PP4, SPLIT, ("a", "b"))
-    assert [m["a"] for m in by_path["metrics"]] == pytest.approx([m["a"] for m in want["metrics"]], nan_ok=True)
+    assert [m["a"] for m in by_path["metrics"]] == pytest.approx(
+        [m["a"] for m in want["metrics"]], nan_ok=True
+    )
     rep = tracelens.check(run, run)
     assert isinstance(rep, regress.CheckReport) and rep.exit_code == 0
     slower = tracelens.check(run, other)  # 2 steps each: the threshold-only fallback sees the 2.08x

@@ -38,7 +38,11 @@ def runs(tmp_path_factory) -> dict[str, Path]:
               "--steps", "2", "--no-gzip"]  # fmt: skip
     slow = [x for r in range(4) for x in ("--straggler", f"{r}:1.3")]
     out = {}
-    for name, extra in {"base": ["--seed", "0"], "noise": ["--seed", "1"], "slow": ["--seed", "2", *slow]}.items():
+    for name, extra in {
+        "base": ["--seed", "0"],
+        "noise": ["--seed", "1"],
+        "slow": ["--seed", "2", *slow],
+    }.items():
         out[name] = root / name
         proc = tracelens("simulate", "-o", out[name], *common, *extra)
         assert proc.returncode == 0, proc.stderr

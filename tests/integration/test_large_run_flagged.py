@@ -26,16 +26,39 @@ STRAGGLER = 37
 
 def tracelens(*args) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    return subprocess.run([sys.executable, "-m", "tracelens", *map(str, args)], check=False,
-                          capture_output=True, text=True, env=env, cwd=REPO, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "tracelens", *map(str, args)],
+        check=False,
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=600,
+    )
 
 
 @pytest.fixture(scope="module")
 def big(tmp_path_factory):
     root = tmp_path_factory.mktemp("big")
     (root / "config.json").write_text(json.dumps(MODEL))
-    proc = tracelens("simulate", "-o", root / "run", "--model", root / "config.json", "--tp", "2", "--dp", "36",
-                     "--microbatches", "1", "--steps", "2", "--straggler", f"{STRAGGLER}:1.5", "--no-gzip")
+    proc = tracelens(
+        "simulate",
+        "-o",
+        root / "run",
+        "--model",
+        root / "config.json",
+        "--tp",
+        "2",
+        "--dp",
+        "36",
+        "--microbatches",
+        "1",
+        "--steps",
+        "2",
+        "--straggler",
+        f"{STRAGGLER}:1.5",
+        "--no-gzip",
+    )
     assert proc.returncode == 0, proc.stderr
     proc = tracelens("analyze", root / "run", "-o", root / "out", "--no-report", "--no-cache")
     assert proc.returncode == 0, proc.stderr

@@ -17,8 +17,15 @@ SAMPLE = REPO / "sample_traces" / "qwen35-27b-seq4k-tp4pp4"  # tracelens.toml: g
 
 def tracelens(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    return subprocess.run([sys.executable, "-m", "tracelens", *map(str, args)], check=False,
-                          capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "tracelens", *map(str, args)],
+        check=False,
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=300,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -27,9 +34,20 @@ def runs(tmp_path_factory):
         pytest.skip(f"sample traces absent: {SAMPLE}")
     root = tmp_path_factory.mktemp("mfu")
     out = {}
-    for name, extra in {"plain": [], "readme": ["--model", "qwen3.5-27b", "--seq-len", "4096", "--global-batch",
-                                                "4", "--layout", "tp=4,pp=4"],
-                        "doubled": ["--global-batch", "8"]}.items():
+    for name, extra in {
+        "plain": [],
+        "readme": [
+            "--model",
+            "qwen3.5-27b",
+            "--seq-len",
+            "4096",
+            "--global-batch",
+            "4",
+            "--layout",
+            "tp=4,pp=4",
+        ],
+        "doubled": ["--global-batch", "8"],
+    }.items():
         proc = tracelens("analyze", SAMPLE, "-o", root / name, "--no-report", *extra)
         assert proc.returncode == 0, proc.stderr
         out[name] = (proc.stdout, json.loads((root / name / "summary.json").read_text()))

@@ -10,7 +10,9 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location("check_install_docs", REPO / "scripts" / "check_install_docs.py")
+spec = importlib.util.spec_from_file_location(
+    "check_install_docs", REPO / "scripts" / "check_install_docs.py"
+)
 check_install_docs = importlib.util.module_from_spec(spec)
 sys.modules["check_install_docs"] = check_install_docs
 spec.loader.exec_module(check_install_docs)

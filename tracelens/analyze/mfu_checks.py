@@ -67,7 +67,8 @@ def trace_conflicts(
         if global_batch != seen:
             per = global_batch / seen
             mbs = (
-                f"right only if each microbatch holds {per:g} sequences" if per == int(per) and per > 1
+                f"right only if each microbatch holds {per:g} sequences"
+                if per == int(per) and per > 1
                 else "which no whole number of sequences per microbatch gives"
             )
             out.append(
@@ -107,8 +108,10 @@ def impossible_mfu(mfu: dict | None, global_batch: int | None = None) -> tuple[d
     seq = mfu.get("seq_len")
     peak = mfu.get("peak_flops_per_gpu")
     inputs = (
-        f"tokens per step {tokens:,}" + (f" = seq_len {seq:,} x global batch {global_batch}" if seq and global_batch else "")
-        if tokens else "tokens per step unknown"
+        f"tokens per step {tokens:,}"
+        + (f" = seq_len {seq:,} x global batch {global_batch}" if seq and global_batch else "")
+        if tokens
+        else "tokens per step unknown"
     )
     peak_s = f"peak {peak / 1e12:g} TFLOP/s per GPU" if peak else "peak unknown"
     worst = ", ".join(f"{k} {100 * v:.1f}%" for k, v in over.items())
