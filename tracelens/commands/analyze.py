@@ -202,11 +202,18 @@ def analyze(
     for p in [summary_path, report_path] + ([json_path] if json_path else []):
         guard_overwrite(p, force)
 
-    with Progress(transient=True) as progress:
+    from contextlib import nullcontext
+
+    from tracelens.progress import PlainProgress
+
+    plain = PlainProgress() if PlainProgress.wanted() else None  # CI logs: periodic plain lines
+    with Progress(transient=True) as progress, (plain or nullcontext()):
         task = progress.add_task("reading traces", total=None)
 
         def tick(done: int, total: int) -> None:
             progress.update(task, completed=done, total=total)
+            if plain is not None:
+                plain.update(done, total)
 
         opts = Options(
             layout=layout,
@@ -226,6 +233,8 @@ def analyze(
         )
         analysis = analyze_run(run_dir, opts)
         progress.update(task, description="analyzing")
+        if plain is not None:
+            plain.set_phase("analyzing")
         summary = analysis.summary()
     usable_input_or_error(summary, run_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
