@@ -115,12 +115,12 @@ def run_one(where: str, cmd: str) -> None:
         if venv is None:  # "pip install ..." alone: the user is inside some venv; give it a fresh one
             venv = "../venv"
             subprocess.run([sys.executable, "-m", "venv", str(root / venv)], check=True)
-            env["PATH"] = f"{(root / venv / 'bin').resolve()}{os.pathsep}{env.get('PATH', '')}"
+            env["PATH"] = f"{(root / venv / 'bin').absolute()}{os.pathsep}{env.get('PATH', '')}"
         print(f"[{where}] $ {part}", flush=True)
         subprocess.run(["bash", "-euo", "pipefail", "-c", part], cwd=root, env=env, check=True)
         if part.endswith("--dry-run"):
             return
-        py = (root / venv / "bin" / "python").resolve()
+        py = (root / venv / "bin" / "python").absolute()  # not resolve(): the venv's python is a symlink
         probe = (
             "import importlib.metadata as m, tracelens; "
             f"print(m.version('{DIST_NAME}'), tracelens.__version__, tracelens.__file__)"
