@@ -44,6 +44,7 @@ class Options:
     engine: str | None = None  # "local" (default) | "dask" | "memory" (one all-ranks table), tracelens.engine
     scheduler: str | None = None  # Dask scheduler address for engine "dask" (None: a LocalCluster)
     progress: object = None  # callable(done, total) for the CLI's progress bar
+    force_layout: bool = False  # keep --layout even when the traces' process groups contradict it
 
     def merged_with_config(self, run_dir: Path) -> Options:
         """Fill unset options from run_dir/tracelens.toml when present."""
@@ -233,7 +234,9 @@ class Analysis:
         from tracelens.topology import grid_for_run, parse_layout
 
         layout = parse_layout(self.options.layout) if self.options.layout else None
-        return grid_for_run(self._xevents, self.metadata, layout, self.options.order)
+        return grid_for_run(
+            self._xevents, self.metadata, layout, self.options.order, force=self.options.force_layout
+        )
 
     @property
     def grid(self):

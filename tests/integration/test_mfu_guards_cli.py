@@ -75,3 +75,27 @@ def test_doubled_global_batch_warns_and_refuses_the_impossible_mfu(runs):
     (err,) = [f for f in s["findings"] if f["code"] == "MFU_IMPOSSIBLE"]
     assert err["severity"] == "error" and "32,768 = seq_len 4,096 x global batch 8" in err["message"]
     assert "[error] MFU_IMPOSSIBLE" in stdout and "MFU 60" not in stdout
+
+
+# ---- item 8: a --layout that contradicts the trace ---------------------------------------------------
+
+
+def test_contradicting_layout_uses_the_evidence_unless_forced(tmp_path):
+    if not SAMPLE.is_dir():
+        pytest.skip(f"sample traces absent: {SAMPLE}")
+    truth = json.loads((SAMPLE / "truth.json").read_text())["layout"]
+    proc = tracelens("analyze", SAMPLE, "-o", tmp_path / "a", "--no-report", "--layout", "tp=2,pp=8")
+    assert proc.returncode == 0, proc.stderr
+    s = json.loads((tmp_path / "a" / "summary.json").read_text())
+    assert (s["run"]["layout"]["tp"], s["run"]["layout"]["pp"]) == (truth["tp"], truth["pp"]) == (4, 4)
+    assert s["run"]["layout"]["source"] == "inferred" and len(s["stages"]) == 4
+    (bad,) = [f for f in s["findings"] if f["code"] == "LAYOUT_INCONSISTENT"]
+    assert bad["used"] == "inferred" and "the findings use the traces' layout tp=4,pp=4" in bad["message"]
+    assert [f["stages"] for f in s["findings"] if f["code"] == "STAGE_IMBALANCE"] == [[3]]
+    proc = tracelens("analyze", SAMPLE, "-o", tmp_path / "b", "--no-report", "--layout", "tp=2,pp=8",
+                     "--force-layout")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    s = json.loads((tmp_path / "b" / "summary.json").read_text())
+    assert (s["run"]["layout"]["pp"], s["run"]["layout"]["source"], len(s["stages"])) == (8, "config", 8)
+    (bad,) = [f for f in s["findings"] if f["code"] == "LAYOUT_INCONSISTENT"]
+    assert bad["used"] == "given" and "the findings use the given layout tp=2,pp=8" in bad["message"]

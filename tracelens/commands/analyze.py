@@ -159,6 +159,9 @@ def analyze(
     ),
     json_path: Path | None = typer.Option(None, "--json", help="Also write summary.json to this path."),
     layout: str | None = typer.Option(None, "--layout", help="Parallel layout, e.g. tp=4,pp=4,dp=2,cp=1."),
+    force_layout: bool = typer.Option(
+        False, "--force-layout", help="Use --layout even where the traces' process groups contradict it."
+    ),
     order: str | None = typer.Option(
         None, "--order", help="Rank order of the layout (default: tp-cp-dp-pp)."
     ),
@@ -230,6 +233,7 @@ def analyze(
             engine=engine,
             scheduler=scheduler,
             progress=tick,
+            force_layout=force_layout,
         )
         analysis = analyze_run(run_dir, opts)
         progress.update(task, description="analyzing")
