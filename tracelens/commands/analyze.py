@@ -183,11 +183,12 @@ def analyze(
     engine: str = typer.Option(
         "local",
         "--engine",
-        help="Where per-rank work runs: local (worker processes), dask (needs tracelens[dask]), "
+        help="Where per-rank work runs: local (worker processes), dask (needs the dask extra, "
+        "tracelens-train\\[dask]), "
         "memory (all events in one table).",
     ),
     scheduler: str | None = typer.Option(
-        None, "--scheduler", help="Dask scheduler address for --engine dask [default: a local cluster]."
+        None, "--scheduler", help="Dask scheduler address for --engine dask (default: a local cluster)."
     ),
 ) -> None:
     """Analyze a run: per-rank breakdown, stragglers, pipeline bubbles, MFU; writes report.html and summary.json."""

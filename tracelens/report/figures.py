@@ -211,6 +211,27 @@ def breakdown_bar(summary: dict, max_items: int = MAX_ITEMS) -> go.Figure:
 HEATMAP_METRICS = ("step_time_ms", "compute_ms", "exposed_comm_ms", "exposed_wait_ms", "idle_ms", "bubble_ms")
 
 
+#: The heatmap's colour scale spans at least this share of the metric's median (centred on it), so that
+#: run-to-run noise of a fraction of a percent stays one colour and a real outlier stands out.
+HEATMAP_MIN_SPAN = 0.10
+
+
+def heatmap_range(z: Sequence[Sequence[float | None]], min_span: float = HEATMAP_MIN_SPAN) -> tuple[float, float] | None:
+    """(zmin, zmax) of a heatmap: the data's range, widened to `min_span` x the median around the median
+    (never below 0 for non-negative data). None without data."""
+    vals = np.array([v for row in z for v in row if v is not None and v == v], dtype=float)
+    if vals.size == 0:
+        return None
+    lo, hi, med = float(vals.min()), float(vals.max()), float(np.median(vals))
+    half = min_span * abs(med) / 2
+    lo, hi = min(lo, med - half), max(hi, med + half)
+    if float(vals.min()) >= 0:
+        lo = max(lo, 0.0)
+    if hi <= lo:
+        hi = lo + 1.0
+    return _r(lo), _r(hi)
+
+
 def _metric_label(metric: str) -> str:
     return metric.replace("_ms", "").replace("_", " ")
 
@@ -248,9 +269,13 @@ def step_heatmap(
             z.append([_r(v) for v in vals])
         zs[name] = z
     first = next(iter(zs), metric)
+    ranges = {name: heatmap_range(z) for name, z in zs.items()}
+    rng = ranges.get(first)
     fig = go.Figure(
         go.Heatmap(
             z=zs.get(first, []),
+            zmin=rng[0] if rng else None,
+            zmax=rng[1] if rng else None,
             x=["whole trace" if s is None else f"step {s}" for s in steps],
             y=labels,
             colorscale="Viridis",
@@ -278,7 +303,14 @@ def step_heatmap(
                         {
                             "label": _metric_label(name),
                             "method": "update",
-                            "args": [{"z": [z]}, {"title.text": title.format(_metric_label(name))}],
+                            "args": [
+                                {
+                                    "z": [z],
+                                    "zmin": [(ranges[name] or (None, None))[0]],
+                                    "zmax": [(ranges[name] or (None, None))[1]],
+                                },
+                                {"title.text": title.format(_metric_label(name))},
+                            ],
                         }
                         for name, z in zs.items()
                     ],
