@@ -82,10 +82,17 @@ class Run:
         """One row per (rank, collective instance): op, bytes, group, seq, start/end, wait vs transfer, busbw."""
         cross = self._analysis.cross
         if cross is None:
-            from tracelens import schema
-
-            return _df(schema.COLLECTIVES.empty_table(), self._stage_of)
+            return _df(self._nccl_only_collectives(), self._stage_of)
         return _df(cross.collectives, self._stage_of)
+
+    def _nccl_only_collectives(self) -> pa.Table:
+        """Without Kineto traces: the rows of the NCCL logs and plugin dumps (rank null when unknown)."""
+        from tracelens import schema
+
+        tables = [t for k, t in self._analysis.nccl.items() if k in ("nccl_log", "nccl_plugin") and t.num_rows]
+        if not tables:
+            return schema.COLLECTIVES.empty_table()
+        return pa.concat_tables(tables, promote_options="permissive").combine_chunks().unify_dictionaries()
 
     def arrival_lag(self) -> pd.DataFrame:
         """Rank x step table of how late each rank arrived at its collectives (ms; 0 = never the last);

@@ -324,6 +324,58 @@ class Analysis:
             ),
         )
 
+    # ---- critical path and what-if (tracelens.analyze.critical_path, .whatif) ---------------------
+    @cached_property
+    def critical(self):
+        """Cross-rank dependency graph, its replay and the critical path per step (None without device work)."""
+        if self._xevents.num_rows == 0 or len(self.ranks) < 1:
+            return None
+        return self._guarded("critical path", self._critical)
+
+    def _critical(self):
+        from tracelens.analyze import critical_path as cp
+        from tracelens.engine import events_of
+
+        parts, chunk = [], 64
+        for i in range(0, len(self.ranks), chunk):
+            ev = events_of(self, self.ranks[i : i + chunk])
+            parts.append(cp.device_nodes(ev, self.spans))
+            del ev
+        nodes = pa.concat_tables(parts) if parts else cp.NODES.empty_table()
+        cross = self.cross
+        return cp.analyze_critical_path(
+            nodes,
+            cross.collectives if cross is not None else None,
+            cross.offsets_ns if cross is not None else None,
+            self.stage_of,
+        )
+
+    def what_if(self, findings: list[dict]) -> list[dict]:
+        """The summary's `what_if` list; sets `saving_ms` on the findings it has a fix for."""
+        crit = self.critical
+        if crit is None:
+            return []
+        from tracelens.analyze.whatif import per_layer_ns, what_if
+
+        comp = self.composition
+        layer_ns = None
+        if comp is not None and comp.layer_split:
+            m = self.pipeline.microbatches if self.pipeline is not None else self.options.microbatches
+            layer_ns = per_layer_ns(comp.per_stage_type_ms, list(comp.layer_split), m)
+        return self._guarded(
+            "what-if",
+            lambda: what_if(
+                crit,
+                findings,
+                peers_of=self.cross.peers if self.cross is not None else None,
+                stage_of=self.stage_of,
+                heavy_stage=comp.heavy_stage if comp is not None else None,
+                layer_split=comp.layer_split if comp is not None else None,
+                suggested_split=comp.suggested_split if comp is not None else None,
+                layer_ns=layer_ns,
+            ),
+        ) or []
+
     def audit(self, existing: list[dict]):
         """Layout audit of the model on this run's grid: (AuditResult or None, new findings)."""
         if self.model is None:
@@ -371,8 +423,23 @@ class Analysis:
             out["nccl_plugin"] = t
         logs = usable([f.path for f in files if f.fmt == NCCL_LOG], nccl_log.read)
         if logs:
-            out["nccl_log"] = nccl_log.read_many(logs)
+            out["nccl_log"], self.nccl_log_stats = nccl_log.read_many_stats(logs)
         return out
+
+    nccl_log_stats: dict | None = None  # parse counters of the NCCL logs (nccl_log.STAT_KEYS)
+
+    @cached_property
+    def nccl_sources(self):
+        """Collective analysis of the logs / plugin dumps on their own (tracelens.analyze.nccl_sources)."""
+        nccl = self.nccl
+        if not any(k in nccl for k in ("nccl_log", "nccl_plugin")):
+            return None
+        from tracelens.analyze.nccl_sources import analyze_sources
+
+        kineto = self.cross.collectives if self.cross is not None else None
+        return self._guarded(
+            "NCCL log / plugin analysis", lambda: analyze_sources(nccl, kineto, self.nccl_log_stats)
+        )
 
     @cached_property
     def nccl_world(self) -> int | None:
@@ -386,12 +453,18 @@ class Analysis:
 
     def nccl_findings(self) -> list[dict]:
         fr = self.nccl.get("flight_recorder")
-        if fr is None or fr.num_rows == 0:
-            return []
-        from tracelens.analyze.hang import diagnose
+        out: list[dict] = []
+        if fr is not None and fr.num_rows:
+            from tracelens.analyze.hang import diagnose
 
-        world = self.nccl_world
-        return diagnose(fr, expected_ranks=range(world) if world else None)
+            world = self.nccl_world
+            out = diagnose(fr, expected_ranks=range(world) if world else None)
+        return out + self.nccl_source_findings({f["code"] for f in out})
+
+    def nccl_source_findings(self, have: set[str]) -> list[dict]:
+        """Hang / desync findings from logs and plugin dumps, unless Flight Recorder already gave that code."""
+        res = self.nccl_sources
+        return [f for f in res.findings if f["code"] not in have] if res is not None else []
 
     # ---- findings that need only the base tables ---------------------------------------------
     def base_findings(self) -> list[dict]:
@@ -413,7 +486,7 @@ class Analysis:
                     ranks=missing,
                 )
             )
-        if not self.steps:
+        if not self.steps and self.ranks:  # a folder of NCCL logs / plugin dumps only has no steps to miss
             out.append(
                 finding(
                     "NO_STEPS",
@@ -530,6 +603,7 @@ class Analysis:
             "seq_len": self.options.seq_len,
             "layout": self.grid.to_dict(),
             "warnings": self.rank_warnings()
+            + (list(self.nccl_sources.notes) if self.nccl_sources is not None else [])
             + list(self.warnings)
             + (self.mfu_warnings if self.model is not None else [])
             + list(getattr(self.grid, "notes", []) or []),
@@ -549,9 +623,11 @@ class Analysis:
             "composition": composition_dict(comp),
             "pipeline": pipeline_dict(pipe),
             "clock": clock_dict(cross),
-            "collectives": collectives_dict(cross, self.nccl),
+            "collectives": nccl_sources_dict(collectives_dict(cross, self.nccl), self.nccl_sources, self),
             "audit": audit.to_dict() if audit is not None else None,
         }
+        out["what_if"] = self.what_if(findings)
+        out["critical_path"] = self.critical.to_dict() if self.critical is not None else None
         if self.options.compat == "hta":
             out["compat"] = self.hta_compat()
         return out
@@ -617,6 +693,22 @@ def collectives_dict(cross, nccl: dict[str, pa.Table]) -> dict:
             v = _median(g["arrival_skew_ns"])
             rec["skew_ms_median"] = None if v is None else v / 1e6
         out["by_op"].append(rec)
+    return out
+
+
+def nccl_sources_dict(out: dict, res, analysis=None) -> dict:
+    """Add the log / plugin analysis to the summary's "collectives": per-op rows when no Kineto trace gave
+    any, per-process and per-communicator tables, the Kineto cross-check and the log parse counters."""
+    if res is None:
+        return out
+    if not out["by_op"]:
+        out["by_op"] = list(res.by_op)
+    out["processes"] = res.processes
+    out["communicators"] = res.communicators
+    out["cross_check"] = res.cross_check
+    stats = getattr(analysis, "nccl_log_stats", None)
+    if stats:
+        out["log_parse"] = dict(stats)
     return out
 
 

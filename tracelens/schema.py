@@ -112,6 +112,7 @@ COLLECTIVES = pa.schema(
         ("start_ns", pa.int64()),  # kernel start on this rank (null when unknown)
         ("end_ns", pa.int64()),
         ("step", pa.int32()),
+        ("process", DICT_STR),  # "host:pid" of the writing process (NCCL logs; plugin: "pid N"), else null
     ]
 )
 

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute  # noqa: F401  (pa.compute)
 
 from tracelens.findings import finding
 
@@ -84,7 +85,7 @@ def _members(df: pd.DataFrame, expected_ranks) -> dict[tuple, set[int]]:
 
 def progress(coll: pa.Table) -> pd.DataFrame:
     """Per (rank, pg): last enqueued, started and completed collective seq (NaN when none), like pg_status."""
-    df = _frame(coll)
+    df = _frame(_split_unranked(coll)[0])
     df = df[~df["is_p2p"].fillna(False).astype(bool) & df["seq"].notna()]
     if df.empty:
         return pd.DataFrame(
@@ -114,7 +115,11 @@ def diagnose(
     `expected_ranks`: the world's ranks (used for the default group when the records carry no membership),
     or {pg_name or pg_desc: ranks} per group. Hangs come first, earliest enqueued first; each finding
     carries the numbers behind its message (pg, seq, op, missing/waiting ranks, per-rank progress).
+    Records without a rank (NCCL logs without INIT lines) are judged per process (`_unranked_findings`).
     """
+    coll, unranked = _split_unranked(coll)
+    if unranked is not None:
+        return diagnose(coll, expected_ranks) + _unranked_findings(unranked)
     df = _frame(coll)
     df = df[~df["is_p2p"].fillna(False).astype(bool) & df["seq"].notna()].copy()
     if df.empty:
@@ -235,6 +240,22 @@ def diagnose(
     hangs.sort(key=lambda t: t[0])
     mismatches.sort(key=lambda t: t[0])
     return [f for _, f in hangs] + [f for _, f in mismatches]
+
+
+def _split_unranked(coll: pa.Table) -> tuple[pa.Table, pa.Table | None]:
+    """(rows with a rank, rows without one or None): a null rank is unknown, never rank NaN or 0."""
+    ranks = coll.column("rank")
+    if ranks.null_count == 0:
+        return coll, None
+    known = pa.compute.is_valid(ranks)
+    return coll.filter(known), coll.filter(pa.compute.invert(known))
+
+
+def _unranked_findings(coll: pa.Table) -> list[dict]:
+    """Hang / desync findings of rows without ranks, matched per process (analyze.nccl_sources)."""
+    from tracelens.analyze.nccl_sources import diagnose_processes
+
+    return diagnose_processes(coll)
 
 
 __all__ = ["diagnose", "progress"]

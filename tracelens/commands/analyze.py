@@ -72,8 +72,8 @@ def print_rank_table(summary: dict, nccl_ranks: list[int] | None = None) -> None
         console.width = max(console.width, 120)
     ranks = summary["ranks"]
     run = summary["run"]
-    if not ranks:
-        print_nccl_only(summary, nccl_ranks or [], console)
+    if not ranks and not (summary.get("collectives") or {}).get("processes"):
+        print_nccl_only(summary, nccl_ranks or [], console)  # e.g. Flight Recorder dumps of a hang
         for f in summary["findings"]:
             if f["severity"] in ("warning", "error"):
                 console.print(f"[{f['severity']}] {f['code']}: {f['message']}", markup=False)
@@ -85,6 +85,8 @@ def print_rank_table(summary: dict, nccl_ranks: list[int] | None = None) -> None
         f"{len(steps)} step(s)" if steps else "no ProfilerStep (whole trace)"
     )
     table = Table(title=title + " (ms per step, mean over steps)", title_justify="left")
+    if not ranks and (summary.get("collectives") or {}).get("processes"):
+        table = nccl_only_table(summary)  # logs / plugin dumps without Kineto traces: per process
     cols = [
         ("rank", "rank"),
         ("stage", "stage"),
@@ -101,15 +103,21 @@ def print_rank_table(summary: dict, nccl_ranks: list[int] | None = None) -> None
     present = [
         c for c in cols if any(r.get(c[1]) not in (None, 0) for r in ranks) or c[0] in ("rank", "step")
     ]
-    for head, _ in present:
-        table.add_column(head, justify="right", no_wrap=True)
+    if ranks or not (summary.get("collectives") or {}).get("processes"):
+        for head, _ in present:
+            table.add_column(head, justify="right", no_wrap=True)
     shown, flagged = _shown_ranks(summary)
     for r in shown:
         cells = [str(r[k]) if k in ("rank", "stage") else _fmt(r.get(k), 1) for _, k in present]
         if r["rank"] in flagged:
             cells[0] += "*"
         table.add_row(*cells)
-    console.print(table)
+    if ranks or (summary.get("collectives") or {}).get("processes"):
+        console.print(table)
+    else:  # nothing per rank or per process: say so rather than print an empty table
+        console.print(f"{run['name']}: no per-rank trace and no NCCL collective calls to analyze")
+    if not ranks and (summary.get("collectives") or {}).get("by_op"):
+        console.print(nccl_op_table(summary))
     if len(shown) < len(ranks):
         console.print(
             f"({len(ranks) - len(shown)} ranks not shown; see summary.json or the report)"
@@ -147,6 +155,44 @@ def print_rank_table(summary: dict, nccl_ranks: list[int] | None = None) -> None
             console.print(line, markup=False)
     for w in summary["run"].get("warnings") or []:
         console.print(f"[note] {w}", markup=False)
+
+
+def nccl_only_table(summary: dict):
+    """Per-process table of a run read from NCCL logs / profiler-plugin dumps only (no Kineto trace)."""
+    from rich.table import Table
+
+    coll = summary["collectives"]
+    procs = coll["processes"]
+    comms = coll.get("communicators") or []
+    sources = ", ".join(sorted({p["source"] for p in procs}))
+    title = (
+        f"{summary['run']['name']}: {sources} only: {len(procs)} process(es), {len(comms)} communicator(s), "
+        f"{sum(p['calls'] for p in procs):,} calls"
+    )
+    t = Table(title=title, title_justify="left")
+    for head in ("process", "rank", "calls", "p2p", "MiB", "comms", "ops"):
+        t.add_column(head, justify="left" if head in ("process", "ops") else "right", no_wrap=head != "ops")
+    shown = procs if len(procs) <= 64 else procs[:8] + procs[-8:]
+    for p in shown:
+        ops = ", ".join(f"{k} {v}" for k, v in p["ops"].items())
+        rank = "?" if p["rank"] is None else str(p["rank"])
+        t.add_row(p["process"], rank, f"{p['calls']:,}", f"{p['p2p_calls']:,}", _fmt(p["bytes"] / 2**20, 1),
+                  str(p["communicators"]), ops)  # fmt: skip
+    return t
+
+
+def nccl_op_table(summary: dict):
+    """Per-op table (calls, instances, bytes, median bus bandwidth) from the summary's collectives.by_op."""
+    from rich.table import Table
+
+    t = Table(title="collectives by op", title_justify="left")
+    for head in ("source", "op", "calls", "instances", "MiB", "busbw GB/s"):
+        t.add_column(head, justify="left" if head in ("source", "op") else "right", no_wrap=True)
+    for r in summary["collectives"]["by_op"]:
+        inst = r.get("instances")
+        t.add_row(r.get("source", "kineto"), r["op"], f"{r['calls']:,}", "-" if inst is None else f"{inst:,}",
+                  _fmt(r["bytes"] / 2**20, 1), _fmt(r.get("busbw_gbps_median"), 1))  # fmt: skip
+    return t
 
 
 @app.command("analyze")

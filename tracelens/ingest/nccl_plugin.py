@@ -4,7 +4,9 @@ One Chrome-trace JSON array per communicator per rank, `<prefix>_<commHash>_<ran
 `ph: b/e` pairs (matched by `cat` and `id`), closed by `{}`. `COLL` events carry SeqNum (per communicator
 and per collective type), CommHash, Rank (communicator-local), Count (NCCL API count), Datatype
 ("ncclBfloat16"), Algorithm, Protocol, nChannels; `P2P` events carry CommHash, Rank, Peer, Count, Datatype,
-nChannels; `PROXY` events carry Channel, Peer, Steps, ChunkSize, transSize.
+nChannels; `PROXY` events carry Channel, Peer, Steps, ChunkSize, transSize. Older trees
+(`ext-profiler/example/print_event.c`) write `nMaxChannels` and one `Send`/`Recv` PROXY op with nested
+state timestamps; NCCL 2.28.x wrote some API-event values unquoted (`quote_bare_values`).
 Timestamps are microseconds since the plugin started (steady clock), **not** epoch time: `read` returns them
 as nanoseconds on that clock and `align` shifts them onto a reference (Kineto) clock by matching collective
 end times. `enqueue_ns` is the COLL begin (the task enqueue), `end_ns` the COLL end; `start_ns` is null.
@@ -54,8 +56,25 @@ def name_info(path: str | Path) -> tuple[str, int] | None:
     return (m.group(1), int(m.group(2))) if m else None
 
 
+# NCCL 2.28.x's example plugin printed some values without quotes (`"Stream": 0x262ca50`, `"Stream": (nil)`,
+# `"datatype": ncclFloat32`), and `%f` prints `nan`/`-nan`/`inf`: invalid JSON that current NCCL quotes.
+_BARE_VALUE = re.compile(r"(:[ \t]*)(0x[0-9a-fA-F]+|\(nil\)|-?(?:nan|inf)\b|[A-Za-z_]\w*)(?=[ \t]*[,}\]])")
+
+
+def quote_bare_values(text: str) -> str:
+    """Quote the bare values (hex pointers, `(nil)`, enum names, nan/inf) of a plugin dump so it parses;
+    `true`, `false` and `null` stay as they are."""
+
+    def repl(m: re.Match) -> str:
+        tok = m.group(2)
+        return m.group(0) if tok in ("true", "false", "null") else f'{m.group(1)}"{tok}"'
+
+    return _BARE_VALUE.sub(repl, text)
+
+
 def load_events(path: str | Path) -> list[dict]:
-    """The JSON array of one plugin file; a file cut off before its closing `]` is salvaged."""
+    """The JSON array of one plugin file; a file cut off before its closing `]` is salvaged, and the bare
+    values of NCCL 2.28.x's example plugin (`"Stream": 0x..`, `"datatype": ncclFloat32`) are accepted."""
     path = Path(path)
     try:
         raw = path.read_bytes()
@@ -71,6 +90,14 @@ def load_events(path: str | Path) -> list[dict]:
     try:
         data = json.loads(text)
     except ValueError:
+        text = quote_bare_values(text)
+        data = None
+    if data is None:
+        try:
+            data = json.loads(text)
+        except ValueError:
+            data = None
+    if data is None:
         cut = text.rfind("},")
         try:
             data = json.loads(text[: cut + 1] + "]") if cut > 0 else None
@@ -153,7 +180,9 @@ def _collect_events(
     prox_b = proxies["begin_ns"].astype("float64").to_numpy()
     prox_steps = np.array([a.get("Steps", 0) or 0 for a in proxies["args"]], dtype=np.int64)
     prox_bytes = np.array([a.get("transSize", 0) or 0 for a in proxies["args"]], dtype=np.int64)
-    prox_progress = proxies["name"].astype(str).str.startswith("Progress").to_numpy()
+    # ProgressSend/ProgressRecv (current example plugin); older trees print one `Send` / `Recv` PROXY op
+    names = proxies["name"].astype(str)
+    prox_progress = (names.str.startswith("Progress") | names.isin(["Send", "Recv"])).to_numpy()
     order_ctr: dict[tuple, int] = {}
     for r in ops.itertuples(index=False):
         a = r.args
@@ -200,6 +229,7 @@ def _collect_events(
                 "start_ns": None,
                 "end_ns": end,
                 "step": None,
+                "process": f"pid {int(r.pid)}" if _is_int(r.pid) else None,
             }
         )
         order_ctr[okey] = order_ctr.get(okey, 0) + 1
@@ -212,15 +242,24 @@ def _collect_events(
                 "seq": int(seq) if seq is not None else None,
                 "algorithm": a.get("Algorithm"),
                 "protocol": a.get("Protocol"),
-                "n_channels": a.get("nChannels"),
+                "n_channels": a.get("nChannels", a.get("nMaxChannels")),  # older trees: nMaxChannels
                 "proxy_steps": int(prox_steps[inside].sum()) if len(prox_b) else None,
                 "proxy_bytes": int(prox_bytes[inside].sum()) if len(prox_b) else None,
-                "pid": r.pid if isinstance(r.pid, int) else None,
+                "pid": int(r.pid) if _is_int(r.pid) else None,
                 "enqueue_ns": begin,
                 "end_ns": end,
             }
         )
     return rows, details
+
+
+def _is_int(v) -> bool:
+    """A pid as the plugin prints it (an integer; pandas may hand it over as numpy int or float)."""
+    if isinstance(v, bool) or v is None:
+        return False
+    if isinstance(v, int | np.integer):
+        return True
+    return isinstance(v, float | np.floating) and np.isfinite(v) and float(v).is_integer()
 
 
 def _table(rows: list[dict]) -> pa.Table:
@@ -426,6 +465,7 @@ __all__ = [
     "comm_membership",
     "load_events",
     "name_info",
+    "quote_bare_values",
     "read",
     "read_details",
     "read_many",

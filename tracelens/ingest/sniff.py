@@ -114,7 +114,7 @@ def detect_format(path: str | Path) -> str | None:
             return NCCL_PLUGIN
         if b'"ph"' in head and any(c in head for c in _PLUGIN_CATS):
             return NCCL_PLUGIN
-        return None
+        # not JSON: a log whose lines open with `[rank3]:`, `[date time] ` or `[pod/..] ` falls through
     if b" NCCL INFO " in head or b" NCCL WARN " in head:
         return NCCL_LOG
     return None

@@ -325,7 +325,10 @@ def step_heatmap(
 # pipeline
 # ----------------------------------------------------------------------------------------------------
 def pipeline_timeline(
-    blocks: Sequence[Mapping], stages: Sequence[Mapping] | None = None, step=None
+    blocks: Sequence[Mapping],
+    stages: Sequence[Mapping] | None = None,
+    step=None,
+    critical: Sequence[Mapping] | None = None,
 ) -> go.Figure:
     """Per-stage timeline of one step: a bar per forward/backward microbatch block; gaps are bubbles.
 
@@ -362,6 +365,8 @@ def pipeline_timeline(
             marker_color=PHASE_COLORS[phase],
             hovertemplate="%{y}: " + phase + " mb %{text}, %{base:.2f} + %{x:.2f} ms<extra></extra>",
         )
+    if critical:
+        _critical_overlay(fig, blocks, critical, step, {b["stage"]: row(b) for b in blocks})
     title = "Pipeline timeline of one step" + (f" (step {step})" if step is not None else "")
     if exp is not None:
         title += f"; expected bubble {100 * exp:.0f}% for the schedule; gaps are bubbles"
@@ -374,6 +379,33 @@ def pipeline_timeline(
         height=max(260, 60 * len(order) + 160),
     )
     return fig
+
+
+def _critical_overlay(fig: go.Figure, blocks, critical, step, row_of_stage: dict) -> None:
+    """The step's critical-path segments (summary `critical_path.segments`) as a line on each stage's row."""
+    t0 = blocks[0].get("t0_ms") if blocks else None
+    if t0 is None:
+        return
+    xs, ys, texts = [], [], []
+    for sgm in critical:
+        if sgm.get("step") != step or sgm.get("stage") not in row_of_stage:
+            continue
+        a = sgm["start_ms"] - t0
+        xs += [_r(a), _r(a + sgm["ms"]), None]
+        y = row_of_stage[sgm["stage"]]
+        ys += [y, y, None]
+        label = f"r{sgm['rank']} {sgm['kind']} {sgm['op']} {sgm['ms']:.3f} ms"
+        texts += [label, label, None]
+    if xs:
+        fig.add_scatter(
+            name="critical path",
+            x=xs,
+            y=ys,
+            text=texts,
+            mode="lines",
+            line={"color": "#D62728", "width": 4},
+            hovertemplate="%{text}<extra>critical path</extra>",
+        )
 
 
 def bubble_bar(stages: Sequence[Mapping]) -> go.Figure:

@@ -190,15 +190,27 @@ def findings_html(summary: dict) -> str:
     items = summary.get("findings") or []
     if not items:
         return head + "<p>No findings.</p>" + stragglers_html(summary)
-    order = {"error": 0, "warning": 1, "info": 2}
     rows = []
-    for f in sorted(items, key=lambda f: order.get(f.get("severity"), 3)):
+    for f in sorted(items, key=_finding_order):
         title = FINDING_TITLES.get(f.get("code"), f.get("code"))
         rows.append(
             f'<div class="finding {esc(f.get("severity"))}"><b>{esc(title)}</b> '
-            f"<code>{esc(f.get('code'))}</code> ({esc(f.get('severity'))}): {esc(f.get('message'))}</div>"
+            f"<code>{esc(f.get('code'))}</code> ({esc(f.get('severity'))}): {esc(f.get('message'))}"
+            f"{_saving_text(f)}</div>"
         )
     return head + "\n".join(rows) + stragglers_html(summary)
+
+
+def _finding_order(f: dict) -> tuple:
+    """Findings with a what-if saving first, largest saving first (summary `what_if`); then by severity."""
+    order = {"error": 0, "warning": 1, "info": 2}
+    saving = f.get("saving_ms")
+    return (saving is None, -(saving or 0.0), order.get(f.get("severity"), 3))
+
+
+def _saving_text(f: dict) -> str:
+    saving = f.get("saving_ms")
+    return f" <i>Fixing it saves {saving:.2f} ms per step (replayed).</i>" if saving is not None else ""
 
 
 def metadata_html(summary: dict) -> str:
@@ -336,7 +348,8 @@ def _pipeline_section(analysis, summary: dict) -> list:
         else []
     )
     if blocks:
-        out.append(figures.pipeline_timeline(blocks, stages, step))
+        crit = (summary.get("critical_path") or {}).get("segments")
+        out.append(figures.pipeline_timeline(blocks, stages, step, crit))
     else:
         out.append(note("No forward/backward or module annotations in the traces: no pipeline timeline."))
     if any(s.get("bubble_fraction") is not None for s in stages):

@@ -161,6 +161,7 @@ def pipeline_blocks(
             "microbatch": mb,
             "start_ms": (s - t0) / 1e6,
             "end_ms": (e - t0) / 1e6,
+            "t0_ms": t0 / 1e6,  # aligned absolute time of the timeline's zero (critical-path overlay)
         }
         for st, r, ph, mb, s, e in sorted(raw, key=lambda b: (b[0] if b[0] is not None else -1, b[4]))
     ]

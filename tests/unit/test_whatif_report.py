@@ -1,0 +1,56 @@
+"""The report's use of what-if and the critical path: findings ordered by saving, the path on the timeline."""
+
+from __future__ import annotations
+
+from tracelens.report import figures
+from tracelens.report.html import findings_html
+
+
+def test_findings_ordered_by_saving():
+    summary = {
+        "findings": [
+            {"code": "STAGE_IMBALANCE", "severity": "warning", "message": "stage", "saving_ms": 0.5},
+            {"code": "CLOCK_SKEW", "severity": "error", "message": "skew"},
+            {"code": "STRAGGLER", "severity": "warning", "message": "straggler", "saving_ms": 2.0},
+        ],
+        "ranks": [],
+        "stragglers": [],
+    }
+    html = findings_html(summary)
+    pos = [html.index(m) for m in ("straggler", "stage", "skew")]
+    assert pos == sorted(pos)
+    assert "saves 2.00 ms per step" in html
+
+
+def test_critical_path_on_pipeline_timeline():
+    blocks = [
+        {
+            "stage": 0,
+            "rank": 0,
+            "phase": "forward",
+            "microbatch": 0,
+            "start_ms": 0.0,
+            "end_ms": 1.0,
+            "t0_ms": 100.0,
+        },
+        {
+            "stage": 1,
+            "rank": 4,
+            "phase": "forward",
+            "microbatch": 0,
+            "start_ms": 1.0,
+            "end_ms": 2.0,
+            "t0_ms": 100.0,
+        },
+    ]
+    crit = [
+        {"step": 3, "rank": 1, "stage": 0, "kind": "compute", "op": "mlp", "start_ms": 100.2, "ms": 0.5},
+        {"step": 3, "rank": 4, "stage": 1, "kind": "transfer", "op": "send", "start_ms": 101.0, "ms": 0.25},
+        {"step": 2, "rank": 4, "stage": 1, "kind": "compute", "op": "mlp", "start_ms": 50.0, "ms": 1.0},
+    ]
+    fig = figures.pipeline_timeline(blocks, [], 3, crit)
+    tr = [t for t in fig.data if t.name == "critical path"]
+    assert len(tr) == 1
+    xs = [x for x in tr[0].x if x is not None]
+    assert xs == [0.2, 0.7, 1.0, 1.25]  # step 3 only, relative to the timeline's zero
+    assert all(y is None or y.startswith("stage ") for y in tr[0].y)

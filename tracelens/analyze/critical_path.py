@@ -1,0 +1,696 @@
+"""The step's dependency graph across ranks, its replay, and the critical path per step.
+
+Nodes come from device work (kernels, memcpy, memset) and their CPU launches, one step at a time (no edge
+crosses a step boundary, so every step is its own graph and all steps are replayed together):
+
+- per rank and stream, device work runs in order (stream edges);
+- a kernel can start no earlier than its launch reached the GPU (`release` = CPU launch + the rank's launch
+  latency; the CPU launch -> kernel edge);
+- a kernel that starts when a kernel of another stream of the same rank ends waits for it (a stream-wait
+  edge, inferred from the timestamps: start within `CROSS_TOL_NS` after that end, and that end explains the
+  start better than the kernel's own stream and launch);
+- a collective instance (`analyze.collectives.match`: every participant of one call, P2P send/recv pairs
+  included) is three kinds of node: each participant arrives (its kernel starts), the transfer starts when the
+  last one has arrived, and each participant ends `transfer` after that.
+
+Per-kernel chains are coarsened into per-stream segments wherever no edge leaves or enters mid-chain: a
+segment is max-plus linear in its entry time, `finish = max(entry + D, Q)` with D the sum of its durations
+(and unexplained gaps) and Q the latest release plus what follows it, so a segment replays in one step.
+Every node (segment, arrival, instance, finish) replays as `finish = max(latest predecessor + D, Q)`, level
+by level in topological order, vectorised over all ranks and steps. Times are aligned by the clock offsets.
+
+With nothing changed the replay reproduces the observed times (the unexplained gap before each kernel is kept
+as a constant); `whatif.py` changes durations, releases or transfers and replays.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from tracelens.analyze.classify import COMM_KERNEL, DEVICE_KINDS, _dict_lookup
+
+#: A kernel starting this soon after another stream's kernel ends (and not explained otherwise) waited for it.
+CROSS_TOL_NS = 5_000
+#: At most this many critical-path segments in summary.json (the longest first).
+MAX_SEGMENTS = 200
+
+SEG, ARR, INST, FIN = 0, 1, 2, 3
+NEG = -1e30
+
+NODES = pa.schema(
+    [
+        ("rank", pa.int32()),
+        ("step", pa.int32()),
+        ("stream", pa.int32()),
+        ("start_ns", pa.int64()),
+        ("end_ns", pa.int64()),
+        ("launch_ns", pa.int64()),  # CPU launch (cuda_runtime with the same correlation) or null
+        ("is_comm", pa.bool_()),
+        ("label", pa.string()),  # layer type of the enclosing module annotation, else null
+    ]
+)
+
+
+def device_nodes(events: pa.Table, spans: pa.Table | None = None) -> pa.Table:
+    """Device work with its step and CPU launch time (schema NODES), from one or more ranks' events."""
+    if events.num_rows == 0:
+        return NODES.empty_table()
+    kind = events.column("kind")
+    dev = np.zeros(events.num_rows, dtype=bool)
+    for k in DEVICE_KINDS:
+        dev |= _dict_lookup(kind, lambda v, k=k: int(v == k)).astype(bool)
+    step = events.column("step")
+    has_step = step.is_valid().to_numpy(zero_copy_only=False)
+    if (dev & has_step).any():
+        dev &= has_step
+    else:  # no ProfilerStep annotations: the whole trace is one window (step 0), as the breakdown does
+        events = events.set_column(
+            events.column_names.index("step"), "step", pa.array(np.zeros(events.num_rows, np.int32))
+        )
+    rt = _dict_lookup(kind, lambda v: int(v == "cuda_runtime")).astype(bool)
+    comm_name = _dict_lookup(events.column("name"), lambda v: int(bool(COMM_KERNEL.match(v)))).astype(bool)
+    has_coll = events.column("collective").is_valid().to_numpy(zero_copy_only=False)
+    if not dev.any():
+        return NODES.empty_table()
+
+    def col(name, mask, fill=-1):
+        return events.column(name).filter(pa.array(mask)).fill_null(fill).to_numpy(zero_copy_only=False)
+
+    d = pd.DataFrame(
+        {
+            "rank": col("rank", dev),
+            "step": col("step", dev),
+            "stream": col("stream", dev),
+            "start_ns": col("ts_ns", dev),
+            "dur": col("dur_ns", dev, 0),
+            "corr": col("correlation", dev),
+            "is_comm": (comm_name | has_coll)[dev],
+        }
+    )
+    d["end_ns"] = d["start_ns"] + np.maximum(d["dur"], 0)
+    launch = pd.DataFrame(
+        {"rank": col("rank", rt), "corr": col("correlation", rt), "launch_ns": col("ts_ns", rt)}
+    )
+    launch = launch[launch["corr"] >= 0].drop_duplicates(["rank", "corr"])
+    d = d.merge(launch, on=["rank", "corr"], how="left")
+    d.loc[d["corr"] < 0, "launch_ns"] = np.nan
+    label = _labels(d, spans)
+    return pa.table(
+        {
+            "rank": pa.array(d["rank"].to_numpy(), pa.int32()),
+            "step": pa.array(d["step"].to_numpy(), pa.int32()),
+            "stream": pa.array(d["stream"].to_numpy(), pa.int32()),
+            "start_ns": pa.array(d["start_ns"].to_numpy(), pa.int64()),
+            "end_ns": pa.array(d["end_ns"].to_numpy(), pa.int64()),
+            "launch_ns": pa.array(d["launch_ns"].to_numpy(), pa.float64(), from_pandas=True).cast(pa.int64()),
+            "is_comm": pa.array(d["is_comm"].to_numpy(), pa.bool_()),
+            "label": pa.array(label, pa.string()),
+        },
+        schema=NODES,
+    )
+
+
+def _labels(d: pd.DataFrame, spans: pa.Table | None) -> list:
+    """Layer type (`layers.N.<type>` annotation) around each kernel's start, when module spans are known."""
+    out = [None] * len(d)
+    need = {"rank", "gpu_start_ns", "gpu_end_ns", "module"}
+    if spans is None or spans.num_rows == 0 or not need <= set(spans.column_names):
+        return out
+    sp = spans.select(["rank", "gpu_start_ns", "gpu_end_ns", "module"]).to_pandas()
+    sp = sp[sp["rank"].isin(np.unique(d["rank"].to_numpy())) & sp["gpu_start_ns"].notna()]
+    sp = sp.rename(columns={"gpu_start_ns": "start_ns", "gpu_end_ns": "end_ns"})
+    tcol = "module"
+    sp[tcol] = sp[tcol].astype(object)
+    res = np.full(len(d), None, dtype=object)
+    rank = d["rank"].to_numpy()
+    start = d["start_ns"].to_numpy()
+    for r, g in sp.groupby("rank"):
+        g = g.sort_values("start_ns")
+        m = rank == r
+        idx = np.searchsorted(g["start_ns"].to_numpy(), start[m], side="right") - 1
+        ok = idx >= 0
+        ends = g["end_ns"].to_numpy()
+        types = g[tcol].to_numpy()
+        val = np.full(m.sum(), None, dtype=object)
+        ii = idx[ok]
+        inside = ends[ii] >= start[m][ok]
+        tmp = np.full(ii.size, None, dtype=object)
+        tmp[inside] = types[ii[inside]]
+        val[ok] = tmp
+        res[m] = val
+    return res.tolist()
+
+
+# ----------------------------------------------------------------------------------------------------
+# graph
+# ----------------------------------------------------------------------------------------------------
+@dataclass
+class Graph:
+    """Per kernel (k_*) and per node arrays of one run's dependency graph; times in ns from `origin_ns`."""
+
+    origin_ns: int
+    # kernels, sorted by (step, rank, stream, start)
+    k_rank: np.ndarray
+    k_step: np.ndarray
+    k_stream: np.ndarray
+    k_start: np.ndarray
+    k_end: np.ndarray
+    k_dur: np.ndarray  # float ns
+    k_release: np.ndarray  # float ns (NEG: no launch constraint)
+    k_res: np.ndarray  # unexplained gap before the kernel (kept constant)
+    k_comm: np.ndarray
+    k_label: np.ndarray
+    k_node: np.ndarray  # node holding the kernel (segment; for a collective kernel its FIN node)
+    k_seg_first: np.ndarray  # bool: first kernel of its segment
+    k_inst_row: np.ndarray  # row in `inst` frame, -1 when not a matched collective participant
+    k_transfer: np.ndarray  # collective kernels: observed transfer (end - latest arrival)
+    k_op: np.ndarray  # collective op or ""
+    k_group: np.ndarray  # collective group key or ""
+    k_instance: np.ndarray  # collective instance id or -1
+    k_bytes: np.ndarray
+    # nodes
+    n_type: np.ndarray
+    n_rank: np.ndarray
+    n_step: np.ndarray
+    n_first_k: np.ndarray  # first kernel of the node (SEG), the kernel (ARR/FIN), -1 (INST)
+    n_last_k: np.ndarray
+    e_src: np.ndarray
+    e_dst: np.ndarray
+    levels: list[np.ndarray] = field(default_factory=list)  # node ids per topological level
+    level_edges: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
+    step_origin: dict[int, float] = field(default_factory=dict)  # step -> earliest release/start (ns)
+    stage_of: dict[int, int] | None = None
+
+    @property
+    def n_nodes(self) -> int:
+        return int(self.n_type.size)
+
+
+def build_graph(
+    nodes: pa.Table,
+    collectives: pa.Table | None,
+    offsets_ns: dict[int, int] | None = None,
+    stage_of: dict[int, int] | None = None,
+) -> Graph | None:
+    """The step-bounded dependency graph (see module docstring); None when there is no device work."""
+    if nodes.num_rows == 0:
+        return None
+    d = nodes.to_pandas()
+    d["label"] = d["label"].astype(object)
+    off = {int(k): int(v) for k, v in (offsets_ns or {}).items()}
+    d["raw_start"] = d["start_ns"].astype("int64")
+    o = d["rank"].map(off).fillna(0).astype("int64")
+    origin = int((d["start_ns"] - o).min())
+    d["s"] = (d["start_ns"] - o - origin).astype(float)
+    d["e"] = (d["end_ns"] - o - origin).astype(float)
+    has_launch = d["launch_ns"].notna()
+    d["L"] = np.where(has_launch, d["launch_ns"].fillna(0).astype("int64") - o - origin, np.nan).astype(float)
+    d = d.sort_values(["step", "rank", "stream", "s"], kind="stable").reset_index(drop=True)
+    n = len(d)
+
+    # collectives: instance, transfer per participant
+    d["instance"] = -1
+    d["transfer"] = np.nan
+    d["op"] = ""
+    d["group"] = ""
+    d["bytes"] = np.nan
+    if collectives is not None and collectives.num_rows:
+        c = collectives.select(
+            [
+                x
+                for x in (
+                    "rank",
+                    "start_ns",
+                    "end_ns",
+                    "instance",
+                    "op",
+                    "group_key",
+                    "bytes",
+                    "n_participants",
+                    "latest_start_ns",
+                    "end_aligned_ns",
+                )
+                if x in collectives.column_names
+            ]
+        ).to_pandas()
+        c = c.dropna(subset=["start_ns"])
+        c = c[c["instance"] >= 0]
+        if "n_participants" in c:
+            c = c[c["n_participants"].fillna(1) >= 2]
+        c["transfer_c"] = (c["end_aligned_ns"] - c["latest_start_ns"]).clip(lower=0).astype(float)
+        c = c.rename(
+            columns={
+                "start_ns": "raw_start",
+                "instance": "inst_c",
+                "op": "op_c",
+                "group_key": "grp_c",
+                "bytes": "bytes_c",
+            }
+        )
+        c = c.dropna(subset=["end_ns"])
+        c["raw_start"] = c["raw_start"].astype("int64")
+        c["raw_end"] = c["end_ns"].astype("int64")
+        c["rank"] = c["rank"].astype("int64")
+        c = c.drop_duplicates(["rank", "raw_start", "raw_end"])
+        key = pd.DataFrame(
+            {
+                "rank": d["rank"].astype("int64"),
+                "raw_start": d["raw_start"].astype("int64"),
+                "raw_end": d["end_ns"].astype("int64"),
+            }
+        )
+        m = key.merge(
+            c[["rank", "raw_start", "raw_end", "inst_c", "transfer_c", "op_c", "grp_c", "bytes_c"]],
+            on=["rank", "raw_start", "raw_end"],
+            how="left",
+        )
+        hit = m["inst_c"].notna().to_numpy() & d["is_comm"].to_numpy()
+        d.loc[hit, "instance"] = m.loc[hit, "inst_c"].astype("int64").to_numpy()
+        d.loc[hit, "transfer"] = np.minimum(
+            m.loc[hit, "transfer_c"].to_numpy(), (d["e"] - d["s"])[hit].to_numpy()
+        )
+        d.loc[hit, "op"] = m.loc[hit, "op_c"].astype(str).to_numpy()
+        d.loc[hit, "group"] = m.loc[hit, "grp_c"].astype(str).to_numpy()
+        d.loc[hit, "bytes"] = m.loc[hit, "bytes_c"].astype(float).to_numpy()
+    # an instance seen by one participant only is no rendezvous
+    inst = d["instance"].to_numpy()
+    cnt = pd.Series(inst[inst >= 0]).value_counts()
+    lone = (inst >= 0) & (pd.Series(inst).map(cnt).fillna(0).to_numpy() < 2)
+    inst = np.where(lone, -1, inst)
+    d["instance"] = inst
+    coll = inst >= 0
+
+    rank = d["rank"].to_numpy().astype(np.int64)
+    step = d["step"].to_numpy().astype(np.int64)
+    stream = d["stream"].to_numpy().astype(np.int64)
+    s = d["s"].to_numpy()
+    e = np.maximum(d["e"].to_numpy(), s)
+    L = d["L"].to_numpy()
+
+    # launch latency per rank: the smallest launch -> start seen on that rank
+    lat = pd.Series(s - L).where(~np.isnan(L)).groupby(rank).min().clip(lower=0)
+    release = np.where(np.isnan(L), NEG, L + pd.Series(rank).map(lat).fillna(0).to_numpy())
+    release = np.minimum(release, s)
+
+    # stream predecessor
+    grp_rs = step * (rank.max() + 1) + rank  # (step, rank) group id
+    same_stream = np.r_[False, (grp_rs[1:] == grp_rs[:-1]) & (stream[1:] == stream[:-1])]
+    sp = np.where(same_stream, np.arange(n) - 1, -1)
+
+    # cross-stream predecessor: the latest end on another stream of the same (step, rank) at or before start
+    SH = float(2**40)
+    gkey = grp_rs.astype(float) * SH
+    best_end = np.full(n, NEG)
+    best_score = np.full(n, NEG)
+    best_idx = np.full(n, -1, dtype=np.int64)
+    # on a tie (a batched send/recv pair ends together) the receive is what the next kernel waits for
+    score = e - 0.5 * (d["op"].to_numpy() == "send")
+    for st in np.unique(stream):
+        on = np.flatnonzero(stream == st)
+        keys = gkey[on] + e[on]
+        order = np.argsort(keys, kind="stable")
+        keys, on = keys[order], on[order]
+        other = np.flatnonzero(stream != st)
+        if other.size == 0 or on.size == 0:
+            continue
+        j = np.searchsorted(keys, gkey[other] + s[other], side="right") - 1
+        ok = j >= 0
+        jj = np.where(ok, j, 0)
+        cand = on[jj]
+        ok &= grp_rs[cand] == grp_rs[other]
+        better = ok & (score[cand] > best_score[other])
+        best_score[other[better]] = score[cand[better]]
+        best_end[other[better]] = e[cand[better]]
+        best_idx[other[better]] = cand[better]
+    sp_end = np.where(sp >= 0, e[np.maximum(sp, 0)], NEG)
+    explained = np.maximum(sp_end, release)
+    cross_ok = (best_idx >= 0) & (s - best_end <= CROSS_TOL_NS) & (best_end > explained)
+    cp = np.where(cross_ok, best_idx, -1)
+    pred_end = np.maximum(explained, np.where(cp >= 0, best_end, NEG))
+    no_pred = (sp < 0) & (cp < 0) & (release <= NEG / 2)
+    release = np.where(no_pred, s, release)  # a source with nothing known starts when it started
+    pred_end = np.where(no_pred, s, pred_end)
+    res = np.clip(s - np.maximum(pred_end, release), 0, None)
+    dur = e - s
+
+    # segments: breaks at collectives, at kernels with a cross-stream predecessor, after a kernel another
+    # stream waits for, and at a new stream
+    has_out = np.zeros(n, dtype=bool)
+    has_out[cp[cp >= 0]] = True
+    prev_coll = np.r_[False, coll[:-1]]
+    prev_out = np.r_[False, has_out[:-1]]
+    brk = ~same_stream | coll | prev_coll | (cp >= 0) | prev_out
+    seg_of = np.cumsum(brk) - 1  # kernel -> segment (collective kernels: their own "segment" slot)
+    n_seg = int(seg_of[-1]) + 1 if n else 0
+
+    # node ids: plain segments first, then per collective kernel ARR and FIN, then instances
+    seg_is_coll = np.zeros(n_seg, dtype=bool)
+    seg_is_coll[seg_of[coll]] = True
+    plain = np.flatnonzero(~seg_is_coll)
+    seg_node = np.full(n_seg, -1, dtype=np.int64)
+    seg_node[plain] = np.arange(plain.size)
+    ck = np.flatnonzero(coll)
+    arr_node = plain.size + np.arange(ck.size)
+    fin_node = plain.size + ck.size + np.arange(ck.size)
+    inst_ids, inst_row = np.unique(inst[ck], return_inverse=True)
+    inst_node = plain.size + 2 * ck.size + np.arange(inst_ids.size)
+    n_nodes = plain.size + 2 * ck.size + inst_ids.size
+
+    k_in = np.full(n, -1, dtype=np.int64)  # node a kernel's incoming edges attach to
+    k_out = np.full(n, -1, dtype=np.int64)  # node whose finish is the kernel's end
+    k_in[~coll] = seg_node[seg_of[~coll]]
+    k_out[~coll] = k_in[~coll]
+    k_in[ck] = arr_node
+    k_out[ck] = fin_node
+    first_of_seg = brk.copy()
+
+    src, dst = [], []
+    # stream and cross edges enter at segment starts (and collective arrivals)
+    ent = np.flatnonzero(first_of_seg)
+    for pred in (sp, cp):
+        m = ent[pred[ent] >= 0]
+        src.append(k_out[pred[m]])
+        dst.append(k_in[m])
+    src.append(arr_node)
+    dst.append(inst_node[inst_row])
+    src.append(inst_node[inst_row])
+    dst.append(fin_node)
+    e_src = np.concatenate(src).astype(np.int64)
+    e_dst = np.concatenate(dst).astype(np.int64)
+
+    n_type = np.full(n_nodes, SEG, dtype=np.int8)
+    n_type[arr_node] = ARR
+    n_type[fin_node] = FIN
+    n_type[inst_node] = INST
+    n_first = np.full(n_nodes, -1, dtype=np.int64)
+    n_last = np.full(n_nodes, -1, dtype=np.int64)
+    seg_first_k = np.flatnonzero(first_of_seg)
+    seg_last_k = np.r_[seg_first_k[1:] - 1, n - 1]
+    n_first[seg_node[plain]] = seg_first_k[plain]
+    n_last[seg_node[plain]] = seg_last_k[plain]
+    n_first[arr_node] = ck
+    n_last[arr_node] = ck
+    n_first[fin_node] = ck
+    n_last[fin_node] = ck
+    n_rank = np.full(n_nodes, -1, dtype=np.int64)
+    n_step = np.full(n_nodes, -1, dtype=np.int64)
+    kn = n_first >= 0
+    n_rank[kn] = rank[n_first[kn]]
+    n_step[kn] = step[n_first[kn]]
+    first_ck = np.zeros(inst_ids.size, dtype=np.int64)
+    first_ck[inst_row[::-1]] = ck[::-1]
+    n_step[inst_node] = step[first_ck]
+
+    k_node = k_out
+    g = Graph(
+        origin_ns=origin,
+        k_rank=rank,
+        k_step=step,
+        k_stream=stream,
+        k_start=s,
+        k_end=e,
+        k_dur=dur,
+        k_release=release,
+        k_res=res,
+        k_comm=d["is_comm"].to_numpy().astype(bool),
+        k_label=d["label"].to_numpy(),
+        k_node=k_node,
+        k_seg_first=first_of_seg,
+        k_inst_row=np.where(coll, 0, -1),
+        k_transfer=np.nan_to_num(d["transfer"].to_numpy(), nan=0.0),
+        k_op=d["op"].to_numpy(),
+        k_group=d["group"].to_numpy(),
+        k_instance=inst,
+        k_bytes=d["bytes"].to_numpy(),
+        n_type=n_type,
+        n_rank=n_rank,
+        n_step=n_step,
+        n_first_k=n_first,
+        n_last_k=n_last,
+        e_src=e_src,
+        e_dst=e_dst,
+        stage_of=stage_of,
+    )
+    g.k_inst_row[ck] = inst_row
+    _levels(g)
+    so = pd.Series(np.minimum(s, np.where(release > NEG / 2, release, s))).groupby(step).min()
+    g.step_origin = {int(k): float(v) for k, v in so.items()}
+    return g
+
+
+def _levels(g: Graph) -> None:
+    """Topological levels (Kahn's algorithm, one vectorised round per level) and each level's in-edges."""
+    n = g.n_nodes
+    indeg = np.bincount(g.e_dst, minlength=n)
+    order = np.argsort(g.e_src, kind="stable")
+    src_sorted = g.e_src[order]
+    dst_by_src = g.e_dst[order]
+    starts = np.searchsorted(src_sorted, np.arange(n + 1))
+    level = np.full(n, -1, dtype=np.int64)
+    frontier = np.flatnonzero(indeg == 0)
+    lv = 0
+    while frontier.size:
+        level[frontier] = lv
+        lo, hi = starts[frontier], starts[frontier + 1]
+        cnt = hi - lo
+        if cnt.sum() == 0:
+            break
+        idx = np.repeat(lo - np.cumsum(np.r_[0, cnt[:-1]]), cnt) + np.arange(cnt.sum())
+        tgt = dst_by_src[idx]
+        dec = np.bincount(tgt, minlength=n)
+        indeg = indeg - dec
+        cand = np.unique(tgt)
+        frontier = cand[indeg[cand] == 0]
+        lv += 1
+    if (level < 0).any():
+        raise RuntimeError(f"dependency graph has a cycle ({int((level < 0).sum())} nodes unreached)")
+    byl = np.argsort(level, kind="stable")
+    bounds = np.searchsorted(level[byl], np.arange(level.max() + 2))
+    g.levels = [byl[bounds[i] : bounds[i + 1]] for i in range(len(bounds) - 1)]
+    elev = level[g.e_dst]
+    eo = np.argsort(elev, kind="stable")
+    eb = np.searchsorted(elev[eo], np.arange(level.max() + 2))
+    g.level_edges = [
+        (g.e_src[eo[eb[i] : eb[i + 1]]], g.e_dst[eo[eb[i] : eb[i + 1]]]) for i in range(len(eb) - 1)
+    ]
+
+
+# ----------------------------------------------------------------------------------------------------
+# replay
+# ----------------------------------------------------------------------------------------------------
+@dataclass
+class Replay:
+    finish: np.ndarray  # per node
+    entry: np.ndarray  # per node: latest predecessor finish (NEG when none)
+    D: np.ndarray
+    Q: np.ndarray
+    q_kernel: np.ndarray  # SEG: the kernel whose release gives Q
+    step_time: dict[int, float]  # step -> ns
+    dur: np.ndarray
+    release: np.ndarray
+    transfer: np.ndarray
+
+
+def replay(
+    g: Graph,
+    dur: np.ndarray | None = None,
+    release: np.ndarray | None = None,
+    transfer: np.ndarray | None = None,
+) -> Replay:
+    """Replay the graph with per-kernel durations, releases and collective transfers (default: observed)."""
+    dur = g.k_dur if dur is None else dur
+    release = g.k_release if release is None else release
+    transfer = g.k_transfer if transfer is None else transfer
+    n = g.n_nodes
+    D = np.zeros(n)
+    Q = np.full(n, NEG)
+    qk = np.full(n, -1, dtype=np.int64)
+    # segments: c = res + dur, suffix sums within segment, Q = max(release + suffix)
+    plain = ~g.k_comm | (g.k_instance < 0)
+    ks = np.flatnonzero(plain)
+    if ks.size:
+        c = g.k_res[ks] + dur[ks]
+        node = g.k_node[ks]
+        first = np.r_[True, node[1:] != node[:-1]]
+        starts = np.flatnonzero(first)
+        tot = np.add.reduceat(c, starts)
+        cum = np.cumsum(c)
+        before = cum - c
+        seg_idx = np.cumsum(first) - 1
+        suffix = tot[seg_idx] - (before - before[starts][seg_idx])
+        val = np.where(release[ks] > NEG / 2, release[ks] + suffix, NEG)
+        qmax = np.maximum.reduceat(val, starts)
+        nodes_u = node[starts]
+        D[nodes_u] = tot
+        Q[nodes_u] = qmax
+        # arg of the max per segment
+        hit = val == qmax[seg_idx]
+        cand = np.where(hit, np.arange(ks.size), ks.size)
+        amin = np.minimum.reduceat(cand, starts)
+        qk[nodes_u] = np.where(amin < ks.size, ks[np.minimum(amin, ks.size - 1)], -1)
+    ck = np.flatnonzero(~plain)
+    if ck.size:
+        arr = g.k_node[ck] - ck.size  # ARR nodes precede their FIN nodes by the number of collective kernels
+        D[arr] = g.k_res[ck]
+        Q[arr] = np.where(release[ck] > NEG / 2, release[ck] + g.k_res[ck], NEG)
+        qk[arr] = ck
+        D[g.k_node[ck]] = transfer[ck]
+    finish = np.full(n, NEG)
+    entry = np.full(n, NEG)
+    for lv, (es, ed) in zip(g.levels, g.level_edges):
+        if ed.size:
+            np.maximum.at(entry, ed, finish[es])
+        finish[lv] = np.maximum(entry[lv] + D[lv], Q[lv])
+    steps = {}
+    fin = pd.Series(finish).groupby(g.n_step).max()
+    for st, v in fin.items():
+        if st >= 0:
+            steps[int(st)] = float(v - g.step_origin.get(int(st), 0.0))
+    return Replay(finish, entry, D, Q, qk, steps, dur, release, transfer)
+
+
+def mean_step_ns(rp: Replay) -> float:
+    return float(np.mean(list(rp.step_time.values()))) if rp.step_time else float("nan")
+
+
+# ----------------------------------------------------------------------------------------------------
+# critical path
+# ----------------------------------------------------------------------------------------------------
+def _pred_lists(g: Graph) -> tuple[np.ndarray, np.ndarray]:
+    order = np.argsort(g.e_dst, kind="stable")
+    starts = np.searchsorted(g.e_dst[order], np.arange(g.n_nodes + 1))
+    return g.e_src[order], starts
+
+
+def critical_segments(g: Graph, rp: Replay) -> pd.DataFrame:
+    """Per step, the longest chain backwards from the last finish: rows (step, rank, kind, op, start, ms)."""
+    preds, pstart = _pred_lists(g)
+    rows = []
+    fin = rp.finish
+    by_step = pd.Series(np.arange(g.n_nodes)).groupby(g.n_step)
+    for st, idx in by_step:
+        if st < 0:
+            continue
+        idx = idx.to_numpy()
+        node = int(idx[np.argmax(fin[idx])])
+        origin = g.step_origin.get(int(st), 0.0)
+        guard = 0
+        while node >= 0 and guard < 10_000_000:
+            guard += 1
+            t = int(g.n_type[node])
+            ps = preds[pstart[node] : pstart[node + 1]]
+            via_pred = ps.size > 0 and rp.entry[node] + rp.D[node] >= rp.Q[node]
+            nxt = int(ps[np.argmax(fin[ps])]) if via_pred else -1
+            end = fin[node]
+            if t == INST:
+                node = nxt
+                continue
+            k0 = int(g.n_first_k[node])
+            r = int(g.n_rank[node])
+            if t == FIN:
+                rows.append((st, r, "transfer", _op(g, k0), end - rp.D[node], rp.D[node]))
+            elif t == ARR:
+                begin = rp.entry[node] if via_pred else rp.release[k0]
+                if rp.D[node] > 0:
+                    rows.append((st, r, "wait", _op(g, k0), end - rp.D[node], rp.D[node]))
+                if not via_pred:
+                    rows.append((st, r, "host", "launch", origin, max(rp.release[k0] - origin, 0.0)))
+                del begin
+            else:  # SEG
+                k1 = int(g.n_last_k[node])
+                kq = int(rp.q_kernel[node]) if not via_pred else k0
+                if kq < 0:
+                    kq = k0
+                ks = slice(kq, k1 + 1)
+                comp = float(rp.dur[ks].sum())
+                wait = float(g.k_res[ks].sum())
+                lab = _label(g, kq, k1)
+                rows.append((st, r, "compute", lab, end - comp - wait, comp))
+                if wait > 0:
+                    rows.append((st, r, "wait", "gap", end - comp - wait, wait))
+                if not via_pred:
+                    rows.append((st, r, "host", "launch", origin, max(rp.release[kq] - origin, 0.0)))
+            node = nxt
+    df = pd.DataFrame(rows, columns=["step", "rank", "kind", "op", "start_ns", "dur_ns"])
+    df = df[df["dur_ns"] > 0].iloc[::-1].reset_index(drop=True)
+    if g.stage_of and len(df):
+        df["stage"] = df["rank"].map(g.stage_of)
+        # pipeline fill and drain: path compute on a stage other than the one carrying most of the step
+        per = df.groupby(["step", "stage"])["dur_ns"].sum().reset_index()
+        steady = per.loc[per.groupby("step")["dur_ns"].idxmax()].set_index("step")["stage"]
+        other = df["stage"] != df["step"].map(steady)
+        if df["stage"].nunique() > 1:
+            df.loc[other & (df["kind"] == "compute"), "kind"] = "bubble"
+    else:
+        df["stage"] = None
+    return df
+
+
+def _op(g: Graph, k: int) -> str:
+    op = str(g.k_op[k]) or "comm"
+    grp = str(g.k_group[k])
+    return f"{op} {grp}".strip() if grp and not grp.startswith("p2p") else op
+
+
+def _label(g: Graph, k0: int, k1: int) -> str:
+    labs = [x for x in g.k_label[k0 : k1 + 1] if x is not None and x == x]
+    if not labs:
+        return "compute"
+    vals, counts = np.unique(np.asarray(labs, dtype=object).astype(str), return_counts=True)
+    return str(vals[np.argmax(counts)])
+
+
+@dataclass
+class CriticalPath:
+    graph: Graph
+    baseline: Replay
+    segments: pd.DataFrame  # all steps' path segments
+
+    def to_dict(self) -> dict:
+        df = self.segments
+        nsteps = max(len(self.baseline.step_time), 1)
+
+        def per(col):
+            if not len(df) or df[col].isna().all():
+                return {}
+            s = df.groupby(col)["dur_ns"].sum() / nsteps / 1e6
+            return {str(int(k)) if not isinstance(k, str) else k: round(float(v), 6) for k, v in s.items()}
+
+        segs = df.sort_values("dur_ns", ascending=False).head(MAX_SEGMENTS).sort_values(["step", "start_ns"])
+        return {
+            "step_time_ms": round(mean_step_ns(self.baseline) / 1e6, 6),
+            "by_rank_ms": per("rank"),
+            "by_kind_ms": per("kind"),
+            "by_stage_ms": per("stage") if "stage" in df and df["stage"].notna().any() else {},
+            "segments": [
+                {
+                    "step": int(r.step),
+                    "rank": int(r.rank),
+                    "stage": None if r.stage is None or r.stage != r.stage else int(r.stage),
+                    "kind": r.kind,
+                    "op": r.op,
+                    "start_ms": round((float(r.start_ns) + self.graph.origin_ns) / 1e6, 6),
+                    "ms": round(float(r.dur_ns) / 1e6, 6),
+                }
+                for r in segs.itertuples()
+            ],
+            "segments_total": int(len(df)),
+        }
+
+
+def analyze_critical_path(
+    nodes: pa.Table,
+    collectives: pa.Table | None,
+    offsets_ns: dict[int, int] | None = None,
+    stage_of: dict[int, int] | None = None,
+) -> CriticalPath | None:
+    """Graph, observed replay and critical path of every step; None without device work."""
+    g = build_graph(nodes, collectives, offsets_ns, stage_of)
+    if g is None:
+        return None
+    rp = replay(g)
+    return CriticalPath(g, rp, critical_segments(g, rp))

@@ -1,0 +1,398 @@
+"""What-if by replay: change one thing in the step's dependency graph, replay it, report the step time.
+
+Each finding with a fix maps to one change (docs/whatif.md):
+
+- STRAGGLER (compute): that rank's compute kernels scaled, per step, to its peers' median compute;
+- STRAGGLER (host): that rank's CPU launch intervals cut to its peers' median at the same position (its host
+  gaps removed), so its kernels are released as early as its peers' are;
+- STRAGGLER (communication): the transfers of every collective and P2P instance the rank takes part in set
+  to the median bandwidth of instances of the same kind (op, size, participants) without it;
+- EXPOSED_COMM_HIGH: the group with the most transfer on the critical path runs every call at its own median
+  bandwidth;
+- STAGE_IMBALANCE / PIPELINE_BUBBLE_EXCESS: the heavy stage's compute scaled to the mean of the other stages;
+- UNEQUAL_STAGE_COMPOSITION: each stage's compute scaled by suggested / current layers (the balanced split).
+
+Plus the combined "all fixed". Savings are mean step time before minus after, over the analyzed steps.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from tracelens.analyze.critical_path import NEG, CriticalPath, Graph, mean_step_ns, replay
+
+
+class Change:
+    """Per-kernel durations, releases and transfers of one change (start from the observed values)."""
+
+    def __init__(self, g: Graph):
+        self.dur = g.k_dur.copy()
+        self.release = g.k_release.copy()
+        self.transfer = g.k_transfer.copy()
+
+    def merge(self, other: Change) -> None:
+        self.dur = np.minimum(self.dur, other.dur)
+        self.release = np.minimum(self.release, other.release)
+        self.transfer = np.minimum(self.transfer, other.transfer)
+
+
+def _compute_mask(g: Graph) -> np.ndarray:
+    return ~g.k_comm
+
+
+def _per_rank_step_compute(g: Graph) -> pd.Series:
+    m = _compute_mask(g)
+    return pd.Series(g.k_dur[m]).groupby([g.k_rank[m], g.k_step[m]]).sum()
+
+
+def scale_compute(g: Graph, factor_of: dict[tuple[int, int], float]) -> Change:
+    """Multiply the compute kernels of (rank, step) by factor_of[(rank, step)] (at most 1)."""
+    ch = Change(g)
+    m = _compute_mask(g)
+    key = pd.MultiIndex.from_arrays([g.k_rank, g.k_step])
+    f = pd.Series(factor_of, dtype=float)
+    if f.empty:
+        return ch
+    fac = f.reindex(key).to_numpy()
+    fac = np.where(np.isnan(fac) | ~m, 1.0, np.minimum(fac, 1.0))
+    ch.dur = g.k_dur * fac
+    return ch
+
+
+def straggler_compute(g: Graph, rank: int, peers: list[int]) -> Change:
+    comp = _per_rank_step_compute(g)
+    out = {}
+    for st in np.unique(g.k_step):
+        own = comp.get((rank, int(st)))
+        vals = [comp.get((p, int(st))) for p in peers if (p, int(st)) in comp.index]
+        if own and vals:
+            out[(rank, int(st))] = float(np.median(vals)) / own
+    return scale_compute(g, out)
+
+
+#: A stage is heavy when its compute exceeds the mean of the other stages by this fraction; below it, the
+#: difference is what the first and last stages' embedding, head and loss add, not a fix.
+MIN_STAGE_EXCESS = 0.10
+
+
+def stage_excess(g: Graph, ranks: list[int], others: list[int]) -> float:
+    """Mean compute of `ranks` over the mean of `others`, minus 1 (over all steps)."""
+    comp = _per_rank_step_compute(g).groupby(level=0).mean()
+    mine = comp.reindex(ranks).dropna()
+    oth = comp.reindex(others).dropna()
+    if mine.empty or oth.empty or oth.mean() <= 0:
+        return 0.0
+    return float(mine.mean() / oth.mean() - 1.0)
+
+
+def stage_compute(g: Graph, ranks: list[int], others: list[int]) -> Change:
+    comp = _per_rank_step_compute(g)
+    out = {}
+    for st in np.unique(g.k_step):
+        mine = [comp[(r, int(st))] for r in ranks if (r, int(st)) in comp.index]
+        oth = [comp[(r, int(st))] for r in others if (r, int(st)) in comp.index]
+        if mine and oth and np.mean(mine) > 0:
+            f = float(np.mean(oth) / np.mean(mine))
+            out.update({(r, int(st)): f for r in ranks})
+    return scale_compute(g, out)
+
+
+def split_compute(
+    g: Graph, stage_ranks: dict[int, list[int]], current: list[int], suggested: list[int], per_layer_ns: float
+) -> Change:
+    """Each stage's compute plus (suggested - current layers) x the mean compute of one layer, per step."""
+    ch = Change(g)
+    comp = _per_rank_step_compute(g)
+    out = {}
+    for s, ranks in stage_ranks.items():
+        if s < len(current) and s < len(suggested):
+            for (r, st), c in comp.items():
+                if r in ranks and c > 0:
+                    out[(r, st)] = max(c + (suggested[s] - current[s]) * per_layer_ns, 0.0) / c
+    m = _compute_mask(g)
+    key = pd.MultiIndex.from_arrays([g.k_rank, g.k_step])
+    fac = pd.Series(out, dtype=float).reindex(key).to_numpy() if out else np.full(g.k_dur.size, np.nan)
+    fac = np.where(np.isnan(fac), 1.0, fac)
+    ch.dur = g.k_dur * np.where(m, fac, 1.0)
+    # moved layers take their launches along: each stage's CPU timeline stretches or shrinks alike
+    has = g.k_release > NEG / 2
+    origin = pd.Series(g.k_step).map(g.step_origin).fillna(0.0).to_numpy()
+    ch.release = np.where(has, origin + (g.k_release - origin) * fac, g.k_release)
+    return ch
+
+
+def per_layer_ns(per_stage_type_ms: dict, current: list[int], microbatches: int | None) -> float | None:
+    """Mean compute of one layer per step (ns): the module annotations' compute per stage over its layers."""
+    if not per_stage_type_ms or not microbatches:
+        return None
+    vals = [
+        sum(types.values()) * microbatches / current[int(s)]
+        for s, types in per_stage_type_ms.items()
+        if int(s) < len(current) and current[int(s)] > 0
+    ]
+    return float(np.mean(vals)) * 1e6 if vals else None
+
+
+def _instances(g: Graph) -> pd.DataFrame:
+    ck = np.flatnonzero(g.k_instance >= 0)
+    df = pd.DataFrame(
+        {
+            "k": ck,
+            "inst": g.k_instance[ck],
+            "rank": g.k_rank[ck],
+            "op": pd.Series(g.k_op[ck]).astype(str).str.replace("recv", "send").to_numpy(),
+            "bytes": g.k_bytes[ck],
+            "transfer": g.k_transfer[ck],
+            "group": g.k_group[ck],
+        }
+    )
+    return df
+
+
+def _sig(inst: pd.DataFrame) -> pd.Series:
+    sized = inst["bytes"].fillna(0) > 0
+    bucket = np.where(sized, np.floor(np.log2(inst["bytes"].where(sized, 1))).astype(int).astype(str), "na")
+    return inst["op"].astype(str) + "|" + bucket + "|" + inst["n"].astype(str)
+
+
+def transfer_to_reference(g: Graph, ranks: list[int]) -> Change:
+    """Instances with any of `ranks` at the median time per byte of same-kind instances without them."""
+    ch = Change(g)
+    df = _instances(g)
+    if df.empty:
+        return ch
+    inst = df.groupby("inst").agg(
+        transfer=("transfer", "median"), bytes=("bytes", "first"), op=("op", "first"), n=("rank", "size")
+    )
+    inst["has"] = df.assign(has=np.isin(df["rank"].to_numpy(), ranks)).groupby("inst")["has"].any()
+    sized = inst["bytes"].fillna(0) > 0
+    inst["unit"] = inst["transfer"] / inst["bytes"].where(sized, 1.0)
+    inst["sig"] = _sig(inst)
+    ref = inst[~inst["has"]].groupby("sig")["unit"].median()
+    target = inst[inst["has"] & inst["sig"].isin(ref.index)]
+    if target.empty:
+        return ch
+    ratio = (target["sig"].map(ref) / target["unit"].where(target["unit"] > 0)).clip(upper=1.0).fillna(1.0)
+    r = df["inst"].map(ratio).fillna(1.0).to_numpy()
+    ch.transfer[df["k"].to_numpy()] = g.k_transfer[df["k"].to_numpy()] * r
+    return ch
+
+
+def group_median_bandwidth(g: Graph, group: str) -> Change:
+    """Every call of one group at the group's median time per byte (its slow calls brought to the median)."""
+    ch = Change(g)
+    df = _instances(g)
+    df = df[df["group"] == group]
+    if df.empty:
+        return ch
+    inst = df.groupby("inst").agg(
+        transfer=("transfer", "median"), bytes=("bytes", "first"), op=("op", "first"), n=("rank", "size")
+    )
+    sized = inst["bytes"].fillna(0) > 0
+    inst["unit"] = inst["transfer"] / inst["bytes"].where(sized, 1.0)
+    inst["sig"] = _sig(inst)
+    med = inst.groupby("sig")["unit"].transform("median")
+    ratio = (med / inst["unit"].where(inst["unit"] > 0)).clip(upper=1.0).fillna(1.0)
+    r = df["inst"].map(ratio).fillna(1.0).to_numpy()
+    ch.transfer[df["k"].to_numpy()] = g.k_transfer[df["k"].to_numpy()] * r
+    return ch
+
+
+def host_gaps_removed(g: Graph, rank: int, peers: list[int]) -> Change:
+    """The rank's launch intervals (per step, in launch order) cut to its peers' median at the same position
+    (its own median interval in steps where no peer launches the same number of kernels)."""
+    ch = Change(g)
+    sel = np.flatnonzero((g.k_release > NEG / 2) & np.isin(g.k_rank, [rank, *peers]))
+    if sel.size == 0:
+        return ch
+    df = pd.DataFrame({"k": sel, "rank": g.k_rank[sel], "step": g.k_step[sel], "rel": g.k_release[sel]})
+    df = df.sort_values(["rank", "step", "rel"], kind="stable")
+    origin = df["step"].map(g.step_origin).fillna(0.0)
+    prev = df.groupby(["rank", "step"])["rel"].shift(1)
+    df["delta"] = df["rel"] - prev.fillna(origin)
+    df["pos"] = df.groupby(["rank", "step"]).cumcount()
+    n = df.groupby(["rank", "step"])["k"].transform("size")
+    mine = df[df["rank"] == rank]
+    if mine.empty:
+        return ch
+    n_mine = mine.groupby("step")["k"].size()
+    peer = df[(df["rank"] != rank) & (n.to_numpy() == df["step"].map(n_mine).fillna(-1).to_numpy())]
+    ref = peer.groupby(["step", "pos"])["delta"].median()
+    own_med = mine.groupby("step")["delta"].transform("median")
+    key = pd.MultiIndex.from_arrays([mine["step"], mine["pos"]])
+    r = ref.reindex(key).to_numpy() if len(ref) else np.full(len(mine), np.nan)
+    r = np.where(np.isnan(r), own_med.to_numpy(), r)
+    cut = np.minimum(mine["delta"].to_numpy(), r)
+    new = (
+        mine["step"].map(g.step_origin).fillna(0.0).to_numpy()
+        + pd.Series(cut).groupby(mine["step"].to_numpy()).cumsum().to_numpy()
+    )
+    k = mine["k"].to_numpy()
+    ch.release[k] = np.minimum(g.k_release[k], new)
+    return ch
+
+
+def _peers(rank: int, peers_of: dict[int, int] | None, ranks: list[int]) -> list[int]:
+    if not peers_of or rank not in peers_of:
+        return [r for r in ranks if r != rank]
+    grp = peers_of[rank]
+    return [r for r in ranks if r != rank and peers_of.get(r) == grp]
+
+
+def what_if(
+    cp: CriticalPath,
+    findings: list[dict],
+    peers_of: dict[int, int] | None = None,
+    stage_of: dict[int, int] | None = None,
+    heavy_stage: int | None = None,
+    layer_split: list[int] | None = None,
+    suggested_split: list[int] | None = None,
+    layer_ns: float | None = None,
+) -> list[dict]:
+    """The summary's `what_if` list (largest saving first); sets `saving_ms` on the findings it fixes."""
+    g = cp.graph
+    base = mean_step_ns(cp.baseline)
+    ranks = sorted({int(r) for r in np.unique(g.k_rank)})
+    stage_ranks: dict[int, list[int]] = {}
+    for r in ranks:
+        if stage_of and stage_of.get(r) is not None:
+            stage_ranks.setdefault(int(stage_of[r]), []).append(r)
+    entries: dict[tuple, dict] = {}
+    changes: dict[tuple, Change] = {}
+
+    def add(key, text, kind, rks, sts, make):
+        if key not in entries:
+            ch = make()
+            rp = replay(g, ch.dur, ch.release, ch.transfer)
+            after = mean_step_ns(rp)
+            entries[key] = {
+                "change": text,
+                "kind": kind,
+                "ranks": sorted(int(x) for x in rks),
+                "stages": sorted(int(x) for x in sts),
+                "step_time_ms": round(base / 1e6, 6),
+                "step_time_ms_after": round(after / 1e6, 6),
+                "saving_ms": round((base - after) / 1e6, 6),
+            }
+            changes[key] = ch
+        return entries[key]
+
+    def stage_list(rks):
+        return sorted({stage_of[r] for r in rks if stage_of and stage_of.get(r) is not None})
+
+    for f in findings:
+        code, fr = f.get("code"), f.get("ranks") or []
+        ent = None
+        if code == "STRAGGLER" and fr:
+            r = int(fr[0])
+            cause = f.get("cause")
+            peers = _peers(r, peers_of, ranks)
+            if cause == "compute" and peers:
+                ent = add(
+                    ("compute", r),
+                    f"rank {r}'s compute at its peers' median",
+                    "compute",
+                    [r],
+                    stage_list([r]),
+                    lambda r=r, p=peers: straggler_compute(g, r, p),
+                )
+            elif cause == "host" and peers:
+                ent = add(
+                    ("host", r),
+                    f"rank {r}'s host gaps removed",
+                    "host",
+                    [r],
+                    stage_list([r]),
+                    lambda r=r, p=peers: host_gaps_removed(g, r, p),
+                )
+            elif cause == "communication":
+                ent = add(
+                    ("link", r),
+                    f"transfers with rank {r} at the median bandwidth of their kind",
+                    "transfer",
+                    [r],
+                    stage_list([r]),
+                    lambda r=r: transfer_to_reference(g, [r]),
+                )
+        elif code in ("STAGE_IMBALANCE", "PIPELINE_BUBBLE_EXCESS") and len(stage_ranks) > 1:
+            s = heavy_stage if heavy_stage is not None else (f.get("stages") or [None])[0]
+            s = int(s) if s is not None else None
+            others = [r for t, rs in stage_ranks.items() if t != s for r in rs]
+            if s in stage_ranks and stage_excess(g, stage_ranks[s], others) >= MIN_STAGE_EXCESS:
+                ent = add(
+                    ("stage", s),
+                    f"stage {s}'s compute at the mean of the other stages",
+                    "compute",
+                    stage_ranks[s],
+                    [s],
+                    lambda s=s, o=others: stage_compute(g, stage_ranks[s], o),
+                )
+        elif code == "UNEQUAL_STAGE_COMPOSITION" and layer_split and suggested_split and layer_ns:
+            if list(layer_split) != list(suggested_split):
+                text = "balanced split " + ",".join(map(str, suggested_split))
+                ent = add(
+                    ("split",),
+                    text,
+                    "compute",
+                    ranks,
+                    sorted(stage_ranks),
+                    lambda: split_compute(g, stage_ranks, list(layer_split), list(suggested_split), layer_ns),
+                )
+        elif code == "EXPOSED_COMM_HIGH":
+            grp = _worst_group(cp)
+            if grp:
+                ent = add(
+                    ("group", grp),
+                    f"group {grp} at its median bandwidth",
+                    "transfer",
+                    _group_ranks(g, grp),
+                    stage_list(_group_ranks(g, grp)),
+                    lambda grp=grp: group_median_bandwidth(g, grp),
+                )
+        if ent is not None:
+            f["saving_ms"] = ent["saving_ms"]
+    out = sorted(entries.values(), key=lambda e: -e["saving_ms"])
+    if changes:
+        allc = Change(g)
+        for ch in changes.values():
+            allc.merge(ch)
+        # durations: compose the factors (a split can lengthen a stage); min() above is right for cuts only
+        dur = g.k_dur.copy()
+        for ch in changes.values():
+            with np.errstate(divide="ignore", invalid="ignore"):
+                dur = dur * np.where(g.k_dur > 0, ch.dur / np.where(g.k_dur > 0, g.k_dur, 1), 1.0)
+        rp = replay(g, dur, allc.release, allc.transfer)
+        after = mean_step_ns(rp)
+        out.append(
+            {
+                "change": "all fixed",
+                "kind": "all",
+                "ranks": sorted({r for e in entries.values() for r in e["ranks"]}),
+                "stages": sorted({s for e in entries.values() for s in e["stages"]}),
+                "step_time_ms": round(base / 1e6, 6),
+                "step_time_ms_after": round(after / 1e6, 6),
+                "saving_ms": round((base - after) / 1e6, 6),
+            }
+        )
+        out.sort(key=lambda e: -e["saving_ms"])
+    return out
+
+
+def _worst_group(cp: CriticalPath) -> str | None:
+    df = cp.segments
+    t = df[df["kind"] == "transfer"]
+    if t.empty:
+        return None
+    g = cp.graph
+    ops = t.groupby("op")["dur_ns"].sum().sort_values(ascending=False)
+    for op in ops.index:
+        parts = str(op).split(" ", 1)
+        if len(parts) == 2 and parts[1]:
+            return parts[1]
+    del g
+    return None
+
+
+def _group_ranks(g: Graph, grp: str) -> list[int]:
+    return sorted({int(r) for r in np.unique(g.k_rank[g.k_group == grp])})
