@@ -138,8 +138,9 @@ def run_one(where: str, cmd: str) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--list", action="store_true", help="print the instructions and exit")
+    ap.add_argument("--where", help="only the instructions whose file:line contains this (e.g. docs/scale.md)")
     args = ap.parse_args()
-    found = install_instructions()
+    found = [(w, c) for w, c in install_instructions() if not args.where or args.where in w]
     if args.list:
         for where, cmd in found:
             print(f"{where}: {install_part(cmd)}")
