@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from tracelens._version import __version__
 
-__all__ = ["__version__", "load", "Run"]
+__all__ = ["__version__", "load", "Run", "compare", "check"]
 
 
 def load(path, **kwargs):
@@ -15,6 +15,20 @@ def load(path, **kwargs):
     from tracelens.api import Run
 
     return Run(path, **kwargs)
+
+
+def compare(a, b, labels=None):
+    """`tracelens compare` in Python: runs, summaries or paths -> the compare.json dict (tracelens.api)."""
+    from tracelens.api import compare as _compare
+
+    return _compare(a, b, labels)
+
+
+def check(baseline, current, rules=None, strict=False):
+    """`tracelens check` in Python: -> a CheckReport (`.exit_code`, `.results`), see tracelens.api.check."""
+    from tracelens.api import check as _check
+
+    return _check(baseline, current, rules, strict)
 
 
 def __getattr__(name: str):

@@ -1,7 +1,10 @@
 """Notebook API: `run = tracelens.load(path)`; properties are computed on first use and cached.
 
-DataFrames use Arrow-backed dtypes (`pd.ArrowDtype`), so strings stay dictionary-encoded and
-nanosecond integers stay exact.
+Every DataFrame follows one convention (tracelens.frames): strings work with pandas' `.str` (repeated
+strings are `category`), numbers keep Arrow dtypes (exact integers, nulls stay null), every table has a
+`stage` column, and units are in column names: event tables (events, kernels, memory, collectives) in
+integer nanoseconds (`*_ns`), per-step and per-rank tables (breakdown, bubbles, arrival_lag, stages,
+stragglers) in milliseconds (`*_ms`), like summary.json.
 """
 
 from __future__ import annotations
@@ -13,8 +16,11 @@ import pandas as pd
 import pyarrow as pa
 
 
-def _df(table: pa.Table) -> pd.DataFrame:
-    return table.to_pandas(types_mapper=pd.ArrowDtype)
+def _df(table: pa.Table, stage_of=None) -> pd.DataFrame:
+    """DataFrame under the API's conventions (tracelens.frames: `.str`-usable strings, a stage column)."""
+    from tracelens.frames import to_frame
+
+    return to_frame(table, stage_of)
 
 
 class Run:
@@ -39,7 +45,7 @@ class Run:
     @cached_property
     def events(self) -> pd.DataFrame:
         """Every complete event of every rank (schema: tracelens.schema.EVENTS)."""
-        return _df(self._analysis.events)
+        return _df(self._analysis.events, self._stage_of)
 
     @cached_property
     def kernels(self) -> pd.DataFrame:
@@ -53,28 +59,31 @@ class Run:
         sub = ev.filter(mask)
         names = [CLASS_NAMES[int(c)] for c in cls[mask.to_numpy(zero_copy_only=False)]]
         sub = sub.append_column("class", pa.array(names, pa.string()).dictionary_encode())
-        return _df(sub)
+        return _df(sub, self._stage_of)
 
     @cached_property
     def memory(self) -> pd.DataFrame:
         """`[memory]` events: allocated and reserved bytes over time per rank."""
-        return _df(self._analysis.run.memory)
+        return _df(self._analysis.run.memory, self._stage_of)
 
     @cached_property
     def metadata(self) -> pd.DataFrame:
         """One row per rank: world size, host, GPU, process groups, file."""
-        return _df(self._analysis.metadata)
+        return _df(self._analysis.metadata, self._stage_of)
 
     def breakdown(self) -> pd.DataFrame:
-        """Per (rank, step): step time, compute, overlapped / exposed communication, memcpy, idle (ns)."""
-        return _df(self._analysis.breakdown)
+        """Per (rank, step): step time, compute, overlapped / exposed communication, memcpy, idle, in ms
+        (`*_ms`; the per-step numbers behind summary.json's per-rank means), with the rank's stage."""
+        from tracelens.frames import ns_to_ms
+
+        return _df(ns_to_ms(self._analysis.breakdown), self._stage_of)
 
     def collectives(self) -> pd.DataFrame:
         """One row per (rank, collective instance): op, bytes, group, seq, start/end, wait vs transfer, busbw."""
         cross = self._analysis.cross
         if cross is None:
-            return _df(self._nccl_only_collectives())
-        return _df(cross.collectives)
+            return _df(self._nccl_only_collectives(), self._stage_of)
+        return _df(cross.collectives, self._stage_of)
 
     def _nccl_only_collectives(self) -> pa.Table:
         """Without Kineto traces: the rows of the NCCL logs and plugin dumps (rank null when unknown)."""
@@ -86,34 +95,43 @@ class Run:
         return pa.concat_tables(tables, promote_options="permissive").combine_chunks().unify_dictionaries()
 
     def arrival_lag(self) -> pd.DataFrame:
-        """Rank x step table of how late each rank arrived at its collectives (ms; 0 = never the last)."""
+        """Rank x step table of how late each rank arrived at its collectives (ms; 0 = never the last);
+        the first column is the rank's stage."""
         cross = self._analysis.cross
         if cross is None or cross.arrival_lag.num_rows == 0:
             return pd.DataFrame()
         df = cross.arrival_lag.to_pandas()
-        return (
+        lag = (
             df.pivot_table(index="rank", columns="step", values="lag_ns", aggfunc="sum") / 1e6
         ).rename_axis(index="rank", columns="step")
+        lag.insert(0, "stage", pd.array([(self._stage_of or {}).get(int(r)) for r in lag.index], "Int64"))
+        return lag
 
     def stragglers(self) -> pd.DataFrame:
         """Straggler verdicts (rank, cause, cost_ms, steps flagged, evidence); empty when there is none."""
         cross = self._analysis.cross
         rows = cross.stragglers if cross is not None else []
-        return pd.DataFrame(
+        df = pd.DataFrame(
             rows, columns=["rank", "cause", "cost_ms", "steps_flagged", "steps_total", "score", "evidence"]
         )
+        df.insert(1, "stage", pd.array([(self._stage_of or {}).get(int(r)) for r in df["rank"]], "Int64"))
+        return df
 
     def bubbles(self) -> pd.DataFrame:
-        """Per (rank, step): pipeline bubble (fill, drain, in-flight waits) in ns; empty without pipeline stages."""
+        """Per (rank, step): pipeline bubble (fill, drain, in-flight waits) in ms; empty without pipeline stages."""
+        from tracelens.frames import ns_to_ms
+
         pipe = self._analysis.pipeline
-        return _df(pipe.per_rank_step) if pipe is not None else pd.DataFrame()
+        if pipe is None:
+            return pd.DataFrame(columns=["rank", "stage", "step", "bubble_ms"])
+        return _df(ns_to_ms(pipe.per_rank_step), self._stage_of)
 
     def stages(self) -> pd.DataFrame:
         """Per pipeline stage: ranks, layer types, compute, bubble fraction vs the schedule's expectation."""
         return pd.DataFrame(self.summary()["stages"])
 
     def findings(self) -> pd.DataFrame:
-        """Every finding (code, severity, message, ranks, stages)."""
+        """Every finding (code, severity, message, ranks, stages): `stages` lists the stages it names."""
         return pd.DataFrame(
             self.summary()["findings"], columns=["code", "severity", "message", "ranks", "stages"]
         )
@@ -165,3 +183,68 @@ class Run:
         from tracelens.report.html import _memory_peaks_of
 
         return _memory_peaks_of(self._analysis, self.summary())
+
+    # ---- the same outputs as the CLI (issue 20: notebook users get report, figures, compare, check) ----
+    @property
+    def _stage_of(self) -> dict[int, int] | None:
+        """rank -> pipeline stage under the layout the findings use (None without pipeline stages)."""
+        return self._analysis.stage_of
+
+    def report(self, path: str | Path) -> Path:
+        """Write the HTML report `tracelens analyze` writes (same sections and figures) to `path`."""
+        from tracelens.report.html import write_report
+
+        path = Path(path)
+        write_report(self._analysis, self.summary(), path)
+        return path
+
+    def figures(self) -> dict[str, object]:
+        """The report's Plotly figures by section title (`go.Figure` objects, built by the same functions
+        as report.html; a section with several figures gives "title", "title (2)", ...)."""
+        from tracelens.report.html import build_sections
+        from tracelens.report.sections import figures_of
+
+        return figures_of(build_sections(self._analysis, self.summary()))
+
+
+def _side(x) -> dict:
+    """A Run, a summary dict, or a path (run folder, trace, summary.json) -> summary dict, as the CLI reads it."""
+    if isinstance(x, Run):
+        return x.summary()
+    if isinstance(x, dict):
+        return x
+    from tracelens.commands.compare import load_side
+
+    return load_side(Path(x))
+
+
+def compare(a, b, labels: tuple[str, str] | None = None) -> dict:
+    """What `tracelens compare A B` computes (the compare.json dict: metrics, text, stragglers, findings).
+
+    `a`, `b`: a Run, a summary dict, or a path (run folder, trace or summary.json). Write the HTML with
+    `tracelens.report.html.write_compare_report(result, path)`.
+    """
+    from tracelens.analyze.compare import compare as _compare
+    from tracelens.summary import run_name
+
+    names = labels or tuple(
+        x.path.name if isinstance(x, Run) else (x.get("run") or {}).get("name", "run") if isinstance(x, dict)
+        else run_name(x) for x in (a, b)
+    )
+    return _compare(_side(a), _side(b), tuple(names))
+
+
+def check(baseline, current, rules=None, strict: bool = False):
+    """What `tracelens check BASELINE CURRENT` computes: a `tracelens.analyze.regress.CheckReport`
+    (`.exit_code`, `.results`, `regress.render_text(report)`). Arguments as for `compare`; `rules`: a
+    rules.toml path or a `regress.Rules`."""
+    from tracelens.analyze import regress
+
+    rule_set = rules if isinstance(rules, regress.Rules) else regress.load_rules(rules)
+    base = baseline.summary() if isinstance(baseline, Run) else baseline if isinstance(baseline, dict) else None
+    cur = current.summary() if isinstance(current, Run) else current if isinstance(current, dict) else None
+    from tracelens.run_analysis import summary_of
+
+    base = base if base is not None else summary_of(baseline)
+    cur = cur if cur is not None else summary_of(current)
+    return regress.check(base, cur, rule_set, strict=strict)

@@ -19,6 +19,7 @@ CODES = (
     "COLLECTIVE_MISMATCH",
     "NO_STEPS",
     "LAYOUT_INCONSISTENT",
+    "MFU_IMPOSSIBLE",
 )
 SEVERITIES = ("info", "warning", "error")
 

@@ -48,6 +48,7 @@ class Options:
     engine: str | None = None  # "local" (default) | "dask": where the per-rank tasks run (tracelens.engine)
     scheduler: str | None = None  # Dask scheduler address for engine "dask" (None: a LocalCluster)
     progress: object = None  # callable(done, total) for the CLI's progress bar
+    force_layout: bool = False  # keep --layout even when the traces' process groups contradict it
 
     def __post_init__(self) -> None:
         # counts and rates given as options must be positive (`--seq-len -5` is a typo, not a run)
@@ -81,6 +82,7 @@ class Analysis:
     options: Options
     run: Run  # tracelens.run.Run: metadata, files, per-rank stage results; events read lazily
     warnings: list[str] = field(default_factory=list)
+    mfu_findings: list = field(default_factory=list)  # MFU_IMPOSSIBLE, set when `mfu` is computed
 
     @property
     def _xevents(self) -> pa.Table:
@@ -167,7 +169,7 @@ class Analysis:
         tokens = seq * self.options.global_batch if seq and self.options.global_batch else None
         steps = self.step_times_s
         mean_step = float(np.mean(list(steps.values()))) if steps else None
-        return compute_mfu(
+        raw = compute_mfu(
             self.model,
             seq,
             tokens,
@@ -177,6 +179,23 @@ class Analysis:
             step_times_s=steps or None,
             lost_time_s=self.lost_time_s(),
         )
+        return self._mfu_guarded(raw)
+
+    def _mfu_guarded(self, raw: dict) -> dict | None:
+        """Null an impossible MFU (> 100%) and keep its MFU_IMPOSSIBLE finding (analyze/mfu_checks.py)."""
+        from tracelens.analyze.mfu_checks import impossible_mfu
+
+        mfu, self.mfu_findings = impossible_mfu(raw, self.options.global_batch)
+        return mfu
+
+    @cached_property
+    def mfu_warnings(self) -> list[str]:
+        """The batch options against what the trace shows (microbatches x dp), analyze/mfu_checks.py."""
+        from tracelens.analyze.mfu_checks import trace_conflicts
+
+        pipe = self.pipeline
+        observed = getattr(pipe, "microbatches_observed", None) if pipe is not None else None
+        return trace_conflicts(self.options.global_batch, self.options.microbatches, observed, self.grid.dp)
 
     def lost_time_s(self) -> dict[str, float] | None:
         """Mean over (rank, step) of the bubble and of the exposed communication beyond it, in seconds.
@@ -214,7 +233,9 @@ class Analysis:
         from tracelens.topology import grid_for_run, parse_layout
 
         layout = parse_layout(self.options.layout) if self.options.layout else None
-        return grid_for_run(self._xevents, self.metadata, layout, self.options.order)
+        return grid_for_run(
+            self._xevents, self.metadata, layout, self.options.order, force=self.options.force_layout
+        )
 
     @property
     def grid(self):
@@ -597,7 +618,9 @@ def analyze_run(path: str | Path, options: Options | None = None) -> Analysis:
     if not path.exists():
         raise BadInputError(f"{path}: no such file or directory")
     options = options or Options()
+    flag_warnings: list[str] = []
     if path.is_dir():
+        flag_warnings = _flag_conflicts(options, path)
         options = options.merged_with_config(path)
     engine = options.engine or "local"
     if engine not in ENGINES:
@@ -618,4 +641,16 @@ def analyze_run(path: str | Path, options: Options | None = None) -> Analysis:
             run = load_run(path, lopts, ex)
     else:
         run = load_run(path, lopts)
-    return Analysis(path=path, options=options, run=run)
+    return Analysis(path=path, options=options, run=run, warnings=flag_warnings)
+
+
+def _flag_conflicts(options: Options, run_dir: Path) -> list[str]:
+    """Flags that contradict run_dir/tracelens.toml (analyze/mfu_checks.py); [] without a config."""
+    from tracelens.analyze.mfu_checks import flag_conflicts
+    from tracelens.config import read_run_config
+
+    try:
+        cfg = read_run_config(run_dir)
+    except TracelensError:
+        return []  # a bad tracelens.toml is reported by merged_with_config
+    return flag_conflicts(vars(options), cfg or {})

@@ -114,6 +114,8 @@ def build_summary(a: Analysis) -> dict:
     audit, audit_findings = a.audit(findings)
     findings += audit_findings
     findings += a.nccl_findings()
+    _ = a.mfu  # computes MFU, and its MFU_IMPOSSIBLE finding when the inputs are wrong
+    findings += a.mfu_findings
     stages = []
     if pipe is not None:
         for st in pipe.stages:
@@ -141,6 +143,7 @@ def build_summary(a: Analysis) -> dict:
         + left_out(a.path, a.run.files)
         + (list(a.nccl_sources.notes) if a.nccl_sources is not None else [])
         + list(a.warnings)
+        + (a.mfu_warnings if a.model is not None else [])
         + list(getattr(a.grid, "notes", []) or []),
         "analysis_path": sorted(set(a.breakdown.column("path").to_pylist())),
     }

@@ -619,8 +619,13 @@ def grid_for_run(
     metadata: pa.Table | None,
     layout: dict[str, int | None] | None = None,
     order: str | None = None,
+    force: bool = False,
 ) -> tuple[Grid, list[dict]]:
-    """Grid from a user layout when given (checked against the traces' groups), else inferred."""
+    """Grid from a user layout when given (checked against the traces' groups), else inferred.
+
+    When the given layout contradicts a complete layout inferred from the process groups, the findings use
+    the inferred one (the evidence) and LAYOUT_INCONSISTENT says so; `force` keeps the given layout.
+    """
     inferred, findings = infer_grid(events, metadata)
     if not layout or all(v is None for v in layout.values()):
         return inferred, findings
@@ -640,13 +645,20 @@ def grid_for_run(
         ]
         if diff:
             msg = ", ".join(f"{a}={getattr(grid, a)} (traces say {getattr(inferred, a)})" for a in diff)
+            use_traces = not force and _complete(inferred)
             findings.append(
                 finding(
                     "LAYOUT_INCONSISTENT",
                     "warning",
-                    f"the given layout disagrees with the traces' process groups: {msg}",
+                    f"the given layout disagrees with the traces' process groups: {msg}; "
+                    + _which_layout(inferred if use_traces else grid, use_traces),
+                    given=_layout_text(grid),
+                    inferred=_layout_text(inferred),
+                    used="inferred" if use_traces else "given",
                 )
             )
+            if use_traces:
+                return inferred, findings
         else:
             moved = sorted(
                 r
@@ -654,13 +666,39 @@ def grid_for_run(
                 if r in grid.coords and any(x is not None and x != y for x, y in zip(c, grid.coords[r]))
             )
             if moved:
+                use_traces = not force and _complete(inferred)
                 findings.append(
                     finding(
                         "LAYOUT_INCONSISTENT",
                         "warning",
                         f"the given order '{grid.order}' places {len(moved)} rank(s) differently "
-                        f"from the traces' process groups (check --order)",
+                        f"from the traces' process groups (check --order); "
+                        + _which_layout(inferred if use_traces else grid, use_traces),
                         ranks=moved[:16],
+                        given=_layout_text(grid),
+                        inferred=_layout_text(inferred),
+                        used="inferred" if use_traces else "given",
                     )
                 )
+                if use_traces:
+                    return inferred, findings
     return grid, findings
+
+
+def _complete(g: Grid) -> bool:
+    """Every degree known and every rank placed: a layout the findings can use."""
+    return None not in (g.tp, g.pp, g.dp, g.cp) and bool(g.coords)
+
+
+def _layout_text(g: Grid) -> str:
+    return f"tp={g.tp},pp={g.pp},dp={g.dp},cp={g.cp}" + (f" order {g.order}" if g.order else "")
+
+
+def _which_layout(g: Grid, from_traces: bool) -> str:
+    """The clause of LAYOUT_INCONSISTENT saying which layout the findings use."""
+    if from_traces:
+        return (f"the findings use the traces' layout {_layout_text(g)} (the evidence; --force-layout keeps "
+                f"the given one)")
+    return f"the findings use the given layout {_layout_text(g)}" + (
+        " (--force-layout)" if g.source == "config" else ""
+    )

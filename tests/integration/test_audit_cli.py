@@ -30,15 +30,39 @@ def test_tp8_pp4_human():
     assert "DeltaNet limit: 16 QK heads / 48 V heads: TP must divide 16" in out
 
 
-def test_tp4_pp4_clean_json():
-    res = _run("--model", "Qwen3.5-27B", "--tp", "4", "--pp", "4", "--json")
+def test_tp4_pp2_clean_json():
+    res = _run("--model", "Qwen3.5-27B", "--tp", "4", "--pp", "2", "--json")
     assert res.returncode == 0, res.stderr
     d = json.loads(res.stdout)
     assert d["clean"] is True and d["findings"] == []
-    assert d["layout"] == {"tp": 4, "pp": 4, "cp": 1, "dp": 1, "world_size": 16}
+    assert d["layout"] == {"tp": 4, "pp": 2, "cp": 1, "dp": 1, "world_size": 8}
     assert d["clean_degrees"]["tp"] == [1, 2, 4]
-    human = _run("--model", "qwen3.5-27b", "--tp", "4", "--pp", "4")
+    human = _run("--model", "qwen3.5-27b", "--tp", "4", "--pp", "2")
     assert "Findings: none, the layout is clean" in human.stdout
+
+
+def test_tp4_pp4_is_not_clean_stage_3_holds_the_lm_head():
+    """Its own stage table shows stage 3 at 45.0 vs 37.4 GFLOP/token (4,096 tokens): STAGE_IMBALANCE,
+    as `tracelens analyze` finds on the simulated tp4 pp4 run; a warning, so exit 0."""
+    res = _run("--model", "qwen3.5-27b", "--tp", "4", "--pp", "4", "--json")
+    assert res.returncode == 0, res.stderr
+    d = json.loads(res.stdout)
+    assert d["clean"] is False
+    (imb,) = [f for f in d["findings"] if f["code"] == "STAGE_IMBALANCE"]
+    fl = [st["flops_per_token"]["4096"] for st in d["stages"]]
+    assert imb["stages"] == [3] and imb["seq_len"] == 4096 and imb["severity"] == "warning"
+    assert imb["imbalance"] == pytest.approx(fl[3] / (sum(fl) / 4), abs=1e-4)
+    assert round(fl[3] / 1e9, 1) == 45.0 and round(fl[0] / 1e9, 1) == 37.4
+    human = _run("--model", "qwen3.5-27b", "--tp", "4", "--pp", "4").stdout
+    assert "clean" not in human.split("Findings")[-1].replace("Not clean", "")
+    assert "stage 3 does 45.0 GFLOP/token" in human and "Not clean: 0 error(s), 1 warning(s)" in human
+
+
+def test_error_findings_exit_1():
+    res = _run("--model", "qwen3.5-27b", "--tp", "3", "--pp", "5")
+    assert res.returncode == 1, res.stderr
+    assert "[error] INDIVISIBLE_DIMENSION" in res.stdout and "(exit 1)" in res.stdout
+    assert _run("--model", "qwen3.5-27b", "--tp", "3", "--pp", "5", "--json").returncode == 1
 
 
 def test_pp3_names_the_attention_heavy_stage():

@@ -28,7 +28,7 @@ def _row(result, dim):
 
 def test_tp8_pp4_kv_replication(qwen):
     r = audit_layout(qwen, tp=8, pp=4)
-    assert _codes(r) == ["KV_HEAD_REPLICATION"]
+    assert _codes(r) == ["KV_HEAD_REPLICATION", "STAGE_IMBALANCE"]  # pp4: the LM head on stage 3
     assert all(f["code"] in CODES for f in r.findings)
     kv = r.kv_replication
     assert kv["factor"] == 2
@@ -49,14 +49,15 @@ def test_tp8_pp4_kv_replication(qwen):
     assert not r.clean
 
 
-def test_tp4_pp4_is_clean(qwen):
+def test_tp4_pp4_is_clean_but_for_the_lm_head(qwen):
     r = audit_layout(qwen, tp=4, pp=4)
-    assert r.findings == [] and r.clean
+    assert [f["code"] for f in r.findings] == ["STAGE_IMBALANCE"] and not r.clean
+    assert audit_layout(qwen, tp=4, pp=2).clean
     assert r.kv_replication is None
     assert all(row["divides"] for row in r.dimensions)
     assert [st["layers"] for st in r.stages] == [{FULL: 4, LINEAR: 12}] * 4
     assert r.layer_split == [16, 16, 16, 16]
-    assert r.to_dict()["clean"] is True
+    assert r.to_dict()["clean"] is False
 
 
 def test_clean_degrees(qwen):

@@ -174,21 +174,22 @@ def test_mann_whitney_exact_p_for_separated_samples():
     assert regress.min_p_value(5, 5) == pytest.approx(1 / 252)
 
 
-def test_large_change_is_not_enough_without_significance():
-    """Three steps per run can never reach p < 0.05 with Mann-Whitney: the rule says skip and why."""
+def test_few_steps_fall_back_to_the_threshold_alone():
+    """Three steps per run can never reach p < 0.05 with Mann-Whitney: the rule falls back to its
+    threshold alone (beyond the per-step ranges) and says so."""
     base = make_summary(9, n_steps=3)
     cur = make_summary(10, n_steps=3, compute_ms=200.0)
     res = by_rule(check(base, cur))["step_time"]
-    assert res.status == "skip"
+    assert res.status == "fail" and res.threshold_only and res.p_value is None
     assert "too few steps" in res.message and "baseline 3, current 3" in res.message
-    assert "at least 4 steps" in res.message
+    assert "at least 4 steps" in res.message and "threshold only" in res.message
     assert (
         by_rule(check(make_summary(9, n_steps=4), make_summary(10, n_steps=4, compute_ms=200.0)))[
             "step_time"
         ].status
         == "fail"
     )
-    assert not check(base, cur).regressed
+    assert check(base, cur).regressed
 
 
 # ---- samples against hand-computed truth ----------------------------------------------------------------

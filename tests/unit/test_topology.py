@@ -245,11 +245,18 @@ def test_given_layout_checked_against_traces():
     meta = metadata_table(8, megatron_groups(2, 4, 1))
     grid, findings = grid_for_run(None, meta, {"tp": 2, "pp": 4, "dp": None, "cp": None})
     assert grid.source == "config" and findings == []
+    # a contradicting layout: the findings use the traces' complete layout unless forced
     grid, findings = grid_for_run(None, meta, {"tp": 4, "pp": 2, "dp": None, "cp": None})
-    assert grid.source == "config" and grid.tp == 4
-    assert findings and findings[0]["code"] == "LAYOUT_INCONSISTENT"
+    assert grid.source == "inferred" and (grid.tp, grid.pp) == (2, 4)
+    assert findings and findings[0]["code"] == "LAYOUT_INCONSISTENT" and findings[0]["used"] == "inferred"
+    grid, findings = grid_for_run(None, meta, {"tp": 4, "pp": 2, "dp": None, "cp": None}, force=True)
+    assert grid.source == "config" and grid.tp == 4 and findings[0]["used"] == "given"
     grid, findings = grid_for_run(None, meta, {"tp": 2, "pp": 4, "dp": None, "cp": None}, order="pp-tp-cp-dp")
-    assert findings and "order" in findings[0]["message"]
+    assert findings and "order" in findings[0]["message"] and grid.order == "tp-cp-dp-pp"
+    grid, findings = grid_for_run(
+        None, meta, {"tp": 2, "pp": 4, "dp": None, "cp": None}, order="pp-tp-cp-dp", force=True
+    )
+    assert grid.order == "pp-tp-cp-dp" and "--force-layout" in findings[0]["message"]
 
 
 def test_single_rank():

@@ -157,6 +157,22 @@ def run_info(s: dict) -> dict:
     }
 
 
+#: metrics that measure the same thing: only the largest change of each concept is named in the text
+_CONCEPT = {"bubble_fraction": "bubble", "share.bubble": "bubble"}
+
+
+def _distinct(changes: list[dict]) -> list[dict]:
+    """`changes` (largest first) without a second metric of an already named concept (the bubble twice)."""
+    seen: set[str] = set()
+    out = []
+    for m in changes:
+        concept = _CONCEPT.get(m["key"], m["key"])
+        if concept not in seen:
+            seen.add(concept)
+            out.append(m)
+    return out
+
+
 def compare(a: dict, b: dict, labels: Sequence[str] = ("A", "B")) -> dict:
     """Side-by-side metrics of two summaries, their deltas, the biggest change and a plain-words text."""
     la, lb = (str(labels[0]), str(labels[1])) if len(labels) == 2 else ("A", "B")
@@ -298,7 +314,8 @@ def compare(a: dict, b: dict, labels: Sequence[str] = ("A", "B")) -> dict:
         elif not per_tok:
             line += " (tokens per step unknown: not normalised per token)"
         text.append(line + ".")
-    others = [m for m in changes[1:] if abs(m["delta"]) * 100 >= MIN_POINTS][:4]
+    others = _distinct([m for m in changes if abs(m["delta"]) * 100 >= MIN_POINTS])
+    others = [m for m in others if m is not biggest][:4]
     if others:
         text.append("Also: " + "; ".join(sentence(m) for m in others) + ".")
     lay_a, lay_b = layout_text(a), layout_text(b)

@@ -538,5 +538,7 @@ def audit_for_run(
         )
     except TracelensError:  # e.g. a split that does not fit the model: the audit is optional here
         return None, []
-    seen = {f["code"] for f in existing}
+    # STAGE_IMBALANCE: the run's measured stage compute (above) is the evidence; the audit's FLOPs-based
+    # prediction is for `audit-layout`, before launch
+    seen = {f["code"] for f in existing} | {"STAGE_IMBALANCE"}
     return audit, [f for f in audit.findings if f["code"] not in seen]

@@ -67,6 +67,7 @@ class PipelineResult:
     stages: list[dict] = field(default_factory=list)
     findings: list[dict] = field(default_factory=list)
     microbatches: int | None = None
+    microbatches_observed: int | None = None  # counted in the trace (spans or sends), even when given
     schedule: str | None = None
     virtual_stages: int = 1
     expected_bubble_fraction: float | None = None
@@ -276,13 +277,15 @@ def analyze_pipeline(
 
     # ---- microbatches, schedule, expectation ----
     v = _virtual_stages(sp) if len(sp) else 1
-    m = microbatches
-    if m is None and len(sp):
+    observed = None  # what the trace shows, also when --microbatches is given (checked against it)
+    if len(sp):
         from tracelens.analyze.composition import _microbatches_from_spans
 
-        m = _microbatches_from_spans(sp)
-    if m is None:
-        m = _microbatches_from_sends(events, grid, p2p, rank, step)
+        observed = _microbatches_from_spans(sp)
+    if observed is None:
+        observed = _microbatches_from_sends(events, grid, p2p, rank, step)
+    m = microbatches if microbatches is not None else observed
+    res.microbatches_observed = observed
     if schedule is None:
         schedule = _detect_schedule(sp, bwd, grid, m, v) if len(sp) else None
     res.microbatches, res.schedule, res.virtual_stages = m, schedule, v

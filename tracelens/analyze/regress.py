@@ -224,6 +224,10 @@ class RuleResult:
     n_baseline: int | None = None
     n_current: int | None = None
     seconds: float = 0.0
+    #: True when too few steps for the significance test: the rule decided on its threshold alone
+    threshold_only: bool = False
+    #: False when the rule cannot apply to these runs (no pipeline): such a skip never fails, even --strict
+    applies: bool = True
 
     def cells(self) -> dict[str, str]:
         """Display strings for the tables (text, Markdown)."""
@@ -248,6 +252,8 @@ class CheckReport:
     rules: Rules
     #: reasons the two runs may not be comparable (different world size, layout, GPU, sequence length)
     notes: list[str] = field(default_factory=list)
+    #: `--strict`: a skipped rule fails the check too
+    strict: bool = False
 
     @property
     def failed(self) -> list[RuleResult]:
@@ -263,12 +269,23 @@ class CheckReport:
 
     @property
     def exit_code(self) -> int:
-        """0 when every rule passed or was skipped, 1 on a regression (2 is for bad input, raised earlier)."""
-        return 1 if self.regressed else 0
+        """0 when every rule passed or was skipped, 1 on a regression (2 is for bad input, raised earlier).
+
+        With `strict`, a skipped rule also gives 1.
+        """
+        return 1 if self.regressed or (self.strict and self.strict_skips) else 0
+
+    @property
+    def strict_skips(self) -> list[RuleResult]:
+        """Skipped rules that could have applied (those fail under --strict)."""
+        return [r for r in self.results if r.status == "skip" and r.applies]
 
     def headline(self) -> str:
         """One line: verdict and counts."""
         n = len(self.results)
+        if self.strict and self.strict_skips and not self.regressed:
+            names = ", ".join(r.rule for r in self.strict_skips)
+            return f"FAILED (--strict): {len(self.strict_skips)} of {n} rules skipped ({names})"
         if self.regressed:
             names = ", ".join(r.rule for r in self.failed)
             return f"REGRESSION: {len(self.failed)} of {n} rules failed ({names})"
@@ -284,6 +301,7 @@ class CheckReport:
             "exit_code": self.exit_code,
             "results": [asdict(r) for r in self.results],
             "notes": list(self.notes),
+            "strict": self.strict,
             "rules": asdict(self.rules),
         }
 
@@ -464,6 +482,28 @@ def _significance_gate(
     return mann_whitney_greater(cur, base), None
 
 
+def _threshold_only(
+    skipped: RuleResult, base: np.ndarray, cur: np.ndarray, over: bool, limit: str, what: str
+) -> RuleResult:
+    """Few-steps fallback: decide on the threshold alone, beyond the noise bound (docs/ci.md).
+
+    With fewer steps than the test needs, a change fails when it is over the rule's threshold (which
+    docs/ci.md states is above run-to-run noise) AND every current step is beyond every baseline
+    step (the per-step ranges do not overlap: the change is larger than the spread within each run).
+    """
+    separated = bool(cur.size and base.size and float(np.min(cur)) > float(np.max(base)))
+    status = "fail" if over and separated else "pass"
+    if over and not separated:
+        why = "over the limit but the per-step ranges overlap (within noise)"
+    elif over:
+        why = "over the limit and every current step beyond every baseline step"
+    else:
+        why = "within the limit"
+    message = f"{what}, limit {limit.removeprefix('> ')}; {skipped.message}, so threshold only: {why}"
+    return replace(skipped, status=status, message=message, threshold=f"{limit} (threshold only)",
+                   threshold_only=True)
+
+
 def rule_step_time(baseline: dict, current: dict, cfg: StepTimeRule) -> RuleResult:
     """Median step time increase > max_increase_pct AND one-sided Mann-Whitney p < alpha -> fail."""
     rule, title = "step_time", f"Step time (median of per-step {cfg.aggregate} over ranks)"
@@ -487,7 +527,10 @@ def rule_step_time(baseline: dict, current: dict, cfg: StepTimeRule) -> RuleResu
     common["delta"] = delta
     p, skipped = _significance_gate(rule, title, base, cur, cfg.alpha, **common)
     if skipped:
-        return skipped
+        return _threshold_only(
+            skipped, base, cur, delta > cfg.max_increase_pct, f"> +{cfg.max_increase_pct:g}%",
+            f"median step time {m_b:.3f} -> {m_c:.3f} ms ({delta:+.1f}%)",
+        )
     over, significant = delta > cfg.max_increase_pct, p < cfg.alpha
     status = "fail" if over and significant else "pass"
     message = (
@@ -525,7 +568,11 @@ def _share_rule(
     }
     p, skipped = _significance_gate(rule, title, base, cur, cfg.alpha, **common)
     if skipped:
-        return skipped
+        return _threshold_only(
+            skipped, base, cur, delta > cfg.max_increase_points, f"> +{cfg.max_increase_points:g} pts",
+            f"median {part.removesuffix('_ms').replace('_', ' ')} share {m_b:.2f}% -> {m_c:.2f}% "
+            f"of step time ({delta:+.2f} pts)",
+        )
     over, significant = delta > cfg.max_increase_points, p < cfg.alpha
     status = "fail" if over and significant else "pass"
     message = (
@@ -598,6 +645,7 @@ def rule_bubble(baseline: dict, current: dict, cfg: ShareRule) -> RuleResult:
             "bubble",
             "Pipeline bubble share of step time",
             "no pipeline parallelism (pp=1) in either run",
+            applies=False,
             unit="%",
             threshold=f"> +{cfg.max_increase_points:g} pts and p < {cfg.alpha:g}",
         )
@@ -751,8 +799,12 @@ def check(
     rules: Rules | None = None,
     baseline_label: str | None = None,
     current_label: str | None = None,
+    strict: bool = False,
 ) -> CheckReport:
-    """Evaluate every enabled rule of `rules` (defaults when None) on two validated summaries."""
+    """Evaluate every enabled rule of `rules` (defaults when None) on two validated summaries.
+
+    `strict`: a skipped rule fails the check (exit code 1) as a regression does.
+    """
     rules = rules or Rules()
     token = _ARRAYS_MEMO.set({})  # each summary's per_step is converted once, not once per rule
     try:
@@ -775,6 +827,7 @@ def check(
         results=results,
         rules=rules,
         notes=comparability_notes(baseline, current),
+        strict=strict,
     )
 
 
@@ -852,10 +905,13 @@ def render_text(report: CheckReport) -> str:
     lines = [f"tracelens check: baseline {report.baseline_label} vs current {report.current_label}", ""]
     for row in [header, ["-" * w for w in widths], *rows]:
         lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
-    notes = [r for r in report.results if r.status != "pass"]
+    notes = [r for r in report.results if r.status != "pass" or r.threshold_only]
     if notes:
         lines.append("")
-        lines.extend(f"{r.status.upper()} {r.rule}: {r.message}" for r in notes)
+        lines.extend(
+            f"{r.status.upper()}{' (threshold only)' if r.threshold_only else ''} {r.rule}: {r.message}"
+            for r in notes
+        )
     if report.notes:
         lines.append("")
         lines.extend(f"NOTE {n}" for n in report.notes)
@@ -872,7 +928,7 @@ _MD_STATUS = {"pass": "✅ pass", "fail": "❌ **FAIL**", "skip": "⚪ skip"}
 
 def render_markdown(report: CheckReport) -> str:
     """GitHub-flavoured Markdown (a PR comment or $GITHUB_STEP_SUMMARY): heading, table, details."""
-    icon = "❌" if report.regressed else "✅"
+    icon = "❌" if report.exit_code else "✅"
     lines = [
         f"### {icon} tracelens check: {_md_cell(report.headline())}",
         "",
@@ -949,7 +1005,7 @@ def render_github(report: CheckReport) -> str:
         title = _gh_property(f"tracelens check {r.status}: {r.rule}")
         lines.append(f"::{level} title={title}::{_gh_data(r.message)}")
     lines.extend(f"::warning title={_gh_property('tracelens check')}::{_gh_data(n)}" for n in report.notes)
-    level = "error" if report.regressed else "notice"
+    level = "error" if report.exit_code else "notice"
     lines.append(f"::{level} title={_gh_property('tracelens check')}::{_gh_data(report.headline())}")
     return "\n".join(lines) + "\n"
 

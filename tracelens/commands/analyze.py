@@ -14,7 +14,57 @@ def _fmt(v, nd=1) -> str:
     return "-" if v is None else f"{v:,.{nd}f}"
 
 
-def print_rank_table(summary: dict) -> None:
+def usable_input_or_error(summary: dict, run_dir: Path) -> None:
+    """No profiler data and no NCCL data: one-line error (exit 2) naming why, instead of an empty table."""
+    from tracelens.errors import BadInputError
+
+    if summary["ranks"] or ((summary.get("collectives") or {}).get("sources") or {}):
+        return
+    reasons = [f["message"] for f in summary["findings"] if f["severity"] in ("warning", "error")]
+    reasons += [w for w in summary["run"].get("warnings") or [] if "no rank in distributedInfo" not in w]
+    why = "; ".join(" ".join(r.split()) for r in reasons[:2]) or "no events in any trace"
+    raise BadInputError(f"{run_dir}: no usable input: {why}")
+
+
+def print_nccl_only(summary: dict, nccl_ranks: list[int], console) -> None:
+    """Header of a run with NCCL inputs but no profiler traces (a hang dump): what was read, no empty table."""
+    sources = (summary.get("collectives") or {}).get("sources") or {}
+    what = ", ".join(f"{n:,} {src.replace('_', ' ')} records" for src, n in sources.items())
+    ranks = f"{len(nccl_ranks)} rank(s) ({_ranges(nccl_ranks)})" if nccl_ranks else "unknown ranks"
+    console.print(f"{summary['run']['name']}: no profiler traces; NCCL inputs only: {what} from {ranks}",
+                  markup=False)
+
+
+def _ranges(ranks: list[int]) -> str:
+    out: list[str] = []
+    start: int | None = None
+    prev: int = -2
+    for r in sorted(ranks):
+        if start is None:
+            start = prev = r
+        elif r == prev + 1:
+            prev = r
+        else:
+            out.append(f"{start}-{prev}" if prev != start else str(start))
+            start = prev = r
+    if start is not None:
+        out.append(f"{start}-{prev}" if prev != start else str(start))
+    return ",".join(out)
+
+
+def _shown_ranks(summary: dict, limit: int = 64, head: int = 8) -> tuple[list[dict], set[int]]:
+    """All rank rows up to `limit`, else the first and last `head` plus every rank a finding names."""
+    from tracelens.report.figures import flagged_ranks
+
+    ranks = summary["ranks"]
+    if len(ranks) <= limit:
+        return ranks, set()
+    flagged = set(flagged_ranks(summary))
+    keep = {r["rank"] for r in ranks[:head] + ranks[-head:]} | flagged
+    return [r for r in ranks if r["rank"] in keep], flagged & {r["rank"] for r in ranks}
+
+
+def print_rank_table(summary: dict, nccl_ranks: list[int] | None = None) -> None:
     """Per-rank table (Rich), aggregated by stage beyond 64 ranks so it stays readable."""
     from rich.console import Console
     from rich.table import Table
@@ -24,6 +74,14 @@ def print_rank_table(summary: dict) -> None:
         console.width = max(console.width, 120)
     ranks = summary["ranks"]
     run = summary["run"]
+    if not ranks and not (summary.get("collectives") or {}).get("processes"):
+        print_nccl_only(summary, nccl_ranks or [], console)  # e.g. Flight Recorder dumps of a hang
+        for f in summary["findings"]:
+            if f["severity"] in ("warning", "error"):
+                console.print(f"[{f['severity']}] {f['code']}: {f['message']}", markup=False)
+        for w in run.get("warnings") or []:
+            console.print(f"[note] {w}", markup=False)
+        return
     steps = run["steps"]
     title = f"{run['name']}: {len(run['ranks'])} rank(s), " + (
         f"{len(steps)} step(s)" if steps else "no ProfilerStep (whole trace)"
@@ -50,17 +108,23 @@ def print_rank_table(summary: dict) -> None:
     if ranks or not (summary.get("collectives") or {}).get("processes"):
         for head, _ in present:
             table.add_column(head, justify="right", no_wrap=True)
-    shown = ranks if len(ranks) <= 64 else ranks[:8] + ranks[-8:]
+    shown, flagged = _shown_ranks(summary)
     for r in shown:
-        table.add_row(*[str(r[k]) if k in ("rank", "stage") else _fmt(r.get(k), 1) for _, k in present])
+        cells = [str(r[k]) if k in ("rank", "stage") else _fmt(r.get(k), 1) for _, k in present]
+        if r["rank"] in flagged:
+            cells[0] += "*"
+        table.add_row(*cells)
     if ranks or (summary.get("collectives") or {}).get("processes"):
         console.print(table)
     else:  # nothing per rank or per process: say so rather than print an empty table
         console.print(f"{run['name']}: no per-rank trace and no NCCL collective calls to analyze")
     if not ranks and (summary.get("collectives") or {}).get("by_op"):
         console.print(nccl_op_table(summary))
-    if len(ranks) > 64:
-        console.print(f"({len(ranks) - 16} ranks not shown; see summary.json or the report)")
+    if len(shown) < len(ranks):
+        console.print(
+            f"({len(ranks) - len(shown)} ranks not shown; see summary.json or the report)"
+            + (" * rank named by a finding" if flagged else "")
+        )
     mfu = summary.get("mfu") or {}
     if mfu.get("value") is not None:
         console.print(f"MFU {100 * mfu['value']:.1f}% ({mfu.get('convention')} convention)")
@@ -165,6 +229,9 @@ def analyze(
     ),
     json_path: Path | None = typer.Option(None, "--json", help="Also write summary.json to this path."),
     layout: str | None = typer.Option(None, "--layout", help="Parallel layout, e.g. tp=4,pp=4,dp=2,cp=1."),
+    force_layout: bool = typer.Option(
+        False, "--force-layout", help="Use --layout even where the traces' process groups contradict it."
+    ),
     order: str | None = typer.Option(
         None, "--order", help="Rank order of the layout (default: tp-cp-dp-pp)."
     ),
@@ -186,7 +253,8 @@ def analyze(
     engine: str = typer.Option(
         "local",
         "--engine",
-        help="Where per-rank work runs: local (worker processes) or dask (needs tracelens[dask]).",
+        help="Where per-rank work runs: local (worker processes) or dask (needs the dask extra, "
+        "tracelens-train\\[dask]).",
     ),
     cache_dir: str | None = typer.Option(
         None,
@@ -195,7 +263,7 @@ def analyze(
         "for a Dask cluster.",
     ),
     scheduler: str | None = typer.Option(
-        None, "--scheduler", help="Dask scheduler address for --engine dask [default: a local cluster]."
+        None, "--scheduler", help="Dask scheduler address for --engine dask (default: a local cluster)."
     ),
     ops: bool = typer.Option(False, "--ops", help="Also print the top ops per stage (FLOPs, TFLOP/s, roofline)."),
 ) -> None:
@@ -215,11 +283,18 @@ def analyze(
         guard_overwrite(p, force)
     guard_outputs([summary_path, report_path] + ([json_path] if json_path else []), [run_dir], force)
 
-    with Progress(transient=True) as progress:
+    from contextlib import nullcontext
+
+    from tracelens.progress import PlainProgress
+
+    plain = PlainProgress() if PlainProgress.wanted() else None  # CI logs: periodic plain lines
+    with Progress(transient=True) as progress, (plain or nullcontext()):
         task = progress.add_task("reading traces", total=None)
 
         def tick(done: int, total: int) -> None:
             progress.update(task, completed=done, total=total)
+            if plain is not None:
+                plain.update(done, total)
 
         opts = Options(
             layout=layout,
@@ -237,10 +312,14 @@ def analyze(
             engine=engine,
             scheduler=scheduler,
             progress=tick,
+            force_layout=force_layout,
         )
         analysis = analyze_run(run_dir, opts)
         progress.update(task, description="analyzing")
+        if plain is not None:
+            plain.set_phase("analyzing")
         summary = analysis.summary()
+    usable_input_or_error(summary, run_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     write_summary(summary, summary_path)
     if json_path:
@@ -249,7 +328,12 @@ def analyze(
         from tracelens.report.html import write_report
 
         write_report(analysis, summary, report_path)
-    print_rank_table(summary)
+    nccl_ranks = (
+        sorted({r for t in analysis.nccl.values() for r in t.column("rank").to_pylist() if r is not None})
+        if not summary["ranks"]
+        else None
+    )
+    print_rank_table(summary, nccl_ranks)
     if ops:
         print_ops_table(summary)
     typer.echo(f"wrote {summary_path}" + ("" if no_report else f" and {report_path}"))

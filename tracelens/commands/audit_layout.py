@@ -92,8 +92,12 @@ def render(result) -> str:
         lines.append(f"  balanced split on block boundaries at {int(s):,} tokens: {'/'.join(map(str, split))}"
                      + (" (the current split)" if same else ""))
     lines += ["", "Findings" if d["findings"] else "Findings: none, the layout is clean"]
+    n_err = sum(f["severity"] == "error" for f in d["findings"])
+    n_warn = sum(f["severity"] == "warning" for f in d["findings"])
     for f in d["findings"]:
         lines.append(f"  [{f['severity']}] {f['code']}: {f['message']}")
+    if d["findings"]:
+        lines += ["", f"Not clean: {n_err} error(s), {n_warn} warning(s)" + (" (exit 1)" if n_err else "")]
     return "\n".join(lines)
 
 
@@ -113,7 +117,7 @@ def audit_layout_cmd(
     """Check a parallel layout against the model: divisibility of every partitioned dimension, K/V head
     replication, clean degrees per axis, and layer-type composition and FLOPs per pipeline stage.
 
-    Exit 0 whether or not problems are found (they are findings); 2 on bad input.
+    Exit 0 when clean or only warnings/info, 1 when a finding is an error (like a linter), 2 on bad input.
     """
     from tracelens.models import get_model
     from tracelens.models.audit import audit_layout
@@ -124,3 +128,5 @@ def audit_layout_cmd(
         typer.echo(json.dumps(result.to_dict(), indent=2))
     else:
         typer.echo(render(result))
+    if any(f["severity"] == "error" for f in result.findings):
+        raise typer.Exit(code=1)

@@ -24,7 +24,7 @@ def _import_distributed() -> Any:
         import distributed
     except ImportError as err:
         raise BadInputError(
-            "--engine dask needs Dask: pip install 'tracelens[dask]' (or 'dask[distributed]')"
+            "--engine dask needs Dask: pip install -e '.[dask]' in the tracelens checkout (or 'dask[distributed]')"
         ) from err
     return distributed
 

@@ -296,6 +296,7 @@ def audit_layout(
             axis="pp", dimension="layers", size=model.num_layers, degree=pp))
     balanced = {s: balanced_split(model, pp, s) for s in seq_lens}
     _composition_finding(model, stages, split, seq_lens, balanced[seq_lens[-1]], findings)
+    _stage_flops_finding(stages, split, seq_lens, balanced, findings)
 
     # ----- context parallel -----------------------------------------------------------------------
     if seq_len:
@@ -396,3 +397,47 @@ def _composition_finding(model: ModelSpec, stages: list[dict], split: list[int],
         f"(LM head on the last stage); balanced split on block boundaries: {_fmt_split(balanced)}",
         stages=heavy, layer_split=list(split), full_attention_per_stage=full, balanced_split=balanced,
         flops_spread=spread, seq_len=s_last))
+
+
+#: heaviest stage's FLOPs per token over the stages' mean above this -> STAGE_IMBALANCE (the same
+#: threshold `tracelens analyze` applies to measured stage compute, analyze/composition.py)
+STAGE_FLOPS_IMBALANCE = 1.10
+
+
+def _stage_flops_finding(stages: list[dict], split: list[int], seq_lens: list[int],
+                         balanced: dict[int, list[int]], findings: list[dict]) -> None:
+    """STAGE_IMBALANCE when the heaviest stage's FLOPs per token exceed the stages' mean by > 10%.
+
+    Evaluated at every sequence length of the audit; the worst one is reported. The LM head on the last
+    stage is what makes an even split of a large-vocabulary model imbalanced at short sequences.
+    """
+    if len(stages) < 2:
+        return
+    worst = None
+    for s in seq_lens:
+        fl = [st["flops_per_token"][str(s)] for st in stages]
+        mean = sum(fl) / len(fl)
+        if mean <= 0:
+            continue
+        heavy = max(range(len(fl)), key=fl.__getitem__)
+        ratio = fl[heavy] / mean
+        if worst is None or ratio > worst[0]:
+            lightest = min(fl)
+            worst = (ratio, s, heavy, fl[heavy], mean, lightest)
+    if worst is None or worst[0] <= STAGE_FLOPS_IMBALANCE:
+        return
+    ratio, s, heavy, top, mean, lightest = worst
+    extra = " (it holds the LM head)" if stages[heavy]["has_lm_head"] else ""
+    bal = balanced.get(s)
+    if bal and bal != list(split):
+        hint = f"balanced split on block boundaries at {s:,} tokens: {_fmt_split(bal)}"
+    else:
+        hint = ("no split on block boundaries does better; give the last stage fewer layers with --split "
+                "(e.g. an uneven split) or accept the imbalance")
+    findings.append(finding(
+        "STAGE_IMBALANCE", "warning",
+        f"stage {heavy} does {top / 1e9:.1f} GFLOP/token vs {mean / 1e9:.1f} mean and {lightest / 1e9:.1f} on "
+        f"the lightest stage at {s:,} tokens ({ratio:.2f}x the mean, threshold "
+        f"{STAGE_FLOPS_IMBALANCE:.2f}x){extra}: every other stage waits for it; {hint}",
+        stages=[heavy], imbalance=round(ratio, 4), seq_len=s,
+        stage_flops_per_token=[st["flops_per_token"][str(s)] for st in stages]))

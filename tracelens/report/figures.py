@@ -101,6 +101,38 @@ def rank_groups(
     return [f"ranks {m[0]}-{m[-1]}" for m in nodes.values()], list(nodes.values()), "node"
 
 
+#: At most this many ranks named by findings are drawn on their own beside the groups of a large run.
+MAX_FLAGGED = 32
+
+
+def flagged_ranks(summary: Mapping, limit: int = MAX_FLAGGED) -> list[int]:
+    """Ranks the findings point at (stragglers first, then warning/error findings naming a few ranks).
+
+    Aggregated views (stage means, the CLI's first and last ranks) must still show these. A finding that
+    names more than `limit` ranks (exposed communication on every rank) describes the run, not a rank,
+    and is left to the aggregate.
+    """
+    out: list[int] = []
+    for s in summary.get("stragglers") or []:
+        if s.get("rank") is not None and int(s["rank"]) not in out:
+            out.append(int(s["rank"]))
+    for f in summary.get("findings") or []:
+        ranks = f.get("ranks") or []
+        if f.get("severity") in ("warning", "error") and 0 < len(ranks) <= limit:
+            out += [int(r) for r in ranks if int(r) not in out]
+    return out[:limit]
+
+
+def _with_flagged(
+    labels: list[str], members: list[list[int]], unit: str, flagged: Sequence[int], known: set[int]
+) -> tuple[list[str], list[list[int]]]:
+    """Append one item per flagged rank to an aggregated grouping (per-rank groupings already show them)."""
+    if unit == "rank":
+        return labels, members
+    extra = [r for r in flagged if r in known]
+    return labels + [f"r{r} (in findings)" for r in extra], members + [[r] for r in extra]
+
+
 def _stage_map(summary: dict) -> dict[int, int | None]:
     return {int(r["rank"]): r.get("stage") for r in summary.get("ranks") or []}
 
@@ -132,6 +164,8 @@ def breakdown_bar(summary: dict, max_items: int = MAX_ITEMS) -> go.Figure:
     ranks = summary.get("ranks") or []
     by_rank = {int(r["rank"]): _parts(r) for r in ranks}
     labels, members, unit = rank_groups(list(by_rank), _stage_map(summary), max_items)
+    flagged = flagged_ranks(summary)
+    labels, members = _with_flagged(labels, members, unit, flagged, set(by_rank))
     fig = go.Figure()
     for name, key, color in BREAKDOWN_PARTS:
         cols = [[by_rank[r][key] for r in m] for m in members]
@@ -149,6 +183,18 @@ def breakdown_bar(summary: dict, max_items: int = MAX_ITEMS) -> go.Figure:
             mode="markers",
             marker={"color": color, "symbol": "diamond", "size": 11, "line": {"color": "#333", "width": 1}},
         )
+    marked = [(lab, m[0]) for lab, m in zip(labels, members) if len(m) == 1 and m[0] in flagged]
+    if marked:  # the ranks the findings name: a marked point above their bar, also in an aggregated view
+        top = {lab: sum(v or 0.0 for k, v in by_rank[r].items() if k != "bubble_ms") for lab, r in marked}
+        fig.add_scatter(
+            name="rank in findings",
+            x=[lab for lab, _ in marked],
+            y=[_r(top[lab] * 1.03) for lab, _ in marked],
+            mode="markers+text",
+            text=[f"r{r}" for _, r in marked],
+            textposition="top center",
+            marker={"color": "#D62728", "symbol": "triangle-down", "size": 12},
+        )
     fig.update_layout(
         barmode="stack",
         title="Where each rank's step goes (mean over analyzed steps)"
@@ -163,6 +209,27 @@ def breakdown_bar(summary: dict, max_items: int = MAX_ITEMS) -> go.Figure:
 
 #: Per-step fields the heatmap can switch between (buttons), in this order.
 HEATMAP_METRICS = ("step_time_ms", "compute_ms", "exposed_comm_ms", "exposed_wait_ms", "idle_ms", "bubble_ms")
+
+
+#: The heatmap's colour scale spans at least this share of the metric's median (centred on it), so that
+#: run-to-run noise of a fraction of a percent stays one colour and a real outlier stands out.
+HEATMAP_MIN_SPAN = 0.10
+
+
+def heatmap_range(z: Sequence[Sequence[float | None]], min_span: float = HEATMAP_MIN_SPAN) -> tuple[float, float] | None:
+    """(zmin, zmax) of a heatmap: the data's range, widened to `min_span` x the median around the median
+    (never below 0 for non-negative data). None without data."""
+    vals = np.array([v for row in z for v in row if v is not None and v == v], dtype=float)
+    if vals.size == 0:
+        return None
+    lo, hi, med = float(vals.min()), float(vals.max()), float(np.median(vals))
+    half = min_span * abs(med) / 2
+    lo, hi = min(lo, med - half), max(hi, med + half)
+    if float(vals.min()) >= 0:
+        lo = max(lo, 0.0)
+    if hi <= lo:
+        hi = lo + 1.0
+    return round(lo, 3), round(hi, 3)
 
 
 def _metric_label(metric: str) -> str:
@@ -181,6 +248,7 @@ def step_heatmap(
     ranks = sorted({int(r["rank"]) for r in rows})
     steps = sorted({r["step"] for r in rows}, key=lambda s: (s is None, s if s is not None else 0))
     labels, members, unit = rank_groups(ranks, _stage_map(summary), max_items)
+    labels, members = _with_flagged(labels, members, unit, flagged_ranks(summary), set(ranks))
     ri = {r: i for i, r in enumerate(ranks)}
     si = {s: j for j, s in enumerate(steps)}
     shown = [metric] + [m for m in metrics if m != metric]
@@ -201,9 +269,13 @@ def step_heatmap(
             z.append([_r(v) for v in vals])
         zs[name] = z
     first = next(iter(zs), metric)
+    ranges = {name: heatmap_range(z) for name, z in zs.items()}
+    rng = ranges.get(first)
     fig = go.Figure(
         go.Heatmap(
             z=zs.get(first, []),
+            zmin=rng[0] if rng else None,
+            zmax=rng[1] if rng else None,
             x=["whole trace" if s is None else f"step {s}" for s in steps],
             y=labels,
             colorscale="Viridis",
@@ -231,7 +303,14 @@ def step_heatmap(
                         {
                             "label": _metric_label(name),
                             "method": "update",
-                            "args": [{"z": [z]}, {"title.text": title.format(_metric_label(name))}],
+                            "args": [
+                                {
+                                    "z": [z],
+                                    "zmin": [(ranges[name] or (None, None))[0]],
+                                    "zmax": [(ranges[name] or (None, None))[1]],
+                                },
+                                {"title.text": title.format(_metric_label(name))},
+                            ],
                         }
                         for name, z in zs.items()
                     ],

@@ -31,7 +31,7 @@ h1{font-size:1.5em} h2{font-size:1.2em;margin-top:1.6em;border-bottom:1px solid 
 table{border-collapse:collapse;font-size:0.9em}
 td,th{padding:3px 8px;border-bottom:1px solid #eee;text-align:right}
 td:first-child,th:first-child{text-align:left} code{background:#f3f3f3;padding:1px 4px}
-td.name{text-align:left;font-family:monospace;max-width:640px;overflow-wrap:anywhere}
+td.name{text-align:left;font-family:monospace;max-width:640px;overflow-wrap:break-word;word-break:normal}
 """
 #: Plain-words titles of finding codes (the code itself is shown beside it).
 FINDING_TITLES = {
@@ -49,6 +49,7 @@ FINDING_TITLES = {
     "COLLECTIVE_MISMATCH": "Ranks disagree on a collective",
     "NO_STEPS": "No step annotations",
     "LAYOUT_INCONSISTENT": "Layout inconsistent",
+    "MFU_IMPOSSIBLE": "MFU above 100%: wrong inputs",
 }
 #: Embedded copy of the summary drops per_step beyond this many rows (summary.json keeps them all).
 EMBED_PER_STEP_MAX = 2000
@@ -62,6 +63,13 @@ def esc(x) -> str:
 def note(text: str) -> str:
     """A one-line note in place of a section that could not be drawn."""
     return f'<p class="note">{esc(text)}</p>'
+
+
+def _breakable(text: str) -> str:
+    """Escaped op names may wrap at `_ : , / . (` (not mid-word): `<wbr>` after each separator."""
+    for sep in ("_", ":", ",", "/", ".", "("):
+        text = text.replace(sep, sep + "<wbr>")
+    return text
 
 
 def table_html(rows: list[dict], columns: list[tuple[str, str]], name_cols: tuple[str, ...] = ()) -> str:
@@ -82,7 +90,7 @@ def table_html(rows: list[dict], columns: list[tuple[str, str]], name_cols: tupl
     body = "".join(
         "<tr>"
         + "".join(
-            f'<td class="name">{esc(cell(r.get(k)))}</td>'
+            f'<td class="name">{_breakable(esc(cell(r.get(k))))}</td>'
             if k in name_cols
             else f"<td>{esc(cell(r.get(k)))}</td>"
             for _, k in columns
@@ -171,7 +179,7 @@ def stragglers_html(summary: dict) -> str:
         ("steps flagged", "steps"),
         ("compute vs peers", "compute_ratio"),
         ("transfer vs peers", "transfer_ratio"),
-        ("last to arrive", "last_arrivals"),
+        ("last to arrive (collectives)", "last_arrivals"),  # a count: collectives it reached last
     ]
     cols = [c for c in cols if any(r.get(c[1]) is not None for r in rows)]
     return "<h3>Stragglers</h3>" + table_html(rows, cols)
@@ -412,15 +420,32 @@ def _top_ops_section(analysis, summary: dict) -> object:
     kind, rows = figures.top_operations_of_stages(analysis.run.stages.ops) if analysis is not None else ("", [])
     if not rows:
         return note("No kernels or CPU operators in the traces.")
-    return table_html(
-        rows,
-        [
-            (kind, "name"),
-            ("calls", "calls"),
-            ("total ms (all ranks)", "total_ms"),
-            ("ms per rank", "per_rank_ms"),
-        ],
-        ("name",),
+    return _top_ops_per_step(kind, rows, len((summary.get("run") or {}).get("steps") or []))
+
+
+def _top_ops_per_step(kind: str, rows: list[dict], n_steps: int) -> str:
+    """Top operations per step, like the rest of the page (totals over the trace / analyzed steps)."""
+    if n_steps < 1:  # no step markers: the whole trace is the one window
+        cols = [(kind, "name"), ("calls", "calls"), ("ms (all ranks)", "total_ms"), ("ms per rank", "per_rank_ms")]
+        return "<p>Whole trace (no step markers).</p>" + table_html(rows, cols, ("name",))
+    per = [
+        {
+            "name": r["name"],
+            "calls": figures._r(r["calls"] / n_steps, 1),
+            "total_ms": figures._r((r.get("total_ms") or 0.0) / n_steps),
+            "per_rank_ms": figures._r((r.get("per_rank_ms") or 0.0) / n_steps),
+        }
+        for r in rows
+    ]
+    cols = [
+        (kind, "name"),
+        ("calls per step", "calls"),
+        ("ms per step (all ranks)", "total_ms"),
+        ("ms per step per rank", "per_rank_ms"),
+    ]
+    return (
+        f"<p>Per step: totals over the traces divided by the {n_steps} analyzed step(s), like the rest of "
+        "the page.</p>" + table_html(per, cols, ("name",))
     )
 
 

@@ -1,0 +1,156 @@
+"""Run every install instruction of README.md and docs/*.md verbatim in a fresh checkout copy and venv.
+
+CI (`.ci/run`) calls this after the test suite. It builds the wheel (`dist/tracelens_train-*.whl`), then
+for each install instruction that installs this project:
+
+- copies the tracked files of the checkout (and `dist/`) into a fresh temporary folder, so `.venv` and
+  relative paths (`-e .`, `dist/...whl`) mean what they mean to a user who just cloned the repository;
+- runs the instruction's install part verbatim with bash (up to and including its last `pip install`:
+  what follows, such as running the test suite, is what the rest of CI already runs). An instruction
+  that does not make its own venv runs with a fresh venv first on PATH;
+- checks that the venv now has the distribution `tracelens-train`, that `import tracelens` comes from
+  it (not from the checkout on PYTHONPATH) and that the `tracelens` command runs.
+
+Offline-friendly: the project itself comes from the checkout or the built wheel; dependencies come from
+whatever pip is configured with (`PIP_INDEX_URL`, or `PIP_NO_INDEX=1 PIP_FIND_LINKS=wheelhouse/`).
+The `record` extra pins torch (hundreds of MB): it is resolved with `--dry-run` unless
+TRACELENS_INSTALL_CHECK_RECORD=1.
+
+    python scripts/check_install_docs.py            # all instructions
+    python scripts/check_install_docs.py --list     # only print what would run
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+DIST_NAME = "tracelens-train"
+#: install lines naming other projects (HTA's own venv for the golden files) are not ours to check
+FOREIGN = ("HolisticTraceAnalysis",)
+_PIP = re.compile(r"(?:^|[\s/`])pip install ")
+
+
+def doc_files(repo: Path = REPO) -> list[Path]:
+    return [repo / "README.md", *sorted((repo / "docs").glob("*.md"))]
+
+
+def install_instructions(repo: Path = REPO) -> list[tuple[str, str]]:
+    """(file:line, command) for every `pip install` of this project in README.md and docs/*.md.
+
+    A command is a whole line of a code block, or an inline `code span` of prose; YAML `- run:` steps
+    count too. Duplicates (same command) are kept once.
+    """
+    out: dict[str, str] = {}
+    for path in doc_files(repo):
+        in_block = False
+        for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if line.strip().startswith("```"):
+                in_block = not in_block
+                continue
+            where = f"{path.relative_to(repo)}:{i}"
+            if in_block:
+                cmds = [line.strip()]
+                if cmds[0].startswith("- run:"):
+                    cmds = [cmds[0].removeprefix("- run:").strip()]
+            else:
+                cmds = re.findall(r"`([^`]*pip install [^`]*)`", line)
+            for cmd in cmds:
+                cmd = cmd.split("  #")[0].strip()
+                if _PIP.search(" " + cmd) and not any(f in cmd for f in FOREIGN):
+                    out.setdefault(cmd, where)
+    return [(where, cmd) for cmd, where in out.items()]
+
+
+def install_part(cmd: str) -> str:
+    """The command up to and including its last `&&`-separated part that runs pip install."""
+    parts = cmd.split(" && ")
+    last = max(i for i, p in enumerate(parts) if "pip install" in p)
+    return " && ".join(parts[: last + 1])
+
+
+def _venv_of(cmd: str) -> str | None:
+    m = re.search(r"python3? -m venv (\S+)", cmd)
+    return m.group(1) if m else None
+
+
+def build_wheel(repo: Path = REPO) -> Path:
+    dist = repo / "dist"
+    for old in dist.glob("tracelens_train-*.whl"):
+        old.unlink()
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist), str(repo)], check=True
+    )
+    (wheel,) = dist.glob("tracelens_train-*.whl")
+    return wheel
+
+
+def fresh_copy(dest: Path, repo: Path = REPO) -> None:
+    files = subprocess.run(["git", "ls-files", "-z"], cwd=repo, check=True, capture_output=True).stdout
+    for rel in files.decode().split("\0"):
+        if rel and (repo / rel).is_file():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(repo / rel, dest / rel)
+    if (repo / "dist").is_dir():
+        shutil.copytree(repo / "dist", dest / "dist", dirs_exist_ok=True)
+
+
+def run_one(where: str, cmd: str) -> None:
+    part = install_part(cmd)
+    if "[record]" in part and os.environ.get("TRACELENS_INSTALL_CHECK_RECORD") != "1":
+        part += " --dry-run"
+    with tempfile.TemporaryDirectory(prefix="tracelens-install-") as tmp:
+        root = Path(tmp) / "tracelens"
+        root.mkdir()
+        fresh_copy(root)
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+        venv = _venv_of(part)
+        if venv is None:  # "pip install ..." alone: the user is inside some venv; give it a fresh one
+            venv = "../venv"
+            subprocess.run([sys.executable, "-m", "venv", str(root / venv)], check=True)
+            env["PATH"] = f"{(root / venv / 'bin').absolute()}{os.pathsep}{env.get('PATH', '')}"
+        print(f"[{where}] $ {part}", flush=True)
+        subprocess.run(["bash", "-euo", "pipefail", "-c", part], cwd=root, env=env, check=True)
+        if part.endswith("--dry-run"):
+            return
+        py = (root / venv / "bin" / "python").absolute()  # not resolve(): the venv's python is a symlink
+        probe = (
+            "import importlib.metadata as m, tracelens; "
+            f"print(m.version('{DIST_NAME}'), tracelens.__version__, tracelens.__file__)"
+        )
+        got = subprocess.run(
+            [str(py), "-c", probe], cwd="/", env=env, check=True, capture_output=True, text=True
+        ).stdout.split()
+        assert got[0] == got[1], f"{DIST_NAME} {got[0]} but tracelens.__version__ {got[1]}"
+        subprocess.run(
+            [str(py.parent / "tracelens"), "--help"], cwd="/", env=env, check=True, capture_output=True
+        )
+        print(f"    ok: {DIST_NAME} {got[0]}, import tracelens from {got[2]}", flush=True)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--list", action="store_true", help="print the instructions and exit")
+    ap.add_argument("--where", help="only the instructions whose file:line contains this (e.g. docs/scale.md)")
+    args = ap.parse_args()
+    found = [(w, c) for w, c in install_instructions() if not args.where or args.where in w]
+    if args.list:
+        for where, cmd in found:
+            print(f"{where}: {install_part(cmd)}")
+        return 0
+    print(f"built {build_wheel().name}", flush=True)
+    for where, cmd in found:
+        run_one(where, cmd)
+    print(f"{len(found)} install instructions ran verbatim and installed {DIST_NAME}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
