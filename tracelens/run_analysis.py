@@ -586,11 +586,17 @@ def collectives_dict(cross, nccl: dict[str, pa.Table]) -> dict:
     out["sources"]["kineto"] = int(len(df))
     cols = set(df.columns)
     for op, g in df.groupby("op", observed=True):
-        rec = {"op": str(op), "calls": int(len(g)), "bytes": int(g["bytes"].fillna(0).sum())}
+        # unknown sizes stay unknown: null when no call's size is known, and the count of unknown ones
+        known = g["bytes"].dropna()
+        rec = {"op": str(op), "calls": int(len(g)), "bytes": int(known.sum()) if len(known) else None}
+        if len(known) < len(g):
+            rec["calls_bytes_unknown"] = int(len(g) - len(known))
         if "busbw_gbps" in cols:
             rec["busbw_gbps_median"] = _median(g["busbw_gbps"])
         if "arrival_skew_ns" in cols:
-            v = _median(g["arrival_skew_ns"])
+            # skew needs a second participant: instances seen on one rank only have none (null, not 0)
+            seen = g["n_participants"] > 1 if "n_participants" in cols else slice(None)
+            v = _median(g["arrival_skew_ns"][seen])
             rec["skew_ms_median"] = None if v is None else v / 1e6
         out["by_op"].append(rec)
     return out
