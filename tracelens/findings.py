@@ -19,6 +19,7 @@ CODES = (
     "COLLECTIVE_MISMATCH",
     "NO_STEPS",
     "LAYOUT_INCONSISTENT",
+    "STEP_WINDOW_CLIPPED",
 )
 SEVERITIES = ("info", "warning", "error")
 

@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 
 from tracelens import schema
 from tracelens.analyze.breakdown import BREAKDOWN, RankSets, breakdown, class_sets, step_windows
-from tracelens.analyze.classify import COMM, COMPUTE, DEVICE_KINDS, _dict_lookup, classify
+from tracelens.analyze.classify import COMM, COMPUTE, DEVICE_KINDS, STEP, _dict_lookup, classify
 from tracelens.loader import _write_atomic  # one atomic Parquet writer for every cache file
 
 #: Bump when what a stage file holds changes: old stage files are then ignored (and rebuilt).
@@ -94,6 +94,7 @@ def cross_rank_mask(events: pa.Table, classes: np.ndarray, path: str | None) -> 
         keep[dev[0]] = True
     keep[_pipeline_marks(events, classes)] = True
     keep |= _comm_launch_rows(events, classes)
+    keep |= _dict_lookup(events.column("name"), lambda v: int(bool(STEP.match(v)))).astype(bool)
     return keep
 
 
