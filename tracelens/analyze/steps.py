@@ -4,9 +4,10 @@ Rule (docs/breakdown.md, "Step windows"), per rank:
 
 1. The step's CPU window: its `ProfilerStep#N` cpu_op / user_annotation (merged when both exist). A rank
    with none of those uses its GPU-side `ProfilerStep#N` annotations instead.
-2. A step whose annotation encloses none of the rank's other events (e.g. a `ProfilerStep` written by a
-   foreign process that ends seconds after the trace's last event) is dropped; every window is clipped to
-   the rank's extent (first event start .. last event end, step annotations excluded). Both are reported
+2. A step whose annotation encloses none of the rank's other events, or lies outside the rank's extent
+   (first event start .. last event end, step annotations excluded), is dropped; a window that ends more
+   than CLIP_REPORT_NS and CLIP_REPORT_SHARE of its length after the rank's last event (e.g. a
+   `ProfilerStep` written by a foreign process, ending seconds later) is cut there. Both are reported
    (`notes`) and become a STEP_WINDOW_CLIPPED finding.
 3. Device-side boundaries: device events belong to the step whose CPU window launched them (the `step`
    column). Step N starts at  max(CPU start of N, min(first start of N's device events, last end of
@@ -94,13 +95,20 @@ def step_windows_noted(events: pa.Table) -> StepWindows:
         np.maximum.at(c_end, inv, end[src])
         order = np.argsort(c_start, kind="stable")
         uniq, c_start, c_end = uniq[order], c_start[order], c_end[order]
-        # events of each step (the step column: CPU events by their enclosing window, device by launch)
-        on_steps = others & (ev_step >= 0)
-        members = np.isin(uniq, np.unique(ev_step[on_steps])) if not gpu_source else None
+        # the step of each event: the step column (CPU events by their enclosing window, device events by
+        # their launch), else (tables built without it) the CPU window holding the event's start
+        o_rows = np.flatnonzero(others)
+        o_step = ev_step[o_rows].copy()
+        j = np.clip(np.searchsorted(c_start, ts[o_rows], side="right") - 1, 0, None)
+        by_time = np.where((ts[o_rows] >= c_start[j]) & (ts[o_rows] < c_end[j]), uniq[j], -1)
+        o_step = np.where(o_step >= 0, o_step, by_time)
+        ev_step = ev_step.copy()
+        ev_step[o_rows] = o_step
+        members = np.isin(uniq, np.unique(o_step[o_step >= 0]))
         keep = np.ones(uniq.size, dtype=bool)
         for i, n in enumerate(uniq):
             outside = c_start[i] >= hi_ext or c_end[i] <= lo_ext
-            empty = members is not None and not members[i]
+            empty = not gpu_source and not members[i]
             if outside or empty:
                 keep[i] = False
                 notes.append(
@@ -141,15 +149,17 @@ def step_windows_noted(events: pa.Table) -> StepWindows:
         start = np.maximum.accumulate(start)
         stop = np.where(has_dev, np.maximum(c_end, d_last), c_end)
         stop[:-1] = np.minimum(stop[:-1], start[1:])
-        # clip to the rank's extent
-        c_lo, c_hi = np.maximum(start, lo_ext), np.minimum(stop, hi_ext)
+        # a window reaching far past the rank's last event is cut there (and reported); the few µs a
+        # ProfilerStep normally outlasts its last event are kept
         over = stop - hi_ext
-        for i in np.flatnonzero((over > CLIP_REPORT_NS) & (over > CLIP_REPORT_SHARE * (stop - start))):
+        absurd = (over > CLIP_REPORT_NS) & (over > CLIP_REPORT_SHARE * (stop - start))
+        for i in np.flatnonzero(absurd):
             notes.append(
                 {"rank": int(r), "step": int(uniq[i]), "raw_start_ns": int(c_start[i]),
                  "raw_end_ns": int(c_end[i]), "action": "clipped", "clipped_ns": int(over[i]),
                  "reason": "ends after the trace's last event"}
             )  # fmt: skip
+        c_lo, c_hi = start, np.where(absurd, hi_ext, stop)
         c_hi = np.maximum(c_hi, c_lo)
         out["rank"] += [int(r)] * uniq.size
         out["step"] += uniq.tolist()
