@@ -515,7 +515,8 @@ class Analysis:
             "layout": self.grid.to_dict(),
             "warnings": self.rank_warnings()
             + list(self.warnings)
-            + list(getattr(self.grid, "notes", []) or []),
+            + list(getattr(self.grid, "notes", []) or [])
+            + wait_split_warnings(ranks),
             "analysis_path": sorted(set(self.breakdown.column("path").to_pylist())),
         }
         out = {
@@ -576,6 +577,19 @@ def pipeline_dict(pipe) -> dict | None:
         "expected_bubble_fraction": pipe.expected_bubble_fraction,
         "cause_stage": pipe.cause_stage,
     }
+
+
+def wait_split_warnings(ranks: list[dict]) -> list[str]:
+    """Say why exposed communication has no wait / transfer split (collectives.exposed_split)."""
+    blind = [r["rank"] for r in ranks if (r.get("exposed_comm_ms") or 0) > 0 and r.get("exposed_wait_ms") is None]
+    if not blind:
+        return []
+    shown = ", ".join(map(str, blind[:16])) + (" ..." if len(blind) > 16 else "")
+    return [
+        f"exposed communication on rank(s) {shown} is not split into wait and transfer (null): their "
+        "collectives' other participants are not in the traces, and without them waiting for a late rank "
+        "cannot be told from moving data"
+    ]
 
 
 def clock_dict(cross) -> dict | None:

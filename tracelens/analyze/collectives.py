@@ -532,7 +532,10 @@ def match_with_findings(coll: pa.Table, metadata: pa.Table | None = None) -> tup
     codes, _ = pd.factorize(pd.Series(key), sort=False)
     df["instance"] = pd.Series(codes, dtype="Int64")
     expected = df["group_size"].astype("Float64")
-    from_key = pd.Series([len(k[2:].split(",")) if k.startswith("r:") else None for k in gk], dtype="Float64")
+    # (a one-rank key is what inference leaves for a rank without traced peers: no evidence of the size)
+    from_key = pd.Series(
+        [n if k.startswith("r:") and (n := len(k[2:].split(","))) > 1 else None for k in gk], dtype="Float64"
+    )
     expected = expected.fillna(from_key)
     expected = expected.where(~pd.Series(p2p), 2.0)
     df["n_expected"] = expected.round().astype("Int64")
@@ -842,9 +845,22 @@ EXPOSED_SPLIT = pa.schema(
 )
 
 
+def _incomplete(rows: pd.DataFrame) -> np.ndarray:
+    """Rows of instances seen on fewer ranks than take part (a single traced rank of a multi-rank job)."""
+    if rows.empty or "n_participants" not in rows:
+        return np.zeros(len(rows), dtype=bool)
+    n = rows["n_participants"].astype("Float64").to_numpy(dtype=float, na_value=np.nan)
+    exp = rows["n_expected"].astype("Float64").to_numpy(dtype=float, na_value=np.nan)
+    # unknown group size: a lone participant cannot be a whole collective
+    return np.where(np.isnan(exp), n < 2, n < exp)
+
+
 def exposed_split(df: pd.DataFrame, breakdown: pa.Table, sets: dict) -> pa.Table:
     """Per (rank, step): exposed communication (breakdown's K − C) split into the part inside the wait head
-    [start, start + wait) of a collective on that rank and the rest (transfer). The two add up exactly."""
+    [start, start + wait) of a collective on that rank and the rest (transfer). The two add up exactly.
+
+    Both are null (unknown) in a step where exposed communication overlaps a collective whose other
+    participants are not in the traces: without them its wait cannot be told from its transfer."""
     out = {f.name: [] for f in EXPOSED_SPLIT}
     b_rank = breakdown.column("rank").to_numpy(zero_copy_only=False)
     for r in np.unique(b_rank):
@@ -853,6 +869,7 @@ def exposed_split(df: pd.DataFrame, breakdown: pa.Table, sets: dict) -> pa.Table
         lo = w.column("window_start_ns").to_numpy(zero_copy_only=False)
         hi = w.column("window_end_ns").to_numpy(zero_copy_only=False)
         exposed_total = w.column("exposed_comm_ns").to_numpy(zero_copy_only=False)
+        unknown = np.zeros(lo.shape, dtype=bool)
         if rs is None or df.empty:
             waited = np.zeros(lo.shape, dtype=np.int64)
         else:
@@ -861,9 +878,15 @@ def exposed_split(df: pd.DataFrame, breakdown: pa.Table, sets: dict) -> pa.Table
             wt = mine["wait_ns"].astype("int64").to_numpy()
             wait_set = iv.union(s, s + wt)
             waited = iv.measure_in_windows(iv.intersect(rs.exposed_comm, wait_set), lo, hi)
+            # a collective whose other participants are not in the traces: its wait cannot be measured
+            inc = _incomplete(mine)
+            if inc.any():
+                e = mine["end_ns"].astype("int64").to_numpy()
+                blind = iv.union(s[inc], e[inc])
+                unknown = iv.measure_in_windows(iv.intersect(rs.exposed_comm, blind), lo, hi) > 0
         out["rank"] += [int(r)] * w.num_rows
         out["step"] += w.column("step").to_pylist()
         out["exposed_comm_ns"] += exposed_total.tolist()
-        out["exposed_wait_ns"] += waited.tolist()
-        out["exposed_transfer_ns"] += (exposed_total - waited).tolist()
+        out["exposed_wait_ns"] += [None if u else int(v) for u, v in zip(unknown, waited)]
+        out["exposed_transfer_ns"] += [None if u else int(v) for u, v in zip(unknown, exposed_total - waited)]
     return pa.table(out, schema=EXPOSED_SPLIT)
