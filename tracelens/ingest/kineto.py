@@ -677,7 +677,8 @@ def _columns(evs: list) -> _Chunk:
         pid=_ints(_get["pid"], xs, pa.int64(), loose, lowcard=True),
         tid=_ints(_get["tid"], xs, pa.int64(), loose, lowcard=True),
         device=_scatter(_ints(_get_device, gpu_args, pa.int32(), loose), n, gpu_rows),
-        stream=_scatter(_ints(_get_stream, gpu_args, pa.int32(), loose), n, gpu_rows),
+        # (all rows: a Triton launch cpu_op carries `args.stream`, which HTA counts as a GPU kernel)
+        stream=_ints(_get_stream, args, pa.int32(), loose),
         ts=ts,
         ts_valid=ts_valid,
         dur=dur,
@@ -1790,8 +1791,12 @@ def _assemble(sc: _Scan, rank: int) -> tuple[pa.Table, pa.Table]:
     device = pc.if_else(
         gpu_mask, pc.coalesce(device, pc.cast(pid, pa.int32(), safe=False)), pa.scalar(None, pa.int32())
     )
+    # cpu ops keep an `args.stream` of their own (Triton launches; analyze.hta_compat); other rows: null
+    cpu_op = pa.array(kind == _KIND_INDEX["cpu_op"])
     stream = pc.if_else(
-        gpu_mask, pc.coalesce(stream, pc.cast(tid, pa.int32(), safe=False)), pa.scalar(None, pa.int32())
+        gpu_mask,
+        pc.coalesce(stream, pc.cast(tid, pa.int32(), safe=False)),
+        pc.if_else(cpu_op, stream, pa.scalar(None, pa.int32())),
     )
     if ts.flags.writeable:  # (the merged copy: adding the base in place spares a full-length array)
         ts_ns = ts
