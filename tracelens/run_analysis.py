@@ -516,7 +516,7 @@ class Analysis:
             "warnings": self.rank_warnings()
             + list(self.warnings)
             + list(getattr(self.grid, "notes", []) or [])
-            + wait_split_warnings(ranks),
+            + (wait_split_warnings(ranks) if cross is not None else []),
             "analysis_path": sorted(set(self.breakdown.column("path").to_pylist())),
         }
         out = {

@@ -133,9 +133,8 @@ def _to_coll_table(df: pd.DataFrame) -> pa.Table:
             continue
         vals = df[f.name]
         if pa.types.is_dictionary(f.type):
-            obj = vals.astype(object)
-            obj = obj.where(~obj.isna(), None)
-            arr = pa.array(obj.map(lambda v: None if v is None else str(v)).tolist(), pa.string())
+            # mixed / missing values (a key on only some kernels): null, never NaN or "nan"
+            arr = pa.array([None if _isnull(v) else str(v) for v in vals.astype(object)], pa.string())
             cols[f.name] = arr.dictionary_encode().cast(f.type)
         elif pa.types.is_list(f.type):
             cols[f.name] = pa.array([_ranks_tuple(v) for v in vals], f.type)
