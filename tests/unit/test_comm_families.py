@@ -202,3 +202,27 @@ def _table(df):
     from tracelens.analyze.collectives import to_table
 
     return to_table(df)
+
+
+def test_one_traced_rank_of_a_group_has_no_wait_transfer_split():
+    from tracelens.analyze.breakdown import breakdown, class_sets
+    from tracelens.analyze.collectives import exposed_split
+
+    def run(ranks):
+        rows = []
+        for r in ranks:
+            rows += [op(r, "ProfilerStep#1", 0, 100, kind="user_annotation"),
+                     kern(r, "gemm", 0, 40, 1),
+                     kern(r, "ncclDevKernel_AllReduce_Sum_f32_RING_LL", 40 + 10 * r, 50 - 10 * r, 2,
+                          pg_name="0", group_size=2, seq=1, in_nelems=4, dtype="float")]  # fmt: skip
+        ev = events_table(rows)
+        sets = class_sets(ev)
+        df = wait_transfer(match_with_findings(collectives_from_events(ev))[0], {})
+        return exposed_split(df, breakdown(ev, sets=sets), sets).to_pylist()
+
+    (alone,) = run([0])  # rank 1 not traced: waiting for it cannot be told from moving data
+    assert alone["exposed_comm_ns"] == 50 and alone["exposed_wait_ns"] is None
+    assert alone["exposed_transfer_ns"] is None
+    both = {r["rank"]: r for r in run([0, 1])}
+    assert (both[0]["exposed_wait_ns"], both[0]["exposed_transfer_ns"]) == (10, 40)  # rank 1 arrives 10 late
+    assert (both[1]["exposed_wait_ns"], both[1]["exposed_transfer_ns"]) == (0, 40)
