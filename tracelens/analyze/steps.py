@@ -75,92 +75,17 @@ def step_windows_noted(events: pa.Table) -> StepWindows:
     nums[step_rows] = [int(STEP.match(v).group(1)) for v in names]
     out = {"rank": [], "step": [], "start_ns": [], "end_ns": []}
     notes: list[dict] = []
+    order = np.argsort(rank, kind="stable")
+    rs = rank[order]
     for r in np.unique(rank[step_rows]):
-        on = rank == r
-        src = on & is_step & cpu_kind
-        gpu_source = not src.any()
-        if gpu_source:
-            src = on & is_step & kinds["gpu_user_annotation"]
-        if not src.any():
+        sl = order[np.searchsorted(rs, r, side="left") : np.searchsorted(rs, r, side="right")]
+        got = _rank_windows(
+            int(r), ts[sl], end[sl], is_step[sl], cpu_kind[sl], kinds["gpu_user_annotation"][sl], device[sl],
+            ev_step[sl], nums[sl], notes,
+        )  # fmt: skip
+        if got is None:
             continue
-        others = on & ~is_step
-        if not others.any():
-            continue
-        lo_ext, hi_ext = int(ts[others].min()), int(end[others].max())
-        s_num = nums[src]
-        uniq, inv = np.unique(s_num, return_inverse=True)
-        c_start = np.full(uniq.size, np.iinfo(np.int64).max)
-        c_end = np.full(uniq.size, np.iinfo(np.int64).min)
-        np.minimum.at(c_start, inv, ts[src])
-        np.maximum.at(c_end, inv, end[src])
-        order = np.argsort(c_start, kind="stable")
-        uniq, c_start, c_end = uniq[order], c_start[order], c_end[order]
-        # the step of each event: the step column (CPU events by their enclosing window, device events by
-        # their launch), else (tables built without it) the CPU window holding the event's start
-        o_rows = np.flatnonzero(others)
-        o_step = ev_step[o_rows].copy()
-        j = np.clip(np.searchsorted(c_start, ts[o_rows], side="right") - 1, 0, None)
-        by_time = np.where((ts[o_rows] >= c_start[j]) & (ts[o_rows] < c_end[j]), uniq[j], -1)
-        o_step = np.where(o_step >= 0, o_step, by_time)
-        ev_step = ev_step.copy()
-        ev_step[o_rows] = o_step
-        members = np.isin(uniq, np.unique(o_step[o_step >= 0]))
-        keep = np.ones(uniq.size, dtype=bool)
-        for i, n in enumerate(uniq):
-            outside = c_start[i] >= hi_ext or c_end[i] <= lo_ext
-            empty = not gpu_source and not members[i]
-            if outside or empty:
-                keep[i] = False
-                notes.append(
-                    {"rank": int(r), "step": int(n), "raw_start_ns": int(c_start[i]), "raw_end_ns": int(c_end[i]),
-                     "action": "dropped", "reason": "outside the trace" if outside else "encloses no event"}
-                )  # fmt: skip
-        uniq, c_start, c_end = uniq[keep], c_start[keep], c_end[keep]
-        if not uniq.size:
-            continue
-        # device work of each step
-        d_first = np.full(uniq.size, np.iinfo(np.int64).max)
-        d_last = np.full(uniq.size, np.iinfo(np.int64).min)
-        dev = on & device & (ev_step >= 0)
-        if dev.any() and not gpu_source:
-            pos = np.searchsorted(uniq, ev_step[dev]) if np.all(np.diff(uniq) > 0) else None
-            if pos is None:  # step numbers not increasing in time: map through a sorted copy
-                srt = np.argsort(uniq)
-                p = np.searchsorted(uniq[srt], ev_step[dev])
-                pc_ = np.minimum(p, uniq.size - 1)
-                hit = uniq[srt][pc_] == ev_step[dev]
-                pos = np.where(hit, srt[pc_], -1)
-            else:
-                pc_ = np.minimum(pos, uniq.size - 1)
-                pos = np.where(uniq[pc_] == ev_step[dev], pc_, -1)
-            ok = pos >= 0
-            np.minimum.at(d_first, pos[ok], ts[dev][ok])
-            np.maximum.at(d_last, pos[ok], end[dev][ok])
-        has_dev = d_last > np.iinfo(np.int64).min
-        start = c_start.copy()
-        for i in range(1, uniq.size):
-            cands = []
-            if has_dev[i]:
-                cands.append(d_first[i])
-            if has_dev[i - 1]:
-                cands.append(d_last[i - 1])
-            if cands:
-                start[i] = max(c_start[i], min(cands))
-        start = np.maximum.accumulate(start)
-        stop = np.where(has_dev, np.maximum(c_end, d_last), c_end)
-        stop[:-1] = np.minimum(stop[:-1], start[1:])
-        # a window reaching far past the rank's last event is cut there (and reported); the few µs a
-        # ProfilerStep normally outlasts its last event are kept
-        over = stop - hi_ext
-        absurd = (over > CLIP_REPORT_NS) & (over > CLIP_REPORT_SHARE * (stop - start))
-        for i in np.flatnonzero(absurd):
-            notes.append(
-                {"rank": int(r), "step": int(uniq[i]), "raw_start_ns": int(c_start[i]),
-                 "raw_end_ns": int(c_end[i]), "action": "clipped", "clipped_ns": int(over[i]),
-                 "reason": "ends after the trace's last event"}
-            )  # fmt: skip
-        c_lo, c_hi = start, np.where(absurd, hi_ext, stop)
-        c_hi = np.maximum(c_hi, c_lo)
+        uniq, c_lo, c_hi = got
         out["rank"] += [int(r)] * uniq.size
         out["step"] += uniq.tolist()
         out["start_ns"] += c_lo.tolist()
@@ -176,6 +101,97 @@ def step_windows_noted(events: pa.Table) -> StepWindows:
         ),
         notes,
     )
+
+
+def _rank_windows(
+    r: int, ts, end, is_step, cpu_kind, gpu_ann, device, ev_step, nums, notes: list
+) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """One rank's windows (its rows only): step numbers, starts, ends; None when it has none."""
+    src = is_step & cpu_kind
+    gpu_source = not src.any()
+    if gpu_source:
+        src = is_step & gpu_ann
+    if not src.any():
+        return None
+    others = ~is_step
+    if not others.any():
+        return None
+    lo_ext, hi_ext = int(ts[others].min()), int(end[others].max())
+    s_num = nums[src]
+    uniq, inv = np.unique(s_num, return_inverse=True)
+    c_start = np.full(uniq.size, np.iinfo(np.int64).max)
+    c_end = np.full(uniq.size, np.iinfo(np.int64).min)
+    np.minimum.at(c_start, inv, ts[src])
+    np.maximum.at(c_end, inv, end[src])
+    order = np.argsort(c_start, kind="stable")
+    uniq, c_start, c_end = uniq[order], c_start[order], c_end[order]
+    # the step of each event: the step column (CPU events by their enclosing window, device events by
+    # their launch), else (tables built without it) the CPU window holding the event's start
+    o_rows = np.flatnonzero(others)
+    o_step = ev_step[o_rows].copy()
+    j = np.clip(np.searchsorted(c_start, ts[o_rows], side="right") - 1, 0, None)
+    by_time = np.where((ts[o_rows] >= c_start[j]) & (ts[o_rows] < c_end[j]), uniq[j], -1)
+    o_step = np.where(o_step >= 0, o_step, by_time)
+    ev_step = ev_step.copy()
+    ev_step[o_rows] = o_step
+    members = np.isin(uniq, np.unique(o_step[o_step >= 0]))
+    keep = np.ones(uniq.size, dtype=bool)
+    for i, n in enumerate(uniq):
+        outside = c_start[i] >= hi_ext or c_end[i] <= lo_ext
+        empty = not gpu_source and not members[i]
+        if outside or empty:
+            keep[i] = False
+            notes.append(
+                {"rank": int(r), "step": int(n), "raw_start_ns": int(c_start[i]), "raw_end_ns": int(c_end[i]),
+                 "action": "dropped", "reason": "outside the trace" if outside else "encloses no event"}
+            )  # fmt: skip
+    uniq, c_start, c_end = uniq[keep], c_start[keep], c_end[keep]
+    if not uniq.size:
+        return None
+    # device work of each step
+    d_first = np.full(uniq.size, np.iinfo(np.int64).max)
+    d_last = np.full(uniq.size, np.iinfo(np.int64).min)
+    dev = device & (ev_step >= 0)
+    if dev.any() and not gpu_source:
+        pos = np.searchsorted(uniq, ev_step[dev]) if np.all(np.diff(uniq) > 0) else None
+        if pos is None:  # step numbers not increasing in time: map through a sorted copy
+            srt = np.argsort(uniq)
+            p = np.searchsorted(uniq[srt], ev_step[dev])
+            pc_ = np.minimum(p, uniq.size - 1)
+            hit = uniq[srt][pc_] == ev_step[dev]
+            pos = np.where(hit, srt[pc_], -1)
+        else:
+            pc_ = np.minimum(pos, uniq.size - 1)
+            pos = np.where(uniq[pc_] == ev_step[dev], pc_, -1)
+        ok = pos >= 0
+        np.minimum.at(d_first, pos[ok], ts[dev][ok])
+        np.maximum.at(d_last, pos[ok], end[dev][ok])
+    has_dev = d_last > np.iinfo(np.int64).min
+    start = c_start.copy()
+    for i in range(1, uniq.size):
+        cands = []
+        if has_dev[i]:
+            cands.append(d_first[i])
+        if has_dev[i - 1]:
+            cands.append(d_last[i - 1])
+        if cands:
+            start[i] = max(c_start[i], min(cands))
+    start = np.maximum.accumulate(start)
+    stop = np.where(has_dev, np.maximum(c_end, d_last), c_end)
+    stop[:-1] = np.minimum(stop[:-1], start[1:])
+    # a window reaching far past the rank's last event is cut there (and reported); the few µs a
+    # ProfilerStep normally outlasts its last event are kept
+    over = stop - hi_ext
+    absurd = (over > CLIP_REPORT_NS) & (over > CLIP_REPORT_SHARE * (stop - start))
+    for i in np.flatnonzero(absurd):
+        notes.append(
+            {"rank": int(r), "step": int(uniq[i]), "raw_start_ns": int(c_start[i]),
+             "raw_end_ns": int(c_end[i]), "action": "clipped", "clipped_ns": int(over[i]),
+             "reason": "ends after the trace's last event"}
+        )  # fmt: skip
+    c_lo, c_hi = start, np.where(absurd, hi_ext, stop)
+    c_hi = np.maximum(c_hi, c_lo)
+    return uniq, c_lo, c_hi
 
 
 def step_windows(events: pa.Table) -> pa.Table:
