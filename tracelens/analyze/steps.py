@@ -12,7 +12,7 @@ Rule (docs/breakdown.md, "Step windows"), per rank:
 3. Device-side boundaries: device events belong to the step whose CPU window launched them (the `step`
    column). Step N starts at  max(CPU start of N, min(first start of N's device events, last end of
    N-1's device events)),  i.e. at its CPU start unless the GPU still runs the previous step's work then;
-   the first step starts at its CPU start. Step N ends at the later of its CPU end and its device events'
+   the first step starts at its CPU start, and so does a step whose predecessor launched no device work. Step N ends at the later of its CPU end and its device events'
    last end, but never after step N+1 starts. Starts are made non-decreasing.
 
 So windows never overlap and every instant (and so every device interval, clipped) belongs to at most one
@@ -138,7 +138,7 @@ def _rank_windows(
     keep = np.ones(uniq.size, dtype=bool)
     for i, n in enumerate(uniq):
         outside = c_start[i] >= hi_ext or c_end[i] <= lo_ext
-        empty = not gpu_source and not members[i]
+        empty = not gpu_source and not members[i] and c_end[i] > c_start[i]  # (zero-length: kept, 0 ms)
         if outside or empty:
             keep[i] = False
             notes.append(
@@ -169,13 +169,9 @@ def _rank_windows(
     has_dev = d_last > np.iinfo(np.int64).min
     start = c_start.copy()
     for i in range(1, uniq.size):
-        cands = []
-        if has_dev[i]:
-            cands.append(d_first[i])
-        if has_dev[i - 1]:
-            cands.append(d_last[i - 1])
-        if cands:
-            start[i] = max(c_start[i], min(cands))
+        if has_dev[i - 1]:  # the GPU may still run step N-1's work when the CPU starts step N
+            t = min(d_last[i - 1], d_first[i]) if has_dev[i] else d_last[i - 1]
+            start[i] = max(c_start[i], t)
     start = np.maximum.accumulate(start)
     stop = np.where(has_dev, np.maximum(c_end, d_last), c_end)
     stop[:-1] = np.minimum(stop[:-1], start[1:])
