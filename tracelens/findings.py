@@ -20,6 +20,7 @@ CODES = (
     "NO_STEPS",
     "LAYOUT_INCONSISTENT",
     "MFU_IMPOSSIBLE",
+    "STEP_WINDOW_CLIPPED",
 )
 SEVERITIES = ("info", "warning", "error")
 

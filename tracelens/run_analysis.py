@@ -505,6 +505,7 @@ class Analysis:
                     "no ProfilerStep#N annotations: each rank's whole trace is analyzed as one window",
                 )
             )
+        out += self._guarded("step windows", self.step_window_findings) or []
         salvaged = self.metadata.filter(pa.compute.equal(self.metadata.column("salvaged"), True))
         bd = self.breakdown.select(["rank", "step"]).to_pylist()
         for row in salvaged.to_pylist():
@@ -527,6 +528,12 @@ class Analysis:
             )
         out.extend(damaged_findings(self.metadata))
         return out
+
+    def step_window_findings(self) -> list[dict]:
+        """STEP_WINDOW_CLIPPED: ProfilerStep windows dropped or cut at the trace's end (analyze.steps)."""
+        from tracelens.analyze.steps import window_findings
+
+        return window_findings(self._xevents, self.breakdown)
 
     # ---- summary ------------------------------------------------------------------------------
     def rank_warnings(self) -> list[str]:

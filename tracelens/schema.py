@@ -35,7 +35,7 @@ EVENTS = pa.schema(
         ("pid", pa.int64()),  # null when the trace used a string pid
         ("tid", pa.int64()),  # null when the trace used a string tid
         ("device", pa.int32()),  # GPU/accelerator index for device events, else null
-        ("stream", pa.int32()),  # stream for device events, else null
+        ("stream", pa.int32()),  # stream for device events; a cpu op's own `args.stream` (Triton launch); else null
         ("ts_ns", pa.int64()),  # absolute: baseTimeNanoseconds + ts (µs, 3 decimals) * 1000
         ("dur_ns", pa.int64()),
         ("correlation", pa.int64()),

@@ -144,7 +144,8 @@ def build_summary(a: Analysis) -> dict:
         + (list(a.nccl_sources.notes) if a.nccl_sources is not None else [])
         + list(a.warnings)
         + (a.mfu_warnings if a.model is not None else [])
-        + list(getattr(a.grid, "notes", []) or []),
+        + list(getattr(a.grid, "notes", []) or [])
+        + (wait_split_warnings(ranks) if cross is not None else []),
         "analysis_path": sorted(set(a.breakdown.column("path").to_pylist())),
     }
     out = {
@@ -216,14 +217,33 @@ def collectives_dict(cross, nccl: dict[str, pa.Table]) -> dict:
     out["sources"]["kineto"] = int(len(df))
     cols = set(df.columns)
     for op, g in df.groupby("op", observed=True):
-        rec = {"op": str(op), "calls": int(len(g)), "bytes": int(g["bytes"].fillna(0).sum())}
+        # unknown sizes stay unknown: null when no call's size is known, and the count of unknown ones
+        known = g["bytes"].dropna()
+        rec = {"op": str(op), "calls": int(len(g)), "bytes": int(known.sum()) if len(known) else None}
+        if len(known) < len(g):
+            rec["calls_bytes_unknown"] = int(len(g) - len(known))
         if "busbw_gbps" in cols:
             rec["busbw_gbps_median"] = _median(g["busbw_gbps"])
         if "arrival_skew_ns" in cols:
-            v = _median(g["arrival_skew_ns"])
+            # skew needs a second participant: instances seen on one rank only have none (null, not 0)
+            seen = g["n_participants"] > 1 if "n_participants" in cols else slice(None)
+            v = _median(g["arrival_skew_ns"][seen])
             rec["skew_ms_median"] = None if v is None else v / 1e6
         out["by_op"].append(rec)
     return out
+
+
+def wait_split_warnings(ranks: list[dict]) -> list[str]:
+    """Say why exposed communication has no wait / transfer split (collectives.exposed_split)."""
+    blind = [r["rank"] for r in ranks if (r.get("exposed_comm_ms") or 0) > 0 and r.get("exposed_wait_ms") is None]
+    if not blind:
+        return []
+    shown = ", ".join(map(str, blind[:16])) + (" ..." if len(blind) > 16 else "")
+    return [
+        f"exposed communication on rank(s) {shown} is not split into wait and transfer (null): their "
+        "collectives' other participants are not in the traces, and without them waiting for a late rank "
+        "cannot be told from moving data"
+    ]
 
 
 def nccl_sources_dict(out: dict, res, analysis=None) -> dict:

@@ -230,9 +230,10 @@ P2P_NAMES = re.compile(
 )
 
 
-def axis_of_desc(desc: str | None) -> str | None:
-    """The one parallel axis a process-group description names, or None (combined, unrelated or unknown)."""
-    if not desc:
+def axis_of_desc(desc: object) -> str | None:
+    """The one parallel axis a process-group description names, or None (combined, unrelated or unknown;
+    a description that is not a string, e.g. `pg_desc: true` in a damaged trace, names none)."""
+    if not isinstance(desc, str) or not desc:
         return None
     toks = {re.sub(r"\d+$", "", t) for t in re.split(r"[^a-z0-9]+", desc.lower()) if t}
     if toks & _SKIP_TOKENS:

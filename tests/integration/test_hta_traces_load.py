@@ -77,6 +77,30 @@ def _ref_ranks(v):
     return [int(x) for x in v.strip("[]").split(",") if x.strip()]
 
 
+_COMM_OP = ("nccl:", "c10d::", "record_param_comms", "gloo:")
+
+
+def _ref_in_nelems(e: dict):
+    """`In msg nelems`, else (communication cpu ops, docs/ingest.md) the input tensor of `Input Dims`:
+    the second tensor of c10d `*_base_` / `alltoall_base_` ops (output, input), the first elsewhere."""
+    a = e.get("args") or {}
+    if "In msg nelems" in a or "Out msg nelems" in a or not str(e.get("name")).startswith(_COMM_OP):
+        return a.get("In msg nelems")
+    tensors = []
+    for d in a.get("Input Dims") or []:
+        if isinstance(d, list) and d and all(type(x) is int and x >= 0 for x in d):
+            n = 1
+            for x in d:
+                n *= x
+            tensors.append(n)
+    if not tensors:
+        return None
+    name = e["name"]
+    if name.startswith("c10d::") and ("_base_" in name or "into_tensor" in name) and len(tensors) >= 2:
+        return tensors[1]
+    return tensors[0]
+
+
 @pytest.mark.parametrize(
     "rel",
     [
@@ -103,7 +127,7 @@ def test_field_by_field_against_reference(rel):
         "external_id": [(e.get("args") or {}).get("External id") for e in xs],
         "pid": [e["pid"] if isinstance(e.get("pid"), int) else None for e in xs],
         "collective": [(e.get("args") or {}).get("Collective name") for e in xs],
-        "in_nelems": [(e.get("args") or {}).get("In msg nelems") for e in xs],
+        "in_nelems": [_ref_in_nelems(e) for e in xs],
         "pg_ranks": [_ref_ranks((e.get("args") or {}).get("Process Group Ranks")) for e in xs],
     }
     for c, w in want.items():

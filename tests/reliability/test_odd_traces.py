@@ -82,8 +82,9 @@ def test_overlapping_steps(tmp_path):
     evs[6]["ts"] = 900.0  # step 2 starts 50 µs before step 1 ends
     s = _summary(tmp_path, evs)
     rows = _steps(s)
-    _assert_ref(rows[1])
-    # step 2's window [900, 1850) holds its own work; the overlap [900, 950) is counted in both windows
+    # windows are disjoint (issue 16): step 1 ends where step 2 starts, so the overlap [900, 950) (idle) is
+    # step 2's only; step 2's window [900, 1850) holds its own work
+    _assert_ref(rows[1], step_time_ms=0.9, idle_ms=0.3)
     _assert_ref(rows[2], step_time_ms=0.95, idle_ms=0.35)
     # an event in the overlap belongs to the step that started last
     tr = kineto.read(write(tmp_path / "t.json", kineto_doc(0, 1, evs + [x("cpu_op", "late", 920, 1)])))

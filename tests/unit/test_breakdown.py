@@ -24,7 +24,8 @@ def step(rank, n, ts, dur):
 def test_gpu_breakdown_by_hand():
     # Step 5 on rank 0: [0, 100). compute [10,40) and [30,60) -> union [10,60) = 50.
     # NCCL [50,80): overlapped [50,60) = 10, exposed [60,80) = 20. memcpy [75,90): only [80,90) = 10 counts.
-    # gpu_user_annotation ignored. Busy [10,90) = 80 -> idle 20. Step 6 [100,200): compute [150,250) clipped -> 50.
+    # gpu_user_annotation ignored. Busy [10,90) = 80 -> idle 20. Step 6 [100,200) on the CPU; its kernel
+    # [150,250) started in it, and the last step ends with its device work: window [100,250), compute 100.
     ev = events_table(
         [
             step(0, 5, 0, 100),
@@ -47,7 +48,7 @@ def test_gpu_breakdown_by_hand():
         20,
     )
     assert s5["comm_ns"] == 30 and s5["path"] == "gpu"
-    assert (s6["step"], s6["compute_ns"], s6["idle_ns"]) == (6, 50, 50)
+    assert (s6["step"], s6["step_time_ns"], s6["compute_ns"], s6["idle_ns"]) == (6, 150, 100, 50)
     for row in b:
         assert (
             row["compute_ns"] + row["exposed_comm_ns"] + row["memcpy_ns"] + row["idle_ns"]

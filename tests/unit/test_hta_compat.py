@@ -375,3 +375,34 @@ def test_summary_rows_join_both_tables_in_ms() -> None:
     assert rows[0]["comp_comm_overlap_pctg"] == 50.0
     assert rows[1]["comp_comm_overlap_pctg"] is None
     assert rows[1]["idle_time_ms"] == 0.0
+
+
+def test_negative_part_from_rounding_is_null() -> None:
+    # sub-µs timestamps: HTA rounds inward, so a 0.5 µs memcpy at 10.2 becomes [11, 10] (length -1) and HTA's
+    # non-compute time (busy 9 - compute 10) is negative: something HTA cannot analyse -> null, as promised
+    ev = table([k(0, 10), k(10.2, 0.5, "Memcpy DtoH", kind="gpu_memcpy")])
+    got = one(h.temporal_breakdown(ev))
+    assert got["kernel_time_ns"] == 10 * US and got["compute_time_ns"] == 10 * US
+    assert got["non_compute_time_ns"] is None and got["non_compute_time_pctg"] is None
+    assert got["compute_time_pctg"] == 100.0
+
+
+def test_triton_cpu_op_with_stream_is_a_gpu_kernel_for_hta(tmp_path) -> None:
+    import gzip
+    import json
+
+    from tracelens.ingest import kineto
+
+    evs = [
+        {"ph": "X", "cat": "kernel", "name": "gemm", "pid": 0, "tid": 7, "ts": 0, "dur": 10,
+         "args": {"stream": 7, "correlation": 1, "device": 0}},
+        {"ph": "X", "cat": "cpu_op", "name": "triton_poi_fused_add_0", "pid": 1, "tid": 1, "ts": 20, "dur": 10,
+         "args": {"stream": 0, "kernel_backend": "triton"}},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 40, "dur": 10, "args": {}},
+    ]  # fmt: skip
+    p = tmp_path / "t.json.gz"
+    p.write_bytes(gzip.compress(json.dumps({"traceEvents": evs}).encode()))
+    ev = kineto.read(p).events
+    assert ev.column("stream").to_pylist() == [7, 0, None]
+    got = one(h.temporal_breakdown(ev))
+    assert got["kernel_time_ns"] == 30 * US and got["compute_time_ns"] == 20 * US  # HTA: [0,10) + [20,30)

@@ -62,6 +62,12 @@ def test_layout_dp_fills_world_and_mismatch_errors():
         grid_from_layout(16, tp=4, pp=4, dp=2)
 
 
+def test_axis_of_desc_of_a_non_string_description_is_none():
+    # `pg_desc: true` in a damaged trace (found by the fuzz test): no axis, no AttributeError
+    for v in (True, 5, 2.5, ["tp"], {"tp": 1}):
+        assert axis_of_desc(v) is None
+
+
 def test_axis_of_desc():
     assert axis_of_desc("TENSOR_MODEL_PARALLEL_GROUP") == "tp"
     assert axis_of_desc("PIPELINE_MODEL_PARALLEL_GROUP") == "pp"

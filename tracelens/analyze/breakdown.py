@@ -9,8 +9,9 @@ For each rank the union of each class of intervals (see `classify`) is clipped t
     idle           = step − |C ∪ K ∪ M|
 
 so that  (compute − overlapped_comm) + overlapped_comm + exposed_comm + memcpy + idle = step  exactly.
-Step windows are the rank's `ProfilerStep#N` annotations; GPU and CPU events share one clock in Kineto.
-Without any ProfilerStep the whole trace is one window (step = null).
+Step windows come from the rank's `ProfilerStep#N` annotations, moved to where the device runs each step's
+work when the GPU lags the CPU, disjoint and inside the trace (analyze.steps); GPU and CPU events share one
+clock in Kineto. Without any ProfilerStep the whole trace is one window (step = null).
 """
 
 from __future__ import annotations
@@ -25,8 +26,6 @@ from tracelens.analyze.classify import (
     COMM,
     COMPUTE,
     MEMORY,
-    STEP,
-    _dict_lookup,
     classify,
     gpu_ranks,
     main_threads,
@@ -104,39 +103,10 @@ def class_sets(events: pa.Table, classes: np.ndarray | None = None) -> dict[int,
 
 
 def step_windows(events: pa.Table) -> pa.Table:
-    """rank, step, start_ns, end_ns of every `ProfilerStep#N` (one window per rank and step)."""
-    name = events.column("name")
-    is_step = _dict_lookup(name, lambda v: int(bool(STEP.match(v)))).astype(bool)
-    if not is_step.any():
-        return pa.table(
-            {
-                "rank": pa.array([], pa.int32()),
-                "step": pa.array([], pa.int32()),
-                "start_ns": pa.array([], pa.int64()),
-                "end_ns": pa.array([], pa.int64()),
-            }
-        )
-    sub = events.filter(pa.array(is_step))
-    names = sub.column("name").cast(pa.string()).to_pylist()
-    steps = np.array([int(STEP.match(v).group(1)) for v in names], dtype=np.int64)
-    rank = sub.column("rank").to_numpy(zero_copy_only=False).astype(np.int64)
-    ts = sub.column("ts_ns").to_numpy(zero_copy_only=False)
-    end = ts + np.maximum(sub.column("dur_ns").fill_null(0).to_numpy(zero_copy_only=False), 0)
-    # A step may appear twice (cpu_op and user_annotation in some versions): merge to min start, max end.
-    key = rank * (1 << 32) + steps
-    uk, inv = np.unique(key, return_inverse=True)
-    start = np.full(uk.size, np.iinfo(np.int64).max)
-    stop = np.full(uk.size, np.iinfo(np.int64).min)
-    np.minimum.at(start, inv, ts)
-    np.maximum.at(stop, inv, end)
-    return pa.table(
-        {
-            "rank": pa.array((uk >> 32).astype(np.int32)),
-            "step": pa.array((uk & 0xFFFFFFFF).astype(np.int32)),
-            "start_ns": pa.array(start),
-            "end_ns": pa.array(stop),
-        }
-    )
+    """rank, step, start_ns, end_ns: one disjoint window per rank and `ProfilerStep#N` (analyze.steps)."""
+    from tracelens.analyze.steps import step_windows as _windows
+
+    return _windows(events)
 
 
 def _whole_trace_window(events: pa.Table, sets: dict[int, RankSets]) -> pa.Table:

@@ -1,7 +1,10 @@
 """Classify events into compute, communication, memory or none (excluded), per rank.
 
-GPU path (the rank has device events): communication = kernels named like NCCL/RCCL kernels or carrying
-collective args; memory = memcpy/memset kinds and kernels named like them; compute = all other kernels.
+GPU path (the rank has device events): communication = kernels of a communication family
+(ingest.comm_families.FAMILIES: NCCL, RCCL, symmetric memory, custom all-reduce, DeepEP, NVSHMEM, MSCCL++),
+kernels carrying collective args, and kernels whose launch sits directly inside a communication cpu op
+(comm_families.COMM_CPU_OP, the innermost op around the launch: analyze.launch_link); memory = memcpy/memset
+kinds and kernels of a memory family (memcpy-like names, MTIA `dma_request`); compute = all other kernels.
 GPU annotations, sync events and CPU events are excluded.
 
 CPU-only path (no device events on the rank, e.g. gloo): communication = `c10d::*` and
@@ -15,31 +18,20 @@ import re
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
+
+from tracelens.analyze.dictcol import dict_lookup as _dict_lookup
+from tracelens.ingest import comm_families
 
 NONE, COMPUTE, COMM, MEMORY = 0, 1, 2, 3
 CLASS_NAMES = {NONE: "none", COMPUTE: "compute", COMM: "communication", MEMORY: "memory"}
 
-COMM_KERNEL = re.compile(
-    r"^(nccl(Dev)?Kernel_|rccl|ncclDevKernel|ncclKernel|ncclSymk|ncclDevFunc)", re.IGNORECASE
-)
-MEMORY_KERNEL = re.compile(r"^(Memcpy|Memset|\[?memcpy|\[?memset|hipMemcpy|hipMemset)", re.IGNORECASE)
-CPU_COMM = re.compile(r"^(c10d::|record_param_comms$|gloo:|nccl:|ProcessGroup)")
+#: NCCL-named kernels (the family whose names tell the collective); every family: comm_families.FAMILIES
+COMM_KERNEL = comm_families.FAMILIES[0].kernel
+MEMORY_KERNEL = comm_families.MEMORY_FAMILIES[0].kernel
+CPU_COMM = comm_families.COMM_CPU_OP
 STEP = re.compile(r"^ProfilerStep#([0-9]{1,9})$")  # ASCII digits, fits the int32 step column
 
 DEVICE_KINDS = ("kernel", "gpu_memcpy", "gpu_memset")
-
-
-def _dict_lookup(col: pa.ChunkedArray | pa.Array, fn) -> np.ndarray:
-    """Apply `fn(str) -> int` to each distinct value of a dictionary (or string) column, vectorised by index."""
-    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
-    if not pa.types.is_dictionary(arr.type):
-        arr = pc.dictionary_encode(arr)
-    values = arr.dictionary.to_pylist()
-    table = np.array([fn(v) if v is not None else 0 for v in values] + [0], dtype=np.int8)
-    idx = arr.indices.to_numpy(zero_copy_only=False)
-    idx = np.where(arr.indices.is_null().to_numpy(zero_copy_only=False), len(values), idx)
-    return table[idx.astype(np.int64)]
 
 
 def _kind_codes(events: pa.Table) -> dict[str, np.ndarray]:
@@ -89,8 +81,8 @@ def classify(events: pa.Table) -> np.ndarray:
         return out
     kinds = _kind_codes(events)
     name = events.column("name")
-    comm_name = _dict_lookup(name, lambda v: int(bool(COMM_KERNEL.match(v)))).astype(bool)
-    mem_name = _dict_lookup(name, lambda v: int(bool(MEMORY_KERNEL.match(v)))).astype(bool)
+    comm_name = _dict_lookup(name, lambda v: int(comm_families.family_of_kernel(v) is not None)).astype(bool)
+    mem_name = _dict_lookup(name, lambda v: int(comm_families.is_memory_kernel(v))).astype(bool)
     cpu_comm = _dict_lookup(name, lambda v: int(bool(CPU_COMM.match(v)))).astype(bool)
     has_coll = events.column("collective").is_valid().to_numpy(zero_copy_only=False)
     rank = events.column("rank").to_numpy(zero_copy_only=False)
@@ -99,7 +91,7 @@ def classify(events: pa.Table) -> np.ndarray:
     memory_kind = kinds["gpu_memcpy"] | kinds["gpu_memset"]
     gpu = np.isin(rank, np.fromiter(gpu_ranks(events), dtype=rank.dtype))
 
-    g_comm = kernel & (comm_name | has_coll)
+    g_comm = kernel & (comm_name | has_coll | comm_launched(events))
     g_mem = memory_kind | (kernel & mem_name & ~g_comm)
     g_comp = kernel & ~g_comm & ~g_mem
     out[gpu & g_comp] = COMPUTE
@@ -119,4 +111,16 @@ def classify(events: pa.Table) -> np.ndarray:
         c_comp = kinds["cpu_op"] & ~cpu_comm & on_main
         out[cpu & c_comp] = COMPUTE
         out[cpu & c_comm] = COMM
+    return out
+
+
+def comm_launched(events: pa.Table) -> np.ndarray:
+    """Device rows whose launch sits directly inside a communication cpu op (the innermost op around the
+    launch is one: a copy kernel of an `aten::copy_` nested in `c10d::allgather_` is not)."""
+    from tracelens.analyze.launch_link import link_launches
+
+    ln = link_launches(events)
+    out = np.zeros(events.num_rows, dtype=bool)
+    has = ln.parent >= 0
+    out[has] = ln.parent[has] == ln.comm_parent[has]
     return out

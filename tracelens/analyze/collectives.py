@@ -20,8 +20,9 @@ import pyarrow as pa
 
 from tracelens import schema
 from tracelens.analyze import intervals as iv
-from tracelens.analyze.classify import COMM_KERNEL, _dict_lookup, gpu_ranks
+from tracelens.analyze.classify import _dict_lookup, comm_launched, gpu_ranks
 from tracelens.findings import finding
+from tracelens.ingest.comm_families import family_of_kernel, is_comm_cpu_op
 from tracelens.topology import pg_config_entries
 
 #: Canonical op names (schema.COLLECTIVES `op`), checked in this order against the squashed raw name.
@@ -132,9 +133,8 @@ def _to_coll_table(df: pd.DataFrame) -> pa.Table:
             continue
         vals = df[f.name]
         if pa.types.is_dictionary(f.type):
-            obj = vals.astype(object)
-            obj = obj.where(~obj.isna(), None)
-            arr = pa.array(obj.map(lambda v: None if v is None else str(v)).tolist(), pa.string())
+            # mixed / missing values (a key on only some kernels): null, never NaN or "nan"
+            arr = pa.array([None if _isnull(v) else str(v) for v in vals.astype(object)], pa.string())
             cols[f.name] = arr.dictionary_encode().cast(f.type)
         elif pa.types.is_list(f.type):
             cols[f.name] = pa.array([_ranks_tuple(v) for v in vals], f.type)
@@ -171,15 +171,63 @@ def _nbytes(df: pd.DataFrame) -> pd.Series:
     return out.round().astype("Int64")
 
 
+def _parent_fields(events: pa.Table, kmask: np.ndarray) -> pd.DataFrame:
+    """For the kernels of `kmask` (in row order): op, sizes, dtype and start of the CPU ops around their
+    launch (launch_link): the op from the innermost communication op that names one (`record_param_comms`
+    with its `Collective name`, `nccl:all_to_all`, `c10d::alltoall_base_`), the sizes from the innermost one
+    that carries them (`In msg nelems`, or its `Input Dims` read at ingest)."""
+    from tracelens.analyze.launch_link import enclosing_ops
+
+    name = events.column("name")
+    coll = events.column("collective")
+    names_op = _dict_lookup(
+        name, lambda v: int(is_comm_cpu_op(v) and normalize_op(v) is not None)
+    ).astype(bool)
+    rpc_named = (
+        _dict_lookup(name, lambda v: int(v == "record_param_comms")).astype(bool)
+        & coll.is_valid().to_numpy(zero_copy_only=False)
+    )
+    comm_op = _dict_lookup(name, lambda v: int(is_comm_cpu_op(v))).astype(bool)
+    has_in = events.column("in_nelems").is_valid().to_numpy(zero_copy_only=False)
+    has_out = events.column("out_nelems").is_valid().to_numpy(zero_copy_only=False)
+    op_row = enclosing_ops(events, names_op | rpc_named)[kmask]
+    # an op that gives both buffers (`c10d::_allgather_base_`: output, input) beats one that gives the input
+    both = enclosing_ops(events, comm_op & has_in & has_out)[kmask]
+    size_row = np.where(both >= 0, both, enclosing_ops(events, comm_op & (has_in | has_out))[kmask])
+    n = int(kmask.sum())
+    out = pd.DataFrame(index=range(n))
+    names = name.cast(pa.string()) if pa.types.is_dictionary(name.type) else name
+    colls = coll.cast(pa.string()) if pa.types.is_dictionary(coll.type) else coll
+
+    def take(col, rows: np.ndarray) -> list:
+        idx = pa.array(np.where(rows >= 0, rows, 0), mask=rows < 0)
+        return col.take(idx).to_pylist()
+
+    p_name, p_coll = take(names, op_row), take(colls, op_row)
+    out["parent_op"] = [
+        (normalize_op(c) or "other") if isinstance(c, str) else normalize_op(nm)
+        for c, nm in zip(p_coll, p_name)
+    ]
+    dt = events.column("dtype")
+    dt = dt.cast(pa.string()) if pa.types.is_dictionary(dt.type) else dt
+    out["parent_in_nelems"] = pd.array(take(events.column("in_nelems"), size_row), dtype="Int64")
+    out["parent_out_nelems"] = pd.array(take(events.column("out_nelems"), size_row), dtype="Int64")
+    out["parent_dtype"] = pd.Series(take(dt, size_row), dtype=object)
+    enq = np.where(op_row >= 0, op_row, size_row)
+    out["parent_ts_ns"] = pd.array(take(events.column("ts_ns"), enq), dtype="Int64")
+    return out
+
+
 def _gpu_rows(events: pa.Table, ranks: np.ndarray, name_is_comm: np.ndarray, kind: dict) -> pd.DataFrame:
     rank = events.column("rank").to_numpy(zero_copy_only=False)
     on = np.isin(rank, ranks)
     has_coll = events.column("collective").is_valid().to_numpy(zero_copy_only=False)
-    kmask = on & kind["kernel"] & (name_is_comm | has_coll)
+    kmask = on & kind["kernel"] & (name_is_comm | has_coll | comm_launched(events))
     cols = ("rank", "name", "ts_ns", "dur_ns", "step", "external_id", "correlation") + _FIELDS
     k = _rows(events, kmask, cols)
     if k.empty:
         return k
+    k = pd.concat([k, _parent_fields(events, kmask)], axis=1)
     rmask = on & kind["rpc"]
     r = _rows(events, rmask, ("rank", "ts_ns", "external_id") + _FIELDS)
     r = r.dropna(subset=["external_id"]).drop_duplicates(["rank", "external_id"])
@@ -192,14 +240,21 @@ def _gpu_rows(events: pa.Table, ranks: np.ndarray, name_is_comm: np.ndarray, kin
             if c != "pg_ranks"
             else [a if a is not None else b for a, b in zip(k[c], cpu)]
         )
-    k["enqueue_ns"] = k["ts_ns_cpu"]
-    # `Collective name` first, then the kernel name ("coalesced" -> ncclDevKernel_SendRecv -> sendrecv);
-    # a kernel that names no known op but carries collective args is kept as "other"
+    # sizes: the kernel's / record_param_comms's args, else the CPU ops around the launch (old PyTorch)
+    no_size = k["in_nelems"].isna() & k["out_nelems"].isna()
+    k["in_nelems"] = k["in_nelems"].astype("Int64").where(~no_size, k["parent_in_nelems"])
+    k["out_nelems"] = k["out_nelems"].astype("Int64").where(~no_size, k["parent_out_nelems"])
+    k["dtype"] = k["dtype"].where(~(no_size & k["dtype"].isna()), k["parent_dtype"])
+    k["enqueue_ns"] = k["ts_ns_cpu"].astype("Int64").fillna(k["parent_ts_ns"])
+    # `Collective name` first, then the CPU ops around the launch (old NCCL names every kernel of an
+    # all-to-all `ncclKernel_SendRecv`), then the kernel name ("coalesced" -> ncclDevKernel_SendRecv ->
+    # sendrecv); a kernel that names no known op but carries collective args is kept as "other"
     k["op"] = [
         normalize_op(c if isinstance(c, str) else None)
+        or (p if isinstance(p, str) else None)
         or normalize_op(n)
         or ("other" if isinstance(c, str) else None)
-        for c, n in zip(k["collective"], k["name"])
+        for c, p, n in zip(k["collective"], k["parent_op"], k["name"])
     ]
     k["start_ns"] = k["ts_ns"]
     k["end_ns"] = k["ts_ns"] + k["dur_ns"]
@@ -254,7 +309,7 @@ def collectives_from_events(events: pa.Table) -> pa.Table:
         for k in ("kernel", "cpu_op", "user_annotation")
     }
     kind["rpc"] = kind["cpu_op"] & _dict_lookup(name, lambda v: int(v == "record_param_comms")).astype(bool)
-    name_is_comm = _dict_lookup(name, lambda v: int(bool(COMM_KERNEL.match(v)))).astype(bool)
+    name_is_comm = _dict_lookup(name, lambda v: int(family_of_kernel(v) is not None)).astype(bool)
     all_ranks = np.unique(events.column("rank").to_numpy(zero_copy_only=False))
     g_ranks = np.array(sorted(gpu_ranks(events)), dtype=all_ranks.dtype)
     c_ranks = np.setdiff1d(all_ranks, g_ranks)
@@ -476,7 +531,10 @@ def match_with_findings(coll: pa.Table, metadata: pa.Table | None = None) -> tup
     codes, _ = pd.factorize(pd.Series(key), sort=False)
     df["instance"] = pd.Series(codes, dtype="Int64")
     expected = df["group_size"].astype("Float64")
-    from_key = pd.Series([len(k[2:].split(",")) if k.startswith("r:") else None for k in gk], dtype="Float64")
+    # (a one-rank key is what inference leaves for a rank without traced peers: no evidence of the size)
+    from_key = pd.Series(
+        [n if k.startswith("r:") and (n := len(k[2:].split(","))) > 1 else None for k in gk], dtype="Float64"
+    )
     expected = expected.fillna(from_key)
     expected = expected.where(~pd.Series(p2p), 2.0)
     df["n_expected"] = expected.round().astype("Int64")
@@ -786,9 +844,22 @@ EXPOSED_SPLIT = pa.schema(
 )
 
 
+def _incomplete(rows: pd.DataFrame) -> np.ndarray:
+    """Rows of instances seen on fewer ranks than take part (a single traced rank of a multi-rank job)."""
+    if rows.empty or "n_participants" not in rows:
+        return np.zeros(len(rows), dtype=bool)
+    n = rows["n_participants"].astype("Float64").to_numpy(dtype=float, na_value=np.nan)
+    exp = rows["n_expected"].astype("Float64").to_numpy(dtype=float, na_value=np.nan)
+    # unknown group size: a lone participant cannot be a whole collective
+    return np.where(np.isnan(exp), n < 2, n < exp)
+
+
 def exposed_split(df: pd.DataFrame, breakdown: pa.Table, sets: dict) -> pa.Table:
     """Per (rank, step): exposed communication (breakdown's K − C) split into the part inside the wait head
-    [start, start + wait) of a collective on that rank and the rest (transfer). The two add up exactly."""
+    [start, start + wait) of a collective on that rank and the rest (transfer). The two add up exactly.
+
+    Both are null (unknown) in a step where exposed communication overlaps a collective whose other
+    participants are not in the traces: without them its wait cannot be told from its transfer."""
     out = {f.name: [] for f in EXPOSED_SPLIT}
     b_rank = breakdown.column("rank").to_numpy(zero_copy_only=False)
     for r in np.unique(b_rank):
@@ -797,6 +868,7 @@ def exposed_split(df: pd.DataFrame, breakdown: pa.Table, sets: dict) -> pa.Table
         lo = w.column("window_start_ns").to_numpy(zero_copy_only=False)
         hi = w.column("window_end_ns").to_numpy(zero_copy_only=False)
         exposed_total = w.column("exposed_comm_ns").to_numpy(zero_copy_only=False)
+        unknown = np.zeros(lo.shape, dtype=bool)
         if rs is None or df.empty:
             waited = np.zeros(lo.shape, dtype=np.int64)
         else:
@@ -805,9 +877,15 @@ def exposed_split(df: pd.DataFrame, breakdown: pa.Table, sets: dict) -> pa.Table
             wt = mine["wait_ns"].astype("int64").to_numpy()
             wait_set = iv.union(s, s + wt)
             waited = iv.measure_in_windows(iv.intersect(rs.exposed_comm, wait_set), lo, hi)
+            # a collective whose other participants are not in the traces: its wait cannot be measured
+            inc = _incomplete(mine)
+            if inc.any():
+                e = mine["end_ns"].astype("int64").to_numpy()
+                blind = iv.union(s[inc], e[inc])
+                unknown = iv.measure_in_windows(iv.intersect(rs.exposed_comm, blind), lo, hi) > 0
         out["rank"] += [int(r)] * w.num_rows
         out["step"] += w.column("step").to_pylist()
         out["exposed_comm_ns"] += exposed_total.tolist()
-        out["exposed_wait_ns"] += waited.tolist()
-        out["exposed_transfer_ns"] += (exposed_total - waited).tolist()
+        out["exposed_wait_ns"] += [None if u else int(v) for u, v in zip(unknown, waited)]
+        out["exposed_transfer_ns"] += [None if u else int(v) for u, v in zip(unknown, exposed_total - waited)]
     return pa.table(out, schema=EXPOSED_SPLIT)

@@ -3,7 +3,8 @@
 Reproduces `TraceAnalysis.get_temporal_breakdown()` and `get_comm_comp_overlap()` of HTA 0.5 with its
 own definitions, not tracelens' (docs/hta-compat.md has the exact rules and how they differ):
 
-- GPU events are rows with a stream other than -1 (HTA's `args.stream`); kernel classes come from the
+- GPU events are rows with a stream other than -1 (HTA's `args.stream`, also on Triton launch cpu ops, which
+  HTA therefore counts as kernels); kernel classes come from the
   name alone: communication `^nccl.*Kernel`, memory `^(Memcpy|Memset|dma)`, computation anything that is
   not `^nccl.*Kernel`, does not contain `Memcpy` or `Sync` and does not start with `Memset`; the rest
   (e.g. `Stream Sync`) is "other" and counts as non-compute time.
@@ -236,10 +237,16 @@ def _rank_gpu_rows(
     return ranks, out
 
 
-def _pctg(part: int, whole: int) -> float | None:
-    if whole == 0:
+def _pctg(part: int | None, whole: int) -> float | None:
+    """HTA's rounded percentage; null where HTA cannot analyse (no window, or a negative part: µs rounding of
+    sub-µs kernels can make HTA's non-compute time negative)."""
+    if whole == 0 or part is None or part < 0:
         return None
     return float(np.round(100.0 * part / whole, 2))
+
+
+def _nonneg(v: int) -> int | None:
+    return None if v < 0 else v
 
 
 def temporal_breakdown(
@@ -269,9 +276,9 @@ def temporal_breakdown(
         cs, ce = _hta_merge(s[kt == COMPUTATION], e[kt == COMPUTATION])
         compute = int((ce - cs).sum())
         non_compute = kernel_time - compute - idle
-        rows["idle_time_ns"].append(idle)
-        rows["compute_time_ns"].append(compute)
-        rows["non_compute_time_ns"].append(non_compute)
+        rows["idle_time_ns"].append(_nonneg(idle))
+        rows["compute_time_ns"].append(_nonneg(compute))
+        rows["non_compute_time_ns"].append(_nonneg(non_compute))
         rows["kernel_time_ns"].append(kernel_time)
         rows["idle_time_pctg"].append(_pctg(idle, kernel_time))
         rows["compute_time_pctg"].append(_pctg(compute, kernel_time))

@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tracelens.analyze.breakdown import BREAKDOWN, breakdown, class_sets, step_windows
-from tracelens.analyze.classify import COMM, COMPUTE, DEVICE_KINDS, _dict_lookup, classify
+from tracelens.analyze.classify import COMM, COMPUTE, DEVICE_KINDS, STEP, _dict_lookup, classify
 from tracelens.store.stages import OPS, RankStage, write_stage
 
 _ANNOTATION_KINDS = ("user_annotation", "gpu_user_annotation")
@@ -59,6 +59,26 @@ def cross_rank_mask(events: pa.Table, classes: np.ndarray, path: str | None) -> 
     if dev.size:
         keep[dev[0]] = True
     keep[_pipeline_marks(events, classes)] = True
+    keep |= _comm_launch_rows(events, classes)
+    keep |= _dict_lookup(events.column("name"), lambda v: int(bool(STEP.match(v)))).astype(bool)
+    out: np.ndarray = keep
+    return out
+
+
+def _comm_launch_rows(events: pa.Table, classes: np.ndarray) -> np.ndarray:
+    """Communication cpu ops and the launch calls of communication kernels: collectives.collectives_from_events
+    reads a collective's kind and size from the CPU ops around its launch (launch_link) when the kernel
+    carries no collective args (PyTorch < ~2.3)."""
+    from tracelens.ingest.comm_families import is_comm_cpu_op
+
+    keep = _dict_lookup(events.column("name"), lambda v: int(is_comm_cpu_op(v))).astype(bool)
+    kind = events.column("kind")
+    keep &= _dict_lookup(kind, lambda v: int(v in ("cpu_op", "user_annotation"))).astype(bool)
+    corr = events.column("correlation").fill_null(-1).to_numpy(zero_copy_only=False)
+    comm_corr = np.unique(corr[(classes == COMM) & (corr >= 0)])
+    if comm_corr.size:
+        launch = _dict_lookup(kind, lambda v: int(v in ("cuda_runtime", "cuda_driver"))).astype(bool)
+        keep |= launch & np.isin(corr, comm_corr)
     out: np.ndarray = keep
     return out
 

@@ -45,6 +45,7 @@ import pyarrow.compute as pc
 
 from tracelens import schema
 from tracelens.errors import BadTraceError
+from tracelens.ingest import comm_families
 from tracelens.ingest import salvage as _salv
 
 try:  # ISA-L's inflate (python-isal) is ~3x faster than zlib's and releases the GIL likewise; optional
@@ -72,6 +73,9 @@ RELEASE_BYTES = 4 * 1024 * 1024
 
 
 # --------------------------------------------------------------------------------------------- typed structs
+_RAW_NONE = msgspec.Raw(b"")
+
+
 class _Args(msgspec.Struct, frozen=True, gc=False):
     """The `args` keys of complete events tracelens uses; every other key is skipped by the decoder. Few
     fields, in Kineto's key order, make the decoder's key lookup cheaper (memory keys are in _MemArgs)."""
@@ -97,6 +101,10 @@ class _Args(msgspec.Struct, frozen=True, gc=False):
     dtype: int | float | str | bool | None = None
     src_rank: int | float | str | bool | None = msgspec.field(name="Src Rank", default=None)
     dst_rank: int | float | str | bool | None = msgspec.field(name="Dst Rank", default=None)
+    # shapes, kept as raw JSON text: decoded only for communication cpu ops (sizes of collectives whose
+    # kernels carry no `In msg nelems`, PyTorch < ~2.3; comm_families.sizes_from_shapes)
+    input_dims: msgspec.Raw = msgspec.field(name="Input Dims", default=_RAW_NONE)
+    input_type: msgspec.Raw = msgspec.field(name="Input type", default=_RAW_NONE)
 
 
 class _MemArgs(msgspec.Struct, frozen=True, gc=False):
@@ -132,12 +140,13 @@ class _LooseArgs(msgspec.Struct, frozen=True, gc=False):
     total_reserved: Any = msgspec.field(name="Total Reserved", default=None)
     bytes: Any = msgspec.field(name="Bytes", default=None)
     device_id: Any = msgspec.field(name="Device Id", default=None)
+    input_dims: Any = msgspec.field(name="Input Dims", default=None)
+    input_type: Any = msgspec.field(name="Input type", default=None)
 
 
 _EMPTY_ARGS = _Args()
 _EMPTY_MEM_ARGS = _MemArgs()
 _EMPTY_LOOSE_ARGS = _LooseArgs()
-_RAW_NONE = msgspec.Raw(b"")
 
 
 class _Event(msgspec.Struct, tag="X", tag_field="ph", gc=False):
@@ -644,15 +653,20 @@ def _columns(evs: list) -> _Chunk:
     dur, dur_valid = _times_ns(xs, "dur")
     coll_rows = np.zeros(0, dtype=np.int64)
     coll: dict = {}
-    if n and (loose or set(map(_get_coll, args)) != {None}):  # (a set of Nones is the cheap common case)
+    comm_op = _comm_op_rows(names) if n else None
+    if n and (loose or comm_op is not None or set(map(_get_coll, args)) != {None}):  # (a set of Nones: cheap)
         if type(args[0]) is _ArgsLean:
             raise _NeedFullArgs()
         has_coll = np.fromiter(map(is_not, map(_get_coll, args), repeat(None)), dtype=bool, count=n)
+        if comm_op is not None:
+            has_coll |= comm_op
         coll_rows = np.flatnonzero(has_coll)
         if coll_rows.size:
             sub = [args[i] for i in coll_rows.tolist()]
             for f in _COLL_FIELDS:
                 coll[f] = list(map(attrgetter(f), sub))
+            if comm_op is not None:
+                _sizes_from_shapes(coll, sub, names.take(pa.array(coll_rows)).to_pylist())
     # device/stream matter only for device events (elsewhere _assemble nulls them)
     gpu = _IS_GPU[kind]
     gpu_rows = np.flatnonzero(gpu)
@@ -664,7 +678,8 @@ def _columns(evs: list) -> _Chunk:
         pid=_ints(_get["pid"], xs, pa.int64(), loose, lowcard=True),
         tid=_ints(_get["tid"], xs, pa.int64(), loose, lowcard=True),
         device=_scatter(_ints(_get_device, gpu_args, pa.int32(), loose), n, gpu_rows),
-        stream=_scatter(_ints(_get_stream, gpu_args, pa.int32(), loose), n, gpu_rows),
+        # (all rows: a Triton launch cpu_op carries `args.stream`, which HTA counts as a GPU kernel)
+        stream=_ints(_get_stream, args, pa.int32(), loose),
         ts=ts,
         ts_valid=ts_valid,
         dur=dur,
@@ -676,6 +691,44 @@ def _columns(evs: list) -> _Chunk:
         coll=coll,
         mem=mem,
     )
+
+
+def _comm_op_rows(names: pa.Array) -> np.ndarray | None:
+    """Rows whose name is a communication cpu op (comm_families.COMM_CPU_OP), or None when there is none
+    (one regex per distinct name of the chunk)."""
+    d = names.dictionary.to_pylist()
+    hit = np.fromiter((comm_families.is_comm_cpu_op(v) for v in d), dtype=bool, count=len(d))
+    if not hit.any():
+        return None
+    idx = names.indices.fill_null(len(d)).to_numpy(zero_copy_only=False)
+    return np.r_[hit, False][idx]
+
+
+def _shape_value(v: Any) -> Any:
+    """An `Input Dims` / `Input type` value: raw JSON text (typed decoders) or already decoded (loose)."""
+    if isinstance(v, msgspec.Raw):
+        if not len(v):
+            return None
+        try:
+            return _DEC_ANY.decode(v)
+        except (msgspec.DecodeError, RecursionError):
+            return None
+    return v
+
+
+def _sizes_from_shapes(coll: dict, args: list, names: list) -> None:
+    """Fill in_nelems / out_nelems / dtype of communication cpu ops that carry no message sizes from their
+    `Input Dims` / `Input type` (in place, rows aligned with `args`); the raw shape texts are dropped."""
+    for i, (a, name) in enumerate(zip(args, names)):
+        if coll["in_nelems"][i] is not None or coll["out_nelems"][i] is not None or not name:
+            continue
+        dims = _shape_value(getattr(a, "input_dims", None))
+        if dims is None:
+            continue
+        n_in, n_out, dtype = comm_families.sizes_from_shapes(name, dims, _shape_value(a.input_type))
+        coll["in_nelems"][i], coll["out_nelems"][i] = n_in, n_out
+        if coll["dtype"][i] is None:
+            coll["dtype"][i] = dtype
 
 
 _get_coll = attrgetter("collective")
@@ -1898,8 +1951,12 @@ def _assemble(sc: _Scan, rank: int) -> tuple[pa.Table, pa.Table]:
     device = pc.if_else(
         gpu_mask, pc.coalesce(device, pc.cast(pid, pa.int32(), safe=False)), pa.scalar(None, pa.int32())
     )
+    # cpu ops keep an `args.stream` of their own (Triton launches; analyze.hta_compat); other rows: null
+    cpu_op = pa.array(kind == _KIND_INDEX["cpu_op"])
     stream = pc.if_else(
-        gpu_mask, pc.coalesce(stream, pc.cast(tid, pa.int32(), safe=False)), pa.scalar(None, pa.int32())
+        gpu_mask,
+        pc.coalesce(stream, pc.cast(tid, pa.int32(), safe=False)),
+        pc.if_else(cpu_op, stream, pa.scalar(None, pa.int32())),
     )
     # an absolute time (base + ts) or an end (+ dur) beyond int64 would wrap around: such an event is
     # dropped like one without a timestamp (and counted in the metadata)

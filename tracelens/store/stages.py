@@ -19,7 +19,7 @@ from tracelens.store.atomic import write_parquet
 from tracelens.store.cache import read_parquet
 
 #: Bump when what a stage file holds changes: old stage files are then ignored (and rebuilt).
-STAGE_VERSION = "3"
+STAGE_VERSION = "4"
 
 #: Interval-set table: one row per interval of one class of one rank.
 SETS = pa.schema([("rank", pa.int32()), ("cls", pa.int8()), ("start_ns", pa.int64()), ("end_ns", pa.int64())])

@@ -1,0 +1,19 @@
+"""Vectorised lookups over dictionary-encoded (or string) Arrow columns."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+
+def dict_lookup(col: pa.ChunkedArray | pa.Array, fn) -> np.ndarray:
+    """Apply `fn(str) -> int` to each distinct value of a dictionary (or string) column, vectorised by index."""
+    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    if not pa.types.is_dictionary(arr.type):
+        arr = pc.dictionary_encode(arr)
+    values = arr.dictionary.to_pylist()
+    table = np.array([fn(v) if v is not None else 0 for v in values] + [0], dtype=np.int8)
+    idx = arr.indices.to_numpy(zero_copy_only=False)
+    idx = np.where(arr.indices.is_null().to_numpy(zero_copy_only=False), len(values), idx)
+    return table[idx.astype(np.int64)]

@@ -1,0 +1,195 @@
+"""Which CPU op launched each device event: the innermost `cpu_op` / `user_annotation` enclosing the
+kernel's launch (the `cuda_runtime` / `cuda_driver` event with the same correlation id) on the launching
+thread. Without a launch in the trace, the cpu op with the kernel's External id stands in.
+
+Old PyTorch (< ~2.3) writes no collective args on NCCL kernels; the kind and size of a collective are then
+on the CPU ops around its launch (`nccl:all_to_all`, `c10d::alltoall_base_`, `record_param_comms`).
+Vectorized: one sparse table of interval ends answers "innermost enclosing op" for all launches at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from tracelens.analyze.dictcol import dict_lookup as _dict_lookup
+from tracelens.ingest.comm_families import is_comm_cpu_op
+
+
+def innermost_enclosing(
+    op_group: np.ndarray, op_start: np.ndarray, op_end: np.ndarray, q_group: np.ndarray, q_t: np.ndarray
+) -> np.ndarray:
+    """For each query (group, t): index of the op of the same group with start <= t <= end and the latest
+    start (the innermost of nested ops), else -1. Groups are threads (any int64 key)."""
+    nq = q_t.size
+    out = np.full(nq, -1, dtype=np.int64)
+    n = op_start.size
+    if n == 0 or nq == 0:
+        return out
+    order = np.lexsort((op_start, op_group))
+    g, s, e = op_group[order], op_start[order], op_end[order]
+    # J: last op of the query's group with start <= t
+    seg_lo = np.searchsorted(g, q_group, side="left")
+    seg_hi = np.searchsorted(g, q_group, side="right")
+    uniq = np.unique(g)
+    qcode = np.searchsorted(uniq, q_group)
+    qcode_ok = (qcode < uniq.size) & (uniq[np.minimum(qcode, uniq.size - 1)] == q_group)
+    # lexicographic search: within [seg_lo, seg_hi) find the last start <= t
+    j = seg_lo + _searchsorted_segments(s, seg_lo, seg_hi, q_t) - 1
+    valid = qcode_ok & (j >= seg_lo)
+    # sparse table: m[k][i] = max(e[i - 2^k + 1 .. i])
+    levels = [e]
+    k = 1
+    while (1 << k) <= n:
+        prev = levels[-1]
+        half = 1 << (k - 1)
+        cur = prev.copy()
+        cur[half:] = np.maximum(prev[half:], prev[:-half])
+        levels.append(cur)
+        k += 1
+    pos = np.where(valid, j, -1)
+    for k in range(len(levels) - 1, -1, -1):
+        step = 1 << k
+        can = (pos - step + 1 >= 0) & (pos >= 0)
+        idx = np.where(can, pos, 0)
+        move = can & (levels[k][idx] < q_t)
+        pos = np.where(move, pos - step, pos)
+    ok = valid & (pos >= seg_lo) & (pos >= 0)
+    pos_c = np.where(ok, pos, 0)
+    ok &= e[pos_c] >= q_t
+    out[ok] = order[pos_c[ok]]
+    return out
+
+
+def _count_below(s: np.ndarray, lo: np.ndarray, hi: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """Per query, the number of values < t within s[lo:hi] (int values)."""
+    return _searchsorted_segments(s, lo, hi, t - 1)
+
+
+def _searchsorted_segments(s: np.ndarray, lo: np.ndarray, hi: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """Per query, the number of values <= t within s[lo:hi] (s sorted within each segment): a binary search
+    vectorized over the queries."""
+    a = lo.copy()
+    b = hi.copy()
+    while True:
+        act = a < b
+        if not act.any():
+            break
+        mid = (a + b) // 2
+        midc = np.where(act, mid, 0)
+        le = act & (s[midc] <= t)
+        gt = act & ~le
+        a = np.where(le, mid + 1, a)
+        b = np.where(gt, mid, b)
+    return a - lo
+
+
+@dataclass
+class Launches:
+    """Per events row (aligned with the table): the row of the innermost CPU op around the launch of each
+    device event (-1: none, and for every non-device row), and the row of the innermost communication
+    cpu op around it (comm_families.COMM_CPU_OP; -1: none)."""
+
+    parent: np.ndarray
+    comm_parent: np.ndarray
+
+
+@dataclass
+class _Queries:
+    rows: np.ndarray  # device rows whose launch is in the trace
+    group: np.ndarray  # (rank, tid) key of every events row
+    ts: np.ndarray
+    end: np.ndarray
+    q_g: np.ndarray  # launch (rank, tid) key and start, aligned with rows
+    q_t: np.ndarray
+    ops: np.ndarray  # cpu_op | user_annotation
+    cpu_op: np.ndarray
+    device: np.ndarray
+
+
+def _kinds(events: pa.Table) -> dict[str, np.ndarray]:
+    kcol = events.column("kind")
+    return {
+        k: _dict_lookup(kcol, lambda v, k=k: int(v == k)).astype(bool)
+        for k in ("kernel", "gpu_memcpy", "gpu_memset", "cpu_op", "user_annotation", "cuda_runtime",
+                  "cuda_driver")
+    }  # fmt: skip
+
+
+def _queries(events: pa.Table) -> _Queries:
+    kinds = _kinds(events)
+    device = kinds["kernel"] | kinds["gpu_memcpy"] | kinds["gpu_memset"]
+    rank = events.column("rank").to_numpy(zero_copy_only=False).astype(np.int64)
+    corr = events.column("correlation").fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+    tid = events.column("tid").fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+    ts = events.column("ts_ns").to_numpy(zero_copy_only=False)
+    end = ts + np.maximum(events.column("dur_ns").fill_null(0).to_numpy(zero_copy_only=False), 0)
+    group = rank * (1 << 32) + (tid & 0xFFFFFFFF)
+    launch = (kinds["cuda_runtime"] | kinds["cuda_driver"]) & (corr >= 0)
+    dev_rows = np.flatnonzero(device & (corr >= 0))
+    l_rows = np.flatnonzero(launch)
+    rows = np.zeros(0, dtype=np.int64)
+    the_launch = rows
+    if dev_rows.size and l_rows.size:
+        j = _find_pairs(rank[l_rows], corr[l_rows], rank[dev_rows], corr[dev_rows])
+        hit = j >= 0
+        rows, the_launch = dev_rows[hit], l_rows[j[hit]]
+    ops = kinds["cpu_op"] | kinds["user_annotation"]
+    return _Queries(rows, group, ts, end, group[the_launch], ts[the_launch], ops, kinds["cpu_op"], device)
+
+
+def _enclosing(q: _Queries, mask: np.ndarray) -> np.ndarray:
+    """Per events row: the innermost op of `mask` (cpu_op / user_annotation rows) around the launch of each
+    device row, -1 elsewhere."""
+    out = np.full(mask.size, -1, dtype=np.int64)
+    op_rows = np.flatnonzero(mask & q.ops)
+    if not q.rows.size or not op_rows.size:
+        return out
+    op_rows = op_rows[np.isin(q.group[op_rows], np.unique(q.q_g))]  # only threads that launch
+    inner = innermost_enclosing(q.group[op_rows], q.ts[op_rows], q.end[op_rows], q.q_g, q.q_t)
+    out[q.rows[inner >= 0]] = op_rows[inner[inner >= 0]]
+    return out
+
+
+def enclosing_ops(events: pa.Table, mask: np.ndarray) -> np.ndarray:
+    """Per events row: the row of the innermost cpu op / user annotation selected by `mask` around the launch
+    of each device event (-1: none found, and for every other row)."""
+    return _enclosing(_queries(events), mask)
+
+
+def link_launches(events: pa.Table) -> Launches:
+    """Launching CPU op of every kernel / memcpy / memset (see the module docstring)."""
+    n = events.num_rows
+    if n == 0:
+        return Launches(np.full(0, -1, dtype=np.int64), np.full(0, -1, dtype=np.int64))
+    q = _queries(events)
+    comm_name = _dict_lookup(events.column("name"), lambda v: int(is_comm_cpu_op(v))).astype(bool)
+    parent = _enclosing(q, np.ones(n, dtype=bool))
+    comm_parent = _enclosing(q, comm_name)
+    # no launch found: the cpu op with the device event's External id (same rank)
+    rank = events.column("rank").to_numpy(zero_copy_only=False).astype(np.int64)
+    ext = events.column("external_id").fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+    todo = np.flatnonzero(q.device & (parent < 0) & (ext >= 0))
+    cands = np.flatnonzero(q.cpu_op & (ext >= 0))
+    if todo.size and cands.size:
+        j = _find_pairs(rank[cands], ext[cands], rank[todo], ext[todo])
+        hit = j >= 0
+        via = todo[hit]
+        parent[via] = cands[j[hit]]
+        is_c = comm_name[parent[via]]
+        comm_parent[via[is_c]] = parent[via[is_c]]
+    return Launches(parent, comm_parent)
+
+
+def _find_pairs(a: np.ndarray, b: np.ndarray, qa: np.ndarray, qb: np.ndarray) -> np.ndarray:
+    """For each query (qa, qb): an index i with (a[i], b[i]) == (qa, qb) (the first in sorted order), else -1."""
+    o = np.lexsort((b, a))
+    sa, sb = a[o], b[o]
+    lo = np.searchsorted(sa, qa, side="left")
+    hi = np.searchsorted(sa, qa, side="right")
+    j = lo + _count_below(sb, lo, hi, qb)
+    jc = np.minimum(j, max(sa.size - 1, 0))
+    hit = (j < hi) & (sb[jc] == qb)
+    return np.where(hit, o[jc], -1)
