@@ -54,7 +54,7 @@ _KEYS: dict[str, dict[str, tuple[str, tuple[type, ...]]]] = {
         "microbatches": ("microbatches", (int,)),
         "schedule": ("schedule", (str,)),
     },
-    "model": {"config": ("model", (str,))},
+    "model": {"config": ("model", (str,)), "layer_pattern": ("layer_pattern", (str,))},
     "hardware": {"gpu": ("gpu", (str,)), "peak_tflops": ("peak_tflops", (int, float))},
 }
 
@@ -73,6 +73,7 @@ class RunConfig:
     microbatches: int | None = None
     schedule: str | None = None
     model: str | None = None
+    layer_pattern: str | None = None  # regex with groups (?P<layer>) and (?P<module>): layer annotations
     gpu: str | None = None
     peak_tflops: float | None = None
     path: str | None = None  # the toml file read, if any
@@ -171,4 +172,5 @@ def read_run_config(run_dir: str | Path) -> dict:
         "schedule": cfg.schedule,
         "peak_tflops": cfg.peak_tflops,
         "gpu": cfg.gpu,
+        "layer_pattern": cfg.layer_pattern,
     }

@@ -44,6 +44,7 @@ class Options:
     engine: str | None = None  # "local" (default) | "dask" | "memory" (one all-ranks table), tracelens.engine
     scheduler: str | None = None  # Dask scheduler address for engine "dask" (None: a LocalCluster)
     progress: object = None  # callable(done, total) for the CLI's progress bar
+    layer_pattern: str | None = None  # [model] layer_pattern: extra layer-annotation regex (analyze/layers.py)
 
     def merged_with_config(self, run_dir: Path) -> Options:
         """Fill unset options from run_dir/tracelens.toml when present."""
@@ -250,6 +251,12 @@ class Analysis:
 
         if self._xevents.num_rows == 0:
             return None
+        if self.options.layer_pattern:  # a user rule: the per-rank spans used the built-in rules only
+            from tracelens.analyze.layers import compile_rules, patterns
+
+            compile_rules(self.options.layer_pattern)  # a bad pattern is the user's error (exit 2)
+            pats = patterns(self.options.layer_pattern)
+            return self._guarded("module annotations", lambda: module_spans(self.events, pats, sets=self.sets))
         if self.staged is not None:
             return self._guarded("module annotations", self._staged_spans)
         return self._guarded("module annotations", lambda: module_spans(self.events, None, sets=self.sets))
@@ -289,7 +296,7 @@ class Analysis:
             return None
         from tracelens.analyze.composition import analyze_composition
 
-        return self._guarded(
+        res = self._guarded(
             "stage composition",
             lambda: analyze_composition(
                 self._xevents,
@@ -300,8 +307,53 @@ class Analysis:
                 breakdown=self.breakdown,
                 spans=self.spans,
                 sets=self.sets,
+                stage_ops=self.time_shared_stage_ops,
             ),
         )
+        if res is not None and res.source == "annotations":
+            res.rule = self.layer_rule()
+        return res
+
+    @cached_property
+    def time_shared(self) -> set[int]:
+        """CPU-timeline ranks that share a host's CPUs with other ranks (tracelens.analyze.cpu_evidence)."""
+        from tracelens.analyze.cpu_evidence import shared_host_ranks
+
+        return shared_host_ranks(self.metadata, self.sets)
+
+    @cached_property
+    def time_shared_stage_ops(self) -> dict[int, float] | None:
+        """Compute ops per step per stage when every rank time-shares a host's CPUs, else None."""
+        if not self.time_shared or self.time_shared != set(self.ranks) or not self.stage_of:
+            return None
+        from tracelens.analyze.cpu_evidence import per_rank_step
+
+        d = per_rank_step(self._xevents, self.time_shared)
+        if d.empty:
+            return None
+        d["stage"] = d["rank"].map(self.stage_of)
+        return {int(k): float(v) for k, v in d.dropna(subset=["stage"]).groupby("stage")["ops"].mean().items()}
+
+    def time_shared_filter(self, findings: list[dict]) -> list[dict]:
+        """On ranks that time-share a host's CPUs, waits include descheduling: bubble excess is not judged."""
+        if not self.time_shared_stage_ops:
+            return findings
+        kept = [f for f in findings if f["code"] != "PIPELINE_BUBBLE_EXCESS"]
+        if len(kept) < len(findings):
+            self.warnings.append(
+                "all ranks time-share their host's CPUs: pipeline waits include descheduling, so bubble excess "
+                "is not judged; stage work is compared by compute-op counts"
+            )
+        return kept
+
+    def layer_rule(self) -> str | None:
+        """The layer-annotation rule (tracelens.analyze.layers) that matched the run's span names."""
+        from tracelens.analyze.layers import matched_rule
+
+        names = self._xevents.column("name").unique().to_pylist()
+        if self.staged is not None and getattr(self.staged, "ops", None) is not None:
+            names += self.staged.ops.column("name").to_pylist()
+        return matched_rule((str(n) for n in names if n), self.options.layer_pattern)["rule"]
 
     def audit(self, existing: list[dict]):
         """Layout audit of the model on this run's grid: (AuditResult or None, new findings)."""
@@ -484,6 +536,7 @@ class Analysis:
         audit, audit_findings = self.audit(findings)
         findings += audit_findings
         findings += self.nccl_findings()
+        findings = self.time_shared_filter(findings)
         stages = []
         if pipe is not None:
             for st in pipe.stages:
@@ -548,6 +601,7 @@ def composition_dict(comp) -> dict | None:
         return None
     return {
         "source": comp.source,
+        "rule": comp.rule,
         "time_share": comp.time_share,
         "stages": {str(k): v for k, v in comp.stages.items()},
         "per_stage_type_ms": {str(k): v for k, v in comp.per_stage_type_ms.items()},
