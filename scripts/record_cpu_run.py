@@ -710,6 +710,7 @@ def _pipeline_worker(rank: int, args: argparse.Namespace, init_method: str, stag
         "prev": o.rank_of(stage - 1, dp_idx) if stage > 0 else None,
         "next": o.rank_of(stage + 1, dp_idx) if stage < o.pp - 1 else None,
     }
+    dist.barrier()  # every rank set up before the first step (spawned processes start seconds apart)
     run_schedule = SCHEDULES[o.schedule]
     step_wall, step_extra, step_slept = [], [], []
     failure = None

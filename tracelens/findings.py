@@ -19,6 +19,10 @@ CODES = (
     "COLLECTIVE_MISMATCH",
     "NO_STEPS",
     "LAYOUT_INCONSISTENT",
+    # issue 17: idle GPU, slow groups, hangs through point-to-point
+    "GPU_IDLE",
+    "SLOW_GROUP",
+    "P2P_HANG",
 )
 SEVERITIES = ("info", "warning", "error")
 

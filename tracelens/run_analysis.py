@@ -95,9 +95,36 @@ class Analysis:
 
     @cached_property
     def breakdown(self) -> pa.Table:
+        """Per (rank, step) breakdown; a step that hung through point-to-point (P2P_HANG) is left out."""
+        bd = self._raw_breakdown
+        hung = self.p2p.hung_steps if self.p2p is not None and self.p2p.findings else []
+        if not hung:
+            return bd
+        import pyarrow.compute as pc
+
+        keep = pc.invert(pc.fill_null(pc.is_in(bd.column("step"), value_set=pa.array(hung, pa.int32())), False))
+        return bd.filter(keep)
+
+    @cached_property
+    def _raw_breakdown(self) -> pa.Table:
         if self.staged is not None:
             return self.staged.breakdown
         return breakdown(self.events, sets=self.sets)
+
+    @cached_property
+    def p2p(self):
+        """Hang through point-to-point (tracelens.analyze.p2p_hang): hung steps, root rank, blocked chain."""
+        if self._xevents.num_rows == 0:
+            return None
+        from tracelens.analyze.p2p_hang import diagnose_p2p
+
+        res = self._guarded("p2p hang", lambda: diagnose_p2p(self._xevents, self._raw_breakdown, self.stage_of))
+        if res is not None and res.findings:
+            self.warnings.append(
+                f"step(s) {', '.join(map(str, res.hung_steps))} hung (P2P_HANG): left out of the performance "
+                "analysis"
+            )
+        return res
 
     @cached_property
     def ranks(self) -> list[int]:
@@ -346,6 +373,20 @@ class Analysis:
             )
         return kept
 
+    @cached_property
+    def idle(self):
+        """Per (rank, step) GPU idle split by cause (tracelens.analyze.idle), GPU ranks only."""
+        if not any(getattr(s, "path", None) == "gpu" for s in self.sets.values()):
+            return None
+        from tracelens.analyze.idle import idle_breakdown
+
+        return self._guarded("idle breakdown", lambda: idle_breakdown(self.events, self.breakdown))
+
+    def idle_findings(self) -> list[dict]:
+        from tracelens.analyze.idle import idle_findings
+
+        return idle_findings(self.idle) if self.idle is not None else []
+
     def layer_rule(self) -> str | None:
         """The layer-annotation rule (tracelens.analyze.layers) that matched the run's span names."""
         from tracelens.analyze.layers import matched_rule
@@ -536,6 +577,8 @@ class Analysis:
         audit, audit_findings = self.audit(findings)
         findings += audit_findings
         findings += self.nccl_findings()
+        findings += self.idle_findings()
+        findings += self.p2p.findings if self.p2p is not None else []
         findings = self.time_shared_filter(findings)
         stages = []
         if pipe is not None:

@@ -50,7 +50,7 @@ def _self_times(s: np.ndarray, e: np.ndarray) -> np.ndarray:
     return (e - s) - child
 
 
-def frame_gaps(events: pa.Table, ranks: set[int] | None = None) -> pd.DataFrame:
+def frame_gaps(events: pa.Table, ranks: set[int] | None = None, per_call: bool = False) -> pd.DataFrame:
     """Per (rank, step, frame name): self time of main-thread cpu-op frames that are not `aten::` /
     `c10d::` ops (autograd nodes, `AccumulateGrad`, custom ops): time the host spent in them with no op
     under it. An `aten::` op's self time is its work, so it is never host time here."""
@@ -93,39 +93,59 @@ def frame_gaps(events: pa.Table, ranks: set[int] | None = None) -> pd.DataFrame:
     if not parts:
         return pd.DataFrame(columns=cols)
     d = pd.concat(parts, ignore_index=True)
+    if per_call:
+        return d
     return d.groupby(["rank", "step", "name"], as_index=False).agg(
         gap_ns=("gap_ns", "sum"), calls=("gap_ns", "size")
     )
 
 
-def host_excess(gaps: pd.DataFrame, group_of: dict[int, int], min_ratio: float = 5.0) -> pd.DataFrame:
-    """Per (rank, step): host time beyond its peers' (same group) in frames where it spends at least
-    `min_ratio` x the peers' median: {rank, step, host_excess_ns, frames} (frames: the names, worst first).
-    Descheduling spreads over every frame in proportion; a stall lands in one kind of frame."""
-    cols = ["rank", "step", "host_excess_ns", "frames"]
-    if gaps.empty:
+#: a stall call: self time >= this (ns) and >= half the frame's largest; sizes within STALL_SPREAD of each other
+STALL_MIN_NS = 1_000_000
+STALL_SPREAD = 1.25
+
+
+def stall_frames(events: pa.Table, ranks: set[int], group_of: dict[int, int]) -> pd.DataFrame:
+    """Per (rank, step): a regular host stall in one kind of frame, {rank, step, host_frame, host_ns, calls}.
+
+    On time-shared cores descheduling also leaves long self times, but irregularly; a stall the program
+    makes (a sleep in a comm hook before each bucket) is regular: the same number of long calls of one
+    frame in every step, of about the same length (within STALL_SPREAD), with no call of
+    that frame between half that length and it, which its peers do not show.
+    host_ns is the long calls' time minus the peers' median time in those calls of that frame."""
+    cols = ["rank", "step", "host_frame", "host_ns", "calls"]
+    d = frame_gaps(events, ranks, per_call=True)
+    if d.empty:
         return pd.DataFrame(columns=cols)
-    g = gaps.copy()
-    g["group"] = g["rank"].map(lambda r: group_of.get(int(r), -1 - int(r)))
-    full = g.pivot_table(index=["group", "step", "name"], columns="rank", values="gap_ns", fill_value=0)
-    rows = []
-    for (grp, st, name), row in full.iterrows():
-        members = [r for r in full.columns if group_of.get(int(r), -1 - int(r)) == grp]
-        if len(members) < 2:
+    steps = d.groupby("rank")["step"].unique().map(lambda v: sorted(int(x) for x in v))
+    best: dict[int, tuple] = {}
+    for (r, name), g in d.groupby(["rank", "name"]):
+        top = float(g["gap_ns"].max())
+        if top < STALL_MIN_NS:
             continue
-        vals = row[members].astype(float)
-        for r in members:
-            peers = vals.drop(r)
-            ref = float(np.median(peers))
-            x = float(vals[r])
-            if x > min_ratio * max(ref, 1.0) and x - ref > 0:
-                rows.append((int(r), int(st), name, x - ref))
-    if not rows:
-        return pd.DataFrame(columns=cols)
-    d = pd.DataFrame(rows, columns=["rank", "step", "name", "ex"]).sort_values("ex", ascending=False)
-    return d.groupby(["rank", "step"], as_index=False).agg(
-        host_excess_ns=("ex", "sum"), frames=("name", lambda s: list(dict.fromkeys(s)))
-    )
+        big = g[g["gap_ns"] >= max(STALL_MIN_NS, 0.5 * top)]
+        counts = big.groupby("step").size().reindex(steps[r], fill_value=0)
+        if (counts == 0).any() or counts.nunique() != 1:
+            continue
+        lo = float(big["gap_ns"].min())
+        if float(big["gap_ns"].max()) > STALL_SPREAD * lo:
+            continue
+        # separated: no call of that frame between half the stall and the stall (descheduling has a tail)
+        if ((g["gap_ns"] >= lo / 2) & (g["gap_ns"] < lo)).any():
+            continue
+        per_step = big.groupby("step")["gap_ns"].sum()
+        if r not in best or per_step.min() > best[r][1].min():
+            best[r] = (name, per_step, int(counts.iloc[0]), float(big["gap_ns"].min()))
+    rows = []
+    for r, (name, per_step, n, floor) in best.items():
+        peers = [p for p, grp in group_of.items() if grp == group_of.get(r) and p != r]
+        pg = d[d["rank"].isin(peers) & (d["name"] == name) & (d["gap_ns"] >= floor / STALL_SPREAD)]
+        for st, v in per_step.items():
+            ref = pg[pg["step"] == st].groupby("rank")["gap_ns"].sum().reindex(peers, fill_value=0)
+            excess = float(v) - (float(np.median(ref)) if len(ref) else 0.0)
+            if excess > 0:
+                rows.append((int(r), int(st), name, excess, n))
+    return pd.DataFrame(rows, columns=cols)
 
 
 def per_rank_step(events: pa.Table, ranks: set[int] | None = None) -> pd.DataFrame:

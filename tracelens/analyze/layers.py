@@ -46,7 +46,7 @@ RULES: tuple[tuple[str, str], ...] = (
     ),
     (
         "module-class",
-        r"(?:^|nn\.Module: )[A-Z][A-Za-z0-9]*?_?(?P<module>GatedDeltaNet|LinearAttention|Mamba2?Mixer|"
+        r"(?:^|nn\.Module: )[A-Z][A-Za-z0-9_]*?(?P<module>GatedDeltaNet|LinearAttention|Mamba2?Mixer|"
         r"SelfAttention|Attention|SparseMoeBlock|MoE|MLP)_(?P<layer>\d+)$",
     ),
     ("head", _B + r"(?P<module>lm_head|output_layer|embed_tokens|word_embeddings|embedding)" + _E),

@@ -345,6 +345,8 @@ def detect(
     if shared is not None and len(shared):
         per = _apply_shared(per, shared, cfg, floor)
     slow, d = _slow_links(df, cfg, hosts)
+    if shared is not None and len(shared):  # one host's ranks share no link: transfer times are descheduling
+        slow = {r: v for r, v in slow.items() if r not in set(shared["rank"].astype(int))}
     if slow:
         ex = d.assign(step=d["step"].astype("Int64").fillna(-1).astype(int)).groupby(["rank", "step"])
         xfer = ex["excess"].sum().rename("xfer_excess")
@@ -446,40 +448,12 @@ MIN_OPS_EXCESS = 0.02
 
 
 def _shared_evidence(events: pa.Table, ranks: set[int], groups: dict[int, int]) -> pd.DataFrame:
-    """Per (rank, step) of time-shared CPU ranks: `ops`, and the stall frame that persists over the rank's
-    steps with its excess host time over peers (`host_frame`, `host_ns`; tracelens.analyze.cpu_evidence)."""
+    """Per (rank, step) of time-shared CPU ranks: `ops`, and a regular stall frame with its excess host time
+    over peers (`host_frame`, `host_ns`; tracelens.analyze.cpu_evidence.stall_frames)."""
     from tracelens.analyze import cpu_evidence as ce
 
     ops = ce.per_rank_step(events, ranks)[["rank", "step", "ops"]]
-    gaps = ce.frame_gaps(events, ranks)
-    if gaps.empty or ops.empty:
-        return ops.assign(host_frame=None, host_ns=0.0)
-    g = gaps.copy()
-    g["group"] = g["rank"].map(lambda r: groups.get(int(r), -1 - int(r)))
-    full = g.pivot_table(index=["group", "step", "name"], columns="rank", values="gap_ns", fill_value=0)
-    rows = []
-    for (grp, st, name), row in full.iterrows():
-        members = [r for r in full.columns if groups.get(int(r), -1 - int(r)) == grp]
-        if len(members) < 2:
-            continue
-        vals = row[members].astype(float)
-        for r in members:
-            ref = float(np.median(vals.drop(r)))
-            rows.append((int(r), int(st), name, float(vals[r]) - ref, float(vals[r]), ref))
-    ex = pd.DataFrame(rows, columns=["rank", "step", "name", "ex", "x", "ref"])
-    # a stall lands in the same kind of frame every step (descheduling spreads over all of them): per rank,
-    # the frame whose smallest per-step excess is largest, where it is >= 5x its peers' time in every step
-    ex = ex[(ex["x"] >= 5.0 * ex["ref"].clip(lower=1.0))]
-    nsteps = ops.groupby("rank")["step"].nunique()
-    best = {}
-    for (r, name), sub in ex.groupby(["rank", "name"]):
-        if len(sub) < nsteps.get(r, 0):
-            continue
-        worst = float(sub["ex"].min())
-        if worst > 0 and (r not in best or worst > best[r][1]):
-            best[r] = (name, worst)
-    host = ex[[best.get(int(r), (None,))[0] == n for r, n in zip(ex["rank"], ex["name"])]]
-    host = host.rename(columns={"name": "host_frame", "ex": "host_ns"})[["rank", "step", "host_frame", "host_ns"]]
+    host = ce.stall_frames(events, ranks, groups)[["rank", "step", "host_frame", "host_ns"]]
     out = ops.merge(host, on=["rank", "step"], how="left")
     out["host_ns"] = out["host_ns"].fillna(0.0)
     return out
@@ -497,15 +471,60 @@ def _apply_shared(per: pd.DataFrame, shared: pd.DataFrame, cfg: StragglerConfig,
     ratio = per["ops_ratio"].fillna(1.0)
     comp_flag = (ratio > 1.0 + MIN_OPS_EXCESS) & per["ops_c"].notna()
     comp_cost = per["compute_ns"] * (1.0 - 1.0 / ratio.clip(lower=1.0))
-    per.loc[m, "compute_excess"] = comp_cost[m]
-    per.loc[m, "compute_flag"] = comp_flag[m]
-    per.loc[m, "compute_cost"] = np.where(comp_flag, comp_cost, 0.0)[m]
-    host = per["host_ns"].fillna(0.0)
-    host_flag = host > floor.fillna(0)
-    per.loc[m, "host_excess"] = host[m]
-    per.loc[m, "host_flag"] = host_flag[m]
-    per.loc[m, "host_cost"] = np.where(host_flag, host, 0.0)[m]
+    comp_cost = comp_cost.to_numpy(dtype=float)
+    comp_flag = comp_flag.to_numpy(dtype=bool)
+    host = pd.to_numeric(per["host_ns"], errors="coerce").fillna(0.0).to_numpy(dtype=float)
+    host_flag = host > floor.fillna(0).to_numpy(dtype=float)
+    for col, val in (
+        ("compute_excess", comp_cost),
+        ("compute_flag", comp_flag),
+        ("compute_cost", np.where(comp_flag, comp_cost, 0.0)),
+        ("host_excess", host),
+        ("host_flag", host_flag),
+        ("host_cost", np.where(host_flag, host, 0.0)),
+    ):
+        cur = per[col].to_numpy().astype(val.dtype)
+        cur[m] = val[m]
+        per[col] = cur
     return per
+
+
+def group_verdicts(stragglers: list[dict], df: pd.DataFrame) -> tuple[list[dict], list[dict]]:
+    """When every member of a (non-p2p) group is a communication straggler, the group or its link is slow,
+    not a rank: those verdicts become one SLOW_GROUP finding naming the group."""
+    comm = {s["rank"] for s in stragglers if s["cause"] == "communication"}
+    if len(comm) < 2 or df.empty:
+        return stragglers, []
+    coll = df[~df["is_p2p"].astype(bool)]
+    findings, taken = [], set()
+    for key, g in coll.groupby("group_key"):
+        members = {int(x) for x in g["rank"].unique()}
+        if len(members) < 2 or not members <= comm or members & taken:
+            continue
+        taken |= members
+        desc = g["pg_desc"].dropna().astype(str)
+        name = desc.iloc[0] if len(desc) else str(key)
+        ratio = min(s["evidence"].get("transfer_ratio") or 0 for s in stragglers if s["rank"] in members)
+        cost = max(s["cost_ms"] for s in stragglers if s["rank"] in members)
+        findings.append(
+            finding(
+                "SLOW_GROUP",
+                "warning",
+                f"group {name} ({_ranks(members)}) is slow as a whole: its transfers are {ratio:.1f}x slower than "
+                f"other groups' of the same kind (costs up to {cost:.1f} ms/step); a slow link or a schedule "
+                f"that makes all its members late, not a rank straggler",
+                ranks=sorted(members),
+                group=name,
+                transfer_ratio=ratio,
+                cost_ms=cost,
+            )
+        )
+    return [s for s in stragglers if s["rank"] not in taken], findings
+
+
+def _ranks(rs) -> str:
+    rs = sorted(rs)
+    return ("rank " if len(rs) == 1 else "ranks ") + ", ".join(map(str, rs))
 
 
 def _straggler_findings(stragglers: list[dict]) -> list[dict]:
@@ -558,7 +577,8 @@ def analyze_cross_rank(
     shared_ranks = shared_host_ranks(metadata, sets)
     shared = _shared_evidence(events, shared_ranks, groups) if shared_ranks and len(per) else None
     stragglers = detect(per, df, groups, cfg, stage_of, hosts, shared=shared) if len(per) else []
-    findings += _straggler_findings(stragglers)
+    stragglers, group_findings = group_verdicts(stragglers, df)
+    findings += group_findings + _straggler_findings(stragglers)
     return CrossRankResult(
         collectives=C.to_table(df),
         offsets_ns=dict(clock.offsets_ns),
