@@ -183,8 +183,8 @@ def idle_findings(table: pd.DataFrame, threshold: float = IDLE_THRESHOLD) -> lis
                 ranks=[int(r)],
                 cause=dominant,
                 idle_fraction=round(float(frac), 4),
-                idle_ms=round(float(row["idle"]) / 1e6, 3),
-                causes_ms={c: round(v, 3) for c, v in causes.items()},
+                idle_ms=round(float(row["idle"]) / 1e6, 6),
+                causes_ms={c: round(v, 6) for c, v in causes.items()},
                 host_ops_ms=host_ops,
                 sync_ops_ms=sync_ops,
             )
