@@ -71,5 +71,28 @@ def test_annotation_conventions_give_the_same_composition(annotate, rule):
     assert s["composition"]["rule"] == rule
     got = s["composition"]["stages"]
     if annotate == "megatron":  # Megatron's hybrid models call the non-attention mixer `mixer`
-        got = {k: {("linear_attention" if kk == "mixer" else kk): vv for kk, vv in v.items()} for k, v in got.items()}
+        got = {
+            k: {("linear_attention" if kk == "mixer" else kk): vv for kk, vv in v.items()}
+            for k, v in got.items()
+        }
     assert got == {k: v["layers"] for k, v in t["stages"].items()}
+
+
+def test_skipped_send_traced_to_its_rank_and_hung_step_left_out():
+    run = recorded_run("skipped_send")
+    t = truth(run)
+    a = analyze_run(run)
+    s = a.summary()
+    (f,) = [f for f in s["findings"] if f["code"] == "P2P_HANG"]
+    skipped = t["faults"]["skipped_send"]
+    assert f["root_rank"] == skipped["rank"] and f["missing_op"] == "send"
+    assert f["step"] == skipped["step"]
+    blocked = {b["rank"] for b in f["blocked_chain"]}
+    assert blocked == set(range(t["world_size"]))
+    assert all(b["blocked_ms"] >= 0.8 * 1000 * 10 for b in f["blocked_chain"])  # the 10 s timeout
+    assert skipped["step"] not in s["run"]["steps"]  # left out of the performance analysis
+    assert not [x for x in s["findings"] if x["code"] in ("PIPELINE_BUBBLE_EXCESS", "STAGE_IMBALANCE")]
+    # the downstream collectives hang in every DP group (gloo retires the timed-out entries)
+    hangs = [x for x in s["findings"] if x["code"] == "COLLECTIVE_HANG"]
+    assert {x["pg_desc"] for x in hangs} == {f"dp_stage{i}" for i in range(4)}
+    assert not [x for x in s["findings"] if x["code"] == "COLLECTIVE_MISMATCH"]

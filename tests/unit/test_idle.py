@@ -15,7 +15,15 @@ def _events(rows: list[dict]) -> pa.Table:
         for f in schema.EVENTS:
             cols[f.name].append(r.get(f.name))
     return pa.Table.from_pydict(
-        {k: pa.array(v, type=schema.EVENTS.field(k).type.value_type if pa.types.is_dictionary(schema.EVENTS.field(k).type) else schema.EVENTS.field(k).type) for k, v in cols.items()}
+        {
+            k: pa.array(
+                v,
+                type=schema.EVENTS.field(k).type.value_type
+                if pa.types.is_dictionary(schema.EVENTS.field(k).type)
+                else schema.EVENTS.field(k).type,
+            )
+            for k, v in cols.items()
+        }
     ).cast(schema.EVENTS)
 
 
@@ -31,13 +39,17 @@ def test_host_bound_sync_and_launch_split_exactly():
     # synchronization 150 (650-800), launch 20. Kernel C [820, 1000).
     ev = [
         _ev("user_annotation", "ProfilerStep#1", 0, 1000),
-        _ev("cpu_op", "aten::mm", 0, 10), _ev("cuda_runtime", "cudaLaunchKernel", 5, 3, corr=1),
+        _ev("cpu_op", "aten::mm", 0, 10),
+        _ev("cuda_runtime", "cudaLaunchKernel", 5, 3, corr=1),
         _ev("kernel", "A", 0, 100, tid=7, corr=1, stream=7),
         _ev("cpu_op", "python_work", 100, 400),
-        _ev("cpu_op", "aten::mm", 500, 10), _ev("cuda_runtime", "cudaLaunchKernel", 500, 3, corr=2),
+        _ev("cpu_op", "aten::mm", 500, 10),
+        _ev("cuda_runtime", "cudaLaunchKernel", 500, 3, corr=2),
         _ev("kernel", "B", 550, 100, tid=7, corr=2, stream=7),
-        _ev("cpu_op", "aten::item", 600, 210), _ev("cuda_runtime", "cudaStreamSynchronize", 600, 200),
-        _ev("cpu_op", "aten::mm", 810, 5), _ev("cuda_runtime", "cudaLaunchKernel", 800, 3, corr=3),
+        _ev("cpu_op", "aten::item", 600, 210),
+        _ev("cuda_runtime", "cudaStreamSynchronize", 600, 200),
+        _ev("cpu_op", "aten::mm", 810, 5),
+        _ev("cuda_runtime", "cudaLaunchKernel", 800, 3, corr=3),
         _ev("kernel", "C", 820, 180, tid=7, corr=3, stream=7),
     ]
     t = _events(ev)

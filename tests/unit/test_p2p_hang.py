@@ -84,15 +84,23 @@ def test_retired_completion_without_all_participants_is_a_hang():
 
 
 def test_completion_with_a_time_is_believed():
-    rows = [_coll(0, s, "completed", end=5) for s in (1, 2)] + [_coll(1, s, "completed", end=5) for s in (1, 2, 3)]
+    rows = [_coll(0, s, "completed", end=5) for s in (1, 2)] + [
+        _coll(1, s, "completed", end=5) for s in (1, 2, 3)
+    ]
     assert diagnose(_table(rows, schema.COLLECTIVES)) == []
 
 
 def test_any_json_with_entries_is_not_a_flight_recorder_dump(tmp_path):
     (tmp_path / "a.json").write_text(json.dumps({"entries": [{"name": "x"}], "total": 1}))
     (tmp_path / "b.json").write_text(
-        json.dumps({"version": "2.10", "pg_config": {}, "pg_status": {},
-                    "entries": [{"record_id": 0, "profiling_name": "gloo:all_reduce"}]})  # fmt: skip
+        json.dumps(
+            {
+                "version": "2.10",
+                "pg_config": {},
+                "pg_status": {},
+                "entries": [{"record_id": 0, "profiling_name": "gloo:all_reduce"}],
+            }
+        )  # fmt: skip
     )
     assert detect_format(tmp_path / "a.json") is None
     assert detect_format(tmp_path / "b.json") == FR_JSON

@@ -69,7 +69,9 @@ def frame_gaps(events: pa.Table, ranks: set[int] | None = None, per_call: bool =
         names = names.dictionary_encode()
     values = names.dictionary.to_pylist()
     code = names.indices.fill_null(len(values)).to_numpy(zero_copy_only=False).astype(np.int64)
-    framey = np.array([not (v or "").startswith(("aten::", "c10d::", "ProfilerStep")) for v in values] + [False])
+    framey = np.array(
+        [not (v or "").startswith(("aten::", "c10d::", "ProfilerStep")) for v in values] + [False]
+    )
     mains = main_threads(events)
     parts = []
     for r in np.unique(rank):

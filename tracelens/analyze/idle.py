@@ -109,7 +109,9 @@ def idle_breakdown(events: pa.Table, breakdown: pa.Table, top: int = 3) -> pd.Da
                 j = np.searchsorted(rt_corr, c)
                 ok = has_next & (c >= 0) & (j < rt_corr.size)
                 ok &= rt_corr[np.minimum(j, max(rt_corr.size - 1, 0))] == c if rt_corr.size else False
-                launch = np.where(ok, ts[rt_sorted[np.minimum(j, max(rt_corr.size - 1, 0))]] if rt_corr.size else 0, -1)
+                launch = np.where(
+                    ok, ts[rt_sorted[np.minimum(j, max(rt_corr.size - 1, 0))]] if rt_corr.size else 0, -1
+                )
                 queued = ok & (launch < g0)
                 not_q = ok & ~queued
                 length = g1 - g0
@@ -171,7 +173,9 @@ def idle_findings(table: pd.DataFrame, threshold: float = IDLE_THRESHOLD) -> lis
             return {k: round(v, 3) for k, v in sorted(acc.items(), key=lambda kv: -kv[1])[:3]}
 
         host_ops, sync_ops = top_ops("host_ops"), top_ops("sync_ops")
-        split = ", ".join(f"{LABELS[c]} {v:.1f}" for c, v in sorted(causes.items(), key=lambda kv: -kv[1]) if v >= 0.05)
+        split = ", ".join(
+            f"{LABELS[c]} {v:.1f}" for c, v in sorted(causes.items(), key=lambda kv: -kv[1]) if v >= 0.05
+        )
         ops = host_ops if dominant == "host_bound" else sync_ops if dominant == "synchronization" else {}
         named = "; CPU ops then: " + ", ".join(f"{k} {v:.1f} ms" for k, v in ops.items()) if ops else ""
         out.append(

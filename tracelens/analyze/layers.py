@@ -32,7 +32,9 @@ RULES: tuple[tuple[str, str], ...] = (
     ("layer.N.<type>", _B + r"layers?\.(?P<layer>\d+)\.(?P<module>" + "|".join(LAYER_TYPE_NAMES) + ")" + _E),
     (
         "hf",
-        _B + r"model\.layers\.(?P<layer>\d+)\.(?P<module>self_attn|linear_attn|mlp|block_sparse_moe|mixer)" + _E,
+        _B
+        + r"model\.layers\.(?P<layer>\d+)\.(?P<module>self_attn|linear_attn|mlp|block_sparse_moe|mixer)"
+        + _E,
     ),
     (
         "megatron",

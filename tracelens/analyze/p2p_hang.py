@@ -48,9 +48,12 @@ def _short(name: str) -> str | None:
     if not m:
         return None
     op = m.group("c10d") or m.group("nccl")
-    return {"recv_": "recv", "recv_any_source_": "recv", "allreduce_": "allreduce", "all_reduce": "allreduce"}.get(
-        op, op.strip("_")
-    )
+    return {
+        "recv_": "recv",
+        "recv_any_source_": "recv",
+        "allreduce_": "allreduce",
+        "all_reduce": "allreduce",
+    }.get(op, op.strip("_"))
 
 
 def hung_steps(breakdown: pa.Table, factor: float = HUNG_FACTOR) -> list[int]:
@@ -139,7 +142,13 @@ def diagnose_p2p(
             if len(coll):
                 op, since = str(coll.iloc[0]["op"]), int(coll.iloc[0]["ts_ns"])
         blocked.append(
-            {"rank": r, "op": op, "index": len(ops), "since_ns": since, "blocked_ms": round((end - since) / 1e6, 1)}
+            {
+                "rank": r,
+                "op": op,
+                "index": len(ops),
+                "since_ns": since,
+                "blocked_ms": round((end - since) / 1e6, 1),
+            }
         )
         if ref is None:
             continue
