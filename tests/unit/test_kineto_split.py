@@ -205,6 +205,11 @@ def test_split_not_used_when_disabled_or_small(tmp_path, monkeypatch):
     assert kineto._can_split() is False
     monkeypatch.setattr(kineto.os, "getloadavg", lambda: (0.0, 0.0, 0.0))
     assert kineto._can_split() is (threading.active_count() == 1 and len(os.sched_getaffinity(0)) >= 2)
+    # "auto" never splits on one usable CPU (cgroup/affinity), whatever the load; "1" still does
+    monkeypatch.setattr(kineto.os, "sched_getaffinity", lambda pid: {0})
+    assert kineto._can_split() is False
+    monkeypatch.setenv("TRACELENS_SPLIT", "1")
+    assert kineto._can_split() is (threading.active_count() == 1)
 
 
 def test_first_boundary():

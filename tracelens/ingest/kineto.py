@@ -1136,7 +1136,7 @@ def _can_split() -> bool:
     1-minute load average below CPUs - 0.5), `1` (always when applicable) or `0` (never). A split read costs
     more CPU in total, so it pays only with an idle core (docs/performance.md); pool workers (the loader's
     one rank per worker) run with TRACELENS_SPLIT=0.
-    Also required: Linux, at least 2 usable CPUs, not inside a worker process of a pool (the loader already
+    Also required: Linux, (for `auto`) at least 2 usable CPUs, not inside a worker process of a pool (the loader already
     runs one rank per worker), no other Python thread in this process. (numpy's BLAS and Arrow start idle
     native pool threads at import; both libraries re-initialise them in a forked child, as for
     multiprocessing's fork start method.)"""
@@ -1147,9 +1147,11 @@ def _can_split() -> bool:
         cpus = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         cpus = os.cpu_count() or 1
-    if cpus < 2 or threading.active_count() != 1:
+    if threading.active_count() != 1:
         return False
     if mode == "auto":
+        if cpus < 2:
+            return False  # nothing to gain on one CPU; TRACELENS_SPLIT=1 still splits (correct, not faster)
         try:
             if os.getloadavg()[0] > cpus - 0.5:
                 return False
