@@ -243,7 +243,8 @@ class Analysis:
         from tracelens.topology import grid_for_run, parse_layout
 
         layout = parse_layout(self.options.layout) if self.options.layout else None
-        return grid_for_run(self._xevents, self.metadata, layout, self.options.order)
+        fr = self.nccl.get("flight_recorder") if self._xevents.num_rows else None  # group traffic (gloo)
+        return grid_for_run(self._xevents, self.metadata, layout, self.options.order, collectives=fr)
 
     @property
     def grid(self):
