@@ -49,7 +49,9 @@ class Opts:
     def __init__(self, args: argparse.Namespace):
         L = LAYOUTS[args.layout]
         self.layout = args.layout
-        self.tp, self.cp, self.dp, self.pp, self.v, self.m = (L[k] for k in ("tp", "cp", "dp", "pp", "v", "m"))
+        self.tp, self.cp, self.dp, self.pp, self.v, self.m = (
+            L[k] for k in ("tp", "cp", "dp", "pp", "v", "m")
+        )
         self.L = L["layers_per_chunk"]
         self.world = self.tp * self.cp * self.dp * self.pp
         self.hidden, self.seq = args.hidden, args.seq
@@ -57,6 +59,12 @@ class Opts:
         self.slow_factor = args.slow_factor
         self.timeout_s = args.timeout_s
         self.buckets = 2
+        self.bare = args.bare  # no layer / forward / backward annotations (as Megatron runs without them)
+
+    def span(self, torch, name: str):
+        import contextlib
+
+        return contextlib.nullcontext() if self.bare else torch.profiler.record_function(name)
 
     def coords(self, r: int) -> tuple[int, int, int, int]:
         """(t, c, d, s) of rank r (order tp-cp-dp-pp)."""
@@ -68,6 +76,13 @@ class Opts:
 
     def rank(self, t: int, c: int, d: int, s: int) -> int:
         return t + self.tp * (c + self.cp * (d + self.dp * s))
+
+    def kind(self, i: int) -> str:
+        """Layer type of layer i: interleaved runs put linear attention in chunk 0 and full attention in the
+        last chunk (equal stages); the others repeat (3 linear + 1 full) as in Qwen3.5."""
+        if self.v > 1:
+            return "full_attention" if i >= self.L * self.pp * (self.v - 1) else "linear_attention"
+        return base._layer_kind(i)
 
     def warmup(self, s: int) -> int:
         """Forward passes before the steady state (Megatron's num_warmup_microbatches)."""
@@ -81,9 +96,21 @@ class Opts:
         out: list[tuple[str, list[int]]] = []
         T, C, D, P = self.tp, self.cp, self.dp, self.pp
         if self.layout == "tppdp":
-            out += [(f"tp_stage{s}_dp{d}", [self.rank(t, 0, d, s) for t in range(T)]) for s in range(P) for d in range(D)]
-            out += [(f"dp_stage{s}_tp{t}", [self.rank(t, 0, d, s) for d in range(D)]) for s in range(P) for t in range(T)]
-            out += [(f"pp_dp{d}_tp{t}", [self.rank(t, 0, d, s) for s in range(P)]) for d in range(D) for t in range(T)]
+            out += [
+                (f"tp_stage{s}_dp{d}", [self.rank(t, 0, d, s) for t in range(T)])
+                for s in range(P)
+                for d in range(D)
+            ]
+            out += [
+                (f"dp_stage{s}_tp{t}", [self.rank(t, 0, d, s) for d in range(D)])
+                for s in range(P)
+                for t in range(T)
+            ]
+            out += [
+                (f"pp_dp{d}_tp{t}", [self.rank(t, 0, d, s) for s in range(P)])
+                for d in range(D)
+                for t in range(T)
+            ]
         elif self.layout == "ulysses":
             out += [(f"cp_dp{d}", [self.rank(0, c, d, 0) for c in range(C)]) for d in range(D)]
             out += [(f"dp_cp{c}", [self.rank(0, c, d, 0) for d in range(D)]) for c in range(C)]
@@ -97,7 +124,6 @@ def _model(torch, dist, o: Opts, layer_ids: list[int], tp_group, cp_group, slow_
     """Layers `layer_ids` of the model: Megatron TP (column/row parallel with f/g all-reduces) when tp > 1,
     Ulysses all-to-alls around full attention when cp > 1."""
     nn = torch.nn
-    rf = torch.profiler.record_function
     H, T, C = o.hidden, o.tp, o.cp
     Hl = H // T  # this TP rank's share of the hidden features (and heads)
 
@@ -154,7 +180,7 @@ def _model(torch, dist, o: Opts, layer_ids: list[int], tp_group, cp_group, slow_
     class Layer(nn.Module):
         def __init__(self, idx: int):
             super().__init__()
-            self.idx, self.kind = idx, base._layer_kind(idx)
+            self.idx, self.kind = idx, o.kind(idx)
             self.mix = nn.Linear(H, 4 * Hl, bias=False)  # column parallel (q, k, v, gate)
             self.mix_out = nn.Linear(Hl, H, bias=False)  # row parallel
             self.up = nn.Linear(H, 4 * Hl, bias=False)  # column parallel
@@ -163,7 +189,7 @@ def _model(torch, dist, o: Opts, layer_ids: list[int], tp_group, cp_group, slow_
             self.extra_ns = 0
 
         def forward(self, x):
-            with rf(f"layer.{self.idx}.{self.kind}"):
+            with o.span(torch, f"layer.{self.idx}.{self.kind}"):
                 h = self.norm1(x)
                 if T > 1:
                     h = _F.apply(h)
@@ -277,7 +303,14 @@ def _worker(rank: int, args: argparse.Namespace, init_method: str, stage_dir: st
         slow_mms = max(1, round(o.slow_factor * 3 * 3.25))
     chunks = [
         _model(
-            torch, dist, o, [(ch * o.pp + s) * o.L + i for i in range(o.L)], tp_group, cp_group, slow_mms, counts
+            torch,
+            dist,
+            o,
+            [(ch * o.pp + s) * o.L + i for i in range(o.L)],
+            tp_group,
+            cp_group,
+            slow_mms,
+            counts,
         )
         for ch in range(o.v)
     ]
@@ -299,7 +332,7 @@ def _worker(rank: int, args: argparse.Namespace, init_method: str, stage_dir: st
 
     def forward(step: int, ch: int, mb: int) -> None:
         vs = ch * o.pp + s
-        with torch.profiler.record_function(f"forward_chunk{ch}_mb{mb}"):
+        with o.span(torch, f"forward_chunk{ch}_mb{mb}"):
             if vs == 0:
                 g = torch.Generator().manual_seed(step * 1000 + mb * 10 + d * 100 + c)
                 x = torch.randn(shape, generator=g)
@@ -312,7 +345,7 @@ def _worker(rank: int, args: argparse.Namespace, init_method: str, stage_dir: st
 
     def backward(step: int, ch: int, mb: int) -> None:
         vs = ch * o.pp + s
-        with torch.profiler.record_function(f"backward_chunk{ch}_mb{mb}"):
+        with o.span(torch, f"backward_chunk{ch}_mb{mb}"):
             x, y = acts.pop((ch, mb))
             if mb == o.m - 1:
                 buckets[ch].arm()
@@ -426,7 +459,7 @@ def record(args: argparse.Namespace) -> int:
         },
         "layers": {
             "per_rank": {str(r["rank"]): r["layers"] for r in results},
-            "kinds": {str(i): base._layer_kind(i) for i in range(o.L * o.v * p)},
+            "kinds": {str(i): o.kind(i) for i in range(o.L * o.v * p)},
         },
         "all_to_all": {
             "group_axis": "cp",
@@ -436,6 +469,7 @@ def record(args: argparse.Namespace) -> int:
         }
         if o.cp > 1
         else None,
+        "annotated": not o.bare,
         "profiled_steps": active,
         "faults": faults,
         "ranks": [
@@ -470,6 +504,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--seq", type=int, default=32)
     ap.add_argument("--timeout-s", type=float, default=60.0)
+    ap.add_argument("--bare", action="store_true", help="no layer / forward / backward annotations")
     args = ap.parse_args(argv)
     return record(args)
 

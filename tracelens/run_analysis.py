@@ -45,6 +45,7 @@ class Options:
     scheduler: str | None = None  # Dask scheduler address for engine "dask" (None: a LocalCluster)
     progress: object = None  # callable(done, total) for the CLI's progress bar
     layer_pattern: str | None = None  # [model] layer_pattern: extra layer-annotation regex (analyze/layers.py)
+    virtual_stages: int | None = None  # [training] virtual_stages: interleaved model chunks per rank
 
     def merged_with_config(self, run_dir: Path) -> Options:
         """Fill unset options from run_dir/tracelens.toml when present."""
@@ -314,6 +315,7 @@ class Analysis:
                 spans=self.spans,
                 clock_offsets_ns=offsets,
                 sets=self.sets,
+                virtual_stages=self.options.virtual_stages,
             ),
         )
 
@@ -405,6 +407,29 @@ class Analysis:
 
         split = self.composition.layer_split if self.composition is not None else None
         return audit_for_run(self.grid, self.model, self.options.seq_len, split, existing)
+
+    @cached_property
+    def sized_collectives(self):
+        """cross.collectives (DataFrame) with gloo sizes filled from the Flight Recorder (comm_by_layer.py)."""
+        if self.cross is None or self.cross.collectives.num_rows == 0:
+            return None
+        from tracelens.analyze.comm_by_layer import sizes_from_flight_recorder
+
+        df = self.cross.collectives.to_pandas()
+        return self._guarded("collective sizes", lambda: sizes_from_flight_recorder(df, self.nccl.get("flight_recorder")))
+
+    @cached_property
+    def comm_by_type(self) -> dict | None:
+        """Communication per layer type ({type: {op: calls/bytes/ms per step}}, analyze/comm_by_layer.py)."""
+        if self.sized_collectives is None or self.spans is None:
+            return None
+        from tracelens.analyze.comm_by_layer import comm_by_layer_type
+
+        n = len(self.steps) or 1
+        return self._guarded(
+            "communication per layer type",
+            lambda: comm_by_layer_type(self.sized_collectives, self.spans, {r: n for r in self.ranks}),
+        )
 
     # ---- NCCL inputs (Flight Recorder, profiler plugin, NCCL logs) ------------------------------
     @cached_property
@@ -619,10 +644,10 @@ class Analysis:
             "findings": findings,
             "per_step": per_step,
             "headlines": headlines,
-            "composition": composition_dict(comp),
+            "composition": _with_comm(composition_dict(comp), self.comm_by_type),
             "pipeline": pipeline_dict(pipe),
             "clock": clock_dict(cross),
-            "collectives": collectives_dict(cross, self.nccl),
+            "collectives": collectives_dict(cross, self.nccl, self.sized_collectives),
             "audit": audit.to_dict() if audit is not None else None,
         }
         if self.options.compat == "hta":
@@ -666,7 +691,13 @@ def pipeline_dict(pipe) -> dict | None:
         "virtual_stages": pipe.virtual_stages,
         "expected_bubble_fraction": pipe.expected_bubble_fraction,
         "cause_stage": pipe.cause_stage,
+        **({"schedule_evidence": _str_keys(pipe.schedule_evidence)} if pipe.schedule_evidence else {}),
     }
+
+
+def _str_keys(d):
+    """JSON-ready copy: int keys of nested dicts as strings."""
+    return {str(k): _str_keys(v) for k, v in d.items()} if isinstance(d, dict) else d
 
 
 def clock_dict(cross) -> dict | None:
@@ -675,12 +706,20 @@ def clock_dict(cross) -> dict | None:
     return {"offsets_ms": {str(r): round(v / 1e6, 6) for r, v in sorted(cross.offsets_ns.items())}}
 
 
-def collectives_dict(cross, nccl: dict[str, pa.Table]) -> dict:
-    """Per op: instances, bytes, median bus bandwidth and arrival skew (small: per op, not per instance)."""
+def _with_comm(comp: dict | None, comm: dict | None) -> dict | None:
+    """composition record plus `comm_by_type` (communication per layer type) when any was attributed."""
+    if comm is None:
+        return comp
+    return {**(comp or {}), "comm_by_type": comm}
+
+
+def collectives_dict(cross, nccl: dict[str, pa.Table], sized=None) -> dict:
+    """Per op: instances, bytes, median bus bandwidth and arrival skew (small: per op, not per instance).
+    `sized`: cross.collectives as a DataFrame with sizes filled from the Flight Recorder (gloo)."""
     out: dict = {"sources": {k: int(v.num_rows) for k, v in nccl.items()}, "by_op": []}
     if cross is None or cross.collectives.num_rows == 0:
         return out
-    df = cross.collectives.to_pandas()
+    df = sized if sized is not None else cross.collectives.to_pandas()
     out["sources"]["kineto"] = int(len(df))
     cols = set(df.columns)
     for op, g in df.groupby("op", observed=True):
