@@ -140,7 +140,8 @@ def comm_by_layer_type(coll: pd.DataFrame, spans: pa.Table | None, n_steps: dict
         c.loc[out_mask, "type"] = j["held"]
     del key
     c = c[c["type"].notna()]
-    c["dur"] = (c["end_ns"].astype("float64") - c["enqueue_ns"].astype("float64")).clip(lower=0)
+    begin = c["start_ns"].where(c["start_ns"].notna(), c["enqueue_ns"]) if "start_ns" in c else c["enqueue_ns"]
+    c["dur"] = (c["end_ns"].astype("float64") - begin.astype("float64")).clip(lower=0)  # kernel/work time
     res: dict = {}
     ranks = sorted(c["rank"].unique())
     steps = {r: max(n_steps.get(int(r), 1), 1) for r in ranks}

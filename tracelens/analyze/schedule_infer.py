@@ -48,10 +48,12 @@ def schedule_from_p2p(events: pa.Table, grid: Grid, p2p: np.ndarray) -> dict | N
     ts = events.column("ts_ns").to_numpy(zero_copy_only=False).astype(np.int64)
     kinds = events.column("kind")
     sel = p2p & is_send & (step >= 0)
+    chosen = None
     for kind in ("kernel", "cpu_op", "user_annotation"):  # count each send once
         k = _dict_lookup(kinds, lambda v, kind=kind: int(v == kind)).astype(bool)
         if (sel & k).any():
             sel &= k
+            chosen = kind
             break
     if not sel.any():
         return None
@@ -73,26 +75,32 @@ def schedule_from_p2p(events: pa.Table, grid: Grid, p2p: np.ndarray) -> dict | N
         names,
         lambda v_: int(v_.startswith("autograd::engine::evaluate_function") or "backward" in v_.lower()),
     ).astype(bool)
-    bsel = is_bwd & (step >= 0)
+    # backward marks on the sends' own timeline (GPU kernels vs CPU ops: the CPU runs ahead of the GPU)
+    tl = ("kernel", "gpu_user_annotation") if chosen == "kernel" else ("cpu_op", "user_annotation")
+    bsel = is_bwd & (step >= 0) & _dict_lookup(kinds, lambda v: int(v in tl)).astype(bool)
     first_b = (
         pd.DataFrame({"rank": rank[bsel], "step": step[bsel], "ts": ts[bsel]})
         .groupby(["rank", "step"])["ts"]
         .min()
     )
-    warm: dict[int, int] = {}
+    total = v * m
+    before_b: dict[int, int] = {}
     if len(first_b):
         j = sends.join(first_b.rename("fb"), on=["rank", "step"])
         j = j[j["fb"].notna() & (j["stage"] <= p - 2) & (j["stage"] >= 0)]
         before = (j["ts"] < j["fb"]).groupby([j["stage"], j["rank"], j["step"]]).sum()
-        for s, n in before.groupby("stage").median().items():
-            n = int(n)  # the steady state's first forward precedes the first backward, unless none is left
-            warm[int(s)] = n if n >= v * m else max(n - 1, 0)
+        before_b = {int(s): int(n) for s, n in before.groupby("stage").median().items()}
+    # the steady state's first forward precedes the first backward: warm-up = that count - 1, unless every
+    # forward ran first (then the warm-up is ambiguous between total - 1 and total: null)
+    warm = {s: (n - 1 if n < total else None) for s, n in before_b.items()}
     expected = {s: expected_warmup(p, s, v, m) for s in range(p - 1)}
+    want = {s: min(e + 1, total) for s, e in expected.items()}
     return {
         "virtual_stages": v,
         "microbatches": m,
         "sends_per_step": {int(s): int(n) for s, n in per.items() if s >= 0},
+        "forwards_before_first_backward": before_b,
         "warmup_forwards": warm,
         "warmup_expected": expected,
-        "warmup_matches": (all(warm.get(s) == e for s, e in expected.items()) if warm else None),
+        "warmup_matches": (all(before_b.get(s) == w for s, w in want.items()) if before_b else None),
     }
