@@ -58,3 +58,33 @@ def recorded_run(kind: str, **opts) -> Path:
 
 def truth(run: Path) -> dict:
     return json.loads((run / "truth.json").read_text())
+
+
+# ----- layouts and schedules read from structure (issue 23): scripts/record_cpu_layouts.py -----------------
+
+LAYOUT_SCRIPT = REPO / "scripts" / "record_cpu_layouts.py"
+#: kind -> record_cpu_layouts.py flags (8 ranks each; see the script's docstring)
+LAYOUT_KINDS: dict[str, list[str]] = {
+    "tppdp_clean": ["--layout", "tppdp"],
+    "tppdp_slow_tp": ["--layout", "tppdp", "--slow-rank", "5"],
+    "ulysses": ["--layout", "ulysses"],
+    "interleaved_bare": ["--layout", "interleaved", "--bare"],
+}
+
+
+def recorded_layout(kind: str) -> Path:
+    """Path of a recorded run of LAYOUT_KINDS[kind] (truth.json inside); recorded once per session."""
+    pytest.importorskip("torch", reason="torch==2.13.0 (the test extra) records the real runs")
+    key = ("layout", kind)
+    if key in _CACHE:
+        return _CACHE[key]
+    if not _ROOT:
+        _ROOT.append(Path(tempfile.mkdtemp(prefix="tracelens-recorded-")))
+    out = _ROOT[0] / f"layout-{kind}"
+    cmd = [sys.executable, str(LAYOUT_SCRIPT), "-o", str(out), *LAYOUT_KINDS[kind]]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+    if proc.returncode != 0:
+        raise RuntimeError(f"recording {kind} failed:\n{proc.stderr[-3000:]}")
+    _CACHE[key] = out
+    return out

@@ -180,6 +180,8 @@ def structural_axes(
         members = [r for g in gs for r in g.ranks]
         if len(members) != len(set(members)):
             continue  # overlapping groups: not one axis of a grid
+        if world is not None and len(members) != world:
+            continue  # a grid axis partitions the world (ranks not traced: the names decide, as before)
         calls: Counter = Counter()
         seen: set[int] = set()
         for g in gs:
