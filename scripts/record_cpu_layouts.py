@@ -6,7 +6,7 @@ Layouts (`--layout`; Megatron order tp-cp-dp-pp, rank = t + TP*(c + CP*(d + DP*s
   tppdp        tp=2 x pp=2 x dp=2, 1F1B with m=4; Megatron f/g all-reduces on the TP group around every
                column/row-parallel pair (2 forward + 2 backward per layer and microbatch); groups named with
                several axes: `tp_stage{s}_dp{d}`, `dp_stage{s}_tp{t}`, `pp_dp{d}_tp{t}`.
-               `--slow-rank R` gives rank R +40% matmul work (extra `aten::mm` in every layer forward).
+               `--slow-rank R` gives rank R +40% `aten::mm` (extra matmuls in every layer forward).
   ulysses      cp=2 x dp=4, no pipeline; `all_to_all_single` on the CP group before and after each
                full-attention layer's attention (sequence <-> head partition, and again in backward); the
                linear-attention layers scan their local sequence chunk; groups `cp_dp{d}`, `dp_cp{c}`.
@@ -298,9 +298,9 @@ def _worker(rank: int, args: argparse.Namespace, init_method: str, stage_dir: st
     H = o.hidden
     slow_mms = 0
     if rank == o.slow_rank:
-        # forward matmul work per layer in units of one (B*S x H) @ (H x 4H/tp) matmul: mix 1, mix_out 1/4,
-        # up 1, down 1; forward + backward = 3x; +slow_factor of it as extra matmuls of that size
-        slow_mms = max(1, round(o.slow_factor * 3 * 3.25))
+        # a layer runs 12 aten::mm per microbatch (4 linears: 4 forward + 8 backward); +slow_factor of that
+        # count as extra (B*S x H) @ (H x 4H/tp) matmuls in the forward: +40% -> 5 (272 vs 192 mm per step)
+        slow_mms = max(1, round(o.slow_factor * 12))
     chunks = [
         _model(
             torch,

@@ -449,7 +449,8 @@ def infer_grid(
         by_axis[axis] = ev.pop("_groups")
     for desc, ranks in _groups_from_metadata(metadata) + _groups_from_events(events):
         axis = axis_of_desc(desc)
-        if axis is not None and axis not in evidence:
+        # names add to axes that rest on names only (so their groups are still checked against each other)
+        if axis is not None and (axis not in evidence or evidence[axis].get("basis") == "names"):
             by_axis[axis].add(ranks)
     for axis in AXES:
         if by_axis[axis] and axis not in evidence:

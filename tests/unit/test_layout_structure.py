@@ -165,3 +165,25 @@ def test_comm_attributed_to_the_enclosing_layer_type_and_backward_twins():
     assert (rec["in_span_calls"], rec["inferred_calls"]) == (2, 2)
     assert rec["ms_per_step"] == pytest.approx((10 + 20 + 5 + 10) / 1e6)
     assert np.isfinite(rec["ms_per_step"])
+
+
+def test_training_virtual_stages_and_schedule_in_tracelens_toml(tmp_path):
+    from tracelens.config import parse_config, read_run_config
+    from tracelens.errors import BadConfigError
+    from tracelens.run_analysis import Options
+
+    (tmp_path / "tracelens.toml").write_text('[training]\nschedule = "Interleaved"\nvirtual_stages = 2\n')
+    opts = read_run_config(tmp_path)
+    assert (opts["schedule"], opts["virtual_stages"]) == ("interleaved", 2)
+    assert Options().merged_with_config(tmp_path).virtual_stages == 2
+    with pytest.raises(BadConfigError):
+        parse_config("[training]\nvirtual_stages = 0\n")
+    with pytest.raises(BadConfigError):
+        parse_config('[training]\nvirtual_stages = "two"\n')
+
+
+def test_expected_bubble_uses_given_virtual_stages():
+    from tracelens.analyze.pipeline import expected_bubble_fraction
+
+    assert expected_bubble_fraction(4, 8, "interleaved", 2) == pytest.approx(3 / 19)
+    assert expected_bubble_fraction(4, 8, "1f1b", 1) == pytest.approx(3 / 11)

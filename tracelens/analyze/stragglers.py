@@ -472,6 +472,11 @@ def _apply_shared(per: pd.DataFrame, shared: pd.DataFrame, cfg: StragglerConfig,
     comp_flag = (ratio > 1.0 + MIN_OPS_EXCESS) & per["ops_c"].notna()
     comp_cost = per["compute_ns"] * (1.0 - 1.0 / ratio.clip(lower=1.0))
     comp_cost = comp_cost.to_numpy(dtype=float)
+    # the extra ops at the peers' rate: the rank's own wall compute is what descheduling distorts most
+    # (a slow TP rank can show the least compute time of its stage), the peers' median much less
+    comp_c, _ = _peer_stats(per.assign(compute_ns=per["compute_ns"].astype(float)), "compute_ns")
+    at_peers = np.nan_to_num(comp_c * (ratio.clip(lower=1.0).to_numpy(dtype=float) - 1.0))
+    comp_cost = np.maximum(comp_cost, at_peers)
     comp_flag = comp_flag.to_numpy(dtype=bool)
     host = pd.to_numeric(per["host_ns"], errors="coerce").fillna(0.0).to_numpy(dtype=float)
     host_flag = host > floor.fillna(0).to_numpy(dtype=float)
