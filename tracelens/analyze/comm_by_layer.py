@@ -127,7 +127,6 @@ def comm_by_layer_type(coll: pd.DataFrame, spans: pa.Table | None, n_steps: dict
     if not c["in_span"].any():
         return None
     # calls outside spans: the type that holds every in-span call of the same (rank, op, bytes)
-    key = ["rank", "op", "bytes"]
     c["bytes_k"] = c["bytes"].fillna(-1)
     held = (
         c[c["in_span"]]
@@ -138,9 +137,10 @@ def comm_by_layer_type(coll: pd.DataFrame, spans: pa.Table | None, n_steps: dict
     if out_mask.any():
         j = c.loc[out_mask, ["rank", "op", "bytes_k"]].join(held.rename("held"), on=["rank", "op", "bytes_k"])
         c.loc[out_mask, "type"] = j["held"]
-    del key
     c = c[c["type"].notna()]
-    begin = c["start_ns"].where(c["start_ns"].notna(), c["enqueue_ns"]) if "start_ns" in c else c["enqueue_ns"]
+    begin = (
+        c["start_ns"].where(c["start_ns"].notna(), c["enqueue_ns"]) if "start_ns" in c else c["enqueue_ns"]
+    )
     c["dur"] = (c["end_ns"].astype("float64") - begin.astype("float64")).clip(lower=0)  # kernel/work time
     res: dict = {}
     ranks = sorted(c["rank"].unique())
