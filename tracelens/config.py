@@ -12,6 +12,7 @@ seq_len = 4096
 global_batch = 512
 microbatches = 8
 schedule = "1f1b"        # 1f1b | gpipe | interleaved
+virtual_stages = 2       # model chunks per rank (interleaved); read from layers / P2P when absent
 [model]
 config = "qwen3.5-27b"   # a preset name or a config.json path (relative paths: from run_dir)
 [hardware]
@@ -53,8 +54,9 @@ _KEYS: dict[str, dict[str, tuple[str, tuple[type, ...]]]] = {
         "global_batch": ("global_batch", (int,)),
         "microbatches": ("microbatches", (int,)),
         "schedule": ("schedule", (str,)),
+        "virtual_stages": ("virtual_stages", (int,)),
     },
-    "model": {"config": ("model", (str,))},
+    "model": {"config": ("model", (str,)), "layer_pattern": ("layer_pattern", (str,))},
     "hardware": {"gpu": ("gpu", (str,)), "peak_tflops": ("peak_tflops", (int, float))},
 }
 
@@ -72,7 +74,9 @@ class RunConfig:
     global_batch: int | None = None
     microbatches: int | None = None
     schedule: str | None = None
+    virtual_stages: int | None = None  # [training] virtual_stages: model chunks per rank (interleaved)
     model: str | None = None
+    layer_pattern: str | None = None  # regex with groups (?P<layer>) and (?P<module>): layer annotations
     gpu: str | None = None
     peak_tflops: float | None = None
     path: str | None = None  # the toml file read, if any
@@ -94,7 +98,7 @@ class RunConfig:
 
 
 def _validate(cfg: RunConfig) -> None:
-    for key in ("tp", "pp", "dp", "cp", "seq_len", "global_batch", "microbatches"):
+    for key in ("tp", "pp", "dp", "cp", "seq_len", "global_batch", "microbatches", "virtual_stages"):
         v = getattr(cfg, key)
         if v is not None and v < 1:
             raise BadConfigError(f"{key} must be a positive integer, got {v}")
@@ -169,6 +173,8 @@ def read_run_config(run_dir: str | Path) -> dict:
         "global_batch": cfg.global_batch,
         "microbatches": cfg.microbatches,
         "schedule": cfg.schedule,
+        "virtual_stages": cfg.virtual_stages,
         "peak_tflops": cfg.peak_tflops,
         "gpu": cfg.gpu,
+        "layer_pattern": cfg.layer_pattern,
     }

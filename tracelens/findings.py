@@ -21,6 +21,10 @@ CODES = (
     "LAYOUT_INCONSISTENT",
     "MFU_IMPOSSIBLE",
     "STEP_WINDOW_CLIPPED",
+    # issue 17: idle GPU, slow groups, hangs through point-to-point
+    "GPU_IDLE",
+    "SLOW_GROUP",
+    "P2P_HANG",
 )
 SEVERITIES = ("info", "warning", "error")
 

@@ -49,6 +49,8 @@ class Options:
     scheduler: str | None = None  # Dask scheduler address for engine "dask" (None: a LocalCluster)
     progress: object = None  # callable(done, total) for the CLI's progress bar
     force_layout: bool = False  # keep --layout even when the traces' process groups contradict it
+    layer_pattern: str | None = None  # [model] layer_pattern: extra layer-annotation regex (analyze/layers.py)
+    virtual_stages: int | None = None  # [training] virtual_stages: interleaved model chunks per rank
 
     def __post_init__(self) -> None:
         # counts and rates given as options must be positive (`--seq-len -5` is a typo, not a run)
@@ -105,7 +107,34 @@ class Analysis:
 
     @property
     def breakdown(self) -> pa.Table:
+        """Per (rank, step) breakdown; a step that hung through point-to-point (P2P_HANG) is left out."""
+        bd = self._raw_breakdown
+        hung = self.p2p.hung_steps if self.p2p is not None and self.p2p.findings else []
+        if not hung:
+            return bd
+        import pyarrow.compute as pc
+
+        keep = pc.invert(pc.fill_null(pc.is_in(bd.column("step"), value_set=pa.array(hung, pa.int32())), False))
+        return bd.filter(keep)
+
+    @cached_property
+    def _raw_breakdown(self) -> pa.Table:
         return self.run.stages.breakdown
+
+    @cached_property
+    def p2p(self):
+        """Hang through point-to-point (tracelens.analyze.p2p_hang): hung steps, root rank, blocked chain."""
+        if self._xevents.num_rows == 0:
+            return None
+        from tracelens.analyze.p2p_hang import diagnose_p2p
+
+        res = self._guarded("p2p hang", lambda: diagnose_p2p(self._xevents, self._raw_breakdown, self.stage_of))
+        if res is not None and res.findings:
+            self.warnings.append(
+                f"step(s) {', '.join(map(str, res.hung_steps))} hung (P2P_HANG): left out of the performance "
+                "analysis"
+            )
+        return res
 
     @cached_property
     def ranks(self) -> list[int]:
@@ -233,8 +262,9 @@ class Analysis:
         from tracelens.topology import grid_for_run, parse_layout
 
         layout = parse_layout(self.options.layout) if self.options.layout else None
+        fr = self.nccl.get("flight_recorder") if self._xevents.num_rows else None  # group traffic (gloo)
         return grid_for_run(
-            self._xevents, self.metadata, layout, self.options.order, force=self.options.force_layout
+            self._xevents, self.metadata, layout, self.options.order, force=self.options.force_layout, collectives=fr
         )
 
     @property
@@ -269,6 +299,13 @@ class Analysis:
 
         if self._xevents.num_rows == 0:
             return None
+        if self.options.layer_pattern:  # a user rule: the per-rank spans used the built-in rules only
+            from tracelens.analyze.composition import module_spans
+            from tracelens.analyze.layers import compile_rules, patterns
+
+            compile_rules(self.options.layer_pattern)  # a bad pattern is the user's error (exit 2)
+            pats = patterns(self.options.layer_pattern)
+            return self._guarded("module annotations", lambda: module_spans(self.events, pats, sets=self.sets))
         return self._guarded("module annotations", self._staged_spans)
 
     def _staged_spans(self) -> pa.Table:
@@ -297,6 +334,7 @@ class Analysis:
                 spans=self.spans,
                 clock_offsets_ns=offsets,
                 sets=self.sets,
+                virtual_stages=self.options.virtual_stages,
             ),
         )
 
@@ -307,7 +345,7 @@ class Analysis:
             return None
         from tracelens.analyze.composition import analyze_composition
 
-        return self._guarded(
+        res = self._guarded(
             "stage composition",
             lambda: analyze_composition(
                 self._xevents,
@@ -318,8 +356,68 @@ class Analysis:
                 breakdown=self.breakdown,
                 spans=self.spans,
                 sets=self.sets,
+                stage_ops=self.time_shared_stage_ops,
             ),
         )
+        if res is not None and res.source == "annotations":
+            res.rule = self.layer_rule()
+        return res
+
+    @cached_property
+    def time_shared(self) -> set[int]:
+        """CPU-timeline ranks that share a host's CPUs with other ranks (tracelens.analyze.cpu_evidence)."""
+        from tracelens.analyze.cpu_evidence import shared_host_ranks
+
+        return shared_host_ranks(self.metadata, self.sets)
+
+    @cached_property
+    def time_shared_stage_ops(self) -> dict[int, float] | None:
+        """Compute ops per step per stage when every rank time-shares a host's CPUs, else None."""
+        if not self.time_shared or self.time_shared != set(self.ranks) or not self.stage_of:
+            return None
+        from tracelens.analyze.cpu_evidence import per_rank_step
+
+        d = per_rank_step(self._xevents, self.time_shared)
+        if d.empty:
+            return None
+        d["stage"] = d["rank"].map(self.stage_of)
+        return {int(k): float(v) for k, v in d.dropna(subset=["stage"]).groupby("stage")["ops"].mean().items()}
+
+    def time_shared_filter(self, findings: list[dict]) -> list[dict]:
+        """On ranks that time-share a host's CPUs, waits include descheduling: bubble excess is not judged."""
+        if not self.time_shared_stage_ops:
+            return findings
+        kept = [f for f in findings if f["code"] != "PIPELINE_BUBBLE_EXCESS"]
+        if len(kept) < len(findings):
+            self.warnings.append(
+                "all ranks time-share their host's CPUs: pipeline waits include descheduling, so bubble excess "
+                "is not judged; stage work is compared by compute-op counts"
+            )
+        return kept
+
+    @cached_property
+    def idle(self):
+        """Per (rank, step) GPU idle split by cause (tracelens.analyze.idle), GPU ranks only."""
+        if not any(getattr(s, "path", None) == "gpu" for s in self.sets.values()):
+            return None
+        from tracelens.analyze.idle import idle_breakdown
+
+        return self._guarded("idle breakdown", lambda: idle_breakdown(self.events, self.breakdown))
+
+    def idle_findings(self) -> list[dict]:
+        from tracelens.analyze.idle import idle_findings
+
+        return idle_findings(self.idle) if self.idle is not None else []
+
+    def layer_rule(self) -> str | None:
+        """The layer-annotation rule (tracelens.analyze.layers) that matched the run's span names."""
+        from tracelens.analyze.layers import matched_rule
+
+        names = self._xevents.column("name").unique().to_pylist()
+        ops = self.run.stages.ops
+        if ops is not None:
+            names += ops.column("name").to_pylist()
+        return matched_rule((str(n) for n in names if n), self.options.layer_pattern)["rule"]
 
     # ---- critical path and what-if (tracelens.analyze.critical_path, .whatif) ---------------------
     @cached_property
@@ -395,6 +493,29 @@ class Analysis:
 
         split = self.composition.layer_split if self.composition is not None else None
         return audit_for_run(self.grid, self.model, self.options.seq_len, split, existing)
+
+    @cached_property
+    def sized_collectives(self):
+        """cross.collectives (DataFrame) with gloo sizes filled from the Flight Recorder (comm_by_layer.py)."""
+        if self.cross is None or self.cross.collectives.num_rows == 0:
+            return None
+        from tracelens.analyze.comm_by_layer import sizes_from_flight_recorder
+
+        df = self.cross.collectives.to_pandas()
+        return self._guarded("collective sizes", lambda: sizes_from_flight_recorder(df, self.nccl.get("flight_recorder")))
+
+    @cached_property
+    def comm_by_type(self) -> dict | None:
+        """Communication per layer type ({type: {op: calls/bytes/ms per step}}, analyze/comm_by_layer.py)."""
+        if self.sized_collectives is None or self.spans is None:
+            return None
+        from tracelens.analyze.comm_by_layer import comm_by_layer_type
+
+        n = len(self.steps) or 1
+        return self._guarded(
+            "communication per layer type",
+            lambda: comm_by_layer_type(self.sized_collectives, self.spans, {r: n for r in self.ranks}),
+        )
 
     # ---- NCCL inputs (Flight Recorder, profiler plugin, NCCL logs) ------------------------------
     @cached_property

@@ -114,6 +114,9 @@ def build_summary(a: Analysis) -> dict:
     audit, audit_findings = a.audit(findings)
     findings += audit_findings
     findings += a.nccl_findings()
+    findings += a.idle_findings()
+    findings += a.p2p.findings if a.p2p is not None else []
+    findings = a.time_shared_filter(findings)
     _ = a.mfu  # computes MFU, and its MFU_IMPOSSIBLE finding when the inputs are wrong
     findings += a.mfu_findings
     stages = []
@@ -159,10 +162,10 @@ def build_summary(a: Analysis) -> dict:
         "findings": findings,
         "per_step": per_step,
         "headlines": headlines,
-        "composition": composition_dict(comp),
+        "composition": _with_comm(composition_dict(comp), a.comm_by_type),
         "pipeline": pipeline_dict(pipe),
         "clock": clock_dict(cross),
-        "collectives": nccl_sources_dict(collectives_dict(cross, a.nccl), a.nccl_sources, a),
+        "collectives": nccl_sources_dict(collectives_dict(cross, a.nccl, a.sized_collectives), a.nccl_sources, a),
         "audit": audit.to_dict() if audit is not None else None,
     }
     out["ops"] = a.ops_view.summary_rows() if a.ops_view is not None else []
@@ -179,6 +182,7 @@ def composition_dict(comp) -> dict | None:
         return None
     return {
         "source": comp.source,
+        "rule": comp.rule,
         "time_share": comp.time_share,
         "stages": {str(k): v for k, v in comp.stages.items()},
         "per_stage_type_ms": {str(k): v for k, v in comp.per_stage_type_ms.items()},
@@ -199,7 +203,20 @@ def pipeline_dict(pipe) -> dict | None:
         "virtual_stages": pipe.virtual_stages,
         "expected_bubble_fraction": pipe.expected_bubble_fraction,
         "cause_stage": pipe.cause_stage,
+        **({"schedule_evidence": _str_keys(pipe.schedule_evidence)} if pipe.schedule_evidence else {}),
     }
+
+
+def _str_keys(d):
+    """JSON-ready copy: int keys of nested dicts as strings."""
+    return {str(k): _str_keys(v) for k, v in d.items()} if isinstance(d, dict) else d
+
+
+def _with_comm(comp: dict | None, comm: dict | None) -> dict | None:
+    """composition record plus `comm_by_type` (communication per layer type) when any was attributed."""
+    if comm is None:
+        return comp
+    return {**(comp or {}), "comm_by_type": comm}
 
 
 def clock_dict(cross) -> dict | None:
@@ -208,12 +225,13 @@ def clock_dict(cross) -> dict | None:
     return {"offsets_ms": {str(r): round(v / 1e6, 6) for r, v in sorted(cross.offsets_ns.items())}}
 
 
-def collectives_dict(cross, nccl: dict[str, pa.Table]) -> dict:
-    """Per op: instances, bytes, median bus bandwidth and arrival skew (small: per op, not per instance)."""
+def collectives_dict(cross, nccl: dict[str, pa.Table], sized=None) -> dict:
+    """Per op: instances, bytes, median bus bandwidth and arrival skew (small: per op, not per instance).
+    `sized`: cross.collectives as a DataFrame with sizes filled from the Flight Recorder (gloo)."""
     out: dict = {"sources": {k: int(v.num_rows) for k, v in nccl.items()}, "by_op": []}
     if cross is None or cross.collectives.num_rows == 0:
         return out
-    df = cross.collectives.to_pandas()
+    df = sized if sized is not None else cross.collectives.to_pandas()
     out["sources"]["kineto"] = int(len(df))
     cols = set(df.columns)
     for op, g in df.groupby("op", observed=True):

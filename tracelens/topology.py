@@ -54,6 +54,8 @@ class Grid:
     chains: list[list[int]] = field(default_factory=list)
     #: Assumptions made while inferring (for run.warnings), e.g. an axis assumed to be 1.
     notes: list[str] = field(default_factory=list)
+    #: What each inferred axis rested on: basis traffic | p2p | names | remainder (docs/pipeline.md).
+    evidence: dict[str, dict] = field(default_factory=dict)
 
     def stage_of(self, rank: int) -> int | None:
         """Pipeline stage of `rank`, None when unknown."""
@@ -106,6 +108,7 @@ class Grid:
             "cp": self.cp,
             "order": self.order,
             "source": self.source,
+            **({"evidence": self.evidence} if self.source == "inferred" and self.evidence else {}),
         }
 
 
@@ -413,8 +416,11 @@ def _uniform_stride(groups: Sequence[tuple[int, ...]]) -> int | None:
     return strides.pop() if len(strides) == 1 else None
 
 
-def infer_grid(events: pa.Table | None, metadata: pa.Table | None) -> tuple[Grid, list[dict]]:
-    """Grid inferred from process groups and P2P peers; (Grid(source='none'), []) when nothing is known."""
+def infer_grid(
+    events: pa.Table | None, metadata: pa.Table | None, collectives: pa.Table | None = None
+) -> tuple[Grid, list[dict]]:
+    """Grid inferred from process groups (structure and traffic first, then names) and P2P peers;
+    (Grid(source='none'), []) when nothing is known. `collectives`: Flight Recorder records, if any."""
     findings: list[dict] = []
     notes: list[str] = []
 
@@ -437,12 +443,19 @@ def infer_grid(events: pa.Table | None, metadata: pa.Table | None) -> tuple[Grid
         g = grid_from_layout(1, 1, 1, 1, 1, source="inferred")
         return g, findings
 
-    # 1. labelled process groups
+    # 1. process groups: axes from their structure and traffic first (layout_structure), names for the rest
     by_axis: dict[str, set[tuple[int, ...]]] = {a: set() for a in AXES}
+    evidence = _structure(events, metadata, collectives, world)
+    for axis, ev in evidence.items():
+        by_axis[axis] = ev.pop("_groups")
     for desc, ranks in _groups_from_metadata(metadata) + _groups_from_events(events):
         axis = axis_of_desc(desc)
-        if axis is not None:
+        # names add to axes that rest on names only (so their groups are still checked against each other)
+        if axis is not None and (axis not in evidence or evidence[axis].get("basis") == "names"):
             by_axis[axis].add(ranks)
+    for axis in AXES:
+        if by_axis[axis] and axis not in evidence:
+            evidence[axis] = {"basis": "names"}
     degree: dict[str, int | None] = {a: None for a in AXES}
     coord: dict[str, dict[int, int]] = {a: {} for a in AXES}
     strides: dict[str, int | None] = {a: None for a in AXES}
@@ -493,6 +506,7 @@ def infer_grid(events: pa.Table | None, metadata: pa.Table | None) -> tuple[Grid
                     "the P2P direction is used"
                 )
         degree["pp"] = p2p_deg
+        evidence["pp"] = {"basis": "p2p", "traffic": f"send/recv chains of {p2p_deg} ranks"}
         coord["pp"] = {r: i for c in chains for i, r in enumerate(c)}
         strides["pp"] = _uniform_stride(chains)
     elif degree["pp"] is None and not any_p2p and events is not None and _has_comm(events):
@@ -516,6 +530,7 @@ def infer_grid(events: pa.Table | None, metadata: pa.Table | None) -> tuple[Grid
                 degree[a] = 1
         elif len(unknown) == 1:
             degree[unknown[0]] = rest
+            evidence[unknown[0]] = {"basis": "remainder"}
         else:
             # several axes without evidence: P2P traffic means a pipeline, otherwise data parallelism
             guess = "pp" if "pp" in unknown and any_p2p else "dp" if "dp" in unknown else None
@@ -576,8 +591,26 @@ def infer_grid(events: pa.Table | None, metadata: pa.Table | None) -> tuple[Grid
         world_size=world,
         chains=chains,
         notes=notes,
+        evidence={a: evidence[a] for a in AXES if a in evidence},
     )
     return grid, findings
+
+
+def _structure(events, metadata, collectives, world) -> dict[str, dict]:
+    """Axis -> evidence (with its groups under `_groups`) from the groups' structure and traffic."""
+    from tracelens.layout_structure import collect_groups, structural_axes
+
+    declared = [
+        (e.get("pg_name"), e.get("pg_desc", e.get("desc")), r)
+        for e in pg_config_entries(metadata)
+        if (r := _parse_ranks(e.get("ranks"))) is not None
+    ]
+    groups = collect_groups(declared, events, collectives)
+    any_p2p = _p2p_edges(events)[3] if events is not None else False
+    by_axis, evidence = structural_axes(groups, world, any_p2p)
+    for a, g in by_axis.items():
+        evidence[a]["_groups"] = g
+    return evidence
 
 
 def _has_comm(events: pa.Table) -> bool:
@@ -621,13 +654,14 @@ def grid_for_run(
     layout: dict[str, int | None] | None = None,
     order: str | None = None,
     force: bool = False,
+    collectives: pa.Table | None = None,
 ) -> tuple[Grid, list[dict]]:
     """Grid from a user layout when given (checked against the traces' groups), else inferred.
 
     When the given layout contradicts a complete layout inferred from the process groups, the findings use
     the inferred one (the evidence) and LAYOUT_INCONSISTENT says so; `force` keeps the given layout.
     """
-    inferred, findings = infer_grid(events, metadata)
+    inferred, findings = infer_grid(events, metadata, collectives)
     if not layout or all(v is None for v in layout.values()):
         return inferred, findings
     world = inferred.world_size

@@ -30,6 +30,7 @@ from tracelens.analyze.classify import (
     gpu_ranks,
     main_threads,
 )
+from tracelens.analyze.dictcol import dict_lookup as _dict_lookup
 
 BREAKDOWN = pa.schema(
     [
@@ -74,6 +75,21 @@ def _by_rank(events: pa.Table) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return order, ranks, np.stack([lo, hi], axis=1)
 
 
+def _async_lifetimes(
+    s: np.ndarray, e: np.ndarray, comm: np.ndarray, compute: np.ndarray, is_ann: np.ndarray
+) -> np.ndarray:
+    """Communication annotations (`gloo:send` of an `isend`) that span an async op's lifetime: the host
+    starts compute ops inside them, so they are not waits. Blocking ops (and `c10d::*` cpu ops) hold none."""
+    out = np.zeros(len(s), bool)
+    cand = np.flatnonzero(comm & is_ann)
+    if cand.size == 0 or not compute.any():
+        return out
+    starts = np.sort(s[compute])
+    inside = np.searchsorted(starts, e[cand], side="left") - np.searchsorted(starts, s[cand], side="right")
+    out[cand[inside > 0]] = True
+    return out
+
+
 def class_sets(events: pa.Table, classes: np.ndarray | None = None) -> dict[int, RankSets]:
     """Per rank, the union of compute, communication and memory intervals over the whole trace."""
     if classes is None:
@@ -85,6 +101,7 @@ def class_sets(events: pa.Table, classes: np.ndarray | None = None) -> dict[int,
     gpu = gpu_ranks(events)
     mains = main_threads(events) if len(gpu) < len(np.unique(events.column("rank").to_numpy())) else {}
     order, ranks, bounds = _by_rank(events)
+    is_ann = _dict_lookup(events.column("kind"), lambda v: int(v == "user_annotation")).astype(bool)
     out: dict[int, RankSets] = {}
     for r, (lo, hi) in zip(ranks, bounds):
         idx = order[lo:hi]
@@ -97,6 +114,7 @@ def class_sets(events: pa.Table, classes: np.ndarray | None = None) -> dict[int,
         if path == "cpu":
             # Communication ops on the main thread are waits, not compute, even when nested in an op.
             main = (c == COMM) & (tid[idx] == mains.get(int(r), -2))
+            main &= ~_async_lifetimes(s, e, main, c == COMPUTE, is_ann[idx])
             comp = iv.subtract(comp, iv.union(s[main], e[main]))
         out[int(r)] = RankSets(int(r), path, comp, comm, mem)
     return out

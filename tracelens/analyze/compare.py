@@ -81,6 +81,31 @@ def layer_time_share(s: dict) -> dict[str, float]:
     return {str(k): float(v) for k, v in (ts or {}).items() if _num(v) is not None}
 
 
+def layer_comm(s: dict) -> dict[tuple[str, str], dict]:
+    """composition.comm_by_type of the summary as {(layer type, op): record} ({} when absent)."""
+    comp = s.get("composition") or {}
+    cbt = comp.get("comm_by_type") if isinstance(comp, dict) else None
+    return {(str(t), str(op)): rec for t, ops in (cbt or {}).items() for op, rec in (ops or {}).items()}
+
+
+def layer_comm_metrics(a: dict, b: dict) -> list[dict]:
+    """Communication per layer type (ms and bytes per step), e.g. the all-to-alls of full attention."""
+    ca, cb = layer_comm(a), layer_comm(b)
+    out = []
+    for t, op in sorted(set(ca) | set(cb)):
+        ra, rb = ca.get((t, op), {}), cb.get((t, op), {})
+        name = f"{TYPE_NAMES.get(t, t)} {op}"
+        out.append(
+            _metric("layer_comm", f"comm.{t}.{op}.ms", name, "ms", ra.get("ms_per_step"), rb.get("ms_per_step"),
+                    "per step, calls inside the layer type")
+        )
+        out.append(
+            _metric("layer_comm", f"comm.{t}.{op}.bytes", f"{name} bytes", "count", ra.get("bytes_per_step"),
+                    rb.get("bytes_per_step"), "bytes per step")
+        )
+    return out
+
+
 def bubble_fraction(s: dict) -> float | None:
     """Mean bubble fraction of the pipeline window over stages (None without pipeline results)."""
     return _mean([st.get("bubble_fraction") for st in s.get("stages") or []])
@@ -274,6 +299,8 @@ def compare(a: dict, b: dict, labels: Sequence[str] = ("A", "B")) -> dict:
                 "share of step time",
             )
         )
+
+    metrics += layer_comm_metrics(a, b)
 
     # what changed most: fractions compared in percentage points (parts that overlap others excluded from
     # the ranking: idle holds the bubble, exposed comm holds its wait and transfer)

@@ -21,42 +21,20 @@ import pandas as pd
 import pyarrow as pa
 
 from tracelens.analyze import intervals as iv
+from tracelens.analyze import layers as _layers
 from tracelens.analyze.breakdown import class_sets
 from tracelens.analyze.classify import _dict_lookup
 from tracelens.errors import TracelensError
 from tracelens.findings import finding
 from tracelens.topology import Grid
 
-#: Module annotation patterns: named groups `layer` (index, optional: -1 when absent) and `module`
-#: (type); the first pattern that matches wins.
-DEFAULT_PATTERNS: tuple[str, ...] = (
-    (
-        r"(?:^|[.\s/:#])layers?\.(?P<layer>\d+)\.(?P<module>linear_attn|self_attn|self_attention|attention|attn"
-        r"|mixer|mlp|moe|experts|feed_forward|ffn)(?![A-Za-z0-9_])"
-    ),
-    r"(?:^|[.\s/:#])(?P<module>lm_head|output_layer|embed_tokens|word_embeddings|embedding)(?![A-Za-z0-9_])",
-)
+#: Module annotation patterns (tracelens.analyze.layers.RULES): named groups `layer` (index, optional: -1
+#: when absent) and `module` (type); the first pattern that matches wins.
+DEFAULT_PATTERNS: tuple[str, ...] = tuple(_layers.patterns())
 #: Annotation module name -> canonical type (mixers use ModelSpec's layer type names).
-MODULE_TYPES = {
-    "linear_attn": "linear_attention",
-    "self_attn": "full_attention",
-    "self_attention": "full_attention",
-    "attention": "full_attention",
-    "attn": "full_attention",
-    "mixer": "mixer",
-    "mlp": "mlp",
-    "moe": "mlp",
-    "experts": "mlp",
-    "feed_forward": "mlp",
-    "ffn": "mlp",
-    "lm_head": "lm_head",
-    "output_layer": "lm_head",
-    "embed_tokens": "embedding",
-    "word_embeddings": "embedding",
-    "embedding": "embedding",
-}
+MODULE_TYPES = _layers.MODULE_TYPES
 #: Types that decide a layer's kind (counted per stage); the others only get time shares.
-MIXER_TYPES = ("full_attention", "linear_attention", "mixer")
+MIXER_TYPES = ("full_attention", "linear_attention", "sliding_attention", "mamba", "mixer")
 BACKWARD = re.compile(r"(backward|bwd|\bgrad\b|_bw\b)", re.IGNORECASE)
 IMBALANCE_THRESHOLD = 1.10
 
@@ -96,7 +74,7 @@ def _match_names(
                 name = m.group("module")
                 ok[i] = True
                 layer[i] = int(m.group("layer")) if "layer" in p.groupindex else -1
-                mod[i] = MODULE_TYPES.get(name.lower(), name.lower())
+                mod[i] = _layers.canonical(name)
                 bwd[i] = bool(BACKWARD.search(v))
                 break
     return ok, layer, mod, bwd
@@ -335,6 +313,8 @@ class CompositionResult:
 
     stages: dict[int, dict[str, int]] = field(default_factory=dict)
     source: str = "none"  # annotations | model | none
+    stage_ops: dict[int, float] | None = None  # compute ops per step per stage (time-shared CPU runs)
+    rule: str | None = None  # the layer-annotation rule that matched (tracelens.analyze.layers), if any
     #: stage -> {type -> GPU compute ms per microbatch (forward + backward), mean over the stage's ranks}
     per_stage_type_ms: dict[int, dict[str, float]] = field(default_factory=dict)
     #: stage -> compute ms per step (mean over the stage's ranks and steps)
@@ -365,8 +345,12 @@ def analyze_composition(
     breakdown: pa.Table | None = None,
     spans: pa.Table | None = None,
     sets: dict | None = None,
+    stage_ops: dict[int, float] | None = None,
 ) -> CompositionResult:
-    """Layer counts by type per stage, per-stage compute per type, run-wide time shares and findings."""
+    """Layer counts by type per stage, per-stage compute per type, run-wide time shares and findings.
+
+    `stage_ops`: compute ops per step per stage, for ranks that time-share a host's CPUs (their wall
+    durations include descheduling): the heavy stage and the imbalance then come from these exact counts."""
     res = CompositionResult()
     stage_ranks = {s: grid.ranks_of_stage(s) for s in grid.stages}
     if sets is None:
@@ -382,9 +366,9 @@ def analyze_composition(
     if len(sp) and stage_ranks:
         mix = sp[sp["module"].isin(MIXER_TYPES) & (sp["stage"] >= 0)]
         for s, g in mix.groupby("stage"):
-            kinds = g.drop_duplicates("layer").groupby("module")["layer"].nunique()
+            kinds = g.drop_duplicates(["layer", "module"]).groupby("module")["layer"].nunique()
             res.stages[int(s)] = {str(k): int(v) for k, v in kinds.items()}
-            stage_layers[int(s)] = set(g["layer"].unique().tolist())
+            stage_layers[int(s)] = set(zip(g["module"], g["layer"]))
         if res.stages:
             res.source = "annotations"
             res.layer_split = _split_from_layers(stage_layers)
@@ -441,8 +425,9 @@ def analyze_composition(
         distinct = {tuple(sorted(c.items())) for c in res.stages.values()}
         if len(distinct) > 1:
             res.findings.append(_unequal_finding(res.stages))
+    res.stage_ops = dict(stage_ops) if stage_ops else None
     if len(res.per_stage_compute) > 1:
-        vals = res.per_stage_compute
+        vals = stage_ops if stage_ops and len(stage_ops) > 1 else res.per_stage_compute
         mean = float(np.mean(list(vals.values())))
         heavy = max(vals, key=lambda s: vals[s])
         res.heavy_stage = heavy
@@ -495,11 +480,19 @@ def _imbalance_finding(res: CompositionResult, stage_ranks: dict[int, list[int]]
     heavy = res.heavy_stage
     vals = res.per_stage_compute
     mean = float(np.mean(list(vals.values())))
-    msg = (
-        f"stage {heavy} is the heaviest pipeline stage: {vals[heavy]:.1f} ms compute per step vs "
-        f"{mean:.1f} ms mean ({res.imbalance:.2f}x, threshold {threshold:.2f}x); every other stage waits "
-        f"for it"
-    )
+    if res.stage_ops:
+        ops = res.stage_ops
+        msg = (
+            f"stage {heavy} is the heaviest pipeline stage: {ops[heavy]:.0f} compute ops per step vs "
+            f"{float(np.mean(list(ops.values()))):.0f} mean ({res.imbalance:.2f}x, threshold {threshold:.2f}x; "
+            f"counted, as its ranks time-share a host's CPUs); every other stage waits for it"
+        )
+    else:
+        msg = (
+            f"stage {heavy} is the heaviest pipeline stage: {vals[heavy]:.1f} ms compute per step vs "
+            f"{mean:.1f} ms mean ({res.imbalance:.2f}x, threshold {threshold:.2f}x); every other stage waits "
+            f"for it"
+        )
     if res.per_stage_type_ms.get(heavy):
         parts = sorted(res.per_stage_type_ms[heavy].items(), key=lambda kv: -kv[1])
         msg += "; per microbatch it spends " + ", ".join(f"{v:.2f} ms in {t}" for t, v in parts)

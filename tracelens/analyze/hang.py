@@ -83,6 +83,25 @@ def _members(df: pd.DataFrame, expected_ranks) -> dict[tuple, set[int]]:
     return out
 
 
+def _credible_completion(grp: pd.DataFrame, mem: set[int]) -> pd.Series:
+    """Per seq of one group: did any member complete it, believably?
+
+    A completed entry proves the collective completed, except where a member never issued it (its records
+    end before that seq) and no entry has a completion time: gloo marks a timed-out collective retired and
+    counts it in `pg_status.last_completed_collective` (which is where such states come from), although peers
+    never joined. A retired entry without all participants is not a completion."""
+    done = grp["state"].eq("completed").groupby(grp["seq"]).any()
+    if done.empty:
+        return done
+    last_seq = grp.groupby("rank")["seq"].max()
+    absent_last = min((int(last_seq.get(r, -1)) for r in mem), default=-1)  # a member's last record
+    timed = grp["end_ns"].notna() & (grp["end_ns"].fillna(0) > 0)
+    has_time = timed.groupby(grp["seq"]).any()
+    n = grp.groupby("seq")["rank"].nunique()
+    never_joined = (n < len(mem)) & (n.index.to_series(index=n.index) > absent_last)
+    return done & ~(never_joined & ~has_time.reindex(done.index, fill_value=False))
+
+
 def progress(coll: pa.Table) -> pd.DataFrame:
     """Per (rank, pg): last enqueued, started and completed collective seq (NaN when none), like pg_status."""
     df = _frame(_split_unranked(coll)[0])
@@ -141,7 +160,7 @@ def diagnose(
         grp = grp[grp["seq"] >= lo]
         per_seq = grp.groupby("seq")
         n_joined = per_seq["rank"].nunique()
-        any_done = grp["state"].eq("completed").groupby(grp["seq"]).any()
+        any_done = _credible_completion(grp, mem)
         incomplete = n_joined[(n_joined < len(mem)) & ~any_done]
         if len(incomplete):
             seq = int(incomplete.index.min())

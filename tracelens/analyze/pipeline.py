@@ -72,6 +72,8 @@ class PipelineResult:
     virtual_stages: int = 1
     expected_bubble_fraction: float | None = None
     cause_stage: int | None = None
+    #: schedule read from P2P counts and order (analyze/schedule_infer.py), None when not readable
+    schedule_evidence: dict | None = None
 
 
 def expected_bubble_fraction(
@@ -167,8 +169,12 @@ def analyze_pipeline(
     excess_threshold: float = EXCESS_THRESHOLD,
     clock_offsets_ns: dict[int, int] | None = None,
     sets: dict | None = None,
+    virtual_stages: int | None = None,
 ) -> PipelineResult:
     """Bubble per (rank, step) and per stage; PIPELINE_BUBBLE_EXCESS when the excess is material.
+
+    `virtual_stages` (model chunks per rank, tracelens.toml `[training] virtual_stages`) overrides the v
+    read from layer ranges or P2P counts.
 
     `clock_offsets_ns` (rank -> ns to subtract, as `collectives.clock_offsets` gives) aligns hosts before
     fill and drain are measured across ranks; waits are measured on each rank's own clock. `sets`
@@ -277,17 +283,29 @@ def analyze_pipeline(
 
     # ---- microbatches, schedule, expectation ----
     v = _virtual_stages(sp) if len(sp) else 1
+    from tracelens.analyze.schedule_infer import schedule_from_p2p
+
+    res.schedule_evidence = schedule_from_p2p(events, grid, p2p)
+    by_p2p = res.schedule_evidence
+    if by_p2p is not None and v == 1 and by_p2p["virtual_stages"] > 1:
+        v = by_p2p["virtual_stages"]  # chunks seen in the P2P counts (layer annotations absent or merged)
+    if virtual_stages is not None:
+        v = virtual_stages
     observed = None  # what the trace shows, also when --microbatches is given (checked against it)
     if len(sp):
         from tracelens.analyze.composition import _microbatches_from_spans
 
         observed = _microbatches_from_spans(sp)
+    if observed is None and by_p2p is not None:
+        observed = by_p2p["microbatches"]
     if observed is None:
         observed = _microbatches_from_sends(events, grid, p2p, rank, step)
     m = microbatches if microbatches is not None else observed
     res.microbatches_observed = observed
     if schedule is None:
         schedule = _detect_schedule(sp, bwd, grid, m, v) if len(sp) else None
+        if schedule is None and by_p2p is not None:
+            schedule = "interleaved" if v > 1 else "1f1b" if by_p2p["warmup_matches"] else None
     res.microbatches, res.schedule, res.virtual_stages = m, schedule, v
     res.expected_bubble_fraction = expected_bubble_fraction(grid.pp, m, schedule, v)
 

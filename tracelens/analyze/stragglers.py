@@ -68,8 +68,12 @@ class CrossRankResult:
 
 def _describe(s: dict) -> str:
     ev = s["evidence"]
-    if s["cause"] == "compute":
+    if s["cause"] == "compute" and ev.get("time_shared_host"):
+        what = f"+{100 * (ev['ops_ratio'] - 1):.0f}% compute ops per step vs {ev['peer_kind']} peers"
+    elif s["cause"] == "compute":
         what = f"+{100 * (ev['compute_ratio'] - 1):.0f}% compute vs {ev['peer_kind']} peers"
+    elif s["cause"] == "host" and ev.get("host_frames"):
+        what = f"host stall +{ev['idle_excess_ms']:.1f} ms/step in {ev['host_frames'][0]} vs {ev['peer_kind']} peers"
     elif s["cause"] == "host":
         what = f"device idle +{ev['idle_excess_ms']:.1f} ms/step vs {ev['peer_kind']} peers"
     else:
@@ -313,8 +317,12 @@ def detect(
     cfg: StragglerConfig,
     stage_of: dict[int, int] | None = None,
     hosts: dict[int, str] | None = None,
+    shared: pd.DataFrame | None = None,
 ) -> list[dict]:
-    """Straggler verdicts from per-(rank, step) times, matched collectives and peer groups."""
+    """Straggler verdicts from per-(rank, step) times, matched collectives and peer groups.
+
+    `shared`: per (rank, step) evidence of CPU ranks that time-share a host (`_shared_evidence`); their
+    compute and host verdicts come from op counts and stall frames, not from wall durations."""
     per = per.copy()
     per["group"] = per["rank"].map(lambda r: groups.get(int(r), -1))
     steps_total = per.groupby("rank")["step"].nunique()
@@ -334,7 +342,11 @@ def detect(
         per[f"{cause}_excess"] = excess
         per[f"{cause}_flag"] = flag
         per[f"{cause}_cost"] = np.where(flag, np.minimum(excess, per["blame_ns"]), 0.0)
+    if shared is not None and len(shared):
+        per = _apply_shared(per, shared, cfg, floor)
     slow, d = _slow_links(df, cfg, hosts)
+    if shared is not None and len(shared):  # one host's ranks share no link: transfer times are descheduling
+        slow = {r: v for r, v in slow.items() if r not in set(shared["rank"].astype(int))}
     if slow:
         ex = d.assign(step=d["step"].astype("Int64").fillna(-1).astype(int)).groupby(["rank", "step"])
         xfer = ex["excess"].sum().rename("xfer_excess")
@@ -389,6 +401,9 @@ def detect(
         def per_step(col: str, sub=sub, skey=skey) -> dict:
             return {str(k): round(float(x) / 1e6, 3) for k, x in zip(skey, sub[col])}
 
+        def per_step_count(sub: pd.DataFrame, col: str, skey=skey) -> dict:
+            return {str(k): (None if pd.isna(x) else int(x)) for k, x in zip(skey, sub[col])}
+
         comp_ratio = float(np.median(sub["compute_ns"] / sub["comp_c"].replace(0, np.nan)))
         evidence = {
             "arrival_lag_ms": per_step("lag_ns"),
@@ -402,6 +417,17 @@ def detect(
             "peers": sorted(int(x) for x, g in groups.items() if g == groups.get(r) and x != r),
             "peer_kind": "stage" if stage_of else "group",
         }
+        if "ops_ratio" in sub and sub["ops_ratio"].notna().any():
+            evidence["time_shared_host"] = True
+            evidence["ops_per_step"] = per_step_count(sub, "ops")
+            evidence["peer_ops_per_step"] = per_step_count(sub, "ops_c")
+            evidence["ops_ratio"] = round(float(sub["ops_ratio"].median()), 4)
+            if v["cause"] == "compute":
+                evidence["compute_ratio"] = evidence["ops_ratio"]
+            if v["cause"] == "host":
+                evidence["idle_excess_ms"] = round(float(sub["host_cost"].median()) / 1e6, 3)
+                evidence["host_frames"] = sorted({f for f in sub["host_frame"].dropna()})
+                evidence["host_ms_per_step"] = per_step("host_cost")
         s = {
             "rank": r,
             "cause": v["cause"],
@@ -415,6 +441,95 @@ def detect(
             s["stage"] = int(stage_of[r])
         out.append(s)
     return out
+
+
+#: Op-count excess over stage peers that makes a time-shared CPU rank a compute straggler (counts are exact).
+MIN_OPS_EXCESS = 0.02
+
+
+def _shared_evidence(events: pa.Table, ranks: set[int], groups: dict[int, int]) -> pd.DataFrame:
+    """Per (rank, step) of time-shared CPU ranks: `ops`, and a regular stall frame with its excess host time
+    over peers (`host_frame`, `host_ns`; tracelens.analyze.cpu_evidence.stall_frames)."""
+    from tracelens.analyze import cpu_evidence as ce
+
+    ops = ce.per_rank_step(events, ranks)[["rank", "step", "ops"]]
+    host = ce.stall_frames(events, ranks, groups)[["rank", "step", "host_frame", "host_ns"]]
+    out = ops.merge(host, on=["rank", "step"], how="left")
+    out["host_ns"] = out["host_ns"].fillna(0.0)
+    return out
+
+
+def _apply_shared(per: pd.DataFrame, shared: pd.DataFrame, cfg: StragglerConfig, floor) -> pd.DataFrame:
+    """Compute and host verdicts of time-shared CPU ranks from exact op counts and persistent stall frames;
+    their wall-duration verdicts are dropped (descheduling inflates any rank's durations)."""
+    per = per.merge(shared, on=["rank", "step"], how="left")
+    m = per["ops"].notna().to_numpy()
+    if not m.any():
+        return per
+    per["ops_c"], _ = _peer_stats(per.assign(ops=per["ops"].astype(float)), "ops")
+    per["ops_ratio"] = per["ops"] / per["ops_c"].replace(0, np.nan)
+    ratio = per["ops_ratio"].fillna(1.0)
+    comp_flag = (ratio > 1.0 + MIN_OPS_EXCESS) & per["ops_c"].notna()
+    comp_cost = per["compute_ns"] * (1.0 - 1.0 / ratio.clip(lower=1.0))
+    comp_cost = comp_cost.to_numpy(dtype=float)
+    # the extra ops at the peers' rate: the rank's own wall compute is what descheduling distorts most
+    # (a slow TP rank can show the least compute time of its stage), the peers' median much less
+    comp_c, _ = _peer_stats(per.assign(compute_ns=per["compute_ns"].astype(float)), "compute_ns")
+    at_peers = np.nan_to_num(comp_c * (ratio.clip(lower=1.0).to_numpy(dtype=float) - 1.0))
+    comp_cost = np.maximum(comp_cost, at_peers)
+    comp_flag = comp_flag.to_numpy(dtype=bool)
+    host = pd.to_numeric(per["host_ns"], errors="coerce").fillna(0.0).to_numpy(dtype=float)
+    host_flag = host > floor.fillna(0).to_numpy(dtype=float)
+    for col, val in (
+        ("compute_excess", comp_cost),
+        ("compute_flag", comp_flag),
+        ("compute_cost", np.where(comp_flag, comp_cost, 0.0)),
+        ("host_excess", host),
+        ("host_flag", host_flag),
+        ("host_cost", np.where(host_flag, host, 0.0)),
+    ):
+        cur = per[col].to_numpy().astype(val.dtype)
+        cur[m] = val[m]
+        per[col] = cur
+    return per
+
+
+def group_verdicts(stragglers: list[dict], df: pd.DataFrame) -> tuple[list[dict], list[dict]]:
+    """When every member of a (non-p2p) group is a communication straggler, the group or its link is slow,
+    not a rank: those verdicts become one SLOW_GROUP finding naming the group."""
+    comm = {s["rank"] for s in stragglers if s["cause"] == "communication"}
+    if len(comm) < 2 or df.empty:
+        return stragglers, []
+    coll = df[~df["is_p2p"].astype(bool)]
+    findings, taken = [], set()
+    for key, g in coll.groupby("group_key"):
+        members = {int(x) for x in g["rank"].unique()}
+        if len(members) < 2 or not members <= comm or members & taken:
+            continue
+        taken |= members
+        desc = g["pg_desc"].dropna().astype(str)
+        name = desc.iloc[0] if len(desc) else str(key)
+        ratio = min(s["evidence"].get("transfer_ratio") or 0 for s in stragglers if s["rank"] in members)
+        cost = max(s["cost_ms"] for s in stragglers if s["rank"] in members)
+        findings.append(
+            finding(
+                "SLOW_GROUP",
+                "warning",
+                f"group {name} ({_ranks(members)}) is slow as a whole: its transfers are {ratio:.1f}x slower than "
+                f"other groups' of the same kind (costs up to {cost:.1f} ms/step); a slow link or a schedule "
+                f"that makes all its members late, not a rank straggler",
+                ranks=sorted(members),
+                group=name,
+                transfer_ratio=ratio,
+                cost_ms=cost,
+            )
+        )
+    return [s for s in stragglers if s["rank"] not in taken], findings
+
+
+def _ranks(rs) -> str:
+    rs = sorted(rs)
+    return ("rank " if len(rs) == 1 else "ranks ") + ", ".join(map(str, rs))
 
 
 def _straggler_findings(stragglers: list[dict]) -> list[dict]:
@@ -462,8 +577,13 @@ def analyze_cross_rank(
         groups = infer_peer_groups(df, ranks)
     per = _per_rank_step(breakdown, split, lag, pre_arrival_idle(breakdown, sets, df))
     hosts = {r: u for r, u in clock.unit_of.items() if u.startswith("host ")}
-    stragglers = detect(per, df, groups, cfg, stage_of, hosts) if len(per) else []
-    findings += _straggler_findings(stragglers)
+    from tracelens.analyze.cpu_evidence import shared_host_ranks
+
+    shared_ranks = shared_host_ranks(metadata, sets)
+    shared = _shared_evidence(events, shared_ranks, groups) if shared_ranks and len(per) else None
+    stragglers = detect(per, df, groups, cfg, stage_of, hosts, shared=shared) if len(per) else []
+    stragglers, group_findings = group_verdicts(stragglers, df)
+    findings += group_findings + _straggler_findings(stragglers)
     return CrossRankResult(
         collectives=C.to_table(df),
         offsets_ns=dict(clock.offsets_ns),

@@ -64,6 +64,30 @@ def _shown_ranks(summary: dict, limit: int = 64, head: int = 8) -> tuple[list[di
     return [r for r in ranks if r["rank"] in keep], flagged & {r["rank"] for r in ranks}
 
 
+def print_progress_table(console, summary: dict) -> None:
+    """Per-rank progress of a hung step (P2P_HANG): last call enqueued / started / completed."""
+    from rich.table import Table
+
+    for f in summary["findings"]:
+        if f["code"] != "P2P_HANG" or not f.get("progress"):
+            continue
+        t = Table(title=f"progress in hung step {f['step']}", title_justify="left")
+        for head in ("rank", "last enqueued", "last started", "last completed", "blocked in", "for s"):
+            t.add_column(head, justify="right")
+        chain = {b["rank"]: b for b in f.get("blocked_chain", [])}
+        for p in f["progress"]:
+            b = chain.get(p["rank"], {})
+            t.add_row(
+                str(p["rank"]),
+                str(p["last_enqueued"]),
+                str(p["last_started"]),
+                str(p["last_completed"] or "-"),
+                str(b.get("op", "-")),
+                _fmt(b["blocked_ms"] / 1e3, 1) if b.get("blocked_ms") is not None else "-",
+            )
+        console.print(t)
+
+
 def print_rank_table(summary: dict, nccl_ranks: list[int] | None = None) -> None:
     """Per-rank table (Rich), aggregated by stage beyond 64 ranks so it stays readable."""
     from rich.console import Console
@@ -133,6 +157,7 @@ def print_rank_table(summary: dict, nccl_ranks: list[int] | None = None) -> None
         if f["severity"] in ("warning", "error"):
             console.print(f"[{f['severity']}] {f['code']}: {f['message']}", markup=False)
             printed.add(f["message"])
+    print_progress_table(console, summary)
     compat = summary.get("compat")
     if compat:
         t = Table(title=f"HTA {compat['hta_version']} definitions (--compat hta)", title_justify="left")

@@ -102,6 +102,23 @@ def is_gzip(path: Path) -> bool:
         return fh.read(2) == b"\x1f\x8b"
 
 
+#: Flight Recorder dump keys (torch.distributed `_dump_fr_trace_json`): top level and per entry
+_FR_TOP = (b'"pg_config"', b'"pg_status"', b'"comm_lib_version"', b'"nccl_comm_state"')
+_FR_ENTRY = (b'"profiling_name"', b'"collective_seq_id"', b'"record_id"', b'"process_group"', b'"pg_id"')
+
+
+def _looks_like_fr_json(head: bytes) -> bool:
+    """A Flight Recorder JSON dump by the format's real keys: a top-level FR key and, when `entries` shows,
+    entries with FR entry keys (or none). Any JSON with an `entries` key is not enough."""
+    top = any(k in head for k in _FR_TOP)
+    if b'"entries"' not in head:
+        return top and b'"version"' in head
+    i = head.index(b'"entries"')
+    after = head[i + 9 : i + 64].lstrip(b": \n\r\t")
+    empty = after.startswith(b"[]") or after.startswith(b"[ ]")
+    return (top or b'"version"' in head) and (empty or any(k in head for k in _FR_ENTRY))
+
+
 def detect_format(path: str | Path) -> str | None:
     """One of KINETO, FR_JSON, FR_PICKLE, NCCL_PLUGIN, NCCL_LOG, or None when not a trace we read."""
     path = Path(path)
@@ -120,10 +137,7 @@ def detect_format(path: str | Path) -> str | None:
             return None  # tracelens' own outputs (an exported trace, a summary) are not inputs
         if b'"traceEvents"' in head or b'"schemaVersion"' in head or b'"deviceProperties"' in head:
             return KINETO
-        fr_keys = b'"entries"' in head or b'"pg_status"' in head
-        if fr_keys or (b'"pg_config"' in head and b'"version"' in head):
-            return FR_JSON
-        return None
+        return FR_JSON if _looks_like_fr_json(head) else None
     if stripped[:1] == b"[":
         # NCCL profiler plugin: an array of async b/e events with the plugin's categories, or an empty "[{}]".
         if stripped.replace(b"\n", b"").replace(b" ", b"")[:4] == b"[{}]":

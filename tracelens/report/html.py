@@ -50,6 +50,9 @@ FINDING_TITLES = {
     "NO_STEPS": "No step annotations",
     "LAYOUT_INCONSISTENT": "Layout inconsistent",
     "MFU_IMPOSSIBLE": "MFU above 100%: wrong inputs",
+    "GPU_IDLE": "GPU idle",
+    "SLOW_GROUP": "A whole group is slow",
+    "P2P_HANG": "Hang through point-to-point",
 }
 #: Embedded copy of the summary drops per_step beyond this many rows (summary.json keeps them all).
 EMBED_PER_STEP_MAX = 2000
@@ -199,7 +202,22 @@ def findings_html(summary: dict) -> str:
             f"<code>{esc(f.get('code'))}</code> ({esc(f.get('severity'))}): {esc(f.get('message'))}"
             f"{_saving_text(f)}</div>"
         )
-    return head + "\n".join(rows) + stragglers_html(summary)
+    return head + "\n".join(rows) + progress_html(summary) + stragglers_html(summary)
+
+
+def progress_html(summary: dict) -> str:
+    """Per-rank progress of a hung step (P2P_HANG): last call enqueued / started / completed, blocked in."""
+    out = []
+    for f in summary.get("findings") or []:
+        if f.get("code") != "P2P_HANG" or not f.get("progress"):
+            continue
+        chain = {b["rank"]: b for b in f.get("blocked_chain", [])}
+        rows = [{**p, "blocked_in": chain.get(p["rank"], {}).get("op"),
+                 "blocked_s": (chain.get(p["rank"], {}).get("blocked_ms") or 0) / 1e3} for p in f["progress"]]  # fmt: skip
+        cols = [("rank", "rank"), ("last enqueued", "last_enqueued"), ("last started", "last_started"),
+                ("last completed", "last_completed"), ("blocked in", "blocked_in"), ("for s", "blocked_s")]  # fmt: skip
+        out.append(f"<h3>Progress in hung step {esc(f.get('step'))}</h3>" + table_html(rows, cols))
+    return "".join(out)
 
 
 def _finding_order(f: dict) -> tuple:

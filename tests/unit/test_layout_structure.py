@@ -1,0 +1,189 @@
+"""Axes of process groups from structure and traffic (tracelens/layout_structure.py), interleaved-schedule
+arithmetic (analyze/schedule_infer.py) and communication per layer type (analyze/comm_by_layer.py), on
+hand-built groups, records and spans whose answers are known by construction."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+
+from tracelens.analyze.comm_by_layer import comm_by_layer_type, sizes_from_flight_recorder
+from tracelens.analyze.schedule_infer import expected_warmup
+from tracelens.layout_structure import GroupInfo, name_axis, structural_axes
+
+
+def _grid_groups(tp: int, dp: int, pp: int) -> dict[str, list[tuple[int, ...]]]:
+    """Megatron tp-dp-pp groups: rank = t + tp*(d + dp*s)."""
+    r = lambda t, d, s: t + tp * (d + dp * s)  # noqa: E731
+    return {
+        "tp": [tuple(r(t, d, s) for t in range(tp)) for d in range(dp) for s in range(pp)],
+        "dp": [tuple(r(t, d, s) for d in range(dp)) for t in range(tp) for s in range(pp)],
+        "pp": [tuple(r(t, d, s) for s in range(pp)) for t in range(tp) for d in range(dp)],
+    }
+
+
+@pytest.mark.parametrize(
+    "desc,axis",
+    [
+        ("tp_stage0_dp1", "tp"),
+        ("dp_stage0_tp1", "dp"),
+        ("pp_dp0_tp0", "pp"),
+        ("cp_dp0", "cp"),
+        ("dp_stage1", "dp"),
+        ("TENSOR_MODEL_PARALLEL_GROUP", "tp"),
+        ("PIPELINE_MODEL_PARALLEL_GROUP", "pp"),
+        ("dp_shard", "dp"),
+        ("EXPERT_MODEL_PARALLEL_GROUP", None),
+        ("default_pg", None),
+        (None, None),
+    ],
+)
+def test_name_axis_reads_the_axis_not_the_coordinates(desc, axis):
+    assert name_axis(desc) == axis
+
+
+def _infos(groups: dict[str, list[tuple[int, ...]]], calls: dict[str, Counter], names: bool) -> dict:
+    out = {}
+    for axis, gs in groups.items():
+        for i, g in enumerate(gs):
+            gi = GroupInfo(tuple(sorted(g)), names={f"grp{i}x"} if not names else {f"{axis}_x{i}"})
+            gi.calls = Counter(calls.get(axis, {}))
+            gi.members_seen = set(g) if calls.get(axis) else set()
+            out[gi.ranks] = gi
+    return out
+
+
+def test_tp_pp_dp_from_traffic_alone_with_meaningless_names():
+    groups = _grid_groups(2, 2, 2)
+    calls = {"tp": Counter(reduce=256), "dp": Counter(reduce=8)}  # pp groups carry nothing (gloo P2P)
+    by_axis, ev = structural_axes(_infos(groups, calls, names=False), 8, any_p2p=True)
+    for a in ("tp", "dp", "pp"):
+        assert by_axis[a] == set(groups[a]), a
+        assert ev[a]["basis"] == "traffic"
+    assert (ev["tp"]["stride"], ev["dp"]["stride"], ev["pp"]["stride"]) == (1, 2, 4)
+
+
+def test_traffic_beats_a_misleading_name():
+    groups = _grid_groups(2, 2, 2)
+    infos = _infos(groups, {"tp": Counter(reduce=256), "dp": Counter(reduce=8)}, names=True)
+    for g in groups["tp"]:
+        infos[tuple(sorted(g))].names = {"dp_wrong"}
+    by_axis, ev = structural_axes(infos, 8, any_p2p=True)
+    assert by_axis["tp"] == set(groups["tp"]) and ev["tp"]["names_agree"] is False
+
+
+def test_all_to_all_family_is_cp_and_lone_reducer_is_dp():
+    cp = [(0, 1), (2, 3), (4, 5), (6, 7)]
+    dp = [(0, 2, 4, 6), (1, 3, 5, 7)]
+    infos = _infos({"cp": cp, "dp": dp}, {"cp": Counter(a2a=128), "dp": Counter(reduce=8)}, names=False)
+    by_axis, ev = structural_axes(infos, 8, any_p2p=False)
+    assert by_axis == {"cp": set(cp), "dp": set(dp)}
+    assert "all_to_all" in ev["cp"]["traffic"]
+
+
+def test_without_traffic_names_label_the_families():
+    groups = _grid_groups(2, 2, 2)
+    by_axis, ev = structural_axes(_infos(groups, {}, names=True), 8, any_p2p=True)
+    assert by_axis["tp"] == set(groups["tp"]) and ev["tp"]["basis"] == "names"
+
+
+def test_overlapping_or_irregular_groups_are_not_a_family():
+    infos = {g: GroupInfo(g, calls=Counter(reduce=5), members_seen=set(g)) for g in [(0, 1), (1, 2), (0, 3)]}
+    by_axis, _ = structural_axes(infos, 4, any_p2p=False)
+    assert by_axis == {}
+
+
+def test_megatron_interleaved_warmup_counts():
+    assert [expected_warmup(4, s, 2, 8) for s in range(4)] == [10, 8, 6, 4]
+    assert [expected_warmup(4, s, 1, 8) for s in range(4)] == [3, 2, 1, 0]
+    assert expected_warmup(4, 0, 2, 2) == 4  # capped at v*m
+
+
+def _coll(rows):
+    df = pd.DataFrame(rows, columns=["rank", "op", "enqueue_ns", "start_ns", "end_ns", "step", "bytes"])
+    for c in ("in_nelems", "out_nelems", "dtype", "pg_name", "pg_desc"):
+        df[c] = None
+    df["bytes"] = df["bytes"].astype(object)
+    return df
+
+
+def test_sizes_from_flight_recorder_by_contiguous_run_of_records():
+    # recorder: 6 all-to-alls at t = 0,10,...,50 ms with sizes 100..600; profiled: the last 3 (+0.3 ms jitter)
+    ms = 1_000_000
+    fr = pa.table(
+        {
+            "rank": [0] * 6,
+            "op": ["alltoall"] * 6,
+            "enqueue_ns": [i * 10 * ms for i in range(6)],
+            "bytes": [100 * (i + 1) for i in range(6)],
+            "in_nelems": [25 * (i + 1) for i in range(6)],
+            "out_nelems": [25 * (i + 1) for i in range(6)],
+            "dtype": ["Float"] * 6,
+            "pg_name": ["1"] * 6,
+            "pg_desc": ["cp_dp0"] * 6,
+        }
+    )
+    coll = _coll([[0, "alltoall", (30 + 10 * k) * ms + 300_000, None, None, 2, None] for k in range(3)])
+    out = sizes_from_flight_recorder(coll, fr)
+    assert list(out["bytes"]) == [400, 500, 600]
+    assert list(out["pg_desc"]) == ["cp_dp0"] * 3
+    assert set(out["size_source"]) == {"flight_recorder"}
+
+
+def test_comm_attributed_to_the_enclosing_layer_type_and_backward_twins():
+    spans = pa.table(
+        {
+            "rank": pa.array([0, 0], pa.int32()),
+            "step": pa.array([0, 0], pa.int32()),
+            "layer": pa.array([0, 1], pa.int32()),
+            "module": ["linear_attention", "full_attention"],
+            "backward": [False, False],
+            "gpu_start_ns": pa.array([0, 100], pa.int64()),
+            "gpu_end_ns": pa.array([90, 200], pa.int64()),
+            "compute_ns": pa.array([50, 50], pa.int64()),
+        }
+    )
+    # two forward all-to-alls inside full attention, two backward ones (outside every span), same size;
+    # one all-reduce outside every span of a size no span holds: not attributed
+    coll = _coll(
+        [
+            [0, "alltoall", 110, 110, 120, 0, 64],
+            [0, "alltoall", 150, 150, 170, 0, 64],
+            [0, "alltoall", 300, 300, 305, 0, 64],
+            [0, "alltoall", 320, 320, 330, 0, 64],
+            [0, "allreduce", 400, 400, 500, 0, 1024],
+        ]
+    )
+    res = comm_by_layer_type(coll, spans, {0: 1})
+    assert set(res) == {"full_attention"}
+    rec = res["full_attention"]["alltoall"]
+    assert rec["calls_per_step"] == 4 and rec["bytes_per_step"] == 256
+    assert (rec["in_span_calls"], rec["inferred_calls"]) == (2, 2)
+    assert rec["ms_per_step"] == pytest.approx((10 + 20 + 5 + 10) / 1e6)
+    assert np.isfinite(rec["ms_per_step"])
+
+
+def test_training_virtual_stages_and_schedule_in_tracelens_toml(tmp_path):
+    from tracelens.config import parse_config, read_run_config
+    from tracelens.errors import BadConfigError
+    from tracelens.run_analysis import Options
+
+    (tmp_path / "tracelens.toml").write_text('[training]\nschedule = "Interleaved"\nvirtual_stages = 2\n')
+    opts = read_run_config(tmp_path)
+    assert (opts["schedule"], opts["virtual_stages"]) == ("interleaved", 2)
+    assert Options().merged_with_config(tmp_path).virtual_stages == 2
+    with pytest.raises(BadConfigError):
+        parse_config("[training]\nvirtual_stages = 0\n")
+    with pytest.raises(BadConfigError):
+        parse_config('[training]\nvirtual_stages = "two"\n')
+
+
+def test_expected_bubble_uses_given_virtual_stages():
+    from tracelens.analyze.pipeline import expected_bubble_fraction
+
+    assert expected_bubble_fraction(4, 8, "interleaved", 2) == pytest.approx(3 / 19)
+    assert expected_bubble_fraction(4, 8, "1f1b", 1) == pytest.approx(3 / 11)

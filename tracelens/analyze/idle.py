@@ -1,0 +1,196 @@
+"""Why the GPU sits idle: each idle gap of each rank's step split by cause (HTA's idle time breakdown and
+beyond), with the CPU ops responsible.
+
+For a gap [g0, g1) between device activity (kernels, copies, memsets on any stream) inside a step window,
+the device event that ends it was launched by a runtime call at `launch` (kernel -> launch by correlation):
+
+* synchronization: the part of the gap the host spent blocked in a sync call (`cudaStreamSynchronize`,
+  `cudaDeviceSynchronize`, `cudaEventSynchronize`, blocking `cudaMemcpy`, `.item()`'s D2H wait);
+* host-bound: the rest of [g0, launch): nothing was queued, the CPU was busy elsewhere (Python, data
+  loading, launch-bound op dispatch); the top-level CPU ops running then are named;
+* launch overhead: [max(g0, launch), g1), the latency from the launch call to the work starting;
+* other-stream wait: the whole gap when the work was already queued at g0 on a rank that uses several
+  streams (it waited for an event on another stream);
+* other: no launch found (no correlation).
+
+Finding GPU_IDLE when a rank's device is idle more than `threshold` of its step (mean over steps): the
+dominant cause, ms per step per cause, and the CPU ops behind host-bound and synchronization time.
+See docs/summary.md.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from tracelens.analyze import intervals as iv
+from tracelens.analyze.classify import _dict_lookup
+from tracelens.findings import finding
+
+IDLE_THRESHOLD = 0.20
+CAUSES = ("host_bound", "synchronization", "launch_overhead", "other_stream", "other")
+LABELS = {
+    "host_bound": "host-bound (no work queued)",
+    "synchronization": "synchronization",
+    "launch_overhead": "launch overhead",
+    "other_stream": "waiting on another stream",
+    "other": "other",
+}
+SYNC = re.compile(
+    r"^(cuda|hip)(StreamSynchronize|DeviceSynchronize|EventSynchronize|Memcpy|MemcpyDtoH|Memcpy2D|"
+    r"StreamWaitEvent)$|Synchronize$"
+)
+DEVICE_KINDS = ("kernel", "gpu_memcpy", "gpu_memset")
+RUNTIME_KINDS = ("cuda_runtime", "cuda_driver", "hip_runtime", "runtime")
+
+
+def _arr(t: pa.Table, col: str, fill=0) -> np.ndarray:
+    return t.column(col).fill_null(fill).to_numpy(zero_copy_only=False).astype(np.int64)
+
+
+def idle_breakdown(events: pa.Table, breakdown: pa.Table, top: int = 3) -> pd.DataFrame:
+    """Per (rank, step) of GPU ranks: idle ns by cause (CAUSES + "_ns"), step_time_ns, and the top CPU
+    ops (name -> ns) behind host-bound (`host_ops`) and synchronization (`sync_ops`) time."""
+    bd = breakdown.select(["rank", "step", "window_start_ns", "window_end_ns", "step_time_ns", "path"])
+    bd = bd.to_pandas()
+    bd = bd[bd["path"] == "gpu"]
+    cols = ["rank", "step", "step_time_ns", "idle_ns", *(c + "_ns" for c in CAUSES), "host_ops", "sync_ops"]
+    if bd.empty or events.num_rows == 0:
+        return pd.DataFrame(columns=cols)
+    kind = events.column("kind")
+    is_dev = _dict_lookup(kind, lambda v: int(v in DEVICE_KINDS)).astype(bool)
+    is_rt = _dict_lookup(kind, lambda v: int(v in RUNTIME_KINDS)).astype(bool)
+    is_op = _dict_lookup(kind, lambda v: int(v == "cpu_op")).astype(bool)
+    is_sync = _dict_lookup(events.column("name"), lambda v: int(bool(SYNC.search(v)))).astype(bool)
+    rank = _arr(events, "rank")
+    ts = _arr(events, "ts_ns")
+    end = ts + np.maximum(_arr(events, "dur_ns"), 0)
+    corr = _arr(events, "correlation", -1)
+    stream = _arr(events, "stream", -1)
+    tid = _arr(events, "tid", -1)
+    names = events.column("name").cast(pa.string()).to_numpy(zero_copy_only=False)
+    rows = []
+    for r, w in bd.groupby("rank"):
+        r = int(r)
+        m = rank == r
+        dev = np.flatnonzero(m & is_dev)
+        if dev.size == 0:
+            continue
+        busy = iv.union(ts[dev], end[dev])
+        n_streams = len(np.unique(stream[dev]))
+        dstart = np.sort(ts[dev])
+        dorder = dev[np.argsort(ts[dev], kind="stable")]
+        rt = np.flatnonzero(m & is_rt & (corr >= 0))
+        rt_sorted = rt[np.argsort(corr[rt], kind="stable")]
+        rt_corr = corr[rt_sorted]
+        sync = np.flatnonzero(m & is_rt & is_sync)
+        sync_set = iv.union(ts[sync], end[sync])
+        # top-level cpu ops of the launching threads (threads that issued runtime calls)
+        threads = np.unique(tid[rt]) if rt.size else np.array([], np.int64)
+        ops = np.flatnonzero(m & is_op & np.isin(tid, threads))
+        ops = ops[np.lexsort((-end[ops], ts[ops]))]
+        if ops.size:
+            prev_max = np.maximum.accumulate(np.concatenate([[np.iinfo(np.int64).min], end[ops][:-1]]))
+            ops = ops[ts[ops] >= prev_max]
+        for row in w.itertuples():
+            lo, hi = int(row.window_start_ns), int(row.window_end_ns)
+            gaps = iv.subtract((np.array([lo]), np.array([hi])), iv.clip(busy, lo, hi))
+            g0, g1 = gaps
+            parts = dict.fromkeys(CAUSES, 0)
+            host_iv_s, host_iv_e = [], []
+            if g0.size:
+                k = np.searchsorted(dstart, g1, side="left")
+                nxt = dorder[np.minimum(k, dorder.size - 1)]
+                has_next = (k < dorder.size) & (dstart[np.minimum(k, dorder.size - 1)] == g1)
+                c = corr[nxt]
+                j = np.searchsorted(rt_corr, c)
+                ok = has_next & (c >= 0) & (j < rt_corr.size)
+                ok &= rt_corr[np.minimum(j, max(rt_corr.size - 1, 0))] == c if rt_corr.size else False
+                launch = np.where(
+                    ok, ts[rt_sorted[np.minimum(j, max(rt_corr.size - 1, 0))]] if rt_corr.size else 0, -1
+                )
+                queued = ok & (launch < g0)
+                not_q = ok & ~queued
+                length = g1 - g0
+                parts["other"] = int(length[~ok].sum())
+                if n_streams > 1:
+                    parts["other_stream"] = int(length[queued].sum())
+                else:
+                    parts["launch_overhead"] += int(length[queued].sum())
+                hs, he = g0[not_q], np.minimum(launch[not_q], g1[not_q])
+                parts["launch_overhead"] += int((g1[not_q] - np.maximum(launch[not_q], g0[not_q])).sum())
+                cpu_part = iv.union(hs, he)
+                sync_part = iv.intersect(cpu_part, sync_set)
+                host_part = iv.subtract(cpu_part, sync_set)
+                parts["synchronization"] = iv.total(sync_part)
+                parts["host_bound"] = iv.total(host_part)
+                host_iv_s, host_iv_e = host_part
+                sync_iv = sync_part
+            host_ops: dict[str, int] = {}
+            sync_ops: dict[str, int] = {}
+            if ops.size and parts["host_bound"]:
+                ov = iv.measure_in_windows((np.asarray(host_iv_s), np.asarray(host_iv_e)), ts[ops], end[ops])
+                s = pd.Series(ov, index=names[ops]).groupby(level=0).sum().sort_values(ascending=False)
+                host_ops = {str(k): int(v) for k, v in s.head(top).items() if v > 0}
+            if ops.size and parts["synchronization"]:
+                ov = iv.measure_in_windows(sync_iv, ts[ops], end[ops])
+                s = pd.Series(ov, index=names[ops]).groupby(level=0).sum().sort_values(ascending=False)
+                sync_ops = {str(k): int(v) for k, v in s.head(top).items() if v > 0}
+                if not sync_ops and sync.size:
+                    ov = iv.measure_in_windows(sync_iv, ts[sync], end[sync])
+                    s = pd.Series(ov, index=names[sync]).groupby(level=0).sum().sort_values(ascending=False)
+                    sync_ops = {str(k): int(v) for k, v in s.head(top).items() if v > 0}
+            idle = int((g1 - g0).sum()) if g0.size else 0
+            rows.append(
+                (r, row.step, int(row.step_time_ns), idle, *(parts[c] for c in CAUSES), host_ops, sync_ops)
+            )
+    return pd.DataFrame(rows, columns=cols)
+
+
+def idle_findings(table: pd.DataFrame, threshold: float = IDLE_THRESHOLD) -> list[dict]:
+    """GPU_IDLE per group of ranks sharing a dominant cause, when idle > threshold of the step."""
+    if table.empty:
+        return []
+    per = table.groupby("rank").agg(
+        step_ms=("step_time_ns", "mean"), idle=("idle_ns", "mean"), **{c: (c + "_ns", "mean") for c in CAUSES}
+    )
+    per = per[(per["step_ms"] > 0) & (per["idle"] / per["step_ms"] > threshold)]
+    out = []
+    for r, row in per.iterrows():
+        frac = row["idle"] / row["step_ms"]
+        causes = {c: float(row[c]) / 1e6 for c in CAUSES}
+        dominant = max(causes, key=lambda c: causes[c])
+        sub = table[table["rank"] == r]
+
+        def top_ops(col: str, sub=sub) -> dict[str, float]:
+            acc: dict[str, float] = {}
+            for d in sub[col]:
+                for k, v in (d or {}).items():
+                    acc[k] = acc.get(k, 0.0) + v / 1e6 / len(sub)
+            return {k: round(v, 3) for k, v in sorted(acc.items(), key=lambda kv: -kv[1])[:3]}
+
+        host_ops, sync_ops = top_ops("host_ops"), top_ops("sync_ops")
+        split = ", ".join(
+            f"{LABELS[c]} {v:.1f}" for c, v in sorted(causes.items(), key=lambda kv: -kv[1]) if v >= 0.05
+        )
+        ops = host_ops if dominant == "host_bound" else sync_ops if dominant == "synchronization" else {}
+        named = "; CPU ops then: " + ", ".join(f"{k} {v:.1f} ms" for k, v in ops.items()) if ops else ""
+        out.append(
+            finding(
+                "GPU_IDLE",
+                "warning",
+                f"rank {int(r)}: GPU idle {frac:.0%} of the step ({row['idle'] / 1e6:.1f} ms/step), mostly "
+                f"{LABELS[dominant]}; ms per step: {split}{named}",
+                ranks=[int(r)],
+                cause=dominant,
+                idle_fraction=round(float(frac), 4),
+                idle_ms=round(float(row["idle"]) / 1e6, 6),
+                causes_ms={c: round(v, 6) for c, v in causes.items()},
+                host_ops_ms=host_ops,
+                sync_ops_ms=sync_ops,
+            )
+        )
+    return out

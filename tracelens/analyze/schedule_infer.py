@@ -1,0 +1,106 @@
+"""Pipeline schedule from point-to-point traffic per rank: virtual chunks v, microbatches m, warm-up.
+
+Per step, a rank of a p-stage pipeline (p >= 3) sends one activation per forward and one gradient per
+backward that has a neighbour on that side. With v model chunks per rank (Megatron's interleaved 1F1B;
+v = 1 is plain 1F1B / GPipe) a middle stage sends 2*v*m, an end stage (2*v - 1)*m: so
+
+    m = sends(middle) - sends(stage 0),   v = sends(middle) / (2*m).
+
+The warm-up (forwards before the steady state) is read from the order on stages 0..p-2: each forward ends
+with a send, so the sends before the first backward op of the step (autograd's `evaluate_function`, or a
+`backward` annotation) are the warm-up forwards plus the steady state's first forward. Megatron's
+interleaved schedule warms up (p-s-1)*2 + (v-1)*p forwards on stage s (10/8/6/4 for p=4, v=2, m=8);
+1F1B warms up p-s-1. Both are reported beside the counts seen (docs/pipeline.md).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from tracelens.analyze.classify import _dict_lookup
+from tracelens.topology import Grid
+
+
+def expected_warmup(p: int, s: int, v: int, m: int) -> int:
+    """Forward passes stage s runs before its first backward pass starts the steady state."""
+    total = v * m
+    if v <= 1:
+        return min(p - s - 1, total)
+    return min((p - s - 1) * 2 + (v - 1) * p, total)
+
+
+def schedule_from_p2p(events: pa.Table, grid: Grid, p2p: np.ndarray) -> dict | None:
+    """{"virtual_stages", "microbatches", "sends_per_step": {stage: n}, "warmup_forwards": {stage: n},
+    "warmup_expected": {stage: n}, "warmup_matches"} from the sends of each stage; None when p < 3 or the
+    counts do not fit the pattern above."""
+    p = grid.pp or 1
+    if p < 3 or events.num_rows == 0:
+        return None
+    names = events.column("name")
+    is_send = _dict_lookup(names, lambda v: int("send" in v.lower() and "recv" not in v.lower())).astype(bool)
+    is_send |= _dict_lookup(
+        events.column("collective"), lambda v: int(v.lower() in ("send", "isend"))
+    ).astype(bool)
+    rank = events.column("rank").to_numpy(zero_copy_only=False).astype(np.int64)
+    step = events.column("step").fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+    ts = events.column("ts_ns").to_numpy(zero_copy_only=False).astype(np.int64)
+    kinds = events.column("kind")
+    sel = p2p & is_send & (step >= 0)
+    chosen = None
+    for kind in ("kernel", "cpu_op", "user_annotation"):  # count each send once
+        k = _dict_lookup(kinds, lambda v, kind=kind: int(v == kind)).astype(bool)
+        if (sel & k).any():
+            sel &= k
+            chosen = kind
+            break
+    if not sel.any():
+        return None
+    stage = grid.stage_lookup(rank)
+    sends = pd.DataFrame({"rank": rank[sel], "step": step[sel], "stage": stage[sel], "ts": ts[sel]})
+    per = sends.groupby(["stage", "rank", "step"]).size().groupby("stage").median()
+    if 0 not in per.index or not any(1 <= s <= p - 2 for s in per.index):
+        return None
+    end = int(per.loc[0])
+    middle = int(np.median([per.loc[s] for s in per.index if 1 <= s <= p - 2]))
+    m = middle - end
+    if m <= 0 or middle % (2 * m):
+        return None
+    v = middle // (2 * m)
+    if end != (2 * v - 1) * m:
+        return None
+    # warm-up: sends before the first backward op of the step, on stages 0..p-2
+    is_bwd = _dict_lookup(
+        names,
+        lambda v_: int(v_.startswith("autograd::engine::evaluate_function") or "backward" in v_.lower()),
+    ).astype(bool)
+    # backward marks on the sends' own timeline (GPU kernels vs CPU ops: the CPU runs ahead of the GPU)
+    tl = ("kernel", "gpu_user_annotation") if chosen == "kernel" else ("cpu_op", "user_annotation")
+    bsel = is_bwd & (step >= 0) & _dict_lookup(kinds, lambda v: int(v in tl)).astype(bool)
+    first_b = (
+        pd.DataFrame({"rank": rank[bsel], "step": step[bsel], "ts": ts[bsel]})
+        .groupby(["rank", "step"])["ts"]
+        .min()
+    )
+    total = v * m
+    before_b: dict[int, int] = {}
+    if len(first_b):
+        j = sends.join(first_b.rename("fb"), on=["rank", "step"])
+        j = j[j["fb"].notna() & (j["stage"] <= p - 2) & (j["stage"] >= 0)]
+        before = (j["ts"] < j["fb"]).groupby([j["stage"], j["rank"], j["step"]]).sum()
+        before_b = {int(s): int(n) for s, n in before.groupby("stage").median().items()}
+    # the steady state's first forward precedes the first backward: warm-up = that count - 1, unless every
+    # forward ran first (then the warm-up is ambiguous between total - 1 and total: null)
+    warm = {s: (n - 1 if n < total else None) for s, n in before_b.items()}
+    expected = {s: expected_warmup(p, s, v, m) for s in range(p - 1)}
+    want = {s: min(e + 1, total) for s, e in expected.items()}
+    return {
+        "virtual_stages": v,
+        "microbatches": m,
+        "sends_per_step": {int(s): int(n) for s, n in per.items() if s >= 0},
+        "forwards_before_first_backward": before_b,
+        "warmup_forwards": warm,
+        "warmup_expected": expected,
+        "warmup_matches": (all(before_b.get(s) == w for s, w in want.items()) if before_b else None),
+    }

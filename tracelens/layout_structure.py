@@ -1,0 +1,254 @@
+"""Parallel axes of process groups from their structure and traffic; names only label and confirm.
+
+A Megatron-style grid makes every axis a *family* of process groups: disjoint groups of one size whose
+members are a constant stride apart, together covering the world. What each family carries says its axis:
+
+- all-to-all traffic (Ulysses sequence <-> head exchanges)            -> cp
+- point-to-point traffic (send/recv on the group), or, in a run that sends point-to-point but whose groups
+  carry no P2P record (gloo), the one family that carries no collective at all -> pp
+- all-reduce traffic: with two such families, the one with more calls per rank (per-layer TP all-reduces
+  outnumber the gradient buckets) -> tp, the other -> dp; with one -> dp
+
+Traffic per group comes from record_param_comms / NCCL kernel args (events with `pg_ranks`) and from the
+Flight Recorder (`pg_name` mapped to ranks through distributedInfo.pg_config). A family without traffic
+takes the axis its names give (`name_axis`): the axis token that is not a coordinate, so `tp_stage0_dp1`
+is tp (stage0 and dp1 are coordinates), `pp_dp0_tp0` is pp, `cp_dp0` is cp, Megatron's
+TENSOR_MODEL_PARALLEL_GROUP is tp, a torchtitan mesh dimension name `dp_shard` is dp. The evidence for
+every axis is kept (docs/pipeline.md, "How the grid is inferred").
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+
+_AXIS_WORDS = {
+    "tp": "tp",
+    "tensor": "tp",
+    "tmp": "tp",
+    "pp": "pp",
+    "pipeline": "pp",
+    "pipe": "pp",
+    "dp": "dp",
+    "data": "dp",
+    "ddp": "dp",
+    "fsdp": "dp",
+    "cp": "cp",
+    "context": "cp",
+    "sp": "cp",
+    "ulysses": "cp",
+}
+_OTHER_WORDS = {"expert", "experts", "ep", "etp", "edp", "moe", "embedding", "embd", "amax", "mp", "hsdp"}
+_A2A = ("alltoall", "all_to_all", "alltoall_base", "all_to_all_single")
+_REDUCE = ("allreduce", "all_reduce", "reducescatter", "reduce_scatter", "allgather", "all_gather")
+_P2P = ("send", "recv", "isend", "irecv")
+
+
+def name_axis(desc: str | None) -> str | None:
+    """The axis a group name states: its axis word that is not a coordinate (a word followed by digits, or
+    `stage`), e.g. tp_stage0_dp1 -> tp; None when no single axis is named (or an expert/embedding group)."""
+    if not desc:
+        return None
+    toks = [t for t in re.split(r"[^a-z0-9]+", desc.lower()) if t]
+    if any(re.sub(r"\d+$", "", t) in _OTHER_WORDS for t in toks):
+        return None
+    bare = {_AXIS_WORDS[t] for t in toks if t in _AXIS_WORDS}
+    if len(bare) == 1:
+        return bare.pop()
+    if not bare:
+        coord = {_AXIS_WORDS[re.sub(r"\d+$", "", t)] for t in toks if re.sub(r"\d+$", "", t) in _AXIS_WORDS}
+        return coord.pop() if len(coord) == 1 else None
+    return None
+
+
+@dataclass
+class GroupInfo:
+    ranks: tuple[int, ...]
+    names: set[str] = field(default_factory=set)
+    calls: Counter = field(default_factory=Counter)  # op kind (a2a | reduce | p2p | other) -> calls
+    members_seen: set[int] = field(default_factory=set)  # ranks whose records count toward `calls`
+
+
+def _kind(op: str | None) -> str | None:
+    if not op:
+        return None
+    o = op.lower()
+    if any(o.startswith(a) for a in _A2A):
+        return "a2a"
+    if o in _P2P:
+        return "p2p"
+    if any(o.startswith(a) for a in _REDUCE):
+        return "reduce"
+    return "other"
+
+
+def _ranks(v) -> tuple[int, ...] | None:
+    if isinstance(v, str):
+        try:
+            v = json.loads(v)
+        except ValueError:
+            return None
+    if isinstance(v, (list, tuple)) and v and all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+        return tuple(sorted(int(x) for x in v))
+    return None
+
+
+def collect_groups(
+    declared: Iterable[tuple[str | None, str | None, tuple[int, ...]]],
+    events: pa.Table | None,
+    collectives: pa.Table | None,
+) -> dict[tuple[int, ...], GroupInfo]:
+    """Groups (sorted rank tuple -> GroupInfo) with their names and traffic.
+
+    declared: (pg_name, desc, ranks) from distributedInfo.pg_config; events: rows with pg_ranks and a
+    collective name; collectives: a COLLECTIVES table (Flight Recorder) with pg_name, op, rank."""
+    groups: dict[tuple[int, ...], GroupInfo] = {}
+    by_name: dict[str, tuple[int, ...]] = {}
+    for name, desc, ranks in declared:
+        key = tuple(sorted(ranks))
+        gi = groups.setdefault(key, GroupInfo(key))
+        if desc:
+            gi.names.add(str(desc))
+        if name is not None:
+            by_name[str(name)] = key
+    if events is not None and events.num_rows and "pg_ranks" in events.column_names:
+        sub = events.filter(events.column("pg_ranks").is_valid())
+        if sub.num_rows:
+            df = sub.select(["rank", "collective", "pg_ranks", "pg_desc", "kind"]).to_pandas()
+            # one record per op: prefer CPU record_param_comms rows over their kernel copies
+            kinds = set(df["kind"].astype(str))
+            pick = "cpu_op" if "cpu_op" in kinds else next(iter(kinds))
+            df = df[df["kind"].astype(str) == pick]
+            for (pr, coll, desc), g in df.groupby(
+                [df["pg_ranks"].astype(str), df["collective"].astype(str), df["pg_desc"].astype(str)]
+            ):
+                key = _ranks(pr)
+                if key is None:
+                    continue
+                gi = groups.setdefault(key, GroupInfo(key))
+                if desc not in ("None", "nan", ""):
+                    gi.names.add(desc)
+                k = _kind(coll)
+                if k:
+                    gi.calls[k] += len(g)
+                    gi.members_seen |= {int(r) for r in g["rank"].unique()}
+    if collectives is not None and collectives.num_rows:
+        cols = [c for c in ("rank", "pg_name", "pg_ranks", "op") if c in collectives.column_names]
+        df = collectives.select(cols).to_pandas()
+        for (name, op), g in df.groupby([df["pg_name"].astype(str), df["op"].astype(str)]):
+            key = by_name.get(name)
+            if key is None and "pg_ranks" in df.columns:
+                key = _ranks(list(g["pg_ranks"].iloc[0])) if g["pg_ranks"].iloc[0] is not None else None
+            if key is None:
+                continue
+            gi = groups.setdefault(key, GroupInfo(key))
+            k = _kind(op)
+            if k:
+                gi.calls[k] += len(g)
+                gi.members_seen |= {int(r) for r in g["rank"].unique()}
+    return groups
+
+
+def _stride(g: tuple[int, ...]) -> int | None:
+    if len(g) < 2:
+        return None
+    d = np.diff(np.asarray(g))
+    return int(d[0]) if (d == d[0]).all() else None
+
+
+def structural_axes(
+    groups: dict[tuple[int, ...], GroupInfo], world: int | None, any_p2p: bool
+) -> tuple[dict[str, set[tuple[int, ...]]], dict[str, dict]]:
+    """Axis -> its groups, and axis -> evidence, for the families of `groups` (see the module doc)."""
+    fams: dict[tuple[int, int], list[GroupInfo]] = {}
+    for key, gi in groups.items():
+        n = len(key)
+        if n < 2 or (world is not None and n >= world):
+            continue
+        s = _stride(key)
+        if s is None:
+            continue
+        fams.setdefault((n, s), []).append(gi)
+    families = []
+    for (n, s), gs in fams.items():
+        members = [r for g in gs for r in g.ranks]
+        if len(members) != len(set(members)):
+            continue  # overlapping groups: not one axis of a grid
+        if world is not None and len(members) != world:
+            continue  # a grid axis partitions the world (ranks not traced: the names decide, as before)
+        calls: Counter = Counter()
+        seen: set[int] = set()
+        for g in gs:
+            calls.update(g.calls)
+            seen |= g.members_seen
+        per_rank = {k: v / max(len(seen), 1) for k, v in calls.items()}
+        names = sorted({nm for g in gs for nm in g.names})
+        label = Counter(a for a in (name_axis(nm) for nm in names) if a)
+        families.append(
+            {
+                "size": n,
+                "stride": s,
+                "groups": sorted(g.ranks for g in gs),
+                "calls_per_rank": per_rank,
+                "names": names,
+                "name_axis": label.most_common(1)[0][0] if len(label) == 1 else None,
+                "covers_world": world is not None and len(members) == world,
+            }
+        )
+    axis_of: dict[int, tuple[str, str]] = {}
+    for i, f in enumerate(families):
+        c = f["calls_per_rank"]
+        if c.get("a2a"):
+            axis_of[i] = ("cp", f"all_to_all traffic ({c['a2a']:.0f} calls per rank)")
+        elif c.get("p2p") and not c.get("reduce"):
+            axis_of[i] = ("pp", f"point-to-point traffic ({c['p2p']:.0f} per rank)")
+    reducers = [i for i, f in enumerate(families) if i not in axis_of and f["calls_per_rank"].get("reduce")]
+    reducers.sort(key=lambda i: -families[i]["calls_per_rank"]["reduce"])
+    if len(reducers) >= 2:
+        a, b = reducers[0], reducers[1]
+        ca, cb = families[a]["calls_per_rank"]["reduce"], families[b]["calls_per_rank"]["reduce"]
+        if ca >= 2 * cb:
+            axis_of[a] = ("tp", f"per-layer all-reduces ({ca:.0f} per rank, vs {cb:.0f} on the dp groups)")
+            axis_of[b] = ("dp", f"gradient all-reduces ({cb:.0f} per rank)")
+    elif len(reducers) == 1 and not any(families[i]["name_axis"] == "tp" for i in reducers):
+        c = families[reducers[0]]["calls_per_rank"]["reduce"]
+        axis_of[reducers[0]] = ("dp", f"the only all-reducing family ({c:.0f} per rank)")
+    silent = [
+        i
+        for i, f in enumerate(families)
+        if i not in axis_of and f["covers_world"] and not f["calls_per_rank"]
+    ]
+    traffic_seen = any(f["calls_per_rank"] for f in families)
+    if any_p2p and traffic_seen and len(silent) == 1 and "pp" not in {a for a, _ in axis_of.values()}:
+        axis_of[silent[0]] = ("pp", "no collective traffic while the run sends point-to-point")
+    by_axis: dict[str, set[tuple[int, ...]]] = {}
+    evidence: dict[str, dict] = {}
+    taken: set[str] = set()
+    for i, f in enumerate(families):
+        if i in axis_of:
+            axis, why = axis_of[i]
+            basis = "traffic"
+        elif f["name_axis"] is not None:
+            axis, why, basis = f["name_axis"], "named", "names"
+        else:
+            continue
+        if axis in taken:
+            continue  # two families claim one axis: keep the first (traffic before names)
+        taken.add(axis)
+        by_axis[axis] = set(f["groups"])
+        evidence[axis] = {
+            "basis": basis,
+            "groups": len(f["groups"]),
+            "size": f["size"],
+            "stride": f["stride"],
+            "traffic": why if basis == "traffic" else None,
+            "names": f["names"][:3],
+            "names_agree": None if f["name_axis"] is None else f["name_axis"] == axis,
+        }
+    return by_axis, evidence
