@@ -384,14 +384,15 @@ class Analysis:
         return {int(k): float(v) for k, v in d.dropna(subset=["stage"]).groupby("stage")["ops"].mean().items()}
 
     def time_shared_filter(self, findings: list[dict]) -> list[dict]:
-        """On ranks that time-share a host's CPUs, waits include descheduling: bubble excess is not judged."""
+        """On ranks that time-share a host's CPUs, waits include descheduling: bubble excess and exposed
+        communication are not judged."""
         if not self.time_shared_stage_ops:
             return findings
-        kept = [f for f in findings if f["code"] != "PIPELINE_BUBBLE_EXCESS"]
+        kept = [f for f in findings if f["code"] not in ("PIPELINE_BUBBLE_EXCESS", "EXPOSED_COMM_HIGH")]
         if len(kept) < len(findings):
             self.warnings.append(
-                "all ranks time-share their host's CPUs: pipeline waits include descheduling, so bubble excess "
-                "is not judged; stage work is compared by compute-op counts"
+                "all ranks time-share their host's CPUs: waits include descheduling, so bubble excess and exposed "
+                "communication are not judged; stage work is compared by compute-op counts"
             )
         return kept
 

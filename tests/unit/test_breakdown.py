@@ -92,3 +92,24 @@ def test_multi_rank():
     ev = events_table([step(1, 1, 0, 10), k(1, "gemm", 0, 5), step(0, 1, 0, 10), k(0, "gemm", 0, 2)])
     rows = {r["rank"]: r for r in breakdown(ev).to_pylist()}
     assert rows[0]["compute_ns"] == 2 and rows[1]["compute_ns"] == 5
+
+
+def test_async_gloo_send_lifetime_is_not_a_wait():
+    # isend at 0: its gloo:send annotation lives until the send completes (500) while the host computes
+    # (an mm starts inside it): that is overlapped communication, not a wait. A blocking recv [600, 800)
+    # with nothing started inside it is a wait (exposed).
+    ev = events_table(
+        [
+            step(0, 1, 0, 1000),
+            k(0, "c10d::send", 0, 5, kind="cpu_op", tid=1),
+            k(0, "gloo:send", 0, 500, kind="user_annotation", tid=1),
+            k(0, "aten::mm", 100, 200, kind="cpu_op", tid=1),
+            k(0, "c10d::recv_", 590, 5, kind="cpu_op", tid=1),
+            k(0, "gloo:recv", 600, 200, kind="user_annotation", tid=1),
+        ]
+    )
+    (row,) = breakdown(ev).to_pylist()
+    assert row["compute_ns"] == 200
+    assert row["overlapped_comm_ns"] == 200
+    # exposed: send [0,100) + [300,500) minus nothing, recv [590,595) + [600,800)
+    assert row["exposed_comm_ns"] == 100 + 200 + 5 + 200

@@ -228,3 +228,25 @@ def test_peer_groups_inferred_from_collectives_leave_out_groups_spanning_a_p2p_p
     )
     groups = S.infer_peer_groups(df, [0, 1, 2, 3])
     assert groups[0] == groups[1] != groups[2] == groups[3]
+
+
+def test_whole_slow_group_becomes_slow_group_not_rank_stragglers():
+    import pandas as pd
+
+    from tracelens.analyze.stragglers import group_verdicts
+
+    def v(r, cause="communication"):
+        return {"rank": r, "cause": cause, "cost_ms": 10.0 + r, "evidence": {"transfer_ratio": 1.5}}
+
+    df = pd.DataFrame(
+        {
+            "rank": [6, 7, 4, 5],
+            "is_p2p": [False] * 4,
+            "group_key": ["g:dp3", "g:dp3", "g:dp2", "g:dp2"],
+            "pg_desc": ["dp_stage3", "dp_stage3", "dp_stage2", "dp_stage2"],
+        }
+    )
+    kept, found = group_verdicts([v(6), v(7), v(4), v(1, "compute")], df)
+    assert [f["code"] for f in found] == ["SLOW_GROUP"]
+    assert found[0]["ranks"] == [6, 7] and found[0]["group"] == "dp_stage3" and found[0]["cost_ms"] == 17.0
+    assert sorted(s["rank"] for s in kept) == [1, 4]  # rank 4's group has a healthy member: still a rank

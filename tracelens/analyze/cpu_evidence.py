@@ -104,7 +104,7 @@ def frame_gaps(events: pa.Table, ranks: set[int] | None = None, per_call: bool =
 
 #: a stall call: self time >= this (ns) and >= half the frame's largest; sizes within STALL_SPREAD of each other
 STALL_MIN_NS = 1_000_000
-STALL_SPREAD = 1.25
+STALL_SPREAD = 1.5
 
 
 def stall_frames(events: pa.Table, ranks: set[int], group_of: dict[int, int]) -> pd.DataFrame:

@@ -383,7 +383,12 @@ def detect(
                 )
             )
             cost = float(sub[f"{cause}_cost"].mean())
-            if median_excess < cfg.min_cost_fraction * step_ref or cost <= 0:
+            counted = cause == "compute" and "ops_ratio" in sub and sub["ops_ratio"].notna().all()
+            if counted:  # time-shared CPUs: material when the op-count excess is (durations are descheduling)
+                material = float(sub["ops_ratio"].median()) - 1.0 >= cfg.min_cost_fraction
+            else:
+                material = median_excess >= cfg.min_cost_fraction * step_ref
+            if not material or cost <= 0:
                 continue
             cand = (flagged, cost, cause)
             if best is None or cand[:2] > best[:2]:
