@@ -438,12 +438,19 @@ class Analysis:
             del ev
         nodes = pa.concat_tables(parts) if parts else cp.NODES.empty_table()
         cross = self.cross
-        return cp.analyze_critical_path(
-            nodes,
-            cross.collectives if cross is not None else None,
-            cross.offsets_ns if cross is not None else None,
-            self.stage_of,
-        )
+        try:
+            return cp.analyze_critical_path(
+                nodes,
+                cross.collectives if cross is not None else None,
+                cross.offsets_ns if cross is not None else None,
+                self.stage_of,
+            )
+        except cp.GraphCycleError as err:  # not a bug in the input: matched instances the streams contradict
+            self.warnings.append(
+                f"critical path and what-if left out: {err} (collective instances matched in an order the "
+                "ranks' stream order contradicts)"
+            )
+            return None
 
     def what_if(self, findings: list[dict]) -> list[dict]:
         """The summary's `what_if` list; sets `saving_ms` on the findings it has a fix for."""

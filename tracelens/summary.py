@@ -117,6 +117,7 @@ def build_summary(a: Analysis) -> dict:
     findings += a.idle_findings()
     findings += a.p2p.findings if a.p2p is not None else []
     findings = a.time_shared_filter(findings)
+    _ = a.critical  # its warnings (a graph it cannot order) belong in run.warnings below
     _ = a.mfu  # computes MFU, and its MFU_IMPOSSIBLE finding when the inputs are wrong
     findings += a.mfu_findings
     stages = []

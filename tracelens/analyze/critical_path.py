@@ -442,6 +442,11 @@ def build_graph(
     return g
 
 
+class GraphCycleError(RuntimeError):
+    """The cross-rank dependency graph has a cycle: collective instances or P2P pairs were matched in an
+    order that the ranks' stream order contradicts, so no longest path exists."""
+
+
 def _levels(g: Graph) -> None:
     """Topological levels (Kahn's algorithm, one vectorised round per level) and each level's in-edges."""
     n = g.n_nodes
@@ -467,7 +472,7 @@ def _levels(g: Graph) -> None:
         frontier = cand[indeg[cand] == 0]
         lv += 1
     if (level < 0).any():
-        raise RuntimeError(f"dependency graph has a cycle ({int((level < 0).sum())} nodes unreached)")
+        raise GraphCycleError(f"dependency graph has a cycle ({int((level < 0).sum())} nodes unreached)")
     byl = np.argsort(level, kind="stable")
     bounds = np.searchsorted(level[byl], np.arange(level.max() + 2))
     g.levels = [byl[bounds[i] : bounds[i + 1]] for i in range(len(bounds) - 1)]
