@@ -1020,27 +1020,9 @@ def _last_boundary(buf: bytes | bytearray, lo: int, hi: int | None = None) -> tu
                 return r + 1, p
 
 
-def _first_boundary(buf: bytes | bytearray, lo: int) -> tuple[int, int] | None:
-    """First `}` , `{` separator whose `}` is at or after buf[lo]: (index just after `}`, index of `{`), or
-    None when there is none yet (it depends only on the bytes, so both parts of a split read agree)."""
-    n = len(buf)
-    p = lo
-    while True:
-        p = buf.find(b"}", p)
-        if p < 0:
-            return None
-        q = p + 1
-        while q < n and buf[q] in _WS:
-            q += 1
-        if q < n and buf[q] == 44:  # ','
-            q += 1
-            while q < n and buf[q] in _WS:
-                q += 1
-            if q < n and buf[q] == 123:  # '{'
-                return p + 1, q
-        if q >= n:
-            return None  # the separator may continue in the next block
-        p += 1
+# the first `}` , `{` event separator at or after an offset (depends only on the bytes, so both parts of a
+# split read agree; None when the separator may continue in the next block): one implementation, salvage's
+_first_boundary = _salv.first_boundary
 
 
 def _is_gzip(path: Path) -> bool:
