@@ -166,8 +166,10 @@ def test_real_traces_slower_run_fails_and_reverse_passes(tmp_path):
 
     forward = {r.rule: r for r in regress.check(control, test).results}["step_time"]
     assert forward.status == "fail"
-    assert forward.baseline == pytest.approx(float(np.median(truth_c)), abs=1e-3)
-    assert forward.current == pytest.approx(float(np.median(truth_t)), abs=1e-3)
+    # step windows follow the GPU when it still runs the previous step's kernels (docs/breakdown.md, "Step
+    # windows"), so a step moves by the GPU's lag (<0.2 ms here) against its ProfilerStep# span
+    assert forward.baseline == pytest.approx(float(np.median(truth_c)), rel=0.005)
+    assert forward.current == pytest.approx(float(np.median(truth_t)), rel=0.005)
     assert forward.p_value == pytest.approx(1 / 924)
     backward = {r.rule: r for r in regress.check(test, control).results}["step_time"]
     assert backward.status == "pass" and backward.p_value == pytest.approx(1.0)

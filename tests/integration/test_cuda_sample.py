@@ -32,14 +32,14 @@ def test_steps_and_step_times_match_cuda_events(run, truth):
     assert bd["rank"].unique().tolist() == [0]
     want = truth["run"]["step_ms_cuda_events"]
     assert len(bd) == truth["run"]["profiled_steps"] == len(want)
-    got = (bd["step_time_ns"] / 1e6).tolist()
+    got = bd["step_time_ms"].tolist()
     # ProfilerStep spans (CPU) vs CUDA events recorded around the same work: within 2% each step
     for g, w in zip(got, want, strict=True):
         assert g == pytest.approx(w, rel=0.02)
-    parts = bd["compute_ns"] + bd["exposed_comm_ns"] + bd["memcpy_ns"] + bd["idle_ns"]
-    assert (parts == bd["step_time_ns"]).all()
+    parts = bd["compute_ms"] + bd["exposed_comm_ms"] + bd["memcpy_ms"] + bd["idle_ms"]
+    np.testing.assert_allclose(parts, bd["step_time_ms"], rtol=0, atol=1e-6)
     # the eager Gated DeltaNet scan launches small kernels one by one: the GPU is mostly idle
-    assert (bd["idle_ns"] > bd["compute_ns"]).all()
+    assert (bd["idle_ms"] > bd["compute_ms"]).all()
 
 
 def test_every_kernel_has_its_launch(run):
@@ -87,7 +87,7 @@ def test_tp_all_reduces_from_record_param_comms(run, truth):
     assert (nbytes == truth["run"]["all_reduce_bytes"]).all()
     # a 1-rank NCCL group moves nothing: no communication kernel, no exposed communication
     assert not run.kernels["name"].astype(str).str.contains("nccl", case=False).any()
-    assert (run.breakdown()["exposed_comm_ns"] == 0).all()
+    assert (run.breakdown()["exposed_comm_ms"] == 0).all()
 
 
 def test_cli_analyze_writes_summary(tmp_path):
