@@ -187,3 +187,31 @@ def test_expected_bubble_uses_given_virtual_stages():
 
     assert expected_bubble_fraction(4, 8, "interleaved", 2) == pytest.approx(3 / 19)
     assert expected_bubble_fraction(4, 8, "1f1b", 1) == pytest.approx(3 / 11)
+
+
+def test_group_traffic_from_trace_events_with_list_ranks():
+    """record_param_comms rows carry pg_ranks as a list column: each (group, op) counts its calls and the
+    ranks that made them (the kernel copies of the same calls are not counted twice)."""
+    from tracelens.layout_structure import collect_groups
+
+    rows = []
+    for rank in range(4):
+        tp = [0, 1] if rank < 2 else [2, 3]
+        for kind in ("cpu_op", "kernel"):
+            rows += [(rank, "allreduce", tp, "tp", kind)] * 3
+            rows += [(rank, "send", [rank % 2, rank % 2 + 2], "pp", kind)]
+    rank, coll, pg_ranks, desc, kind = zip(*rows, strict=True)
+    events = pa.table(
+        {
+            "rank": pa.array(rank, pa.int32()),
+            "collective": pa.array(coll, pa.string()).dictionary_encode(),
+            "pg_ranks": pa.array(pg_ranks, pa.list_(pa.int32())),
+            "pg_desc": pa.array(desc, pa.string()),
+            "kind": pa.array(kind, pa.string()).dictionary_encode(),
+        }
+    )
+    groups = collect_groups([], events, None)
+    assert set(groups) == {(0, 1), (2, 3), (0, 2), (1, 3)}
+    assert groups[(0, 1)].calls == Counter({"reduce": 6}) and groups[(0, 1)].members_seen == {0, 1}
+    assert groups[(0, 1)].names == {"tp"}
+    assert groups[(1, 3)].calls == Counter({"p2p": 2}) and groups[(1, 3)].members_seen == {1, 3}
