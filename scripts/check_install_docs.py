@@ -16,8 +16,13 @@ whatever pip is configured with (`PIP_INDEX_URL`, or `PIP_NO_INDEX=1 PIP_FIND_LI
 The `record` extra pins torch (hundreds of MB): it is resolved with `--dry-run` unless
 TRACELENS_INSTALL_CHECK_RECORD=1.
 
+Instructions that install the same thing (the same source, `-e .`, the wheel or the index, with the same
+extras) are checked by one fresh install; `--ci-ran-tests` (.ci/run) also counts the README's test command,
+which .ci/run has just run verbatim. Distinct installs run two at a time (`--jobs`), with
+`PIP_NO_COMPILE=1` (pip does not byte-compile what it installs: the same files, in less time).
+
     python scripts/check_install_docs.py            # all instructions
-    python scripts/check_install_docs.py --list     # only print what would run
+    python scripts/check_install_docs.py --list     # only print what would run (and each target)
 """
 
 from __future__ import annotations
@@ -76,6 +81,28 @@ def install_part(cmd: str) -> str:
     return " && ".join(parts[: last + 1])
 
 
+def install_target(part: str) -> tuple[str, tuple[str, ...]]:
+    """What an install instruction installs: (source, extras). Source is `editable` (`-e .`), `wheel`
+    (`dist/...whl`) or `index` (the distribution name, e.g. with `--find-links dist/`). Two instructions
+    with the same target install the same thing: one fresh install checks both."""
+    pip = part.split(" && ")[-1]
+    if re.search(r"-e\s+['\"]?\.", pip):
+        source = "editable"
+    elif "dist/" in pip and ".whl" in pip:
+        source = "wheel"
+    else:
+        source = "index"
+    m = re.search(r"\[([a-z0-9_,\- ]+)\]", pip)
+    extras = tuple(sorted(x.strip() for x in m.group(1).split(","))) if m else ()
+    return source, extras
+
+
+def ci_test_command(repo: Path = REPO) -> str:
+    """The README's test command (the second line of its first code block), which `.ci/run` runs itself."""
+    lines = repo.joinpath("README.md").read_text(encoding="utf-8").split("```")[1].strip().splitlines()
+    return lines[1].strip()
+
+
 def _venv_of(cmd: str) -> str | None:
     m = re.search(r"python3? -m venv (\S+)", cmd)
     return m.group(1) if m else None
@@ -102,7 +129,9 @@ def fresh_copy(dest: Path, repo: Path = REPO) -> None:
         shutil.copytree(repo / "dist", dest / "dist", dirs_exist_ok=True)
 
 
-def run_one(where: str, cmd: str) -> None:
+def run_one(where: str, cmd: str) -> str:
+    """Run one instruction's install part in a fresh copy and venv; the log of what it did."""
+    log: list[str] = []
     part = install_part(cmd)
     if "[record]" in part and os.environ.get("TRACELENS_INSTALL_CHECK_RECORD") != "1":
         part += " --dry-run"
@@ -111,15 +140,22 @@ def run_one(where: str, cmd: str) -> None:
         root.mkdir()
         fresh_copy(root)
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+        # what is installed is the same; only pip's byte-compiling of every installed module (a large part
+        # of an install's time) is left to the first import
+        env.setdefault("PIP_NO_COMPILE", "1")
         venv = _venv_of(part)
         if venv is None:  # "pip install ..." alone: the user is inside some venv; give it a fresh one
             venv = "../venv"
             subprocess.run([sys.executable, "-m", "venv", str(root / venv)], check=True)
             env["PATH"] = f"{(root / venv / 'bin').absolute()}{os.pathsep}{env.get('PATH', '')}"
-        print(f"[{where}] $ {part}", flush=True)
-        subprocess.run(["bash", "-euo", "pipefail", "-c", part], cwd=root, env=env, check=True)
+        log.append(f"[{where}] $ {part}")
+        done = subprocess.run(
+            ["bash", "-euo", "pipefail", "-c", part], cwd=root, env=env, capture_output=True, text=True
+        )
+        if done.returncode != 0:
+            raise SystemExit("\n".join([*log, done.stdout[-3000:], done.stderr[-3000:], f"[{where}] failed"]))
         if part.endswith("--dry-run"):
-            return
+            return "\n".join([*log, "    ok: resolves (--dry-run)"])
         py = (root / venv / "bin" / "python").absolute()  # not resolve(): the venv's python is a symlink
         probe = (
             "import importlib.metadata as m, tracelens; "
@@ -132,23 +168,44 @@ def run_one(where: str, cmd: str) -> None:
         subprocess.run(
             [str(py.parent / "tracelens"), "--help"], cwd="/", env=env, check=True, capture_output=True
         )
-        print(f"    ok: {DIST_NAME} {got[0]}, import tracelens from {got[2]}", flush=True)
+        log.append(f"    ok: {DIST_NAME} {got[0]}, import tracelens from {got[2]}")
+    return "\n".join(log)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--list", action="store_true", help="print the instructions and exit")
     ap.add_argument("--where", help="only the instructions whose file:line contains this (e.g. docs/scale.md)")
+    ap.add_argument(
+        "--ci-ran-tests",
+        action="store_true",
+        help="the README's test command already ran verbatim (.ci/run): its install target is not repeated",
+    )
+    ap.add_argument("--jobs", type=int, default=2, help="fresh installs run at once (default 2)")
     args = ap.parse_args()
     found = [(w, c) for w, c in install_instructions() if not args.where or args.where in w]
     if args.list:
         for where, cmd in found:
-            print(f"{where}: {install_part(cmd)}")
+            print(f"{where}: {install_part(cmd)}  -> {install_target(install_part(cmd))}")
         return 0
-    print(f"built {build_wheel().name}", flush=True)
+    seen: dict[tuple, str] = {}
+    if args.ci_ran_tests:
+        seen[install_target(install_part(ci_test_command()))] = "README.md (the test command .ci/run ran)"
+    todo = []
     for where, cmd in found:
-        run_one(where, cmd)
-    print(f"{len(found)} install instructions ran verbatim and installed {DIST_NAME}")
+        target = install_target(install_part(cmd))
+        if target in seen:
+            print(f"[{where}] same install as {seen[target]}: {install_part(cmd)}")
+            continue
+        seen[target] = where
+        todo.append((where, cmd))
+    print(f"built {build_wheel().name}", flush=True)
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max(1, args.jobs)) as pool:
+        for log in pool.map(lambda wc: run_one(*wc), todo):
+            print(log, flush=True)
+    print(f"{len(found)} install instructions ({len(todo)} distinct installs) ran verbatim and installed {DIST_NAME}")
     return 0
 
 

@@ -73,24 +73,28 @@ def idle_breakdown(events: pa.Table, breakdown: pa.Table, top: int = 3) -> pd.Da
     tid = _arr(events, "tid", -1)
     names = events.column("name").cast(pa.string()).to_numpy(zero_copy_only=False)
     rows = []
+    # each rank's rows once (a stable sort by rank), not a mask over every event per rank: O(events)
+    by_rank = np.argsort(rank, kind="stable")
+    sorted_rank = rank[by_rank]
     for r, w in bd.groupby("rank"):
         r = int(r)
-        m = rank == r
-        dev = np.flatnonzero(m & is_dev)
+        mine = by_rank[np.searchsorted(sorted_rank, r, "left") : np.searchsorted(sorted_rank, r, "right")]
+        dev = mine[is_dev[mine]]
         if dev.size == 0:
             continue
         busy = iv.union(ts[dev], end[dev])
         n_streams = len(np.unique(stream[dev]))
         dstart = np.sort(ts[dev])
         dorder = dev[np.argsort(ts[dev], kind="stable")]
-        rt = np.flatnonzero(m & is_rt & (corr >= 0))
+        rt = mine[is_rt[mine] & (corr[mine] >= 0)]
         rt_sorted = rt[np.argsort(corr[rt], kind="stable")]
         rt_corr = corr[rt_sorted]
-        sync = np.flatnonzero(m & is_rt & is_sync)
+        sync = mine[is_rt[mine] & is_sync[mine]]
         sync_set = iv.union(ts[sync], end[sync])
         # top-level cpu ops of the launching threads (threads that issued runtime calls)
         threads = np.unique(tid[rt]) if rt.size else np.array([], np.int64)
-        ops = np.flatnonzero(m & is_op & np.isin(tid, threads))
+        op_rows = mine[is_op[mine]]
+        ops = op_rows[np.isin(tid[op_rows], threads)]
         ops = ops[np.lexsort((-end[ops], ts[ops]))]
         if ops.size:
             prev_max = np.maximum.accumulate(np.concatenate([[np.iinfo(np.int64).min], end[ops][:-1]]))
