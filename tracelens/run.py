@@ -30,7 +30,7 @@ import pyarrow as pa
 
 from tracelens import errors, schema
 from tracelens.discover import TraceFile, discover
-from tracelens.engine.executor import local_executor, run_all
+from tracelens.engine.executor import SMALL_RUN_GZIP_FACTOR, local_executor, run_all
 from tracelens.engine.reduce import Staged, reduce_stages
 from tracelens.engine.tasks import needs_work, process_rank
 from tracelens.ingest.sniff import KINETO
@@ -183,7 +183,8 @@ def _load(
             o.progress(done, total)
         if todo:
             calls = [(str(f.path), e.rank, e, o.salvage, cached) for f, e in todo]
-            ex = executor or local_executor(len(todo), o.workers)
+            est = sum(f.size * (SMALL_RUN_GZIP_FACTOR if f.path.name.endswith(".gz") else 1) for f, _ in todo)
+            ex = executor or local_executor(len(todo), o.workers, est)
             try:
                 run_all(ex, process_rank, calls, o.progress, done, total)
             finally:

@@ -260,12 +260,16 @@ def _parse_ranks(v) -> tuple[int, ...] | None:
 
 def pg_config_entries(metadata: pa.Table | None) -> Iterable[dict]:
     """Every process-group entry (a dict) of every rank's `distributedInfo.pg_config` (metadata column
-    `pg_config_json`; a dict keyed by group or a list); unreadable JSON and non-dict entries are skipped."""
+    `pg_config_json`; a dict keyed by group or a list); unreadable JSON and non-dict entries are skipped.
+    Ranks that declare the same text (usually every rank: PyTorch writes the whole world's groups) give their
+    entries once: callers collect sets of groups."""
     if metadata is None or "pg_config_json" not in metadata.column_names:
         return
+    seen: set[str] = set()
     for text in metadata.column("pg_config_json").to_pylist():
-        if not text:
+        if not text or text in seen:
             continue
+        seen.add(text)
         try:
             cfg = json.loads(text)
         except ValueError:

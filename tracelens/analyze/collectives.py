@@ -134,7 +134,10 @@ def _to_coll_table(df: pd.DataFrame) -> pa.Table:
         vals = df[f.name]
         if pa.types.is_dictionary(f.type):
             # mixed / missing values (a key on only some kernels): null, never NaN or "nan"
-            arr = pa.array([None if _isnull(v) else str(v) for v in vals.astype(object)], pa.string())
+            obj = vals.astype(object).to_numpy()
+            null = pd.isna(obj)
+            strs = obj.astype(str)
+            arr = pa.array(strs, pa.string(), mask=null)
             cols[f.name] = arr.dictionary_encode().cast(f.type)
         elif pa.types.is_list(f.type):
             cols[f.name] = pa.array([_ranks_tuple(v) for v in vals], f.type)
@@ -862,9 +865,18 @@ def exposed_split(df: pd.DataFrame, breakdown: pa.Table, sets: dict) -> pa.Table
     participants are not in the traces: without them its wait cannot be told from its transfer."""
     out = {f.name: [] for f in EXPOSED_SPLIT}
     b_rank = breakdown.column("rank").to_numpy(zero_copy_only=False)
+    # each rank's rows once (not a mask over every row per rank: quadratic at 1,024 ranks)
+    b_order = np.argsort(b_rank, kind="stable")
+    b_sorted = b_rank[b_order]
+    by_rank = (
+        {int(k): g for k, g in df.groupby(df["rank"].astype(int), sort=False)} if not df.empty else {}
+    )
+    empty = df.iloc[:0]
     for r in np.unique(b_rank):
         rs = sets.get(int(r))
-        w = breakdown.filter(pa.array(b_rank == r))
+        w = breakdown.take(
+            pa.array(b_order[np.searchsorted(b_sorted, r, "left") : np.searchsorted(b_sorted, r, "right")])
+        )
         lo = w.column("window_start_ns").to_numpy(zero_copy_only=False)
         hi = w.column("window_end_ns").to_numpy(zero_copy_only=False)
         exposed_total = w.column("exposed_comm_ns").to_numpy(zero_copy_only=False)
@@ -872,7 +884,7 @@ def exposed_split(df: pd.DataFrame, breakdown: pa.Table, sets: dict) -> pa.Table
         if rs is None or df.empty:
             waited = np.zeros(lo.shape, dtype=np.int64)
         else:
-            mine = df[df["rank"].astype(int) == int(r)]
+            mine = by_rank.get(int(r), empty)
             s = mine["start_ns"].astype("int64").to_numpy()
             wt = mine["wait_ns"].astype("int64").to_numpy()
             wait_set = iv.union(s, s + wt)

@@ -203,11 +203,28 @@ class LocalPool(Executor):
             f.close()
 
 
-def local_executor(n_tasks: int, workers: int | None = None) -> Executor:
-    """The default executor for `n_tasks` calls: min(cpu count or `workers`, tasks) worker interpreters,
-    or `InlineExecutor` when that is one (or Python is embedded without an executable)."""
-    n = max(1, min(workers or os.cpu_count() or 1, n_tasks))
-    if n <= 1 or not sys.executable:
+#: Below this much trace JSON (estimated: gzip files count SMALL_RUN_GZIP_FACTOR times their size) the
+#: per-rank tasks run in this process by default: starting a worker interpreter (importing pyarrow and
+#: pandas, ~1 s) costs more than the parallel read saves. `workers` given explicitly always gets the pool.
+SMALL_RUN_BYTES = 48 * 1024 * 1024
+SMALL_RUN_GZIP_FACTOR = 8
+
+
+def available_cpus() -> int:
+    """CPUs this process may run on (its affinity mask, e.g. under `taskset`), else the machine's count."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def local_executor(n_tasks: int, workers: int | None = None, input_bytes: int | None = None) -> Executor:
+    """The default executor for `n_tasks` calls: min(usable CPUs or `workers`, tasks) worker interpreters,
+    or `InlineExecutor` when that is one, when the input is small (`input_bytes` below SMALL_RUN_BYTES and
+    `workers` not given) or when Python is embedded without an executable."""
+    n = max(1, min(workers or available_cpus(), n_tasks))
+    small = workers is None and input_bytes is not None and input_bytes < SMALL_RUN_BYTES
+    if n <= 1 or small or not sys.executable:
         return InlineExecutor()
     return LocalPool(n)
 
@@ -236,4 +253,14 @@ def run_all(
     return [f.result() for f in futures]
 
 
-__all__ = ["InlineExecutor", "LocalPool", "Progress", "local_executor", "run_all", "worker_main"]
+__all__ = [
+    "SMALL_RUN_BYTES",
+    "SMALL_RUN_GZIP_FACTOR",
+    "InlineExecutor",
+    "LocalPool",
+    "Progress",
+    "available_cpus",
+    "local_executor",
+    "run_all",
+    "worker_main",
+]
