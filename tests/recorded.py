@@ -1,9 +1,17 @@
-"""Real multi-rank CPU runs recorded on demand with scripts/record_cpu_run.py (torch 2.13, gloo).
+"""Real multi-rank CPU runs recorded with scripts/record_cpu_run.py and scripts/record_cpu_layouts.py
+(torch 2.13, gloo, 8 ranks).
 
-`recorded_run(kind, **opts)` records a run once per test session into a temporary folder and returns its
-path (truth.json inside). Kinds name the planted fault; keyword options are the script's pipeline flags
-(`annotate="hf"`, `schedule="gpipe"`, ...) so other layouts and schedules reuse the same cache.
-Skips when torch is not installed (it is in the `test` extra).
+`recorded_run(kind, **opts)` / `recorded_layout(kind)` return the path of a recorded run (truth.json inside).
+Kinds name the planted fault; keyword options are the script's pipeline flags (`annotate="hf"`, ...).
+
+The runs the tests use are stored in tests/data/recorded/<name>/ (recorded once by this module:
+`python -m tests.recorded --store`, about 3 MB each): recording one takes 30-60 s of two cores, ten of them
+would take most of CI's time, and a stored run gives the same verdicts on every machine (the ranks
+time-share the cores, so live timings carry the host's scheduling noise). A kind or option set with no
+stored run, or every run with TRACELENS_RECORD_LIVE=1, is recorded live, once per test session, into a
+temporary folder (skipped when torch is not installed; it is in the `test` extra).
+tests/integration/test_recorded_pipeline.py records the faults run live in every CI run too, so the recorder keeps working
+with the pinned torch and the stored runs keep matching what they record.
 """
 
 from __future__ import annotations
@@ -29,6 +37,19 @@ KINDS: dict[str, list[str]] = {
 }
 _CACHE: dict[tuple, Path] = {}
 _ROOT: list[Path] = []
+STORED = REPO / "tests" / "data" / "recorded"
+
+
+def stored_name(kind: str, opts: dict | None = None) -> str:
+    """Folder name of a stored run: the kind, then its options (`heavy_stage-annotate-hf`)."""
+    return "-".join([kind, *(f"{k}-{v}" for k, v in sorted((opts or {}).items()))])
+
+
+def _stored(name: str) -> Path | None:
+    if os.environ.get("TRACELENS_RECORD_LIVE") == "1":
+        return None
+    p = STORED / name
+    return p if (p / "truth.json").is_file() else None
 
 
 def _flags(opts: dict) -> list[str]:
@@ -39,14 +60,24 @@ def _flags(opts: dict) -> list[str]:
 
 
 def recorded_run(kind: str, **opts) -> Path:
-    """Path of a recorded run of `kind` with extra script options; recorded once per session."""
+    """Path of a recorded run of `kind` with extra script options: the stored one, else recorded once per
+    session."""
+    stored = _stored(stored_name(kind, opts))
+    if stored is not None:
+        return stored
+    return record_run(kind, **opts)
+
+
+def record_run(kind: str, out: Path | None = None, **opts) -> Path:
+    """Record `kind` live (into `out`, or once per session into a temporary folder)."""
     pytest.importorskip("torch", reason="torch==2.13.0 (the test extra) records the real runs")
     key = (kind, tuple(sorted(opts.items())))
-    if key in _CACHE:
+    if out is None and key in _CACHE:
         return _CACHE[key]
-    if not _ROOT:
-        _ROOT.append(Path(tempfile.mkdtemp(prefix="tracelens-recorded-")))
-    out = _ROOT[0] / f"{kind}-{len(_CACHE)}"
+    if out is None:
+        if not _ROOT:
+            _ROOT.append(Path(tempfile.mkdtemp(prefix="tracelens-recorded-")))
+        out = _ROOT[0] / f"{kind}-{len(_CACHE)}"
     cmd = [sys.executable, str(SCRIPT), "--kind", "pipeline", "-o", str(out), *KINDS[kind], *_flags(opts)]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
@@ -73,14 +104,24 @@ LAYOUT_KINDS: dict[str, list[str]] = {
 
 
 def recorded_layout(kind: str) -> Path:
-    """Path of a recorded run of LAYOUT_KINDS[kind] (truth.json inside); recorded once per session."""
+    """Path of a recorded run of LAYOUT_KINDS[kind] (truth.json inside): the stored one, else recorded once
+    per session."""
+    stored = _stored(stored_name("layout-" + kind))
+    if stored is not None:
+        return stored
+    return record_layout(kind)
+
+
+def record_layout(kind: str, out: Path | None = None) -> Path:
+    """Record LAYOUT_KINDS[kind] live (into `out`, or once per session into a temporary folder)."""
     pytest.importorskip("torch", reason="torch==2.13.0 (the test extra) records the real runs")
     key = ("layout", kind)
-    if key in _CACHE:
+    if out is None and key in _CACHE:
         return _CACHE[key]
-    if not _ROOT:
-        _ROOT.append(Path(tempfile.mkdtemp(prefix="tracelens-recorded-")))
-    out = _ROOT[0] / f"layout-{kind}"
+    if out is None:
+        if not _ROOT:
+            _ROOT.append(Path(tempfile.mkdtemp(prefix="tracelens-recorded-")))
+        out = _ROOT[0] / f"layout-{kind}"
     cmd = [sys.executable, str(LAYOUT_SCRIPT), "-o", str(out), *LAYOUT_KINDS[kind]]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
@@ -88,3 +129,47 @@ def recorded_layout(kind: str) -> Path:
         raise RuntimeError(f"recording {kind} failed:\n{proc.stderr[-3000:]}")
     _CACHE[key] = out
     return out
+
+
+#: the runs the tests read: (kind, options) of record_cpu_run.py and the layout kinds
+STORED_RUNS: list[tuple[str, dict]] = [
+    ("clean", {}),
+    ("heavy_stage", {}),
+    ("heavy_stage", {"annotate": "hf"}),
+    ("heavy_stage", {"annotate": "class"}),
+    ("faults", {}),
+    ("skipped_send", {}),
+]
+STORED_LAYOUTS: list[str] = list(LAYOUT_KINDS)
+
+
+def _store(only: list[str]) -> None:
+    """Record every stored run again into tests/data/recorded/ (replacing what is there)."""
+    import shutil
+
+    jobs = [(stored_name(k, o), lambda out, k=k, o=o: record_run(k, out, **o)) for k, o in STORED_RUNS]
+    jobs += [(stored_name("layout-" + k), lambda out, k=k: record_layout(k, out)) for k in STORED_LAYOUTS]
+    for name, record in jobs:
+        if only and name not in only:
+            continue
+        dest = STORED / name
+        tmp = STORED / f".{name}.new"
+        shutil.rmtree(tmp, ignore_errors=True)
+        record(tmp)
+        shutil.rmtree(dest, ignore_errors=True)
+        tmp.rename(dest)
+        print(f"stored {dest.relative_to(REPO)}", flush=True)
+
+
+if __name__ == "__main__":
+    import argparse
+
+    ap = argparse.ArgumentParser(description="record the runs the tests read into tests/data/recorded/")
+    ap.add_argument("--store", action="store_true", help="record them (all, or the names given)")
+    ap.add_argument("names", nargs="*", help="stored names (default: all); --list shows them")
+    ap.add_argument("--list", action="store_true")
+    a = ap.parse_args()
+    if a.list:
+        print("\n".join([stored_name(k, o) for k, o in STORED_RUNS] + [stored_name("layout-" + k) for k in STORED_LAYOUTS]))
+    elif a.store:
+        _store(a.names)

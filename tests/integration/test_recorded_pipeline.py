@@ -1,4 +1,5 @@
-"""Diagnosis on real 8-rank 1F1B pipeline runs (gloo, CPU), recorded in the session (tests/recorded.py).
+"""Diagnosis on real 8-rank 1F1B pipeline runs (gloo, CPU): runs stored in tests/data/recorded/ and, for
+the planted faults, one recorded live in the session as well (tests/recorded.py).
 
 The ranks time-share the host's cores, so every verdict here must rest on evidence that scheduling noise
 cannot fake: op counts, layer annotations, stall frames (see docs/stragglers.md)."""
@@ -8,14 +9,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.recorded import recorded_run, truth
+from tests.recorded import record_run, recorded_run, truth
 from tracelens.run_analysis import analyze_run
 
 pytestmark = pytest.mark.slow
 
 
-def _summary(kind: str, **opts):
-    run = recorded_run(kind, **opts)
+def _summary(kind: str, live: bool = False, **opts):
+    run = record_run(kind, **opts) if live else recorded_run(kind, **opts)
     return analyze_run(run).summary(), truth(run)
 
 
@@ -45,8 +46,11 @@ def test_heavy_stage_found_from_layer_annotations_and_no_rank_straggler():
     assert "STRAGGLER" not in codes and s["stragglers"] == []
 
 
-def test_compute_rank_and_comm_hook_stall_named_with_cause_and_cost():
-    s, t = _summary("faults")
+@pytest.mark.parametrize("live", [False, True], ids=["stored", "recorded-now"])
+def test_compute_rank_and_comm_hook_stall_named_with_cause_and_cost(live):
+    """`recorded-now` records the run in the session: the recorder works with the pinned torch, and what it
+    records today gives the verdicts the stored run gives."""
+    s, t = _summary("faults", live=live)
     by_rank = {x["rank"]: x for x in s["stragglers"]}
     comp = t["faults"]["compute"]
     assert by_rank[comp["rank"]]["cause"] == "compute"
