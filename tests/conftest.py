@@ -24,3 +24,21 @@ if "TRACELENS_CACHE_DIR" not in os.environ:
 settings.register_profile("ci", derandomize=True, print_blob=True)
 settings.register_profile("explore", derandomize=False)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "explore"))
+
+# TRACELENS_TEST_CPU_LOG=FILE appends "cpu_seconds<TAB>test id" per test (this process and the processes
+# it waited for): a ranking of the suite's cost that a busy machine does not distort as wall time does.
+if os.environ.get("TRACELENS_TEST_CPU_LOG"):
+    import resource
+
+    import pytest
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(item, nextitem):
+        def cpu() -> float:
+            me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+            return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+        t0 = cpu()
+        yield
+        with open(os.environ["TRACELENS_TEST_CPU_LOG"], "a", encoding="utf-8") as fh:
+            fh.write(f"{cpu() - t0:.2f}\t{item.nodeid}\n")

@@ -10,8 +10,8 @@ would take most of CI's time, and a stored run gives the same verdicts on every 
 time-share the cores, so live timings carry the host's scheduling noise). A kind or option set with no
 stored run, or every run with TRACELENS_RECORD_LIVE=1, is recorded live, once per test session, into a
 temporary folder (skipped when torch is not installed; it is in the `test` extra).
-tests/integration/test_recorded_pipeline.py records the faults run live in every CI run too, so the recorder keeps working
-with the pinned torch and the stored runs keep matching what they record.
+tests/integration/test_recorded_pipeline.py records the faults run live in every test session too, so the
+recorder keeps working with the pinned torch and what it records keeps giving the stored run's verdicts.
 """
 
 from __future__ import annotations
