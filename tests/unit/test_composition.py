@@ -291,3 +291,14 @@ def test_backward_attributed_by_sequence_number():
     # and are used as before without them
     sp3 = module_spans(_real_like_rows(with_seq=False, hook_annotations=True)).to_pandas()
     assert sp3[sp3["backward"]].groupby("module")["compute_ns"].sum().to_dict() == {"mlp": 20}
+
+
+def test_unequal_finding_names_a_stage_once_when_it_holds_the_most_of_two_types():
+    from tracelens.analyze.composition import _unequal_finding
+
+    f = _unequal_finding(
+        {0: {"linear_attention": 3, "full_attention": 1}, 1: {"linear_attention": 6, "full_attention": 2}}
+    )
+    assert f["stages"] == [1]
+    assert "stage 1 holds the most full_attention layers" in f["message"]
+    assert "stage 1 holds the most linear_attention layers" in f["message"]

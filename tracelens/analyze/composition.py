@@ -471,7 +471,7 @@ def _unequal_finding(stages: dict[int, dict[str, int]]) -> dict:
         "UNEQUAL_STAGE_COMPOSITION",
         "warning",
         f"pipeline stages hold different layer types ({lead}): {desc}",
-        stages=[most[t] for t in differ],
+        stages=list(dict.fromkeys(most[t] for t in differ)),  # a stage holding the most of two types: once
         composition={str(s): c for s, c in stages.items()},
     )
 
