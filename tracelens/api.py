@@ -170,13 +170,20 @@ class Run:
 
     def launch_stats(self, ranks=None) -> pd.DataFrame:
         """Per rank: kernel launch delay (CPU launch to GPU start) and the share of short kernels."""
-        return self._ops_view(ranks).launches.copy()
+        return self._with_stage(self._ops_view(ranks).launches.copy())
 
     def memory_timeline(self) -> pd.DataFrame:
         """Allocator samples per rank: ts_ns, allocated and reserved bytes (from `[memory]` events)."""
         from tracelens.analyze.ops import memory_timeline
 
-        return memory_timeline(self._analysis.run.memory)
+        return self._with_stage(memory_timeline(self._analysis.run.memory))
+
+    def _with_stage(self, df: pd.DataFrame) -> pd.DataFrame:
+        """`df` with the rank's pipeline stage after `rank` (null without stages), as every API table has."""
+        if "rank" in df.columns and "stage" not in df.columns:
+            st = self._stage_of or {}
+            df.insert(1, "stage", pd.array([st.get(int(r)) for r in df["rank"]], "Int64"))
+        return df
 
     def memory_peaks(self) -> pd.DataFrame:
         """Per rank: peak allocated / reserved bytes, when, and the CPU op running at the peak."""

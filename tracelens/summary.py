@@ -136,7 +136,7 @@ def build_summary(a: Analysis) -> dict:
     run = {
         "path": str(a.path),
         "name": run_name(a.path),
-        "world_size": a.world_size,
+        "world_size": a.world_size if a.ranks else a.nccl_world,  # NCCL inputs only: from their ranks
         "ranks": a.ranks,
         "steps": a.steps,
         "gpu": a.gpu_name,

@@ -45,6 +45,8 @@ def test_every_table_has_a_stage_column(run):
         "events": run.events, "kernels": run.kernels, "memory": run.memory, "metadata": run.metadata,
         "breakdown": run.breakdown(), "collectives": run.collectives(), "bubbles": run.bubbles(),
         "arrival_lag": run.arrival_lag(), "stages": run.stages(), "stragglers": run.stragglers(),
+        "op_table": run.op_table(), "kernel_table": run.kernel_table(), "launch_stats": run.launch_stats(),
+        "memory_timeline": run.memory_timeline(), "memory_peaks": run.memory_peaks(),
     }.items():  # fmt: skip
         assert "stage" in df.columns, name
         if len(df) and "rank" in df.columns:

@@ -53,6 +53,9 @@ def test_op_table_in_report_equals_api(sample):
         a = same.iloc[0]
         assert round(float(a["ms_per_step"]), 4) == r["ms_per_step"]
         assert round(float(a["calls"]), 4) == r["calls"]
+        # an op without a FLOPs model is listed as such: null in the summary, "no model" in the report
+        assert r["model"] == (None if a["model"] is None or a["model"] != a["model"] else a["model"])
+        assert cells[14] == (r["model"] or ("no model" if r["op"] else ""))
         if r["tflops"] is not None:
             assert round(float(a["tflops"]), 4) == r["tflops"]
             assert float(cells[10]) == r["tflops"]

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import pickle
 from pathlib import Path
 
@@ -43,3 +44,7 @@ def test_hang_only_run_prints_the_hang_not_an_empty_table(tmp_path):
     assert "no profiler traces; NCCL inputs only" in res.stdout and "from 4 rank(s) (0-3)" in res.stdout
     assert "[error] COLLECTIVE_HANG: rank 3 never joined allreduce #5" in res.stdout
     assert "┏" not in res.stdout and "0 rank(s)" not in res.stdout
+    # the world is known from the dumps (ranks 0-3, as recorded: truth.json), not null
+    s = json.loads((tmp_path / "out" / "summary.json").read_text())
+    truth = json.loads((HANG / "truth.json").read_text())
+    assert s["run"]["world_size"] == truth["world_size"] == 4 and s["run"]["ranks"] == []

@@ -31,7 +31,7 @@ OP_COLUMNS = [
 #: The summary's `ops` keys, in order.
 SUMMARY_KEYS = [
     "op", "kernel", "stage", "rank", "layer_type", "shapes", "calls", "ms_per_step", "flops", "bytes",
-    "tflops", "tbps", "bound", "roofline_pct",
+    "tflops", "tbps", "bound", "roofline_pct", "model",
 ]
 #: `shapes` longer than this are cut (with "…") in summary rows (a fused optimizer step over thousands of
 #: tensors records them all); the API's tables keep them whole.

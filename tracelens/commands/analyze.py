@@ -223,6 +223,7 @@ def nccl_op_table(summary: dict):
 def print_ops_table(summary: dict, top: int = 20) -> None:
     """The top of summary.json's `ops` (docs/ops.md), longest first."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     console = Console(highlight=False)
@@ -237,8 +238,8 @@ def print_ops_table(summary: dict, top: int = 20) -> None:
         table.add_column(col, justify="left" if col in ("op", "kernel", "layer", "bound") else "right")
     for r in rows:
         table.add_row(
-            _fmt(r.get("stage"), 0), r.get("op") or "(no CPU op)", r.get("kernel") or "-",
-            r.get("layer_type") or "-", _fmt(r.get("calls"), 1), _fmt(r.get("ms_per_step"), 3),
+            _fmt(r.get("stage"), 0), escape(r.get("op") or "(no CPU op)"), escape(r.get("kernel") or "-"),
+            escape(r.get("layer_type") or "-"), _fmt(r.get("calls"), 1), _fmt(r.get("ms_per_step"), 3),
             _fmt(r.get("tflops"), 1), _fmt(r.get("tbps"), 2), r.get("bound") or "-", _fmt(r.get("roofline_pct"), 1),
         )
     console.print(table)

@@ -244,6 +244,12 @@ def _clean_hosts(path: Path) -> set[tuple[str, str]]:
         m = _CORE_REV.match(line[:j][::-1]) if j > 0 else None
         if m and (m.end() == j or line[j - m.end() - 1] in _BOUNDARY):
             pairs.add((m.group("host")[::-1], m.group("pid")[::-1]))
+        if _GLUED_LINE.search(line):  # a host glued behind a stream pointer or globalrank is known too
+            for start, _, g in _find_cores(line):
+                after_call = line[:start].endswith(("stream ", "globalrank "))
+                glued = _GLUED_RE.match(g["host"]) if after_call else None
+                if glued:
+                    pairs.add((g["host"][glued.end() :], g["pid"]))
     by_pid: dict[str, list[str]] = {}
     for h, pid in pairs:
         by_pid.setdefault(pid, []).append(h)
@@ -253,6 +259,7 @@ def _clean_hosts(path: Path) -> set[tuple[str, str]]:
 # A host token glued to the end of the previous message, when no known host ends it: the stream pointer
 # (`0x55d0c0000b00nodeB`) or RCCL's globalrank (`5nodeB`) before a host that starts with a non-hex letter.
 _GLUED_RE = re.compile(r"^(?:0x[0-9a-fA-F]+|\d+)(?=[g-zG-Z_])")
+_GLUED_LINE = re.compile(r"(?:stream 0x[0-9a-fA-F]+|globalrank \d+)[g-zG-Z_]")
 
 
 def _cores(text: str, hosts: set[str], pairs: set[tuple[str, str]]) -> list[tuple[int, int, dict]]:

@@ -472,6 +472,7 @@ _OPS_COLUMNS = [
     ("stage", "stage"), ("rank", "rank"), ("op", "op"), ("kernel", "kernel"), ("layer type", "layer_type"),
     ("shapes", "shapes"), ("calls/step", "calls"), ("ms/step", "ms_per_step"), ("GFLOP/step", "gflops"),
     ("MB/step", "mbytes"), ("TFLOP/s", "tflops"), ("TB/s", "tbps"), ("bound", "bound"), ("% roofline", "roofline_pct"),
+    ("model", "model"),
 ]
 _SORT_JS = (
     "<script>document.querySelectorAll('table.sortable').forEach(function(t){"
@@ -519,6 +520,8 @@ def ops_report_rows(summary: dict) -> list[dict]:
         r["gflops"] = None if r.get("flops") is None else r["flops"] / 1e9
         r["mbytes"] = None if r.get("bytes") is None else r["bytes"] / 1e6
         r["op"] = r.get("op") or "(no CPU op)"
+        if r.get("model") is None and r["op"] != "(no CPU op)":
+            r["model"] = "no model"  # docs/ops.md: "ops without a model"
         out.append(r)
     return out
 
