@@ -109,23 +109,32 @@ def _venv_of(cmd: str) -> str | None:
 
 
 def build_wheel(repo: Path = REPO) -> Path:
+    """Build the wheel into `repo/dist/` from a fresh copy of the tracked files (the build's `build/` and
+    egg-info go there, not into the checkout, where .ci/run installs and tests at the same time)."""
     dist = repo / "dist"
+    dist.mkdir(exist_ok=True)
     for old in dist.glob("tracelens_train-*.whl"):
         old.unlink()
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist), str(repo)], check=True
-    )
-    (wheel,) = dist.glob("tracelens_train-*.whl")
-    return wheel
+    with tempfile.TemporaryDirectory(prefix="tracelens-wheel-") as tmp:
+        src = Path(tmp) / "src"
+        src.mkdir()
+        fresh_copy(src, repo, with_dist=False)
+        subprocess.run(
+            [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(Path(tmp) / "dist"), str(src)],
+            check=True,
+        )
+        (built,) = (Path(tmp) / "dist").glob("tracelens_train-*.whl")
+        shutil.copy2(built, dist / built.name)
+    return dist / built.name
 
 
-def fresh_copy(dest: Path, repo: Path = REPO) -> None:
+def fresh_copy(dest: Path, repo: Path = REPO, with_dist: bool = True) -> None:
     files = subprocess.run(["git", "ls-files", "-z"], cwd=repo, check=True, capture_output=True).stdout
     for rel in files.decode().split("\0"):
         if rel and (repo / rel).is_file():
             (dest / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(repo / rel, dest / rel)
-    if (repo / "dist").is_dir():
+    if with_dist and (repo / "dist").is_dir():
         shutil.copytree(repo / "dist", dest / "dist", dirs_exist_ok=True)
 
 
