@@ -114,8 +114,13 @@ def _arg_nelems(dims: Any) -> int | None:
     n = _nelems(dims)
     if n is not None or not isinstance(dims, list) or not dims:
         return n
-    parts = [_nelems(d) for d in dims]
-    return sum(parts) if all(p is not None for p in parts) else None  # type: ignore[misc]
+    total = 0
+    for d in dims:
+        k = _nelems(d)
+        if k is None:
+            return None
+        total += k
+    return total
 
 
 def sizes_from_shapes(name: str, dims: Any, types: Any) -> tuple[int | None, int | None, str | None]:
