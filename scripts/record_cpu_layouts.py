@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import os
 import platform
 import shutil
@@ -120,6 +121,13 @@ class Opts:
         return out
 
 
+def _issued(counts: dict, op: str, t) -> None:
+    """Count one collective call of `op` moving tensor `t` (truth: bytes issued per op and size)."""
+    per = counts.setdefault("issued_bytes", {}).setdefault(op, {})
+    b = str(t.numel() * t.element_size())
+    per[b] = per.get(b, 0) + 1
+
+
 def _model(torch, dist, o: Opts, layer_ids: list[int], tp_group, cp_group, slow_mms: int, counts: dict):
     """Layers `layer_ids` of the model: Megatron TP (column/row parallel with f/g all-reduces) when tp > 1,
     Ulysses all-to-alls around full attention when cp > 1."""
@@ -137,6 +145,7 @@ def _model(torch, dist, o: Opts, layer_ids: list[int], tp_group, cp_group, slow_
             g = g.contiguous().clone()
             dist.all_reduce(g, group=tp_group)
             counts["tp_allreduce"] += 1
+            _issued(counts, "allreduce", g)
             return g
 
     class _G(torch.autograd.Function):  # Megatron's g: all-reduce of the partial sums, identity backward
@@ -145,6 +154,7 @@ def _model(torch, dist, o: Opts, layer_ids: list[int], tp_group, cp_group, slow_
             x = x.contiguous().clone()
             dist.all_reduce(x, group=tp_group)
             counts["tp_allreduce"] += 1
+            _issued(counts, "allreduce", x)
             return x
 
         @staticmethod
@@ -163,6 +173,7 @@ def _model(torch, dist, o: Opts, layer_ids: list[int], tp_group, cp_group, slow_
         dist.all_to_all_single(out, inp, group=cp_group)
         counts["cp_all_to_all"] += 1
         counts["cp_all_to_all_bytes"] = inp.numel() * inp.element_size()
+        _issued(counts, "alltoall", inp)
         if seq_to_head:
             return out.permute(1, 0, 2, 3, 4).reshape(b, C * sl, h // C, d)
         return out.permute(1, 2, 0, 3, 4).reshape(b, s // C, hl * C, d)
@@ -361,6 +372,7 @@ def _worker(rank: int, args: argparse.Namespace, init_method: str, stage_dir: st
 
     W, WU, A = base.PROFILE_WAIT, base.PROFILE_WARMUP, base.PROFILE_ACTIVE
     step_wall, step_extra = [], []
+    steps_run = W + WU + A
     with profile(
         activities=[ProfilerActivity.CPU],
         schedule=schedule(wait=W, warmup=WU, active=A, repeat=1),
@@ -398,11 +410,34 @@ def _worker(rank: int, args: argparse.Namespace, init_method: str, stage_dir: st
             "cp_all_to_all": counts["cp_all_to_all"],
         },
         "cp_all_to_all_bytes": counts["cp_all_to_all_bytes"],
+        "issued_bytes": _issued_bytes(counts, buckets, p2p, shape, steps_run),
         "order": [f"{k}{ch}.{mb}" for k, ch, mb in order],
     }
     (Path(stage_dir) / f"rank{rank}.result.json").write_text(json.dumps(result))
     dist.barrier()
     dist.destroy_process_group()
+
+
+def _issued_bytes(counts: dict, buckets: list, p2p, shape: tuple, steps_run: int) -> dict:
+    """{op: {bytes per call: calls per step}} of every collective and P2P call this rank issued in a step
+    (steps repeat the same calls): TP all-reduces and CP all-to-alls as counted, one all-reduce per DP
+    gradient bucket (its parameters' bytes), P2P sends and receives of the float32 activation shape."""
+    tot: dict = {op: dict(v) for op, v in counts.get("issued_bytes", {}).items()}
+    ar = tot.setdefault("allreduce", {})
+    for b in buckets:
+        for ps in b.buckets:
+            k = str(sum(q.numel() * q.element_size() for q in ps))
+            ar[k] = ar.get(k, 0) + steps_run  # each bucket is reduced once per step
+    if p2p is not None:
+        k = str(4 * math.prod(shape))
+        for op, n in (("send", p2p.counts["isend"]), ("recv", p2p.counts["irecv"])):
+            if n:
+                tot[op] = {k: n}
+    out = {}
+    for op, per in tot.items():
+        if per:
+            out[op] = {k: v / steps_run for k, v in sorted(per.items(), key=lambda kv: int(kv[0]))}
+    return out
 
 
 def record(args: argparse.Namespace) -> int:
@@ -479,6 +514,7 @@ def record(args: argparse.Namespace) -> int:
                 "pid": r["pid"],
                 "step_wall_ms": {str(st): r["step_wall_ns"][st] / 1e6 for st in active},
                 "issued": r["issued"],
+                "bytes_per_step": r["issued_bytes"],
                 "order": r["order"],
             }
             for r in results

@@ -504,7 +504,7 @@ class Analysis:
 
     @cached_property
     def sized_collectives(self):
-        """cross.collectives (DataFrame) with gloo sizes filled from the Flight Recorder (comm_by_layer.py)."""
+        """cross.collectives (DataFrame); gloo sizes the trace lacks filled from the Flight Recorder (comm_by_layer.py)."""
         if self.cross is None or self.cross.collectives.num_rows == 0:
             return None
         from tracelens.analyze.comm_by_layer import sizes_from_flight_recorder

@@ -228,7 +228,7 @@ def clock_dict(cross) -> dict | None:
 
 def collectives_dict(cross, nccl: dict[str, pa.Table], sized=None) -> dict:
     """Per op: instances, bytes, median bus bandwidth and arrival skew (small: per op, not per instance).
-    `sized`: cross.collectives as a DataFrame with sizes filled from the Flight Recorder (gloo)."""
+    `sized`: cross.collectives as a DataFrame, gloo sizes the trace lacks filled from the Flight Recorder."""
     out: dict = {"sources": {k: int(v.num_rows) for k, v in nccl.items()}, "by_op": []}
     if cross is None or cross.collectives.num_rows == 0:
         return out

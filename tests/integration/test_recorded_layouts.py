@@ -6,6 +6,7 @@ it planted, the all-to-all calls and sizes it issued)."""
 
 from __future__ import annotations
 
+import pandas as pd
 import pytest
 
 from tests.recorded import recorded_layout, truth
@@ -91,3 +92,91 @@ def test_interleaved_v_and_m_from_p2p_and_bubble_expectation():
     assert ev["warmup_forwards"] == {str(k): n for k, n in sch["warmup_forwards"].items() if int(k) < p - 1}
     assert ev["warmup_matches"] is True
     assert not any(f["code"] == "PIPELINE_BUBBLE_EXCESS" for f in s["findings"])
+
+
+# ----- gloo collective sizes from the trace itself (no Flight Recorder dump) ----------------------------------
+
+
+def _traces_only(run, dest, strip_annotation_dims: bool = False, with_fr: bool = False):
+    """A copy of the recorded run's traces (and, `with_fr`, its Flight Recorder dumps); `strip_annotation_dims`
+    drops `Input Dims` / `Input type` from the `gloo:*` work annotations, leaving the c10d ops' shapes alone."""
+    import gzip
+    import json
+    import shutil
+
+    (dest / "traces").mkdir(parents=True)
+    for f in sorted((run / "traces").iterdir()):
+        if not strip_annotation_dims:
+            shutil.copy(f, dest / "traces" / f.name)
+            continue
+        d = json.loads(gzip.decompress(f.read_bytes()))
+        for e in d["traceEvents"]:
+            if str(e.get("name", "")).startswith("gloo:"):
+                for k in ("Input Dims", "Input type"):
+                    e.get("args", {}).pop(k, None)
+        (dest / "traces" / f.name).write_bytes(gzip.compress(json.dumps(d).encode()))
+    if with_fr:
+        shutil.copytree(run / "flight_recorder", dest / "flight_recorder")
+    return dest
+
+
+def _issued(t: dict) -> dict:
+    """{(rank, op): {bytes: calls}} the recorder issued over the profiled steps (truth.json)."""
+    n = len(t["profiled_steps"])
+    out = {}
+    for r in t["ranks"]:
+        for op, per in r["bytes_per_step"].items():
+            out[(r["rank"], op)] = {int(b): round(c * n) for b, c in per.items()}
+    return out
+
+
+def _seen(df) -> dict:
+    out: dict = {}
+    for (rank, op), g in df.groupby(["rank", "op"]):
+        vals = g["bytes"].astype("Int64")
+        out[(int(rank), str(op))] = {
+            (None if v is None or v is pd.NA else int(v)): int(n)
+            for v, n in vals.value_counts(dropna=False).items()
+        }
+    return out
+
+
+@pytest.mark.parametrize("kind", ["tppdp_clean", "ulysses"])
+def test_gloo_sizes_from_the_trace_without_flight_recorder(kind, tmp_path):
+    run = recorded_layout(kind)
+    t = truth(run)
+    a = analyze_run(_traces_only(run, tmp_path / kind))
+    assert "flight_recorder" not in a.nccl
+    df = a.sized_collectives
+    # every call the recorder issued, with the bytes it issued (TP / DP all-reduces, all-to-alls, P2P)
+    assert _seen(df) == _issued(t)
+    assert set(df["size_source"]) == {"trace"}
+    by_op = {o["op"]: o for o in a.summary()["collectives"]["by_op"]}
+    for op in {op for _, op in _issued(t)}:
+        want = sum(b * c for (_, o), per in _issued(t).items() if o == op for b, c in per.items())
+        assert by_op[op]["bytes"] == want and "calls_bytes_unknown" not in by_op[op]
+
+
+def test_gloo_sizes_from_c10d_shapes_alone_and_the_flight_recorder_fills_the_dtype(tmp_path):
+    run = recorded_layout("ulysses")
+    t = truth(run)
+    issued = _issued(t)
+    # only the c10d ops' shapes: alltoall_base_ names its dtype (sized); allreduce_ takes a TensorList (its
+    # element count is known, its dtype is not recorded): bytes null, never 0
+    a = analyze_run(_traces_only(run, tmp_path / "bare", strip_annotation_dims=True))
+    df = a.sized_collectives
+    a2a = df[df["op"] == "alltoall"]
+    assert _seen(a2a) == {k: v for k, v in issued.items() if k[1] == "alltoall"}
+    ar = df[df["op"] == "allreduce"]
+    assert ar["bytes"].isna().all() and ar["dtype"].isna().all()
+    nel = {(k[0], "allreduce"): {b // 4: c for b, c in v.items()} for k, v in issued.items() if k[1] == "allreduce"}
+    got = {(int(r), "allreduce"): g["in_nelems"].astype(int).value_counts().to_dict() for r, g in ar.groupby("rank")}
+    assert got == nel  # float32 gradients: bytes / 4 elements
+    rec = {o["op"]: o for o in a.summary()["collectives"]["by_op"]}["allreduce"]
+    assert rec["bytes"] is None and rec["calls_bytes_unknown"] == len(ar)
+    # with the dump beside the traces, its records size them (and agree with what was issued)
+    b = analyze_run(_traces_only(run, tmp_path / "fr", strip_annotation_dims=True, with_fr=True))
+    df = b.sized_collectives
+    assert _seen(df) == issued
+    assert set(df.loc[df["op"] == "allreduce", "size_source"]) == {"flight_recorder"}
+    assert set(df.loc[df["op"] == "alltoall", "size_source"]) == {"trace"}

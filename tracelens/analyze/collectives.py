@@ -193,10 +193,15 @@ def _parent_fields(events: pa.Table, kmask: np.ndarray) -> pd.DataFrame:
     comm_op = _dict_lookup(name, lambda v: int(is_comm_cpu_op(v))).astype(bool)
     has_in = events.column("in_nelems").is_valid().to_numpy(zero_copy_only=False)
     has_out = events.column("out_nelems").is_valid().to_numpy(zero_copy_only=False)
+    has_dt = events.column("dtype").is_valid().to_numpy(zero_copy_only=False)
     op_row = enclosing_ops(events, names_op | rpc_named)[kmask]
-    # an op that gives both buffers (`c10d::_allgather_base_`: output, input) beats one that gives the input
-    both = enclosing_ops(events, comm_op & has_in & has_out)[kmask]
-    size_row = np.where(both >= 0, both, enclosing_ops(events, comm_op & (has_in | has_out))[kmask])
+    # an op that gives both buffers (`c10d::_allgather_base_`: output, input) beats one that gives the input;
+    # one with a dtype beats one without (a c10d tensor list, `TensorList`, has none: `nccl:all_to_all` has)
+    sized = comm_op & (has_in | has_out)
+    both = enclosing_ops(events, sized & has_in & has_out & has_dt)[kmask]
+    size_row = np.where(both >= 0, both, enclosing_ops(events, sized & has_dt)[kmask])
+    if (sized & ~has_dt).any():
+        size_row = np.where(size_row >= 0, size_row, enclosing_ops(events, sized)[kmask])
     n = int(kmask.sum())
     out = pd.DataFrame(index=range(n))
     names = name.cast(pa.string()) if pa.types.is_dictionary(name.type) else name

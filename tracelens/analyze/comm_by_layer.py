@@ -1,11 +1,13 @@
 """Collective sizes for gloo runs, and communication per layer type (which layers exchange, how much).
 
-Sizes. Gloo runs have no `record_param_comms`: the profiler's `c10d::*` calls carry no message size in
-the events table. The Flight Recorder records every collective with its `input_sizes` and dtype, on the
-same wall clock as the profiler: the profiled calls of one rank and op are a contiguous run of its
-records, placed where the enqueue times agree best (median gap within `TOLERANCE_NS`), and call k takes
-the size of record offset + k. (Sizes from the `c10d::*` ops' own
-`Input Dims` need those dims in the events table; where ingest provides `in_nelems` for them, those win.)
+Sizes. Gloo runs have no `record_param_comms`; their sizes come from the trace itself first: ingest reads
+the `c10d::*` ops' and `gloo:*` annotations' `Input Dims` / `Input type` (comm_families.sizes_from_shapes:
+a `Tensor[]` argument counts all its tensors, its dtype `TensorList` is unknown) and collectives pairs each
+c10d call with its gloo work annotation, which names the dtype. Rows still unsized (no shapes recorded, or
+a tensor list with no annotation dtype) take the Flight Recorder's: it records every collective with its
+`input_sizes` and dtype, on the same wall clock as the profiler: the profiled calls of one rank and op are a
+contiguous run of its records, placed where the enqueue times agree best (median gap within
+`TOLERANCE_NS`), and call k takes the size of record offset + k. Neither: null (`size_source` None).
 
 Layer types. A collective called inside a layer annotation (`layers.N.<type>`) on its rank serves that
 layer type. Calls outside every span (the backward exchanges run from autograd, outside the forward

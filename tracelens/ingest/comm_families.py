@@ -88,6 +88,15 @@ def is_comm_cpu_op(name: str | None) -> bool:
 #: c10d ops whose first two tensor inputs are (output, input) rather than (input, ...).
 _OUT_IN = re.compile(r"(_base_|into_tensor|alltoall_base|_allgather_base|_reduce_scatter_base)")
 
+#: c10d ops whose first two arguments are (output, input) tensors or tensor lists (torch 2.x schemas, e.g.
+#: `allgather_(Tensor[][] output_tensors, Tensor[] input_tensors, ...)`, `alltoall_(Tensor[] output_tensors,
+#: Tensor[] input_tensors, ...)`); the other c10d collectives take their one tensor (list) first
+#: (`allreduce_(Tensor[] tensors, ...)`, `send`, `recv_`, `broadcast_`, `reduce_`, `barrier`).
+_C10D_OUT_IN_ARGS = re.compile(
+    r"^c10d::(allgather_|allgather_coalesced_|gather_|alltoall_|reduce_scatter_|scatter_|"
+    r"allgather_into_tensor_coalesced_|reduce_scatter_tensor_coalesced_)$"
+)
+
 
 def _nelems(dims: Any) -> int | None:
     """Elements of one tensor's shape (a list of ints); None for anything else (a list, a scalar: [])."""
@@ -98,22 +107,51 @@ def _nelems(dims: Any) -> int | None:
     return math.prod(dims)
 
 
+def _arg_nelems(dims: Any) -> int | None:
+    """Elements of one argument: a tensor's shape, or a tensor list's shapes (torch 2.x records a `Tensor[]`
+    as the list of its tensors' shapes, `[[6, 5], [3]]`: their sum). `[]` (an empty or nested list, a
+    scalar) and anything else: None."""
+    n = _nelems(dims)
+    if n is not None or not isinstance(dims, list) or not dims:
+        return n
+    total = 0
+    for d in dims:
+        k = _nelems(d)
+        if k is None:
+            return None
+        total += k
+    return total
+
+
 def sizes_from_shapes(name: str, dims: Any, types: Any) -> tuple[int | None, int | None, str | None]:
     """(in_nelems, out_nelems, dtype) of a communication CPU op from its `Input Dims` / `Input type`.
 
     `nccl:*` / `gloo:*` annotations: the first tensor is the input (output unknown). `c10d::*` ops named
-    `*_base_` / `*into_tensor*` / `alltoall_base_`: (output, input). Other c10d ops: the first tensor is the
-    input. Tensor lists (dims `[]`) and scalars give nothing: unknown, never 0.
+    `*_base_` / `*into_tensor*` / `alltoall_base_`: (output, input). c10d ops whose schema starts with
+    (output, input) tensor lists (`allgather_`, `alltoall_`, `gather_`, `scatter_`, `reduce_scatter_`, ...):
+    arguments 0 and 1, a tensor list counting the elements of all its tensors, a `Tensor[][]` (recorded `[]`)
+    unknown. Other c10d ops: the first tensor or tensor list is the input (`allreduce_`'s `[[[6, 5]]]` -> 30).
+    A tensor list's `Input type` is `TensorList`: its dtype is unknown (null), not guessed. Empty lists
+    (dims `[]`) and scalars give nothing: unknown, never 0.
     """
     if not isinstance(dims, list):
         return None, None, None
     types = types if isinstance(types, list) else []
+
+    def typ(i: int) -> str | None:
+        return types[i] if i < len(types) and isinstance(types[i], str) else None
+
+    if name.startswith("c10d::") and _C10D_OUT_IN_ARGS.match(name) and len(dims) >= 2:
+        out_n, in_n = _arg_nelems(dims[0]), _arg_nelems(dims[1])
+        if out_n is None and in_n is None:
+            return None, None, None
+        return in_n, out_n, _dtype_name(typ(1) if in_n is not None else typ(0)) or _dtype_name(typ(0))
     tensors = []
+    lists = name.startswith("c10d::")  # c10d ops take tensor lists; annotations list tensors
     for i, d in enumerate(dims):
-        n = _nelems(d)
+        n = _arg_nelems(d) if lists else _nelems(d)
         if n is not None:
-            t = types[i] if i < len(types) and isinstance(types[i], str) else None
-            tensors.append((n, t))
+            tensors.append((n, typ(i)))
     if not tensors:
         return None, None, None
     if name.startswith("c10d::") and _OUT_IN.search(name) and len(tensors) >= 2:
