@@ -74,12 +74,13 @@ def _at_fork():
 def spy_split(kineto):
     _os.register_at_fork(after_in_child=_at_fork)
     used = []
-    orig = kineto._scan_split
+    from tracelens.ingest.kineto import reader
+    orig = reader._scan_split
     def spy(*a, **kw):
         sc = orig(*a, **kw)
         used.append(sc is not None)
         return sc
-    kineto._scan_split = spy
+    reader._scan_split = spy  # (reader._scan calls it)
     return used
 """
 

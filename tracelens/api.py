@@ -243,8 +243,8 @@ def compare(a, b, labels: tuple[str, str] | None = None) -> dict:
 
 def check(baseline, current, rules=None, strict: bool = False):
     """What `tracelens check BASELINE CURRENT` computes: a `tracelens.analyze.regress.CheckReport`
-    (`.exit_code`, `.results`, `regress.render_text(report)`). Arguments as for `compare`; `rules`: a
-    rules.toml path or a `regress.Rules`."""
+    (`.exit_code`, `.results`; `tracelens.report.check_renderers.render(report, "text")` formats it).
+    Arguments as for `compare`; `rules`: a rules.toml path or a `regress.Rules`."""
     from tracelens.analyze import regress
 
     rule_set = rules if isinstance(rules, regress.Rules) else regress.load_rules(rules)

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from tracelens.analyze import regress
+from tracelens.report.check_renderers import render
 from tracelens.run_analysis import summary_of as summarize
 from tracelens.simulate import SimConfig, simulate
 
@@ -55,7 +56,7 @@ def _true_exposed_ms(truth: dict) -> float:
 
 def test_same_configuration_other_seed_passes(runs):
     report = regress.check(runs["baseline"][1], runs["noise"][1])
-    assert not report.regressed, regress.render_text(report)
+    assert not report.regressed, render(report, "text")
     assert report.exit_code == 0
     res = _rules(report)
     assert res["step_time"].status == "pass" and abs(res["step_time"].delta) < 2.0

@@ -23,6 +23,7 @@ from broken_traces import GLOO, HTA, LOG_TEXT, PLUGIN_TEXT, kineto_doc, step_eve
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tracelens import schema
 from tracelens.analyze.breakdown import breakdown, class_sets
 from tracelens.discover import discover
 from tracelens.errors import TracelensError
@@ -258,8 +259,8 @@ def test_fuzz_kineto(work, seed, ops, bops, gz, gz_cut, salvage):
     _only_tracelens_errors(kineto.peek, p)
     tr = _only_tracelens_errors(kineto.read, p, salvage=salvage)
     if tr is not None:
-        assert tr.events.schema.equals(kineto.schema.EVENTS)
-        assert tr.memory.schema.equals(kineto.schema.MEMORY)
+        assert tr.events.schema.equals(schema.EVENTS)
+        assert tr.memory.schema.equals(schema.MEMORY)
         bd = breakdown(tr.events, sets=class_sets(tr.events))
         assert bd.num_rows >= 0
 

@@ -31,6 +31,7 @@ from broken_traces import (
 
 from tracelens.errors import BadTraceError
 from tracelens.ingest import flight_recorder, kineto, nccl_log, nccl_plugin
+from tracelens.ingest.kineto import stream as kineto_stream
 from tracelens.run import load_tables
 from tracelens.run_analysis import Options, analyze_run
 from tracelens.store.cache import default_cache_dir
@@ -193,8 +194,8 @@ def test_gzip_bomb_is_refused_with_an_overridable_limit(tmp_path, monkeypatch, c
 
 def test_compression_ratio_limit(tmp_path, monkeypatch):
     monkeypatch.delenv("TRACELENS_MAX_DECOMPRESSED_BYTES", raising=False)
-    monkeypatch.setattr(kineto, "RATIO_MIN_BYTES", 8 << 20)  # as beyond 1 GiB, but small enough for a test
-    monkeypatch.setattr(kineto, "MAX_RATIO", 100)
+    monkeypatch.setattr(kineto_stream, "RATIO_MIN_BYTES", 8 << 20)  # as beyond 1 GiB, but small enough for a test
+    monkeypatch.setattr(kineto_stream, "MAX_RATIO", 100)
     p = whitespace_bomb(tmp_path / "rank0.json.gz", 32 << 20)
     with pytest.raises(BadTraceError, match=r"compression ratio above 100:1 \(decompression bomb\?\)"):
         kineto.read(p)

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from tracelens import schema
 from tracelens.errors import BadTraceError
 from tracelens.ingest import kineto
+from tracelens.ingest.kineto import scan as kscan
 
 B = kt.BASE
 REL = 5111733288000000  # ProfilerStep#7 start, ns relative to baseTimeNanoseconds
@@ -363,13 +364,13 @@ def test_reference_cycle_holding_decoded_events_does_not_break_the_read(tmp_path
     events = [kt.x("cpu_op", f"op{i}", f"{100 + i}.125", "0.500") for i in range(300)]
     p = kt.write(tmp_path / "rank0.json", kt.doc(rank=0, world_size=1, events=events))
     want = kineto.read(p, chunk_bytes=2048).events
-    real = kineto._columns
+    real = kscan._columns
 
     def leaky(evs):
         cycle = [evs]
         cycle.append(cycle)  # unreachable once this returns, but only the cyclic collector frees it
         return real(evs)
 
-    monkeypatch.setattr(kineto, "_columns", leaky)
+    monkeypatch.setattr(kscan, "_columns", leaky)  # (scan decodes the chunks)
     got = kineto.read(p, chunk_bytes=2048).events
     assert got.equals(want) and got.num_rows == 300

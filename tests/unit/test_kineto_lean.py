@@ -8,6 +8,7 @@ import kineto_traces as kt
 import pytest
 
 from tracelens.ingest import kineto
+from tracelens.ingest.kineto import decode
 
 
 def _trace(n: int, coll_at: set[int], fractional: bool) -> list:
@@ -68,9 +69,9 @@ def test_collective_columns_exact_wherever_the_first_collective_is(
     p = kt.write(tmp_path / "t.json", kt.doc(events=_trace(300, coll_at, fractional)))
     lean = "_DEC_EVENTS_LEAN" if fractional else "_DEC_EVENTS_INT_LEAN"
     full = "_DEC_EVENTS" if fractional else "_DEC_EVENTS_INT"
-    spies = {name: _Counting(getattr(kineto, name)) for name in (lean, full)}
+    spies = {name: _Counting(getattr(decode, name)) for name in (lean, full)}
     for name, spy in spies.items():
-        monkeypatch.setattr(kineto, name, spy)
+        monkeypatch.setattr(decode, name, spy)
     tr = kineto.read(p, chunk_bytes=4096)  # dozens of chunks
     ev = tr.events
     assert ev.num_rows == 600
@@ -98,7 +99,7 @@ def test_lean_and_full_reads_are_identical(tmp_path, monkeypatch):
     monkeypatch.setenv("TRACELENS_SPLIT", "0")
     p = kt.write(tmp_path / "t.json.gz", kt.doc(events=_trace(300, {120, 121, 299}, True)))
     a = kineto.read(p, chunk_bytes=4096)
-    monkeypatch.setattr(kineto, "_DEC_EVENTS_LEAN", kineto._DEC_EVENTS)
-    monkeypatch.setattr(kineto, "_DEC_EVENTS_INT_LEAN", kineto._DEC_EVENTS_INT)
+    monkeypatch.setattr(decode, "_DEC_EVENTS_LEAN", decode._DEC_EVENTS)
+    monkeypatch.setattr(decode, "_DEC_EVENTS_INT_LEAN", decode._DEC_EVENTS_INT)
     b = kineto.read(p, chunk_bytes=4096)
     assert a.events.equals(b.events) and a.memory.equals(b.memory) and a.metadata == b.metadata

@@ -14,7 +14,9 @@ import threading
 import kineto_traces as kt
 import pytest
 
+from tracelens.errors import BadTraceError
 from tracelens.ingest import kineto
+from tracelens.ingest.kineto import columns, decode, reader, scan, split, stream
 
 
 def _events(n: int, fractional: bool) -> list:
@@ -110,17 +112,17 @@ def split_on(monkeypatch):
     """Split every file above 1 KiB; record whether each read was split."""
     if threading.active_count() != 1:
         pytest.skip("another Python thread is running in this test process: reads are never split then")
-    monkeypatch.setattr(kineto, "SPLIT_MIN_BYTES", 1024)
+    monkeypatch.setattr(split, "SPLIT_MIN_BYTES", 1024)
     monkeypatch.setenv("TRACELENS_SPLIT", "1")
     used: list[bool] = []
-    orig = kineto._scan_split
+    orig = reader._scan_split
 
     def spy(*a, **kw):
         sc = orig(*a, **kw)
         used.append(sc is not None)
         return sc
 
-    monkeypatch.setattr(kineto, "_scan_split", spy)
+    monkeypatch.setattr(reader, "_scan_split", spy)
     return used
 
 
@@ -186,7 +188,7 @@ def test_split_errors_are_the_serial_errors(tmp_path, monkeypatch, split_on):
     text = gzip.compress(kt.dumps(kt.doc(events=_events(60, True))).encode())
     p = tmp_path / "cut.json.gz"
     p.write_bytes(text[: int(len(text) * 0.8)])
-    with pytest.raises(kineto.BadTraceError, match="cut mid-write"):
+    with pytest.raises(BadTraceError, match="cut mid-write"):
         kineto.read(p)
     assert split_on == [False]
 
@@ -194,26 +196,26 @@ def test_split_errors_are_the_serial_errors(tmp_path, monkeypatch, split_on):
 def test_split_not_used_when_disabled_or_small(tmp_path, monkeypatch):
     p = _write(tmp_path, "t.json", kt.doc(events=_events(5, True)))
     monkeypatch.setenv("TRACELENS_SPLIT", "1")
-    assert kineto._split_point(p) is None  # below SPLIT_MIN_BYTES
-    monkeypatch.setattr(kineto, "SPLIT_MIN_BYTES", 1024)
-    assert kineto._split_point(p) == int(p.stat().st_size * kineto.SPLIT_SHARE)
+    assert split._split_point(p) is None  # below SPLIT_MIN_BYTES
+    monkeypatch.setattr(split, "SPLIT_MIN_BYTES", 1024)
+    assert split._split_point(p) == int(p.stat().st_size * split.SPLIT_SHARE)
     monkeypatch.setenv("TRACELENS_SPLIT", "0")
-    assert kineto._can_split() is False
+    assert split._can_split() is False
     monkeypatch.delenv("TRACELENS_SPLIT")
     # default "auto": only with an idle CPU (1-minute load average below CPUs - 0.5)
-    monkeypatch.setattr(kineto.os, "getloadavg", lambda: (64.0, 64.0, 64.0))
-    assert kineto._can_split() is False
-    monkeypatch.setattr(kineto.os, "getloadavg", lambda: (0.0, 0.0, 0.0))
-    assert kineto._can_split() is (threading.active_count() == 1 and len(os.sched_getaffinity(0)) >= 2)
+    monkeypatch.setattr(split.os, "getloadavg", lambda: (64.0, 64.0, 64.0))
+    assert split._can_split() is False
+    monkeypatch.setattr(split.os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    assert split._can_split() is (threading.active_count() == 1 and len(os.sched_getaffinity(0)) >= 2)
     # "auto" never splits on one usable CPU (cgroup/affinity), whatever the load; "1" still does
-    monkeypatch.setattr(kineto.os, "sched_getaffinity", lambda pid: {0})
-    assert kineto._can_split() is False
+    monkeypatch.setattr(split.os, "sched_getaffinity", lambda pid: {0})
+    assert split._can_split() is False
     monkeypatch.setenv("TRACELENS_SPLIT", "1")
-    assert kineto._can_split() is (threading.active_count() == 1)
+    assert split._can_split() is (threading.active_count() == 1)
 
 
 def test_first_boundary():
-    fb = kineto._first_boundary
+    fb = stream._first_boundary
     buf = b'[{"a": 1}, {"b": 2} ,\n {"c": 3}]'
     assert fb(buf, 0) == (9, 11)
     assert fb(buf, 10) == (19, 23)
@@ -263,15 +265,15 @@ def test_split_columns_larger_than_the_shared_mapping(tmp_path, monkeypatch, spl
     doc["distributedInfo"] = {"backend": "nccl", "rank": 1, "world_size": 2, "pg_config": [{"x": [1, 2.5]}]}
     p = _write(tmp_path, "t.json.gz", doc)
     kinds: list[bytes] = []
-    orig = kineto._part_from_message
+    orig = split._part_from_message
 
     def spy(msg, shm):
         kinds.append(msg[:1])
         return orig(msg, shm)
 
-    monkeypatch.setattr(kineto, "_part_from_message", spy)
+    monkeypatch.setattr(split, "_part_from_message", spy)
     shared = kineto.read(p)
-    monkeypatch.setattr(kineto, "_SHM_SLACK", -(1 << 40))  # a one-page mapping: the columns cannot fit
+    monkeypatch.setattr(split, "_SHM_SLACK", -(1 << 40))  # a one-page mapping: the columns cannot fit
     tr = kineto.read(p)
     assert split_on == [True, True]
     assert kinds == [b"M", b"P"]
@@ -286,12 +288,12 @@ def test_part_message_round_trip():
     """The child's message carries every column, the collective args and the metadata exactly."""
     import mmap
 
-    evs = kineto._decode_events(kt.dumps(_events(12, True)).encode())
-    c = kineto._columns(evs)
+    evs = decode._decode_events(kt.dumps(_events(12, True)).encode())
+    c = columns._columns(evs)
     meta = {"distributedInfo": {"rank": 3, "big": 2**62, "f": 0.1}}
     for shm in (mmap.mmap(-1, 1 << 20), mmap.mmap(-1, 4096)):  # in the mapping, then in the message
-        sc = kineto._Scan(meta, [c], 100, 100, False, 42)
-        back = kineto._part_from_message(kineto._part_message(sc, shm), shm)
+        sc = scan._Scan(meta, [c], 100, 100, False, 42)
+        back = split._part_from_message(split._part_message(sc, shm), shm)
         assert back.meta == sc.meta and back.split_at == 42 and back.bytes_total == 100
         b = back.chunks[0]
         assert b.n == c.n == 12 * 4 + 3
@@ -317,19 +319,19 @@ def test_split_blocks_same_bytes_and_limits(tmp_path, monkeypatch):
     def joined(it) -> bytes:
         return b"".join(bytes(b) for b in it)
 
-    assert joined(kineto._reused_blocks(p, 4096)) == joined(kineto._blocks(p, 4096)) == data[0] + data[1]
-    if kineto._GzipReader is None:
+    assert joined(stream._reused_blocks(p, 4096)) == joined(stream._blocks(p, 4096)) == data[0] + data[1]
+    if stream._GzipReader is None:
         pytest.skip("python-isal is not installed: split reads use _blocks itself")
     cut = tmp_path / "cut.json.gz"
     cut.write_bytes(p.read_bytes()[: len(gzip.compress(data[0])) // 2])
-    with pytest.raises(kineto._SplitFailed):
-        joined(kineto._reused_blocks(cut, 4096))
+    with pytest.raises(stream._SplitFailed):
+        joined(stream._reused_blocks(cut, 4096))
     monkeypatch.setenv("TRACELENS_MAX_DECOMPRESSED_BYTES", str(len(data[0])))
-    with pytest.raises(kineto._SplitFailed):
-        joined(kineto._reused_blocks(p, 4096))
+    with pytest.raises(stream._SplitFailed):
+        joined(stream._reused_blocks(p, 4096))
     plain = tmp_path / "t.json"
     plain.write_bytes(data[0])
-    assert joined(kineto._reused_blocks(plain, 4096)) == data[0]
+    assert joined(stream._reused_blocks(plain, 4096)) == data[0]
 
 
 def test_serial_fast_path_gives_up_on_a_cut_file(tmp_path, monkeypatch):
@@ -341,14 +343,14 @@ def test_serial_fast_path_gives_up_on_a_cut_file(tmp_path, monkeypatch):
     p.write_bytes(whole[: int(len(whole) * 0.8)])
     used: list[str] = []
     for name in ("_reused_blocks", "_blocks"):
-        orig = getattr(kineto, name)
+        orig = getattr(reader, name)
 
         def spy(*a, _orig=orig, _name=name, **kw):
             used.append(_name)
             return _orig(*a, **kw)
 
-        monkeypatch.setattr(kineto, name, spy)
-    with pytest.raises(kineto.BadTraceError, match="cut mid-write"):
+        monkeypatch.setattr(reader, name, spy)  # (reader._scan picks the block reader)
+    with pytest.raises(BadTraceError, match="cut mid-write"):
         kineto.read(p, chunk_bytes=4096)
     assert used[:2] == ["_reused_blocks", "_blocks"]
     tr = kineto.read(p, chunk_bytes=4096, salvage=True)

@@ -14,6 +14,7 @@ import pytest
 from tracelens.analyze import regress
 from tracelens.analyze.regress import Rules, check
 from tracelens.errors import BadConfigError, BadInputError
+from tracelens.report.check_renderers import render
 from tracelens.run_analysis import summary_of
 
 REPO = Path(__file__).resolve().parents[2]
@@ -110,7 +111,7 @@ def by_rule(report: regress.CheckReport) -> dict[str, regress.RuleResult]:
 @pytest.mark.parametrize("seed", range(20))
 def test_noise_only_passes(seed):
     report = check(make_summary(1000 + seed), make_summary(2000 + seed))
-    assert not report.regressed, regress.render_text(report)
+    assert not report.regressed, render(report, "text")
     assert report.exit_code == 0
 
 
@@ -132,7 +133,7 @@ def test_one_percent_change_with_noise_does_not_fail():
     base = make_summary(3)
     cur = make_summary(4, compute_ms=80.0 * 1.01, exposed_ms=20.0 * 1.01)
     report = check(base, cur)
-    assert not report.regressed, regress.render_text(report)
+    assert not report.regressed, render(report, "text")
     assert by_rule(report)["step_time"].delta == pytest.approx(1.0, abs=2.0)
 
 
@@ -396,7 +397,7 @@ def _failing_report() -> regress.CheckReport:
 
 def test_junit_structure():
     report = _failing_report()
-    root = ET.fromstring(regress.render_junit(report))
+    root = ET.fromstring(render(report, "junit"))
     assert root.tag == "testsuites"
     suites = root.findall("testsuite")
     assert len(suites) == 1
@@ -430,7 +431,7 @@ def _markdown_table(md: str) -> list[list[str]]:
 
 def test_markdown_is_a_table():
     report = _failing_report()
-    md = regress.render_markdown(report)
+    md = render(report, "markdown")
     rows = _markdown_table(md)
     assert len(rows) == 2 + len(report.results)
     header, sep, body = rows[0], rows[1], rows[2:]
@@ -447,14 +448,14 @@ def test_markdown_is_a_table():
 def test_markdown_escapes_pipes():
     report = _failing_report()
     report.results[0].message = "a | b"
-    rows = _markdown_table(regress.render_markdown(report))
+    rows = _markdown_table(render(report, "markdown"))
     assert {len(r) for r in rows} == {len(rows[0])}
 
 
 def test_github_annotations():
     report = _failing_report()
     report.results[0].message = "50% slower\nsecond line"
-    lines = regress.render_github(report).splitlines()
+    lines = render(report, "github").splitlines()
     assert len(lines) == len(report.results) + 1
     errors = [ln for ln in lines[:-1] if ln.startswith("::error ")]
     assert len(errors) == len(report.failed)
@@ -466,13 +467,13 @@ def test_github_annotations():
 
 def test_text_and_json_outputs():
     report = _failing_report()
-    text = regress.render_text(report)
+    text = render(report, "text")
     assert "step_time" in text and "FAIL" in text and text.rstrip().endswith(report.headline())
-    data = json.loads(regress.render_json(report))
+    data = json.loads(render(report, "json"))
     assert data["regression"] is True and data["exit_code"] == 1
     assert [r["rule"] for r in data["results"]] == [r.rule for r in report.results]
     ok = check(make_summary(28), make_summary(29))
-    assert regress.render_text(ok).rstrip().endswith(ok.headline())
+    assert render(ok, "text").rstrip().endswith(ok.headline())
     assert ok.headline().startswith("OK")
 
 
@@ -508,9 +509,29 @@ def test_different_setups_are_noted_in_every_format():
         "dp differs: baseline 8, current 16; the runs may not be comparable",
         "GPU differs: baseline H100, current H200; the runs may not be comparable",
     ]
-    assert "NOTE world size differs" in regress.render_text(report)
-    assert "> **Note:** GPU differs" in regress.render_markdown(report)
-    assert "::warning title=tracelens check::dp differs" in regress.render_github(report)
-    props = ET.fromstring(regress.render_junit(report)).iter("property")
+    assert "NOTE world size differs" in render(report, "text")
+    assert "> **Note:** GPU differs" in render(report, "markdown")
+    assert "::warning title=tracelens check::dp differs" in render(report, "github")
+    props = ET.fromstring(render(report, "junit")).iter("property")
     assert sum(p.attrib["name"] == "note" for p in props) == 3
     assert check(base, make_summary(34)).notes == []  # GPU unknown in current: nothing to compare
+
+
+def test_renderers_share_one_interface_and_cells():
+    """Every `--format` is a CheckRenderer; the shared display cells format units as documented."""
+    from tracelens.report.check_renderers import RENDERERS, CheckRenderer, cells
+
+    assert list(RENDERERS) == ["text", "markdown", "junit", "github", "json"]
+    assert all(isinstance(r, CheckRenderer) and r.name == name for name, r in RENDERERS.items())
+    r = regress.RuleResult(
+        "step_time", "Step time", "fail", "slower", baseline=99.5, current=123.45, delta=24.07,
+        unit="ms", delta_unit="%", threshold="> +5%", p_value=3.2e-6,
+    )
+    assert cells(r) == {
+        "rule": "step_time", "status": "FAIL", "baseline": "99.500 ms", "current": "123.5 ms",
+        "delta": "+24.1%", "threshold": "> +5%", "p": "3.2e-06",
+    }
+    empty = regress.RuleResult("stragglers", "Stragglers", "pass", "ok", baseline=[], current=[1, 3], delta=[3])
+    assert [cells(empty)[k] for k in ("baseline", "current", "delta", "threshold", "p")] == [
+        "none", "[1, 3]", "3", "-", "-",
+    ]

@@ -6,16 +6,15 @@ exposed-communication share, bubble share) fail only when the change exceeds a t
 one-sided Mann-Whitney U test on the per-step samples says it is significant, so CI stays green on
 noise. See docs/ci.md for the statistics and the rules file.
 
-Pure functions: summaries in, `CheckReport` out; the renderers return strings (only the CLI prints).
+Pure functions: summaries in, `CheckReport` out. The output formats (text, Markdown, JUnit, GitHub, JSON)
+are in `tracelens.report.check_renderers`.
 """
 
 from __future__ import annotations
 
 import itertools
-import json
 import math
 import time
-import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -228,18 +227,6 @@ class RuleResult:
     threshold_only: bool = False
     #: False when the rule cannot apply to these runs (no pipeline): such a skip never fails, even --strict
     applies: bool = True
-
-    def cells(self) -> dict[str, str]:
-        """Display strings for the tables (text, Markdown)."""
-        return {
-            "rule": self.rule,
-            "status": self.status.upper(),
-            "baseline": _fmt_value(self.baseline, self.unit),
-            "current": _fmt_value(self.current, self.unit),
-            "delta": _fmt_delta(self.delta, self.delta_unit),
-            "threshold": self.threshold or "-",
-            "p": _fmt_p(self.p_value),
-        }
 
 
 @dataclass
@@ -851,174 +838,3 @@ def comparability_notes(baseline: dict, current: dict) -> list[str]:
 def _run_label(summary: dict, default: str) -> str:
     run = summary.get("run") or {}
     return str(run.get("name") or run.get("path") or default)
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Rendering (strings only; the CLI prints or writes them)
-
-_COLUMNS = (
-    ("rule", "Rule"),
-    ("status", "Status"),
-    ("baseline", "Baseline"),
-    ("current", "Current"),
-    ("delta", "Delta"),
-    ("threshold", "Fails when"),
-    ("p", "p-value"),
-)
-
-
-def _fmt_value(value: Any, unit: str) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(str(v) for v in value) + "]" if value else "none"
-    if unit == "%":
-        return f"{value:.2f}%"
-    if unit == "ms":
-        return f"{value:.3f} ms" if abs(value) < 100 else f"{value:.1f} ms"
-    return f"{value:g}"
-
-
-def _fmt_delta(delta: Any, unit: str) -> str:
-    if delta is None:
-        return "-"
-    if isinstance(delta, (list, tuple)):
-        return ", ".join(str(v) for v in delta) if delta else "none"
-    if unit == "%":
-        return f"{delta:+.1f}%"
-    if unit == "pts":
-        return f"{delta:+.2f} pts"
-    return f"{delta:+g}"
-
-
-def _fmt_p(p: float | None) -> str:
-    if p is None:
-        return "-"
-    return f"{p:.2g}" if p >= 1e-4 else f"{p:.1e}"
-
-
-def render_text(report: CheckReport) -> str:
-    """Plain aligned table plus one line per failed or skipped rule (for terminals and CI logs)."""
-    header = [title for _, title in _COLUMNS]
-    rows = [[r.cells()[key] for key, _ in _COLUMNS] for r in report.results]
-    widths = [max(len(x) for x in col) for col in zip(header, *rows)]
-    lines = [f"tracelens check: baseline {report.baseline_label} vs current {report.current_label}", ""]
-    for row in [header, ["-" * w for w in widths], *rows]:
-        lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
-    notes = [r for r in report.results if r.status != "pass" or r.threshold_only]
-    if notes:
-        lines.append("")
-        lines.extend(
-            f"{r.status.upper()}{' (threshold only)' if r.threshold_only else ''} {r.rule}: {r.message}"
-            for r in notes
-        )
-    if report.notes:
-        lines.append("")
-        lines.extend(f"NOTE {n}" for n in report.notes)
-    lines += ["", report.headline()]
-    return "\n".join(lines) + "\n"
-
-
-def _md_cell(text: str) -> str:
-    return text.replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
-
-
-_MD_STATUS = {"pass": "✅ pass", "fail": "❌ **FAIL**", "skip": "⚪ skip"}
-
-
-def render_markdown(report: CheckReport) -> str:
-    """GitHub-flavoured Markdown (a PR comment or $GITHUB_STEP_SUMMARY): heading, table, details."""
-    icon = "❌" if report.exit_code else "✅"
-    lines = [
-        f"### {icon} tracelens check: {_md_cell(report.headline())}",
-        "",
-        f"Baseline `{_md_cell(report.baseline_label)}` vs current `{_md_cell(report.current_label)}`.",
-        "",
-        "| " + " | ".join(title for _, title in _COLUMNS) + " | Details |",
-        "|" + "|".join(["---"] * (len(_COLUMNS) + 1)) + "|",
-    ]
-    for r in report.results:
-        cells = r.cells()
-        cells["status"] = _MD_STATUS[r.status]
-        cells["rule"] = f"`{r.rule}`"
-        row = [_md_cell(cells[key]) for key, _ in _COLUMNS] + [_md_cell(r.message)]
-        lines.append("| " + " | ".join(row) + " |")
-    if report.notes:
-        lines.append("")
-        lines.extend(f"> **Note:** {_md_cell(n)}" for n in report.notes)
-    return "\n".join(lines) + "\n"
-
-
-def render_junit(report: CheckReport) -> str:
-    """JUnit XML: one <testsuite> with one <testcase> per rule; failures as <failure>, skips as <skipped>."""
-    total = len(report.results)
-    failures = len(report.failed)
-    skipped = len(report.skipped)
-    seconds = sum(r.seconds for r in report.results)
-    counts = {
-        "tests": str(total),
-        "failures": str(failures),
-        "errors": "0",
-        "skipped": str(skipped),
-        "time": f"{seconds:.6f}",
-    }
-    root = ET.Element("testsuites", {"name": "tracelens check", **counts})
-    suite = ET.SubElement(root, "testsuite", {"name": "tracelens.check", **counts})
-    props = ET.SubElement(suite, "properties")
-    ET.SubElement(props, "property", {"name": "baseline", "value": report.baseline_label})
-    ET.SubElement(props, "property", {"name": "current", "value": report.current_label})
-    for note in report.notes:
-        ET.SubElement(props, "property", {"name": "note", "value": note})
-    for r in report.results:
-        case = ET.SubElement(
-            suite, "testcase", {"name": r.rule, "classname": "tracelens.check", "time": f"{r.seconds:.6f}"}
-        )
-        cells = r.cells()
-        detail = (
-            f"{r.title}\nbaseline: {cells['baseline']}\ncurrent: {cells['current']}\n"
-            f"delta: {cells['delta']}\nfails when: {cells['threshold']}\np-value: {cells['p']}\n{r.message}"
-        )
-        if r.status == "fail":
-            node = ET.SubElement(case, "failure", {"message": r.message, "type": "regression"})
-            node.text = detail
-        elif r.status == "skip":
-            ET.SubElement(case, "skipped", {"message": r.message})
-        else:
-            ET.SubElement(case, "system-out").text = detail
-    ET.indent(root)
-    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
-
-
-def _gh_data(text: str) -> str:
-    return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
-
-
-def _gh_property(text: str) -> str:
-    return _gh_data(text).replace(":", "%3A").replace(",", "%2C")
-
-
-def render_github(report: CheckReport) -> str:
-    """GitHub Actions workflow commands: `::error` per failed rule, `::notice` for passed/skipped ones."""
-    lines = []
-    for r in report.results:
-        level = "error" if r.status == "fail" else "notice"
-        title = _gh_property(f"tracelens check {r.status}: {r.rule}")
-        lines.append(f"::{level} title={title}::{_gh_data(r.message)}")
-    lines.extend(f"::warning title={_gh_property('tracelens check')}::{_gh_data(n)}" for n in report.notes)
-    level = "error" if report.exit_code else "notice"
-    lines.append(f"::{level} title={_gh_property('tracelens check')}::{_gh_data(report.headline())}")
-    return "\n".join(lines) + "\n"
-
-
-def render_json(report: CheckReport) -> str:
-    """The report as JSON (numbers, not display strings)."""
-    return json.dumps(report.to_dict(), indent=2, allow_nan=False, default=float) + "\n"
-
-
-RENDERERS: dict[str, Callable[[CheckReport], str]] = {
-    "text": render_text,
-    "markdown": render_markdown,
-    "junit": render_junit,
-    "github": render_github,
-    "json": render_json,
-}

@@ -9,8 +9,6 @@ import typer
 
 from tracelens._app import app
 
-_FORMATS = ("text", "markdown", "junit", "github", "json")
-
 
 @app.command("check")
 def check(
@@ -60,10 +58,11 @@ def check(
     """
     from tracelens.analyze import regress
     from tracelens.errors import BadInputError
+    from tracelens.report import check_renderers
     from tracelens.run_analysis import summary_of
 
-    if fmt not in _FORMATS:
-        raise BadInputError(f"--format {fmt}: expected one of {', '.join(_FORMATS)}")
+    if fmt not in check_renderers.FORMATS:
+        raise BadInputError(f"--format {fmt}: expected one of {', '.join(check_renderers.FORMATS)}")
     rule_set = regress.load_rules(rules)
     if output is not None:
         from tracelens.outputs import guard_outputs
@@ -95,7 +94,7 @@ def check(
         current_label=_label(current, cur),
         strict=strict,
     )
-    rendered = regress.RENDERERS[fmt](report)
+    rendered = check_renderers.render(report, fmt)
     if output is not None:
         try:
             from tracelens.store.atomic import write_text
@@ -103,7 +102,7 @@ def check(
             write_text(output, rendered)
         except OSError as err:
             raise BadInputError(f"cannot write {output}: {err.strerror or err}") from err
-        typer.echo(regress.render_text(report) if fmt != "text" else report.headline(), nl=fmt == "text")
+        typer.echo(check_renderers.render(report) if fmt != "text" else report.headline(), nl=fmt == "text")
         typer.echo(f"wrote {output}")
     else:
         typer.echo(rendered, nl=False)

@@ -394,7 +394,7 @@ def _gz_lines(path: Path) -> Iterable[str]:
     import gzip
     import zlib
 
-    from tracelens.ingest.kineto import MAX_RATIO, RATIO_MIN_BYTES, max_decompressed_bytes
+    from tracelens.ingest.kineto.stream import MAX_RATIO, RATIO_MIN_BYTES, max_decompressed_bytes
 
     limit = max_decompressed_bytes()
     size = max(1, path.stat().st_size)

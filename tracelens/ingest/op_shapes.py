@@ -50,7 +50,7 @@ _ENC = msgspec.json.Encoder()
 
 
 def _text(path: Path) -> bytes:
-    from tracelens.ingest.kineto import max_decompressed_bytes
+    from tracelens.ingest.kineto.stream import max_decompressed_bytes
 
     limit = max_decompressed_bytes()
     with open(path, "rb") as fh:

@@ -9,7 +9,7 @@ before the error to the one after it and counted. Each byte is decoded a bounded
 failed decode stops at the error, the events before it are decoded once more), so salvage is linear in the
 file size.
 
-The stream reader (kineto._scan_blocks) owns the buffer; these helpers only inspect and edit it.
+The stream reader (kineto.scan._scan_blocks) owns the buffer; these helpers only inspect and edit it.
 """
 
 from __future__ import annotations

@@ -51,7 +51,7 @@ def gunzip_bounded(raw: bytes, name: str | Path, limit: int | None = None) -> by
     mid-write yields what precedes the cut (the readers salvage or reject it); corrupt data is a BadTraceError.
     """
     from tracelens.errors import BadTraceError
-    from tracelens.ingest.kineto import MAX_RATIO, RATIO_MIN_BYTES, max_decompressed_bytes
+    from tracelens.ingest.kineto.stream import MAX_RATIO, RATIO_MIN_BYTES, max_decompressed_bytes
 
     limit = max_decompressed_bytes() if limit is None else min(limit, max_decompressed_bytes())
     out: list[bytes] = []

@@ -1,0 +1,282 @@
+"""`read(path)`: one Kineto trace file -> KinetoTrace (events, memory, metadata row).
+
+Part of tracelens.ingest.kineto (see its docstring).
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from tracelens import schema
+from tracelens.errors import BadTraceError
+from tracelens.ingest import salvage as _salv
+from tracelens.ingest.kineto.columns import (
+    _COLL_FIELDS,
+    _IS_GPU,
+    _KIND_INDEX,
+    _coerce_int,
+    _dict_from_values,
+    _int_array,
+    _merge_chunks,
+    _rank_int,
+    _scatter,
+    parse_pg_ranks,
+)
+from tracelens.ingest.kineto.peek import rank_from_name
+from tracelens.ingest.kineto.scan import _Scan, _scan_blocks
+from tracelens.ingest.kineto.split import _reap, _scan_split
+from tracelens.ingest.kineto.steps import assign_steps, drop_incomplete_steps
+from tracelens.ingest.kineto.stream import (
+    _READ_BYTES,
+    _blocks,
+    _is_gzip,
+    _prefetch,
+    _reused_blocks,
+    _SplitFailed,
+    _utf8_replaced,
+)
+
+#: Target size (bytes of JSON) of one decoded chunk of `traceEvents`.
+CHUNK_BYTES = 1024 * 1024
+
+
+@dataclass
+class KinetoTrace:
+    """One rank's trace: `events` (schema.EVENTS), `memory` (schema.MEMORY), `metadata` (a schema.METADATA
+    row as a dict)."""
+
+    events: pa.Table
+    memory: pa.Table
+    metadata: dict = field(default_factory=dict)
+
+
+def _scan(path: Path, salvage: bool, chunk_bytes: int, utf8_replace: bool = False) -> _Scan:
+    """Stream the file: metadata from the keys around `traceEvents`, events decoded chunk by chunk.
+    `utf8_replace` reads a file with invalid UTF-8 (a corrupt name) with those bytes replaced."""
+    if not salvage and not utf8_replace:
+        sc = _scan_split(path, chunk_bytes)
+        if sc is not None:
+            return sc
+        blocks = _reused_blocks(path, max(16, min(_READ_BYTES, chunk_bytes)))
+        try:
+            return _scan_blocks(path, blocks, salvage, chunk_bytes)
+        except _SplitFailed:  # a cut or corrupt gzip stream: read again below, for the precise error
+            pass
+        finally:
+            blocks.close()
+    blocks = _blocks(path, max(16, min(_READ_BYTES, chunk_bytes)))
+    if _is_gzip(path):
+        blocks = _prefetch(blocks)
+    if utf8_replace:
+        blocks = _utf8_replaced(blocks)
+    try:
+        return _scan_blocks(path, blocks, salvage, chunk_bytes)
+    finally:
+        blocks.close()  # stops the decompression thread at once when decoding failed
+
+
+def _assemble(sc: _Scan, rank: int) -> tuple[pa.Table, pa.Table]:
+    base = _coerce_int(sc.meta.get("baseTimeNanoseconds")) or 0
+    c = _merge_chunks(sc.chunks)
+    sc.chunks = []  # their columns are in `c` now: freed (a split read's child columns unmap with them)
+    ts, ts_valid, dur, dur_valid, kind, names = c.ts, c.ts_valid, c.dur, c.dur_valid, c.kind, c.name
+    n, corr, rows = c.n, c.correlation, c.coll_rows
+    coll = {f: c.coll.get(f, []) for f in _COLL_FIELDS}
+    step = assign_steps(kind, names, ts, dur, corr)
+    is_gpu = _IS_GPU[kind]
+    device, stream, pid, tid = c.device, c.stream, c.pid, c.tid
+    gpu_mask = pa.array(is_gpu)
+    # device events: device/stream from args, else Kineto's convention pid = device, tid = stream
+    device = pc.if_else(
+        gpu_mask, pc.coalesce(device, pc.cast(pid, pa.int32(), safe=False)), pa.scalar(None, pa.int32())
+    )
+    # cpu ops keep an `args.stream` of their own (Triton launches; analyze.hta_compat); other rows: null
+    cpu_op = pa.array(kind == _KIND_INDEX["cpu_op"])
+    stream = pc.if_else(
+        gpu_mask,
+        pc.coalesce(stream, pc.cast(tid, pa.int32(), safe=False)),
+        pc.if_else(cpu_op, stream, pa.scalar(None, pa.int32())),
+    )
+    # an absolute time (base + ts) or an end (+ dur) beyond int64 would wrap around: such an event is
+    # dropped like one without a timestamp (and counted in the metadata)
+    wraps = _wraps(ts, dur, dur_valid, base)
+    if wraps is not None:
+        ts_valid = ts_valid & ~wraps
+        ts = np.where(wraps, 0, ts)
+    sc.dropped = int(n - np.count_nonzero(ts_valid))
+    if ts.flags.writeable:  # (the merged copy: adding the base in place spares a full-length array)
+        ts_ns = ts
+        ts_ns += base
+    else:
+        ts_ns = ts + base
+    kinds = pa.DictionaryArray.from_arrays(
+        pa.array(kind.astype(np.int32)), pa.array(list(schema.KINDS), type=pa.string())
+    )
+    cols = {
+        "rank": pa.array(np.full(n, rank, dtype=np.int32)),
+        "kind": kinds,
+        "name": names,
+        "pid": pid,
+        "tid": tid,
+        "device": device,
+        "stream": stream,
+        "ts_ns": pa.array(ts_ns, mask=None if ts_valid.all() else ~ts_valid),
+        # a missing or non-numeric dur: 0 (an instant)
+        "dur_ns": pa.array(dur if dur_valid.all() else np.where(dur_valid, dur, 0)),
+        "correlation": corr,
+        "external_id": c.external_id,
+        "sequence_nr": c.sequence_nr,
+        "step": pa.array(step.astype(np.int32), mask=step < 0),
+        "collective": _dict_from_values(coll["collective"], n, rows),
+        "pg_name": _dict_from_values(coll["pg_name"], n, rows),
+        "pg_desc": _dict_from_values(coll["pg_desc"], n, rows),
+        "pg_ranks": _scatter(
+            pa.array([parse_pg_ranks(v) for v in coll["pg_ranks"]], type=pa.list_(pa.int32())), n, rows
+        ),
+        "group_size": _scatter(_int_array(coll["group_size"], pa.int32()), n, rows),
+        "seq": _scatter(_int_array(coll["seq"], pa.int64()), n, rows),
+        "in_nelems": _scatter(_int_array(coll["in_nelems"], pa.int64()), n, rows),
+        "out_nelems": _scatter(_int_array(coll["out_nelems"], pa.int64()), n, rows),
+        "dtype": _dict_from_values(coll["dtype"], n, rows),
+        "src_rank": _scatter(_int_array(coll["src_rank"], pa.int32()), n, rows),
+        "dst_rank": _scatter(_int_array(coll["dst_rank"], pa.int32()), n, rows),
+    }
+    events = pa.Table.from_arrays([cols[f.name] for f in schema.EVENTS], schema=schema.EVENTS)
+    if not ts_valid.all():
+        events = events.filter(pa.array(ts_valid))
+    m = c.mem
+    if m is not None:
+        mts, mvalid = m["ts"], m["valid"]
+        memory = pa.Table.from_arrays(
+            [
+                pa.array(np.full(len(mts), rank, dtype=np.int32)),
+                pa.array(mts + base, mask=~mvalid),
+                m["device"],
+                m["bytes"],
+                m["total_allocated"],
+                m["total_reserved"],
+            ],
+            schema=schema.MEMORY,
+        )
+        if not mvalid.all():
+            memory = memory.filter(pa.array(mvalid))
+    else:
+        memory = schema.MEMORY.empty_table()
+    pa.default_memory_pool().release_unused()
+    return events, memory
+
+
+_I64 = np.iinfo(np.int64)
+
+
+def _wraps(ts: np.ndarray, dur: np.ndarray, dur_valid: np.ndarray, base: int) -> np.ndarray | None:
+    """Events whose absolute start (base + ts) or end (+ dur) does not fit in int64 ns, or None."""
+    if not len(ts):
+        return None
+    hi = _I64.max - max(base, 0)
+    lo = _I64.min - min(base, 0)
+    d = np.where(dur_valid, np.maximum(dur, 0), 0)
+    # ts + d overflows only when ts > hi - d (both sides computed without overflow: 0 <= d, hi >= 0)
+    bad = (ts > hi - d) | (ts < lo)
+    return bad if bad.any() else None
+
+
+def _json_text(v: Any) -> str | None:
+    return None if v is None else json.dumps(v, separators=(",", ":"), default=str)
+
+
+def _metadata(path: Path, rank: int, meta: dict, n_events: int, sc: _Scan) -> dict:
+    di = meta.get("distributedInfo") if isinstance(meta.get("distributedInfo"), dict) else None
+    dp = meta.get("deviceProperties") if isinstance(meta.get("deviceProperties"), list) else None
+    gpu_name = None
+    if dp and isinstance(dp[0], dict) and dp[0].get("name") is not None:
+        gpu_name = str(dp[0]["name"])
+    ws = _rank_int(di.get("world_size"), 1) if di else None
+    return {
+        "rank": rank,
+        "path": str(path),
+        "world_size": ws,
+        "backend": None if not di or di.get("backend") is None else str(di.get("backend")),
+        "host_name": None if meta.get("host_name") is None else str(meta["host_name"]),
+        "trace_id": None if meta.get("trace_id") is None else str(meta["trace_id"]),
+        "base_time_ns": _coerce_int(meta.get("baseTimeNanoseconds")),
+        "gpu_name": gpu_name,
+        "num_devices": len(dp) if dp is not None else None,
+        "pg_config_json": _json_text(di.get("pg_config")) if di else None,
+        "distributed_info_json": _json_text(di),
+        "device_properties_json": _json_text(dp),
+        "events": n_events,
+        "salvaged": sc.salvaged,
+        "salvaged_fraction": min(1.0, sc.bytes_parsed / sc.bytes_total if sc.bytes_total else 0.0)
+        if sc.salvaged
+        else None,
+        "damaged_events": sc.damage.skipped,
+        "dropped_events": sc.dropped,
+        "mended_strings": sc.damage.mended,
+    }
+
+
+def metadata_table(rows: list[dict]) -> pa.Table:
+    """Metadata row dicts -> a schema.METADATA table."""
+    return pa.Table.from_pylist(rows, schema=schema.METADATA)
+
+
+def read(
+    path: str | Path, rank: int | None = None, *, salvage: bool = False, chunk_bytes: int = CHUNK_BYTES
+) -> KinetoTrace:
+    """Read one Kineto trace (`.json` or gzip) into events, memory and a metadata row.
+
+    `rank` overrides the trace's own (`distributedInfo.rank`, else a `rank<N>` file name, else 0).
+    `salvage=True` keeps the complete events of a file cut mid-write instead of raising BadTraceError.
+
+    Python's cyclic garbage collector is paused while reading (and re-enabled after, when it was on): the
+    decode allocates and frees millions of objects without cycles, and a full collection triggered by them
+    would scan every object of the process (~25 ms with pyarrow and pandas loaded) for nothing.
+    """
+    paused = gc.isenabled()
+    gc.disable()
+    try:
+        return _read(Path(path), rank, salvage, chunk_bytes)
+    finally:
+        if paused:
+            gc.enable()
+
+
+def _read(path: Path, rank: int | None, salvage: bool, chunk_bytes: int) -> KinetoTrace:
+    try:
+        try:
+            sc = _scan(path, salvage, chunk_bytes)
+        except BadTraceError as err:
+            if "UTF-8" not in str(err):
+                raise
+            sc = _scan(path, salvage, chunk_bytes, utf8_replace=True)  # invalid bytes in a name: replace
+    except OSError as err:
+        raise BadTraceError(f"{path}: cannot read ({err.strerror or err})") from None
+    except RecursionError:
+        raise BadTraceError(f"{path}: not a valid Kineto JSON trace (nested too deeply)") from None
+    if rank is None:
+        di = sc.meta.get("distributedInfo")
+        rank = _rank_int(di.get("rank")) if isinstance(di, dict) else None
+        if rank is None:
+            rank = rank_from_name(path)
+        if rank is None:
+            rank = 0
+    try:
+        events, memory = _assemble(sc, int(rank))
+    finally:
+        _reap(sc.helper)
+    device_lost = False
+    if sc.salvaged:
+        device_lost = _salv.uncovered_steps(events)[1]
+        events = drop_incomplete_steps(events)
+    meta = _metadata(path, int(rank), sc.meta, events.num_rows, sc)
+    meta["device_events_lost"] = device_lost
+    return KinetoTrace(events=events, memory=memory, metadata=meta)
