@@ -304,3 +304,37 @@ def _launch_shortfall(events: pa.Table, kinds: pa.Array, step: pa.ChunkedArray) 
         return set()
     best = max(share.values())
     return {s for s, v in share.items() if v < LAUNCH_SHARE * best or v < LAUNCH_FLOOR}
+
+
+# ------------------------------------------------------------------------- leaving incomplete steps out
+_MARKER_KINDS = ("cpu_op", "user_annotation")
+
+
+def leave_out_steps(events: pa.Table, bad: list[int]) -> pa.Table:
+    """Leave steps `bad` out of the step analysis: their events get `step = null` (they stay in `events`),
+    their CPU-side `ProfilerStep#N` markers stay as kind `other` (the marker of a left-out step, which
+    analyze.steps uses only to bound the neighbouring steps' windows as they were with it present) and their
+    GPU-side `ProfilerStep#N` annotations are removed."""
+    import pyarrow.compute as pc
+
+    if not bad or events.num_rows == 0:
+        return events
+    is_bad = pc.fill_null(pc.is_in(events.column("step"), pa.array(bad, pa.int32())), False)
+    names = events.column("name").cast(pa.string())
+    marker = pc.and_(is_bad, pc.match_substring_regex(names, r"^ProfilerStep#[0-9]{1,9}$"))
+    kinds = events.column("kind").cast(pa.string())
+    cpu_marker = pc.and_(marker, pc.is_in(kinds, pa.array(_MARKER_KINDS)))
+    kept = events.filter(pc.or_(pc.invert(marker), cpu_marker))
+    k_bad = pc.fill_null(pc.is_in(kept.column("step"), pa.array(bad, pa.int32())), False)
+    demote = pc.and_(
+        k_bad,
+        pc.and_(
+            pc.match_substring_regex(kept.column("name").cast(pa.string()), r"^ProfilerStep#[0-9]{1,9}$"),
+            pc.is_in(kept.column("kind").cast(pa.string()), pa.array(_MARKER_KINDS)),
+        ),
+    )
+    i = kept.schema.get_field_index("step")
+    kept = kept.set_column(i, kept.schema.field(i), pc.if_else(k_bad, pa.scalar(None, pa.int32()), kept.column("step")))
+    i = kept.schema.get_field_index("kind")
+    kind = pc.if_else(demote, "other", kept.column("kind").cast(pa.string()))
+    return kept.set_column(i, kept.schema.field(i), pc.dictionary_encode(kind).cast(kept.schema.field(i).type))
