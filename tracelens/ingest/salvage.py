@@ -308,6 +308,7 @@ def _launch_shortfall(events: pa.Table, kinds: pa.Array, step: pa.ChunkedArray) 
 
 # ------------------------------------------------------------------------- leaving incomplete steps out
 _MARKER_KINDS = ("cpu_op", "user_annotation")
+_STEP_NAME = r"^ProfilerStep#[0-9]{1,9}$"  # as classify.STEP
 
 
 def leave_out_steps(events: pa.Table, bad: list[int]) -> pa.Table:
@@ -319,22 +320,20 @@ def leave_out_steps(events: pa.Table, bad: list[int]) -> pa.Table:
 
     if not bad or events.num_rows == 0:
         return events
-    is_bad = pc.fill_null(pc.is_in(events.column("step"), pa.array(bad, pa.int32())), False)
-    names = events.column("name").cast(pa.string())
-    marker = pc.and_(is_bad, pc.match_substring_regex(names, r"^ProfilerStep#[0-9]{1,9}$"))
-    kinds = events.column("kind").cast(pa.string())
-    cpu_marker = pc.and_(marker, pc.is_in(kinds, pa.array(_MARKER_KINDS)))
+
+    def markers(t: pa.Table) -> tuple[pa.ChunkedArray, pa.ChunkedArray]:
+        """(is a ProfilerStep#N of a bad step, ... and a CPU-side one) per row of t."""
+        is_bad = pc.fill_null(pc.is_in(t.column("step"), pa.array(bad, pa.int32())), False)
+        m = pc.and_(is_bad, pc.match_substring_regex(t.column("name").cast(pa.string()), _STEP_NAME))
+        return m, pc.and_(m, pc.is_in(t.column("kind").cast(pa.string()), pa.array(_MARKER_KINDS)))
+
+    marker, cpu_marker = markers(events)
     kept = events.filter(pc.or_(pc.invert(marker), cpu_marker))
-    k_bad = pc.fill_null(pc.is_in(kept.column("step"), pa.array(bad, pa.int32())), False)
-    demote = pc.and_(
-        k_bad,
-        pc.and_(
-            pc.match_substring_regex(kept.column("name").cast(pa.string()), r"^ProfilerStep#[0-9]{1,9}$"),
-            pc.is_in(kept.column("kind").cast(pa.string()), pa.array(_MARKER_KINDS)),
-        ),
-    )
-    i = kept.schema.get_field_index("step")
-    kept = kept.set_column(i, kept.schema.field(i), pc.if_else(k_bad, pa.scalar(None, pa.int32()), kept.column("step")))
-    i = kept.schema.get_field_index("kind")
-    kind = pc.if_else(demote, "other", kept.column("kind").cast(pa.string()))
-    return kept.set_column(i, kept.schema.field(i), pc.dictionary_encode(kind).cast(kept.schema.field(i).type))
+    _, demote = markers(kept)
+    is_bad = pc.fill_null(pc.is_in(kept.column("step"), pa.array(bad, pa.int32())), False)
+    step = pc.if_else(is_bad, pa.scalar(None, pa.int32()), kept.column("step"))
+    kind = pc.dictionary_encode(pc.if_else(demote, "other", kept.column("kind").cast(pa.string())))
+    for name, col in (("step", step), ("kind", kind)):
+        i = kept.schema.get_field_index(name)
+        kept = kept.set_column(i, kept.schema.field(i), col.cast(kept.schema.field(i).type))
+    return kept
