@@ -15,7 +15,8 @@ Rows:
 - bombs (peak RSS): a gzip of spaces between two events (default 960 MiB of padding in ~1000:1 members: under
   the ratio guard's 1 GiB floor, so it is read through), the same padding before `traceEvents`, a sparse file
   of zeros (default 4 GiB), a Flight Recorder JSON gzip bomb (inflates past its 256 MiB cap), a pickle memo
-  bomb (one record referenced 900,000 times), an NCCL log gzip with one 960 MiB line.
+  bomb (one record referenced 900,000 times), a pickle of 12M empty records (24 MB), the sparse zero file
+  read as a Flight Recorder dump and as a plugin file, an NCCL log gzip with one 960 MiB line.
 """
 
 from __future__ import annotations
@@ -135,6 +136,17 @@ def build(tmp: Path, trace: Path, pad: int, zeros: int) -> dict[str, tuple[Path,
     p = tmp / "fr_trace_rank_1"
     p.write_bytes(pickle.dumps({"version": "2.4", "pg_config": {}, "entries": [entry] * 900_000}, protocol=4))
     cases["bomb_pickle_memo"] = (p, f"flight_recorder.read({str(p)!r})")
+    p = tmp / "fr_trace_rank_2"
+    p.write_bytes(pickle.dumps({"version": "2.4", "entries": [{} for _ in range(12_000_000)]}, protocol=4))
+    cases["bomb_pickle_empty_records"] = (p, f"flight_recorder.read({str(p)!r})")
+    p = tmp / "fr_trace_rank_3.json"
+    with open(p, "wb") as fh:
+        fh.truncate(zeros)
+    cases["bomb_sparse_zero_flight_recorder"] = (p, f"flight_recorder.read({str(p)!r})")
+    cases["bomb_sparse_zero_plugin_file"] = (
+        p,
+        f"from tracelens.ingest import nccl_plugin; nccl_plugin.load_events({str(p)!r})",
+    )
     line = b"h:1:2 [0] NCCL INFO AllReduce: opCount 1 sendbuff 0x1 recvbuff 0x2 count 4 datatype 7 op 0 root 0 comm 0xa [nranks=2] stream 0x5\n"
     d = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
     p = tmp / "nccl.log.gz"

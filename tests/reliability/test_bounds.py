@@ -159,3 +159,42 @@ def test_rank_that_lost_every_device_event_says_so(tmp_path):
         if f["code"] == "PARTIAL_TRACE"
     ]
     assert "every device event was lost" in f[0]["message"] and f[0]["steps_analyzed"] == []
+
+
+def test_pickle_of_empty_records_is_refused_before_unpickling(tmp_path):
+    """1 byte of pickle makes a 64-byte empty dict: 24 MB of them would take ~1 GB before the entries were
+    counted. The container opcodes are counted in the bytes first."""
+    p = tmp_path / "fr_trace_rank_0"
+    p.write_bytes(pickle.dumps({"version": "2.4", "entries": [{} for _ in range(12_000_000)]}, protocol=4))
+    out, peak = _peak_mb(f"flight_recorder.read({str(p)!r})")
+    assert "more than 10,000,000 (not a Flight Recorder dump" in out, out
+    assert peak < 96, peak  # the file's bytes (24 MB), not its objects
+    real = REPO / "sample_traces" / "cpu-gloo-4rank" / "flight_recorder" / "pickle" / "fr_trace_rank_0"
+    if real.exists():
+        assert flight_recorder.read(real).num_rows > 0
+
+
+@pytest.mark.parametrize("reader", ["flight_recorder", "nccl_plugin"])
+def test_small_format_readers_fail_fast_on_non_trace_bytes(tmp_path, reader):
+    p = tmp_path / "fr_trace_rank_0.json"
+    with open(p, "wb") as fh:
+        fh.truncate(2 << 30)  # 2 GiB of zeros, sparse
+    mod = "from tracelens.ingest import nccl_plugin\n" if reader == "nccl_plugin" else ""
+    call = "nccl_plugin.load_events" if reader == "nccl_plugin" else "flight_recorder.read"
+    out, peak = _peak_mb(f"{mod}{call}({str(p)!r})")
+    assert "BadTraceError" in out and "starts with b'\\x00'" in out, out
+    assert peak < 32, peak  # was: the whole file (plugin) or its first 256 MiB (Flight Recorder)
+
+
+def test_plugin_file_is_capped(tmp_path, monkeypatch):
+    from tracelens.ingest import nccl_plugin
+
+    monkeypatch.setattr(nccl_plugin, "MAX_BYTES", 1 << 20)
+    p = tmp_path / "prof_1_0.json"
+    p.write_text("[" + ", ".join(['{"name": "x", "ts": 1}'] * 100_000) + "]")
+    with pytest.raises(BadTraceError, match="larger than 1 MiB"):
+        nccl_plugin.load_events(p)
+    g = tmp_path / "prof_1_1.json.gz"
+    g.write_bytes(gzip.compress(p.read_bytes()))
+    with pytest.raises(BadTraceError, match="decompresses to more than"):
+        nccl_plugin.load_events(g)

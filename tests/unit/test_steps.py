@@ -111,3 +111,52 @@ def test_normal_last_step_outlasting_its_events_is_kept():
     (w,) = step_windows_noted(ev).windows.to_pylist()
     assert (w["start_ns"], w["end_ns"]) == (0, _ms(10))
     assert window_findings(ev, breakdown(ev)) == []
+
+
+# Left-out steps (salvage.leave_out_steps: a salvaged trace's incomplete steps) still bound their neighbours.
+# Four CPU steps of 16 ms; the GPU lags. Hand-computed windows by the rule of analyze.steps, all present:
+#   step 1 [0, 32.3]: CPU start; ends at its last kernel (32.3), before step 2 starts
+#   step 2 [32.3, 51.3]: starts when step 1's work ends (32.3 < its first kernel 32.5)
+#   step 3 [51.3, 66]: starts when step 2's work ends (51.3); ends where step 4 starts: step 4's first kernel
+#       (66, on another stream) starts before step 3's work ends (70.3)
+#   step 4 [66, 85]
+def _launched(step, corr, t_launch, t0, t1, stream=7):
+    launch = {"rank": 0, "kind": "cuda_runtime", "name": "cudaLaunchKernel", "ts_ns": _ms(t_launch),
+              "dur_ns": _ms(0.1), "pid": 1, "tid": 1, "correlation": corr, "step": step}  # fmt: skip
+    k = kern(step, t0, t1) | {"correlation": corr, "stream": stream}
+    return [launch, k]
+
+
+FOUR = [
+    cpu_step(1, 0, 16) | {"step": 1}, cpu_step(2, 16.8, 32.8) | {"step": 2},
+    cpu_step(3, 32.8, 48.8) | {"step": 3}, cpu_step(4, 48.8, 64.8) | {"step": 4},
+    *_launched(1, 10, 1, 2, 10), *_launched(1, 11, 3, 24, 32.3),
+    *_launched(2, 20, 17.5, 32.5, 40), *_launched(2, 21, 18, 45, 51.3),  # 45: inside step 3's CPU window
+    *_launched(3, 30, 33.5, 51.5, 60), *_launched(3, 31, 34, 64, 70.3),
+    *_launched(4, 40, 49.5, 66, 78, stream=8), *_launched(4, 41, 50, 80, 85),
+]  # fmt: skip
+
+
+def _wins(ev):
+    return [(r["step"], r["start_ns"] / MS, r["end_ns"] / MS) for r in step_windows(ev).to_pylist()]
+
+
+def test_left_out_steps_still_bound_their_neighbours():
+    from tracelens.ingest.salvage import leave_out_steps
+
+    full = events_table(FOUR)
+    assert _wins(full) == [(1, 0.0, 32.3), (2, 32.3, 51.3), (3, 51.3, 66.0), (4, 66.0, 85.0)]
+    out = leave_out_steps(full, [2, 4])
+    assert out.num_rows == full.num_rows  # the CPU markers stay (as left-out markers), nothing else goes
+    assert set(out.column("step").drop_null().to_pylist()) == {1, 3}
+    # the kept steps keep the windows they had with steps 2 and 4 present (before: step 3 started at its CPU
+    # start, 32.8, and ran to its last kernel, 70.3, over step 4's work)
+    assert _wins(out) == [(1, 0.0, 32.3), (3, 51.3, 66.0)]
+    b_full = {r["step"]: r for r in breakdown(full).to_pylist()}
+    for r in breakdown(out).to_pylist():
+        assert r["step_time_ns"] == b_full[r["step"]]["step_time_ns"]
+        assert r["compute_ns"] == b_full[r["step"]]["compute_ns"]
+    # every step left out: no window at all (not a whole-trace window from the kept markers' absence)
+    assert step_windows(leave_out_steps(full, [1, 2, 3, 4])).num_rows == 0
+    # a left-out first step: step 2 starts where the GPU finished step 1's work, as with step 1 present
+    assert _wins(leave_out_steps(full, [1]))[0] == (2, 32.3, 51.3)

@@ -17,6 +17,13 @@ Rule (docs/breakdown.md, "Step windows"), per rank:
 
 So windows never overlap and every instant (and so every device interval, clipped) belongs to at most one
 step. When the GPU does not lag the CPU the windows are the CPU windows.
+
+Left-out steps (a salvaged trace's incomplete steps, `salvage.leave_out_steps`): their `ProfilerStep#N`
+markers stay as kind `other` with `step` null, and their other events have `step` null. They get no window,
+but they still bound their neighbours: their events are given back to them the way the reader assigned
+steps (CPU events by the enclosing window, device events by the window of their launch, else by their own
+start), the windows are computed with them present, and only theirs are left out of the result. So a kept
+step's window is the one it had with its neighbours present.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ import pyarrow as pa
 from tracelens.analyze.classify import STEP, _dict_lookup
 
 DEVICE = ("kernel", "gpu_memcpy", "gpu_memset")
+LAUNCH_KINDS = ("cuda_runtime", "cuda_driver")
 #: A window clipped at the trace's end is reported when the cut is longer than this and than this share of
 #: the window (a ProfilerStep normally ends a few µs after its last event: clipped silently).
 CLIP_REPORT_NS = 1_000_000
@@ -62,13 +70,20 @@ def step_windows_noted(events: pa.Table) -> StepWindows:
         return StepWindows(_empty())
     kcol = events.column("kind")
     kinds = {k: _dict_lookup(kcol, lambda v, k=k: int(v == k)).astype(bool)
-             for k in ("cpu_op", "user_annotation", "gpu_user_annotation", *DEVICE)}  # fmt: skip
+             for k in ("cpu_op", "user_annotation", "gpu_user_annotation", "other", *DEVICE)}  # fmt: skip
     cpu_kind = kinds["cpu_op"] | kinds["user_annotation"]
     device = kinds["kernel"] | kinds["gpu_memcpy"] | kinds["gpu_memset"]
     rank = events.column("rank").to_numpy(zero_copy_only=False).astype(np.int64)
     ts = events.column("ts_ns").to_numpy(zero_copy_only=False).astype(np.int64)
     end = ts + np.maximum(events.column("dur_ns").fill_null(0).to_numpy(zero_copy_only=False), 0)
     ev_step = events.column("step").fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+    # markers of left-out steps (module docstring): kind other, step null
+    left_out = is_step & kinds["other"] & (ev_step < 0)
+    launch = np.zeros(events.num_rows, dtype=bool)
+    corr = np.full(events.num_rows, -1, dtype=np.int64)
+    if left_out.any():
+        launch = _dict_lookup(kcol, lambda v: int(v in LAUNCH_KINDS)).astype(bool)
+        corr = events.column("correlation").fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
     step_rows = np.flatnonzero(is_step)
     names = name.take(pa.array(step_rows)).cast(pa.string()).to_pylist()
     nums = np.full(events.num_rows, -1, dtype=np.int64)
@@ -81,7 +96,7 @@ def step_windows_noted(events: pa.Table) -> StepWindows:
         sl = order[np.searchsorted(rs, r, side="left") : np.searchsorted(rs, r, side="right")]
         got = _rank_windows(
             int(r), ts[sl], end[sl], is_step[sl], cpu_kind[sl], kinds["gpu_user_annotation"][sl], device[sl],
-            ev_step[sl], nums[sl], notes,
+            ev_step[sl], nums[sl], notes, left_out[sl], launch[sl], corr[sl],
         )  # fmt: skip
         if got is None:
             continue
@@ -104,10 +119,10 @@ def step_windows_noted(events: pa.Table) -> StepWindows:
 
 
 def _rank_windows(
-    r: int, ts, end, is_step, cpu_kind, gpu_ann, device, ev_step, nums, notes: list
+    r: int, ts, end, is_step, cpu_kind, gpu_ann, device, ev_step, nums, notes: list, left_out, launch, corr
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """One rank's windows (its rows only): step numbers, starts, ends; None when it has none."""
-    src = is_step & cpu_kind
+    src = is_step & (cpu_kind | left_out)
     gpu_source = not src.any()
     if gpu_source:
         src = is_step & gpu_ann
@@ -125,6 +140,7 @@ def _rank_windows(
     np.maximum.at(c_end, inv, end[src])
     order = np.argsort(c_start, kind="stable")
     uniq, c_start, c_end = uniq[order], c_start[order], c_end[order]
+    gone = np.isin(uniq, np.unique(nums[left_out]))  # left-out steps: neighbours only
     # the step of each event: the step column (CPU events by their enclosing window, device events by
     # their launch), else (tables built without it) the CPU window holding the event's start
     o_rows = np.flatnonzero(others)
@@ -132,6 +148,8 @@ def _rank_windows(
     j = np.clip(np.searchsorted(c_start, ts[o_rows], side="right") - 1, 0, None)
     by_time = np.where((ts[o_rows] >= c_start[j]) & (ts[o_rows] < c_end[j]), uniq[j], -1)
     o_step = np.where(o_step >= 0, o_step, by_time)
+    if gone.any():
+        _give_back_device_work(o_rows, o_step, ev_step, device | gpu_ann, launch, corr, uniq[gone])
     ev_step = ev_step.copy()
     ev_step[o_rows] = o_step
     members = np.isin(uniq, np.unique(o_step[o_step >= 0]))
@@ -141,12 +159,14 @@ def _rank_windows(
         empty = not gpu_source and not members[i] and c_end[i] > c_start[i]  # (zero-length: kept, 0 ms)
         if outside or empty:
             keep[i] = False
+            if gone[i]:
+                continue
             notes.append(
                 {"rank": int(r), "step": int(n), "raw_start_ns": int(c_start[i]), "raw_end_ns": int(c_end[i]),
                  "action": "dropped", "reason": "outside the trace" if outside else "encloses no event"}
             )  # fmt: skip
-    uniq, c_start, c_end = uniq[keep], c_start[keep], c_end[keep]
-    if not uniq.size:
+    uniq, c_start, c_end, gone = uniq[keep], c_start[keep], c_end[keep], gone[keep]
+    if not uniq.size or gone.all():
         return None
     # device work of each step
     d_first = np.full(uniq.size, np.iinfo(np.int64).max)
@@ -179,7 +199,7 @@ def _rank_windows(
     # ProfilerStep normally outlasts its last event are kept
     over = stop - hi_ext
     absurd = (over > CLIP_REPORT_NS) & (over > CLIP_REPORT_SHARE * (stop - start))
-    for j in np.flatnonzero(absurd):
+    for j in np.flatnonzero(absurd & ~gone):
         i = int(j)
         notes.append(
             {"rank": int(r), "step": int(uniq[i]), "raw_start_ns": int(c_start[i]),
@@ -188,7 +208,27 @@ def _rank_windows(
         )  # fmt: skip
     c_lo, c_hi = start, np.where(absurd, hi_ext, stop)
     c_hi = np.maximum(c_hi, c_lo)
-    return uniq, c_lo, c_hi
+    return uniq[~gone], c_lo[~gone], c_hi[~gone]
+
+
+def _give_back_device_work(o_rows, o_step, ev_step, gpu, launch, corr, gone) -> None:
+    """Device events (step null) launched inside a left-out step's window get that step in `o_step` (in
+    place), as the reader assigned them before the step was left out: by the first runtime/driver call with
+    their correlation id. The others keep the step of their own start already in `o_step`."""
+    pos = np.full(ev_step.size, -1, dtype=np.int64)
+    pos[o_rows] = np.arange(o_rows.size)
+    lr = np.flatnonzero(launch & (corr >= 0))
+    lr = lr[pos[lr] >= 0]
+    if not lr.size:
+        return
+    o = np.argsort(corr[lr], kind="stable")
+    l_corr, l_step = corr[lr][o], o_step[pos[lr][o]]
+    g = np.flatnonzero(gpu & (ev_step < 0) & (corr >= 0) & (pos >= 0))
+    if not g.size:
+        return
+    j = np.minimum(np.searchsorted(l_corr, corr[g]), l_corr.size - 1)
+    hit = (l_corr[j] == corr[g]) & np.isin(l_step[j], gone)
+    o_step[pos[g[hit]]] = l_step[j[hit]]
 
 
 def step_windows(events: pa.Table) -> pa.Table:

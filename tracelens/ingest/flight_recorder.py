@@ -120,6 +120,9 @@ class _PlainUnpickler(pickle.Unpickler):
 
 
 def _raw_bytes(path: Path) -> bytes:
+    from tracelens.ingest.sniff import check_first_byte
+
+    check_first_byte(path, b"{\x80", "neither a JSON nor a pickle Flight Recorder dump")  # before reading it
     try:
         with open(path, "rb") as fh:
             raw = fh.read(MAX_BYTES + 1)
@@ -137,8 +140,23 @@ def _raw_bytes(path: Path) -> bytes:
     return raw
 
 
+#: Bytes with which a pickle opcode creates a container (EMPTY_DICT/LIST/TUPLE, MARK for DICT/LIST/TUPLE/
+#: FROZENSET, TUPLE1-3, EMPTY_SET): their count bounds the containers an unpickling creates, at most one each.
+_CONTAINER_OPS = (b"}", b"]", b")", b"(", b"\x85", b"\x86", b"\x87", b"\x8f")
+#: A pickle that could create more containers than this is refused before unpickling: 1 byte creates an
+#: empty record of 64 bytes (an 8 MB pickle of 4M empty records took 316 MB before its entries were counted).
+#: A dump of 40,000 entries with 50-frame stacks makes ~2M; 10M empty records take ~0.8 GB.
+MAX_PICKLE_CONTAINERS = 10_000_000
+
+
 def loads_pickle(data: bytes, name: str = "<bytes>") -> Any:
     """Decode pickle bytes with the restricted unpickler; anything that needs a global is a BadTraceError."""
+    n = sum(data.count(op) for op in _CONTAINER_OPS)
+    if n > MAX_PICKLE_CONTAINERS:
+        raise BadTraceError(
+            f"{name}: pickle could create up to {n:,} containers, more than {MAX_PICKLE_CONTAINERS:,} (not a "
+            "Flight Recorder dump; a pickle bomb?)"
+        )
     try:
         return _PlainUnpickler(io.BytesIO(data)).load()
     except pickle.UnpicklingError as err:

@@ -61,6 +61,10 @@ def name_info(path: str | Path) -> tuple[str, int] | None:
 _BARE_VALUE = re.compile(r"(:[ \t]*)(0x[0-9a-fA-F]+|\(nil\)|-?(?:nan|inf)\b|[A-Za-z_]\w*)(?=[ \t]*[,}\]])")
 
 
+#: A plugin file (one process's JSON array) bigger than this, raw or gunzipped, is refused.
+MAX_BYTES = 1 << 30
+
+
 def quote_bare_values(text: str) -> str:
     """Quote the bare values (hex pointers, `(nil)`, enum names, nan/inf) of a plugin dump so it parses;
     `true`, `false` and `null` stay as they are."""
@@ -75,15 +79,19 @@ def quote_bare_values(text: str) -> str:
 def load_events(path: str | Path) -> list[dict]:
     """The JSON array of one plugin file; a file cut off before its closing `]` is salvaged, and the bare
     values of NCCL 2.28.x's example plugin (`"Stream": 0x..`, `"datatype": ncclFloat32`) are accepted."""
+    from tracelens.ingest.sniff import check_first_byte, gunzip_bounded
+
     path = Path(path)
+    check_first_byte(path, b"[", "not an NCCL profiler-plugin trace (expected a JSON array)")  # fail fast
     try:
-        raw = path.read_bytes()
+        with open(path, "rb") as fh:
+            raw = fh.read(MAX_BYTES + 1)
     except OSError as err:
         raise BadTraceError(f"{path}: cannot read ({err.strerror or err})") from err
+    if len(raw) > MAX_BYTES:
+        raise BadTraceError(f"{path}: larger than {MAX_BYTES >> 20} MiB, not an NCCL profiler-plugin trace")
     if raw[:2] == b"\x1f\x8b":
-        from tracelens.ingest.sniff import gunzip_bounded
-
-        raw = gunzip_bounded(raw, path)  # bounded: a decompression bomb is a BadTraceError
+        raw = gunzip_bounded(raw, path, MAX_BYTES)  # bounded: stops as soon as the output passes MAX_BYTES
     text = raw.decode("utf-8", errors="replace").strip()
     if not text.startswith("["):
         raise BadTraceError(f"{path}: not an NCCL profiler-plugin trace (expected a JSON array)")

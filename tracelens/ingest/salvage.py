@@ -269,6 +269,7 @@ def uncovered_steps(events: pa.Table) -> tuple[set[int], bool]:
     steps = step.filter(missing).drop_null()
     bad = set(np.unique(steps.to_numpy()).tolist()) if len(steps) else set()
     bad |= _launch_shortfall(events, kinds, step)
+    bad |= _end_not_shown(events, kinds, step, bad)
     return bad, False
 
 
@@ -304,3 +305,83 @@ def _launch_shortfall(events: pa.Table, kinds: pa.Array, step: pa.ChunkedArray) 
         return set()
     best = max(share.values())
     return {s for s, v in share.items() if v < LAUNCH_SHARE * best or v < LAUNCH_FLOOR}
+
+
+#: Families of events whose coverage of a step's end is checked (_end_not_shown).
+_END_FAMILIES = (("cpu_op", "python_function"), ("cuda_runtime", "cuda_driver"), _DEVICE_KINDS)
+#: A step's last event of a family may start this much (share of the step's CPU window) later before its
+#: end than in the rank's steps whose end later events show, beyond that largest gap itself.
+END_GAP_SLACK = 0.01
+
+
+def _end_not_shown(events: pa.Table, kinds: pa.Array, step: pa.ChunkedArray, bad: set[int]) -> set[int]:
+    """Steps whose end the trace does not show. For a family of events (CPU ops, launches, device work), a
+    step that no later event of the family follows (it may run into the cut) is covered only if its last
+    event of the family starts as close to the step's end as in the rank's steps that later events of the
+    family do follow (their ends are shown), up to that gap again or END_GAP_SLACK of the step. A writer that
+    writes events in time order (the cut falls at one instant) loses the end of the step it cuts: this rule
+    sees that when the launches of the lost work were lost as well (rule 1 cannot)."""
+    import pyarrow.compute as pc
+
+    names = events.column("name").cast(pa.string())
+    marker = pc.and_(pc.match_substring_regex(names, _STEP_NAME), pc.is_in(kinds, pa.array(_MARKER_KINDS)))
+    m = events.filter(pc.and_(marker, pc.is_valid(step)))
+    if m.num_rows == 0:
+        return set()
+    m_end = pc.add(m.column("ts_ns"), pc.fill_null(m.column("dur_ns"), 0))
+    w = pa.table({"step": m.column("step"), "a": m.column("ts_ns"), "e": m_end})
+    w = w.group_by("step").aggregate([("a", "min"), ("e", "max")])
+    win = {s: (a, e) for s, a, e in zip(*(w.column(c).to_pylist() for c in ("step", "a_min", "e_max")))}
+    ts = events.column("ts_ns").to_numpy(zero_copy_only=False)
+    st = step.fill_null(-1).to_numpy(zero_copy_only=False)
+    out: set[int] = set()
+    for fam in _END_FAMILIES:
+        f = pc.fill_null(pc.and_(pc.is_in(kinds, pa.array(fam)), pc.invert(marker)), False)
+        f = f.to_numpy(zero_copy_only=False)
+        if not f.any():
+            continue
+        frontier = int(ts[f].max())  # no event of the family starts later
+        g = pa.table({"step": st[f], "ts": ts[f]}).group_by("step").aggregate([("ts", "max")])
+        last = dict(zip(g.column("step").to_pylist(), g.column("ts_max").to_pylist()))
+        gap = {s: e - last[s] for s, (a, e) in win.items() if s in last}
+        shown = [gap[s] for s, (a, e) in win.items() if s in gap and e < frontier and s not in bad]
+        if not shown:
+            continue
+        ref = max(shown)
+        for s, (a, e) in win.items():
+            if s in gap and e >= frontier and gap[s] > ref + max(abs(ref), END_GAP_SLACK * (e - a)):
+                out.add(s)
+    return out
+
+
+# ------------------------------------------------------------------------- leaving incomplete steps out
+_MARKER_KINDS = ("cpu_op", "user_annotation")
+_STEP_NAME = r"^ProfilerStep#[0-9]{1,9}$"  # as classify.STEP
+
+
+def leave_out_steps(events: pa.Table, bad: list[int]) -> pa.Table:
+    """Leave steps `bad` out of the step analysis: their events get `step = null` (they stay in `events`),
+    their CPU-side `ProfilerStep#N` markers stay as kind `other` (the marker of a left-out step, which
+    analyze.steps uses only to bound the neighbouring steps' windows as they were with it present) and their
+    GPU-side `ProfilerStep#N` annotations are removed."""
+    import pyarrow.compute as pc
+
+    if not bad or events.num_rows == 0:
+        return events
+
+    def markers(t: pa.Table) -> tuple[pa.ChunkedArray, pa.ChunkedArray]:
+        """(is a ProfilerStep#N of a bad step, ... and a CPU-side one) per row of t."""
+        is_bad = pc.fill_null(pc.is_in(t.column("step"), pa.array(bad, pa.int32())), False)
+        m = pc.and_(is_bad, pc.match_substring_regex(t.column("name").cast(pa.string()), _STEP_NAME))
+        return m, pc.and_(m, pc.is_in(t.column("kind").cast(pa.string()), pa.array(_MARKER_KINDS)))
+
+    marker, cpu_marker = markers(events)
+    kept = events.filter(pc.or_(pc.invert(marker), cpu_marker))
+    _, demote = markers(kept)
+    is_bad = pc.fill_null(pc.is_in(kept.column("step"), pa.array(bad, pa.int32())), False)
+    step = pc.if_else(is_bad, pa.scalar(None, pa.int32()), kept.column("step"))
+    kind = pc.dictionary_encode(pc.if_else(demote, "other", kept.column("kind").cast(pa.string())))
+    for name, col in (("step", step), ("kind", kind)):
+        i = kept.schema.get_field_index(name)
+        kept = kept.set_column(i, kept.schema.field(i), col.cast(kept.schema.field(i).type))
+    return kept

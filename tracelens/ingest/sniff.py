@@ -45,6 +45,20 @@ def read_head(path: Path, n: int = HEAD_BYTES) -> bytes:
     return raw
 
 
+def check_first_byte(path: Path, starts: bytes, message: str) -> None:
+    """Fail fast, before a reader takes in the rest of the file: BadTraceError(`path: message`) when the first
+    non-blank byte of the content (gunzipped, first HEAD_BYTES) is none of `starts`. A head that is all
+    blank (or an empty file) passes: the reader's own checks decide."""
+    from tracelens.errors import BadTraceError
+
+    try:
+        head = read_head(path).lstrip(b" \t\r\n")
+    except OSError as err:
+        raise BadTraceError(f"{path}: cannot read ({err.strerror or err})") from err
+    if head and head[0] not in starts:
+        raise BadTraceError(f"{path}: {message} (starts with {head[:1]!r})")
+
+
 def gunzip_bounded(raw: bytes, name: str | Path, limit: int | None = None) -> bytes:
     """Decompress gzip bytes (multi-member aware) under the same bomb limits as Kineto traces: at most
     `TRACELENS_MAX_DECOMPRESSED_BYTES` (default 64 GiB) and a ratio of 1000:1 beyond 1 GiB. A stream cut
@@ -159,6 +173,7 @@ __all__ = [
     "NCCL_LOG",
     "NCCL_PLUGIN",
     "detect_format",
+    "check_first_byte",
     "gunzip_bounded",
     "is_gzip",
     "read_head",

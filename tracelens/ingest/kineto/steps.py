@@ -135,16 +135,7 @@ def incomplete_steps(events: pa.Table, share: float = INCOMPLETE_STEP_SHARE) -> 
 
 
 def drop_incomplete_steps(events: pa.Table) -> pa.Table:
-    """Leave the incomplete steps of a salvaged trace out of the step analysis: their `ProfilerStep#N`
-    events are removed and their other events get step null (they stay in the table)."""
-    bad = incomplete_steps(events)
-    if not bad:
-        return events
-    is_bad = pc.fill_null(pc.is_in(events.column("step"), pa.array(bad, pa.int32())), False)
-    names = events.column("name").cast(pa.string())
-    marker = pc.and_(is_bad, pc.starts_with(names, "ProfilerStep#"))
-    kept = events.filter(pc.invert(marker))
-    kept_bad = pc.fill_null(pc.is_in(kept.column("step"), pa.array(bad, pa.int32())), False)
-    i = kept.schema.get_field_index("step")
-    new_step = pc.if_else(kept_bad, pa.scalar(None, pa.int32()), kept.column("step"))
-    return kept.set_column(i, kept.schema.field(i), new_step)
+    """Leave the incomplete steps of a salvaged trace out of the step analysis (salvage.leave_out_steps:
+    their events get step null, their CPU `ProfilerStep#N` markers stay as kind `other`, so that they still
+    bound the kept steps' windows)."""
+    return _salv.leave_out_steps(events, incomplete_steps(events))
