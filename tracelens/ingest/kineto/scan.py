@@ -344,10 +344,14 @@ def _decode_in_place(
         try:
             evs = _decode_events(part, hint)
         except msgspec.DecodeError as err:
+            # its frames (and those of the errors it was raised while handling) hold the msgspec.Raw
+            # slices of `part` that a fallback decode made: drop them first, or `part` cannot be released
+            err.__traceback__ = None
+            err.__context__ = None
             part.release()
             buf[end] = saved
             if errors is not None:
-                errors.append(err.with_traceback(None))  # (its frames would hold `part`)
+                errors.append(err)
             return None
         try:
             chunk = _columns(evs)
