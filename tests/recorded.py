@@ -9,9 +9,9 @@ The runs the tests use are stored in tests/data/recorded/<name>/ (recorded once 
 would take most of CI's time, and a stored run gives the same verdicts on every machine (the ranks
 time-share the cores, so live timings carry the host's scheduling noise). A kind or option set with no
 stored run, or every run with TRACELENS_RECORD_LIVE=1, is recorded live, once per test session, into a
-temporary folder (skipped when torch is not installed; it is in the `test` extra).
-tests/integration/test_recorded_pipeline.py records the faults run live in every test session too, so the
-recorder keeps working with the pinned torch and what it records keeps giving the stored run's verdicts.
+temporary folder (skipped when torch is not installed: the `record` extra pins it).
+`python -m pytest -m recording` (with the `record` extra) records the faults run live and checks that it
+gives the stored run's verdicts, so the recorder keeps working with the pinned torch.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def recorded_run(kind: str, **opts) -> Path:
 
 def record_run(kind: str, out: Path | None = None, **opts) -> Path:
     """Record `kind` live (into `out`, or once per session into a temporary folder)."""
-    pytest.importorskip("torch", reason="torch==2.13.0 (the test extra) records the real runs")
+    pytest.importorskip("torch", reason="torch==2.13.0 (the record extra) records the real runs")
     key = (kind, tuple(sorted(opts.items())))
     if out is None and key in _CACHE:
         return _CACHE[key]
@@ -114,7 +114,7 @@ def recorded_layout(kind: str) -> Path:
 
 def record_layout(kind: str, out: Path | None = None) -> Path:
     """Record LAYOUT_KINDS[kind] live (into `out`, or once per session into a temporary folder)."""
-    pytest.importorskip("torch", reason="torch==2.13.0 (the test extra) records the real runs")
+    pytest.importorskip("torch", reason="torch==2.13.0 (the record extra) records the real runs")
     key = ("layout", kind)
     if out is None and key in _CACHE:
         return _CACHE[key]

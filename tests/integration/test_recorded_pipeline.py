@@ -46,7 +46,9 @@ def test_heavy_stage_found_from_layer_annotations_and_no_rank_straggler():
     assert "STRAGGLER" not in codes and "SLOW_GROUP" not in codes and s["stragglers"] == []
 
 
-@pytest.mark.parametrize("live", [False, True], ids=["stored", "recorded-now"])
+@pytest.mark.parametrize(
+    "live", [False, pytest.param(True, marks=pytest.mark.recording)], ids=["stored", "recorded-now"]
+)
 def test_compute_rank_and_comm_hook_stall_named_with_cause_and_cost(live):
     """`recorded-now` records the run in the session: the recorder works with the pinned torch, and what it
     records today gives the verdicts the stored run gives."""

@@ -271,7 +271,7 @@ def test_compare_report_in_chromium(run_report, tmp_path):
     assert "What changed most" in dom and "Side by side" in dom
 
 
-@pytest.mark.slow
+@pytest.mark.scale
 def test_1024_rank_report_under_10_mb_opens_in_chromium(tmp_path):
     """Acceptance: the report of a simulated 1,024-rank run stays under 10 MB and opens in Chromium."""
     from tracelens.simulate import TINY_MODEL, SimConfig, simulate
