@@ -184,21 +184,8 @@ _WS = b" \t\r\n"
 
 
 def _last_boundary(buf: bytes | bytearray, lo: int, hi: int | None = None) -> tuple[int, int] | None:
-    """Last `}` , `{` separator in buf[lo:hi]: (index just after `}`, index of `{`), or None."""
-    p = len(buf) if hi is None else hi
-    while True:
-        p = buf.rfind(b"{", lo, p)
-        if p <= lo:
-            return None
-        q = p - 1
-        while q > lo and buf[q] in _WS:
-            q -= 1
-        if buf[q] == 44:  # ','
-            r = q - 1
-            while r > lo and buf[r] in _WS:
-                r -= 1
-            if buf[r] == 125:  # '}'
-                return r + 1, p
+    """Last `}` , `{` separator in buf[lo:hi]: (index just after `}`, index of `{`), or None (salvage's)."""
+    return _salv.last_boundary(buf, lo, len(buf) if hi is None else hi)
 
 
 # the first `}` , `{` event separator at or after an offset (depends only on the bytes, so both parts of a
