@@ -68,23 +68,30 @@ def recorded_run(kind: str, **opts) -> Path:
     return record_run(kind, **opts)
 
 
-def record_run(kind: str, out: Path | None = None, **opts) -> Path:
-    """Record `kind` live (into `out`, or once per session into a temporary folder)."""
+def _record(key: tuple, name: str, out: Path | None, args: list[str], timeout: int) -> Path:
+    """Run a recorder script (`args`, then `-o OUT`) into `out`, or once per session (by `key`) into a
+    temporary folder as `name`; the output folder."""
     pytest.importorskip("torch", reason="torch==2.13.0 (the record extra) records the real runs")
-    key = (kind, tuple(sorted(opts.items())))
     if out is None and key in _CACHE:
         return _CACHE[key]
     if out is None:
         if not _ROOT:
             _ROOT.append(Path(tempfile.mkdtemp(prefix="tracelens-recorded-")))
-        out = _ROOT[0] / f"{kind}-{len(_CACHE)}"
-    cmd = [sys.executable, str(SCRIPT), "--kind", "pipeline", "-o", str(out), *KINDS[kind], *_flags(opts)]
+        out = _ROOT[0] / name
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, *args, "-o", str(out)], capture_output=True, text=True, env=env, timeout=timeout
+    )
     if proc.returncode != 0:
-        raise RuntimeError(f"recording {kind} failed:\n{proc.stderr[-3000:]}")
+        raise RuntimeError(f"recording {name} failed:\n{proc.stderr[-3000:]}")
     _CACHE[key] = out
     return out
+
+
+def record_run(kind: str, out: Path | None = None, **opts) -> Path:
+    """Record `kind` live (into `out`, or once per session into a temporary folder)."""
+    args = [str(SCRIPT), "--kind", "pipeline", *KINDS[kind], *_flags(opts)]
+    return _record((kind, tuple(sorted(opts.items()))), f"{kind}-{len(_CACHE)}", out, args, 600)
 
 
 def truth(run: Path) -> dict:
@@ -114,21 +121,7 @@ def recorded_layout(kind: str) -> Path:
 
 def record_layout(kind: str, out: Path | None = None) -> Path:
     """Record LAYOUT_KINDS[kind] live (into `out`, or once per session into a temporary folder)."""
-    pytest.importorskip("torch", reason="torch==2.13.0 (the record extra) records the real runs")
-    key = ("layout", kind)
-    if out is None and key in _CACHE:
-        return _CACHE[key]
-    if out is None:
-        if not _ROOT:
-            _ROOT.append(Path(tempfile.mkdtemp(prefix="tracelens-recorded-")))
-        out = _ROOT[0] / f"layout-{kind}"
-    cmd = [sys.executable, str(LAYOUT_SCRIPT), "-o", str(out), *LAYOUT_KINDS[kind]]
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
-    if proc.returncode != 0:
-        raise RuntimeError(f"recording {kind} failed:\n{proc.stderr[-3000:]}")
-    _CACHE[key] = out
-    return out
+    return _record(("layout", kind), f"layout-{kind}", out, [str(LAYOUT_SCRIPT), *LAYOUT_KINDS[kind]], 900)
 
 
 #: the runs the tests read: (kind, options) of record_cpu_run.py and the layout kinds
