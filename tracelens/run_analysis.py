@@ -439,12 +439,19 @@ class Analysis:
         nodes = pa.concat_tables(parts) if parts else cp.NODES.empty_table()
         cross = self.cross
         try:
-            return cp.analyze_critical_path(
+            res = cp.analyze_critical_path(
                 nodes,
                 cross.collectives if cross is not None else None,
                 cross.offsets_ns if cross is not None else None,
                 self.stage_of,
             )
+            if res is not None and res.graph.dropped_instances:
+                self.warnings.append(
+                    f"critical path: {res.graph.dropped_instances} collective instances left out as "
+                    "rendezvous (matched in an order the ranks' stream order contradicts; their kernels "
+                    "count as plain stream work)"
+                )
+            return res
         except cp.GraphCycleError as err:  # not a bug in the input: matched instances the streams contradict
             self.warnings.append(
                 f"critical path and what-if left out: {err} (collective instances matched in an order the "

@@ -125,3 +125,33 @@ def test_cycle_free_levels_and_segments_coarsened():
     cp = CP.analyze_critical_path(nodes(rows), None)
     assert cp.graph.n_nodes == 1
     assert cp.baseline.step_time == {1: 500.0}
+
+
+def test_crossed_instances_are_left_out_not_the_whole_path():
+    # rank 0 runs all-reduce A then B, rank 1 B then A: matched as given, A waits for rank 1's A, which runs
+    # after rank 1's B, which waits for rank 0's B, which runs after rank 0's A: a cycle. A third instance C,
+    # in the same order on both ranks, is consistent and must stay a rendezvous.
+    r0 = [(0, 20, 0, 100, True), (0, 20, 100, 200, True), (0, 7, 200, 260, False), (0, 20, 260, 400, True)]
+    r1 = [(1, 20, 0, 100, True), (1, 20, 100, 200, True), (1, 7, 200, 300, False), (1, 20, 300, 400, True)]
+    rows = [(r, st, BASE + s, BASE + e, c) for r, st, s, e, c in r0 + r1]
+    c = colls(
+        [
+            (0, BASE + 0, BASE + 100, 0),  # A
+            (0, BASE + 100, BASE + 200, 1),  # B
+            (0, BASE + 260, BASE + 400, 2),  # C: rank 0 enters at 260 and waits in the kernel
+            (1, BASE + 0, BASE + 100, 1),  # B
+            (1, BASE + 100, BASE + 200, 0),  # A
+            (1, BASE + 300, BASE + 400, 2),  # C
+        ]
+    )
+    with pytest.raises(CP.GraphCycleError):  # the graph as matched has no topological order
+        g = CP._build_graph(nodes(rows), c, None, None, np.empty(0, dtype=np.int64))
+        CP._levels(g)
+    cp = CP.analyze_critical_path(nodes(rows), c)
+    assert cp.graph.dropped_instances == 2
+    assert sorted(set(cp.graph.k_instance[cp.graph.k_instance >= 0].tolist())) == [2]
+    assert cp.baseline.step_time == {1: 400.0}  # the replay still reproduces the observed step
+    # C's rendezvous stays: rank 0 (ready at 260) waits for rank 1 (ready at 300)
+    d = cp.to_dict()
+    assert d["by_rank_ms"] == pytest.approx({"0": 100 / 1e6, "1": 300 / 1e6})
+    assert d["by_kind_ms"] == pytest.approx({"compute": 300 / 1e6, "transfer": 100 / 1e6})

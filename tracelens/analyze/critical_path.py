@@ -184,10 +184,15 @@ class Graph:
     level_edges: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
     step_origin: dict[int, float] = field(default_factory=dict)  # step -> earliest release/start (ns)
     stage_of: dict[int, int] | None = None
+    dropped_instances: int = 0  # collective instances left out: their matching formed a cycle
 
     @property
     def n_nodes(self) -> int:
         return int(self.n_type.size)
+
+
+#: Rounds of leaving out cycle-forming collective instances before giving up.
+MAX_CYCLE_ROUNDS = 8
 
 
 def build_graph(
@@ -196,7 +201,52 @@ def build_graph(
     offsets_ns: dict[int, int] | None = None,
     stage_of: dict[int, int] | None = None,
 ) -> Graph | None:
-    """The step-bounded dependency graph (see module docstring); None when there is no device work."""
+    """The step-bounded dependency graph (see module docstring); None when there is no device work.
+
+    Collective instances whose matching the ranks' stream order contradicts (a cycle through their arrival,
+    instance and finish nodes: rank 0 runs A then B, rank 1 runs B then A) are left out of the graph as
+    rendezvous (their kernels stay, as plain stream work); `Graph.dropped_instances` counts them.
+    """
+    excluded = np.empty(0, dtype=np.int64)
+    for _ in range(MAX_CYCLE_ROUNDS):
+        g = _build_graph(nodes, collectives, offsets_ns, stage_of, excluded)
+        if g is None:
+            return None
+        try:
+            _levels(g)
+        except GraphCycleError:
+            cyc = _cycle_instances(g)
+            if cyc.size == 0:
+                raise
+            excluded = np.union1d(excluded, cyc)
+            continue
+        g.dropped_instances = int(excluded.size)
+        return g
+    raise GraphCycleError(
+        f"dependency graph has a cycle after leaving out {excluded.size} collective instances"
+    )
+
+
+def _cycle_instances(g: Graph) -> np.ndarray:
+    """Collective instance ids whose nodes lie on a cycle (a strongly connected component of 2+ nodes)."""
+    from scipy.sparse import csr_matrix
+    from scipy.sparse.csgraph import connected_components
+
+    n = g.n_nodes
+    adj = csr_matrix((np.ones(g.e_src.size, dtype=np.int8), (g.e_src, g.e_dst)), shape=(n, n))
+    _, lab = connected_components(adj, directed=True, connection="strong")
+    on_cycle = np.bincount(lab, minlength=int(lab.max()) + 1 if n else 0)[lab] > 1
+    ck = np.flatnonzero(g.k_instance >= 0)
+    return np.unique(g.k_instance[ck[on_cycle[g.k_node[ck]]]])
+
+
+def _build_graph(
+    nodes: pa.Table,
+    collectives: pa.Table | None,
+    offsets_ns: dict[int, int] | None,
+    stage_of: dict[int, int] | None,
+    excluded: np.ndarray,
+) -> Graph | None:
     if nodes.num_rows == 0:
         return None
     d = nodes.to_pandas()
@@ -280,7 +330,7 @@ def build_graph(
     inst = d["instance"].to_numpy()
     cnt = pd.Series(inst[inst >= 0]).value_counts()
     lone = (inst >= 0) & (pd.Series(inst).map(cnt).fillna(0).to_numpy() < 2)
-    inst = np.where(lone, -1, inst)
+    inst = np.where(lone | np.isin(inst, excluded), -1, inst)
     d["instance"] = inst
     coll = inst >= 0
 
@@ -436,7 +486,6 @@ def build_graph(
         stage_of=stage_of,
     )
     g.k_inst_row[ck] = inst_row
-    _levels(g)
     so = pd.Series(np.minimum(s, np.where(release > NEG / 2, release, s))).groupby(step).min()
     g.step_origin = {int(k): float(v) for k, v in so.items()}
     return g
