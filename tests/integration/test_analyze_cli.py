@@ -1,25 +1,22 @@
-"""`tracelens analyze` end to end, through a subprocess, on the bundled samples and the real HTA traces."""
+"""`tracelens analyze` end to end through its entry point (tests/cli.py; a fresh interpreter where that is
+the point), on the bundled samples and the real HTA traces."""
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.cli import tracelens
 
 ROOT = Path(__file__).resolve().parents[2]
 HTA = ROOT.parent / "shared" / "traces" / "hta"
 GLOO = ROOT / "sample_traces" / "cpu-gloo-4rank"
 
 
-def run(*args, cwd=None):
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.run(
-        [sys.executable, "-m", "tracelens", *map(str, args)], capture_output=True, text=True, cwd=cwd, env=env
-    )
+def run(*args, cwd=None, fresh=False):
+    return tracelens(*args, cwd=cwd, fresh=fresh)
 
 
 def test_version():
@@ -45,14 +42,14 @@ def test_analyze_gloo_sample(tmp_path):
 
 
 def test_bad_path_is_one_line_exit_2(tmp_path):
-    r = run("analyze", tmp_path / "nope")
+    r = run("analyze", tmp_path / "nope", fresh=True)
     assert r.returncode == 2
     assert r.stderr.strip().count("\n") == 0 and "no such file" in r.stderr
     assert "Traceback" not in r.stderr
 
 
 def test_debug_shows_traceback(tmp_path):
-    r = run("--debug", "analyze", tmp_path / "nope")
+    r = run("--debug", "analyze", tmp_path / "nope", fresh=True)
     assert r.returncode == 2 and "Traceback" in r.stderr
 
 

@@ -4,20 +4,18 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.cli import tracelens as _cli
 
 pytest.importorskip("typer")
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
-    """Run the CLI in a fresh interpreter, as a user would (exit codes come from the real entry point)."""
-    code = "import sys; from tracelens.cli import app; sys.argv = ['tracelens', *sys.argv[1:]]; app()"
-    return subprocess.run([sys.executable, "-c", code, "audit-layout", *args],
-                          capture_output=True, text=True, timeout=120, check=False,
-                          cwd=Path(__file__).resolve().parents[2])
+    """Run the CLI as a user would, through its real entry point (exit codes included; tests/cli.py)."""
+    return _cli("audit-layout", *args, cwd=Path(__file__).resolve().parents[2])
 
 
 def test_tp8_pp4_human():

@@ -3,31 +3,22 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from tests.cli import tracelens as _cli
+
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE = REPO / "sample_traces" / "cpu-gloo-4rank"
 
 
 def tracelens(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    """Run the CLI in a fresh interpreter, as a user would (exit codes included)."""
-    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    return subprocess.run(
-        [sys.executable, "-c", "from tracelens.cli import app; app()", *args],
-        check=False,
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=cwd or REPO,
-        timeout=120,
-    )
+    """Run the CLI through its entry point, as a user would (exit codes included; tests/cli.py)."""
+    return _cli(*args, cwd=cwd or REPO)
 
 
 def summary(seed: int, step_ms: float = 100.0, stragglers: tuple[int, ...] = (), n_steps: int = 12) -> dict:

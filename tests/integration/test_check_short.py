@@ -7,12 +7,12 @@ step-time and share rules can fail); the fault is planted: every rank computes 3
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.cli import tracelens as _cli
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = {
@@ -22,11 +22,7 @@ MODEL = {
 
 
 def tracelens(*args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    return subprocess.run(
-        [sys.executable, "-m", "tracelens", *map(str, args)],
-        check=False, capture_output=True, text=True, env=env, cwd=REPO, timeout=300,
-    )  # fmt: skip
+    return _cli(*args, cwd=REPO)  # the CLI's entry point, in this process (tests/cli.py)
 
 
 @pytest.fixture(scope="module")

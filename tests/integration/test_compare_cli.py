@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.cli import tracelens as _cli
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLES = REPO / "sample_traces"
@@ -18,16 +18,7 @@ CPU = SAMPLES / "cpu-gloo-4rank"
 
 
 def tracelens(*args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    return subprocess.run(
-        [sys.executable, "-c", "from tracelens.cli import app; app()", *args],
-        check=False,
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=REPO,
-        timeout=300,
-    )
+    return _cli(*args, cwd=REPO)  # the CLI's entry point, in this process (tests/cli.py)
 
 
 def summary(step: float, share: dict, tokens: int) -> dict:

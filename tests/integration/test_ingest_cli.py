@@ -1,14 +1,13 @@
-"""`tracelens ingest RUN_DIR -o DIR` through a subprocess: Parquet outputs, overwrite guard, exit codes."""
+"""`tracelens ingest RUN_DIR -o DIR` through the CLI's entry point: Parquet outputs, overwrite guard, exit codes."""
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
 
+from tests.cli import tracelens as _cli
 from tracelens import schema
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -17,10 +16,7 @@ import kineto_traces as kt  # noqa: E402
 
 
 def run(*args):
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.run(
-        [sys.executable, "-m", "tracelens", *map(str, args)], capture_output=True, text=True, env=env
-    )
+    return _cli(*args)  # the CLI's entry point, in this process (tests/cli.py)
 
 
 def test_ingest_writes_parquet_and_guards_overwrite(tmp_path):

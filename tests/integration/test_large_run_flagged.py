@@ -6,14 +6,13 @@ straggler planted in the middle, rank 37."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.cli import tracelens as _cli
 from tracelens.report import figures
 
 REPO = Path(__file__).resolve().parents[2]
@@ -25,16 +24,7 @@ STRAGGLER = 37
 
 
 def tracelens(*args) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    return subprocess.run(
-        [sys.executable, "-m", "tracelens", *map(str, args)],
-        check=False,
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=REPO,
-        timeout=600,
-    )
+    return _cli(*args, cwd=REPO)  # the CLI's entry point, in this process (tests/cli.py)
 
 
 @pytest.fixture(scope="module")

@@ -4,28 +4,19 @@ named with both values; an MFU above 100% is an error finding, not a number."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.cli import tracelens as _cli
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE = REPO / "sample_traces" / "qwen35-27b-seq4k-tp4pp4"  # tracelens.toml: global_batch = 4
 
 
-def tracelens(*args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    return subprocess.run(
-        [sys.executable, "-m", "tracelens", *map(str, args)],
-        check=False,
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=REPO,
-        timeout=300,
-    )
+def tracelens(*args) -> subprocess.CompletedProcess:
+    return _cli(*args, cwd=REPO)  # the CLI's entry point, in this process (tests/cli.py)
 
 
 @pytest.fixture(scope="module")

@@ -9,17 +9,17 @@ errors (window.onerror, console.error) and the XSS flag into attributes of <html
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import struct
 import subprocess
-import sys
 import zlib
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+from tests.cli import tracelens as _cli
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE = REPO / "sample_traces" / "cpu-gloo-4rank"
@@ -56,16 +56,7 @@ window.addEventListener('load', function () {
 
 
 def tracelens(*args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    p = subprocess.run(
-        [sys.executable, "-c", "from tracelens.cli import app; app()", *args],
-        check=False,
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=REPO,
-        timeout=300,
-    )
+    p = _cli(*args, cwd=REPO)  # the CLI's entry point, in this process (tests/cli.py)
     assert p.returncode == 0, p.stderr
     return p
 

@@ -4,13 +4,13 @@ a read-only run folder with an unwritable cache is analyzed without cache (exit 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.cli import tracelens as _cli
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = ROOT / "sample_traces"
@@ -26,13 +26,7 @@ def _listing(d: Path) -> list[tuple[str, int, int]]:
 
 
 def _analyze(run: Path, out: Path, cache: Path, *extra: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(ROOT), TRACELENS_CACHE_DIR=str(cache))
-    return subprocess.run(
-        [sys.executable, "-m", "tracelens", "analyze", str(run), "-o", str(out), "--no-report", *extra],
-        capture_output=True,
-        text=True,
-        env=env,
-    )
+    return _cli("analyze", run, "-o", out, "--no-report", *extra, env={"TRACELENS_CACHE_DIR": str(cache)})
 
 
 @pytest.mark.parametrize("name", ["cpu-gloo-4rank", "qwen35-27b-seq4k-tp2pp3-split22-21-21"])

@@ -139,17 +139,11 @@ node07:31337:31337 [3] NCCL INFO Recv: opCount 1 sendbuff (nil) recvbuff 0x7f000
 """  # noqa: E501
 
 
-def cli(*args, cwd=None, env=None):
-    """`python -m tracelens ARGS` in a subprocess (the CLI's exit codes and one-line errors)."""
-    import os
-    import subprocess
-    import sys
+def cli(*args, cwd=None, env=None, fresh=False):
+    """`tracelens ARGS` through the CLI's entry point (its exit codes and one-line errors; tests/cli.py)."""
+    from tests.cli import tracelens
 
-    e = dict(os.environ, PYTHONPATH=str(REPO), **(env or {}))
-    e.pop("TRACELENS_DEBUG", None)
-    return subprocess.run(
-        [sys.executable, "-m", "tracelens", *map(str, args)], capture_output=True, text=True, cwd=cwd, env=e
-    )
+    return tracelens(*args, cwd=cwd, env=env, fresh=fresh)
 
 
 def text_with_offsets(doc: dict) -> tuple[bytes, list[int]]:

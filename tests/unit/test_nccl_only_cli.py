@@ -6,22 +6,18 @@ fragments counted, no traceback. Excerpts written here from the formats (../shar
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.cli import tracelens as _cli
 
 ROOT = Path(__file__).resolve().parents[2]
 COMM = "12715772615376301750"
 
 
 def cli(*args):
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.run(
-        [sys.executable, "-m", "tracelens", *map(str, args)], capture_output=True, text=True, env=env
-    )
+    return _cli(*args)  # the CLI's entry point, in this process (tests/cli.py)
 
 
 def _plugin_228(rank: int, calls: list[tuple[str, int]]) -> str:

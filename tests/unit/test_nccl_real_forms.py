@@ -6,9 +6,6 @@ JSON, and folders holding only logs or only plugin dumps. Every excerpt is writt
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import nccl_tables
@@ -17,6 +14,7 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
+from tests.cli import tracelens as _cli
 from tracelens import schema
 from tracelens.analyze import hang, nccl_sources
 from tracelens.analyze.collectives import busbw_factor
@@ -38,10 +36,7 @@ def call(host, pid, dev, func, opc, count=1024, dtype=7, comm=None, nranks=8, ro
 
 
 def cli(*args):
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.run(
-        [sys.executable, "-m", "tracelens", *map(str, args)], capture_output=True, text=True, env=env
-    )
+    return _cli(*args)  # the CLI's entry point, in this process (tests/cli.py)
 
 
 # ---------------------------------------------------------------------------------------------------
