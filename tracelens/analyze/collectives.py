@@ -232,7 +232,9 @@ def _parent_fields(events: pa.Table, kmask: np.ndarray) -> pd.DataFrame:
     return out
 
 
-def _gpu_rows(events: pa.Table, ranks: np.ndarray, name_is_comm: np.ndarray, kind: dict[str, np.ndarray]) -> pd.DataFrame:
+def _gpu_rows(
+    events: pa.Table, ranks: np.ndarray, name_is_comm: np.ndarray, kind: dict[str, np.ndarray]
+) -> pd.DataFrame:
     rank = events.column("rank").to_numpy(zero_copy_only=False)
     on = np.isin(rank, ranks)
     has_coll = events.column("collective").is_valid().to_numpy(zero_copy_only=False)
@@ -275,7 +277,9 @@ def _gpu_rows(events: pa.Table, ranks: np.ndarray, name_is_comm: np.ndarray, kin
     return k
 
 
-def _cpu_rows(events: pa.Table, ranks: np.ndarray, kind: dict[str, np.ndarray], name: pa.ChunkedArray) -> pd.DataFrame:
+def _cpu_rows(
+    events: pa.Table, ranks: np.ndarray, kind: dict[str, np.ndarray], name: pa.ChunkedArray
+) -> pd.DataFrame:
     """CPU-only ranks: `c10d::X` cpu op (the call: arrival, enqueue) paired by order with `gloo:X` (work)."""
     rank = events.column("rank").to_numpy(zero_copy_only=False)
     on = np.isin(rank, ranks)
@@ -435,7 +439,9 @@ def _pg_candidates(metadata: pa.Table | None) -> list[tuple[int, ...]]:
     return sorted(seen, key=lambda t: (len(t), t))
 
 
-def _end_matrix(df: pd.DataFrame, ranks: tuple[int, ...], n: int, ends_by_rank: dict[int, np.ndarray]) -> np.ndarray:
+def _end_matrix(
+    df: pd.DataFrame, ranks: tuple[int, ...], n: int, ends_by_rank: dict[int, np.ndarray]
+) -> np.ndarray:
     return np.stack([ends_by_rank[r][:n] for r in ranks])
 
 

@@ -41,7 +41,8 @@ HUNG_FACTOR = 5.0  # a hung step is at least this many times the median of the o
 class P2PHangResult:
     hung_steps: list[int] = field(default_factory=list)
     findings: list[dict[str, Any]] = field(default_factory=list)
-    progress: list[dict[str, Any]] = field(default_factory=list)  # per rank: last enqueued / started / completed call
+    #: per rank: last enqueued / started / completed call
+    progress: list[dict[str, Any]] = field(default_factory=list)
 
 
 def _short(name: str) -> str | None:

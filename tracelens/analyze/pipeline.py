@@ -138,7 +138,9 @@ def _detect_schedule(sp: pd.DataFrame, bwd: pd.DataFrame, grid: Grid, m: int | N
     return "gpipe" if np.median(counts) >= m else "1f1b"
 
 
-def _backward_marks(events: pa.Table, sp: pd.DataFrame, sets: dict[int, RankSets], ev: pd.DataFrame) -> pd.DataFrame:
+def _backward_marks(
+    events: pa.Table, sp: pd.DataFrame, sets: dict[int, RankSets], ev: pd.DataFrame
+) -> pd.DataFrame:
     """Per (rank, step): start and end of the backward pass, from backward module annotations, else (on
     ranks analysed on the CPU timeline) from the autograd engine's `evaluate_function` ops."""
     out = pd.DataFrame(
@@ -389,7 +391,9 @@ def _microbatches_from_sends(
     return int(df.groupby(["rank", "step"]).size().median())
 
 
-def _excess_finding(res: PipelineResult, grid: Grid, threshold: float) -> tuple[list[dict[str, Any]], int | None]:
+def _excess_finding(
+    res: PipelineResult, grid: Grid, threshold: float
+) -> tuple[list[dict[str, Any]], int | None]:
     exp = res.expected_bubble_fraction
     if exp is None or not res.stages or (grid.pp or 1) < 2:
         return [], None

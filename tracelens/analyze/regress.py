@@ -604,7 +604,9 @@ def _stage_bubble(summary: dict[str, Any]) -> float | None:
     return 100.0 * float(np.mean(values)) if values else None
 
 
-def _bubble_fallback(baseline: dict[str, Any], current: dict[str, Any], cfg: ShareRule, threshold: str) -> RuleResult | None:
+def _bubble_fallback(
+    baseline: dict[str, Any], current: dict[str, Any], cfg: ShareRule, threshold: str
+) -> RuleResult | None:
     """Without per-step bubble samples, compare the stages' bubble fractions on the threshold alone."""
     b, c = _stage_bubble(baseline), _stage_bubble(current)
     if b is None or c is None:
