@@ -17,6 +17,7 @@ clock in Kineto. Without any ProfilerStep the whole trace is one window (step = 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -129,7 +130,7 @@ def step_windows(events: pa.Table) -> pa.Table:
 
 def _whole_trace_window(events: pa.Table, sets: dict[int, RankSets]) -> pa.Table:
     """One window per rank spanning its analysed timeline, for traces without ProfilerStep."""
-    rows = {"rank": [], "step": [], "start_ns": [], "end_ns": []}
+    rows: dict[str, list[int | None]] = {"rank": [], "step": [], "start_ns": [], "end_ns": []}
     for r, rs in sets.items():
         parts = [p for p in (rs.compute, rs.comm, rs.memory) if p[0].size]
         if not parts:
@@ -161,7 +162,7 @@ def breakdown(
         if windows.num_rows == 0:
             windows = _whole_trace_window(events, sets)
     w_rank = windows.column("rank").to_numpy(zero_copy_only=False)
-    cols: dict[str, list] = {f.name: [] for f in BREAKDOWN}
+    cols: dict[str, list[Any]] = {f.name: [] for f in BREAKDOWN}
     for r in np.unique(w_rank):
         rs = sets.get(int(r))
         w = windows.filter(pa.array(w_rank == r))

@@ -19,8 +19,11 @@ import re
 import numpy as np
 import pyarrow as pa
 
-from tracelens.analyze.dictcol import dict_lookup as _dict_lookup
+from tracelens.analyze.dictcol import dict_lookup
 from tracelens.ingest import comm_families
+
+# Other analyzers import the lookup from here: an assignment, so that it is exported (no_implicit_reexport).
+_dict_lookup = dict_lookup
 
 NONE, COMPUTE, COMM, MEMORY = 0, 1, 2, 3
 CLASS_NAMES = {NONE: "none", COMPUTE: "compute", COMM: "communication", MEMORY: "memory"}

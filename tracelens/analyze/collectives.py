@@ -11,8 +11,10 @@ time spent waiting for the last participant and time moving data. See docs/strag
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -24,6 +26,9 @@ from tracelens.analyze.classify import _dict_lookup, comm_launched, gpu_ranks
 from tracelens.findings import finding
 from tracelens.ingest.comm_families import family_of_kernel, is_comm_cpu_op
 from tracelens.topology import pg_config_entries
+
+if TYPE_CHECKING:
+    from tracelens.analyze.breakdown import RankSets
 
 #: Canonical op names (schema.COLLECTIVES `op`), checked in this order against the squashed raw name.
 _OP_PATTERNS = (
@@ -148,14 +153,14 @@ def _to_coll_table(df: pd.DataFrame) -> pa.Table:
     return pa.table(cols, schema=schema.COLLECTIVES)
 
 
-def _ranks_tuple(v) -> tuple[int, ...] | None:
+def _ranks_tuple(v: Any) -> tuple[int, ...] | None:
     """A pg_ranks cell as a tuple of ints (None for null / NaN / anything else)."""
     if isinstance(v, (list, tuple, np.ndarray)):
         return tuple(int(x) for x in v)
     return None
 
 
-def _isnull(v) -> bool:
+def _isnull(v: Any) -> bool:
     if v is None or v is pd.NA:
         return True
     try:
@@ -207,9 +212,10 @@ def _parent_fields(events: pa.Table, kmask: np.ndarray) -> pd.DataFrame:
     names = name.cast(pa.string()) if pa.types.is_dictionary(name.type) else name
     colls = coll.cast(pa.string()) if pa.types.is_dictionary(coll.type) else coll
 
-    def take(col, rows: np.ndarray) -> list:
+    def take(col: pa.ChunkedArray, rows: np.ndarray) -> list[Any]:
         idx = pa.array(np.where(rows >= 0, rows, 0), mask=rows < 0)
-        return col.take(idx).to_pylist()
+        values: list[Any] = col.take(idx).to_pylist()
+        return values
 
     p_name, p_coll = take(names, op_row), take(colls, op_row)
     out["parent_op"] = [
@@ -226,7 +232,9 @@ def _parent_fields(events: pa.Table, kmask: np.ndarray) -> pd.DataFrame:
     return out
 
 
-def _gpu_rows(events: pa.Table, ranks: np.ndarray, name_is_comm: np.ndarray, kind: dict) -> pd.DataFrame:
+def _gpu_rows(
+    events: pa.Table, ranks: np.ndarray, name_is_comm: np.ndarray, kind: dict[str, np.ndarray]
+) -> pd.DataFrame:
     rank = events.column("rank").to_numpy(zero_copy_only=False)
     on = np.isin(rank, ranks)
     has_coll = events.column("collective").is_valid().to_numpy(zero_copy_only=False)
@@ -269,7 +277,9 @@ def _gpu_rows(events: pa.Table, ranks: np.ndarray, name_is_comm: np.ndarray, kin
     return k
 
 
-def _cpu_rows(events: pa.Table, ranks: np.ndarray, kind: dict, name: pa.ChunkedArray) -> pd.DataFrame:
+def _cpu_rows(
+    events: pa.Table, ranks: np.ndarray, kind: dict[str, np.ndarray], name: pa.ChunkedArray
+) -> pd.DataFrame:
     """CPU-only ranks: `c10d::X` cpu op (the call: arrival, enqueue) paired by order with `gloo:X` (work)."""
     rank = events.column("rank").to_numpy(zero_copy_only=False)
     on = np.isin(rank, ranks)
@@ -384,7 +394,8 @@ def _order(df: pd.DataFrame, by_step: bool = False) -> np.ndarray:
         {"rank": df["rank"].to_numpy(), "k": k, "t": df["start_ns"].astype("Int64").to_numpy()}
     )
     tmp = tmp.sort_values(["rank", "t"], kind="stable")
-    return tmp.groupby(["rank", "k"]).cumcount().reindex(df.index).to_numpy()
+    out: np.ndarray = tmp.groupby(["rank", "k"]).cumcount().reindex(df.index).to_numpy()
+    return out
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -419,7 +430,7 @@ def _pg_candidates(metadata: pa.Table | None) -> list[tuple[int, ...]]:
     """Distinct process-group rank lists that the traces' distributedInfo.pg_config declare."""
     seen: set[tuple[int, ...]] = set()
     for g in pg_config_entries(metadata):
-        ranks = g.get("ranks")
+        ranks: Any = g.get("ranks")  # JSON: a list of ints, a string of them, or damaged
         if isinstance(ranks, str):
             ranks = [int(x) for x in re.findall(r"-?\d+", ranks)]
         plain = isinstance(ranks, list) and all(type(x) is int for x in ranks)  # else: damaged, skipped
@@ -428,7 +439,9 @@ def _pg_candidates(metadata: pa.Table | None) -> list[tuple[int, ...]]:
     return sorted(seen, key=lambda t: (len(t), t))
 
 
-def _end_matrix(df: pd.DataFrame, ranks: tuple[int, ...], n: int, ends_by_rank: dict) -> np.ndarray:
+def _end_matrix(
+    df: pd.DataFrame, ranks: tuple[int, ...], n: int, ends_by_rank: dict[int, np.ndarray]
+) -> np.ndarray:
     return np.stack([ends_by_rank[r][:n] for r in ranks])
 
 
@@ -497,7 +510,9 @@ def _infer_peers(df: pd.DataFrame, candidates: list[tuple[int, ...]]) -> pd.Seri
     return peer
 
 
-def match_with_findings(coll: pa.Table, metadata: pa.Table | None = None) -> tuple[pd.DataFrame, list[dict]]:
+def match_with_findings(
+    coll: pa.Table, metadata: pa.Table | None = None
+) -> tuple[pd.DataFrame, list[dict[str, Any]]]:
     """Instance ids for every row, plus COLLECTIVE_MISMATCH findings. Returns a DataFrame (see `match`)."""
     df = coll_frame(coll)
     if df.empty:
@@ -549,10 +564,10 @@ def match_with_findings(coll: pa.Table, metadata: pa.Table | None = None) -> tup
     return df, _mismatches(df)
 
 
-def _mismatches(df: pd.DataFrame) -> list[dict]:
+def _mismatches(df: pd.DataFrame) -> list[dict[str, Any]]:
     """COLLECTIVE_MISMATCH: an instance whose participants disagree on the op, or ranks of one group that
     issued different numbers of the same collective."""
-    out = []
+    out: list[dict[str, Any]] = []
     coll = df[~df["is_p2p"].astype(bool)]
     if coll.empty:
         return out
@@ -631,7 +646,7 @@ class ClockResult:
     unit_offsets_ns: dict[str, int] = field(default_factory=dict)
 
 
-def clock_domains(ranks, metadata: pa.Table | None) -> dict[int, str]:
+def clock_domains(ranks: Iterable[int], metadata: pa.Table | None) -> dict[int, str]:
     """rank -> clock domain: its host name when every rank's host is known, else the rank itself."""
     ranks = [int(r) for r in ranks]
     hosts: dict[int, str] = {}
@@ -721,7 +736,7 @@ def _components(u: np.ndarray, inst_idx: np.ndarray, n_units: int) -> list[int]:
     return [find(i) for i in range(n_units)]
 
 
-def clock_findings(clock: ClockResult, threshold_ns: int) -> list[dict]:
+def clock_findings(clock: ClockResult, threshold_ns: int) -> list[dict[str, Any]]:
     """CLOCK_SKEW when two clock domains differ by more than `threshold_ns`."""
     if not clock.unit_offsets_ns:
         return []
@@ -729,8 +744,8 @@ def clock_findings(clock: ClockResult, threshold_ns: int) -> list[dict]:
     spread = max(vals.values()) - min(vals.values())
     if spread <= threshold_ns:
         return []
-    lo = min(vals, key=vals.get)
-    hi = max(vals, key=vals.get)
+    lo = min(vals, key=lambda u: vals[u])
+    hi = max(vals, key=lambda u: vals[u])
     ranks = sorted(r for r, o in clock.offsets_ns.items() if abs(o) > threshold_ns)
     return [
         finding(
@@ -859,16 +874,17 @@ def _incomplete(rows: pd.DataFrame) -> np.ndarray:
     n = rows["n_participants"].astype("Float64").to_numpy(dtype=float, na_value=np.nan)
     exp = rows["n_expected"].astype("Float64").to_numpy(dtype=float, na_value=np.nan)
     # unknown group size: a lone participant cannot be a whole collective
-    return np.where(np.isnan(exp), n < 2, n < exp)
+    out: np.ndarray = np.where(np.isnan(exp), n < 2, n < exp)
+    return out
 
 
-def exposed_split(df: pd.DataFrame, breakdown: pa.Table, sets: dict) -> pa.Table:
+def exposed_split(df: pd.DataFrame, breakdown: pa.Table, sets: dict[int, RankSets]) -> pa.Table:
     """Per (rank, step): exposed communication (breakdown's K − C) split into the part inside the wait head
     [start, start + wait) of a collective on that rank and the rest (transfer). The two add up exactly.
 
     Both are null (unknown) in a step where exposed communication overlaps a collective whose other
     participants are not in the traces: without them its wait cannot be told from its transfer."""
-    out = {f.name: [] for f in EXPOSED_SPLIT}
+    out: dict[str, list[Any]] = {f.name: [] for f in EXPOSED_SPLIT}
     b_rank = breakdown.column("rank").to_numpy(zero_copy_only=False)
     # each rank's rows once (not a mask over every row per rank: quadratic at 1,024 ranks)
     b_order = np.argsort(b_rank, kind="stable")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 SCHEMA = "tracelens.compare/1"
 
@@ -38,7 +39,7 @@ BREAKDOWN_SHARES = (
 MIN_POINTS = 1.0
 
 
-def _num(x) -> float | None:
+def _num(x: Any) -> float | None:
     if x is None or isinstance(x, bool):
         return None
     try:
@@ -48,25 +49,25 @@ def _num(x) -> float | None:
     return None if math.isnan(x) or math.isinf(x) else x
 
 
-def _mean(vals: Sequence) -> float | None:
+def _mean(vals: Sequence[Any]) -> float | None:
     v = [x for x in (_num(y) for y in vals) if x is not None]
     return sum(v) / len(v) if v else None
 
 
-def step_time_ms(s: dict) -> float | None:
+def step_time_ms(s: dict[str, Any]) -> float | None:
     """The run's step time: mean over ranks of their mean step time."""
     return _mean([r.get("step_time_ms") for r in s.get("ranks") or []])
 
 
-def tokens_per_step(s: dict) -> float | None:
+def tokens_per_step(s: dict[str, Any]) -> float | None:
     t = _num((s.get("mfu") or {}).get("tokens_per_step"))
     return t if t and t > 0 else None
 
 
-def shares(s: dict) -> dict[str, float | None]:
+def shares(s: dict[str, Any]) -> dict[str, float | None]:
     """Breakdown parts as fractions of step time, over all ranks (None when no rank reports the part)."""
     ranks = [r for r in s.get("ranks") or [] if _num(r.get("step_time_ms"))]
-    total = sum(_num(r["step_time_ms"]) for r in ranks)
+    total = sum(_num(r["step_time_ms"]) or 0.0 for r in ranks)  # every one a number (the filter above)
     out: dict[str, float | None] = {}
     for key, _, field in BREAKDOWN_SHARES:
         vals = [_num(r.get(field)) for r in ranks]
@@ -74,21 +75,21 @@ def shares(s: dict) -> dict[str, float | None]:
     return out
 
 
-def layer_time_share(s: dict) -> dict[str, float]:
+def layer_time_share(s: dict[str, Any]) -> dict[str, float]:
     """composition.time_share of the summary ({} when the run had no module annotations)."""
     comp = s.get("composition") or {}
     ts = comp.get("time_share") if isinstance(comp, dict) else None
     return {str(k): float(v) for k, v in (ts or {}).items() if _num(v) is not None}
 
 
-def layer_comm(s: dict) -> dict[tuple[str, str], dict]:
+def layer_comm(s: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
     """composition.comm_by_type of the summary as {(layer type, op): record} ({} when absent)."""
     comp = s.get("composition") or {}
     cbt = comp.get("comm_by_type") if isinstance(comp, dict) else None
     return {(str(t), str(op)): rec for t, ops in (cbt or {}).items() for op, rec in (ops or {}).items()}
 
 
-def layer_comm_metrics(a: dict, b: dict) -> list[dict]:
+def layer_comm_metrics(a: dict[str, Any], b: dict[str, Any]) -> list[dict[str, Any]]:
     """Communication per layer type (ms and bytes per step), e.g. the all-to-alls of full attention."""
     ca, cb = layer_comm(a), layer_comm(b)
     out = []
@@ -106,12 +107,12 @@ def layer_comm_metrics(a: dict, b: dict) -> list[dict]:
     return out
 
 
-def bubble_fraction(s: dict) -> float | None:
+def bubble_fraction(s: dict[str, Any]) -> float | None:
     """Mean bubble fraction of the pipeline window over stages (None without pipeline results)."""
     return _mean([st.get("bubble_fraction") for st in s.get("stages") or []])
 
 
-def stage_imbalance(s: dict) -> float | None:
+def stage_imbalance(s: dict[str, Any]) -> float | None:
     """max / mean stage compute (1.0 = balanced)."""
     vals = [v for v in (_num(st.get("compute_ms")) for st in s.get("stages") or []) if v is not None]
     if len(vals) < 2 or not sum(vals):
@@ -133,7 +134,7 @@ def _fmt(v: float | None, unit: str) -> str:
     return f"{v:,.3f} {unit}" if abs(v) < 100 else f"{v:,.1f} {unit}"
 
 
-def _metric(group: str, key: str, name: str, unit: str, a, b, note: str = "") -> dict:
+def _metric(group: str, key: str, name: str, unit: str, a: Any, b: Any, note: str = "") -> dict[str, Any]:
     a, b = _num(a), _num(b)
     delta = b - a if a is not None and b is not None else None
     ratio = b / a if delta is not None and a else None
@@ -161,13 +162,13 @@ def _metric(group: str, key: str, name: str, unit: str, a, b, note: str = "") ->
     }
 
 
-def layout_text(s: dict) -> str:
+def layout_text(s: dict[str, Any]) -> str:
     """'tp=4, pp=4, dp=1, cp=1' from run.layout ('' when unknown)."""
     lay = (s.get("run") or {}).get("layout") or {}
     return ", ".join(f"{k}={lay[k]}" for k in ("tp", "pp", "dp", "cp") if lay.get(k) is not None)
 
 
-def run_info(s: dict) -> dict:
+def run_info(s: dict[str, Any]) -> dict[str, Any]:
     """What identifies a run beside its numbers: name, path, layout, sequence length, world size, GPU."""
     run = s.get("run") or {}
     mfu = s.get("mfu") or {}
@@ -186,7 +187,7 @@ def run_info(s: dict) -> dict:
 _CONCEPT = {"bubble_fraction": "bubble", "share.bubble": "bubble"}
 
 
-def _distinct(changes: list[dict]) -> list[dict]:
+def _distinct(changes: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """`changes` (largest first) without a second metric of an already named concept (the bubble twice)."""
     seen: set[str] = set()
     out = []
@@ -198,7 +199,7 @@ def _distinct(changes: list[dict]) -> list[dict]:
     return out
 
 
-def compare(a: dict, b: dict, labels: Sequence[str] = ("A", "B")) -> dict:
+def compare(a: dict[str, Any], b: dict[str, Any], labels: Sequence[str] = ("A", "B")) -> dict[str, Any]:
     """Side-by-side metrics of two summaries, their deltas, the biggest change and a plain-words text."""
     la, lb = (str(labels[0]), str(labels[1])) if len(labels) == 2 else ("A", "B")
     ta, tb = tokens_per_step(a), tokens_per_step(b)
@@ -228,8 +229,8 @@ def compare(a: dict, b: dict, labels: Sequence[str] = ("A", "B")) -> dict:
                 "step_time_per_1k_tokens_ms",
                 "step time per 1,000 tokens",
                 "ms",
-                sa / ta * 1000 if sa is not None else None,
-                sb / tb * 1000 if sb is not None else None,
+                sa / ta * 1000 if sa is not None and ta is not None else None,
+                sb / tb * 1000 if sb is not None and tb is not None else None,
                 "the fair comparison when tokens per step differ",
             )
         )
@@ -243,8 +244,8 @@ def compare(a: dict, b: dict, labels: Sequence[str] = ("A", "B")) -> dict:
                 "exposed_comm_per_1k_tokens_ms",
                 "exposed communication per 1,000 tokens",
                 "ms",
-                ea / ta * 1000 if ea is not None else None,
-                eb / tb * 1000 if eb is not None else None,
+                ea / ta * 1000 if ea is not None and ta is not None else None,
+                eb / tb * 1000 if eb is not None and tb is not None else None,
             )
         )
     metrics += [
@@ -314,7 +315,7 @@ def compare(a: dict, b: dict, labels: Sequence[str] = ("A", "B")) -> dict:
     changes = sorted(rankable, key=lambda m: -abs(m["delta"]))
     biggest = changes[0] if changes and abs(changes[0]["delta"]) * 100 >= MIN_POINTS else None
 
-    def sentence(m: dict) -> str:
+    def sentence(m: dict[str, Any]) -> str:
         what = m["name"] + ("'s share of step time" if m["key"].startswith("share.") else "")
         verb = "rose" if m["delta"] > 0 else "fell"
         return (

@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 
-def dict_lookup(col: pa.ChunkedArray | pa.Array, fn) -> np.ndarray:
+class ValueFn(Protocol):
+    """`fn(value) -> int` for one distinct string value (a protocol, not a Callable, so that lambdas binding
+    a loop variable as a default argument, `lambda v, k=k: ...`, are accepted)."""
+
+    def __call__(self, value: str, /) -> int: ...
+
+
+def dict_lookup(col: pa.ChunkedArray | pa.Array, fn: ValueFn) -> np.ndarray:
     """Apply `fn(str) -> int` to each distinct value of a dictionary (or string) column, vectorised by index."""
     arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
     if not pa.types.is_dictionary(arr.type):

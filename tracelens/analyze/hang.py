@@ -10,6 +10,7 @@ others are waiting for them. Joined entries that disagree on op, element counts 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -60,9 +61,11 @@ def _frame(coll: pa.Table) -> pd.DataFrame:
     return df
 
 
-def _members(df: pd.DataFrame, expected_ranks) -> dict[tuple, set[int]]:
+def _members(
+    df: pd.DataFrame, expected_ranks: Iterable[int] | Mapping[str, Iterable[int]] | None
+) -> dict[tuple[Any, Any], set[int]]:
     """Members of each (pg_name, pg_desc): pg_ranks, else `expected_ranks`, else the ranks seen in it."""
-    out: dict[tuple, set[int]] = {}
+    out: dict[tuple[Any, Any], set[int]] = {}
     for key, grp in df.groupby(["pg_name", "pg_desc"], dropna=False, sort=False):
         name, desc = key
         desc = None if (desc is None or (isinstance(desc, float) and np.isnan(desc))) else desc
@@ -72,7 +75,7 @@ def _members(df: pd.DataFrame, expected_ranks) -> dict[tuple, set[int]]:
                 ranks.update(int(r) for r in lst)
         if not ranks and expected_ranks is not None:
             if isinstance(expected_ranks, Mapping):
-                given = expected_ranks.get(name, expected_ranks.get(desc))
+                given = expected_ranks.get(name, None if desc is None else expected_ranks.get(desc))
                 if given is not None:
                     ranks = {int(r) for r in given}
             elif desc == "default_pg" or name == "0":
@@ -128,7 +131,7 @@ def progress(coll: pa.Table) -> pd.DataFrame:
 
 def diagnose(
     coll: pa.Table, expected_ranks: Iterable[int] | Mapping[str, Iterable[int]] | None = None
-) -> list[dict]:
+) -> list[dict[str, Any]]:
     """Findings (COLLECTIVE_HANG, COLLECTIVE_MISMATCH) from a COLLECTIVES table of several ranks.
 
     `expected_ranks`: the world's ranks (used for the default group when the records carry no membership),
@@ -146,8 +149,8 @@ def diagnose(
     df["seq"] = df["seq"].astype("int64")
     members = _members(df, expected_ranks)
     prog = progress(coll)
-    hangs: list[tuple[float, dict]] = []
-    mismatches: list[tuple[float, dict]] = []
+    hangs: list[tuple[float, dict[str, Any]]] = []
+    mismatches: list[tuple[float, dict[str, Any]]] = []
 
     for (name, desc), grp in df.groupby(["pg_name", "pg_desc"], dropna=False, sort=False):
         desc = None if (desc is None or (isinstance(desc, float) and np.isnan(desc))) else desc
@@ -226,7 +229,7 @@ def diagnose(
             maj = rows[combo == majority].iloc[0]
             oddrow = rows[combo != majority].iloc[0]
 
-            def describe(r, kind: str = kind) -> str:
+            def describe(r: pd.Series, kind: str = kind) -> str:
                 if kind == "op":
                     return str(r["op"])
                 if kind == "size":
@@ -270,7 +273,7 @@ def _split_unranked(coll: pa.Table) -> tuple[pa.Table, pa.Table | None]:
     return coll.filter(known), coll.filter(pa.compute.invert(known))
 
 
-def _unranked_findings(coll: pa.Table) -> list[dict]:
+def _unranked_findings(coll: pa.Table) -> list[dict[str, Any]]:
     """Hang / desync findings of rows without ranks, matched per process (analyze.nccl_sources)."""
     from tracelens.analyze.nccl_sources import diagnose_processes
 

@@ -19,6 +19,9 @@ Everything is vectorised numpy over all events of a rank; the only Python loop i
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -68,7 +71,7 @@ COMM_COMP_OVERLAP = pa.schema(
 )
 
 
-def _per_value(col: pa.Array | pa.ChunkedArray, fn) -> np.ndarray:
+def _per_value(col: pa.Array | pa.ChunkedArray, fn: Callable[[pa.Array], np.ndarray]) -> np.ndarray:
     """`fn(strings) -> numpy array` evaluated once per distinct value of a (dictionary) string column
     and gathered to every row; a null reads as the empty string."""
     arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
@@ -78,7 +81,8 @@ def _per_value(col: pa.Array | pa.ChunkedArray, fn) -> np.ndarray:
     null_value = fn(pa.array([""], pa.string()))
     table = np.concatenate([values, null_value])
     codes = pc.fill_null(arr.indices, len(values)).to_numpy(zero_copy_only=False).astype(np.int64)
-    return table[codes]
+    out: np.ndarray = table[codes]
+    return out
 
 
 def kernel_type(names: pa.Array | pa.ChunkedArray) -> np.ndarray:
@@ -103,10 +107,15 @@ def _is_in(col: pa.Array | pa.ChunkedArray, values: tuple[str, ...]) -> np.ndarr
 
 def _int_column(events: pa.Table, name: str, fill: int) -> np.ndarray:
     col = events.column(name)
-    return pc.fill_null(col, fill).to_numpy().astype(np.int64, copy=False)
+    out: np.ndarray = pc.fill_null(col, fill).to_numpy().astype(np.int64, copy=False)
+    return out
 
 
-def _prepared(events: pa.Table, base_time_ns: dict[int, int] | None):
+def _prepared(
+    events: pa.Table, base_time_ns: dict[int, int] | None
+) -> tuple[
+    np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, int
+]:
     """Per-row numpy columns in HTA's view: µs-rounded times, args.stream, correlation, classes."""
     dur_valid = pc.is_valid(events.column("dur_ns")).to_numpy(zero_copy_only=False)
     if not dur_valid.all():  # HTA drops events without a duration
@@ -179,7 +188,7 @@ def _window_mask(
     # GPU rows survive when a kept CPU row of the same rank has their correlation id (inner merge).
     key = (inv.astype(np.int64) << 40) + corr
     kept_gpu = is_gpu & np.isin(key, key[kept_cpu])
-    keep = kept_cpu | kept_gpu
+    keep: np.ndarray = kept_cpu | kept_gpu
     return keep
 
 
@@ -263,7 +272,7 @@ def temporal_breakdown(
     needed only to round sub-µs timestamps exactly where HTA does (metadata table `base_time_ns`).
     """
     _, per_rank = _rank_gpu_rows(events, base_time_ns, include_last_profiler_step)
-    rows: dict[str, list] = {f.name: [] for f in TEMPORAL_BREAKDOWN}
+    rows: dict[str, list[Any]] = {f.name: [] for f in TEMPORAL_BREAKDOWN}
     for r, s, e, kt in per_rank:
         rows["rank"].append(r)
         if s.size == 0:
@@ -297,7 +306,7 @@ def comm_comp_overlap(
     null where a rank has no communication kernels (HTA reports NaN). Same window as `temporal_breakdown`.
     """
     _, per_rank = _rank_gpu_rows(events, base_time_ns, include_last_profiler_step)
-    rows: dict[str, list] = {f.name: [] for f in COMM_COMP_OVERLAP}
+    rows: dict[str, list[Any]] = {f.name: [] for f in COMM_COMP_OVERLAP}
     for r, s, e, kt in per_rank:
         comm = _hta_merge(s[kt == COMMUNICATION], e[kt == COMMUNICATION])
         comp = _hta_merge(s[kt == COMPUTATION], e[kt == COMPUTATION])
@@ -321,7 +330,7 @@ def base_times(metadata: pa.Table | None) -> dict[int, int]:
 
 def summary_rows(
     events: pa.Table, metadata: pa.Table | None = None, include_last_profiler_step: bool = False
-) -> list[dict]:
+) -> list[dict[str, Any]]:
     """Per-rank dicts for summary.json's `compat` block (times in ms, HTA's percentages), sorted by rank.
 
     Joins `temporal_breakdown` and `comm_comp_overlap`; unknown values are None.

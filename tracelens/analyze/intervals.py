@@ -8,6 +8,7 @@ No Python loop runs over intervals.
 from __future__ import annotations
 
 import numpy as np
+import numpy.typing as npt
 
 Intervals = tuple[np.ndarray, np.ndarray]
 
@@ -18,7 +19,7 @@ def empty() -> Intervals:
     return _EMPTY.copy(), _EMPTY.copy()
 
 
-def union(starts, ends) -> Intervals:
+def union(starts: npt.ArrayLike, ends: npt.ArrayLike) -> Intervals:
     """Canonical union of arbitrary intervals (unsorted, overlapping, empty ones dropped)."""
     s = np.asarray(starts, dtype=np.int64)
     e = np.asarray(ends, dtype=np.int64)
@@ -108,7 +109,7 @@ def clip(a: Intervals, lo: int, hi: int) -> Intervals:
     return s[keep], e[keep]
 
 
-def measure_in_windows(a: Intervals, lo, hi) -> np.ndarray:
+def measure_in_windows(a: Intervals, lo: npt.ArrayLike, hi: npt.ArrayLike) -> np.ndarray:
     """Covered length of canonical set `a` inside each window [lo[i], hi[i]), vectorised over windows."""
     lo = np.asarray(lo, dtype=np.int64)
     hi = np.asarray(hi, dtype=np.int64)
@@ -124,10 +125,11 @@ def measure_in_windows(a: Intervals, lo, hi) -> np.ndarray:
         partial = np.clip(t - a[0][j], 0, a[1][j] - a[0][j])
         return np.where(i > 0, full + partial, 0)
 
-    return np.maximum(covered_before(hi) - covered_before(lo), 0)
+    out: np.ndarray = np.maximum(covered_before(hi) - covered_before(lo), 0)
+    return out
 
 
-def assign_windows(ts, lo, hi) -> np.ndarray:
+def assign_windows(ts: npt.ArrayLike, lo: npt.ArrayLike, hi: npt.ArrayLike) -> np.ndarray:
     """Index of the window [lo[k], hi[k]) holding each point of `ts` (windows sorted, disjoint); -1 for none."""
     ts = np.asarray(ts, dtype=np.int64)
     lo = np.asarray(lo, dtype=np.int64)

@@ -83,7 +83,8 @@ def _searchsorted_segments(s: np.ndarray, lo: np.ndarray, hi: np.ndarray, t: np.
         gt = act & ~le
         a = np.where(le, mid + 1, a)
         b = np.where(gt, mid, b)
-    return a - lo
+    out: np.ndarray = a - lo
+    return out
 
 
 @dataclass

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 from tracelens.errors import BadConfigError
 
@@ -87,7 +88,7 @@ MODULE_TYPES = {
 USER_RULE = "layer_pattern"
 
 
-def compile_rules(user_pattern: str | None = None) -> list[tuple[str, re.Pattern]]:
+def compile_rules(user_pattern: str | None = None) -> list[tuple[str, re.Pattern[str]]]:
     """The rules in match order, a user pattern first; a bad pattern is a BadConfigError."""
     out = []
     if user_pattern:
@@ -115,7 +116,7 @@ def canonical(part: str) -> str:
     return MODULE_TYPES.get(low, low)
 
 
-def matched_rule(names: Iterable[str], user_pattern: str | None = None) -> dict:
+def matched_rule(names: Iterable[str], user_pattern: str | None = None) -> dict[str, Any]:
     """Which rule matched the run's span names: {"rule", "example", "names"} for the rule with the most
     distinct mixer names (types other than mlp / heads), or None fields when none matched."""
     rules = compile_rules(user_pattern)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from tracelens.errors import BadInputError
 from tracelens.models.flops import (
@@ -60,7 +61,7 @@ def compute_mfu(
     recompute: str | None = None,
     step_times_s: Mapping[int, float] | Sequence[float] | None = None,
     lost_time_s: Mapping[str, float] | None = None,
-) -> dict:
+) -> dict[str, Any]:
     """The summary.json "mfu" object.
 
     step_time_s: mean step time in seconds; step_times_s: per-step times (a list, or {step: seconds})
@@ -75,10 +76,10 @@ def compute_mfu(
         raise BadInputError(f"unknown FLOPs convention '{convention}' (known: {', '.join(CONVENTIONS)})")
     if recompute not in RECOMPUTE:
         raise BadInputError(f"unknown recompute mode '{recompute}' (known: selective, full)")
-    seq = int(seq_len) if _positive(seq_len) else None
+    seq = int(seq_len) if seq_len is not None and _positive(seq_len) else None
     tokens = _positive(tokens_per_step)
     step = _positive(step_time_s)
-    gpus = int(n_gpus) if _positive(n_gpus) else None
+    gpus = int(n_gpus) if n_gpus is not None and _positive(n_gpus) else None
     peak = _positive(peak_flops_per_gpu)
 
     fpt = hfpt = None
@@ -142,7 +143,7 @@ def stage_tflops(
     tp: int = 1,
     cp: int = 1,
     peak_flops_per_gpu: float | None = None,
-) -> list[dict]:
+) -> list[dict[str, Any]]:
     """Achieved TFLOP/s per GPU of each pipeline stage from its compute time per step.
 
     Each pipeline replica (one of `dp`) processes tokens_per_step / dp tokens per step; a stage's
@@ -153,7 +154,7 @@ def stage_tflops(
     """
     n_stages = len(compute_time_s)
     stage_fpt: list[float | None] = [None] * n_stages
-    seq = int(seq_len) if _positive(seq_len) else None
+    seq = int(seq_len) if seq_len is not None and _positive(seq_len) else None
     if model is not None and seq is not None and layer_split is not None:
         split = check_split(model, layer_split)
         if len(split) != n_stages:

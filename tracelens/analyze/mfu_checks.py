@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
+from typing import Any
 
 from tracelens.findings import finding
 
@@ -79,7 +80,9 @@ def trace_conflicts(
     return out
 
 
-def impossible_mfu(mfu: dict | None, global_batch: int | None = None) -> tuple[dict | None, list[dict]]:
+def impossible_mfu(
+    mfu: dict[str, Any] | None, global_batch: int | None = None
+) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
     """(mfu with impossible values nulled, [an MFU_IMPOSSIBLE error finding]) when any MFU exceeds 100%.
 
     Checked: `value`, `hfu`, `without_bubbles_and_exposed_comm` and every per-step MFU. A GPU cannot do

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import re
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -20,7 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracelens.models.hardware import hbm_bandwidth, roofline_peak_flops
-from tracelens.models.op_flops import op_cost, op_family
+from tracelens.models.op_flops import OpCost, op_cost, op_family
 from tracelens.schema import KERNEL_NAME_COMM
 
 #: Columns of the op table (one row per rank, op, shapes, main kernel and layer type).
@@ -104,17 +105,19 @@ def short_kernel_name(name: str | None) -> str | None:
 
 
 # ------------------------------------------------------------------------------------------- helpers
-def _col(t: pa.Table, name: str, fill=None) -> np.ndarray:
+def _col(t: pa.Table, name: str, fill: object = None) -> np.ndarray:
     c = t.column(name)
     if fill is not None:
         c = c.fill_null(fill)
-    return c.to_numpy(zero_copy_only=False)
+    out: np.ndarray = c.to_numpy(zero_copy_only=False)
+    return out
 
 
 def _kind_mask(events: pa.Table, kinds: tuple[str, ...]) -> np.ndarray:
-    return pc.is_in(events.column("kind").cast(pa.string()), value_set=pa.array(kinds)).to_numpy(
+    out: np.ndarray = pc.is_in(events.column("kind").cast(pa.string()), value_set=pa.array(kinds)).to_numpy(
         zero_copy_only=False
     )
+    return out
 
 
 def _frame(events: pa.Table, mask: np.ndarray, cols: list[str]) -> pd.DataFrame:
@@ -306,7 +309,7 @@ def op_instances(events: pa.Table, shapes: pa.Table | None = None, steps: list[i
 
 
 @lru_cache(maxsize=65536)
-def _cost(op: str, dims: str | None, types: str | None, concrete: str | None):
+def _cost(op: str, dims: str | None, types: str | None, concrete: str | None) -> OpCost | None:
     if not isinstance(op, str) or not isinstance(dims, str):
         return None
     try:
@@ -318,11 +321,11 @@ def _cost(op: str, dims: str | None, types: str | None, concrete: str | None):
     return op_cost(op, d, t, c)
 
 
-def _none(v):
+def _none(v: Any) -> Any:
     return None if v is None or (isinstance(v, float) and not np.isfinite(v)) else v
 
 
-def op_table(instances: pd.DataFrame, gpu_name: str | None, n_steps: int | dict | None = None,
+def op_table(instances: pd.DataFrame, gpu_name: str | None, n_steps: int | dict[int, int] | None = None,
              stage_of: dict[int, int] | None = None) -> pd.DataFrame:
     """Op instances grouped by (rank, op, shapes, kernel, layer type) with per-step time, FLOPs and
     bytes, achieved TFLOP/s and TB/s, and the roofline (OP_COLUMNS), longest first. `n_steps`: steps the
@@ -396,7 +399,7 @@ def op_table(instances: pd.DataFrame, gpu_name: str | None, n_steps: int | dict 
     return agg[OP_COLUMNS].reset_index(drop=True)
 
 
-def kernel_table(instances: pd.DataFrame, n_steps: int | dict | None = None,
+def kernel_table(instances: pd.DataFrame, n_steps: int | dict[int, int] | None = None,
                  stage_of: dict[int, int] | None = None) -> pd.DataFrame:
     """Kernels (short names) by time per step and rank: calls and ms per step, and the op that launches
     them most (by time). Ranks without kernels give no rows."""
@@ -420,7 +423,7 @@ def kernel_table(instances: pd.DataFrame, n_steps: int | dict | None = None,
     return agg.sort_values("ms_per_step", ascending=False)[cols].reset_index(drop=True)
 
 
-def summary_rows(table: pd.DataFrame, per_stage: int = 15, limit: int = 60) -> list[dict]:
+def summary_rows(table: pd.DataFrame, per_stage: int = 15, limit: int = 60) -> list[dict[str, Any]]:
     """The summary's `ops`: the top `per_stage` rows of each stage (or rank, when stages are unknown) by
     time per step, at most `limit` in all; numbers rounded, unknowns null."""
     if table.empty:

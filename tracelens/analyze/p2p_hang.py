@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -39,8 +40,9 @@ HUNG_FACTOR = 5.0  # a hung step is at least this many times the median of the o
 @dataclass
 class P2PHangResult:
     hung_steps: list[int] = field(default_factory=list)
-    findings: list[dict] = field(default_factory=list)
-    progress: list[dict] = field(default_factory=list)  # per rank: last enqueued / started / completed call
+    findings: list[dict[str, Any]] = field(default_factory=list)
+    #: per rank: last enqueued / started / completed call
+    progress: list[dict[str, Any]] = field(default_factory=list)
 
 
 def _short(name: str) -> str | None:
@@ -120,7 +122,8 @@ def diagnose_p2p(
         if len(prev):
             last = prev["step"].max()
             healthy[r] = prev[prev["step"] == last]["op"].tolist()
-    roots, blocked = [], []
+    roots: list[dict[str, Any]] = []
+    blocked: list[dict[str, Any]] = []
     for r, g in sorted(seqs.items()):
         cur = g[g["step"] == step]
         if cur.empty:

@@ -26,14 +26,15 @@ first backward (m > p), else `1f1b`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 
 from tracelens.analyze import intervals as iv
+from tracelens.analyze.breakdown import RankSets, class_sets
 from tracelens.analyze.breakdown import breakdown as compute_breakdown
-from tracelens.analyze.breakdown import class_sets
 from tracelens.analyze.classify import COMM, COMPUTE, _dict_lookup, classify
 from tracelens.analyze.composition import module_spans
 from tracelens.findings import finding
@@ -64,8 +65,8 @@ class PipelineResult:
     """Bubbles per (rank, step) and per stage, the schedule used for the expectation, and findings."""
 
     per_rank_step: pa.Table = field(default_factory=PER_RANK_STEP.empty_table)
-    stages: list[dict] = field(default_factory=list)
-    findings: list[dict] = field(default_factory=list)
+    stages: list[dict[str, Any]] = field(default_factory=list)
+    findings: list[dict[str, Any]] = field(default_factory=list)
     microbatches: int | None = None
     microbatches_observed: int | None = None  # counted in the trace (spans or sends), even when given
     schedule: str | None = None
@@ -73,7 +74,7 @@ class PipelineResult:
     expected_bubble_fraction: float | None = None
     cause_stage: int | None = None
     #: schedule read from P2P counts and order (analyze/schedule_infer.py), None when not readable
-    schedule_evidence: dict | None = None
+    schedule_evidence: dict[str, Any] | None = None
 
 
 def expected_bubble_fraction(
@@ -97,7 +98,8 @@ def _p2p_mask(events: pa.Table) -> np.ndarray:
     ).astype(bool)
     # an all_to_all also runs in a SendRecv kernel: when the collective name is known it decides
     has_coll = events.column("collective").is_valid().to_numpy(zero_copy_only=False)
-    return (by_name & ~has_coll) | by_coll
+    out: np.ndarray = (by_name & ~has_coll) | by_coll
+    return out
 
 
 def _virtual_stages(sp: pd.DataFrame) -> int:
@@ -136,7 +138,9 @@ def _detect_schedule(sp: pd.DataFrame, bwd: pd.DataFrame, grid: Grid, m: int | N
     return "gpipe" if np.median(counts) >= m else "1f1b"
 
 
-def _backward_marks(events: pa.Table, sp: pd.DataFrame, sets: dict, ev: pd.DataFrame) -> pd.DataFrame:
+def _backward_marks(
+    events: pa.Table, sp: pd.DataFrame, sets: dict[int, RankSets], ev: pd.DataFrame
+) -> pd.DataFrame:
     """Per (rank, step): start and end of the backward pass, from backward module annotations, else (on
     ranks analysed on the CPU timeline) from the autograd engine's `evaluate_function` ops."""
     out = pd.DataFrame(
@@ -168,7 +172,7 @@ def analyze_pipeline(
     spans: pa.Table | None = None,
     excess_threshold: float = EXCESS_THRESHOLD,
     clock_offsets_ns: dict[int, int] | None = None,
-    sets: dict | None = None,
+    sets: dict[int, RankSets] | None = None,
     virtual_stages: int | None = None,
 ) -> PipelineResult:
     """Bubble per (rank, step) and per stage; PIPELINE_BUBBLE_EXCESS when the excess is material.
@@ -315,7 +319,7 @@ def analyze_pipeline(
         ranks = grid.ranks_of_stage(int(s))
         window = float(g["window"].sum())
         steps = float(g["step_time"].sum())
-        rec = {
+        rec: dict[str, Any] = {
             "stage": int(s),
             "ranks": ranks,
             "compute_ms": float(comp_by_rank.reindex(g["rank"].unique()).mean()) / 1e6,
@@ -340,7 +344,8 @@ def analyze_pipeline(
 
 def _ratio(num: pd.Series, den: pd.Series) -> np.ndarray:
     n, d = num.to_numpy(dtype=np.float64), den.to_numpy(dtype=np.float64)
-    return np.divide(n, d, out=np.zeros_like(n), where=d > 0)
+    out: np.ndarray = np.divide(n, d, out=np.zeros_like(n), where=d > 0)
+    return out
 
 
 def _fallback_last(
@@ -386,7 +391,9 @@ def _microbatches_from_sends(
     return int(df.groupby(["rank", "step"]).size().median())
 
 
-def _excess_finding(res: PipelineResult, grid: Grid, threshold: float) -> tuple[list[dict], int | None]:
+def _excess_finding(
+    res: PipelineResult, grid: Grid, threshold: float
+) -> tuple[list[dict[str, Any]], int | None]:
     exp = res.expected_bubble_fraction
     if exp is None or not res.stages or (grid.pp or 1) < 2:
         return [], None

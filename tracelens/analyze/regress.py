@@ -28,11 +28,13 @@ from tracelens.errors import BadConfigError, BadInputError
 try:  # Python 3.11+
     import tomllib
 except ModuleNotFoundError:  # pragma: no cover - Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
+    import tomli as tomllib
 
 
 #: per-call memo of per_step column arrays (id(rows) -> (rows, arrays)), active only inside `check`
-_ARRAYS_MEMO: ContextVar[dict[int, tuple[list, dict]] | None] = ContextVar("_ARRAYS_MEMO", default=None)
+_ARRAYS_MEMO: ContextVar[dict[int, tuple[list[Any], dict[str, np.ndarray]]] | None] = ContextVar(
+    "_ARRAYS_MEMO", default=None
+)
 STATUSES = ("pass", "fail", "skip")
 
 # ----------------------------------------------------------------------------------------------------------
@@ -279,7 +281,7 @@ class CheckReport:
         extra = f", {len(self.skipped)} skipped" if self.skipped else ""
         return f"OK: no regression ({n - len(self.skipped)} of {n} rules passed{extra})"
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (`--format json`)."""
         return {
             "baseline": self.baseline_label,
@@ -308,7 +310,7 @@ _PER_STEP_FIELDS = (
 )
 
 
-def _per_step_arrays(rows: list[dict]) -> dict[str, np.ndarray]:
+def _per_step_arrays(rows: list[dict[str, Any]]) -> dict[str, np.ndarray]:
     """Column arrays of `per_step` rows (null -> NaN; a null step, a run without step markers, -> -1).
 
     Converted column by column through Arrow (fast for 10^5 rows). Raises ValueError naming the first
@@ -351,7 +353,7 @@ def _row_ok(row: Any) -> bool:
     return True
 
 
-def _per_step_columns(summary: dict) -> dict[str, np.ndarray] | None:
+def _per_step_columns(summary: dict[str, Any]) -> dict[str, np.ndarray] | None:
     """Column arrays (rank, step, *_ms as float with NaN for null) of `per_step`, complete steps only.
 
     A step is complete when every rank seen in `per_step` reported it; partial steps (a rank's trace
@@ -378,7 +380,7 @@ def _group_by_step(cols: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]
     return order, starts
 
 
-def step_time_samples(summary: dict, aggregate: str = "max") -> np.ndarray | None:
+def step_time_samples(summary: dict[str, Any], aggregate: str = "max") -> np.ndarray | None:
     """One step time (ms) per step: the max (or median) over ranks of `per_step[].step_time_ms`.
 
     Max is the default because a synchronous job advances at the pace of its slowest rank: that is
@@ -400,7 +402,7 @@ def step_time_samples(summary: dict, aggregate: str = "max") -> np.ndarray | Non
     return np.array([np.median(v[a:b]) for a, b in itertools.pairwise(bounds)])
 
 
-def share_samples(summary: dict, part: str) -> np.ndarray | None:
+def share_samples(summary: dict[str, Any], part: str) -> np.ndarray | None:
     """Per-step share of step time spent in `part` (percent): sum over ranks of part / of step time.
 
     Summing over ranks weighs each rank by its time, so the share is that of all GPU-time in the
@@ -491,14 +493,14 @@ def _threshold_only(
                    threshold_only=True)
 
 
-def rule_step_time(baseline: dict, current: dict, cfg: StepTimeRule) -> RuleResult:
+def rule_step_time(baseline: dict[str, Any], current: dict[str, Any], cfg: StepTimeRule) -> RuleResult:
     """Median step time increase > max_increase_pct AND one-sided Mann-Whitney p < alpha -> fail."""
     rule, title = "step_time", f"Step time (median of per-step {cfg.aggregate} over ranks)"
     threshold = f"> +{cfg.max_increase_pct:g}% and p < {cfg.alpha:g}"
     base = step_time_samples(baseline, cfg.aggregate)
     cur = step_time_samples(current, cfg.aggregate)
-    missing = _which_missing(base, cur)
-    if missing:
+    if base is None or cur is None:
+        missing = _which_missing(base, cur)
         return _skip(rule, title, f"no per-step step times in {missing}", unit="ms", threshold=threshold)
     m_b, m_c = float(np.median(base)), float(np.median(cur))
     common: dict[str, Any] = {
@@ -513,11 +515,12 @@ def rule_step_time(baseline: dict, current: dict, cfg: StepTimeRule) -> RuleResu
     delta = 100.0 * (m_c / m_b - 1.0)
     common["delta"] = delta
     p, skipped = _significance_gate(rule, title, base, cur, cfg.alpha, **common)
-    if skipped:
+    if skipped is not None:
         return _threshold_only(
             skipped, base, cur, delta > cfg.max_increase_pct, f"> +{cfg.max_increase_pct:g}%",
             f"median step time {m_b:.3f} -> {m_c:.3f} ms ({delta:+.1f}%)",
         )
+    assert p is not None  # _significance_gate gives a p-value or a skip result
     over, significant = delta > cfg.max_increase_pct, p < cfg.alpha
     status = "fail" if over and significant else "pass"
     message = (
@@ -531,13 +534,19 @@ def rule_step_time(baseline: dict, current: dict, cfg: StepTimeRule) -> RuleResu
 
 
 def _share_rule(
-    rule: str, title: str, part: str, baseline: dict, current: dict, cfg: ShareRule, fallback: Callable | None
+    rule: str,
+    title: str,
+    part: str,
+    baseline: dict[str, Any],
+    current: dict[str, Any],
+    cfg: ShareRule,
+    fallback: Callable[[dict[str, Any], dict[str, Any], ShareRule, str], RuleResult | None] | None,
 ) -> RuleResult:
     """Shared logic of the exposed-communication and bubble rules (percent of step time, in points)."""
     threshold = f"> +{cfg.max_increase_points:g} pts and p < {cfg.alpha:g}"
     base, cur = share_samples(baseline, part), share_samples(current, part)
-    missing = _which_missing(base, cur)
-    if missing:
+    if base is None or cur is None:
+        missing = _which_missing(base, cur)
         if fallback is not None:
             result = fallback(baseline, current, cfg, threshold)
             if result is not None:
@@ -554,12 +563,13 @@ def _share_rule(
         "threshold": threshold,
     }
     p, skipped = _significance_gate(rule, title, base, cur, cfg.alpha, **common)
-    if skipped:
+    if skipped is not None:
         return _threshold_only(
             skipped, base, cur, delta > cfg.max_increase_points, f"> +{cfg.max_increase_points:g} pts",
             f"median {part.removesuffix('_ms').replace('_', ' ')} share {m_b:.2f}% -> {m_c:.2f}% "
             f"of step time ({delta:+.2f} pts)",
         )
+    assert p is not None  # _significance_gate gives a p-value or a skip result
     over, significant = delta > cfg.max_increase_points, p < cfg.alpha
     status = "fail" if over and significant else "pass"
     message = (
@@ -573,7 +583,7 @@ def _share_rule(
     )
 
 
-def rule_exposed_comm(baseline: dict, current: dict, cfg: ShareRule) -> RuleResult:
+def rule_exposed_comm(baseline: dict[str, Any], current: dict[str, Any], cfg: ShareRule) -> RuleResult:
     """Exposed-communication share of step time up by > max_increase_points AND significant -> fail."""
     return _share_rule(
         "exposed_comm",
@@ -586,15 +596,17 @@ def rule_exposed_comm(baseline: dict, current: dict, cfg: ShareRule) -> RuleResu
     )
 
 
-def _stage_bubble(summary: dict) -> float | None:
+def _stage_bubble(summary: dict[str, Any]) -> float | None:
     """Mean over pipeline stages of `stages[].bubble_fraction`, in percent (None without stages)."""
     stages = summary.get("stages") or []
-    values = [s.get("bubble_fraction") for s in stages if isinstance(s, dict)]
+    values: list[Any] = [s.get("bubble_fraction") for s in stages if isinstance(s, dict)]
     values = [float(v) for v in values if v is not None]
     return 100.0 * float(np.mean(values)) if values else None
 
 
-def _bubble_fallback(baseline: dict, current: dict, cfg: ShareRule, threshold: str) -> RuleResult | None:
+def _bubble_fallback(
+    baseline: dict[str, Any], current: dict[str, Any], cfg: ShareRule, threshold: str
+) -> RuleResult | None:
     """Without per-step bubble samples, compare the stages' bubble fractions on the threshold alone."""
     b, c = _stage_bubble(baseline), _stage_bubble(current)
     if b is None or c is None:
@@ -616,7 +628,7 @@ def _bubble_fallback(baseline: dict, current: dict, cfg: ShareRule, threshold: s
     )
 
 
-def _pipeline_absent(summary: dict) -> bool:
+def _pipeline_absent(summary: dict[str, Any]) -> bool:
     """True when the run is known to have at most one pipeline stage (unknown layout: False)."""
     pp = ((summary.get("run") or {}).get("layout") or {}).get("pp")
     if pp is not None:
@@ -625,7 +637,7 @@ def _pipeline_absent(summary: dict) -> bool:
     return isinstance(stages, list) and len(stages) == 1
 
 
-def rule_bubble(baseline: dict, current: dict, cfg: ShareRule) -> RuleResult:
+def rule_bubble(baseline: dict[str, Any], current: dict[str, Any], cfg: ShareRule) -> RuleResult:
     """Pipeline-bubble share of step time up by > max_increase_points AND significant -> fail."""
     if _pipeline_absent(baseline) and _pipeline_absent(current):
         return _skip(
@@ -641,13 +653,13 @@ def rule_bubble(baseline: dict, current: dict, cfg: ShareRule) -> RuleResult:
     )
 
 
-def rule_mfu(baseline: dict, current: dict, cfg: MfuRule) -> RuleResult:
+def rule_mfu(baseline: dict[str, Any], current: dict[str, Any], cfg: MfuRule) -> RuleResult:
     """MFU drop > max_drop_points percentage points -> fail (threshold only, see docs/ci.md)."""
     rule, title = "mfu", "Model FLOPs utilization"
     threshold = f"drop > {cfg.max_drop_points:g} pts"
     b, c = _mfu_value(baseline), _mfu_value(current)
-    missing = _which_missing(b, c)
-    if missing:
+    if b is None or c is None:
+        missing = _which_missing(b, c)
         return _skip(
             rule,
             title,
@@ -673,7 +685,7 @@ def rule_mfu(baseline: dict, current: dict, cfg: MfuRule) -> RuleResult:
     )
 
 
-def _mfu_value(summary: dict) -> float | None:
+def _mfu_value(summary: dict[str, Any]) -> float | None:
     """`mfu.value` as a fraction, or None when unknown."""
     mfu = summary.get("mfu")
     if not isinstance(mfu, dict) or mfu.get("value") is None:
@@ -682,13 +694,13 @@ def _mfu_value(summary: dict) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def rule_stragglers(baseline: dict, current: dict, cfg: StragglerRule) -> RuleResult:
+def rule_stragglers(baseline: dict[str, Any], current: dict[str, Any], cfg: StragglerRule) -> RuleResult:
     """A rank flagged as straggler in current but not in baseline -> fail."""
     rule, title = "stragglers", "New straggler ranks"
     threshold = "no new straggler"
     b, c = _straggler_ranks(baseline), _straggler_ranks(current)
-    missing = _which_missing(b, c)
-    if missing:
+    if b is None or c is None:
+        missing = _which_missing(b, c)
         return _skip(rule, title, f"no straggler analysis in {missing}", threshold=threshold)
     new = sorted(c - b)
     delta = [f"+rank {r}" for r in new] + [f"-rank {r}" for r in sorted(b - c)]
@@ -707,14 +719,14 @@ def rule_stragglers(baseline: dict, current: dict, cfg: StragglerRule) -> RuleRe
     return RuleResult(rule, title, "fail", f"new straggler rank(s) {new}: {details}", **common)
 
 
-def _straggler_ranks(summary: dict) -> set[int] | None:
+def _straggler_ranks(summary: dict[str, Any]) -> set[int] | None:
     stragglers = summary.get("stragglers")
     if stragglers is None:
         return None
     return {int(s["rank"]) for s in stragglers if isinstance(s, dict) and s.get("rank") is not None}
 
 
-def _straggler_detail(summary: dict, rank: int) -> str:
+def _straggler_detail(summary: dict[str, Any], rank: int) -> str:
     """Short evidence of one straggler: cause and steps flagged."""
     for s in summary.get("stragglers") or []:
         if isinstance(s, dict) and s.get("rank") is not None and int(s["rank"]) == rank:
@@ -725,13 +737,13 @@ def _straggler_detail(summary: dict, rank: int) -> str:
     return f"rank {rank}"  # pragma: no cover
 
 
-def rule_findings(baseline: dict, current: dict, cfg: FindingsRule) -> RuleResult:
+def rule_findings(baseline: dict[str, Any], current: dict[str, Any], cfg: FindingsRule) -> RuleResult:
     """A finding code at one of cfg.severities in current but not in baseline -> fail."""
     rule, title = "findings", f"New {'/'.join(cfg.severities)} findings"
     threshold = f"no new {'/'.join(cfg.severities)} code"
     b, c = _finding_codes(baseline, cfg), _finding_codes(current, cfg)
-    missing = _which_missing(b, c)
-    if missing:
+    if b is None or c is None:
+        missing = _which_missing(b, c)
         return _skip(rule, title, f"no findings list in {missing}", threshold=threshold)
     new = sorted(set(c) - set(b))
     common: dict[str, Any] = {
@@ -749,7 +761,7 @@ def rule_findings(baseline: dict, current: dict, cfg: FindingsRule) -> RuleResul
     return RuleResult(rule, title, "fail", f"new finding(s) {', '.join(new)}: {details}", **common)
 
 
-def _finding_codes(summary: dict, cfg: FindingsRule) -> dict[str, str] | None:
+def _finding_codes(summary: dict[str, Any], cfg: FindingsRule) -> dict[str, str] | None:
     """code -> first message, for findings at the configured severities and not ignored."""
     findings = summary.get("findings")
     if findings is None:
@@ -770,7 +782,7 @@ def _which_missing(base: Any, cur: Any) -> str:
     return " and ".join(names)
 
 
-_RULES: tuple[tuple[str, Callable[[dict, dict, Any], RuleResult]], ...] = (
+_RULES: tuple[tuple[str, Callable[[dict[str, Any], dict[str, Any], Any], RuleResult]], ...] = (
     ("step_time", rule_step_time),
     ("mfu", rule_mfu),
     ("exposed_comm", rule_exposed_comm),
@@ -781,8 +793,8 @@ _RULES: tuple[tuple[str, Callable[[dict, dict, Any], RuleResult]], ...] = (
 
 
 def check(
-    baseline: dict,
-    current: dict,
+    baseline: dict[str, Any],
+    current: dict[str, Any],
     rules: Rules | None = None,
     baseline_label: str | None = None,
     current_label: str | None = None,
@@ -818,7 +830,7 @@ def check(
     )
 
 
-def comparability_notes(baseline: dict, current: dict) -> list[str]:
+def comparability_notes(baseline: dict[str, Any], current: dict[str, Any]) -> list[str]:
     """What differs between the runs' setups (known in both): the rules cannot tell that from a regression."""
     b_run, c_run = baseline.get("run") or {}, current.get("run") or {}
     pairs = [("world size", b_run.get("world_size"), c_run.get("world_size"))]
@@ -835,6 +847,6 @@ def comparability_notes(baseline: dict, current: dict) -> list[str]:
     ]
 
 
-def _run_label(summary: dict, default: str) -> str:
+def _run_label(summary: dict[str, Any], default: str) -> str:
     run = summary.get("run") or {}
     return str(run.get("name") or run.get("path") or default)

@@ -15,6 +15,8 @@ interleaved schedule warms up (p-s-1)*2 + (v-1)*p forwards on stage s (10/8/6/4 
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -31,7 +33,7 @@ def expected_warmup(p: int, s: int, v: int, m: int) -> int:
     return min((p - s - 1) * 2 + (v - 1) * p, total)
 
 
-def schedule_from_p2p(events: pa.Table, grid: Grid, p2p: np.ndarray) -> dict | None:
+def schedule_from_p2p(events: pa.Table, grid: Grid, p2p: np.ndarray) -> dict[str, Any] | None:
     """{"virtual_stages", "microbatches", "sends_per_step": {stage: n}, "warmup_forwards": {stage: n},
     "warmup_expected": {stage: n}, "warmup_matches"} from the sends of each stage; None when p < 3 or the
     counts do not fit the pattern above."""

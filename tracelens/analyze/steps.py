@@ -29,6 +29,7 @@ step's window is the one it had with its neighbours present.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -57,7 +58,7 @@ def _empty() -> pa.Table:
 @dataclass
 class StepWindows:
     windows: pa.Table  # rank, step, start_ns, end_ns
-    notes: list[dict] = field(default_factory=list)  # rank, step, raw_start_ns, raw_end_ns, action
+    notes: list[dict[str, Any]] = field(default_factory=list)  # rank, step, raw_start_ns, raw_end_ns, action
 
 
 def step_windows_noted(events: pa.Table) -> StepWindows:
@@ -89,7 +90,7 @@ def step_windows_noted(events: pa.Table) -> StepWindows:
     nums = np.full(events.num_rows, -1, dtype=np.int64)
     nums[step_rows] = [int(STEP.match(v).group(1)) for v in names]  # type: ignore[union-attr]  # is_step: all match
     out: dict[str, list[int]] = {"rank": [], "step": [], "start_ns": [], "end_ns": []}
-    notes: list[dict] = []
+    notes: list[dict[str, Any]] = []
     order = np.argsort(rank, kind="stable")
     rs = rank[order]
     for r in np.unique(rank[step_rows]):
@@ -119,7 +120,19 @@ def step_windows_noted(events: pa.Table) -> StepWindows:
 
 
 def _rank_windows(
-    r: int, ts, end, is_step, cpu_kind, gpu_ann, device, ev_step, nums, notes: list, left_out, launch, corr
+    r: int,
+    ts: np.ndarray,
+    end: np.ndarray,
+    is_step: np.ndarray,
+    cpu_kind: np.ndarray,
+    gpu_ann: np.ndarray,
+    device: np.ndarray,
+    ev_step: np.ndarray,
+    nums: np.ndarray,
+    notes: list[dict[str, Any]],
+    left_out: np.ndarray,
+    launch: np.ndarray,
+    corr: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """One rank's windows (its rows only): step numbers, starts, ends; None when it has none."""
     src = is_step & (cpu_kind | left_out)
@@ -199,8 +212,8 @@ def _rank_windows(
     # ProfilerStep normally outlasts its last event are kept
     over = stop - hi_ext
     absurd = (over > CLIP_REPORT_NS) & (over > CLIP_REPORT_SHARE * (stop - start))
-    for j in np.flatnonzero(absurd & ~gone):
-        i = int(j)
+    for flat in np.flatnonzero(absurd & ~gone):
+        i = int(flat)
         notes.append(
             {"rank": int(r), "step": int(uniq[i]), "raw_start_ns": int(c_start[i]),
              "raw_end_ns": int(c_end[i]), "action": "clipped", "clipped_ns": int(over[i]),
@@ -211,7 +224,15 @@ def _rank_windows(
     return uniq[~gone], c_lo[~gone], c_hi[~gone]
 
 
-def _give_back_device_work(o_rows, o_step, ev_step, gpu, launch, corr, gone) -> None:
+def _give_back_device_work(
+    o_rows: np.ndarray,
+    o_step: np.ndarray,
+    ev_step: np.ndarray,
+    gpu: np.ndarray,
+    launch: np.ndarray,
+    corr: np.ndarray,
+    gone: np.ndarray,
+) -> None:
     """Device events (step null) launched inside a left-out step's window get that step in `o_step` (in
     place), as the reader assigned them before the step was left out: by the first runtime/driver call with
     their correlation id. The others keep the step of their own start already in `o_step`."""
@@ -236,7 +257,7 @@ def step_windows(events: pa.Table) -> pa.Table:
     return step_windows_noted(events).windows
 
 
-def window_findings(events: pa.Table, breakdown: pa.Table) -> list[dict]:
+def window_findings(events: pa.Table, breakdown: pa.Table) -> list[dict[str, Any]]:
     """STEP_WINDOW_CLIPPED: `ProfilerStep#N` annotations (in `events`) whose window the breakdown dropped or
     cut at the end of the trace (rule 2 of the module docstring). Needs only the step rows of `events`."""
     from tracelens.findings import finding
