@@ -24,12 +24,15 @@ import pyarrow as pa
 #: Largest gap between a profiled call and the Flight Recorder record matched to it.
 TOLERANCE_NS = 2_000_000
 
+#: {layer type: {op: {calls_per_step, bytes_per_step, ms_per_step, in_span_calls, inferred_calls}}}
+LayerComm = dict[str, dict[str, dict[str, float | int | None]]]
+
 
 def sizes_from_flight_recorder(coll: pd.DataFrame, fr: pa.Table | None) -> pd.DataFrame:
     """`coll` (collectives rows: rank, op, enqueue_ns, bytes...) with null sizes, dtype and group filled
     from the nearest Flight Recorder record of the same rank and op; a `size_source` column says which."""
     out = coll.copy()
-    out["size_source"] = np.where(out["bytes"].notna(), "trace", None) if len(out) else []
+    out["size_source"] = np.where(out["bytes"].notna(), "trace", np.array(None)) if len(out) else []
     if fr is None or fr.num_rows == 0 or not len(out):
         return out
     f = fr.select(
@@ -93,7 +96,9 @@ def sizes_from_flight_recorder(coll: pd.DataFrame, fr: pa.Table | None) -> pd.Da
     return out
 
 
-def comm_by_layer_type(coll: pd.DataFrame, spans: pa.Table | None, n_steps: dict[int, int]) -> dict | None:
+def comm_by_layer_type(
+    coll: pd.DataFrame, spans: pa.Table | None, n_steps: dict[int, int]
+) -> LayerComm | None:
     """{layer type: {op: {calls_per_step, bytes_per_step, ms_per_step, in_span_calls, inferred_calls}}},
     means over ranks and analysed steps; None when no collective falls in a layer span."""
     if spans is None or spans.num_rows == 0 or not len(coll):
@@ -144,7 +149,7 @@ def comm_by_layer_type(coll: pd.DataFrame, spans: pa.Table | None, n_steps: dict
         c["start_ns"].where(c["start_ns"].notna(), c["enqueue_ns"]) if "start_ns" in c else c["enqueue_ns"]
     )
     c["dur"] = (c["end_ns"].astype("float64") - begin.astype("float64")).clip(lower=0)  # kernel/work time
-    res: dict = {}
+    res: LayerComm = {}
     ranks = sorted(c["rank"].unique())
     steps = {r: max(n_steps.get(int(r), 1), 1) for r in ranks}
     for (typ, op), g in c.groupby(["type", "op"]):

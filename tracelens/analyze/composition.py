@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -27,6 +28,11 @@ from tracelens.analyze.classify import _dict_lookup
 from tracelens.errors import TracelensError
 from tracelens.findings import finding
 from tracelens.topology import Grid
+
+if TYPE_CHECKING:
+    from tracelens.analyze.breakdown import RankSets
+    from tracelens.models.audit import AuditResult
+    from tracelens.models.spec import ModelSpec
 
 #: Module annotation patterns (tracelens.analyze.layers.RULES): named groups `layer` (index, optional: -1
 #: when absent) and `module` (type); the first pattern that matches wins.
@@ -52,12 +58,12 @@ SPANS = pa.schema(
 )
 
 
-def _compile(patterns: Sequence[str] | None) -> list[re.Pattern]:
+def _compile(patterns: Sequence[str] | None) -> list[re.Pattern[str]]:
     return [re.compile(p) for p in (patterns or DEFAULT_PATTERNS)]
 
 
 def _match_names(
-    values: list, pats: list[re.Pattern]
+    values: list[str | None], pats: list[re.Pattern[str]]
 ) -> tuple[np.ndarray, np.ndarray, list[str | None], np.ndarray]:
     """Per dictionary value: matched?, layer, module type, backward?"""
     n = len(values)
@@ -81,7 +87,7 @@ def _match_names(
 
 
 def module_spans(
-    events: pa.Table, patterns: Sequence[str] | None = None, sets: dict | None = None
+    events: pa.Table, patterns: Sequence[str] | None = None, sets: dict[int, RankSets] | None = None
 ) -> pa.Table:
     """One row per module annotation instance with its GPU span and the compute time inside it (SPANS)."""
     if events.num_rows == 0:
@@ -119,7 +125,8 @@ def module_spans(
     gpu_ranks = set(np.unique(rank[gpu_rows]).tolist())
     # CPU annotations only for ranks without GPU annotations (else the same instance counts twice)
     cpu_rows = np.flatnonzero(use & is_cpu_ann & ~np.isin(rank, list(gpu_ranks)))
-    parts: list[tuple] = []  # (rows, gpu start, gpu end, layer, module, backward)
+    # (rows, gpu start, gpu end, layer, module, backward)
+    parts: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, list[str | None], np.ndarray]] = []
 
     def add(rows_: np.ndarray, s_: np.ndarray, e_: np.ndarray) -> None:
         n_ = idx[rows_]
@@ -186,7 +193,7 @@ def module_spans(
     return pa.table(
         {
             "rank": pa.array(rank[rows].astype(np.int32)),
-            "step": pa.array(np.where(step[rows] < 0, None, step[rows]).tolist(), pa.int32()),
+            "step": pa.array(np.where(step[rows] < 0, np.array(None), step[rows]).tolist(), pa.int32()),
             "layer": pa.array(lay.astype(np.int32)),
             "module": pa.array(mods.tolist(), pa.string()),
             "backward": pa.array(bwds.astype(bool)),
@@ -203,7 +210,12 @@ EVAL_PREFIX = "autograd::engine::evaluate_function:"
 
 
 def _backward_by_sequence(
-    events: pa.Table, fwd_ann: np.ndarray, rank: np.ndarray, ts: np.ndarray, end: np.ndarray, cpu_path: dict
+    events: pa.Table,
+    fwd_ann: np.ndarray,
+    rank: np.ndarray,
+    ts: np.ndarray,
+    end: np.ndarray,
+    cpu_path: dict[int, bool],
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
     """Backward spans of forward module annotations, from the autograd sequence number.
 
@@ -324,10 +336,10 @@ class CompositionResult:
     heavy_stage: int | None = None
     layer_split: list[int] | None = None
     suggested_split: list[int] | None = None
-    findings: list[dict] = field(default_factory=list)
+    findings: list[dict[str, Any]] = field(default_factory=list)
 
 
-def _split_from_layers(stage_layers: dict[int, set[int]]) -> list[int] | None:
+def _split_from_layers(stage_layers: dict[int, set[tuple[str, int]]]) -> list[int] | None:
     if not stage_layers:
         return None
     return [len(stage_layers[s]) for s in sorted(stage_layers)]
@@ -336,7 +348,7 @@ def _split_from_layers(stage_layers: dict[int, set[int]]) -> list[int] | None:
 def analyze_composition(
     events: pa.Table,
     grid: Grid,
-    model=None,
+    model: ModelSpec | None = None,
     seq_len: int | None = None,
     layer_split: Sequence[int] | None = None,
     microbatches: int | None = None,
@@ -344,7 +356,7 @@ def analyze_composition(
     imbalance_threshold: float = IMBALANCE_THRESHOLD,
     breakdown: pa.Table | None = None,
     spans: pa.Table | None = None,
-    sets: dict | None = None,
+    sets: dict[int, RankSets] | None = None,
     stage_ops: dict[int, float] | None = None,
 ) -> CompositionResult:
     """Layer counts by type per stage, per-stage compute per type, run-wide time shares and findings.
@@ -362,7 +374,7 @@ def analyze_composition(
         sp["stage"] = grid.stage_lookup(sp["rank"].to_numpy())
 
     # --- layer counts per stage ---
-    stage_layers: dict[int, set[int]] = {}
+    stage_layers: dict[int, set[tuple[str, int]]] = {}  # stage -> its (mixer type, layer) pairs
     if len(sp) and stage_ranks:
         mix = sp[sp["module"].isin(MIXER_TYPES) & (sp["stage"] >= 0)]
         for s, g in mix.groupby("stage"):
@@ -444,7 +456,7 @@ def analyze_composition(
     return res
 
 
-def _microbatches_from_spans(sp) -> int | None:
+def _microbatches_from_spans(sp: pd.DataFrame) -> int | None:
     """Forward executions of a rank's first layer per step (its first module type), median over ranks."""
     fwd = sp[~sp["backward"] & (sp["layer"] >= 0)]
     if not len(fwd):
@@ -458,7 +470,7 @@ def _microbatches_from_spans(sp) -> int | None:
     return int(np.median(counts)) if counts else None
 
 
-def _unequal_finding(stages: dict[int, dict[str, int]]) -> dict:
+def _unequal_finding(stages: dict[int, dict[str, int]]) -> dict[str, Any]:
     desc = "; ".join(
         f"stage {s}: " + ", ".join(f"{n} {t}" for t, n in sorted(c.items()) if n)
         for s, c in sorted(stages.items())
@@ -476,8 +488,11 @@ def _unequal_finding(stages: dict[int, dict[str, int]]) -> dict:
     )
 
 
-def _imbalance_finding(res: CompositionResult, stage_ranks: dict[int, list[int]], threshold: float) -> dict:
-    heavy = res.heavy_stage
+def _imbalance_finding(
+    res: CompositionResult, stage_ranks: dict[int, list[int]], threshold: float
+) -> dict[str, Any]:
+    heavy, imbalance = res.heavy_stage, res.imbalance
+    assert heavy is not None and imbalance is not None  # analyze_composition sets both before calling
     vals = res.per_stage_compute
     mean = float(np.mean(list(vals.values())))
     if res.stage_ops:
@@ -506,7 +521,7 @@ def _imbalance_finding(res: CompositionResult, stage_ranks: dict[int, list[int]]
         msg,
         ranks=stage_ranks.get(heavy, []),
         stages=[heavy],
-        imbalance=round(res.imbalance, 4),
+        imbalance=round(imbalance, 4),
         stage_compute_ms={str(s): round(v, 3) for s, v in vals.items()},
         suggested_split=res.suggested_split,
     )
@@ -514,21 +529,20 @@ def _imbalance_finding(res: CompositionResult, stage_ranks: dict[int, list[int]]
 
 def audit_for_run(
     grid: Grid,
-    model,
+    model: ModelSpec | None,
     seq_len: int | None = None,
     layer_split: Sequence[int] | None = None,
-    existing: Sequence[dict] = (),
-):
+    existing: Sequence[dict[str, Any]] = (),
+) -> tuple[AuditResult | None, list[dict[str, Any]]]:
     """The layout audit (tracelens.models.audit) for an analysed run when the model and every degree are
     known: (AuditResult or None, its findings minus codes already reported in `existing`)."""
-    if model is None or None in (grid.tp, grid.pp, grid.dp, grid.cp):
+    tp, pp, dp, cp = grid.tp, grid.pp, grid.dp, grid.cp
+    if model is None or tp is None or pp is None or dp is None or cp is None:
         return None, []
     from tracelens.models.audit import audit_layout
 
     try:
-        audit = audit_layout(
-            model, grid.tp, grid.pp, cp=grid.cp, dp=grid.dp, seq_len=seq_len, layer_split=layer_split
-        )
+        audit = audit_layout(model, tp, pp, cp=cp, dp=dp, seq_len=seq_len, layer_split=layer_split)
     except TracelensError:  # e.g. a split that does not fit the model: the audit is optional here
         return None, []
     # STAGE_IMBALANCE: the run's measured stage compute (above) is the evidence; the audit's FLOPs-based

@@ -16,6 +16,8 @@ Ranks `shared_host_ranks` returns are judged on these (tracelens.analyze.straggl
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -23,8 +25,11 @@ import pyarrow as pa
 from tracelens.analyze import intervals as iv
 from tracelens.analyze.classify import COMM, COMPUTE, _dict_lookup, classify, main_threads
 
+if TYPE_CHECKING:
+    from tracelens.analyze.breakdown import RankSets
 
-def shared_host_ranks(metadata: pa.Table | None, sets: dict) -> set[int]:
+
+def shared_host_ranks(metadata: pa.Table | None, sets: dict[int, RankSets]) -> set[int]:
     """CPU-timeline ranks that share a host name with another CPU-timeline rank (time-shared cores)."""
     if metadata is None or metadata.num_rows == 0:
         return set()
@@ -47,7 +52,8 @@ def _self_times(s: np.ndarray, e: np.ndarray) -> np.ndarray:
         if stack:
             child[stack[-1]] += min(e[i], e[stack[-1]]) - si
         stack.append(i)
-    return (e - s) - child
+    out: np.ndarray = (e - s) - child
+    return out
 
 
 def frame_gaps(events: pa.Table, ranks: set[int] | None = None, per_call: bool = False) -> pd.DataFrame:
@@ -120,7 +126,7 @@ def stall_frames(events: pa.Table, ranks: set[int], group_of: dict[int, int]) ->
     if d.empty:
         return pd.DataFrame(columns=cols)
     steps = d.groupby("rank")["step"].unique().map(lambda v: sorted(int(x) for x in v))
-    best: dict[int, tuple] = {}
+    best: dict[int, tuple[str, pd.Series, int, float]] = {}
     for (r, name), g in d.groupby(["rank", "name"]):
         top = float(g["gap_ns"].max())
         if top < STALL_MIN_NS:

@@ -21,6 +21,7 @@ See docs/summary.md.
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -47,8 +48,9 @@ DEVICE_KINDS = ("kernel", "gpu_memcpy", "gpu_memset")
 RUNTIME_KINDS = ("cuda_runtime", "cuda_driver", "hip_runtime", "runtime")
 
 
-def _arr(t: pa.Table, col: str, fill=0) -> np.ndarray:
-    return t.column(col).fill_null(fill).to_numpy(zero_copy_only=False).astype(np.int64)
+def _arr(t: pa.Table, col: str, fill: int = 0) -> np.ndarray:
+    out: np.ndarray = t.column(col).fill_null(fill).to_numpy(zero_copy_only=False).astype(np.int64)
+    return out
 
 
 def idle_breakdown(events: pa.Table, breakdown: pa.Table, top: int = 3) -> pd.DataFrame:
@@ -104,7 +106,7 @@ def idle_breakdown(events: pa.Table, breakdown: pa.Table, top: int = 3) -> pd.Da
             gaps = iv.subtract((np.array([lo]), np.array([hi])), iv.clip(busy, lo, hi))
             g0, g1 = gaps
             parts = dict.fromkeys(CAUSES, 0)
-            host_iv_s, host_iv_e = [], []
+            host_iv = iv.empty()
             if g0.size:
                 k = np.searchsorted(dstart, g1, side="left")
                 nxt = dorder[np.minimum(k, dorder.size - 1)]
@@ -131,12 +133,12 @@ def idle_breakdown(events: pa.Table, breakdown: pa.Table, top: int = 3) -> pd.Da
                 host_part = iv.subtract(cpu_part, sync_set)
                 parts["synchronization"] = iv.total(sync_part)
                 parts["host_bound"] = iv.total(host_part)
-                host_iv_s, host_iv_e = host_part
+                host_iv = host_part
                 sync_iv = sync_part
             host_ops: dict[str, int] = {}
             sync_ops: dict[str, int] = {}
             if ops.size and parts["host_bound"]:
-                ov = iv.measure_in_windows((np.asarray(host_iv_s), np.asarray(host_iv_e)), ts[ops], end[ops])
+                ov = iv.measure_in_windows(host_iv, ts[ops], end[ops])
                 s = pd.Series(ov, index=names[ops]).groupby(level=0).sum().sort_values(ascending=False)
                 host_ops = {str(k): int(v) for k, v in s.head(top).items() if v > 0}
             if ops.size and parts["synchronization"]:
@@ -154,7 +156,7 @@ def idle_breakdown(events: pa.Table, breakdown: pa.Table, top: int = 3) -> pd.Da
     return pd.DataFrame(rows, columns=cols)
 
 
-def idle_findings(table: pd.DataFrame, threshold: float = IDLE_THRESHOLD) -> list[dict]:
+def idle_findings(table: pd.DataFrame, threshold: float = IDLE_THRESHOLD) -> list[dict[str, Any]]:
     """GPU_IDLE per group of ranks sharing a dominant cause, when idle > threshold of the step."""
     if table.empty:
         return []
@@ -169,7 +171,7 @@ def idle_findings(table: pd.DataFrame, threshold: float = IDLE_THRESHOLD) -> lis
         dominant = max(causes, key=lambda c: causes[c])
         sub = table[table["rank"] == r]
 
-        def top_ops(col: str, sub=sub) -> dict[str, float]:
+        def top_ops(col: str, sub: pd.DataFrame = sub) -> dict[str, float]:
             acc: dict[str, float] = {}
             for d in sub[col]:
                 for k, v in (d or {}).items():

@@ -16,6 +16,7 @@ Pure functions: tables in, plain dicts out.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -49,7 +50,7 @@ def frame(coll: pa.Table) -> pd.DataFrame:
     return df
 
 
-def _label(who: str, rank) -> str:
+def _label(who: str, rank: Any) -> str:  # rank: a pandas cell (int, NA or None)
     if pd.isna(rank) or who.startswith("rank "):
         return who if who.startswith("rank ") else f"process {who}"
     return f"rank {int(rank)} ({who})"
@@ -85,7 +86,7 @@ def _key_positions(df: pd.DataFrame) -> pd.Series:
     return out
 
 
-def _seq_text(source: str, pos: int, seq) -> str:
+def _seq_text(source: str, pos: int, seq: Any) -> str:  # seq: a pandas cell
     if source == "nccl_log":
         return f"opCount 0x{int(pos) // 4096:x}"
     if source == "nccl_plugin":
@@ -93,7 +94,7 @@ def _seq_text(source: str, pos: int, seq) -> str:
     return f"#{int(seq)}"
 
 
-def diagnose_processes(coll: pa.Table) -> list[dict]:
+def diagnose_processes(coll: pa.Table) -> list[dict[str, Any]]:
     """COLLECTIVE_MISMATCH / COLLECTIVE_HANG per communicator, matching the calls of its processes.
 
     A process that never made the call the others made at one position, and made nothing after it on
@@ -188,7 +189,7 @@ def diagnose_processes(coll: pa.Table) -> list[dict]:
                 "size" if (m0["_in"], m0["_out"]) != (o0["_in"], o0["_out"]) else "dtype"
             )
 
-            def describe(r, kind: str = kind) -> str:
+            def describe(r: pd.Series, kind: str = kind) -> str:
                 if kind == "op":
                     return str(r["op"])
                 if kind == "size":
@@ -251,7 +252,7 @@ def busbw(df: pd.DataFrame) -> pd.Series:
     return out
 
 
-def by_op(df: pd.DataFrame) -> list[dict]:
+def by_op(df: pd.DataFrame) -> list[dict[str, Any]]:
     """Per (source, op): calls (rows, one per process and call), instances, bytes, median busbw."""
     if df.empty:
         return []
@@ -273,7 +274,7 @@ def by_op(df: pd.DataFrame) -> list[dict]:
     return out
 
 
-def processes(df: pd.DataFrame) -> list[dict]:
+def processes(df: pd.DataFrame) -> list[dict[str, Any]]:
     """One row per (source, process): rank (null when unknown), calls, bytes, communicators, calls per op."""
     out = []
     for (source, who), g in df.groupby(["source", "who"], sort=True):
@@ -298,7 +299,7 @@ def processes(df: pd.DataFrame) -> list[dict]:
     return out
 
 
-def communicators(df: pd.DataFrame) -> list[dict]:
+def communicators(df: pd.DataFrame) -> list[dict[str, Any]]:
     """One row per (source, communicator): how it is named, nranks, processes that recorded it, calls."""
     out = []
     for (source, pg), g in df.groupby(["source", "pg_name"], sort=True):
@@ -324,7 +325,7 @@ def communicators(df: pd.DataFrame) -> list[dict]:
     return out
 
 
-def cross_check(source_coll: pa.Table, kineto_coll: pa.Table) -> dict:
+def cross_check(source_coll: pa.Table, kineto_coll: pa.Table) -> dict[str, Any]:
     """Per op: calls and distinct sizes of an NCCL source against the Kineto collectives of the same run.
 
     Kineto traces usually cover a few profiled steps while logs cover the whole run, so call counts may
@@ -369,16 +370,16 @@ def cross_check(source_coll: pa.Table, kineto_coll: pa.Table) -> dict:
 
 @dataclass
 class NcclSourcesResult:
-    by_op: list[dict] = field(default_factory=list)
-    processes: list[dict] = field(default_factory=list)
-    communicators: list[dict] = field(default_factory=list)
-    findings: list[dict] = field(default_factory=list)
-    cross_check: list[dict] = field(default_factory=list)
+    by_op: list[dict[str, Any]] = field(default_factory=list)
+    processes: list[dict[str, Any]] = field(default_factory=list)
+    communicators: list[dict[str, Any]] = field(default_factory=list)
+    findings: list[dict[str, Any]] = field(default_factory=list)
+    cross_check: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
 
 def analyze_sources(
-    nccl: dict[str, pa.Table], kineto: pa.Table | None = None, log_stats: dict | None = None
+    nccl: dict[str, pa.Table], kineto: pa.Table | None = None, log_stats: dict[str, int] | None = None
 ) -> NcclSourcesResult:
     """The collective analysis of every NCCL-side source (logs and plugin; Flight Recorder has its own
     `hang.diagnose`), plus a cross-check against `kineto` (the run's Kineto collectives) when given."""

@@ -16,7 +16,9 @@ See docs/stragglers.md for the method and a worked example.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -24,8 +26,8 @@ import pyarrow as pa
 
 from tracelens.analyze import collectives as C
 from tracelens.analyze import intervals as iv
+from tracelens.analyze.breakdown import RankSets, class_sets
 from tracelens.analyze.breakdown import breakdown as _breakdown
-from tracelens.analyze.breakdown import class_sets
 from tracelens.findings import finding
 
 CAUSES = ("compute", "host", "communication")
@@ -53,8 +55,8 @@ class CrossRankResult:
     offsets_ns: dict[int, int]
     exposed_split: pa.Table
     arrival_lag: pa.Table
-    stragglers: list[dict]
-    findings: list[dict]
+    stragglers: list[dict[str, Any]]
+    findings: list[dict[str, Any]]
     peers: dict[int, int] = field(default_factory=dict)  # rank -> peer group (stage) used for comparisons
     clock: C.ClockResult | None = None
 
@@ -66,7 +68,7 @@ class CrossRankResult:
         return ("straggler: " if len(parts) == 1 else "stragglers: ") + "; ".join(parts)
 
 
-def _describe(s: dict) -> str:
+def _describe(s: dict[str, Any]) -> str:
     ev = s["evidence"]
     if s["cause"] == "compute" and ev.get("time_shared_host"):
         what = f"+{100 * (ev['ops_ratio'] - 1):.0f}% compute ops per step vs {ev['peer_kind']} peers"
@@ -260,7 +262,7 @@ def _slow_links(
     return out, d_all
 
 
-def pre_arrival_idle(breakdown: pa.Table, sets: dict, df: pd.DataFrame) -> pd.DataFrame:
+def pre_arrival_idle(breakdown: pa.Table, sets: dict[int, RankSets], df: pd.DataFrame) -> pd.DataFrame:
     """Per (rank, step): device idle between the step start and the rank's last collective arrival of the
     step. Idle after that point (a rank that finished early) says nothing about its host: left out."""
     b = breakdown.select(["rank", "step", "window_start_ns", "window_end_ns"]).to_pandas()
@@ -318,7 +320,7 @@ def detect(
     stage_of: dict[int, int] | None = None,
     hosts: dict[int, str] | None = None,
     shared: pd.DataFrame | None = None,
-) -> list[dict]:
+) -> list[dict[str, Any]]:
     """Straggler verdicts from per-(rank, step) times, matched collectives and peer groups.
 
     `shared`: per (rank, step) evidence of CPU ranks that time-share a host (`_shared_evidence`); their
@@ -330,8 +332,8 @@ def detect(
     per["idle_c"], per["idle_s"] = _peer_stats(per, "pre_idle_ns")
     per["step_c"], _ = _peer_stats(per, "step_time_ns")
     floor = cfg.min_excess_fraction * per["step_c"]
-    out: list[dict] = []
-    verdicts: dict[int, dict] = {}
+    out: list[dict[str, Any]] = []
+    verdicts: dict[int, dict[str, Any]] = {}
     for cause, col, centre, scale in (
         ("compute", "compute_ns", "comp_c", "comp_s"),
         ("host", "pre_idle_ns", "idle_c", "idle_s"),
@@ -403,14 +405,16 @@ def detect(
         steps = sub["step"].to_numpy()
         skey = [int(s) if s >= 0 else None for s in steps]
 
-        def per_step(col: str, sub=sub, skey=skey) -> dict:
+        def per_step(col: str, sub: pd.DataFrame = sub, skey: list[int | None] = skey) -> dict[str, float]:
             return {str(k): round(float(x) / 1e6, 3) for k, x in zip(skey, sub[col])}
 
-        def per_step_count(sub: pd.DataFrame, col: str, skey=skey) -> dict:
+        def per_step_count(
+            sub: pd.DataFrame, col: str, skey: list[int | None] = skey
+        ) -> dict[str, int | None]:
             return {str(k): (None if pd.isna(x) else int(x)) for k, x in zip(skey, sub[col])}
 
         comp_ratio = float(np.median(sub["compute_ns"] / sub["comp_c"].replace(0, np.nan)))
-        evidence = {
+        evidence: dict[str, Any] = {
             "arrival_lag_ms": per_step("lag_ns"),
             "delay_caused_ms": per_step("blame_ns"),
             "last_arrivals": int(sub["last_count"].sum()),
@@ -464,7 +468,9 @@ def _shared_evidence(events: pa.Table, ranks: set[int], groups: dict[int, int]) 
     return out
 
 
-def _apply_shared(per: pd.DataFrame, shared: pd.DataFrame, cfg: StragglerConfig, floor) -> pd.DataFrame:
+def _apply_shared(
+    per: pd.DataFrame, shared: pd.DataFrame, cfg: StragglerConfig, floor: pd.Series
+) -> pd.DataFrame:
     """Compute and host verdicts of time-shared CPU ranks from exact op counts and persistent stall frames;
     their wall-duration verdicts are dropped (descheduling inflates any rank's durations)."""
     per = per.merge(shared, on=["rank", "step"], how="left")
@@ -499,14 +505,17 @@ def _apply_shared(per: pd.DataFrame, shared: pd.DataFrame, cfg: StragglerConfig,
     return per
 
 
-def group_verdicts(stragglers: list[dict], df: pd.DataFrame) -> tuple[list[dict], list[dict]]:
+def group_verdicts(
+    stragglers: list[dict[str, Any]], df: pd.DataFrame
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """When every member of a (non-p2p) group is a communication straggler, the group or its link is slow,
     not a rank: those verdicts become one SLOW_GROUP finding naming the group."""
     comm = {s["rank"] for s in stragglers if s["cause"] == "communication"}
     if len(comm) < 2 or df.empty:
         return stragglers, []
     coll = df[~df["is_p2p"].astype(bool)]
-    findings, taken = [], set()
+    findings: list[dict[str, Any]] = []
+    taken: set[int] = set()
     for key, g in coll.groupby("group_key"):
         members = {int(x) for x in g["rank"].unique()}
         if len(members) < 2 or not members <= comm or members & taken:
@@ -532,12 +541,12 @@ def group_verdicts(stragglers: list[dict], df: pd.DataFrame) -> tuple[list[dict]
     return [s for s in stragglers if s["rank"] not in taken], findings
 
 
-def _ranks(rs) -> str:
+def _ranks(rs: Iterable[int]) -> str:
     rs = sorted(rs)
     return ("rank " if len(rs) == 1 else "ranks ") + ", ".join(map(str, rs))
 
 
-def _straggler_findings(stragglers: list[dict]) -> list[dict]:
+def _straggler_findings(stragglers: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for s in stragglers:
         out.append(
@@ -560,7 +569,7 @@ def analyze_cross_rank(
     breakdown: pa.Table | None = None,
     stage_of: dict[int, int] | None = None,
     config: StragglerConfig | None = None,
-    sets: dict | None = None,
+    sets: dict[int, RankSets] | None = None,
 ) -> CrossRankResult:
     """Match collectives, align clocks, split wait vs transfer, find stragglers with their cause and cost."""
     cfg = config or StragglerConfig()

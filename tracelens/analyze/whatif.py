@@ -17,6 +17,10 @@ Plus the combined "all fixed". Savings are mean step time before minus after, ov
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+from functools import partial
+from typing import Any
+
 import numpy as np
 import pandas as pd
 
@@ -122,7 +126,9 @@ def split_compute(
     return ch
 
 
-def per_layer_ns(per_stage_type_ms: dict, current: list[int], microbatches: int | None) -> float | None:
+def per_layer_ns(
+    per_stage_type_ms: dict[int, dict[str, float]], current: list[int], microbatches: int | None
+) -> float | None:
     """Mean compute of one layer per step (ns): the module annotations' compute per stage over its layers."""
     if not per_stage_type_ms or not microbatches:
         return None
@@ -242,14 +248,14 @@ def _peers(rank: int, peers_of: dict[int, int] | None, ranks: list[int]) -> list
 
 def what_if(
     cp: CriticalPath,
-    findings: list[dict],
+    findings: list[dict[str, Any]],
     peers_of: dict[int, int] | None = None,
     stage_of: dict[int, int] | None = None,
     heavy_stage: int | None = None,
     layer_split: list[int] | None = None,
     suggested_split: list[int] | None = None,
     layer_ns: float | None = None,
-) -> list[dict]:
+) -> list[dict[str, Any]]:
     """The summary's `what_if` list (largest saving first); sets `saving_ms` on the findings it fixes."""
     g = cp.graph
     base = mean_step_ns(cp.baseline)
@@ -258,10 +264,17 @@ def what_if(
     for r in ranks:
         if stage_of and stage_of.get(r) is not None:
             stage_ranks.setdefault(int(stage_of[r]), []).append(r)
-    entries: dict[tuple, dict] = {}
-    changes: dict[tuple, Change] = {}
+    entries: dict[tuple[str | int, ...], dict[str, Any]] = {}
+    changes: dict[tuple[str | int, ...], Change] = {}
 
-    def add(key, text, kind, rks, sts, make):
+    def add(
+        key: tuple[str | int, ...],
+        text: str,
+        kind: str,
+        rks: Iterable[int],
+        sts: Iterable[int],
+        make: Callable[[], Change],
+    ) -> dict[str, Any]:
         if key not in entries:
             ch = make()
             rp = replay(g, ch.dur, ch.release, ch.transfer)
@@ -278,7 +291,7 @@ def what_if(
             changes[key] = ch
         return entries[key]
 
-    def stage_list(rks):
+    def stage_list(rks: Iterable[int]) -> list[int]:
         return sorted({stage_of[r] for r in rks if stage_of and stage_of.get(r) is not None})
 
     for f in findings:
@@ -295,7 +308,7 @@ def what_if(
                     "compute",
                     [r],
                     stage_list([r]),
-                    lambda r=r, p=peers: straggler_compute(g, r, p),
+                    partial(straggler_compute, g, r, peers),
                 )
             elif cause == "host" and peers:
                 ent = add(
@@ -304,7 +317,7 @@ def what_if(
                     "host",
                     [r],
                     stage_list([r]),
-                    lambda r=r, p=peers: host_gaps_removed(g, r, p),
+                    partial(host_gaps_removed, g, r, peers),
                 )
             elif cause == "communication":
                 ent = add(
@@ -313,20 +326,24 @@ def what_if(
                     "transfer",
                     [r],
                     stage_list([r]),
-                    lambda r=r: transfer_to_reference(g, [r]),
+                    partial(transfer_to_reference, g, [r]),
                 )
         elif code in ("STAGE_IMBALANCE", "PIPELINE_BUBBLE_EXCESS") and len(stage_ranks) > 1:
             s = heavy_stage if heavy_stage is not None else (f.get("stages") or [None])[0]
             s = int(s) if s is not None else None
             others = [r for t, rs in stage_ranks.items() if t != s for r in rs]
-            if s in stage_ranks and stage_excess(g, stage_ranks[s], others) >= MIN_STAGE_EXCESS:
+            if (
+                s is not None
+                and s in stage_ranks
+                and stage_excess(g, stage_ranks[s], others) >= MIN_STAGE_EXCESS
+            ):
                 ent = add(
                     ("stage", s),
                     f"stage {s}'s compute at the mean of the other stages",
                     "compute",
                     stage_ranks[s],
                     [s],
-                    lambda s=s, o=others: stage_compute(g, stage_ranks[s], o),
+                    partial(stage_compute, g, stage_ranks[s], others),
                 )
         elif code == "UNEQUAL_STAGE_COMPOSITION" and layer_split and suggested_split and layer_ns:
             if list(layer_split) != list(suggested_split):
@@ -348,7 +365,7 @@ def what_if(
                     "transfer",
                     _group_ranks(g, grp),
                     stage_list(_group_ranks(g, grp)),
-                    lambda grp=grp: group_median_bandwidth(g, grp),
+                    partial(group_median_bandwidth, g, grp),
                 )
         if ent is not None:
             f["saving_ms"] = ent["saving_ms"]
