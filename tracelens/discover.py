@@ -14,6 +14,7 @@ import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 from tracelens.errors import BadInputError, BadTraceError, NoTracesError, RankError
 from tracelens.ingest import kineto
@@ -168,7 +169,8 @@ def discover(
     if chosen is not None:
         kept = [t for t in out if t.rank in chosen]
         if out and not kept:
-            have = ", ".join(str(t.rank) for t in sorted(out, key=lambda t: t.rank)[:16])
+            # every Kineto file has a rank (the default 0 at least)
+            have = ", ".join(str(t.rank) for t in sorted(out, key=lambda t: cast(int, t.rank))[:16])
             raise BadInputError(f"{root}: --rank-filter keeps none of the Kineto ranks found ({have})")
         out = kept
     _check_ranks(out)
@@ -203,7 +205,7 @@ def _check_ranks(files: list[TraceFile]) -> None:
             "(traces of different runs in one folder?)"
         )
     if sizes:
-        ws = sizes.pop()
+        ws = cast(int, sizes.pop())  # `sized` holds no None
         bad = [t for t in files if t.rank is not None and not 0 <= t.rank < ws]
         if bad:
             raise RankError(f"{bad[0].path}: rank {bad[0].rank} is outside world size {ws}")

@@ -24,6 +24,7 @@ import re
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -111,6 +112,7 @@ def collect_groups(
     collective name; collectives: a COLLECTIVES table (Flight Recorder) with pg_name, op, rank."""
     groups: dict[tuple[int, ...], GroupInfo] = {}
     by_name: dict[str, tuple[int, ...]] = {}
+    key: tuple[int, ...] | None  # None below: ranks that do not parse
     for name, desc, ranks in declared:
         key = tuple(sorted(ranks))
         gi = groups.setdefault(key, GroupInfo(key))
@@ -179,7 +181,7 @@ def structural_axes(
         if s is None:
             continue
         fams.setdefault((n, s), []).append(gi)
-    families = []
+    families: list[dict[str, Any]] = []
     for (n, s), gs in fams.items():
         members = [r for g in gs for r in g.ranks]
         if len(members) != len(set(members)):

@@ -22,6 +22,7 @@ import json
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 import pyarrow as pa
@@ -408,7 +409,7 @@ def _chains(src: np.ndarray, dst: np.ndarray, first: np.ndarray) -> tuple[list[l
     return chains, problems
 
 
-def _uniform_stride(groups: Sequence[tuple[int, ...]]) -> int | None:
+def _uniform_stride(groups: Sequence[Sequence[int]]) -> int | None:
     strides = set()
     for g in groups:
         if len(g) < 2:
@@ -444,8 +445,7 @@ def infer_grid(
     if world is None and ranks_seen:
         world = max(ranks_seen) + 1
     if world == 1:
-        g = grid_from_layout(1, 1, 1, 1, 1, source="inferred")
-        return g, findings
+        return grid_from_layout(1, 1, 1, 1, 1, source="inferred"), findings
 
     # 1. process groups: axes from their structure and traffic first (layout_structure), names for the rest
     by_axis: dict[str, set[tuple[int, ...]]] = {a: set() for a in AXES}
@@ -453,10 +453,10 @@ def infer_grid(
     for axis, ev in evidence.items():
         by_axis[axis] = ev.pop("_groups")
     for desc, ranks in _groups_from_metadata(metadata) + _groups_from_events(events):
-        axis = axis_of_desc(desc)
+        named = axis_of_desc(desc)
         # names add to axes that rest on names only (so their groups are still checked against each other)
-        if axis is not None and (axis not in evidence or evidence[axis].get("basis") == "names"):
-            by_axis[axis].add(ranks)
+        if named is not None and (named not in evidence or evidence[named].get("basis") == "names"):
+            by_axis[named].add(ranks)
     for axis in AXES:
         if by_axis[axis] and axis not in evidence:
             evidence[axis] = {"basis": "names"}
@@ -565,7 +565,7 @@ def infer_grid(
             coord[a] = {r: i for v in buckets.values() for i, r in enumerate(sorted(v))}
             strides[a] = _uniform_stride([tuple(sorted(v)) for v in buckets.values()])
 
-    coords = {
+    coords: dict[int, Coord] = {
         r: (coord["dp"].get(r), coord["pp"].get(r), coord["tp"].get(r), coord["cp"].get(r)) for r in all_ranks
     }
     coords = {r: c for r, c in coords.items() if any(x is not None for x in c)}
@@ -631,7 +631,7 @@ def _infer_order(degree: dict[str, int | None], coords: dict[int, Coord]) -> tup
     that order's coordinates for all ranks ({} when no order fits)."""
     if any(degree[a] is None for a in AXES) or not coords:
         return None, {}
-    total = int(np.prod([degree[a] for a in AXES]))
+    total = int(np.prod(cast("list[int]", [degree[a] for a in AXES])))  # none is None (checked above)
     default = tuple(DEFAULT_ORDER.split("-"))
     candidates = [default] + [p for p in itertools.permutations(AXES) if p != default]
     for perm in candidates:

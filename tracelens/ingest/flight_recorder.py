@@ -310,9 +310,10 @@ def _status_marks(dump: dict) -> dict[str, tuple[int, int]]:
 def _rows(dump: dict, rank: int) -> list[dict]:
     cfg = pg_config(dump)
     marks = _status_marks(dump)
-    rows = []
+    rows: list[dict] = []
     for e in dump["entries"]:
         pg = e.get("process_group")
+        pg_name: str | None
         if isinstance(pg, (list, tuple)) and len(pg) >= 2:
             pg_name, pg_desc = str(pg[0]), (str(pg[1]) if pg[1] not in (None, "", "undefined") else None)
         else:

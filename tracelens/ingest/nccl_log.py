@@ -473,8 +473,8 @@ def _rows(calls: list[dict], inits: list[dict], world: dict | None = None) -> li
     members = _membership_rows(inits)
     by_comm = {(m["host"], m["pid"], m["comm"]): m for m in members}
     largest: dict[tuple, int] = {}
-    for m in members:
-        largest[(m["host"], m["pid"])] = max(largest.get((m["host"], m["pid"]), 0), m["nranks"])
+    for mb in members:
+        largest[(mb["host"], mb["pid"])] = max(largest.get((mb["host"], mb["pid"]), 0), mb["nranks"])
     rows: list[dict] = []
     order: dict[tuple, int] = {}
     for c in calls:

@@ -181,7 +181,8 @@ def _collect_events(
 ):
     p = _pairs(events)
     info = name_info(path)
-    rows, details = [], []
+    rows: list[dict] = []
+    details: list[dict] = []
     if p.empty:
         return rows, details
     p = p[p["cat"].isin(["COLL", "P2P", "PROXY"])]
@@ -305,12 +306,13 @@ def read_details(path: str | Path, rank: int | None = None, comm_ranks: dict | N
         ) from None
 
 
-def _file_meta(path: Path) -> tuple[int | None, str | None, int | None]:
+def _file_meta(path: Path) -> tuple[int | str | None, str | None, int | None]:
     """(pid, commHash, local rank) of a plugin file, from its first COLL/P2P event (or its name)."""
     info = name_info(path)
     for e in load_events(path):
         if e.get("cat") in ("COLL", "P2P") and e.get("ph") == "b":
-            a = e.get("args") if isinstance(e.get("args"), dict) else {}
+            args = e.get("args")
+            a = args if isinstance(args, dict) else {}
             pid, r = e.get("pid"), a.get("Rank")
             pid = pid if isinstance(pid, int | str) and not isinstance(pid, bool) else None
             r = r if type(r) is int and 0 <= r < 2**31 else None
@@ -329,7 +331,7 @@ def comm_membership(paths: Iterable[str | Path]) -> dict[str, list[int]]:
     for _, h, _ in metas:
         if h is not None:
             size[h] = size.get(h, 0) + 1
-    world_of_pid: dict[int, tuple[int, int]] = {}
+    world_of_pid: dict[int | str, tuple[int, int]] = {}
     for pid, h, r in metas:
         if pid is None or h is None or r is None:
             continue
@@ -389,7 +391,7 @@ def align(coll_plugin: pa.Table, coll_reference: pa.Table, tolerance_ns: int | N
         cand = np.unique(np.concatenate(cands)) if cands else np.array([], dtype=np.int64)
         if cand.size == 0:
             continue
-        best, best_score = None, -1
+        best, best_score = cand[0], -1  # the first candidate always replaces it (its score is >= 0)
         for off in cand:
             x = pl_end + off
             idx = (

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from tracelens.errors import BadInputError
 from tracelens.findings import finding
@@ -249,7 +250,7 @@ def audit_layout(
     tp_dims = _tp_dimensions(model)
     kv_rep = None
     split_given = layer_split is not None
-    split = check_split(model, layer_split) if split_given else default_split(model.num_layers, pp)
+    split = check_split(model, layer_split) if layer_split is not None else default_split(model.num_layers, pp)
     if len(split) != pp:
         raise BadInputError(f"layer split {split} has {len(split)} stages but --pp is {pp}")
     seq_lens = [seq_len] if seq_len else sorted({*DEFAULT_SEQ_LENS, model.max_position_embeddings or 4096})
@@ -320,7 +321,7 @@ def audit_layout(
                 if all(s % d == 0 or (n == "kv_heads" and d % s == 0) for n, s in head_dims)
                 and all(s % d == 0 for n, s, _ in tp_dims if not n.endswith("heads"))]
     binding = min((s for _, s in head_dims), default=None)
-    limits = {
+    limits: dict[str, list[dict[str, Any]]] = {
         "tp": [{"dimension": n, "size": s, "max_degree": s, "binding": s == binding,
                 "rule": ("TP must divide it; above it K/V heads are replicated" if n == "kv_heads"
                          else "TP must divide it")} for n, s in head_dims],

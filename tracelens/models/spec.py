@@ -331,7 +331,7 @@ def load_preset(name: str) -> ModelSpec:
     fname = _PRESETS.get(_preset_key(name))
     if fname is None:
         raise BadConfigError(f"unknown model preset '{name}' (known: {', '.join(preset_names())})")
-    text = resources.files("tracelens.models").joinpath("presets", fname).read_text(encoding="utf-8")
+    text = resources.files("tracelens.models").joinpath("presets").joinpath(fname).read_text(encoding="utf-8")
     return model_from_config(json.loads(text), name=fname.removesuffix(".json"))
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -74,7 +75,7 @@ def _group_modules(
     order = np.argsort(start, kind="stable")
     out: list[tuple[str, int, int, int]] = []
     seen: set = set()
-    cur = None
+    cur: list[Any] | None = None  # [phase, microbatch, start, end] of the block being built
     count = {"forward": 0, "backward": 0}
     for i in order:
         phase = "backward" if backward[i] else "forward"

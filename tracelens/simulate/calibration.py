@@ -16,9 +16,10 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import numpy.typing as npt
 
 
-def fit_ramp(work: np.ndarray, eff: np.ndarray) -> tuple[float, float]:
+def fit_ramp(work: npt.ArrayLike, eff: npt.ArrayLike) -> tuple[float, float]:
     """(eff_max, half) minimising the squared log error of eff_max * W / (W + half)."""
     from scipy.optimize import least_squares
 

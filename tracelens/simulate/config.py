@@ -144,7 +144,7 @@ def parse_straggler(spec: str) -> tuple[int, float, list[int] | None]:
     parts = spec.split(":")
     if len(parts) not in (2, 3):
         raise BadInputError(f"--straggler expects RANK:FACTOR[:STEPS], got {spec!r}")
-    steps = None
+    steps: list[int] | None = None
     if len(parts) == 3 and parts[2]:
         steps = []
         for chunk in parts[2].split(","):

@@ -212,12 +212,12 @@ def _fr_dump(rank: int, d: pd.DataFrame, groups: dict, pg_ids: dict, as_json: bo
         "entries": entries,
     }
     if as_json:
-        for e in entries:
-            e["process_group"] = list(e["process_group"])
+        for entry in entries:
+            entry["process_group"] = list(entry["process_group"])
             for k in ("time_discovered_started_ns", "time_discovered_completed_ns"):
-                e[k] = e[k] or 0
-            if e["duration_ms"] is None:
-                del e["duration_ms"]
+                entry[k] = entry[k] or 0
+            if entry["duration_ms"] is None:
+                del entry["duration_ms"]
         dump["nccl_comm_state"] = {}
     return dump
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -166,7 +167,8 @@ def _add_costs(
     faults["step_time_cost_ns"] = faulted - clean
     for attr, key in kinds:
         for entry, fault in zip(faults[key], getattr(cfg, attr), strict=True):
-            only = dataclasses.replace(none, **{attr: [fault]})
+            only_fault: dict[str, Any] = {attr: [fault]}
+            only = dataclasses.replace(none, **only_fault)
             entry["step_time_cost_ns"] = _mean_step_ns(only, layout, programs, gpu) - clean
 
 

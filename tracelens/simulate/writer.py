@@ -55,7 +55,7 @@ def _module_spans(prog: Program) -> list[tuple[int, int]]:
             if sp[0] < 0:
                 sp[0] = i
             sp[1] = i + 1
-    return [tuple(s) for s in spans]
+    return [(s[0], s[1]) for s in spans]
 
 
 class StageStatic:
@@ -179,9 +179,9 @@ def write_rank(
                     k_ext = ext
                     a = coll_args[i]
                     if op.kind not in (SEND, RECV):
-                        g = op.axis
-                        seq[g] = seq.get(g, 0) + 1
-                        a = a + f', "Seq": {seq[g]}'
+                        axis = op.axis
+                        seq[axis] = seq.get(axis, 0) + 1
+                        a = a + f', "Seq": {seq[axis]}'
                     cargs = ", " + a
                     ev.append(
                         f'{{"ph": "X", "cat": "cpu_op", "name": "record_param_comms", "pid": {pid}, '
@@ -264,6 +264,8 @@ def _coll_args(op, g, layout: Layout, rank: int, stage: int, col: int) -> str:
     if op.axis == "pp":
         peer = int(layout.grid[stage + op.peer].reshape(-1)[col])
         g = layout.group_of(rank, "pp")
+        src: int | None
+        dst: int | None
         src, dst = (rank, peer) if op.kind == SEND else (peer, rank)
         members = g.ranks if g else (rank, peer)
         pg_name, pg_desc, size = (

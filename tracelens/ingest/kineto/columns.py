@@ -304,7 +304,7 @@ def parse_pg_ranks(v: Any) -> list[int] | None:
 
 
 # ----------------------------------------------------------------------------------- chunk -> columns
-_PH_CODE = {"X": 1, "i": 2, "I": 2}
+_PH_CODE: dict[str | None, int] = {"X": 1, "i": 2, "I": 2}  # looked up with None too
 _TYPE_CODE = {_Event: 1, _Instant: 2, _InstantOld: 2}
 _MEMORY_NAME = "[memory]"
 _get = {f: attrgetter(f) for f in ("ph", "cat", "name", "pid", "tid", "ts", "dur", "args")}

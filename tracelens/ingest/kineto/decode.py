@@ -166,10 +166,12 @@ _OTHER_PHASES = tuple(
     msgspec.defstruct(f"_Phase{ord(t)}", [], tag=t, tag_field="ph", gc=False)
     for t in "BEbnestfPONDMRCcSTFpVv()"
 )
-_TAGGED = Union[(_Event, _Instant, _InstantOld, *_OTHER_PHASES)]  # noqa: UP007 (a runtime tuple of types)
-_TAGGED_INT = Union[(_EventInt, _InstantInt, _InstantOldInt, *_OTHER_PHASES)]  # noqa: UP007
-_TAGGED_LEAN = Union[(_EventLean, _Instant, _InstantOld, *_OTHER_PHASES)]  # noqa: UP007
-_TAGGED_INT_LEAN = Union[(_EventIntLean, _InstantInt, _InstantOldInt, *_OTHER_PHASES)]  # noqa: UP007
+# Unions built at run time from tuples of struct types: `Any` to mypy, which cannot follow them (and reads
+# `Union[(a, *b)]` as 3.11-only star syntax); msgspec gets the same typing.Union as before.
+_TAGGED: Any = Union[(_Event, _Instant, _InstantOld) + _OTHER_PHASES]  # noqa: UP007 (a runtime tuple of types)
+_TAGGED_INT: Any = Union[(_EventInt, _InstantInt, _InstantOldInt) + _OTHER_PHASES]  # noqa: UP007
+_TAGGED_LEAN: Any = Union[(_EventLean, _Instant, _InstantOld) + _OTHER_PHASES]  # noqa: UP007
+_TAGGED_INT_LEAN: Any = Union[(_EventIntLean, _InstantInt, _InstantOldInt) + _OTHER_PHASES]  # noqa: UP007
 
 
 class _LooseEvent(msgspec.Struct, gc=False):
@@ -186,7 +188,7 @@ class _LooseEvent(msgspec.Struct, gc=False):
 class _Top(msgspec.Struct):
     """Top-level keys of a Kineto file (metadata); `traceEvents` is None when the key is absent."""
 
-    traceEvents: list[_TAGGED] | None = None  # type: ignore[valid-type]
+    traceEvents: list[_TAGGED] | None = None
     schemaVersion: Any = None
     deviceProperties: Any = None
     distributedInfo: Any = None
@@ -205,10 +207,10 @@ class _TopLoose(msgspec.Struct):
     baseTimeNanoseconds: Any = None
 
 
-_DEC_EVENTS = msgspec.json.Decoder(list[_TAGGED])  # type: ignore[valid-type]
-_DEC_EVENTS_INT = msgspec.json.Decoder(list[_TAGGED_INT])  # type: ignore[valid-type]
-_DEC_EVENTS_LEAN = msgspec.json.Decoder(list[_TAGGED_LEAN])  # type: ignore[valid-type]
-_DEC_EVENTS_INT_LEAN = msgspec.json.Decoder(list[_TAGGED_INT_LEAN])  # type: ignore[valid-type]
+_DEC_EVENTS = msgspec.json.Decoder(list[_TAGGED])
+_DEC_EVENTS_INT = msgspec.json.Decoder(list[_TAGGED_INT])
+_DEC_EVENTS_LEAN = msgspec.json.Decoder(list[_TAGGED_LEAN])
+_DEC_EVENTS_INT_LEAN = msgspec.json.Decoder(list[_TAGGED_INT_LEAN])
 _DEC_EVENTS_LOOSE = msgspec.json.Decoder(list[_LooseEvent])
 _DEC_TOP = msgspec.json.Decoder(_Top)
 _DEC_TOP_LOOSE = msgspec.json.Decoder(_TopLoose)

@@ -10,7 +10,7 @@ import gc
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 import pyarrow as pa
@@ -49,7 +49,7 @@ class _Scan:
 
 def _scan_blocks(
     path: Path,
-    blocks: Iterator[bytes],
+    blocks: Iterator[bytes | memoryview],
     salvage: bool,
     chunk_bytes: int,
     stop_at: int | None = None,
@@ -86,11 +86,12 @@ def _scan_blocks(
         if state == "whole":
             continue
         if state == "seek":  # second part of a split read: skip to the split boundary
-            fb = _first_boundary(buf, max(0, start_at - off))
+            seek_at = cast(int, start_at)  # the state is "seek" only with a start_at
+            fb = _first_boundary(buf, max(0, seek_at - off))
             if fb is None:
                 if eof:
                     raise _SplitFailed()
-                if off + len(buf) < start_at:
+                if off + len(buf) < seek_at:
                     off += len(buf)
                     buf.clear()
                 continue

@@ -210,7 +210,7 @@ def _scan_split(path: Path, chunk_bytes: int) -> _Scan | None:
             # Python >= 3.12 warns about forking while native threads exist (the idle BLAS/Arrow pools, see
             # _can_split); the child only decodes and writes to the pipe, and the parent bounds its wait.
             warnings.simplefilter("ignore", DeprecationWarning)
-            pid = os.fork()
+            pid: int | None = os.fork()  # None once the child is handed to the caller
     except OSError:  # e.g. a process limit: read serially
         os.close(r)
         os.close(w)

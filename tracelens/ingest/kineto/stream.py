@@ -10,6 +10,7 @@ import os
 import queue
 import re
 import threading
+import types
 import zlib
 from collections.abc import Generator, Iterator
 from pathlib import Path
@@ -17,11 +18,14 @@ from pathlib import Path
 from tracelens.errors import BadTraceError
 from tracelens.ingest import salvage as _salv
 
+_inflate: types.ModuleType  # isal_zlib or zlib (the same API)
 try:  # ISA-L's inflate (python-isal) is ~3x faster than zlib's and releases the GIL likewise; optional
     from isal import isal_zlib as _inflate
 except ImportError:  # pragma: no cover (depends on the environment)
     _inflate = zlib
-_INFLATE_ERRORS = tuple({zlib.error, _inflate.error})
+_INFLATE_ERRORS: tuple[type[Exception], ...] = tuple({zlib.error, _inflate.error})
+#: What ISA-L's gzip reader raises on a cut or corrupt file (_reused_blocks).
+_REUSED_ERRORS: tuple[type[Exception], ...] = (EOFError, OSError, *_INFLATE_ERRORS)
 #: ISA-L's gzip reader, which inflates into a caller's buffer (no new object per block): split reads use it.
 _GzipReader = getattr(_inflate, "_GzipReader", None)
 
@@ -134,7 +138,7 @@ def _reused_blocks(path: Path, out_bytes: int) -> Generator[memoryview | bytes, 
                 if total > limit or (total > RATIO_MIN_BYTES and total > MAX_RATIO * fh.tell()):
                     raise _SplitFailed()
                 yield buf[:n]
-    except (EOFError, OSError, *_INFLATE_ERRORS):
+    except _REUSED_ERRORS:
         raise _SplitFailed() from None
 
 
