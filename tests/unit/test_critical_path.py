@@ -11,7 +11,7 @@ from tracelens.analyze import whatif as W
 
 
 def nodes(rows):
-    """rows: (rank, stream, start, end, is_comm[, launch])."""
+    """rows: (rank, stream, start, end, is_comm[, launch[, launch thread (default 1)]])."""
     cols = {f.name: [] for f in CP.NODES}
     for r in rows:
         rank, stream, s, e, comm = r[:5]
@@ -21,6 +21,7 @@ def nodes(rows):
         cols["start_ns"].append(s)
         cols["end_ns"].append(e)
         cols["launch_ns"].append(r[5] if len(r) > 5 else None)
+        cols["launch_tid"].append(r[6] if len(r) > 6 else (1 if len(r) > 5 else None))
         cols["is_comm"].append(comm)
         cols["label"].append(None)
     return pa.table(cols, schema=CP.NODES)
