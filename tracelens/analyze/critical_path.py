@@ -34,9 +34,7 @@ as a constant); `whatif.py` changes durations, releases or transfers and replays
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -150,7 +148,9 @@ def device_nodes(events: pa.Table, spans: pa.Table | None = None) -> pa.Table:
             "start_ns": pa.array(d["start_ns"].to_numpy(), pa.int64()),
             "end_ns": pa.array(d["end_ns"].to_numpy(), pa.int64()),
             "launch_ns": pa.array(d["launch_ns"].to_numpy(), pa.float64(), from_pandas=True).cast(pa.int64()),
-            "launch_tid": pa.array(d["launch_tid"].to_numpy(), pa.float64(), from_pandas=True).cast(pa.int64()),
+            "launch_tid": pa.array(d["launch_tid"].to_numpy(), pa.float64(), from_pandas=True).cast(
+                pa.int64()
+            ),
             "is_comm": pa.array(d["is_comm"].to_numpy(), pa.bool_()),
             "label": pa.array(label, pa.string()),
         },
@@ -301,6 +301,7 @@ class Graph:
     s_src: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))  # sync edges (X's node)
     s_dst: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
     n_syncs: int = 0  # CPU calls found blocked on the GPU
+    early_instances: int = 0  # collective instances left out: a participant ended before the last arrived
 
     @property
     def n_nodes(self) -> int:
@@ -449,7 +450,13 @@ def _build_graph(
     inst = d["instance"].to_numpy()
     cnt = pd.Series(inst[inst >= 0]).value_counts()
     lone = (inst >= 0) & (pd.Series(inst).map(cnt).fillna(0).to_numpy() < 2)
-    inst = np.where(lone | np.isin(inst, excluded), -1, inst)
+    # nor is one where a participant ended before the last one arrived (aligned): a wrong match, or a send
+    # that completed eagerly; replayed as a rendezvous it would finish that participant late
+    on = inst >= 0
+    ist = pd.DataFrame({"i": inst[on], "s": d["s"].to_numpy()[on], "e": d["e"].to_numpy()[on]}).groupby("i")
+    early = ist["s"].max() - ist["e"].min() > CROSS_TOL_NS
+    early_ids = early.index[early.to_numpy()].to_numpy(dtype=np.int64)
+    inst = np.where(lone | np.isin(inst, excluded) | np.isin(inst, early_ids), -1, inst)
     d["instance"] = inst
     coll = inst >= 0
 
@@ -623,6 +630,7 @@ def _build_graph(
     )
     g.k_inst_row[ck] = inst_row
     g.k_sync_x, g.k_sync_ret, g.n_syncs = sync_x, sync_ret, n_syncs
+    g.early_instances = int(early_ids.size)
     g.n_sync_src, g.n_sync_end, g.s_src, g.s_dst = n_sync_src, n_sync_end, s_src, s_dst
     so = pd.Series(np.minimum(s, np.where(release > NEG / 2, release, s))).groupby(step).min()
     g.step_origin = {int(k): float(v) for k, v in so.items()}
