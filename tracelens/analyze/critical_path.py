@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -222,9 +223,9 @@ def sync_calls(events: pa.Table) -> pa.Table:
     )
 
 
-def _labels(d: pd.DataFrame, spans: pa.Table | None) -> list:
+def _labels(d: pd.DataFrame, spans: pa.Table | None) -> list[str | None]:
     """Layer type (`layers.N.<type>` annotation) around each kernel's start, when module spans are known."""
-    out = [None] * len(d)
+    out: list[str | None] = [None] * len(d)
     need = {"rank", "gpu_start_ns", "gpu_end_ns", "module"}
     if spans is None or spans.num_rows == 0 or not need <= set(spans.column_names):
         return out
@@ -250,7 +251,8 @@ def _labels(d: pd.DataFrame, spans: pa.Table | None) -> list:
         tmp[inside] = types[ii[inside]]
         val[ok] = tmp
         res[m] = val
-    return res.tolist()
+    labels: list[str | None] = res.tolist()
+    return labels
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -955,11 +957,12 @@ class CriticalPath:
     baseline: Replay
     segments: pd.DataFrame  # all steps' path segments
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
+        """summary.json `critical_path`: per-step means by rank, kind and stage, and the longest segments."""
         df = self.segments
         nsteps = max(len(self.baseline.step_time), 1)
 
-        def per(col):
+        def per(col: str) -> dict[str, float]:
             if not len(df) or df[col].isna().all():
                 return {}
             s = df.groupby(col)["dur_ns"].sum() / nsteps / 1e6
