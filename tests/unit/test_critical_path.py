@@ -317,3 +317,22 @@ def test_sync_calls_from_events():
     ]
     assert out.column("start_ns").to_pylist() == [100, 200, 400]
     assert out.column("end_ns").to_pylist() == [150, 230, 420]
+
+
+def test_instance_where_a_participant_ended_before_the_last_arrived_is_no_rendezvous():
+    # rank 0's "send" [0,20000] ends before rank 1's "recv" [30000,50000] starts (an eager send, or a wrong
+    # match): as a rendezvous rank 0 would end at 30000 + transfer, 10 µs late; left out, every node replays
+    # at its observed time
+    rows = [
+        (0, 20, BASE, BASE + 20_000, True),
+        (0, 7, BASE + 20_000, BASE + 25_000, False),
+        (1, 7, BASE, BASE + 30_000, False),
+        (1, 20, BASE + 30_000, BASE + 50_000, True),
+    ]
+    c = colls([(0, BASE, BASE + 20_000, 0), (1, BASE + 30_000, BASE + 50_000, 0)])
+    cp = CP.analyze_critical_path(nodes(rows), c)
+    g = cp.graph
+    assert g.early_instances == 1 and (g.k_instance >= 0).sum() == 0
+    assert cp.baseline.step_time == {1: 50_000.0}
+    seg = g.n_type == CP.SEG
+    assert np.array_equal(cp.baseline.finish[seg], g.k_end[g.n_last_k[seg]])
