@@ -22,8 +22,13 @@ TRACE_FILTER = HTA / "trace_filter"
 EVENT_SYNC = HTA / "critical_path" / "cuda_event_sync"
 
 
+def _load(path: Path) -> dict:
+    with gzip.open(path) as f:
+        return json.load(f)
+
+
 def _raw(path: Path) -> list[dict]:
-    return [e for e in json.load(gzip.open(path))["traceEvents"] if e.get("ph") == "X"]
+    return [e for e in _load(path)["traceEvents"] if e.get("ph") == "X"]
 
 
 def _blocking_copies(ev: list[dict]) -> list[tuple[dict, dict]]:
@@ -113,3 +118,51 @@ def test_event_sync_trace_compute_host_compute():
     assert cp.baseline.step_time[100] / 1e3 == pytest.approx(
         spin["ts"] + spin["dur"] - 1707417525512.12 * 1e3, abs=1
     )
+
+
+QWEN_H100 = REPO.parent / "shared" / "traces" / "more" / "tracelens-h100-qwen15"
+
+
+def test_h100_qwen_launch_bound_step_reads_gpu_host_gpu():
+    """A one-step inference trace: the CPU waits in cudaDeviceSynchronize while the GPU runs the first 13 ms,
+    then launches the rest. Releases fixed on the CPU clock made 17.5 ms of the 49.3 ms step "host"."""
+    if not QWEN_H100.exists():
+        pytest.skip(f"{QWEN_H100} is absent")
+    (trace,) = QWEN_H100.glob("*.json.gz")
+    ev = _raw(trace)
+    base_us = _load(trace)["baseTimeNanoseconds"] / 1e3  # trace times are µs after it
+    dev_ends = np.array(
+        [e["ts"] + e["dur"] for e in ev if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    )
+    # ground truth: the synchronize calls during which device work ended, returning within 50 µs of that end
+    blocked = []
+    for c in ev:
+        if c.get("cat") == "cuda_runtime" and c["name"].endswith("Synchronize"):
+            inside = dev_ends[(dev_ends > c["ts"]) & (dev_ends <= c["ts"] + c["dur"])]
+            if inside.size and c["ts"] + c["dur"] - inside.max() <= 50:
+                blocked.append(inside.max())
+    a = analyze_run(QWEN_H100)
+    cp = a.critical
+    assert cp.graph.n_syncs == len(blocked) == 3
+    d = cp.to_dict()
+    segs = d["segments"]
+    kinds = [(s["kind"], s["op"]) for s in segs]
+    assert (
+        "host",
+        "launch",
+    ) not in kinds  # no host stretch from the step's start: the path starts on the GPU
+    assert kinds[0] == ("compute", "compute") and kinds[-2:] == [("compute", "compute"), ("wait", "gap")]
+    # the CPU after the first blocking sync: from the end of the work it waited for (trace µs -> ms)
+    first_after = next(s for s in segs if s["op"] == "after sync")
+    assert first_after["start_ms"] == pytest.approx((base_us + min(blocked)) / 1e3, abs=1e-6)
+    assert d["by_kind_ms"]["host"] < 0.1 * d["step_time_ms"]
+    # without the syncs the same graph puts 35% of the step on the host; the replayed step is the same
+    ev_t = a.run.events_of(a.ranks)
+    cross = a.cross
+    ref = CP.analyze_critical_path(
+        CP.device_nodes(ev_t, a.spans),
+        cross.collectives if cross else None,
+        cross.offsets_ns if cross else None,
+    )
+    assert ref.to_dict()["by_kind_ms"]["host"] > 0.3 * d["step_time_ms"]
+    assert ref.baseline.step_time == cp.baseline.step_time
