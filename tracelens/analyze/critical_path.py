@@ -516,7 +516,7 @@ def _build_graph(
     dur = e - s
 
     # sync edges: the kernel X whose end the launching thread's last blocking sync waited for
-    tid = d["launch_tid"].to_numpy(dtype=float, na_value=np.nan)
+    tid = d["launch_tid"].to_numpy(dtype=float, na_value=np.nan) if "launch_tid" in d else np.full(n, np.nan)
     sync_x, sync_ret, n_syncs = _sync_epochs(syncs, off, origin, rank, step, e, L, tid, lat)
     # a kernel without a launch takes the epoch of the kernel before it on its stream (it has no release term)
     ep = pd.Series(np.where(np.isnan(L), np.nan, sync_x.astype(float)))
