@@ -336,3 +336,16 @@ def test_instance_where_a_participant_ended_before_the_last_arrived_is_no_rendez
     assert cp.baseline.step_time == {1: 50_000.0}
     seg = g.n_type == CP.SEG
     assert np.array_equal(cp.baseline.finish[seg], g.k_end[g.n_last_k[seg]])
+
+
+def test_balanced_split_stretches_launches_after_a_sync_from_its_return():
+    # synced_run with half the compute: K1 500 ns, so the sync returns 500 ns earlier; K2's launch, 95 ns after
+    # the sync's return (1009 in release units: return 1005 + latency 4), comes 47.5 ns after it
+    n, sy = synced_run()
+    g = CP.analyze_critical_path(n, None, syncs=sy).graph
+    assert g.k_sync_ret.tolist()[1] == 1009.0
+    ch = W.split_compute(g, {0: [0]}, current=[2], suggested=[1], per_layer_ns=550.0)  # 1100 -> 550 per step
+    assert ch.dur.tolist() == [500.0, 50.0]
+    assert ch.release.tolist() == [0.0, 1009.0 + 95 * 0.5]
+    rp = CP.replay(g, ch.dur, ch.release, ch.transfer)
+    assert rp.step_time[1] == pytest.approx(1056.5 - 500 + 50)
