@@ -431,10 +431,11 @@ class Analysis:
     def _critical(self):
         from tracelens.analyze import critical_path as cp
 
-        parts, chunk = [], 64
+        parts, chunk, syncs = [], 64, []
         for i in range(0, len(self.ranks), chunk):
             ev = self.run.events_of(self.ranks[i : i + chunk])
             parts.append(cp.device_nodes(ev, self.spans))
+            syncs.append(cp.sync_calls(ev))
             del ev
         nodes = pa.concat_tables(parts) if parts else cp.NODES.empty_table()
         cross = self.cross
@@ -444,6 +445,7 @@ class Analysis:
                 cross.collectives if cross is not None else None,
                 cross.offsets_ns if cross is not None else None,
                 self.stage_of,
+                pa.concat_tables(syncs) if syncs else None,
             )
             if res is not None and res.graph.dropped_instances:
                 self.warnings.append(

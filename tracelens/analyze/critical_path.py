@@ -12,11 +12,19 @@ crosses a step boundary, so every step is its own graph and all steps are replay
 - a collective instance (`analyze.collectives.match`: every participant of one call, P2P send/recv pairs
   included) is three kinds of node: each participant arrives (its kernel starts), the transfer starts when the
   last one has arrived, and each participant ends `transfer` after that.
+- a CPU that blocked on the GPU (a synchronize, a blocking device-to-host copy: `sync_calls`) launches what
+  follows when the device work it waited for (X) ended: every kernel that thread launches after the sync
+  returned, until its next sync, has a release that moves with X (`release' = release + finish'(X) - end_X`,
+  a sync edge). A sync-type call blocked when device work of its rank ended inside the call and the call
+  returned within `SYNC_TOL_NS` after the latest such end; X is that work.
 
 Per-kernel chains are coarsened into per-stream segments wherever no edge leaves or enters mid-chain: a
 segment is max-plus linear in its entry time, `finish = max(entry + D, Q)` with D the sum of its durations
 (and unexplained gaps) and Q the latest release plus what follows it, so a segment replays in one step.
-Every node (segment, arrival, instance, finish) replays as `finish = max(latest predecessor + D, Q)`, level
+Segments also break where the sync epoch of the launching thread changes (so a segment has at most one sync
+predecessor X) and after a kernel a sync waited for; a segment with launches after a sync has two release
+terms, `finish = max(entry + D, Q_fixed, Q_sync + finish[X] - end_X)`, with X before it in the topological
+order but not one of its entry edges. Every node (segment, arrival, instance, finish) replays that way, level
 by level in topological order, vectorised over all ranks and steps. Times are aligned by the clock offsets.
 
 With nothing changed the replay reproduces the observed times (the unexplained gap before each kernel is kept
@@ -25,7 +33,9 @@ as a constant); `whatif.py` changes durations, releases or transfers and replays
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -37,6 +47,20 @@ from tracelens.analyze.classify import COMM_KERNEL, DEVICE_KINDS, _dict_lookup
 CROSS_TOL_NS = 5_000
 #: At most this many critical-path segments in summary.json (the longest first).
 MAX_SEGMENTS = 200
+#: A sync-type runtime call blocked on the GPU when device work of its rank ended inside the call and the call
+#: returned at most this long after the latest such end (the runtime's return and, for a device-to-host copy
+#: into pageable memory, the staging copy: 9-17 µs on hta/trace_filter).
+SYNC_TOL_NS = 50_000
+#: Runtime (and driver) calls that wait for the GPU: synchronize calls of the device, a stream, an event or the
+#: context (CUDA, HIP, driver API; `_ptsz` per-thread-default-stream variants).
+SYNC_NAME = re.compile(r"^(?:cuda|hip|cu)(?:Device|Stream|Event|Ctx)Synchronize(?:_v\d+|_ptsz|_spt)?$")
+#: Copies that can block the CPU (`.item()`, `.cpu()`, `.tolist()`): they count only when their own device copy
+#: (same correlation) ended inside the call, i.e. the call waited for it (a device-to-host copy into pageable
+#: memory, a synchronous cudaMemcpy / hipMemcpy / hipMemcpyWithStream).
+COPY_NAME = re.compile(
+    r"^(?:(?:cuda|hip)Memcpy(?:2D|3D|Peer|WithStream|DtoH|FromSymbol)?|cuMemcpy(?:DtoH|2D|3D)?)"
+    r"(?:Async)?(?:_v\d+|_ptsz|_ptds|_spt)?$"
+)
 
 SEG, ARR, INST, FIN = 0, 1, 2, 3
 NEG = -1e30
@@ -49,8 +73,21 @@ NODES = pa.schema(
         ("start_ns", pa.int64()),
         ("end_ns", pa.int64()),
         ("launch_ns", pa.int64()),  # CPU launch (cuda_runtime with the same correlation) or null
+        ("launch_tid", pa.int64()),  # thread of that CPU launch, or null
         ("is_comm", pa.bool_()),
         ("label", pa.string()),  # layer type of the enclosing module annotation, else null
+    ]
+)
+
+#: CPU runtime calls of a sync type (SYNC_NAME, or COPY_NAME whose own copy ended inside the call), per rank;
+#: whether each blocked on the GPU is decided against the device work (`build_graph`).
+SYNCS = pa.schema(
+    [
+        ("rank", pa.int32()),
+        ("tid", pa.int64()),
+        ("start_ns", pa.int64()),
+        ("end_ns", pa.int64()),
+        ("name", pa.string()),
     ]
 )
 
@@ -77,8 +114,8 @@ def device_nodes(events: pa.Table, spans: pa.Table | None = None) -> pa.Table:
     if not dev.any():
         return NODES.empty_table()
 
-    def col(name, mask, fill=-1):
-        return events.column(name).filter(pa.array(mask)).fill_null(fill).to_numpy(zero_copy_only=False)
+    def col(name: str, mask: np.ndarray, fill: int = -1) -> np.ndarray:
+        return _col(events, name, mask, fill)
 
     d = pd.DataFrame(
         {
@@ -93,11 +130,16 @@ def device_nodes(events: pa.Table, spans: pa.Table | None = None) -> pa.Table:
     )
     d["end_ns"] = d["start_ns"] + np.maximum(d["dur"], 0)
     launch = pd.DataFrame(
-        {"rank": col("rank", rt), "corr": col("correlation", rt), "launch_ns": col("ts_ns", rt)}
+        {
+            "rank": col("rank", rt),
+            "corr": col("correlation", rt),
+            "launch_ns": col("ts_ns", rt),
+            "launch_tid": events.column("tid").filter(pa.array(rt)).to_pandas().astype("float64").to_numpy(),
+        }
     )
     launch = launch[launch["corr"] >= 0].drop_duplicates(["rank", "corr"])
     d = d.merge(launch, on=["rank", "corr"], how="left")
-    d.loc[d["corr"] < 0, "launch_ns"] = np.nan
+    d.loc[d["corr"] < 0, ["launch_ns", "launch_tid"]] = np.nan
     label = _labels(d, spans)
     return pa.table(
         {
@@ -107,6 +149,9 @@ def device_nodes(events: pa.Table, spans: pa.Table | None = None) -> pa.Table:
             "start_ns": pa.array(d["start_ns"].to_numpy(), pa.int64()),
             "end_ns": pa.array(d["end_ns"].to_numpy(), pa.int64()),
             "launch_ns": pa.array(d["launch_ns"].to_numpy(), pa.float64(), from_pandas=True).cast(pa.int64()),
+            "launch_tid": pa.array(d["launch_tid"].to_numpy(), pa.float64(), from_pandas=True).cast(
+                pa.int64()
+            ),
             "is_comm": pa.array(d["is_comm"].to_numpy(), pa.bool_()),
             "label": pa.array(label, pa.string()),
         },
@@ -114,9 +159,73 @@ def device_nodes(events: pa.Table, spans: pa.Table | None = None) -> pa.Table:
     )
 
 
-def _labels(d: pd.DataFrame, spans: pa.Table | None) -> list:
+def _col(events: pa.Table, name: str, mask: np.ndarray, fill: int = -1) -> np.ndarray:
+    out: np.ndarray = (
+        events.column(name).filter(pa.array(mask)).fill_null(fill).to_numpy(zero_copy_only=False)
+    )
+    return out
+
+
+def sync_calls(events: pa.Table) -> pa.Table:
+    """CPU runtime/driver calls that can block on the GPU (schema SYNCS), from one or more ranks' events.
+
+    Synchronize calls (SYNC_NAME) all; copies (COPY_NAME) only when their own device copy (same rank and
+    correlation) ended inside the call. Whether a call really waited is decided in `build_graph` against the
+    device work of its rank (SYNC_TOL_NS).
+    """
+    if events.num_rows == 0 or "tid" not in events.column_names:
+        return SYNCS.empty_table()
+    kind = events.column("kind")
+    rt = _dict_lookup(kind, lambda v: int(v in ("cuda_runtime", "cuda_driver"))).astype(bool)
+    name = events.column("name")
+    is_sync = rt & _dict_lookup(name, lambda v: int(bool(SYNC_NAME.match(v)))).astype(bool)
+    is_copy = rt & _dict_lookup(name, lambda v: int(bool(COPY_NAME.match(v)))).astype(bool)
+    tid_ok = events.column("tid").is_valid().to_numpy(zero_copy_only=False)
+    cand = (is_sync | is_copy) & tid_ok
+    if not cand.any():
+        return SYNCS.empty_table()
+    c = pd.DataFrame(
+        {
+            "rank": _col(events, "rank", cand),
+            "tid": _col(events, "tid", cand),
+            "start_ns": _col(events, "ts_ns", cand),
+            "dur": _col(events, "dur_ns", cand, 0),
+            "corr": _col(events, "correlation", cand),
+            "copy": is_copy[cand] & ~is_sync[cand],
+            "name": events.column("name").filter(pa.array(cand)).cast(pa.string()).to_pylist(),
+        }
+    )
+    c["end_ns"] = c["start_ns"] + np.maximum(c["dur"], 0)
+    if c["copy"].any():
+        dev = np.zeros(events.num_rows, dtype=bool)
+        for k in DEVICE_KINDS:
+            dev |= _dict_lookup(kind, lambda v, k=k: int(v == k)).astype(bool)
+        own = pd.DataFrame(
+            {
+                "rank": _col(events, "rank", dev),
+                "corr": _col(events, "correlation", dev),
+                "own_end": _col(events, "ts_ns", dev) + np.maximum(_col(events, "dur_ns", dev, 0), 0),
+            }
+        )
+        own = own[own["corr"] >= 0].drop_duplicates(["rank", "corr"])
+        c = c.merge(own, on=["rank", "corr"], how="left")
+        inside = (c["own_end"] > c["start_ns"]) & (c["own_end"] <= c["end_ns"]) & (c["corr"] >= 0)
+        c = c[~c["copy"] | inside.fillna(False).to_numpy(dtype=bool)]
+    return pa.table(
+        {
+            "rank": pa.array(c["rank"].to_numpy(), pa.int32()),
+            "tid": pa.array(c["tid"].to_numpy(), pa.int64()),
+            "start_ns": pa.array(c["start_ns"].to_numpy(), pa.int64()),
+            "end_ns": pa.array(c["end_ns"].to_numpy(), pa.int64()),
+            "name": pa.array(c["name"].tolist(), pa.string()),
+        },
+        schema=SYNCS,
+    )
+
+
+def _labels(d: pd.DataFrame, spans: pa.Table | None) -> list[str | None]:
     """Layer type (`layers.N.<type>` annotation) around each kernel's start, when module spans are known."""
-    out = [None] * len(d)
+    out: list[str | None] = [None] * len(d)
     need = {"rank", "gpu_start_ns", "gpu_end_ns", "module"}
     if spans is None or spans.num_rows == 0 or not need <= set(spans.column_names):
         return out
@@ -142,7 +251,8 @@ def _labels(d: pd.DataFrame, spans: pa.Table | None) -> list:
         tmp[inside] = types[ii[inside]]
         val[ok] = tmp
         res[m] = val
-    return res.tolist()
+    labels: list[str | None] = res.tolist()
+    return labels
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -185,6 +295,15 @@ class Graph:
     step_origin: dict[int, float] = field(default_factory=dict)  # step -> earliest release/start (ns)
     stage_of: dict[int, int] | None = None
     dropped_instances: int = 0  # collective instances left out: their matching formed a cycle
+    # sync edges (see module docstring)
+    k_sync_x: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))  # X per kernel, or -1
+    k_sync_ret: np.ndarray = field(default_factory=lambda: np.empty(0))  # that sync's return + launch latency
+    n_sync_src: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))  # node of X, or -1
+    n_sync_end: np.ndarray = field(default_factory=lambda: np.empty(0))  # observed end of X
+    s_src: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))  # sync edges (X's node)
+    s_dst: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
+    n_syncs: int = 0  # CPU calls found blocked on the GPU
+    early_instances: int = 0  # collective instances left out: a participant ended before the last arrived
 
     @property
     def n_nodes(self) -> int:
@@ -200,6 +319,7 @@ def build_graph(
     collectives: pa.Table | None,
     offsets_ns: dict[int, int] | None = None,
     stage_of: dict[int, int] | None = None,
+    syncs: pa.Table | None = None,
 ) -> Graph | None:
     """The step-bounded dependency graph (see module docstring); None when there is no device work.
 
@@ -209,7 +329,7 @@ def build_graph(
     """
     excluded = np.empty(0, dtype=np.int64)
     for _ in range(MAX_CYCLE_ROUNDS):
-        g = _build_graph(nodes, collectives, offsets_ns, stage_of, excluded)
+        g = _build_graph(nodes, collectives, offsets_ns, stage_of, excluded, syncs)
         if g is None:
             return None
         try:
@@ -233,7 +353,8 @@ def _cycle_instances(g: Graph) -> np.ndarray:
     from scipy.sparse.csgraph import connected_components
 
     n = g.n_nodes
-    adj = csr_matrix((np.ones(g.e_src.size, dtype=np.int8), (g.e_src, g.e_dst)), shape=(n, n))
+    src, dst = np.r_[g.e_src, g.s_src], np.r_[g.e_dst, g.s_dst]
+    adj = csr_matrix((np.ones(src.size, dtype=np.int8), (src, dst)), shape=(n, n))
     _, lab = connected_components(adj, directed=True, connection="strong")
     on_cycle = np.bincount(lab, minlength=int(lab.max()) + 1 if n else 0)[lab] > 1
     ck = np.flatnonzero(g.k_instance >= 0)
@@ -246,6 +367,7 @@ def _build_graph(
     offsets_ns: dict[int, int] | None,
     stage_of: dict[int, int] | None,
     excluded: np.ndarray,
+    syncs: pa.Table | None = None,
 ) -> Graph | None:
     if nodes.num_rows == 0:
         return None
@@ -330,7 +452,13 @@ def _build_graph(
     inst = d["instance"].to_numpy()
     cnt = pd.Series(inst[inst >= 0]).value_counts()
     lone = (inst >= 0) & (pd.Series(inst).map(cnt).fillna(0).to_numpy() < 2)
-    inst = np.where(lone | np.isin(inst, excluded), -1, inst)
+    # nor is one where a participant ended before the last one arrived (aligned): a wrong match, or a send
+    # that completed eagerly; replayed as a rendezvous it would finish that participant late
+    on = inst >= 0
+    ist = pd.DataFrame({"i": inst[on], "s": d["s"].to_numpy()[on], "e": d["e"].to_numpy()[on]}).groupby("i")
+    early = ist["s"].max() - ist["e"].min() > CROSS_TOL_NS
+    early_ids = early.index[early.to_numpy()].to_numpy(dtype=np.int64)
+    inst = np.where(lone | np.isin(inst, excluded) | np.isin(inst, early_ids), -1, inst)
     d["instance"] = inst
     coll = inst >= 0
 
@@ -387,13 +515,22 @@ def _build_graph(
     res = np.clip(s - np.maximum(pred_end, release), 0, None)
     dur = e - s
 
+    # sync edges: the kernel X whose end the launching thread's last blocking sync waited for
+    tid = d["launch_tid"].to_numpy(dtype=float, na_value=np.nan) if "launch_tid" in d else np.full(n, np.nan)
+    sync_x, sync_ret, n_syncs = _sync_epochs(syncs, off, origin, rank, step, e, L, tid, lat)
+    # a kernel without a launch takes the epoch of the kernel before it on its stream (it has no release term)
+    ep = pd.Series(np.where(np.isnan(L), np.nan, sync_x.astype(float)))
+    ep = ep.groupby(np.cumsum(~same_stream)).ffill().fillna(-1).to_numpy()
+
     # segments: breaks at collectives, at kernels with a cross-stream predecessor, after a kernel another
-    # stream waits for, and at a new stream
+    # stream (or a sync) waits for, where the sync epoch changes, and at a new stream
     has_out = np.zeros(n, dtype=bool)
     has_out[cp[cp >= 0]] = True
+    has_out[sync_x[sync_x >= 0]] = True
     prev_coll = np.r_[False, coll[:-1]]
     prev_out = np.r_[False, has_out[:-1]]
-    brk = ~same_stream | coll | prev_coll | (cp >= 0) | prev_out
+    ep_change = np.r_[False, ep[1:] != ep[:-1]]
+    brk = ~same_stream | coll | prev_coll | (cp >= 0) | prev_out | ep_change
     seg_of = np.cumsum(brk) - 1  # kernel -> segment (collective kernels: their own "segment" slot)
     n_seg = int(seg_of[-1]) + 1 if n else 0
 
@@ -431,6 +568,14 @@ def _build_graph(
     dst.append(fin_node)
     e_src = np.concatenate(src).astype(np.int64)
     e_dst = np.concatenate(dst).astype(np.int64)
+    # sync edges: X's node (its segment ends at X; a collective X: its FIN node) -> the launching node
+    hs = np.flatnonzero(sync_x >= 0)
+    n_sync_src = np.full(n_nodes, -1, dtype=np.int64)
+    n_sync_end = np.full(n_nodes, NEG)
+    n_sync_src[k_in[hs]] = k_out[sync_x[hs]]
+    n_sync_end[k_in[hs]] = e[sync_x[hs]]
+    s_dst = np.flatnonzero(n_sync_src >= 0)
+    s_src = n_sync_src[s_dst]
 
     n_type = np.full(n_nodes, SEG, dtype=np.int8)
     n_type[arr_node] = ARR
@@ -486,9 +631,74 @@ def _build_graph(
         stage_of=stage_of,
     )
     g.k_inst_row[ck] = inst_row
+    g.k_sync_x, g.k_sync_ret, g.n_syncs = sync_x, sync_ret, n_syncs
+    g.early_instances = int(early_ids.size)
+    g.n_sync_src, g.n_sync_end, g.s_src, g.s_dst = n_sync_src, n_sync_end, s_src, s_dst
     so = pd.Series(np.minimum(s, np.where(release > NEG / 2, release, s))).groupby(step).min()
     g.step_origin = {int(k): float(v) for k, v in so.items()}
     return g
+
+
+def _sync_epochs(
+    syncs: pa.Table | None,
+    off: dict[int, int],
+    origin: int,
+    rank: np.ndarray,
+    step: np.ndarray,
+    e: np.ndarray,
+    L: np.ndarray,
+    tid: np.ndarray,
+    lat: pd.Series,
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """Per kernel (graph order): the kernel X that the last blocking sync of its launching thread before its
+    launch waited for (-1: none, or X is in another step), that sync's return plus the rank's launch latency
+    (NaN: none), and the number of blocking sync calls found.
+
+    A call blocked when some device work of its rank ended inside it and the call returned at most
+    SYNC_TOL_NS after the latest such end; X is the work with that end."""
+    n = rank.size
+    x_of = np.full(n, -1, dtype=np.int64)
+    ret = np.full(n, np.nan)
+    if syncs is None or syncs.num_rows == 0 or n == 0:
+        return x_of, ret, 0
+    sy = syncs.select(["rank", "tid", "start_ns", "end_ns"]).to_pandas()
+    sy = sy[sy["rank"].isin(np.unique(rank)) & sy["tid"].notna()]
+    if sy.empty:
+        return x_of, ret, 0
+    o = sy["rank"].map(off).fillna(0).astype("int64")
+    cs = (sy["start_ns"] - o - origin).to_numpy(dtype=np.int64)
+    ce = (sy["end_ns"] - o - origin).to_numpy(dtype=np.int64)
+    sr = sy["rank"].to_numpy(dtype=np.int64)
+    # the latest device end of the rank at or before the call's end: one sorted key (rank, end)
+    SH, HALF = np.int64(2**44), np.int64(2**43)
+    dkey = rank * SH + (np.round(e).astype(np.int64) + HALF)
+    order = np.argsort(dkey, kind="stable")
+    j = np.searchsorted(dkey[order], sr * SH + (ce + HALF), side="right") - 1
+    xi = order[np.maximum(j, 0)]
+    ok = (j >= 0) & (rank[xi] == sr) & (e[xi] > cs) & (ce - e[xi] <= SYNC_TOL_NS)
+    if not ok.any():
+        return x_of, ret, 0
+    right = pd.DataFrame(
+        {
+            "rank": sr[ok],
+            "tid": sy["tid"].to_numpy(dtype=np.int64)[ok],
+            "ce": ce[ok].astype(float),
+            "x": xi[ok],
+        }
+    ).sort_values("ce", kind="stable")
+    has = ~np.isnan(L) & ~np.isnan(tid)
+    left = pd.DataFrame(
+        {"k": np.flatnonzero(has), "rank": rank[has], "tid": tid[has].astype(np.int64), "L": L[has]}
+    ).sort_values("L", kind="stable")
+    m = pd.merge_asof(left, right, left_on="L", right_on="ce", by=["rank", "tid"], direction="backward")
+    m = m[m["x"].notna()]
+    k = m["k"].to_numpy(dtype=np.int64)
+    x = m["x"].to_numpy(dtype=np.int64)
+    keep = (step[x] == step[k]) & (x != k)
+    k, x = k[keep], x[keep]
+    x_of[k] = x
+    ret[k] = m["ce"].to_numpy()[keep] + pd.Series(rank[k]).map(lat).fillna(0.0).to_numpy()
+    return x_of, ret, int(ok.sum())
 
 
 class GraphCycleError(RuntimeError):
@@ -499,10 +709,11 @@ class GraphCycleError(RuntimeError):
 def _levels(g: Graph) -> None:
     """Topological levels (Kahn's algorithm, one vectorised round per level) and each level's in-edges."""
     n = g.n_nodes
-    indeg = np.bincount(g.e_dst, minlength=n)
-    order = np.argsort(g.e_src, kind="stable")
-    src_sorted = g.e_src[order]
-    dst_by_src = g.e_dst[order]
+    all_src, all_dst = np.r_[g.e_src, g.s_src], np.r_[g.e_dst, g.s_dst]  # sync edges order, do not enter
+    indeg = np.bincount(all_dst, minlength=n)
+    order = np.argsort(all_src, kind="stable")
+    src_sorted = all_src[order]
+    dst_by_src = all_dst[order]
     starts = np.searchsorted(src_sorted, np.arange(n + 1))
     level = np.full(n, -1, dtype=np.int64)
     frontier = np.flatnonzero(indeg == 0)
@@ -541,12 +752,25 @@ class Replay:
     finish: np.ndarray  # per node
     entry: np.ndarray  # per node: latest predecessor finish (NEG when none)
     D: np.ndarray
-    Q: np.ndarray
+    Q: np.ndarray  # fixed release term
     q_kernel: np.ndarray  # SEG: the kernel whose release gives Q
     step_time: dict[int, float]  # step -> ns
     dur: np.ndarray
     release: np.ndarray
     transfer: np.ndarray
+    S: np.ndarray = field(default_factory=lambda: np.empty(0))  # sync term: Q_sync + finish[X] - end_X
+    s_kernel: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))  # its kernel
+
+
+def _release_terms(
+    val: np.ndarray, starts: np.ndarray, seg_idx: np.ndarray, ks: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per segment the max of `val` over its kernels and the first kernel attaining it (-1: none)."""
+    qmax = np.maximum.reduceat(val, starts)
+    hit = (val == qmax[seg_idx]) & (val > NEG / 2)
+    cand = np.where(hit, np.arange(ks.size), ks.size)
+    amin = np.minimum.reduceat(cand, starts)
+    return qmax, np.where(amin < ks.size, ks[np.minimum(amin, ks.size - 1)], -1)
 
 
 def replay(
@@ -555,14 +779,20 @@ def replay(
     release: np.ndarray | None = None,
     transfer: np.ndarray | None = None,
 ) -> Replay:
-    """Replay the graph with per-kernel durations, releases and collective transfers (default: observed)."""
+    """Replay the graph with per-kernel durations, releases and collective transfers (default: observed).
+
+    A kernel launched after a blocking sync is released at `release + finish[X] - end_X` (X: the device work
+    the sync waited for), so its launch moves with X."""
     dur = g.k_dur if dur is None else dur
     release = g.k_release if release is None else release
     transfer = g.k_transfer if transfer is None else transfer
     n = g.n_nodes
     D = np.zeros(n)
     Q = np.full(n, NEG)
+    Qs = np.full(n, NEG)
     qk = np.full(n, -1, dtype=np.int64)
+    qs = np.full(n, -1, dtype=np.int64)
+    synced = g.k_sync_x >= 0 if g.k_sync_x.size == g.k_dur.size else np.zeros(g.k_dur.size, dtype=bool)
     # segments: c = res + dur, suffix sums within segment, Q = max(release + suffix)
     plain = ~g.k_comm | (g.k_instance < 0)
     ks = np.flatnonzero(plain)
@@ -577,34 +807,45 @@ def replay(
         seg_idx = np.cumsum(first) - 1
         suffix = tot[seg_idx] - (before - before[starts][seg_idx])
         val = np.where(release[ks] > NEG / 2, release[ks] + suffix, NEG)
-        qmax = np.maximum.reduceat(val, starts)
         nodes_u = node[starts]
         D[nodes_u] = tot
-        Q[nodes_u] = qmax
-        # arg of the max per segment
-        hit = val == qmax[seg_idx]
-        cand = np.where(hit, np.arange(ks.size), ks.size)
-        amin = np.minimum.reduceat(cand, starts)
-        qk[nodes_u] = np.where(amin < ks.size, ks[np.minimum(amin, ks.size - 1)], -1)
+        sy = synced[ks]
+        Q[nodes_u], qk[nodes_u] = _release_terms(np.where(sy, NEG, val), starts, seg_idx, ks)
+        if sy.any():
+            Qs[nodes_u], qs[nodes_u] = _release_terms(np.where(sy, val, NEG), starts, seg_idx, ks)
     ck = np.flatnonzero(~plain)
     if ck.size:
         arr = g.k_node[ck] - ck.size  # ARR nodes precede their FIN nodes by the number of collective kernels
         D[arr] = g.k_res[ck]
-        Q[arr] = np.where(release[ck] > NEG / 2, release[ck] + g.k_res[ck], NEG)
+        q = np.where(release[ck] > NEG / 2, release[ck] + g.k_res[ck], NEG)
+        Q[arr] = np.where(synced[ck], NEG, q)
+        Qs[arr] = np.where(synced[ck], q, NEG)
         qk[arr] = ck
+        qs[arr] = ck
         D[g.k_node[ck]] = transfer[ck]
+    has_sync = g.n_sync_src.size == n and bool((g.n_sync_src >= 0).any())
+    sx = g.n_sync_src if has_sync else np.full(n, -1, dtype=np.int64)
     finish = np.full(n, NEG)
     entry = np.full(n, NEG)
+    S = np.full(n, NEG)
     for lv, (es, ed) in zip(g.levels, g.level_edges):
         if ed.size:
             np.maximum.at(entry, ed, finish[es])
-        finish[lv] = np.maximum(entry[lv] + D[lv], Q[lv])
+        f = np.maximum(entry[lv] + D[lv], Q[lv])
+        if has_sync:
+            x = sx[lv]
+            on = x >= 0
+            if on.any():
+                t = np.where(on, Qs[lv] + finish[np.maximum(x, 0)] - g.n_sync_end[lv], NEG)
+                S[lv] = t
+                f = np.maximum(f, t)
+        finish[lv] = f
     steps = {}
     fin = pd.Series(finish).groupby(g.n_step).max()
     for st, v in fin.items():
-        if st >= 0:
+        if int(st) >= 0:
             steps[int(st)] = float(v - g.step_origin.get(int(st), 0.0))
-    return Replay(finish, entry, D, Q, qk, steps, dur, release, transfer)
+    return Replay(finish, entry, D, Q, qk, steps, dur, release, transfer, S, qs)
 
 
 def mean_step_ns(rp: Replay) -> float:
@@ -620,44 +861,53 @@ def _pred_lists(g: Graph) -> tuple[np.ndarray, np.ndarray]:
     return g.e_src[order], starts
 
 
+Row = tuple[int, int, str, str, float, float]
+
+
 def critical_segments(g: Graph, rp: Replay) -> pd.DataFrame:
-    """Per step, the longest chain backwards from the last finish: rows (step, rank, kind, op, start, ms)."""
+    """Per step, the longest chain backwards from the last finish: rows (step, rank, kind, op, start, ms).
+
+    At each node the term that bound its finish is followed: the latest predecessor (entry + D), the sync
+    term (to the device work X the CPU waited for, with a "host" segment for the CPU time from X's end to the
+    launch), or the fixed release (a "host" segment from the step's start, where the walk ends)."""
     preds, pstart = _pred_lists(g)
-    rows = []
+    rows: list[Row] = []
     fin = rp.finish
+    S = rp.S if rp.S.size == g.n_nodes else np.full(g.n_nodes, NEG)
+    sx = g.n_sync_src if g.n_sync_src.size == g.n_nodes else np.full(g.n_nodes, -1, dtype=np.int64)
     by_step = pd.Series(np.arange(g.n_nodes)).groupby(g.n_step)
-    for st, idx in by_step:
+    for st_key, idx_s in by_step:
+        st = int(st_key)
         if st < 0:
             continue
-        idx = idx.to_numpy()
+        idx = idx_s.to_numpy()
         node = int(idx[np.argmax(fin[idx])])
-        origin = g.step_origin.get(int(st), 0.0)
+        origin = g.step_origin.get(st, 0.0)
         guard = 0
         while node >= 0 and guard < 10_000_000:
             guard += 1
             t = int(g.n_type[node])
             ps = preds[pstart[node] : pstart[node + 1]]
-            via_pred = ps.size > 0 and rp.entry[node] + rp.D[node] >= rp.Q[node]
-            nxt = int(ps[np.argmax(fin[ps])]) if via_pred else -1
+            via_pred = ps.size > 0 and rp.entry[node] + rp.D[node] >= max(rp.Q[node], S[node])
+            via_sync = not via_pred and sx[node] >= 0 and S[node] >= rp.Q[node]
+            nxt = int(ps[np.argmax(fin[ps])]) if via_pred else int(sx[node]) if via_sync else -1
             end = fin[node]
             if t == INST:
                 node = nxt
                 continue
             k0 = int(g.n_first_k[node])
             r = int(g.n_rank[node])
+            # the kernel whose release bound the node, and the CPU before it
+            kq = int(rp.s_kernel[node]) if via_sync else int(rp.q_kernel[node])
             if t == FIN:
                 rows.append((st, r, "transfer", _op(g, k0), end - rp.D[node], rp.D[node]))
             elif t == ARR:
-                begin = rp.entry[node] if via_pred else rp.release[k0]
                 if rp.D[node] > 0:
                     rows.append((st, r, "wait", _op(g, k0), end - rp.D[node], rp.D[node]))
-                if not via_pred:
-                    rows.append((st, r, "host", "launch", origin, max(rp.release[k0] - origin, 0.0)))
-                del begin
+                kq = k0
             else:  # SEG
                 k1 = int(g.n_last_k[node])
-                kq = int(rp.q_kernel[node]) if not via_pred else k0
-                if kq < 0:
+                if via_pred or kq < 0:
                     kq = k0
                 ks = slice(kq, k1 + 1)
                 comp = float(rp.dur[ks].sum())
@@ -666,8 +916,11 @@ def critical_segments(g: Graph, rp: Replay) -> pd.DataFrame:
                 rows.append((st, r, "compute", lab, end - comp - wait, comp))
                 if wait > 0:
                     rows.append((st, r, "wait", "gap", end - comp - wait, wait))
-                if not via_pred:
-                    rows.append((st, r, "host", "launch", origin, max(rp.release[kq] - origin, 0.0)))
+            if via_sync:  # the CPU between the end of the work it waited for and this launch
+                xf = float(fin[int(sx[node])])
+                rows.append((st, r, "host", "after sync", xf, max(rp.release[kq] - g.n_sync_end[node], 0.0)))
+            elif not via_pred and t != FIN:
+                rows.append((st, r, "host", "launch", origin, max(rp.release[kq] - origin, 0.0)))
             node = nxt
     df = pd.DataFrame(rows, columns=["step", "rank", "kind", "op", "start_ns", "dur_ns"])
     df = df[df["dur_ns"] > 0].iloc[::-1].reset_index(drop=True)
@@ -704,11 +957,12 @@ class CriticalPath:
     baseline: Replay
     segments: pd.DataFrame  # all steps' path segments
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
+        """summary.json `critical_path`: per-step means by rank, kind and stage, and the longest segments."""
         df = self.segments
         nsteps = max(len(self.baseline.step_time), 1)
 
-        def per(col):
+        def per(col: str) -> dict[str, float]:
             if not len(df) or df[col].isna().all():
                 return {}
             s = df.groupby(col)["dur_ns"].sum() / nsteps / 1e6
@@ -741,9 +995,13 @@ def analyze_critical_path(
     collectives: pa.Table | None,
     offsets_ns: dict[int, int] | None = None,
     stage_of: dict[int, int] | None = None,
+    syncs: pa.Table | None = None,
 ) -> CriticalPath | None:
-    """Graph, observed replay and critical path of every step; None without device work."""
-    g = build_graph(nodes, collectives, offsets_ns, stage_of)
+    """Graph, observed replay and critical path of every step; None without device work.
+
+    `syncs` (schema SYNCS, from `sync_calls`): the CPU calls that may have blocked on the GPU; without them
+    every release is fixed on the CPU clock."""
+    g = build_graph(nodes, collectives, offsets_ns, stage_of, syncs)
     if g is None:
         return None
     rp = replay(g)

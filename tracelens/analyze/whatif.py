@@ -119,11 +119,21 @@ def split_compute(
     fac = pd.Series(out, dtype=float).reindex(key).to_numpy() if out else np.full(g.k_dur.size, np.nan)
     fac = np.where(np.isnan(fac), 1.0, fac)
     ch.dur = g.k_dur * np.where(m, fac, 1.0)
-    # moved layers take their launches along: each stage's CPU timeline stretches or shrinks alike
+    # moved layers take their launches along: each stage's CPU timeline stretches or shrinks alike (from the
+    # step's start, or from the return of the sync a launch follows: what came before moves through the sync)
     has = g.k_release > NEG / 2
-    origin = pd.Series(g.k_step).map(g.step_origin).fillna(0.0).to_numpy()
+    origin = _anchor(g)
     ch.release = np.where(has, origin + (g.k_release - origin) * fac, g.k_release)
     return ch
+
+
+def _anchor(g: Graph) -> np.ndarray:
+    """Per kernel, where its CPU launch timeline starts: the return of the blocking sync it follows (plus the
+    launch latency, in release units), else its step's start."""
+    origin = np.asarray(pd.Series(g.k_step).map(g.step_origin).fillna(0.0).to_numpy(), dtype=float)
+    if g.k_sync_ret.size != g.k_release.size:
+        return origin
+    return np.where(g.k_sync_x >= 0, np.nan_to_num(g.k_sync_ret, nan=0.0), origin)
 
 
 def per_layer_ns(
@@ -207,16 +217,30 @@ def group_median_bandwidth(g: Graph, group: str) -> Change:
 
 def host_gaps_removed(g: Graph, rank: int, peers: list[int]) -> Change:
     """The rank's launch intervals (per step, in launch order) cut to its peers' median at the same position
-    (its own median interval in steps where no peer launches the same number of kernels)."""
+    (its own median interval in steps where no peer launches the same number of kernels).
+
+    A launch after a blocking sync counts its interval from the sync's return at the earliest, and the cuts
+    add up from there only: what the CPU did before the sync reaches it through the GPU work the sync waited
+    for (the replay's sync term), so it is not cut twice."""
     ch = Change(g)
     sel = np.flatnonzero((g.k_release > NEG / 2) & np.isin(g.k_rank, [rank, *peers]))
     if sel.size == 0:
         return ch
-    df = pd.DataFrame({"k": sel, "rank": g.k_rank[sel], "step": g.k_step[sel], "rel": g.k_release[sel]})
+    anchor = _anchor(g)
+    ep = g.k_sync_x if g.k_sync_x.size == g.k_release.size else np.full(g.k_release.size, -1)
+    df = pd.DataFrame(
+        {
+            "k": sel,
+            "rank": g.k_rank[sel],
+            "step": g.k_step[sel],
+            "rel": g.k_release[sel],
+            "anchor": anchor[sel],
+            "ep": ep[sel],
+        }
+    )
     df = df.sort_values(["rank", "step", "rel"], kind="stable")
-    origin = df["step"].map(g.step_origin).fillna(0.0)
     prev = df.groupby(["rank", "step"])["rel"].shift(1)
-    df["delta"] = df["rel"] - prev.fillna(origin)
+    df["delta"] = (df["rel"] - np.maximum(prev.fillna(df["anchor"]), df["anchor"])).clip(lower=0.0)
     df["pos"] = df.groupby(["rank", "step"]).cumcount()
     n = df.groupby(["rank", "step"])["k"].transform("size")
     mine = df[df["rank"] == rank]
@@ -229,13 +253,12 @@ def host_gaps_removed(g: Graph, rank: int, peers: list[int]) -> Change:
     key = pd.MultiIndex.from_arrays([mine["step"], mine["pos"]])
     r = ref.reindex(key).to_numpy() if len(ref) else np.full(len(mine), np.nan)
     r = np.where(np.isnan(r), own_med.to_numpy(), r)
-    cut = np.minimum(mine["delta"].to_numpy(), r)
-    new = (
-        mine["step"].map(g.step_origin).fillna(0.0).to_numpy()
-        + pd.Series(cut).groupby(mine["step"].to_numpy()).cumsum().to_numpy()
-    )
+    d = mine["delta"].to_numpy()
+    saved = pd.Series(d - np.minimum(d, r))
+    # the cuts add up within a step, from its start or from the sync a launch follows
+    cum = saved.groupby([mine["step"].to_numpy(), mine["ep"].to_numpy()]).cumsum().to_numpy()
     k = mine["k"].to_numpy()
-    ch.release[k] = np.minimum(g.k_release[k], new)
+    ch.release[k] = np.minimum(g.k_release[k], g.k_release[k] - cum)
     return ch
 
 

@@ -109,7 +109,7 @@ def read(path: str | Path) -> pa.Table:
     # raw JSON text -> (is a list, the text as msgspec writes it); the same shapes recur on every layer
     canon: dict[bytes, tuple[bool, str | None]] = {}
 
-    def text(raw: msgspec.Raw) -> tuple[bool, str | None]:
+    def as_text(raw: msgspec.Raw) -> tuple[bool, str | None]:
         b = bytes(raw)
         hit = canon.get(b)
         if hit is None:
@@ -124,14 +124,14 @@ def read(path: str | Path) -> pa.Table:
         if a is None or not len(a.dims) or ev.cat != "cpu_op":
             continue
         ext = _external_id(a.external_id)
-        is_list, dims = text(a.dims)
+        is_list, dims = as_text(a.dims)
         if ext is None or not is_list:
             continue
         ext_of.append(ext)
         name_of.append(ev.name if isinstance(ev.name, str) else None)
         dims_of.append(dims)
-        types_of.append(text(a.types)[1])
-        conc_of.append(text(a.concrete)[1])
+        types_of.append(as_text(a.types)[1])
+        conc_of.append(as_text(a.concrete)[1])
     return _table(rows)
 
 
