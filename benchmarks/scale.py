@@ -8,6 +8,7 @@ again on the warm cache. Peak RSS is the largest SUM of the resident memory of t
 Runs are deleted afterwards (`--keep` keeps them).
 
     .venv/bin/python benchmarks/scale.py [--ranks 8,64,256,1024] [--engine local|dask] [--no-report]
+    .venv/bin/python benchmarks/scale.py --simulate-args "--tp 8 --pp 8 --dp 16 --steps 2 --microbatches 8"
 """
 
 from __future__ import annotations
@@ -128,6 +129,15 @@ def events_of(cache: Path) -> int:
     return n
 
 
+def _world(sim_args: str) -> int:
+    """Ranks of a `tracelens simulate` command line (the product of its --tp --pp --dp --cp)."""
+    words, n = sim_args.split(), 1
+    for flag in ("--tp", "--pp", "--dp", "--cp"):
+        if flag in words:
+            n *= int(words[words.index(flag) + 1])
+    return n
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ranks", default="8,64,256,1024")
@@ -136,17 +146,28 @@ def main() -> None:
     ap.add_argument("--workdir", default=None, help="where runs are written (default: a temporary folder)")
     ap.add_argument("--keep", action="store_true", help="keep the simulated runs")
     ap.add_argument("--json", default=None, help="also write the results as JSON here")
+    ap.add_argument(
+        "--simulate-args",
+        default=None,
+        help="simulate one run with `tracelens simulate ARGS` instead of the --ranks runs, e.g. issue 15's "
+        "'--tp 8 --pp 8 --dp 16 --steps 2 --microbatches 8' (1,024 ranks of the default model, 4.5 GB of JSON)",
+    )
     args = ap.parse_args()
     work = Path(args.workdir or tempfile.mkdtemp(prefix="tracelens-scale-"))
     work.mkdir(parents=True, exist_ok=True)
     exe = [sys.executable, "-m", "tracelens", "analyze"]
     rows = []
     try:
-        for n in [int(v) for v in args.ranks.split(",")]:
-            run = work / f"r{n}"
+        sizes = [int(v) for v in args.ranks.split(",")] if not args.simulate_args else [_world(args.simulate_args)]
+        for n in sizes:
+            run = work / (f"r{n}" if not args.simulate_args else f"sim{n}")
             if not run.exists():
                 t = time.perf_counter()
-                simulate_run(n, run)
+                if args.simulate_args:
+                    cmd = [sys.executable, "-m", "tracelens", "simulate", *args.simulate_args.split(), "-o", str(run)]
+                    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+                else:
+                    simulate_run(n, run)
                 print(f"simulated {n} ranks in {time.perf_counter() - t:.1f} s", file=sys.stderr, flush=True)
             cache = work / f"cache{n}"  # a cache of this run's own (cold first, then warm)
             shutil.rmtree(cache, ignore_errors=True)
