@@ -379,7 +379,9 @@ def main(argv: list[str] | None = None) -> dict:
     for user in ("tracelens_load_first", "tracelens_api_load_no_cache", "tracelens_api_load_cached",
                  "tracelens_analyze_no_cache"):  # fmt: skip
         if "seconds" in results.get(user, {}) and "seconds" in results.get("tracelens_read_gz", {}):
-            ratios[f"{user}_over_read_gz"] = results[user]["seconds"] / results["tracelens_read_gz"]["seconds"]
+            ratios[f"{user}_over_read_gz"] = (
+                results[user]["seconds"] / results["tracelens_read_gz"]["seconds"]
+            )
     out["ratios"] = ratios
     _print(out)
     if a.json:

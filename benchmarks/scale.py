@@ -158,13 +158,25 @@ def main() -> None:
     exe = [sys.executable, "-m", "tracelens", "analyze"]
     rows = []
     try:
-        sizes = [int(v) for v in args.ranks.split(",")] if not args.simulate_args else [_world(args.simulate_args)]
+        sizes = (
+            [int(v) for v in args.ranks.split(",")]
+            if not args.simulate_args
+            else [_world(args.simulate_args)]
+        )
         for n in sizes:
             run = work / (f"r{n}" if not args.simulate_args else f"sim{n}")
             if not run.exists():
                 t = time.perf_counter()
                 if args.simulate_args:
-                    cmd = [sys.executable, "-m", "tracelens", "simulate", *args.simulate_args.split(), "-o", str(run)]
+                    cmd = [
+                        sys.executable,
+                        "-m",
+                        "tracelens",
+                        "simulate",
+                        *args.simulate_args.split(),
+                        "-o",
+                        str(run),
+                    ]
                     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
                 else:
                     simulate_run(n, run)
@@ -173,7 +185,16 @@ def main() -> None:
             shutil.rmtree(cache, ignore_errors=True)
             raw = raw_bytes(run)
             out = work / f"out{n}"
-            cmd = exe + [str(run), "-o", str(out), "--force", "--engine", args.engine, "--cache-dir", str(cache)]
+            cmd = exe + [
+                str(run),
+                "-o",
+                str(out),
+                "--force",
+                "--engine",
+                args.engine,
+                "--cache-dir",
+                str(cache),
+            ]
             if args.no_report:
                 cmd.append("--no-report")
             cold = run_measured(cmd)

@@ -120,7 +120,17 @@ def build_wheel(repo: Path = REPO) -> Path:
         src.mkdir()
         fresh_copy(src, repo, with_dist=False)
         subprocess.run(
-            [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(Path(tmp) / "dist"), str(src)],
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "wheel",
+                "--no-deps",
+                "-q",
+                "-w",
+                str(Path(tmp) / "dist"),
+                str(src),
+            ],
             check=True,
         )
         (built,) = (Path(tmp) / "dist").glob("tracelens_train-*.whl")
@@ -184,7 +194,9 @@ def run_one(where: str, cmd: str) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--list", action="store_true", help="print the instructions and exit")
-    ap.add_argument("--where", help="only the instructions whose file:line contains this (e.g. docs/scale.md)")
+    ap.add_argument(
+        "--where", help="only the instructions whose file:line contains this (e.g. docs/scale.md)"
+    )
     ap.add_argument(
         "--ci-ran-tests",
         action="store_true",
@@ -214,7 +226,9 @@ def main() -> int:
     with ThreadPoolExecutor(max(1, args.jobs)) as pool:
         for log in pool.map(lambda wc: run_one(*wc), todo):
             print(log, flush=True)
-    print(f"{len(found)} install instructions ({len(todo)} distinct installs) ran verbatim and installed {DIST_NAME}")
+    print(
+        f"{len(found)} install instructions ({len(todo)} distinct installs) ran verbatim and installed {DIST_NAME}"
+    )
     return 0
 
 

@@ -366,23 +366,38 @@ ANNOTATIONS = {
     # tracelens' own layer-type names, one span per layer: layer.N.<type>
     "layer_type": lambda i, part, whole: f"layer.{i}.{part}" if whole else None,
     # Hugging Face module paths
-    "hf": lambda i, part, whole: None
-    if whole
-    else f"model.layers.{i}." + {"linear_attention": "linear_attn", "full_attention": "self_attn"}.get(part, part),
+    "hf": lambda i, part, whole: (
+        None
+        if whole
+        else f"model.layers.{i}."
+        + {"linear_attention": "linear_attn", "full_attention": "self_attn"}.get(part, part)
+    ),
     # Megatron-Core module paths (hybrid models call a non-attention mixer `mixer`)
-    "megatron": lambda i, part, whole: None
-    if whole
-    else f"decoder.layers.{i}." + {"linear_attention": "mixer", "full_attention": "self_attention"}.get(part, part),
+    "megatron": lambda i, part, whole: (
+        None
+        if whole
+        else f"decoder.layers.{i}."
+        + {"linear_attention": "mixer", "full_attention": "self_attention"}.get(part, part)
+    ),
     # torchtitan module paths
-    "torchtitan": lambda i, part, whole: None
-    if whole
-    else f"layers.{i}." + {"linear_attention": "linear_attn", "full_attention": "attention", "mlp": "feed_forward"}[part],
+    "torchtitan": lambda i, part, whole: (
+        None
+        if whole
+        else f"layers.{i}."
+        + {"linear_attention": "linear_attn", "full_attention": "attention", "mlp": "feed_forward"}[part]
+    ),
     # module-class names, as `with_modules` / nn.Module hooks name them (instance index, no path)
-    "class": lambda i, part, whole: f"nn.Module: Qwen3_5DecoderLayer_{i}"
-    if whole
-    else "nn.Module: "
-    + {"linear_attention": "Qwen3_5GatedDeltaNet", "full_attention": "Qwen3_5Attention", "mlp": "Qwen3_5MLP"}[part]
-    + f"_{i}",
+    "class": lambda i, part, whole: (
+        f"nn.Module: Qwen3_5DecoderLayer_{i}"
+        if whole
+        else "nn.Module: "
+        + {
+            "linear_attention": "Qwen3_5GatedDeltaNet",
+            "full_attention": "Qwen3_5Attention",
+            "mlp": "Qwen3_5MLP",
+        }[part]
+        + f"_{i}"
+    ),
 }
 
 
@@ -891,12 +906,16 @@ def main(argv: list[str] | None = None) -> int:
     pp.add_argument("--layers-per-stage", type=int, default=4)
     pp.add_argument("--heavy-stage", type=int, default=None, help="this stage holds --heavy-layers layers")
     pp.add_argument("--heavy-layers", type=int, default=6)
-    pp.add_argument("--fault-compute", action="store_true", help="--slow-rank does +--slow-factor forward matmuls")
+    pp.add_argument(
+        "--fault-compute", action="store_true", help="--slow-rank does +--slow-factor forward matmuls"
+    )
     pp.add_argument("--slow-factor", type=float, default=0.4)
     pp.add_argument("--stall-rank", type=int, default=None, help="rank sleeping in its comm hook per bucket")
     pp.add_argument("--stall-ms", type=float, default=30.0)
     pp.add_argument("--buckets", type=int, default=2, help="DDP-style gradient buckets per stage")
-    pp.add_argument("--skip-send", metavar="RANK:STEP:MB", default=None, help="RANK never sends activation MB of STEP")
+    pp.add_argument(
+        "--skip-send", metavar="RANK:STEP:MB", default=None, help="RANK never sends activation MB of STEP"
+    )
     pp.add_argument("--timeout-s", type=float, default=60.0, help="process-group timeout (gloo)")
     pp.add_argument("--hidden", type=int, default=64)
     pp.add_argument("--seq", type=int, default=32)

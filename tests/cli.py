@@ -33,7 +33,9 @@ def tracelens(
     argv = [str(a) for a in args]
     if fresh or os.environ.get("TRACELENS_TEST_FRESH_CLI") == "1":
         e = {**os.environ, **(env or {})}
-        e["PYTHONPATH"] = str(REPO) + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else "")
+        e["PYTHONPATH"] = str(REPO) + (
+            os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else ""
+        )
         return subprocess.run(
             [sys.executable, "-m", "tracelens", *argv],
             capture_output=True,

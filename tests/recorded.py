@@ -163,6 +163,11 @@ if __name__ == "__main__":
     ap.add_argument("--list", action="store_true")
     a = ap.parse_args()
     if a.list:
-        print("\n".join([stored_name(k, o) for k, o in STORED_RUNS] + [stored_name("layout-" + k) for k in STORED_LAYOUTS]))
+        print(
+            "\n".join(
+                [stored_name(k, o) for k, o in STORED_RUNS]
+                + [stored_name("layout-" + k) for k in STORED_LAYOUTS]
+            )
+        )
     elif a.store:
         _store(a.names)

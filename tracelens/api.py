@@ -89,7 +89,9 @@ class Run:
         """Without Kineto traces: the rows of the NCCL logs and plugin dumps (rank null when unknown)."""
         from tracelens import schema
 
-        tables = [t for k, t in self._analysis.nccl.items() if k in ("nccl_log", "nccl_plugin") and t.num_rows]
+        tables = [
+            t for k, t in self._analysis.nccl.items() if k in ("nccl_log", "nccl_plugin") and t.num_rows
+        ]
         if not tables:
             return schema.COLLECTIVES.empty_table()
         return pa.concat_tables(tables, promote_options="permissive").combine_chunks().unify_dictionaries()
@@ -235,8 +237,12 @@ def compare(a, b, labels: tuple[str, str] | None = None) -> dict:
     from tracelens.summary import run_name
 
     names = labels or tuple(
-        x.path.name if isinstance(x, Run) else (x.get("run") or {}).get("name", "run") if isinstance(x, dict)
-        else run_name(x) for x in (a, b)
+        x.path.name
+        if isinstance(x, Run)
+        else (x.get("run") or {}).get("name", "run")
+        if isinstance(x, dict)
+        else run_name(x)
+        for x in (a, b)
     )
     return _compare(_side(a), _side(b), tuple(names))
 
@@ -248,7 +254,9 @@ def check(baseline, current, rules=None, strict: bool = False):
     from tracelens.analyze import regress
 
     rule_set = rules if isinstance(rules, regress.Rules) else regress.load_rules(rules)
-    base = baseline.summary() if isinstance(baseline, Run) else baseline if isinstance(baseline, dict) else None
+    base = (
+        baseline.summary() if isinstance(baseline, Run) else baseline if isinstance(baseline, dict) else None
+    )
     cur = current.summary() if isinstance(current, Run) else current if isinstance(current, dict) else None
     from tracelens.run_analysis import summary_of
 

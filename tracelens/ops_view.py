@@ -98,7 +98,9 @@ def ops_view(analysis, ranks: list[int] | None = None) -> OpsView:
     ev = analysis.run.events_of(ranks) if ranks else None
     steps = list(analysis.steps) or None
     if ev is None or ev.num_rows == 0:
-        return OpsView(ranks, pd.DataFrame(), pd.DataFrame(columns=O.OP_COLUMNS), pd.DataFrame(), pd.DataFrame(), False)
+        return OpsView(
+            ranks, pd.DataFrame(), pd.DataFrame(columns=O.OP_COLUMNS), pd.DataFrame(), pd.DataFrame(), False
+        )
     shapes = _shapes(analysis, ranks)
     inst = O.op_instances(ev, shapes, steps, _spans_of(analysis, ranks))
     n_steps = _steps_per_rank(analysis, ranks, inst)
@@ -120,7 +122,9 @@ def _launches(analysis, ranks: list[int], ev: pa.Table, steps, default: bool) ->
     if default:
         try:
             cross = analysis.cross
-            extra = sorted({int(s["rank"]) for s in (cross.stragglers if cross is not None else [])} - set(ranks))
+            extra = sorted(
+                {int(s["rank"]) for s in (cross.stragglers if cross is not None else [])} - set(ranks)
+            )
         except Exception:  # noqa: BLE001 - stragglers are optional here
             extra = []
     out = O.launch_stats(ev, steps)

@@ -122,9 +122,7 @@ def _read_results(entries: list[RankParquet]) -> tuple[pa.Table, Staged]:
     return meta, reduce_stages(stages)
 
 
-def load_run(
-    path: str | Path, options: LoadOptions | None = None, executor: Executor | None = None
-) -> Run:
+def load_run(path: str | Path, options: LoadOptions | None = None, executor: Executor | None = None) -> Run:
     """Discover the run at `path` (a folder or one trace), run the per-rank tasks still needed on
     `executor` (default: `engine.executor.local_executor`) and return the `Run`.
 

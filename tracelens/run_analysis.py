@@ -49,7 +49,9 @@ class Options:
     scheduler: str | None = None  # Dask scheduler address for engine "dask" (None: a LocalCluster)
     progress: object = None  # callable(done, total) for the CLI's progress bar
     force_layout: bool = False  # keep --layout even when the traces' process groups contradict it
-    layer_pattern: str | None = None  # [model] layer_pattern: extra layer-annotation regex (analyze/layers.py)
+    layer_pattern: str | None = (
+        None  # [model] layer_pattern: extra layer-annotation regex (analyze/layers.py)
+    )
     virtual_stages: int | None = None  # [training] virtual_stages: interleaved model chunks per rank
 
     def __post_init__(self) -> None:
@@ -114,7 +116,9 @@ class Analysis:
             return bd
         import pyarrow.compute as pc
 
-        keep = pc.invert(pc.fill_null(pc.is_in(bd.column("step"), value_set=pa.array(hung, pa.int32())), False))
+        keep = pc.invert(
+            pc.fill_null(pc.is_in(bd.column("step"), value_set=pa.array(hung, pa.int32())), False)
+        )
         return bd.filter(keep)
 
     @cached_property
@@ -128,7 +132,9 @@ class Analysis:
             return None
         from tracelens.analyze.p2p_hang import diagnose_p2p
 
-        res = self._guarded("p2p hang", lambda: diagnose_p2p(self._xevents, self._raw_breakdown, self.stage_of))
+        res = self._guarded(
+            "p2p hang", lambda: diagnose_p2p(self._xevents, self._raw_breakdown, self.stage_of)
+        )
         if res is not None and res.findings:
             self.warnings.append(
                 f"step(s) {', '.join(map(str, res.hung_steps))} hung (P2P_HANG): left out of the performance "
@@ -264,7 +270,12 @@ class Analysis:
         layout = parse_layout(self.options.layout) if self.options.layout else None
         fr = self.nccl.get("flight_recorder") if self._xevents.num_rows else None  # group traffic (gloo)
         return grid_for_run(
-            self._xevents, self.metadata, layout, self.options.order, force=self.options.force_layout, collectives=fr
+            self._xevents,
+            self.metadata,
+            layout,
+            self.options.order,
+            force=self.options.force_layout,
+            collectives=fr,
         )
 
     @property
@@ -305,7 +316,9 @@ class Analysis:
 
             compile_rules(self.options.layer_pattern)  # a bad pattern is the user's error (exit 2)
             pats = patterns(self.options.layer_pattern)
-            return self._guarded("module annotations", lambda: module_spans(self.events, pats, sets=self.sets))
+            return self._guarded(
+                "module annotations", lambda: module_spans(self.events, pats, sets=self.sets)
+            )
         return self._guarded("module annotations", self._staged_spans)
 
     def _staged_spans(self) -> pa.Table:
@@ -381,7 +394,9 @@ class Analysis:
         if d.empty:
             return None
         d["stage"] = d["rank"].map(self.stage_of)
-        return {int(k): float(v) for k, v in d.dropna(subset=["stage"]).groupby("stage")["ops"].mean().items()}
+        return {
+            int(k): float(v) for k, v in d.dropna(subset=["stage"]).groupby("stage")["ops"].mean().items()
+        }
 
     def time_shared_filter(self, findings: list[dict]) -> list[dict]:
         """On ranks that time-share a host's CPUs, waits include descheduling: bubble excess and exposed
@@ -473,19 +488,22 @@ class Analysis:
         if comp is not None and comp.layer_split:
             m = self.pipeline.microbatches if self.pipeline is not None else self.options.microbatches
             layer_ns = per_layer_ns(comp.per_stage_type_ms, list(comp.layer_split), m)
-        return self._guarded(
-            "what-if",
-            lambda: what_if(
-                crit,
-                findings,
-                peers_of=self.cross.peers if self.cross is not None else None,
-                stage_of=self.stage_of,
-                heavy_stage=comp.heavy_stage if comp is not None else None,
-                layer_split=comp.layer_split if comp is not None else None,
-                suggested_split=comp.suggested_split if comp is not None else None,
-                layer_ns=layer_ns,
-            ),
-        ) or []
+        return (
+            self._guarded(
+                "what-if",
+                lambda: what_if(
+                    crit,
+                    findings,
+                    peers_of=self.cross.peers if self.cross is not None else None,
+                    stage_of=self.stage_of,
+                    heavy_stage=comp.heavy_stage if comp is not None else None,
+                    layer_split=comp.layer_split if comp is not None else None,
+                    suggested_split=comp.suggested_split if comp is not None else None,
+                    layer_ns=layer_ns,
+                ),
+            )
+            or []
+        )
 
     @cached_property
     def layer_composition(self):
@@ -519,7 +537,9 @@ class Analysis:
         from tracelens.analyze.comm_by_layer import sizes_from_flight_recorder
 
         df = self.cross.collectives.to_pandas()
-        return self._guarded("collective sizes", lambda: sizes_from_flight_recorder(df, self.nccl.get("flight_recorder")))
+        return self._guarded(
+            "collective sizes", lambda: sizes_from_flight_recorder(df, self.nccl.get("flight_recorder"))
+        )
 
     @cached_property
     def comm_by_type(self) -> dict | None:

@@ -35,7 +35,10 @@ EVENTS = pa.schema(
         ("pid", pa.int64()),  # null when the trace used a string pid
         ("tid", pa.int64()),  # null when the trace used a string tid
         ("device", pa.int32()),  # GPU/accelerator index for device events, else null
-        ("stream", pa.int32()),  # stream for device events; a cpu op's own `args.stream` (Triton launch); else null
+        (
+            "stream",
+            pa.int32(),
+        ),  # stream for device events; a cpu op's own `args.stream` (Triton launch); else null
         ("ts_ns", pa.int64()),  # absolute: baseTimeNanoseconds + ts (µs, 3 decimals) * 1000
         ("dur_ns", pa.int64()),
         ("correlation", pa.int64()),
@@ -90,7 +93,10 @@ METADATA = pa.schema(
         ("damaged_events", pa.int64()),  # events skipped for a local error (ingest/salvage.py)
         ("mended_strings", pa.int64()),
         ("dropped_events", pa.int64()),
-        ("device_events_lost", pa.bool_()),  # salvaged: launches kept, every device event lost at the cut  # events without a usable ts (absent, invalid, beyond int64 ns)  # invalid UTF-8 sequences / lone surrogates replaced by U+FFFD
+        (
+            "device_events_lost",
+            pa.bool_(),
+        ),  # salvaged: launches kept, every device event lost at the cut  # events without a usable ts (absent, invalid, beyond int64 ns)  # invalid UTF-8 sequences / lone surrogates replaced by U+FFFD
     ]
 )
 
@@ -121,6 +127,7 @@ COLLECTIVES = pa.schema(
         ("process", DICT_STR),  # "host:pid" of the writing process (NCCL logs; plugin: "pid N"), else null
     ]
 )
+
 
 def table_from_rows(rows: list[dict[str, Any]], sch: pa.Schema) -> pa.Table:
     """Row dicts (missing keys -> null) to a table with exactly schema `sch`, dictionary columns encoded."""

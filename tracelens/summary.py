@@ -166,7 +166,9 @@ def build_summary(a: Analysis) -> dict:
         "composition": _with_comm(composition_dict(comp), a.comm_by_type),
         "pipeline": pipeline_dict(pipe),
         "clock": clock_dict(cross),
-        "collectives": nccl_sources_dict(collectives_dict(cross, a.nccl, a.sized_collectives), a.nccl_sources, a),
+        "collectives": nccl_sources_dict(
+            collectives_dict(cross, a.nccl, a.sized_collectives), a.nccl_sources, a
+        ),
         "audit": audit.to_dict() if audit is not None else None,
     }
     out["ops"] = a.ops_view.summary_rows() if a.ops_view is not None else []
@@ -175,7 +177,6 @@ def build_summary(a: Analysis) -> dict:
     if a.options.compat == "hta":
         out["compat"] = a.hta_compat()
     return out
-
 
 
 def composition_dict(comp) -> dict | None:
@@ -254,7 +255,9 @@ def collectives_dict(cross, nccl: dict[str, pa.Table], sized=None) -> dict:
 
 def wait_split_warnings(ranks: list[dict]) -> list[str]:
     """Say why exposed communication has no wait / transfer split (collectives.exposed_split)."""
-    blind = [r["rank"] for r in ranks if (r.get("exposed_comm_ms") or 0) > 0 and r.get("exposed_wait_ms") is None]
+    blind = [
+        r["rank"] for r in ranks if (r.get("exposed_comm_ms") or 0) > 0 and r.get("exposed_wait_ms") is None
+    ]
     if not blind:
         return []
     shown = ", ".join(map(str, blind[:16])) + (" ..." if len(blind) > 16 else "")
@@ -347,7 +350,9 @@ def validate_summary(data: Any, label: str) -> None:
         if key in data and data[key] is not None and not isinstance(data[key], kind):
             raise BadInputError(f"{label}: summary field {key!r} must be a {kind.__name__}")
     per_step = data.get("per_step")
-    if per_step is not None and not (isinstance(per_step, list) and all(isinstance(r, dict) for r in per_step)):
+    if per_step is not None and not (
+        isinstance(per_step, list) and all(isinstance(r, dict) for r in per_step)
+    ):
         raise BadInputError(f"{label}: summary field 'per_step' must be a list of objects")
     from tracelens.summary_check import check_shape
 

@@ -736,8 +736,10 @@ def _layout_text(g: Grid) -> str:
 def _which_layout(g: Grid, from_traces: bool) -> str:
     """The clause of LAYOUT_INCONSISTENT saying which layout the findings use."""
     if from_traces:
-        return (f"the findings use the traces' layout {_layout_text(g)} (the evidence; --force-layout keeps "
-                f"the given one)")
+        return (
+            f"the findings use the traces' layout {_layout_text(g)} (the evidence; --force-layout keeps "
+            f"the given one)"
+        )
     return f"the findings use the given layout {_layout_text(g)}" + (
         " (--force-layout)" if g.source == "config" else ""
     )

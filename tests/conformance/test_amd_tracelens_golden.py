@@ -19,7 +19,9 @@ from tracelens.analyze.breakdown import class_sets
 from tracelens.ingest import kineto
 
 TRACES = Path(__file__).resolve().parents[2].parent / "shared" / "traces"
-GOLDEN = json.loads((Path(__file__).resolve().parents[1] / "golden" / "amd_tracelens_gpu_timeline.json").read_text())
+GOLDEN = json.loads(
+    (Path(__file__).resolve().parents[1] / "golden" / "amd_tracelens_gpu_timeline.json").read_text()
+)
 FILES = sorted(GOLDEN["files"])
 TOL_PP = 0.5
 

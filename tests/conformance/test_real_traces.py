@@ -54,7 +54,9 @@ def _analyses(unit: Path):
     try:
         load_tables(unit, no_cache=True, workers=1)
     except RankError:
-        return [analyze_run(f, Options(no_cache=True)) for f in sorted(unit.iterdir()) if _TRACE.search(f.name)]
+        return [
+            analyze_run(f, Options(no_cache=True)) for f in sorted(unit.iterdir()) if _TRACE.search(f.name)
+        ]
     return [analyze_run(unit, Options(no_cache=True))]
 
 
@@ -107,8 +109,12 @@ def _check(a) -> None:
     kind = ev.column("kind").cast("string").to_numpy(zero_copy_only=False)
     names = ev.column("name").cast("string").to_pylist()
     kernel = kind == "kernel"
-    by_name = kernel & np.array([family_of_kernel(n) is not None or "nccl" in (n or "").lower() for n in names])
-    assert (classes[by_name] == COMM).all(), sorted({names[i] for i in np.flatnonzero(by_name & (classes != COMM))})
+    by_name = kernel & np.array(
+        [family_of_kernel(n) is not None or "nccl" in (n or "").lower() for n in names]
+    )
+    assert (classes[by_name] == COMM).all(), sorted(
+        {names[i] for i in np.flatnonzero(by_name & (classes != COMM))}
+    )
     comm_op = np.array([is_comm_cpu_op(n) for n in names])
     inner = enclosing_ops(ev, np.ones(ev.num_rows, dtype=bool))
     launched = kernel & (inner >= 0)

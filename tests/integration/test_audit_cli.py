@@ -73,23 +73,35 @@ def test_pp3_names_the_attention_heavy_stage():
 
 
 def test_config_file_and_split(tmp_path):
-    cfg = {"model_type": "llama", "num_hidden_layers": 8, "hidden_size": 64, "num_attention_heads": 8,
-           "num_key_value_heads": 2, "intermediate_size": 96, "vocab_size": 1000}
+    cfg = {
+        "model_type": "llama",
+        "num_hidden_layers": 8,
+        "hidden_size": 64,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "intermediate_size": 96,
+        "vocab_size": 1000,
+    }
     path = tmp_path / "config.json"
     path.write_text(json.dumps(cfg))
-    res = _run("--model", str(path), "--tp", "4", "--pp", "2", "--split", "5,3", "--seq-len", "1024", "--json")
+    res = _run(
+        "--model", str(path), "--tp", "4", "--pp", "2", "--split", "5,3", "--seq-len", "1024", "--json"
+    )
     assert res.returncode == 0, res.stderr
     d = json.loads(res.stdout)
     assert d["layer_split"] == [5, 3] and d["split_source"] == "given"
     assert d["kv_replication"]["factor"] == 2
 
 
-@pytest.mark.parametrize("args", [
-    ("--model", "no-such-model", "--tp", "2"),
-    ("--model", "qwen3.5-27b", "--tp", "0"),
-    ("--model", "qwen3.5-27b", "--pp", "3", "--split", "1,2"),
-    ("--model", "qwen3.5-27b", "--split", "a,b"),
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("--model", "no-such-model", "--tp", "2"),
+        ("--model", "qwen3.5-27b", "--tp", "0"),
+        ("--model", "qwen3.5-27b", "--pp", "3", "--split", "1,2"),
+        ("--model", "qwen3.5-27b", "--split", "a,b"),
+    ],
+)
 def test_bad_input_exits_2(args):
     res = _run(*args)
     assert res.returncode == 2

@@ -38,8 +38,20 @@ def test_h200_sample_has_no_shapes_so_flops_are_null(h200):
     ops = run.op_table()
     assert len(ops) > 20 and ops["ms_per_step"].gt(0).all()
     assert ops["flops"].isna().all() and ops["tflops"].isna().all() and ops["bound"].isna().all()
-    assert set(run.summary()["ops"][0]) >= {"op", "kernel", "stage", "layer_type", "calls", "ms_per_step",
-                                            "flops", "bytes", "tflops", "tbps", "bound", "roofline_pct"}
+    assert set(run.summary()["ops"][0]) >= {
+        "op",
+        "kernel",
+        "stage",
+        "layer_type",
+        "calls",
+        "ms_per_step",
+        "flops",
+        "bytes",
+        "tflops",
+        "tbps",
+        "bound",
+        "roofline_pct",
+    }
 
 
 def test_h200_mlp_gemms_and_attention_are_plausible_against_the_peak(h200):
@@ -55,10 +67,18 @@ def test_h200_mlp_gemms_and_attention_are_plausible_against_the_peak(h200):
     # cuDNN flash attention: q, k, v [1, 6, S, 256] (K/V repeated for GQA), causal
     q = [1, d["q_heads"], s, d["head_dim"]]
     bf = "c10::BFloat16"
-    fwd = op_cost("aten::_cudnn_attention_forward", [q, q, q] + [[]] * 10, [bf] * 3 + ["Scalar"] * 10,
-                  [""] * 10 + ["True"])
-    bwd = op_cost("aten::_cudnn_attention_backward", [q] * 6 + [[]] * 10, [bf] * 6 + ["Scalar"] * 10,
-                  [""] * 14 + ["True"])
+    fwd = op_cost(
+        "aten::_cudnn_attention_forward",
+        [q, q, q] + [[]] * 10,
+        [bf] * 3 + ["Scalar"] * 10,
+        [""] * 10 + ["True"],
+    )
+    bwd = op_cost(
+        "aten::_cudnn_attention_backward",
+        [q] * 6 + [[]] * 10,
+        [bf] * 6 + ["Scalar"] * 10,
+        [""] * 14 + ["True"],
+    )
     assert fwd is not None and bwd is not None
     for name, cost in (("aten::_cudnn_attention_forward", fwd), ("aten::_cudnn_attention_backward", bwd)):
         row = ops[ops["op"] == name]
@@ -67,12 +87,22 @@ def test_h200_mlp_gemms_and_attention_are_plausible_against_the_peak(h200):
         assert 0.10 * PEAK_H200 < achieved < PEAK_H200, (name, achieved / 1e12)
 
 
-QWEN15 = dict(model_type="qwen2", hidden_size=1024, num_hidden_layers=24, num_attention_heads=16,
-              num_key_value_heads=16, intermediate_size=2816, vocab_size=151936, tie_word_embeddings=True,
-              max_position_embeddings=32768)
+QWEN15 = dict(
+    model_type="qwen2",
+    hidden_size=1024,
+    num_hidden_layers=24,
+    num_attention_heads=16,
+    num_key_value_heads=16,
+    intermediate_size=2816,
+    vocab_size=151936,
+    tie_word_embeddings=True,
+    max_position_embeddings=32768,
+)
 
 
-@pytest.mark.parametrize("name,peak", [("tracelens-h100-qwen15", 989e12), ("tracelens-mi300-qwen15", 1307e12)])
+@pytest.mark.parametrize(
+    "name,peak", [("tracelens-h100-qwen15", 989e12), ("tracelens-mi300-qwen15", 1307e12)]
+)
 def test_qwen15_prefill_gemms_and_block_flops(name, peak):
     path = MORE / name
     if not path.is_dir():
@@ -105,11 +135,28 @@ def test_analyze_ops_prints_the_top_of_the_table(tmp_path):
     if not sample.is_dir():
         pytest.skip("sample_traces/cpu-gloo-4rank is absent")
     env = dict(os.environ, PYTHONPATH=str(REPO), COLUMNS="200")
-    r = subprocess.run([sys.executable, "-m", "tracelens", "analyze", str(sample), "-o", str(tmp_path / "o"),
-                        "--no-cache", "--no-report", "--ops"], capture_output=True, text=True, env=env)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tracelens",
+            "analyze",
+            str(sample),
+            "-o",
+            str(tmp_path / "o"),
+            "--no-cache",
+            "--no-report",
+            "--ops",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert r.returncode == 0, r.stderr
     assert "Top ops" in r.stdout
-    top = max(json.loads((tmp_path / "o" / "summary.json").read_text())["ops"], key=lambda x: x["ms_per_step"])
+    top = max(
+        json.loads((tmp_path / "o" / "summary.json").read_text())["ops"], key=lambda x: x["ms_per_step"]
+    )
     assert top["op"] in r.stdout and f"{top['ms_per_step']:,.3f}" in r.stdout
 
 

@@ -12,7 +12,11 @@ import tracelens
 from tracelens.report.html import build_sections, render
 
 REPO = Path(__file__).resolve().parents[2]
-SAMPLES = sorted(p for p in (REPO / "sample_traces").iterdir() if p.is_dir()) if (REPO / "sample_traces").is_dir() else []
+SAMPLES = (
+    sorted(p for p in (REPO / "sample_traces").iterdir() if p.is_dir())
+    if (REPO / "sample_traces").is_dir()
+    else []
+)
 SECTION = "Operations: FLOPs and roofline"
 
 
@@ -45,10 +49,13 @@ def test_op_table_in_report_equals_api(sample):
         # columns: stage, rank, op, kernel, layer type, shapes, calls, ms, GFLOP, MB, TFLOP/s, TB/s, bound, %
         assert cells[1] == str(r["rank"]) and float(cells[7]) == r["ms_per_step"]
         assert (cells[10] == "") == (r["tflops"] is None)
-        same = api[(api["rank"] == r["rank"]) & (api["op"].fillna("") == (r["op"] or ""))
-                   & (api["kernel"].fillna("") == (r["kernel"] or ""))
-                   & (api["shapes"].fillna("").str.startswith((r["shapes"] or "").rstrip("…")))
-                   & (api["layer_type"].fillna("") == (r["layer_type"] or ""))]
+        same = api[
+            (api["rank"] == r["rank"])
+            & (api["op"].fillna("") == (r["op"] or ""))
+            & (api["kernel"].fillna("") == (r["kernel"] or ""))
+            & (api["shapes"].fillna("").str.startswith((r["shapes"] or "").rstrip("…")))
+            & (api["layer_type"].fillna("") == (r["layer_type"] or ""))
+        ]
         assert len(same) == 1
         a = same.iloc[0]
         assert round(float(a["ms_per_step"]), 4) == r["ms_per_step"]

@@ -13,9 +13,7 @@ from typer.testing import CliRunner
 
 from tracelens.cli import app
 
-SAMPLE = (
-    Path(__file__).resolve().parents[2] / "sample_traces" / "qwen35-27b-seq4k-tp2pp2dp2-straggler-skew"
-)
+SAMPLE = Path(__file__).resolve().parents[2] / "sample_traces" / "qwen35-27b-seq4k-tp2pp2dp2-straggler-skew"
 
 pytestmark = pytest.mark.skipif(not SAMPLE.is_dir(), reason="bundled straggler sample absent")
 

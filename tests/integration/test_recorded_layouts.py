@@ -169,8 +169,15 @@ def test_gloo_sizes_from_c10d_shapes_alone_and_the_flight_recorder_fills_the_dty
     assert _seen(a2a) == {k: v for k, v in issued.items() if k[1] == "alltoall"}
     ar = df[df["op"] == "allreduce"]
     assert ar["bytes"].isna().all() and ar["dtype"].isna().all()
-    nel = {(k[0], "allreduce"): {b // 4: c for b, c in v.items()} for k, v in issued.items() if k[1] == "allreduce"}
-    got = {(int(r), "allreduce"): g["in_nelems"].astype(int).value_counts().to_dict() for r, g in ar.groupby("rank")}
+    nel = {
+        (k[0], "allreduce"): {b // 4: c for b, c in v.items()}
+        for k, v in issued.items()
+        if k[1] == "allreduce"
+    }
+    got = {
+        (int(r), "allreduce"): g["in_nelems"].astype(int).value_counts().to_dict()
+        for r, g in ar.groupby("rank")
+    }
     assert got == nel  # float32 gradients: bytes / 4 elements
     rec = {o["op"]: o for o in a.summary()["collectives"]["by_op"]}["allreduce"]
     assert rec["bytes"] is None and rec["calls_bytes_unknown"] == len(ar)

@@ -245,7 +245,10 @@ def test_trace_names_are_text_not_markup(tmp_path):
     ctext = cmp_page.read_text(encoding="utf-8")
     assert PAYLOAD not in ctext and "<img src=x" not in ctext
     assert "&lt;script&gt;window.__xss=1&lt;/script&gt;" in ctext
-    for p, shown in ((page, "&lt;img src=x onerror="), (cmp_page, "&lt;script&gt;window.__xss=1&lt;/script&gt;")):
+    for p, shown in (
+        (page, "&lt;img src=x onerror="),
+        (cmp_page, "&lt;script&gt;window.__xss=1&lt;/script&gt;"),
+    ):
         dom, err, px = open_in_chromium(p, tmp_path)
         check_page(dom, err, px, p)
         # shown as text in the rendered page (the DOM serialiser escapes text nodes again)

@@ -42,7 +42,9 @@ def test_analyze_leaves_the_run_folder_listing_unchanged(tmp_path: Path, name: s
     assert _listing(run) == before
     n_ranks = len(json.loads((tmp_path / "out1" / "summary.json").read_text())["run"]["ranks"])
     assert len(list(cache.glob("entries/*/rank*.meta.parquet"))) == n_ranks > 1  # cached elsewhere
-    assert (tmp_path / "out1" / "summary.json").read_bytes() == (tmp_path / "out2" / "summary.json").read_bytes()
+    assert (tmp_path / "out1" / "summary.json").read_bytes() == (
+        tmp_path / "out2" / "summary.json"
+    ).read_bytes()
 
 
 def test_read_only_run_and_unwritable_cache_dir_still_analyze(tmp_path: Path):

@@ -35,8 +35,14 @@ def test_per_rank_compute_and_exposed_comm_match_truth(sample):
     for row in summary["ranks"]:
         steps = truth["ranks"][row["rank"]]["steps"]
         assert row["compute_ms"] == pytest.approx(_mean(steps, "compute_ns"), rel=0.01), (name, row["rank"])
-        assert row["exposed_comm_ms"] == pytest.approx(_mean(steps, "exposed_comm_ns"), rel=0.01), (name, row["rank"])
-        assert row["step_time_ms"] == pytest.approx(_mean(steps, "step_time_ns"), rel=0.01), (name, row["rank"])
+        assert row["exposed_comm_ms"] == pytest.approx(_mean(steps, "exposed_comm_ns"), rel=0.01), (
+            name,
+            row["rank"],
+        )
+        assert row["step_time_ms"] == pytest.approx(_mean(steps, "step_time_ns"), rel=0.01), (
+            name,
+            row["rank"],
+        )
 
 
 def test_mfu_matches_truth(sample):

@@ -194,7 +194,9 @@ def test_gzip_bomb_is_refused_with_an_overridable_limit(tmp_path, monkeypatch, c
 
 def test_compression_ratio_limit(tmp_path, monkeypatch):
     monkeypatch.delenv("TRACELENS_MAX_DECOMPRESSED_BYTES", raising=False)
-    monkeypatch.setattr(kineto_stream, "RATIO_MIN_BYTES", 8 << 20)  # as beyond 1 GiB, but small enough for a test
+    monkeypatch.setattr(
+        kineto_stream, "RATIO_MIN_BYTES", 8 << 20
+    )  # as beyond 1 GiB, but small enough for a test
     monkeypatch.setattr(kineto_stream, "MAX_RATIO", 100)
     p = whitespace_bomb(tmp_path / "rank0.json.gz", 32 << 20)
     with pytest.raises(BadTraceError, match=r"compression ratio above 100:1 \(decompression bomb\?\)"):

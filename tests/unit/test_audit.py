@@ -112,7 +112,7 @@ def _brute_force_best_max(model, pp, seq_len):
     """Smallest possible heaviest-stage FLOPs over every block-boundary split (independent check)."""
     per_layer = layer_training_flops(model, seq_len)
     bs = model.block_size
-    blocks = [sum(per_layer[i:i + bs]) for i in range(0, model.num_layers, bs)]
+    blocks = [sum(per_layer[i : i + bs]) for i in range(0, model.num_layers, bs)]
     n, best = len(blocks), float("inf")
     for cuts in itertools.combinations(range(1, n), pp - 1):
         edges = (0, *cuts, n)
@@ -126,7 +126,7 @@ def _max_stage(model, split, seq_len):
     per_layer = layer_training_flops(model, seq_len)
     out, start = [], 0
     for n in split:
-        out.append(sum(per_layer[start:start + n]))
+        out.append(sum(per_layer[start : start + n]))
         start += n
     out[-1] += logits_flops_per_token(model)
     return max(out)
@@ -141,8 +141,15 @@ def test_balanced_split_is_optimal_on_blocks(qwen, pp, seq_len):
 
 def test_balanced_split_unloads_lm_head_stage():
     # 8 identical layers and an LM head costing ~3 layers: the last stage should get fewer layers
-    cfg = {"model_type": "llama", "num_hidden_layers": 8, "hidden_size": 64, "num_attention_heads": 4,
-           "num_key_value_heads": 4, "intermediate_size": 128, "vocab_size": 4000}
+    cfg = {
+        "model_type": "llama",
+        "num_hidden_layers": 8,
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "intermediate_size": 128,
+        "vocab_size": 4000,
+    }
     m = model_from_config(cfg)
     split = balanced_split(m, 2, 64)
     assert split[1] < split[0]
@@ -165,8 +172,15 @@ def test_given_split_and_bad_inputs(qwen):
 
 
 def test_dense_model_has_no_composition_finding():
-    cfg = {"model_type": "llama", "num_hidden_layers": 6, "hidden_size": 64, "num_attention_heads": 8,
-           "num_key_value_heads": 8, "intermediate_size": 128, "vocab_size": 1000}
+    cfg = {
+        "model_type": "llama",
+        "num_hidden_layers": 6,
+        "hidden_size": 64,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 8,
+        "intermediate_size": 128,
+        "vocab_size": 1000,
+    }
     r = audit_layout(model_from_config(cfg), tp=2, pp=4)
     assert "UNEQUAL_STAGE_COMPOSITION" not in _codes(r)
     assert r.deltanet is None

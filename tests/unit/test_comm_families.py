@@ -61,7 +61,9 @@ def test_innermost_enclosing_nested_and_siblings():
 def test_old_nccl_alltoall_is_an_alltoall_with_bytes():
     ev = events_table(old_alltoall(0, 1000, 2000, 500))
     c = collectives_from_events(ev).to_pylist()
-    assert [(r["op"], r["in_nelems"], r["bytes"], r["is_p2p"]) for r in c] == [("alltoall", 384, 384 * 8, False)]
+    assert [(r["op"], r["in_nelems"], r["bytes"], r["is_p2p"]) for r in c] == [
+        ("alltoall", 384, 384 * 8, False)
+    ]
     assert c[0]["enqueue_ns"] == 1020  # the innermost op naming the collective
     cls = classify(ev)
     assert cls[4] == COMM
@@ -103,8 +105,14 @@ def test_ingest_reads_sizes_from_input_dims(tmp_path):
     p.write_bytes(gzip.compress(json.dumps({"traceEvents": evs, "distributedInfo": {"rank": 0}}).encode()))
     ev = kineto.read(p).events
     rows = {r["name"]: r for r in ev.to_pylist()}
-    assert (rows["c10d::_allgather_base_"]["in_nelems"], rows["c10d::_allgather_base_"]["out_nelems"]) == (16, 1024)
-    assert (rows["nccl:_all_gather_base"]["in_nelems"], rows["nccl:_all_gather_base"]["dtype"]) == (16, "float")
+    assert (rows["c10d::_allgather_base_"]["in_nelems"], rows["c10d::_allgather_base_"]["out_nelems"]) == (
+        16,
+        1024,
+    )
+    assert (rows["nccl:_all_gather_base"]["in_nelems"], rows["nccl:_all_gather_base"]["dtype"]) == (
+        16,
+        "float",
+    )
     assert rows["aten::mm"]["in_nelems"] is None  # not a communication op: shapes are not sizes
     (c,) = collectives_from_events(ev).to_pylist()
     assert (c["op"], c["in_nelems"], c["out_nelems"], c["bytes"]) == ("allgather", 16, 1024, 4096)
@@ -170,8 +178,16 @@ def test_parent_op_marks_communication_only_when_it_launched_the_kernel():
 def test_external_id_links_when_the_launch_is_missing():
     ev = events_table(
         [
-            op(0, "record_param_comms", 0, 100, external_id=55, collective="allreduce", in_nelems=10,
-               dtype="float"),  # fmt: skip
+            op(
+                0,
+                "record_param_comms",
+                0,
+                100,
+                external_id=55,
+                collective="allreduce",
+                in_nelems=10,
+                dtype="float",
+            ),  # fmt: skip
             {**kern(0, "ncclDevKernel_Generic", 50, 10, 9), "external_id": 55},
         ]
     )

@@ -435,8 +435,11 @@ def test_page_escapes_untrusted_names_everywhere():
 
     ops = op_totals(ev)
     ops = ops.append_column("rank", pa.array([0] * ops.num_rows, pa.int32()))
-    analysis = _analysis(run=types.SimpleNamespace(events_of=lambda ranks: ev, memory=None,
-                                                    stages=types.SimpleNamespace(ops=ops)))
+    analysis = _analysis(
+        run=types.SimpleNamespace(
+            events_of=lambda ranks: ev, memory=None, stages=types.SimpleNamespace(ops=ops)
+        )
+    )
     page = H.render(s, H.build_sections(analysis, s))
     assert not _raw_payload_outside_escaped_text(page)
     assert "&lt;script&gt;window.__xss=1&lt;/script&gt;" in page  # shown as text (title, finding, top ops)
@@ -449,8 +452,12 @@ def test_page_escapes_untrusted_names_everywhere():
 
 def _analysis(**kw):
     """What the report reads of an analysis (`tracelens.run_analysis.Analysis`), nothing computed."""
-    run = types.SimpleNamespace(events_of=lambda ranks: None, memory=None, stages=types.SimpleNamespace(ops=None))
-    return types.SimpleNamespace(**{"warnings": [], "grid": None, "cross": None, "composition": None, "run": run, **kw})
+    run = types.SimpleNamespace(
+        events_of=lambda ranks: None, memory=None, stages=types.SimpleNamespace(ops=None)
+    )
+    return types.SimpleNamespace(
+        **{"warnings": [], "grid": None, "cross": None, "composition": None, "run": run, **kw}
+    )
 
 
 def test_absent_analyses_become_one_line_notes():
@@ -472,7 +479,9 @@ def test_a_broken_section_becomes_a_note(monkeypatch):
     analysis = _analysis()
     page = H.render(s, H.build_sections(analysis, s))
     assert "heatmap could not be drawn: ZeroDivisionError" in page
-    assert analysis.warnings == ["report section heatmap could not be drawn: ZeroDivisionError: division by zero"]
+    assert analysis.warnings == [
+        "report section heatmap could not be drawn: ZeroDivisionError: division by zero"
+    ]
 
 
 def test_1024_rank_page_stays_under_10_mb():

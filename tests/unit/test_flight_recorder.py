@@ -290,7 +290,9 @@ def test_non_finite_numbers_are_unknown(tmp_path):
     """JSON dumps may hold Infinity/NaN (Python's json writes them): they read as unknown, no crash."""
     import math
 
-    src = Path(__file__).resolve().parents[2] / "sample_traces" / "cpu-gloo-4rank" / "flight_recorder" / "json"
+    src = (
+        Path(__file__).resolve().parents[2] / "sample_traces" / "cpu-gloo-4rank" / "flight_recorder" / "json"
+    )
     if not src.is_dir():
         pytest.skip("sample_traces/cpu-gloo-4rank is absent")
     d = json.loads((src / "fr_trace_rank_0.json").read_text())

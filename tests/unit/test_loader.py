@@ -80,7 +80,9 @@ def test_cache_hit_and_invalidation(tmp_path, monkeypatch, cache_dir):
     os.utime(p, ns=(p.stat().st_mtime_ns + 10**9, p.stat().st_mtime_ns + 10**9))
     seen = []
     real = tasks.ingest_rank
-    monkeypatch.setattr(tasks, "ingest_rank", lambda path, rank, *a: seen.append(rank) or real(path, rank, *a))
+    monkeypatch.setattr(
+        tasks, "ingest_rank", lambda path, rank, *a: seen.append(rank) or real(path, rank, *a)
+    )
     t = load_tables(run, workers=1)
     assert seen == [1]
     assert "changed" in t.events.column("name").to_pylist()

@@ -10,8 +10,16 @@ from tracelens.models import get_model, model_from_config
 
 # Tiny dense Llama (see test_models.py): Megatron training FLOPs per token at s=32 is
 # 2 layers x 3 x (16,384 + 4,096 + 8,192 + 49,152) + 6 x 64 x 1000 = 466,944 + 384,000 = 850,944.
-TINY = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 128, "vocab_size": 1000}
+TINY = {
+    "model_type": "llama",
+    "num_hidden_layers": 2,
+    "hidden_size": 64,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "intermediate_size": 128,
+    "vocab_size": 1000,
+}
 FPT = 850_944
 
 
@@ -38,8 +46,16 @@ def test_mfu_by_hand(tiny):
 
 
 def test_per_step_and_what_is_at_stake(tiny):
-    out = compute_mfu(tiny, 32, 256, 0.001, 2, 1e12, step_times_s={3: 0.0008, 4: 0.0012},
-                      lost_time_s={"bubble": 0.0002, "exposed_comm": 0.0001})
+    out = compute_mfu(
+        tiny,
+        32,
+        256,
+        0.001,
+        2,
+        1e12,
+        step_times_s={3: 0.0008, 4: 0.0012},
+        lost_time_s={"bubble": 0.0002, "exposed_comm": 0.0001},
+    )
     base = FPT * 256 / (2 * 1e12)
     assert [p["step"] for p in out["per_step"]] == [3, 4]
     assert out["per_step"][0]["mfu"] == pytest.approx(base / 0.0008)

@@ -88,8 +88,14 @@ def test_tied_embeddings_counted_once():
 
 
 def test_moe_active_params_and_flops():
-    cfg = {**TINY, "model_type": "qwen2_moe", "num_experts": 8, "num_experts_per_tok": 2,
-           "moe_intermediate_size": 32, "shared_expert_intermediate_size": 64}
+    cfg = {
+        **TINY,
+        "model_type": "qwen2_moe",
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+        "shared_expert_intermediate_size": 64,
+    }
     m = model_from_config(cfg)
     comp = m.params_by_component()
     assert comp["moe_experts"] == 2 * 8 * 3 * 64 * 32
@@ -107,8 +113,15 @@ def test_moe_active_params_and_flops():
 
 
 def test_mlp_only_layers_and_sparse_step():
-    cfg = {**TINY, "num_hidden_layers": 4, "model_type": "qwen3_moe", "num_experts": 4,
-           "num_experts_per_tok": 1, "moe_intermediate_size": 32, "mlp_only_layers": [0]}
+    cfg = {
+        **TINY,
+        "num_hidden_layers": 4,
+        "model_type": "qwen3_moe",
+        "num_experts": 4,
+        "num_experts_per_tok": 1,
+        "moe_intermediate_size": 32,
+        "mlp_only_layers": [0],
+    }
     m = model_from_config(cfg)
     assert [m.is_moe_layer(i) for i in range(4)] == [False, True, True, True]
     assert m.qk_norm  # Qwen3 q_norm/k_norm
@@ -122,7 +135,11 @@ def test_qwen35_shapes(qwen):
     assert qwen.layer_types == (LINEAR, LINEAR, LINEAR, FULL) * 16
     assert qwen.block_size == 4 and qwen.num_blocks == 16
     assert (qwen.hidden_size, qwen.num_attention_heads, qwen.num_key_value_heads, qwen.head_dim) == (
-        5120, 24, 4, 256)
+        5120,
+        24,
+        4,
+        256,
+    )
     assert qwen.attn_output_gate and not qwen.tie_word_embeddings
     assert (qwen.linear_num_key_heads, qwen.linear_num_value_heads) == (16, 48)
     assert qwen.max_position_embeddings == 262_144
@@ -151,7 +168,9 @@ def _qwen_megatron_by_hand(s: int) -> float:
     mlp = 64 * 3 * 5120 * 17408
     full = 16 * (5120 * (6144 + 1024 + 1024 + 6144) + 6144 * 5120)  # q, k, v, gate; out
     core = 16 * 6144 * s / 2 * 2  # causal half, QK^T and AV
-    lin = 48 * (5120 * (2 * 2048 + 2 * 6144 + 2 * 48) + 4 * (2 * 2048 + 6144) + 48 * 128 * 128 * 4 + 5120 * 6144)
+    lin = 48 * (
+        5120 * (2 * 2048 + 2 * 6144 + 2 * 48) + 4 * (2 * 2048 + 6144) + 48 * 128 * 128 * 4 + 5120 * 6144
+    )
     logits = 5120 * 248320
     return 3 * 2 * (mlp + full + core + lin + logits)
 
@@ -222,11 +241,24 @@ def test_preset_aliases(name, qwen):
 
 
 def test_config_file_dir_and_text_config(tmp_path, qwen):
-    text = {"model_type": "qwen3_5_text", "num_hidden_layers": 64, "hidden_size": 5120,
-            "num_attention_heads": 24, "num_key_value_heads": 4, "head_dim": 256, "attn_output_gate": True,
-            "intermediate_size": 17408, "vocab_size": 248320, "linear_num_key_heads": 16,
-            "linear_num_value_heads": 48, "linear_key_head_dim": 128, "linear_value_head_dim": 128,
-            "linear_conv_kernel_dim": 4, "full_attention_interval": 4, "max_position_embeddings": 262144}
+    text = {
+        "model_type": "qwen3_5_text",
+        "num_hidden_layers": 64,
+        "hidden_size": 5120,
+        "num_attention_heads": 24,
+        "num_key_value_heads": 4,
+        "head_dim": 256,
+        "attn_output_gate": True,
+        "intermediate_size": 17408,
+        "vocab_size": 248320,
+        "linear_num_key_heads": 16,
+        "linear_num_value_heads": 48,
+        "linear_key_head_dim": 128,
+        "linear_value_head_dim": 128,
+        "linear_conv_kernel_dim": 4,
+        "full_attention_interval": 4,
+        "max_position_embeddings": 262144,
+    }
     folder = tmp_path / "Qwen3.5-27B"
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps({"tie_word_embeddings": False, "text_config": text}))
@@ -262,17 +294,20 @@ def test_bad_configs(tmp_path):
 
 
 # ----- hardware ---------------------------------------------------------------------------------------
-@pytest.mark.parametrize(("name", "canon", "bf16", "fp8"), [
-    ("NVIDIA H100 80GB HBM3", "H100 SXM", 989, 1979),
-    ("NVIDIA H100 PCIe", "H100 PCIe", 756, 1513),
-    ("NVIDIA H200", "H200", 989, 1979),
-    ("NVIDIA A100-SXM4-80GB", "A100", 312, None),
-    ("NVIDIA A100-PG509-200", "A100", 312, None),
-    ("NVIDIA B200", "B200", 2250, 4500),
-    ("NVIDIA GB200", "GB200", 2500, 5000),
-    ("AMD Instinct MI300X", "MI300X", 1307, 2615),
-    ("AMD Instinct MI325X", "MI325X", 1307, 2615),
-])
+@pytest.mark.parametrize(
+    ("name", "canon", "bf16", "fp8"),
+    [
+        ("NVIDIA H100 80GB HBM3", "H100 SXM", 989, 1979),
+        ("NVIDIA H100 PCIe", "H100 PCIe", 756, 1513),
+        ("NVIDIA H200", "H200", 989, 1979),
+        ("NVIDIA A100-SXM4-80GB", "A100", 312, None),
+        ("NVIDIA A100-PG509-200", "A100", 312, None),
+        ("NVIDIA B200", "B200", 2250, 4500),
+        ("NVIDIA GB200", "GB200", 2500, 5000),
+        ("AMD Instinct MI300X", "MI300X", 1307, 2615),
+        ("AMD Instinct MI325X", "MI325X", 1307, 2615),
+    ],
+)
 def test_peaks(name, canon, bf16, fp8):
     assert canonical_gpu(name) == canon
     assert peak_flops(name) == bf16 * 1e12

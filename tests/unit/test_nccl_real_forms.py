@@ -227,7 +227,7 @@ def test_interleaved_and_cut_lines(tmp_path):
         A(0) + B(0),  # two messages on one line, the second glued to the first's stream pointer
         a1[:cut_at],  # A's opCount 1 cut across two lines
         a1[cut_at:],
-        B(2)[B(2).index("Broadcast"):],  # B's opCount 2 lost its prefix: attributed through comm 0xbbb0
+        B(2)[B(2).index("Broadcast") :],  # B's opCount 2 lost its prefix: attributed through comm 0xbbb0
         call("nodeC", 300, 0, "Broadcast", 0, comm="0xccc0")[27:],  # no prefix and an unknown comm
         "nodeA:100:107 [0] NCCL INFO Broad" + B(1),  # A's opCount 2 cut short by B's line: lost
     ]
@@ -377,7 +377,9 @@ def test_cli_on_log_only_folder_reports_the_mismatch(tmp_path):
     assert all(p["rank"] is None for p in s["collectives"]["processes"])
     mm = [f for f in s["findings"] if f["code"] == "COLLECTIVE_MISMATCH"]
     assert len(mm) == 1 and mm[0]["processes"] == ["node01:1006"]
-    assert s["collectives"]["log_parse"]["calls"] == 8 * 3 * 6 and s["collectives"]["log_parse"]["damaged"] == 0
+    assert (
+        s["collectives"]["log_parse"]["calls"] == 8 * 3 * 6 and s["collectives"]["log_parse"]["damaged"] == 0
+    )
 
     import tracelens
 
@@ -445,7 +447,9 @@ def test_kineto_and_logs_cross_checked(tmp_path):
     s = json.loads((out / "summary.json").read_text())
     (cc,) = s["collectives"]["cross_check"]
     assert cc["agree"] and cc["source"] == "nccl_log"
-    assert all(b["kineto_calls"] == b["source_calls"] and not b["sizes_missing_in_source"] for b in cc["by_op"])
+    assert all(
+        b["kineto_calls"] == b["source_calls"] and not b["sizes_missing_in_source"] for b in cc["by_op"]
+    )
     # logs of another run: the sizes the traces saw never appear in the logs
     other = tmp_path / "other"
     write_nccl_outputs(other, nccl_tables.build(steps=1, seed=1), formats=("log",))
@@ -473,20 +477,26 @@ def _plugin_rows(calls: dict[int, list[tuple[str, bool]]]) -> pa.Table:
 def test_plugin_desync_and_hang_by_position():
     """The plugin's SeqNum counts per collective type, so calls are matched by their position in the
     communicator's sequence: an allgather where the others call their second allreduce is a desync."""
-    odd = _plugin_rows({r: [("allreduce", True), ("allgather" if r == 2 else "allreduce", True)] for r in range(4)})
+    odd = _plugin_rows(
+        {r: [("allreduce", True), ("allgather" if r == 2 else "allreduce", True)] for r in range(4)}
+    )
     (f,) = nccl_sources.diagnose_processes(odd)
     assert f["code"] == "COLLECTIVE_MISMATCH" and f["ranks"] == [2] and f["processes"] == ["pid 12"]
     assert f["message"] == (
         "op mismatch at call #1 (SeqNum 1) on communicator 777 (4 ranks): rank 2 (pid 12) called allgather "
         "where 3 processes called allreduce"
     )
-    stuck = _plugin_rows({r: [("allreduce", True)] + ([] if r == 3 else [("allreduce", False)]) for r in range(4)})
+    stuck = _plugin_rows(
+        {r: [("allreduce", True)] + ([] if r == 3 else [("allreduce", False)]) for r in range(4)}
+    )
     (f,) = nccl_sources.diagnose_processes(stuck)
     assert f["code"] == "COLLECTIVE_HANG" and f["severity"] == "error" and f["ranks"] == [3]
     assert f["message"] == (
         "rank 3 (pid 13) never called allreduce call #1 (SeqNum 1) on communicator 777 (4 ranks); 3 processes did"
     )
-    done = _plugin_rows({r: [("allreduce", True)] + ([] if r == 3 else [("allreduce", True)]) for r in range(4)})
+    done = _plugin_rows(
+        {r: [("allreduce", True)] + ([] if r == 3 else [("allreduce", True)]) for r in range(4)}
+    )
     assert nccl_sources.diagnose_processes(done) == []  # completed by the others: rank 3's record is lost
 
 

@@ -25,7 +25,9 @@ def test_mm_addmm_bmm_baddbmm():
     )
     # [4,16,8] x [4,8,32] fp32: 2*4*16*8*32; 4*(512 + 1024 + 2048)
     assert cost("aten::bmm", [[4, 16, 8], [4, 8, 32]], [F32, F32]) == (32768.0, 14336.0)
-    assert cost("aten::baddbmm", [[4, 16, 32], [4, 16, 8], [4, 8, 32], [], []], [F32] * 3 + ["Scalar"] * 2) == (
+    assert cost(
+        "aten::baddbmm", [[4, 16, 32], [4, 16, 8], [4, 8, 32], [], []], [F32] * 3 + ["Scalar"] * 2
+    ) == (
         32768.0 + 2048,
         4.0 * (512 + 1024 + 2048 + 2048),
     )
@@ -44,9 +46,13 @@ def test_attention_forward_and_backward():
     fwd_full = 2.0 * 2 * 4 * 128 * 128 * (64 + 64)  # QK^T + PV
     dims = [q, q, q, [], [], [], []]
     types = [BF, BF, BF, "Scalar", "Scalar", "Scalar", "Scalar"]
-    f, b = cost("aten::_scaled_dot_product_flash_attention", dims, types, ["", "", "", "0.", "True", "False", ""])
+    f, b = cost(
+        "aten::_scaled_dot_product_flash_attention", dims, types, ["", "", "", "0.", "True", "False", ""]
+    )
     assert f == fwd_full / 2 and b == 2.0 * 4 * (2 * 4 * 128 * 64)  # causal halving; q, k, v, o
-    f, _ = cost("aten::_scaled_dot_product_flash_attention", dims, types, ["", "", "", "0.", "False", "False", ""])
+    f, _ = cost(
+        "aten::_scaled_dot_product_flash_attention", dims, types, ["", "", "", "0.", "False", "False", ""]
+    )
     assert f == fwd_full
     # is_causal not recorded: unknown, not guessed
     assert op_cost("aten::_scaled_dot_product_flash_attention", dims, types, None) is None
@@ -97,18 +103,27 @@ def test_convolutions():
 
 def test_norms_softmax_embedding():
     # LayerNorm [4,256] fp32 with weight and bias [256]: 5 FLOPs/element; in + out + params
-    assert cost("aten::native_layer_norm", [[4, 256], [], [256], [256], []], [F32, "", F32, F32, "Scalar"]) == (
+    assert cost(
+        "aten::native_layer_norm", [[4, 256], [], [256], [256], []], [F32, "", F32, F32, "Scalar"]
+    ) == (
         5120.0,
         8192.0 + 2048.0,
     )
-    assert cost("aten::_fused_rms_norm", [[4, 256], [], [256], []], [BF, "", BF, "Scalar"]) == (4096.0, 4608.0)
+    assert cost("aten::_fused_rms_norm", [[4, 256], [], [256], []], [BF, "", BF, "Scalar"]) == (
+        4096.0,
+        4608.0,
+    )
     assert cost("aten::_softmax", [[8, 128], [], []], [F32, "Scalar", "Scalar"]) == (5120.0, 8192.0)
-    assert cost("aten::_softmax_backward_data", [[8, 128], [8, 128], [], []], [F32, F32, "Scalar", "Scalar"]) == (
+    assert cost(
+        "aten::_softmax_backward_data", [[8, 128], [8, 128], [], []], [F32, F32, "Scalar", "Scalar"]
+    ) == (
         4096.0,
         12288.0,
     )
     # embedding: 64 rows of 64 bf16 gathered (read + written) + 64 int64 indices
-    assert cost("aten::embedding", [[1000, 64], [4, 16], [], [], []], [BF, I64, "Scalar", "Scalar", "Scalar"]) == (
+    assert cost(
+        "aten::embedding", [[1000, 64], [4, 16], [], [], []], [BF, I64, "Scalar", "Scalar", "Scalar"]
+    ) == (
         0.0,
         16896.0,
     )
@@ -150,8 +165,13 @@ def test_no_model_and_bad_shapes():
 
 @pytest.mark.parametrize(
     "name,family",
-    [("aten::addmm", "gemm"), ("aten::_cudnn_attention_backward", "attention"), ("aten::silu", "elementwise"),
-     ("aten::native_layer_norm_backward", "norm"), ("aten::_fused_adam_", "optimizer")],
+    [
+        ("aten::addmm", "gemm"),
+        ("aten::_cudnn_attention_backward", "attention"),
+        ("aten::silu", "elementwise"),
+        ("aten::native_layer_norm_backward", "norm"),
+        ("aten::_fused_adam_", "optimizer"),
+    ],
 )
 def test_families(name, family):
     assert op_family(name) == family

@@ -19,32 +19,124 @@ def _events() -> pa.Table:
     rows = []
     for step, base in ((1, 0), (2, 10_000_000)):
         rows += [
-            dict(rank=0, kind="cpu_op", name=f"ProfilerStep#{step}", ts_ns=base, dur_ns=9_000_000, tid=1, step=step),
-            dict(rank=0, kind="cpu_op", name="aten::linear", ts_ns=base + 5, dur_ns=200, external_id=9 + 100 * step,
-                 tid=1, step=step),
-            dict(rank=0, kind="cpu_op", name="aten::mm", ts_ns=base + 10, dur_ns=100, external_id=10 + 100 * step,
-                 tid=1, step=step),
-            dict(rank=0, kind="cuda_runtime", name="cudaLaunchKernel", ts_ns=base + 20, dur_ns=5,
-                 correlation=1 + 10 * step, external_id=10 + 100 * step, step=step),
-            dict(rank=0, kind="cuda_runtime", name="cudaLaunchKernel", ts_ns=base + 40, dur_ns=5,
-                 correlation=2 + 10 * step, external_id=10 + 100 * step, step=step),
+            dict(
+                rank=0,
+                kind="cpu_op",
+                name=f"ProfilerStep#{step}",
+                ts_ns=base,
+                dur_ns=9_000_000,
+                tid=1,
+                step=step,
+            ),
+            dict(
+                rank=0,
+                kind="cpu_op",
+                name="aten::linear",
+                ts_ns=base + 5,
+                dur_ns=200,
+                external_id=9 + 100 * step,
+                tid=1,
+                step=step,
+            ),
+            dict(
+                rank=0,
+                kind="cpu_op",
+                name="aten::mm",
+                ts_ns=base + 10,
+                dur_ns=100,
+                external_id=10 + 100 * step,
+                tid=1,
+                step=step,
+            ),
+            dict(
+                rank=0,
+                kind="cuda_runtime",
+                name="cudaLaunchKernel",
+                ts_ns=base + 20,
+                dur_ns=5,
+                correlation=1 + 10 * step,
+                external_id=10 + 100 * step,
+                step=step,
+            ),
+            dict(
+                rank=0,
+                kind="cuda_runtime",
+                name="cudaLaunchKernel",
+                ts_ns=base + 40,
+                dur_ns=5,
+                correlation=2 + 10 * step,
+                external_id=10 + 100 * step,
+                step=step,
+            ),
             # a GEMM and its split-K reduction: one op instance, 1.5 ms
-            dict(rank=0, kind="kernel", name="void cutlass::Kernel<cutlass_80_gemm<float, 128> >(Params)",
-                 ts_ns=base + 1_000, dur_ns=1_000_000, correlation=1 + 10 * step, external_id=10 + 100 * step,
-                 step=step, device=0, stream=7),
-            dict(rank=0, kind="kernel", name="splitKreduce_kernel", ts_ns=base + 1_002_000, dur_ns=500_000,
-                 correlation=2 + 10 * step, external_id=10 + 100 * step, step=step, device=0, stream=7),
-            dict(rank=0, kind="cpu_op", name="aten::add", ts_ns=base + 300, dur_ns=50, external_id=11 + 100 * step,
-                 tid=1, step=step),
-            dict(rank=0, kind="cuda_runtime", name="cudaLaunchKernel", ts_ns=base + 310, dur_ns=5,
-                 correlation=3 + 10 * step, external_id=11 + 100 * step, step=step),
+            dict(
+                rank=0,
+                kind="kernel",
+                name="void cutlass::Kernel<cutlass_80_gemm<float, 128> >(Params)",
+                ts_ns=base + 1_000,
+                dur_ns=1_000_000,
+                correlation=1 + 10 * step,
+                external_id=10 + 100 * step,
+                step=step,
+                device=0,
+                stream=7,
+            ),
+            dict(
+                rank=0,
+                kind="kernel",
+                name="splitKreduce_kernel",
+                ts_ns=base + 1_002_000,
+                dur_ns=500_000,
+                correlation=2 + 10 * step,
+                external_id=10 + 100 * step,
+                step=step,
+                device=0,
+                stream=7,
+            ),
+            dict(
+                rank=0,
+                kind="cpu_op",
+                name="aten::add",
+                ts_ns=base + 300,
+                dur_ns=50,
+                external_id=11 + 100 * step,
+                tid=1,
+                step=step,
+            ),
+            dict(
+                rank=0,
+                kind="cuda_runtime",
+                name="cudaLaunchKernel",
+                ts_ns=base + 310,
+                dur_ns=5,
+                correlation=3 + 10 * step,
+                external_id=11 + 100 * step,
+                step=step,
+            ),
             # no External id on the kernel: linked through its launch's correlation
-            dict(rank=0, kind="kernel",
-                 name="void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>, "
-                 "std::array<char*, 3ul> >(int, at::native::CUDAFunctor_add<float>, std::array<char*, 3ul>)",
-                 ts_ns=base + 2_000_000, dur_ns=8_000, correlation=3 + 10 * step, step=step, device=0, stream=7),
-            dict(rank=0, kind="kernel", name="ncclDevKernel_AllReduce_Sum_bf16_RING_LL", ts_ns=base + 3_000_000,
-                 dur_ns=2_000_000, correlation=4 + 10 * step, step=step, device=0, stream=9),
+            dict(
+                rank=0,
+                kind="kernel",
+                name="void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>, "
+                "std::array<char*, 3ul> >(int, at::native::CUDAFunctor_add<float>, std::array<char*, 3ul>)",
+                ts_ns=base + 2_000_000,
+                dur_ns=8_000,
+                correlation=3 + 10 * step,
+                step=step,
+                device=0,
+                stream=7,
+            ),
+            dict(
+                rank=0,
+                kind="kernel",
+                name="ncclDevKernel_AllReduce_Sum_bf16_RING_LL",
+                ts_ns=base + 3_000_000,
+                dur_ns=2_000_000,
+                correlation=4 + 10 * step,
+                step=step,
+                device=0,
+                stream=9,
+            ),
         ]
     return schema.table_from_rows(rows, schema.EVENTS)
 
@@ -52,12 +144,26 @@ def _events() -> pa.Table:
 def _shapes() -> pa.Table:
     rows = []
     for step in (1, 2):
-        rows.append(dict(rank=0, external_id=10 + 100 * step, name="aten::mm",
-                         input_dims=json.dumps([[1024, 1024], [1024, 1024]]),
-                         input_types=json.dumps(["c10::BFloat16", "c10::BFloat16"]), concrete_inputs=None))
-        rows.append(dict(rank=0, external_id=11 + 100 * step, name="aten::add",
-                         input_dims=json.dumps([[1024], [1024], []]),
-                         input_types=json.dumps(["float", "float", "Scalar"]), concrete_inputs=None))
+        rows.append(
+            dict(
+                rank=0,
+                external_id=10 + 100 * step,
+                name="aten::mm",
+                input_dims=json.dumps([[1024, 1024], [1024, 1024]]),
+                input_types=json.dumps(["c10::BFloat16", "c10::BFloat16"]),
+                concrete_inputs=None,
+            )
+        )
+        rows.append(
+            dict(
+                rank=0,
+                external_id=11 + 100 * step,
+                name="aten::add",
+                input_dims=json.dumps([[1024], [1024], []]),
+                input_types=json.dumps(["float", "float", "Scalar"]),
+                concrete_inputs=None,
+            )
+        )
     t = pa.Table.from_pylist(rows)
     return t.select(["external_id", "name", "input_dims", "input_types", "concrete_inputs", "rank"])
 
@@ -101,8 +207,20 @@ def test_summary_rows_keys_and_bounds():
     inst = O.op_instances(_events(), _shapes(), [1, 2])
     rows = O.summary_rows(O.op_table(inst, H100, n_steps=2, stage_of={0: 0}), per_stage=1)
     assert len(rows) == 1 and rows[0]["op"] == "aten::mm"
-    for k in ("op", "kernel", "stage", "layer_type", "calls", "ms_per_step", "flops", "bytes", "tflops", "tbps",
-              "bound", "roofline_pct"):
+    for k in (
+        "op",
+        "kernel",
+        "stage",
+        "layer_type",
+        "calls",
+        "ms_per_step",
+        "flops",
+        "bytes",
+        "tflops",
+        "tbps",
+        "bound",
+        "roofline_pct",
+    ):
         assert k in rows[0]
     assert rows[0]["layer_type"] is None and rows[0]["flops"] == 2.0 * 1024**3
 
@@ -121,12 +239,18 @@ def test_launch_stats():
 @pytest.mark.parametrize(
     "raw,short",
     [
-        ("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::func_wrapper_t<float, "
-         "at::native::sum_functor<float, float, float>::operator()(at::TensorIterator&)::{lambda(float, float)#1}>, "
-         "unsigned int, float, 4, 4> >(at::native::ReduceOp<float>)", "reduce_kernel<…>[sum_functor]"),
+        (
+            "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::func_wrapper_t<float, "
+            "at::native::sum_functor<float, float, float>::operator()(at::TensorIterator&)::{lambda(float, float)#1}>, "
+            "unsigned int, float, 4, 4> >(at::native::ReduceOp<float>)",
+            "reduce_kernel<…>[sum_functor]",
+        ),
         ("nvjet_sm90_tst_320x128_64x3_1x2_h_bz_coopB_TNT", "nvjet_sm90_tst_320x128_64x3_1x2_h_bz_coopB_TNT"),
-        ("void flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128, 128, 4, false, false, cutlass::bfloat16_t>, "
-         "false, true>(Flash_fwd_params)", "flash_fwd_kernel<…>"),
+        (
+            "void flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128, 128, 4, false, false, cutlass::bfloat16_t>, "
+            "false, true>(Flash_fwd_params)",
+            "flash_fwd_kernel<…>",
+        ),
         ("triton_poi_fused_add_0", "triton_poi_fused_add_0"),
     ],
 )
@@ -136,8 +260,10 @@ def test_short_kernel_names(raw, short):
 
 def test_memory_peak_and_op_at_peak():
     mem = schema.table_from_rows(
-        [dict(rank=0, ts_ns=t, device=0, bytes=b, total_allocated=a, total_reserved=r)
-         for t, b, a, r in ((100, 10, 10, 64), (1_000_100, 90, 100, 128), (3_000_000, -50, 50, 128))]
+        [
+            dict(rank=0, ts_ns=t, device=0, bytes=b, total_allocated=a, total_reserved=r)
+            for t, b, a, r in ((100, 10, 10, 64), (1_000_100, 90, 100, 128), (3_000_000, -50, 50, 128))
+        ]
         + [dict(rank=0, ts_ns=50, device=-1, bytes=999, total_allocated=999, total_reserved=999)],
         schema.MEMORY,
     )
@@ -155,7 +281,9 @@ def test_cpu_only_rank_counts_outermost_modelled_ops_and_bare_leaves():
         dict(rank=0, kind="cpu_op", name="ProfilerStep#1", ts_ns=0, dur_ns=1000, tid=1, step=1),
         dict(rank=0, kind="cpu_op", name="aten::linear", ts_ns=10, dur_ns=500, external_id=1, tid=1, step=1),
         dict(rank=0, kind="cpu_op", name="aten::mm", ts_ns=20, dur_ns=400, external_id=2, tid=1, step=1),
-        dict(rank=0, kind="cpu_op", name="aten::resolve_conj", ts_ns=30, dur_ns=5, external_id=5, tid=1, step=1),
+        dict(
+            rank=0, kind="cpu_op", name="aten::resolve_conj", ts_ns=30, dur_ns=5, external_id=5, tid=1, step=1
+        ),
         dict(rank=0, kind="cpu_op", name="aten::relu", ts_ns=600, dur_ns=100, external_id=3, tid=1, step=1),
         dict(rank=0, kind="cpu_op", name="aten::zeros", ts_ns=800, dur_ns=60, external_id=6, tid=1, step=1),
         dict(rank=0, kind="cpu_op", name="aten::empty", ts_ns=805, dur_ns=20, external_id=7, tid=1, step=1),
@@ -165,7 +293,11 @@ def test_cpu_only_rank_counts_outermost_modelled_ops_and_bare_leaves():
     # linear (with its mm and resolve_conj inside) once; relu; empty (a leaf without a model, under zeros,
     # which has none either); the other thread's mm
     assert sorted(zip(inst["op"], inst["time_ns"])) == [
-        ("aten::empty", 20), ("aten::linear", 500), ("aten::mm", 50), ("aten::relu", 100)]
+        ("aten::empty", 20),
+        ("aten::linear", 500),
+        ("aten::mm", 50),
+        ("aten::relu", 100),
+    ]
 
 
 def test_older_traces_link_kernels_to_the_op_around_their_launch():
@@ -177,18 +309,75 @@ def test_older_traces_link_kernels_to_the_op_around_their_launch():
         dict(rank=0, kind="cpu_op", name="aten::t", ts_ns=20, dur_ns=10, external_id=2, tid=1, step=1),
         dict(rank=0, kind="cpu_op", name="aten::mm", ts_ns=40, dur_ns=400, external_id=3, tid=1, step=1),
         dict(rank=0, kind="cpu_op", name="aten::relu", ts_ns=600, dur_ns=100, external_id=4, tid=1, step=1),
-        dict(rank=0, kind="cuda_runtime", name="cudaLaunchKernel", ts_ns=100, dur_ns=5, correlation=77,
-             external_id=77, tid=1, step=1),
-        dict(rank=0, kind="cuda_runtime", name="cudaLaunchKernel", ts_ns=650, dur_ns=5, correlation=78,
-             external_id=78, tid=1, step=1),
-        dict(rank=0, kind="cuda_runtime", name="cudaLaunchKernel", ts_ns=5_000, dur_ns=5, correlation=79,
-             external_id=79, tid=1, step=1),  # outside every op but the step: no op
-        dict(rank=0, kind="kernel", name="gemm", ts_ns=1_000, dur_ns=300, correlation=77, external_id=77, step=1,
-             device=0, stream=7),
-        dict(rank=0, kind="kernel", name="relu_kernel", ts_ns=2_000, dur_ns=50, correlation=78, external_id=78,
-             step=1, device=0, stream=7),
-        dict(rank=0, kind="kernel", name="k3", ts_ns=6_000, dur_ns=5, correlation=79, external_id=79, step=1,
-             device=0, stream=7),
+        dict(
+            rank=0,
+            kind="cuda_runtime",
+            name="cudaLaunchKernel",
+            ts_ns=100,
+            dur_ns=5,
+            correlation=77,
+            external_id=77,
+            tid=1,
+            step=1,
+        ),
+        dict(
+            rank=0,
+            kind="cuda_runtime",
+            name="cudaLaunchKernel",
+            ts_ns=650,
+            dur_ns=5,
+            correlation=78,
+            external_id=78,
+            tid=1,
+            step=1,
+        ),
+        dict(
+            rank=0,
+            kind="cuda_runtime",
+            name="cudaLaunchKernel",
+            ts_ns=5_000,
+            dur_ns=5,
+            correlation=79,
+            external_id=79,
+            tid=1,
+            step=1,
+        ),  # outside every op but the step: no op
+        dict(
+            rank=0,
+            kind="kernel",
+            name="gemm",
+            ts_ns=1_000,
+            dur_ns=300,
+            correlation=77,
+            external_id=77,
+            step=1,
+            device=0,
+            stream=7,
+        ),
+        dict(
+            rank=0,
+            kind="kernel",
+            name="relu_kernel",
+            ts_ns=2_000,
+            dur_ns=50,
+            correlation=78,
+            external_id=78,
+            step=1,
+            device=0,
+            stream=7,
+        ),
+        dict(
+            rank=0,
+            kind="kernel",
+            name="k3",
+            ts_ns=6_000,
+            dur_ns=5,
+            correlation=79,
+            external_id=79,
+            step=1,
+            device=0,
+            stream=7,
+        ),
     ]
     inst = O.op_instances(schema.table_from_rows(rows, schema.EVENTS), None, [1])
     got = dict(zip(inst["kernel"], inst["op"]))
@@ -200,15 +389,38 @@ def test_older_traces_link_kernels_to_the_op_around_their_launch():
 def test_unknown_bytes_keep_flops_but_no_bound_and_stepless_traces_count_everything():
     rows = [
         dict(rank=0, kind="cpu_op", name="aten::_foreach_add_", ts_ns=0, dur_ns=100, external_id=1, tid=1),
-        dict(rank=0, kind="cuda_runtime", name="cudaLaunchKernel", ts_ns=10, dur_ns=5, correlation=5,
-             external_id=1, tid=1),
-        dict(rank=0, kind="kernel", name="multi_tensor_apply_kernel", ts_ns=1_000, dur_ns=1_000, correlation=5,
-             external_id=1, device=0, stream=7),
+        dict(
+            rank=0,
+            kind="cuda_runtime",
+            name="cudaLaunchKernel",
+            ts_ns=10,
+            dur_ns=5,
+            correlation=5,
+            external_id=1,
+            tid=1,
+        ),
+        dict(
+            rank=0,
+            kind="kernel",
+            name="multi_tensor_apply_kernel",
+            ts_ns=1_000,
+            dur_ns=1_000,
+            correlation=5,
+            external_id=1,
+            device=0,
+            stream=7,
+        ),
     ]
-    shapes = pa.table({"external_id": [1], "name": ["aten::_foreach_add_"],
-                       "input_dims": [json.dumps([[[1000], [1000]], [[1000], [1000]]])],
-                       "input_types": [json.dumps(["TensorList", "TensorList"])], "concrete_inputs": [None],
-                       "rank": pa.array([0], pa.int32())})
+    shapes = pa.table(
+        {
+            "external_id": [1],
+            "name": ["aten::_foreach_add_"],
+            "input_dims": [json.dumps([[[1000], [1000]], [[1000], [1000]]])],
+            "input_types": [json.dumps(["TensorList", "TensorList"])],
+            "concrete_inputs": [None],
+            "rank": pa.array([0], pa.int32()),
+        }
+    )
     inst = O.op_instances(schema.table_from_rows(rows, schema.EVENTS), shapes, None)  # no ProfilerStep
     t = O.op_table(inst, H100).iloc[0]
     assert t["calls"] == 1 and t["ms_per_step"] == pytest.approx(0.001)

@@ -524,14 +524,34 @@ def test_renderers_share_one_interface_and_cells():
     assert list(RENDERERS) == ["text", "markdown", "junit", "github", "json"]
     assert all(isinstance(r, CheckRenderer) and r.name == name for name, r in RENDERERS.items())
     r = regress.RuleResult(
-        "step_time", "Step time", "fail", "slower", baseline=99.5, current=123.45, delta=24.07,
-        unit="ms", delta_unit="%", threshold="> +5%", p_value=3.2e-6,
+        "step_time",
+        "Step time",
+        "fail",
+        "slower",
+        baseline=99.5,
+        current=123.45,
+        delta=24.07,
+        unit="ms",
+        delta_unit="%",
+        threshold="> +5%",
+        p_value=3.2e-6,
     )
     assert cells(r) == {
-        "rule": "step_time", "status": "FAIL", "baseline": "99.500 ms", "current": "123.5 ms",
-        "delta": "+24.1%", "threshold": "> +5%", "p": "3.2e-06",
+        "rule": "step_time",
+        "status": "FAIL",
+        "baseline": "99.500 ms",
+        "current": "123.5 ms",
+        "delta": "+24.1%",
+        "threshold": "> +5%",
+        "p": "3.2e-06",
     }
-    empty = regress.RuleResult("stragglers", "Stragglers", "pass", "ok", baseline=[], current=[1, 3], delta=[3])
+    empty = regress.RuleResult(
+        "stragglers", "Stragglers", "pass", "ok", baseline=[], current=[1, 3], delta=[3]
+    )
     assert [cells(empty)[k] for k in ("baseline", "current", "delta", "threshold", "p")] == [
-        "none", "[1, 3]", "3", "-", "-",
+        "none",
+        "[1, 3]",
+        "3",
+        "-",
+        "-",
     ]

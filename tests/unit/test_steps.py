@@ -78,10 +78,25 @@ def test_foreign_profiler_step_far_past_the_trace_is_cut_and_reported():
     # 13.3 s after it
     ev = events_table(
         [
-            {"rank": 0, "kind": "cpu_op", "name": "aten::mm", "ts_ns": 0, "dur_ns": _ms(5), "pid": 2, "tid": 2},
+            {
+                "rank": 0,
+                "kind": "cpu_op",
+                "name": "aten::mm",
+                "ts_ns": 0,
+                "dur_ns": _ms(5),
+                "pid": 2,
+                "tid": 2,
+            },
             kern(None, 1, 5),
-            {"rank": 0, "kind": "cpu_op", "name": "aten::add", "ts_ns": _ms(4), "dur_ns": _ms(1), "pid": 2,
-             "tid": 2},
+            {
+                "rank": 0,
+                "kind": "cpu_op",
+                "name": "aten::add",
+                "ts_ns": _ms(4),
+                "dur_ns": _ms(1),
+                "pid": 2,
+                "tid": 2,
+            },
             cpu_step(1, 3.33, 13_340, pid=9, tid=9),
         ]
     )

@@ -188,13 +188,12 @@ def _parent_fields(events: pa.Table, kmask: np.ndarray) -> pd.DataFrame:
 
     name = events.column("name")
     coll = events.column("collective")
-    names_op = _dict_lookup(
-        name, lambda v: int(is_comm_cpu_op(v) and normalize_op(v) is not None)
-    ).astype(bool)
-    rpc_named = (
-        _dict_lookup(name, lambda v: int(v == "record_param_comms")).astype(bool)
-        & coll.is_valid().to_numpy(zero_copy_only=False)
+    names_op = _dict_lookup(name, lambda v: int(is_comm_cpu_op(v) and normalize_op(v) is not None)).astype(
+        bool
     )
+    rpc_named = _dict_lookup(name, lambda v: int(v == "record_param_comms")).astype(
+        bool
+    ) & coll.is_valid().to_numpy(zero_copy_only=False)
     comm_op = _dict_lookup(name, lambda v: int(is_comm_cpu_op(v))).astype(bool)
     has_in = events.column("in_nelems").is_valid().to_numpy(zero_copy_only=False)
     has_out = events.column("out_nelems").is_valid().to_numpy(zero_copy_only=False)
@@ -889,9 +888,7 @@ def exposed_split(df: pd.DataFrame, breakdown: pa.Table, sets: dict[int, RankSet
     # each rank's rows once (not a mask over every row per rank: quadratic at 1,024 ranks)
     b_order = np.argsort(b_rank, kind="stable")
     b_sorted = b_rank[b_order]
-    by_rank = (
-        {int(k): g for k, g in df.groupby(df["rank"].astype(int), sort=False)} if not df.empty else {}
-    )
+    by_rank = {int(k): g for k, g in df.groupby(df["rank"].astype(int), sort=False)} if not df.empty else {}
     empty = df.iloc[:0]
     for r in np.unique(b_rank):
         rs = sets.get(int(r))

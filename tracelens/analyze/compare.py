@@ -97,12 +97,26 @@ def layer_comm_metrics(a: dict[str, Any], b: dict[str, Any]) -> list[dict[str, A
         ra, rb = ca.get((t, op), {}), cb.get((t, op), {})
         name = f"{TYPE_NAMES.get(t, t)} {op}"
         out.append(
-            _metric("layer_comm", f"comm.{t}.{op}.ms", name, "ms", ra.get("ms_per_step"), rb.get("ms_per_step"),
-                    "per step, calls inside the layer type")
+            _metric(
+                "layer_comm",
+                f"comm.{t}.{op}.ms",
+                name,
+                "ms",
+                ra.get("ms_per_step"),
+                rb.get("ms_per_step"),
+                "per step, calls inside the layer type",
+            )
         )
         out.append(
-            _metric("layer_comm", f"comm.{t}.{op}.bytes", f"{name} bytes", "count", ra.get("bytes_per_step"),
-                    rb.get("bytes_per_step"), "bytes per step")
+            _metric(
+                "layer_comm",
+                f"comm.{t}.{op}.bytes",
+                f"{name} bytes",
+                "count",
+                ra.get("bytes_per_step"),
+                rb.get("bytes_per_step"),
+                "bytes per step",
+            )
         )
     return out
 

@@ -35,8 +35,9 @@ def _positive(value: float | None) -> float | None:
     return v if math.isfinite(v) and v > 0 else None
 
 
-def _ratio(flops_per_step: float | None, step_time_s: float | None, n_gpus: int | None,
-           peak: float | None) -> float | None:
+def _ratio(
+    flops_per_step: float | None, step_time_s: float | None, n_gpus: int | None, peak: float | None
+) -> float | None:
     if flops_per_step is None or step_time_s is None or n_gpus is None or peak is None:
         return None
     return flops_per_step / (step_time_s * n_gpus * peak)
@@ -95,13 +96,16 @@ def compute_mfu(
 
     per_step = []
     for idx, t in _steps(step_times_s):
-        per_step.append({
-            "step": idx,
-            "step_time_ms": None if t is None else t * 1e3,
-            "mfu": _ratio(flops_step, t, gpus, peak),
-            "achieved_tflops_per_gpu": (None if flops_step is None or t is None or gpus is None
-                                        else flops_step / t / gpus / 1e12),
-        })
+        per_step.append(
+            {
+                "step": idx,
+                "step_time_ms": None if t is None else t * 1e3,
+                "mfu": _ratio(flops_step, t, gpus, peak),
+                "achieved_tflops_per_gpu": (
+                    None if flops_step is None or t is None or gpus is None else flops_step / t / gpus / 1e12
+                ),
+            }
+        )
 
     ideal = None
     lost_ms = None
@@ -158,7 +162,9 @@ def stage_tflops(
     if model is not None and seq is not None and layer_split is not None:
         split = check_split(model, layer_split)
         if len(split) != n_stages:
-            raise BadInputError(f"layer split has {len(split)} stages but {n_stages} compute times were given")
+            raise BadInputError(
+                f"layer split has {len(split)} stages but {n_stages} compute times were given"
+            )
         stage_fpt = list(stage_flops_per_token(model, seq, split))
     tokens = _positive(tokens_per_step)
     peak = _positive(peak_flops_per_gpu)
@@ -169,11 +175,13 @@ def stage_tflops(
         achieved = None
         if fpt is not None and tokens is not None and t is not None:
             achieved = fpt * tokens / share / t / 1e12
-        out.append({
-            "stage": i,
-            "flops_per_token": fpt,
-            "compute_ms": None if t is None else t * 1e3,
-            "achieved_tflops_per_gpu": achieved,
-            "mfu_of_compute": None if achieved is None or peak is None else achieved * 1e12 / peak,
-        })
+        out.append(
+            {
+                "stage": i,
+                "flops_per_token": fpt,
+                "compute_ms": None if t is None else t * 1e3,
+                "achieved_tflops_per_gpu": achieved,
+                "mfu_of_compute": None if achieved is None or peak is None else achieved * 1e12 / peak,
+            }
+        )
     return out

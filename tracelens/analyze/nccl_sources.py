@@ -120,7 +120,9 @@ def diagnose_processes(coll: pa.Table) -> list[dict[str, Any]]:
         nranks = grp["group_size"].dropna()
         nranks = int(nranks.mode().iloc[0]) if len(nranks) else None
         comm = f"communicator {pg}" + (f" ({nranks} ranks)" if nranks else "")
-        if nranks and len(members) > nranks:  # identical communicators a log without INIT lines cannot tell apart
+        if (
+            nranks and len(members) > nranks
+        ):  # identical communicators a log without INIT lines cannot tell apart
             comm = f"communicators {pg} ({len(members)} processes in groups of {nranks} that made the same calls)"
         lo = grp.groupby("who")["_pos"].min().max()  # an excerpt may start at different points per process
         grp = grp[grp["_pos"] >= lo]
@@ -144,7 +146,11 @@ def diagnose_processes(coll: pa.Table) -> list[dict[str, Any]]:
             n = len(joined)
             # A log has no completions: the last logged call missing on a majority may be where it was cut.
             sure = source != "nccl_log" or beyond or len(missing) < n
-            tail = "" if beyond or source != "nccl_log" else " (the last call logged on it: unless the logs were cut here)"
+            tail = (
+                ""
+                if beyond or source != "nccl_log"
+                else " (the last call logged on it: unless the logs were cut here)"
+            )
             msg = (
                 f"{_names(missing, rank_of)} never called {op} {where} on {comm}; "
                 f"{n} process{'es' if n != 1 else ''} did{tail}"
@@ -185,8 +191,10 @@ def diagnose_processes(coll: pa.Table) -> list[dict[str, Any]]:
             maj, odd_rows = rows[c == majority], rows[c != majority]
             odd = sorted(odd_rows["who"].unique())
             m0, o0 = maj.iloc[0], odd_rows.iloc[0]
-            kind = "op" if m0["op"] != o0["op"] else (
-                "size" if (m0["_in"], m0["_out"]) != (o0["_in"], o0["_out"]) else "dtype"
+            kind = (
+                "op"
+                if m0["op"] != o0["op"]
+                else ("size" if (m0["_in"], m0["_out"]) != (o0["_in"], o0["_out"]) else "dtype")
             )
 
             def describe(r: pd.Series, kind: str = kind) -> str:
@@ -362,7 +370,9 @@ def cross_check(source_coll: pa.Table, kineto_coll: pa.Table) -> dict[str, Any]:
     }
     if missing:
         shown = ", ".join(f"{op} of {b:,} B" for op, b in missing[:3])
-        out["note"] = f"{source} and the Kineto traces disagree: {shown} in the traces never appear in {source}"
+        out["note"] = (
+            f"{source} and the Kineto traces disagree: {shown} in the traces never appear in {source}"
+        )
     elif not agree:
         out["note"] = f"{source} lacks ops the Kineto traces hold"
     return out

@@ -26,13 +26,39 @@ from tracelens.schema import KERNEL_NAME_COMM
 
 #: Columns of the op table (one row per rank, op, shapes, main kernel and layer type).
 OP_COLUMNS = [
-    "rank", "stage", "op", "kernel", "shapes", "layer_type", "model", "calls", "ms_per_step", "flops",
-    "bytes", "tflops", "tbps", "bound", "roofline_pct",
+    "rank",
+    "stage",
+    "op",
+    "kernel",
+    "shapes",
+    "layer_type",
+    "model",
+    "calls",
+    "ms_per_step",
+    "flops",
+    "bytes",
+    "tflops",
+    "tbps",
+    "bound",
+    "roofline_pct",
 ]
 #: The summary's `ops` keys, in order.
 SUMMARY_KEYS = [
-    "op", "kernel", "stage", "rank", "layer_type", "shapes", "calls", "ms_per_step", "flops", "bytes",
-    "tflops", "tbps", "bound", "roofline_pct", "model",
+    "op",
+    "kernel",
+    "stage",
+    "rank",
+    "layer_type",
+    "shapes",
+    "calls",
+    "ms_per_step",
+    "flops",
+    "bytes",
+    "tflops",
+    "tbps",
+    "bound",
+    "roofline_pct",
+    "model",
 ]
 #: `shapes` longer than this are cut (with "…") in summary rows (a fused optimizer step over thousands of
 #: tensors records them all); the API's tables keep them whole.
@@ -88,8 +114,11 @@ def short_kernel_name(name: str | None) -> str | None:
     if "(" not in s and "<" not in s and "::" not in s:
         return s if len(s) <= 96 else s[:95] + "…"
     functor = None
-    m = re.search(r"at::native::(?:[\w:]*::)?((?:CUDAFunctor_|BinaryFunctor|AUnaryFunctor|FillFunctor|"
-                  r"[A-Z]\w*Functor|\w+_functor|\w+_kernel_cuda|MulFunctor|AddFunctor)\w*)", s)
+    m = re.search(
+        r"at::native::(?:[\w:]*::)?((?:CUDAFunctor_|BinaryFunctor|AUnaryFunctor|FillFunctor|"
+        r"[A-Z]\w*Functor|\w+_functor|\w+_kernel_cuda|MulFunctor|AddFunctor)\w*)",
+        s,
+    )
     if m and ("elementwise_kernel" in s or "reduce_kernel" in s):
         functor = m.group(1)
         inner = re.search(r"binary_internal::(\w+Functor)", s)
@@ -199,8 +228,9 @@ def _enclosing_ops(cpu: pd.DataFrame, points: pd.DataFrame) -> tuple[np.ndarray,
     n = len(points)
     out_ext = np.full(n, np.nan)
     out_op = np.full(n, None, dtype=object)
-    c = cpu.dropna(subset=["tid", "ts_ns"]).sort_values(["rank", "tid", "ts_ns", "dur_ns"],
-                                                         ascending=[True, True, True, False])
+    c = cpu.dropna(subset=["tid", "ts_ns"]).sort_values(
+        ["rank", "tid", "ts_ns", "dur_ns"], ascending=[True, True, True, False]
+    )
     if c.empty or n == 0:
         return out_ext, out_op
     c = c.reset_index(drop=True)
@@ -215,12 +245,21 @@ def _enclosing_ops(cpu: pd.DataFrame, points: pd.DataFrame) -> tuple[np.ndarray,
         parent[i] = stack[-1] if stack else -1
         stack.append(i)
     c["row"] = np.arange(len(c))
-    p = points.reset_index(drop=True).assign(pos=np.arange(n)).rename(columns={"rt_tid": "tid", "rt_ts": "ts_ns"})
+    p = (
+        points.reset_index(drop=True)
+        .assign(pos=np.arange(n))
+        .rename(columns={"rt_tid": "tid", "rt_ts": "ts_ns"})
+    )
     p["ts_ns"] = p["ts_ns"].astype(np.int64)
     p["tid"] = p["tid"].astype(c["tid"].dtype)
     p = p.sort_values("ts_ns")
-    m = pd.merge_asof(p, c[["rank", "tid", "ts_ns", "row"]].sort_values("ts_ns"), on="ts_ns",
-                      by=["rank", "tid"], direction="backward")
+    m = pd.merge_asof(
+        p,
+        c[["rank", "tid", "ts_ns", "row"]].sort_values("ts_ns"),
+        on="ts_ns",
+        by=["rank", "tid"],
+        direction="backward",
+    )
     row = m["row"].fillna(-1).to_numpy(np.int64).copy()
     t = m["ts_ns"].to_numpy(np.int64)
     for _ in range(64):  # nesting depth
@@ -236,15 +275,33 @@ def _enclosing_ops(cpu: pd.DataFrame, points: pd.DataFrame) -> tuple[np.ndarray,
 
 
 # ------------------------------------------------------------------------------------------- op instances
-def op_instances(events: pa.Table, shapes: pa.Table | None = None, steps: list[int] | None = None,
-                 spans: pa.Table | None = None) -> pd.DataFrame:
+def op_instances(
+    events: pa.Table,
+    shapes: pa.Table | None = None,
+    steps: list[int] | None = None,
+    spans: pa.Table | None = None,
+) -> pd.DataFrame:
     """One row per op instance: rank, step, external_id, op, kernel (its longest kernel, short name),
     n_kernels, time_ns (sum of its kernels; CPU duration on kernel-less ranks), start_ns, layer_type, and
     its recorded shapes (input_dims, input_types, concrete_inputs: JSON text or None). `shapes`: OP_SHAPES
     rows with a `rank` column (tracelens.ingest.op_shapes)."""
     cols = ["rank", "name", "ts_ns", "dur_ns", "external_id", "correlation", "step"]
-    empty = pd.DataFrame(columns=["rank", "step", "external_id", "op", "kernel", "n_kernels", "time_ns",
-                                  "start_ns", "layer_type", "input_dims", "input_types", "concrete_inputs"])
+    empty = pd.DataFrame(
+        columns=[
+            "rank",
+            "step",
+            "external_id",
+            "op",
+            "kernel",
+            "n_kernels",
+            "time_ns",
+            "start_ns",
+            "layer_type",
+            "input_dims",
+            "input_types",
+            "concrete_inputs",
+        ]
+    )
     if events.num_rows == 0:
         return empty
     k = _frame(events, _kind_mask(events, ("kernel",)), cols)
@@ -256,8 +313,11 @@ def op_instances(events: pa.Table, shapes: pa.Table | None = None, steps: list[i
     gpu_ranks = set(k["rank"].unique()) if not k.empty else set()
     if not k.empty:
         k = k[_in_steps(k["step"], steps)]
-        rt = _frame(events, _kind_mask(events, ("cuda_runtime", "cuda_driver")), ["rank", "correlation",
-                                                                                 "external_id", "ts_ns", "tid"])
+        rt = _frame(
+            events,
+            _kind_mask(events, ("cuda_runtime", "cuda_driver")),
+            ["rank", "correlation", "external_id", "ts_ns", "tid"],
+        )
         rt = rt.dropna(subset=["correlation"]).drop_duplicates(["rank", "correlation"])
         rt = rt.rename(columns={"external_id": "rt_ext", "ts_ns": "rt_ts", "tid": "rt_tid"})
         k = k.merge(rt, on=["rank", "correlation"], how="left")
@@ -270,20 +330,36 @@ def op_instances(events: pa.Table, shapes: pa.Table | None = None, steps: list[i
             ops_only = cpu[~cpu["name"].fillna("").str.startswith("ProfilerStep")]  # (a step is no op)
             ext, op = _enclosing_ops(ops_only, k.loc[miss, ["rank", "rt_tid", "rt_ts"]])
             found = np.array([o is not None for o in op], dtype=bool)
-            rows = k.index[miss][found]  # (kernels still unlinked keep their id: it groups one launch's kernels)
+            rows = k.index[miss][
+                found
+            ]  # (kernels still unlinked keep their id: it groups one launch's kernels)
             k.loc[rows, "ext"] = ext[found]
             k.loc[rows, "op"] = op[found]
         k["kernel"] = k["name"].map(short_kernel_name)
         k = k.sort_values("dur_ns", ascending=False)
         # kernels not linked to a CPU op stay one instance each (an id no CPU op carries may be an
         # annotation's, which spans a whole layer: it does not make its kernels one op)
-        key = k["ext"].astype("Int64").astype(str).where(k["ext"].notna() & k["op"].notna(),
-                                                          "k" + k.index.astype(str))
+        key = (
+            k["ext"]
+            .astype("Int64")
+            .astype(str)
+            .where(k["ext"].notna() & k["op"].notna(), "k" + k.index.astype(str))
+        )
         k["key"] = key
         g = k.groupby(["rank", "key"], sort=False)
-        inst = g.agg(step=("step", "first"), external_id=("ext", "first"), op=("op", "first"),
-                     kernel=("kernel", "first"), n_kernels=("dur_ns", "size"), time_ns=("dur_ns", "sum"),
-                     start_ns=("ts_ns", "min")).reset_index().drop(columns="key")
+        inst = (
+            g.agg(
+                step=("step", "first"),
+                external_id=("ext", "first"),
+                op=("op", "first"),
+                kernel=("kernel", "first"),
+                n_kernels=("dur_ns", "size"),
+                time_ns=("dur_ns", "sum"),
+                start_ns=("ts_ns", "min"),
+            )
+            .reset_index()
+            .drop(columns="key")
+        )
         parts.append(inst)
     if not cpu.empty:
         c = cpu[~cpu["rank"].isin(gpu_ranks)]
@@ -291,17 +367,32 @@ def op_instances(events: pa.Table, shapes: pa.Table | None = None, steps: list[i
         c = c[~c["name"].str.startswith("ProfilerStep")]
         if not c.empty:
             leaf = _leaf_cpu_ops(c)
-            parts.append(pd.DataFrame({
-                "rank": leaf["rank"], "step": leaf["step"], "external_id": leaf["external_id"],
-                "op": leaf["name"], "kernel": None, "n_kernels": 0, "time_ns": leaf["dur_ns"],
-                "start_ns": leaf["ts_ns"],
-            }))
+            parts.append(
+                pd.DataFrame(
+                    {
+                        "rank": leaf["rank"],
+                        "step": leaf["step"],
+                        "external_id": leaf["external_id"],
+                        "op": leaf["name"],
+                        "kernel": None,
+                        "n_kernels": 0,
+                        "time_ns": leaf["dur_ns"],
+                        "start_ns": leaf["ts_ns"],
+                    }
+                )
+            )
     if not parts:
         return empty
     inst = pd.concat(parts, ignore_index=True)
-    inst["layer_type"] = _layer_of(inst["rank"].to_numpy(np.int64), inst["start_ns"].to_numpy(np.int64), spans)
+    inst["layer_type"] = _layer_of(
+        inst["rank"].to_numpy(np.int64), inst["start_ns"].to_numpy(np.int64), spans
+    )
     if shapes is not None and shapes.num_rows:
-        sh = shapes.to_pandas().drop_duplicates(["rank", "external_id"]).drop(columns=["name"], errors="ignore")
+        sh = (
+            shapes.to_pandas()
+            .drop_duplicates(["rank", "external_id"])
+            .drop(columns=["name"], errors="ignore")
+        )
         inst = inst.merge(sh, on=["rank", "external_id"], how="left")
     else:
         inst["input_dims"] = inst["input_types"] = inst["concrete_inputs"] = None
@@ -325,8 +416,12 @@ def _none(v: Any) -> Any:
     return None if v is None or (isinstance(v, float) and not np.isfinite(v)) else v
 
 
-def op_table(instances: pd.DataFrame, gpu_name: str | None, n_steps: int | dict[int, int] | None = None,
-             stage_of: dict[int, int] | None = None) -> pd.DataFrame:
+def op_table(
+    instances: pd.DataFrame,
+    gpu_name: str | None,
+    n_steps: int | dict[int, int] | None = None,
+    stage_of: dict[int, int] | None = None,
+) -> pd.DataFrame:
     """Op instances grouped by (rank, op, shapes, kernel, layer type) with per-step time, FLOPs and
     bytes, achieved TFLOP/s and TB/s, and the roofline (OP_COLUMNS), longest first. `n_steps`: steps the
     instances span (per rank as a dict; default: distinct steps seen per rank)."""
@@ -349,10 +444,16 @@ def op_table(instances: pd.DataFrame, gpu_name: str | None, n_steps: int | dict[
     for c in key[1:]:
         inst[c] = inst[c].astype(object).where(inst[c].notna(), _NULL_KEY)
     g = inst.groupby(key, sort=False, dropna=False)
-    agg = g.agg(calls=("time_ns", "size"), time_ns=("time_ns", "sum"), model=("model", "first"),
-                dtype_class=("dtype_class", "first"),
-                flops_n=("flops", "count"), flops=("flops", "sum"), bytes_n=("bytes", "count"),
-                bytes=("bytes", "sum")).reset_index()
+    agg = g.agg(
+        calls=("time_ns", "size"),
+        time_ns=("time_ns", "sum"),
+        model=("model", "first"),
+        dtype_class=("dtype_class", "first"),
+        flops_n=("flops", "count"),
+        flops=("flops", "sum"),
+        bytes_n=("bytes", "count"),
+        bytes=("bytes", "sum"),
+    ).reset_index()
     for c in key[1:]:
         agg[c] = agg[c].where(agg[c] != _NULL_KEY, None)
     if isinstance(n_steps, dict):
@@ -377,8 +478,13 @@ def op_table(instances: pd.DataFrame, gpu_name: str | None, n_steps: int | dict[
     bound: list[str | None] = []
     pct: list[float | None] = []
     for f, b, dc, tf, tb in zip(agg["flops"], agg["bytes"], agg["dtype_class"], agg["tflops"], agg["tbps"]):
-        if f is None or not np.isfinite(f) or not np.isfinite(tf if tf is not None else np.nan) \
-                or b is None or not np.isfinite(b):
+        if (
+            f is None
+            or not np.isfinite(f)
+            or not np.isfinite(tf if tf is not None else np.nan)
+            or b is None
+            or not np.isfinite(b)
+        ):
             bound.append(None)
             pct.append(None)
             continue
@@ -399,8 +505,11 @@ def op_table(instances: pd.DataFrame, gpu_name: str | None, n_steps: int | dict[
     return agg[OP_COLUMNS].reset_index(drop=True)
 
 
-def kernel_table(instances: pd.DataFrame, n_steps: int | dict[int, int] | None = None,
-                 stage_of: dict[int, int] | None = None) -> pd.DataFrame:
+def kernel_table(
+    instances: pd.DataFrame,
+    n_steps: int | dict[int, int] | None = None,
+    stage_of: dict[int, int] | None = None,
+) -> pd.DataFrame:
     """Kernels (short names) by time per step and rank: calls and ms per step, and the op that launches
     them most (by time). Ranks without kernels give no rows."""
     k = instances[instances["kernel"].notna()] if not instances.empty else instances
@@ -409,8 +518,14 @@ def kernel_table(instances: pd.DataFrame, n_steps: int | dict[int, int] | None =
         return pd.DataFrame(columns=cols)
     g = k.groupby(["rank", "kernel"], sort=False)
     agg = g.agg(calls=("time_ns", "size"), time_ns=("time_ns", "sum")).reset_index()
-    top_op = (k.assign(op=k["op"].fillna(_NULL_KEY)).groupby(["rank", "kernel", "op"])["time_ns"].sum()
-              .reset_index().sort_values("time_ns", ascending=False).drop_duplicates(["rank", "kernel"]))
+    top_op = (
+        k.assign(op=k["op"].fillna(_NULL_KEY))
+        .groupby(["rank", "kernel", "op"])["time_ns"]
+        .sum()
+        .reset_index()
+        .sort_values("time_ns", ascending=False)
+        .drop_duplicates(["rank", "kernel"])
+    )
     agg = agg.merge(top_op[["rank", "kernel", "op"]], on=["rank", "kernel"], how="left")
     agg["op"] = agg["op"].where(agg["op"] != _NULL_KEY, None)
     if isinstance(n_steps, dict):
@@ -459,8 +574,15 @@ def launch_stats(events: pa.Table, steps: list[int] | None = None) -> pd.DataFra
     median / p90 / mean in µs, and the share of kernels (by count and by time) shorter than 10 µs.
     Evidence for a host-bound rank: long queues mean the GPU waits on nothing, short kernels with small
     delays mean the CPU is what keeps it busy."""
-    cols = ["rank", "kernels", "launch_delay_median_us", "launch_delay_p90_us", "launch_delay_mean_us",
-            "short_kernel_share", "short_kernel_time_share"]
+    cols = [
+        "rank",
+        "kernels",
+        "launch_delay_median_us",
+        "launch_delay_p90_us",
+        "launch_delay_mean_us",
+        "short_kernel_share",
+        "short_kernel_time_share",
+    ]
     if events.num_rows == 0:
         return pd.DataFrame(columns=cols)
     k = _frame(events, _kind_mask(events, ("kernel",)), ["rank", "ts_ns", "dur_ns", "correlation", "step"])
@@ -476,14 +598,17 @@ def launch_stats(events: pa.Table, steps: list[int] | None = None) -> pd.DataFra
         d = g["delay_us"].dropna()
         short = g["dur_ns"] < SHORT_KERNEL_NS
         tot = float(g["dur_ns"].sum())
-        rows.append({
-            "rank": int(r), "kernels": int(len(g)),
-            "launch_delay_median_us": float(d.median()) if len(d) else None,
-            "launch_delay_p90_us": float(d.quantile(0.9)) if len(d) else None,
-            "launch_delay_mean_us": float(d.mean()) if len(d) else None,
-            "short_kernel_share": float(short.mean()),
-            "short_kernel_time_share": float(g.loc[short, "dur_ns"].sum() / tot) if tot > 0 else None,
-        })
+        rows.append(
+            {
+                "rank": int(r),
+                "kernels": int(len(g)),
+                "launch_delay_median_us": float(d.median()) if len(d) else None,
+                "launch_delay_p90_us": float(d.quantile(0.9)) if len(d) else None,
+                "launch_delay_mean_us": float(d.mean()) if len(d) else None,
+                "short_kernel_share": float(short.mean()),
+                "short_kernel_time_share": float(g.loc[short, "dur_ns"].sum() / tot) if tot > 0 else None,
+            }
+        )
     return pd.DataFrame(rows, columns=cols)
 
 
@@ -506,19 +631,32 @@ def memory_timeline(memory: pa.Table, max_points: int = 2000) -> pd.DataFrame:
     out = []
     for _, g in m.groupby("rank"):
         if len(g) > max_points:
-            idx = np.unique(np.concatenate([np.linspace(0, len(g) - 1, max_points).astype(int),
-                                            [int(np.argmax(g["total_allocated"].to_numpy()))]]))
+            idx = np.unique(
+                np.concatenate(
+                    [
+                        np.linspace(0, len(g) - 1, max_points).astype(int),
+                        [int(np.argmax(g["total_allocated"].to_numpy()))],
+                    ]
+                )
+            )
             g = g.iloc[idx]
         out.append(g)
     if not out:
         return pd.DataFrame(columns=cols)
     m = pd.concat(out)
-    return pd.DataFrame({"rank": m["rank"].astype(int), "ts_ns": m["ts_ns"], "allocated": m["total_allocated"],
-                         "reserved": m["total_reserved"]}).reset_index(drop=True)
+    return pd.DataFrame(
+        {
+            "rank": m["rank"].astype(int),
+            "ts_ns": m["ts_ns"],
+            "allocated": m["total_allocated"],
+            "reserved": m["total_reserved"],
+        }
+    ).reset_index(drop=True)
 
 
-def memory_peaks(memory: pa.Table, events: pa.Table | None = None,
-                 stage_of: dict[int, int] | None = None) -> pd.DataFrame:
+def memory_peaks(
+    memory: pa.Table, events: pa.Table | None = None, stage_of: dict[int, int] | None = None
+) -> pd.DataFrame:
     """Per rank: peak allocated / reserved bytes, when, and the innermost CPU op running at the peak
     (from `events`, the same rank's; None when no op covers that instant)."""
     cols = ["rank", "stage", "peak_allocated", "peak_reserved", "peak_ts_ns", "op_at_peak"]
@@ -540,9 +678,16 @@ def memory_peaks(memory: pa.Table, events: pa.Table | None = None,
             o = ops[(ops["rank"] == r) & (ops["ts_ns"] <= t) & (ops["ts_ns"] + ops["dur_ns"] >= t)]
             if not o.empty:
                 op = str(o.sort_values("dur_ns").iloc[0]["name"])
-        rows.append({"rank": int(r), "stage": None if stage_of is None else stage_of.get(int(r)),
-                     "peak_allocated": int(a), "peak_reserved": _none(float(res.get(r))) if r in res else None,
-                     "peak_ts_ns": int(t), "op_at_peak": op})
+        rows.append(
+            {
+                "rank": int(r),
+                "stage": None if stage_of is None else stage_of.get(int(r)),
+                "peak_allocated": int(a),
+                "peak_reserved": _none(float(res.get(r))) if r in res else None,
+                "peak_ts_ns": int(t),
+                "op_at_peak": op,
+            }
+        )
     out = pd.DataFrame(rows, columns=cols)
     out["peak_reserved"] = out["peak_reserved"].map(lambda v: None if v is None or pd.isna(v) else int(v))
     return out

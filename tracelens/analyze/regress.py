@@ -489,8 +489,9 @@ def _threshold_only(
     else:
         why = "within the limit"
     message = f"{what}, limit {limit.removeprefix('> ')}; {skipped.message}, so threshold only: {why}"
-    return replace(skipped, status=status, message=message, threshold=f"{limit} (threshold only)",
-                   threshold_only=True)
+    return replace(
+        skipped, status=status, message=message, threshold=f"{limit} (threshold only)", threshold_only=True
+    )
 
 
 def rule_step_time(baseline: dict[str, Any], current: dict[str, Any], cfg: StepTimeRule) -> RuleResult:
@@ -517,7 +518,11 @@ def rule_step_time(baseline: dict[str, Any], current: dict[str, Any], cfg: StepT
     p, skipped = _significance_gate(rule, title, base, cur, cfg.alpha, **common)
     if skipped is not None:
         return _threshold_only(
-            skipped, base, cur, delta > cfg.max_increase_pct, f"> +{cfg.max_increase_pct:g}%",
+            skipped,
+            base,
+            cur,
+            delta > cfg.max_increase_pct,
+            f"> +{cfg.max_increase_pct:g}%",
             f"median step time {m_b:.3f} -> {m_c:.3f} ms ({delta:+.1f}%)",
         )
     assert p is not None  # _significance_gate gives a p-value or a skip result
@@ -565,7 +570,11 @@ def _share_rule(
     p, skipped = _significance_gate(rule, title, base, cur, cfg.alpha, **common)
     if skipped is not None:
         return _threshold_only(
-            skipped, base, cur, delta > cfg.max_increase_points, f"> +{cfg.max_increase_points:g} pts",
+            skipped,
+            base,
+            cur,
+            delta > cfg.max_increase_points,
+            f"> +{cfg.max_increase_points:g} pts",
             f"median {part.removesuffix('_ms').replace('_', ' ')} share {m_b:.2f}% -> {m_c:.2f}% "
             f"of step time ({delta:+.2f} pts)",
         )

@@ -31,8 +31,9 @@ def print_nccl_only(summary: dict, nccl_ranks: list[int], console) -> None:
     sources = (summary.get("collectives") or {}).get("sources") or {}
     what = ", ".join(f"{n:,} {src.replace('_', ' ')} records" for src, n in sources.items())
     ranks = f"{len(nccl_ranks)} rank(s) ({_ranges(nccl_ranks)})" if nccl_ranks else "unknown ranks"
-    console.print(f"{summary['run']['name']}: no profiler traces; NCCL inputs only: {what} from {ranks}",
-                  markup=False)
+    console.print(
+        f"{summary['run']['name']}: no profiler traces; NCCL inputs only: {what} from {ranks}", markup=False
+    )
 
 
 def _ranges(ranks: list[int]) -> str:
@@ -220,6 +221,8 @@ def nccl_op_table(summary: dict):
         t.add_row(r.get("source", "kineto"), r["op"], f"{r['calls']:,}", "-" if inst is None else f"{inst:,}",
                   _fmt(r["bytes"] / 2**20, 1), _fmt(r.get("busbw_gbps_median"), 1))  # fmt: skip
     return t
+
+
 def print_ops_table(summary: dict, top: int = 20) -> None:
     """The top of summary.json's `ops` (docs/ops.md), longest first."""
     from rich.console import Console
@@ -234,13 +237,31 @@ def print_ops_table(summary: dict, top: int = 20) -> None:
         console.print("no ops in the analyzed steps")
         return
     table = Table(title="Top ops (GPU time per step; one rank per stage)")
-    for col in ("stage", "op", "kernel", "layer", "calls", "ms/step", "TFLOP/s", "TB/s", "bound", "% roofline"):
+    for col in (
+        "stage",
+        "op",
+        "kernel",
+        "layer",
+        "calls",
+        "ms/step",
+        "TFLOP/s",
+        "TB/s",
+        "bound",
+        "% roofline",
+    ):
         table.add_column(col, justify="left" if col in ("op", "kernel", "layer", "bound") else "right")
     for r in rows:
         table.add_row(
-            _fmt(r.get("stage"), 0), escape(r.get("op") or "(no CPU op)"), escape(r.get("kernel") or "-"),
-            escape(r.get("layer_type") or "-"), _fmt(r.get("calls"), 1), _fmt(r.get("ms_per_step"), 3),
-            _fmt(r.get("tflops"), 1), _fmt(r.get("tbps"), 2), r.get("bound") or "-", _fmt(r.get("roofline_pct"), 1),
+            _fmt(r.get("stage"), 0),
+            escape(r.get("op") or "(no CPU op)"),
+            escape(r.get("kernel") or "-"),
+            escape(r.get("layer_type") or "-"),
+            _fmt(r.get("calls"), 1),
+            _fmt(r.get("ms_per_step"), 3),
+            _fmt(r.get("tflops"), 1),
+            _fmt(r.get("tbps"), 2),
+            r.get("bound") or "-",
+            _fmt(r.get("roofline_pct"), 1),
         )
     console.print(table)
 
@@ -291,7 +312,9 @@ def analyze(
     scheduler: str | None = typer.Option(
         None, "--scheduler", help="Dask scheduler address for --engine dask (default: a local cluster)."
     ),
-    ops: bool = typer.Option(False, "--ops", help="Also print the top ops per stage (FLOPs, TFLOP/s, roofline)."),
+    ops: bool = typer.Option(
+        False, "--ops", help="Also print the top ops per stage (FLOPs, TFLOP/s, roofline)."
+    ),
 ) -> None:
     """Analyze a run: per-rank breakdown, stragglers, pipeline bubbles, MFU; writes report.html and summary.json."""
     from rich.progress import Progress
@@ -314,7 +337,7 @@ def analyze(
     from tracelens.progress import PlainProgress
 
     plain = PlainProgress() if PlainProgress.wanted() else None  # CI logs: periodic plain lines
-    with Progress(transient=True) as progress, (plain or nullcontext()):
+    with Progress(transient=True) as progress, plain or nullcontext():
         task = progress.add_task("reading traces", total=None)
 
         def tick(done: int, total: int) -> None:

@@ -33,8 +33,10 @@ def render(result) -> str:
     lines = [
         f"Layout audit: {d['model']}  TP={lay['tp']} PP={lay['pp']} CP={lay['cp']} DP={lay['dp']} "
         f"({lay['world_size']} GPUs)" + (f", seq_len {d['seq_len']:,}" if d["seq_len"] else ""),
-        (f"Model: {ms['num_layers']} layers = {ms['num_blocks']} x [{ms['pattern']}], "
-        f"{ms['num_params'] / 1e9:.2f} B parameters"),
+        (
+            f"Model: {ms['num_layers']} layers = {ms['num_blocks']} x [{ms['pattern']}], "
+            f"{ms['num_params'] / 1e9:.2f} B parameters"
+        ),
         "",
         "Partitioned dimensions",
         f"  {'axis':<5}{'dimension':<20}{'size':>9}{'degree':>8}{'per rank':>10}  status",
@@ -46,51 +48,83 @@ def render(result) -> str:
             status = f"REPLICATED {row['replicated']}x"
         else:
             status = "ok" if row["divides"] else "NOT DIVISIBLE"
-        lines.append(f"  {row['axis']:<5}{row['dimension']:<20}{row['size']:>9}{row['degree']:>8}"
-                     f"{per_s:>10}  {status}  ({row['note']})")
+        lines.append(
+            f"  {row['axis']:<5}{row['dimension']:<20}{row['size']:>9}{row['degree']:>8}"
+            f"{per_s:>10}  {status}  ({row['note']})"
+        )
     lines += ["", "Limits"]
     for lim in d["limits"]["tp"]:
         mark = "  <- binding" if lim["binding"] else ""
-        lines.append(f"  tp <= {lim['max_degree']:<4} {lim['dimension']} ({lim['size']}): {lim['rule']}{mark}")
+        lines.append(
+            f"  tp <= {lim['max_degree']:<4} {lim['dimension']} ({lim['size']}): {lim['rule']}{mark}"
+        )
     dn = d["deltanet"]
     if dn:
-        per = (f"{dn['qk_heads_per_rank']:g} QK + {dn['v_heads_per_rank']:g} V heads per rank"
-               if dn["tp_ok"] else "does not divide")
-        lines.append(f"  DeltaNet limit: {dn['qk_heads']} QK heads / {dn['v_heads']} V heads: TP must divide "
-                     f"{dn['qk_heads']} (TP <= {dn['max_tp']}); at TP={lay['tp']}: {per}")
+        per = (
+            f"{dn['qk_heads_per_rank']:g} QK + {dn['v_heads_per_rank']:g} V heads per rank"
+            if dn["tp_ok"]
+            else "does not divide"
+        )
+        lines.append(
+            f"  DeltaNet limit: {dn['qk_heads']} QK heads / {dn['v_heads']} V heads: TP must divide "
+            f"{dn['qk_heads']} (TP <= {dn['max_tp']}); at TP={lay['tp']}: {per}"
+        )
     for lim in d["limits"]["pp"]:
         lines.append(f"  pp <= {lim['max_degree']:<4} {lim['dimension']} ({lim['size']}): {lim['rule']}")
     cd = d["clean_degrees"]
-    lines += ["", "Clean degrees",
-              f"  tp: {', '.join(map(str, cd['tp']))}"
-              + (f"  (with K/V replication: {', '.join(map(str, cd['tp_with_kv_replication']))})"
-                 if cd["tp_with_kv_replication"] else ""),
-              f"  pp: {', '.join(map(str, cd['pp']))}  (divisors of the {ms['num_blocks']} blocks)",
-              "  cp: " + (", ".join(map(str, cd["cp"])) if cd["cp"] is not None else "give --seq-len to check")]
+    lines += [
+        "",
+        "Clean degrees",
+        f"  tp: {', '.join(map(str, cd['tp']))}"
+        + (
+            f"  (with K/V replication: {', '.join(map(str, cd['tp_with_kv_replication']))})"
+            if cd["tp_with_kv_replication"]
+            else ""
+        ),
+        f"  pp: {', '.join(map(str, cd['pp']))}  (divisors of the {ms['num_blocks']} blocks)",
+        "  cp: " + (", ".join(map(str, cd["cp"])) if cd["cp"] is not None else "give --seq-len to check"),
+    ]
     kv = d["kv_replication"]
     if kv:
-        lines += ["", f"K/V head replication: {kv['factor']}x (TP {kv['tp']} > {kv['kv_heads']} KV heads)",
-                  (f"  duplicated K/V weights: {kv['replicated_kv_weight_bytes'] / 2**20:,.0f} MiB "
-                  f"({kv['replicated_kv_training_state_bytes'] / 2**30:.2f} GiB with optimizer state)"),
-                  (f"  extra gradient all-reduce: {kv['extra_grad_allreduce_bytes_per_gpu_per_step'] / 2**20:.1f} MiB"
-                  f" per GPU per step in groups of {kv['extra_grad_allreduce_group_size']}"),
-                  f"  duplicated K/V projection FLOPs: {100 * kv['duplicated_flops_fraction']:.2f}% of model FLOPs"]
+        lines += [
+            "",
+            f"K/V head replication: {kv['factor']}x (TP {kv['tp']} > {kv['kv_heads']} KV heads)",
+            (
+                f"  duplicated K/V weights: {kv['replicated_kv_weight_bytes'] / 2**20:,.0f} MiB "
+                f"({kv['replicated_kv_training_state_bytes'] / 2**30:.2f} GiB with optimizer state)"
+            ),
+            (
+                f"  extra gradient all-reduce: {kv['extra_grad_allreduce_bytes_per_gpu_per_step'] / 2**20:.1f} MiB"
+                f" per GPU per step in groups of {kv['extra_grad_allreduce_group_size']}"
+            ),
+            f"  duplicated K/V projection FLOPs: {100 * kv['duplicated_flops_fraction']:.2f}% of model FLOPs",
+        ]
         lines += [f"  assumption: {a}" for a in kv["assumptions"]]
     seqs = d["seq_lens_evaluated"]
-    lines += ["", (f"Pipeline stages (split {'/'.join(map(str, d['layer_split']))}, "
-              f"{'given' if d['split_source'] == 'given' else 'default: as even as possible, extra layers first'})"),
-              f"  {'stage':<6}{'layers':<10}{'linear':>7}{'full':>6}{'blocks':>7}"
-              + "".join(f"{'GFLOP/tok@' + format(s, ','):>20}" for s in seqs)]
+    lines += [
+        "",
+        (
+            f"Pipeline stages (split {'/'.join(map(str, d['layer_split']))}, "
+            f"{'given' if d['split_source'] == 'given' else 'default: as even as possible, extra layers first'})"
+        ),
+        f"  {'stage':<6}{'layers':<10}{'linear':>7}{'full':>6}{'blocks':>7}"
+        + "".join(f"{'GFLOP/tok@' + format(s, ','):>20}" for s in seqs),
+    ]
     for st in d["stages"]:
         span = f"{st['first_layer']}-{st['last_layer']}" if st["num_layers"] else "-"
         extra = " +LM head" if st["has_lm_head"] else ""
-        lines.append(f"  {st['stage']:<6}{span:<10}{st['layers'].get('linear_attention', 0):>7}"
-                     f"{st['layers'].get('full_attention', 0):>6}{st['whole_blocks']:>7}"
-                     + "".join(f"{_gflops(st['flops_per_token'][str(s)]):>20}" for s in seqs) + extra)
+        lines.append(
+            f"  {st['stage']:<6}{span:<10}{st['layers'].get('linear_attention', 0):>7}"
+            f"{st['layers'].get('full_attention', 0):>6}{st['whole_blocks']:>7}"
+            + "".join(f"{_gflops(st['flops_per_token'][str(s)]):>20}" for s in seqs)
+            + extra
+        )
     for s, split in d["balanced_split"].items():
         same = split == d["layer_split"]
-        lines.append(f"  balanced split on block boundaries at {int(s):,} tokens: {'/'.join(map(str, split))}"
-                     + (" (the current split)" if same else ""))
+        lines.append(
+            f"  balanced split on block boundaries at {int(s):,} tokens: {'/'.join(map(str, split))}"
+            + (" (the current split)" if same else "")
+        )
     lines += ["", "Findings" if d["findings"] else "Findings: none, the layout is clean"]
     n_err = sum(f["severity"] == "error" for f in d["findings"])
     n_warn = sum(f["severity"] == "warning" for f in d["findings"])
@@ -110,7 +144,8 @@ def audit_layout_cmd(
     dp: Annotated[int, typer.Option("--dp", help="Data-parallel size.")] = 1,
     seq_len: Annotated[int | None, typer.Option("--seq-len", help="Tokens per sequence.")] = None,
     split: Annotated[
-        str | None, typer.Option("--split", help="Layers per stage, e.g. 24,20,20 (default: as even as possible).")
+        str | None,
+        typer.Option("--split", help="Layers per stage, e.g. 24,20,20 (default: as even as possible)."),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the audit as JSON.")] = False,
 ) -> None:

@@ -114,7 +114,9 @@ class LocalPool(Executor):
             )
             for err in self._errs
         ]
-        self._queue: queue.Queue[tuple[Future[Any], Callable[..., Any], tuple[Any, ...], dict[str, Any]] | None]
+        self._queue: queue.Queue[
+            tuple[Future[Any], Callable[..., Any], tuple[Any, ...], dict[str, Any]] | None
+        ]
         self._queue = queue.Queue()
         self._closed = False
         self._threads = [threading.Thread(target=self._feed, args=(i,), daemon=True) for i in range(n)]

@@ -27,7 +27,9 @@ FAMILIES: tuple[Family, ...] = (
         re.compile(r"^(nccl(Dev)?Kernel_|ncclKernel|ncclDevKernel|ncclSymk|ncclDevFunc)", re.IGNORECASE),
         "NCCL collective / P2P kernels, old (`ncclKernel_SendRecv_*`) and new (`ncclDevKernel_*`) names",
     ),
-    Family("rccl", re.compile(r"^rccl|ncclDevKernel_Generic", re.IGNORECASE), "RCCL (`ncclDevKernel_Generic`)"),
+    Family(
+        "rccl", re.compile(r"^rccl|ncclDevKernel_Generic", re.IGNORECASE), "RCCL (`ncclDevKernel_Generic`)"
+    ),
     Family(
         "symm_mem",
         re.compile(

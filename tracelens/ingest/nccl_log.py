@@ -360,7 +360,9 @@ def attribute_orphans(parses: list[LogParse]) -> None:
     owner: dict[str, set[tuple]] = {}
     for lp in parses:
         for rec in lp.calls + lp.inits:
-            owner.setdefault(rec["comm"].lower(), set()).add((rec["host"], rec["pid"], rec["tid"], rec["dev"]))
+            owner.setdefault(rec["comm"].lower(), set()).add(
+                (rec["host"], rec["pid"], rec["tid"], rec["dev"])
+            )
     for lp in parses:
         for o in lp.orphans:
             procs = owner.get(o["comm"].lower(), set())
@@ -372,6 +374,8 @@ def attribute_orphans(parses: list[LogParse]) -> None:
                 lp.stats["unattributed"] += 1
         lp.orphans = []
         lp.stats["calls"] = len(lp.calls)
+
+
 def _bounded_lines(fh, path: Path, counter=None) -> Iterable[str]:
     while True:
         line = fh.readline(MAX_LINE_BYTES)

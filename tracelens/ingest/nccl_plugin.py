@@ -98,7 +98,9 @@ def load_events(path: str | Path) -> list[dict]:
     try:
         data = json.loads(text)
     except RecursionError:
-        raise BadTraceError(f"{path}: invalid JSON in NCCL profiler-plugin trace (nested too deeply)") from None
+        raise BadTraceError(
+            f"{path}: invalid JSON in NCCL profiler-plugin trace (nested too deeply)"
+        ) from None
     except ValueError:
         text = quote_bare_values(text)
         data = None

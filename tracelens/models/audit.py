@@ -67,8 +67,13 @@ class AuditResult:
         return {
             "model": self.model,
             "model_summary": self.model_summary,
-            "layout": {"tp": self.tp, "pp": self.pp, "cp": self.cp, "dp": self.dp,
-                       "world_size": self.tp * self.pp * self.cp * self.dp},
+            "layout": {
+                "tp": self.tp,
+                "pp": self.pp,
+                "cp": self.cp,
+                "dp": self.dp,
+                "world_size": self.tp * self.pp * self.cp * self.dp,
+            },
             "seq_len": self.seq_len,
             "clean": self.clean,
             "dimensions": self.dimensions,
@@ -87,8 +92,15 @@ class AuditResult:
 
 def _dim(axis: str, name: str, size: int, degree: int, note: str = "") -> dict:
     ok = size % degree == 0
-    return {"axis": axis, "dimension": name, "size": size, "degree": degree, "divides": ok,
-            "per_rank": size // degree if ok else size / degree, "note": note}
+    return {
+        "axis": axis,
+        "dimension": name,
+        "size": size,
+        "degree": degree,
+        "divides": ok,
+        "per_rank": size // degree if ok else size / degree,
+        "note": note,
+    }
 
 
 def _tp_dimensions(model: ModelSpec) -> list[tuple[str, int, str]]:
@@ -99,8 +111,13 @@ def _tp_dimensions(model: ModelSpec) -> list[tuple[str, int, str]]:
     if model.num_experts:
         dims.append(("moe_ffn", model.moe_intermediate_size, "expert intermediate size"))
         if model.shared_expert_intermediate_size:
-            dims.append(("shared_expert_ffn", model.shared_expert_intermediate_size,
-                         "shared expert intermediate size"))
+            dims.append(
+                (
+                    "shared_expert_ffn",
+                    model.shared_expert_intermediate_size,
+                    "shared expert intermediate size",
+                )
+            )
     if FULL in model.layer_types:
         dims.append(("q_heads", model.num_attention_heads, "attention query heads"))
         dims.append(("kv_heads", model.num_key_value_heads, "attention key/value heads"))
@@ -126,7 +143,7 @@ def balanced_split(model: ModelSpec, pp: int, seq_len: int) -> list[int]:
         raise BadInputError(f"pipeline size must be in 1..{model.num_layers}, got {pp}")
     per_layer = layer_training_flops(model, seq_len)
     unit = model.block_size if model.num_blocks >= pp else 1
-    units = [sum(per_layer[i:i + unit]) for i in range(0, model.num_layers, unit)]
+    units = [sum(per_layer[i : i + unit]) for i in range(0, model.num_layers, unit)]
     n = len(units)
     prefix = [0.0]
     for u in units:
@@ -161,20 +178,23 @@ def _stage_table(model: ModelSpec, split: list[int], seq_lens: list[int]) -> lis
     out, start = [], 0
     for i, n in enumerate(split):
         layers = range(start, start + n)
-        whole_blocks = (sum(1 for b in range(0, model.num_layers, bs) if b >= start and b + bs <= start + n)
-                        if n else 0)
-        out.append({
-            "stage": i,
-            "first_layer": start if n else None,
-            "last_layer": start + n - 1 if n else None,
-            "num_layers": n,
-            "layers": model.layer_type_counts(layers),
-            "whole_blocks": whole_blocks,
-            "block_aligned": start % bs == 0 and (start + n) % bs == 0,
-            "has_embedding": i == 0,
-            "has_lm_head": i == len(split) - 1,
-            "flops_per_token": {str(s): flops[s][i] for s in seq_lens},
-        })
+        whole_blocks = (
+            sum(1 for b in range(0, model.num_layers, bs) if b >= start and b + bs <= start + n) if n else 0
+        )
+        out.append(
+            {
+                "stage": i,
+                "first_layer": start if n else None,
+                "last_layer": start + n - 1 if n else None,
+                "num_layers": n,
+                "layers": model.layer_type_counts(layers),
+                "whole_blocks": whole_blocks,
+                "block_aligned": start % bs == 0 and (start + n) % bs == 0,
+                "has_embedding": i == 0,
+                "has_lm_head": i == len(split) - 1,
+                "flops_per_token": {str(s): flops[s][i] for s in seq_lens},
+            }
+        )
         start += n
     return out
 
@@ -209,13 +229,19 @@ def _kv_replication(model: ModelSpec, tp: int, split: list[int], seq_len: int) -
         "duplicated_flops_per_token": extra_train,
         "duplicated_flops_fraction": extra_train / model_flops,
         "assumptions": [
-            (f"weights bf16 ({WEIGHT_BYTES} B/param); training state {TRAIN_STATE_BYTES} B/param "
-             "(bf16 weight, fp32 main grad, fp32 master weight, two fp32 Adam moments)"),
-            ("each TP rank holds one whole KV head; the K/V weight copies of one head are kept in sync by an "
-             f"all-reduce of their {GRAD_BYTES}-byte (bf16) gradients among the {factor} ranks sharing it, "
-             "ring algorithm: 2*(r-1)/r x buffer sent per GPU, once per optimizer step"),
-            ("duplicated FLOPs: the K/V projections of a replicated head run on every rank that holds it "
-             f"(measured against the Megatron-convention model FLOPs at {seq_len} tokens)"),
+            (
+                f"weights bf16 ({WEIGHT_BYTES} B/param); training state {TRAIN_STATE_BYTES} B/param "
+                "(bf16 weight, fp32 main grad, fp32 master weight, two fp32 Adam moments)"
+            ),
+            (
+                "each TP rank holds one whole KV head; the K/V weight copies of one head are kept in sync by an "
+                f"all-reduce of their {GRAD_BYTES}-byte (bf16) gradients among the {factor} ranks sharing it, "
+                "ring algorithm: 2*(r-1)/r x buffer sent per GPU, once per optimizer step"
+            ),
+            (
+                "duplicated FLOPs: the K/V projections of a replicated head run on every rank that holds it "
+                f"(measured against the Megatron-convention model FLOPs at {seq_len} tokens)"
+            ),
             "per-GPU numbers are for the stage holding the most full-attention layers",
         ],
     }
@@ -250,7 +276,9 @@ def audit_layout(
     tp_dims = _tp_dimensions(model)
     kv_rep = None
     split_given = layer_split is not None
-    split = check_split(model, layer_split) if layer_split is not None else default_split(model.num_layers, pp)
+    split = (
+        check_split(model, layer_split) if layer_split is not None else default_split(model.num_layers, pp)
+    )
     if len(split) != pp:
         raise BadInputError(f"layer split {split} has {len(split)} stages but --pp is {pp}")
     seq_lens = [seq_len] if seq_len else sorted({*DEFAULT_SEQ_LENS, model.max_position_embeddings or 4096})
@@ -260,28 +288,52 @@ def audit_layout(
             row["note"] = f"{what}; replicated {tp // size}x (TP {tp} > {size} KV heads)"
             row["replicated"] = tp // size
             kv_rep = _kv_replication(model, tp, split, seq_lens[-1])
-            findings.append(finding(
-                "KV_HEAD_REPLICATION", "warning",
-                f"TP={tp} exceeds the {size} KV heads: each K/V head is replicated {tp // size}x, "
-                f"{kv_rep['replicated_kv_weight_bytes'] / 2**20:.0f} MiB of duplicated K/V weights "
-                f"({kv_rep['replicated_kv_training_state_bytes'] / 2**30:.2f} GiB with optimizer state), "
-                f"{kv_rep['extra_grad_allreduce_bytes_per_gpu_per_step'] / 2**20:.1f} MiB extra gradient "
-                f"all-reduce per GPU per step and {100 * kv_rep['duplicated_flops_fraction']:.2f}% duplicated "
-                f"FLOPs; TP <= {size} avoids it",
-                **{k: kv_rep[k] for k in ("factor", "replicated_kv_weight_bytes",
-                                          "extra_grad_allreduce_bytes_per_gpu_per_step")}))
+            findings.append(
+                finding(
+                    "KV_HEAD_REPLICATION",
+                    "warning",
+                    f"TP={tp} exceeds the {size} KV heads: each K/V head is replicated {tp // size}x, "
+                    f"{kv_rep['replicated_kv_weight_bytes'] / 2**20:.0f} MiB of duplicated K/V weights "
+                    f"({kv_rep['replicated_kv_training_state_bytes'] / 2**30:.2f} GiB with optimizer state), "
+                    f"{kv_rep['extra_grad_allreduce_bytes_per_gpu_per_step'] / 2**20:.1f} MiB extra gradient "
+                    f"all-reduce per GPU per step and {100 * kv_rep['duplicated_flops_fraction']:.2f}% duplicated "
+                    f"FLOPs; TP <= {size} avoids it",
+                    **{
+                        k: kv_rep[k]
+                        for k in (
+                            "factor",
+                            "replicated_kv_weight_bytes",
+                            "extra_grad_allreduce_bytes_per_gpu_per_step",
+                        )
+                    },
+                )
+            )
         elif name == "vocab" and not row["divides"]:
             padded = math.ceil(size / tp) * tp
             row["note"] = f"{what}; padded to {padded} ({padded - size} dead rows)"
-            findings.append(finding(
-                "INDIVISIBLE_DIMENSION", "warning",
-                f"vocab {size} is not divisible by TP={tp}: frameworks pad it to {padded} rows",
-                axis="tp", dimension=name, size=size, degree=tp))
+            findings.append(
+                finding(
+                    "INDIVISIBLE_DIMENSION",
+                    "warning",
+                    f"vocab {size} is not divisible by TP={tp}: frameworks pad it to {padded} rows",
+                    axis="tp",
+                    dimension=name,
+                    size=size,
+                    degree=tp,
+                )
+            )
         elif not row["divides"]:
-            findings.append(finding(
-                "INDIVISIBLE_DIMENSION", "error",
-                f"{what} ({name} = {size}) is not divisible by TP={tp}: {size / tp:g} per rank",
-                axis="tp", dimension=name, size=size, degree=tp))
+            findings.append(
+                finding(
+                    "INDIVISIBLE_DIMENSION",
+                    "error",
+                    f"{what} ({name} = {size}) is not divisible by TP={tp}: {size / tp:g} per rank",
+                    axis="tp",
+                    dimension=name,
+                    size=size,
+                    degree=tp,
+                )
+            )
         dims.append(row)
 
     # ----- pipeline parallel ----------------------------------------------------------------------
@@ -291,10 +343,17 @@ def audit_layout(
         dims.append(_dim("pp", "blocks", nb, pp, f"{bs}-layer super-blocks ({_pattern(model)})"))
     stages = _stage_table(model, split, seq_lens)
     if model.num_layers % pp and not split_given:
-        findings.append(finding(
-            "INDIVISIBLE_DIMENSION", "warning",
-            f"{model.num_layers} layers are not divisible by PP={pp}: stages get {_fmt_split(split)} layers",
-            axis="pp", dimension="layers", size=model.num_layers, degree=pp))
+        findings.append(
+            finding(
+                "INDIVISIBLE_DIMENSION",
+                "warning",
+                f"{model.num_layers} layers are not divisible by PP={pp}: stages get {_fmt_split(split)} layers",
+                axis="pp",
+                dimension="layers",
+                size=model.num_layers,
+                degree=pp,
+            )
+        )
     balanced = {s: balanced_split(model, pp, s) for s in seq_lens}
     _composition_finding(model, stages, split, seq_lens, balanced[seq_lens[-1]], findings)
     _stage_flops_finding(stages, split, seq_lens, balanced, findings)
@@ -302,58 +361,115 @@ def audit_layout(
     # ----- context parallel -----------------------------------------------------------------------
     if seq_len:
         chunks = 2 * cp if cp > 1 else 1
-        row = _dim("cp", "sequence", seq_len, chunks,
-                   "sequence length; causal load-balanced CP cuts it into 2 x CP chunks" if cp > 1
-                   else "sequence length (no context parallelism)")
+        row = _dim(
+            "cp",
+            "sequence",
+            seq_len,
+            chunks,
+            "sequence length; causal load-balanced CP cuts it into 2 x CP chunks"
+            if cp > 1
+            else "sequence length (no context parallelism)",
+        )
         row["per_rank"] = seq_len / cp
         dims.append(row)
         if not row["divides"]:
-            findings.append(finding(
-                "INDIVISIBLE_DIMENSION", "error",
-                f"sequence length {seq_len} is not divisible into 2 x CP = {chunks} chunks",
-                axis="cp", dimension="sequence", size=seq_len, degree=chunks))
+            findings.append(
+                finding(
+                    "INDIVISIBLE_DIMENSION",
+                    "error",
+                    f"sequence length {seq_len} is not divisible into 2 x CP = {chunks} chunks",
+                    axis="cp",
+                    dimension="sequence",
+                    size=seq_len,
+                    degree=chunks,
+                )
+            )
 
     # ----- clean degrees and limits -----------------------------------------------------------------
     tp_sizes = [size for _, size, _ in tp_dims]
     clean_tp = [d for d in range(1, MAX_DEGREE + 1) if all(s % d == 0 for s in tp_sizes)]
     head_dims = [(n, s) for n, s, _ in tp_dims if n.endswith("heads")]
-    with_rep = [d for d in range(1, MAX_DEGREE + 1)
-                if all(s % d == 0 or (n == "kv_heads" and d % s == 0) for n, s in head_dims)
-                and all(s % d == 0 for n, s, _ in tp_dims if not n.endswith("heads"))]
+    with_rep = [
+        d
+        for d in range(1, MAX_DEGREE + 1)
+        if all(s % d == 0 or (n == "kv_heads" and d % s == 0) for n, s in head_dims)
+        and all(s % d == 0 for n, s, _ in tp_dims if not n.endswith("heads"))
+    ]
     binding = min((s for _, s in head_dims), default=None)
     limits: dict[str, list[dict[str, Any]]] = {
-        "tp": [{"dimension": n, "size": s, "max_degree": s, "binding": s == binding,
-                "rule": ("TP must divide it; above it K/V heads are replicated" if n == "kv_heads"
-                         else "TP must divide it")} for n, s in head_dims],
-        "pp": [{"dimension": "blocks", "size": nb, "max_degree": nb,
-                "rule": f"PP dividing the {nb} blocks gives every stage the same layer-type mix"}],
+        "tp": [
+            {
+                "dimension": n,
+                "size": s,
+                "max_degree": s,
+                "binding": s == binding,
+                "rule": (
+                    "TP must divide it; above it K/V heads are replicated"
+                    if n == "kv_heads"
+                    else "TP must divide it"
+                ),
+            }
+            for n, s in head_dims
+        ],
+        "pp": [
+            {
+                "dimension": "blocks",
+                "size": nb,
+                "max_degree": nb,
+                "rule": f"PP dividing the {nb} blocks gives every stage the same layer-type mix",
+            }
+        ],
     }
     clean_degrees: dict[str, list[int] | None] = {
         "tp": clean_tp,
         "tp_with_kv_replication": [d for d in with_rep if d not in clean_tp],
         "pp": _divisors(nb),
-        "cp": ([d for d in range(1, MAX_DEGREE + 1) if seq_len % (2 * d if d > 1 else 1) == 0]
-               if seq_len else None),
+        "cp": (
+            [d for d in range(1, MAX_DEGREE + 1) if seq_len % (2 * d if d > 1 else 1) == 0]
+            if seq_len
+            else None
+        ),
     }
     deltanet = None
     if LINEAR in model.layer_types:
         hk, hv = model.linear_num_key_heads, model.linear_num_value_heads
         deltanet = {
-            "qk_heads": hk, "v_heads": hv, "v_heads_per_qk_head": hv // hk, "max_tp": hk,
+            "qk_heads": hk,
+            "v_heads": hv,
+            "v_heads_per_qk_head": hv // hk,
+            "max_tp": hk,
             "tp_ok": hk % tp == 0,
             "qk_heads_per_rank": hk / tp if hk % tp else hk // tp,
             "v_heads_per_rank": hv / tp if hv % tp else hv // tp,
             "rule": f"TP must divide the {hk} QK heads (then each rank also holds whole groups of "
-                    f"{hv // hk} V heads); TP above {hk} cannot split the DeltaNet layers",
+            f"{hv // hk} V heads); TP above {hk} cannot split the DeltaNet layers",
         }
     return AuditResult(
-        model=model.name, tp=tp, pp=pp, cp=cp, dp=dp, seq_len=seq_len, dimensions=dims, limits=limits,
-        clean_degrees=clean_degrees, kv_replication=kv_rep, layer_split=split,
-        split_source="given" if split_given else "default", stages=stages, seq_lens_evaluated=seq_lens,
-        balanced_split=balanced, findings=findings, deltanet=deltanet,
-        model_summary={"num_layers": model.num_layers, "block_size": bs, "num_blocks": nb,
-                       "pattern": _pattern(model), "num_params": model.num_params,
-                       "layer_type_counts": model.layer_type_counts()},
+        model=model.name,
+        tp=tp,
+        pp=pp,
+        cp=cp,
+        dp=dp,
+        seq_len=seq_len,
+        dimensions=dims,
+        limits=limits,
+        clean_degrees=clean_degrees,
+        kv_replication=kv_rep,
+        layer_split=split,
+        split_source="given" if split_given else "default",
+        stages=stages,
+        seq_lens_evaluated=seq_lens,
+        balanced_split=balanced,
+        findings=findings,
+        deltanet=deltanet,
+        model_summary={
+            "num_layers": model.num_layers,
+            "block_size": bs,
+            "num_blocks": nb,
+            "pattern": _pattern(model),
+            "num_params": model.num_params,
+            "layer_type_counts": model.layer_type_counts(),
+        },
     )
 
 
@@ -372,8 +488,14 @@ def _fmt_split(split: Sequence[int]) -> str:
     return "/".join(str(x) for x in split)
 
 
-def _composition_finding(model: ModelSpec, stages: list[dict], split: list[int], seq_lens: list[int],
-                         balanced: list[int], findings: list[dict]) -> None:
+def _composition_finding(
+    model: ModelSpec,
+    stages: list[dict],
+    split: list[int],
+    seq_lens: list[int],
+    balanced: list[int],
+    findings: list[dict],
+) -> None:
     """UNEQUAL_STAGE_COMPOSITION when stages differ in layer-type counts (naming the attention-heavy one)."""
     if len(model.layer_type_counts()) < 2 or len(stages) < 2:
         return
@@ -387,17 +509,27 @@ def _composition_finding(model: ModelSpec, stages: list[dict], split: list[int],
     s_last = seq_lens[-1]
     fl = [st["flops_per_token"][str(s_last)] for st in stages]
     spread = max(fl) / min(fl) - 1 if min(fl) > 0 else math.inf
-    per_stage = ", ".join(f"stage {st['stage']}: {st['layers'].get(LINEAR, 0)} {LINEAR} + "
-                          f"{st['layers'].get(FULL, 0)} {FULL}" for st in stages)
-    findings.append(finding(
-        "UNEQUAL_STAGE_COMPOSITION", "warning",
-        f"PP={len(split)} with split {_fmt_split(split)} cuts the {model.block_size}-layer blocks unevenly: "
-        f"stage{'s' if len(heavy) > 1 else ''} {', '.join(map(str, heavy))} hold{'' if len(heavy) > 1 else 's'} "
-        f"{most} full-attention layers vs {', '.join(map(str, fewer))} elsewhere ({per_stage}); "
-        f"at {s_last:,} tokens the heaviest stage does {100 * spread:.1f}% more FLOPs than the lightest "
-        f"(LM head on the last stage); balanced split on block boundaries: {_fmt_split(balanced)}",
-        stages=heavy, layer_split=list(split), full_attention_per_stage=full, balanced_split=balanced,
-        flops_spread=spread, seq_len=s_last))
+    per_stage = ", ".join(
+        f"stage {st['stage']}: {st['layers'].get(LINEAR, 0)} {LINEAR} + {st['layers'].get(FULL, 0)} {FULL}"
+        for st in stages
+    )
+    findings.append(
+        finding(
+            "UNEQUAL_STAGE_COMPOSITION",
+            "warning",
+            f"PP={len(split)} with split {_fmt_split(split)} cuts the {model.block_size}-layer blocks unevenly: "
+            f"stage{'s' if len(heavy) > 1 else ''} {', '.join(map(str, heavy))} hold{'' if len(heavy) > 1 else 's'} "
+            f"{most} full-attention layers vs {', '.join(map(str, fewer))} elsewhere ({per_stage}); "
+            f"at {s_last:,} tokens the heaviest stage does {100 * spread:.1f}% more FLOPs than the lightest "
+            f"(LM head on the last stage); balanced split on block boundaries: {_fmt_split(balanced)}",
+            stages=heavy,
+            layer_split=list(split),
+            full_attention_per_stage=full,
+            balanced_split=balanced,
+            flops_spread=spread,
+            seq_len=s_last,
+        )
+    )
 
 
 #: heaviest stage's FLOPs per token over the stages' mean above this -> STAGE_IMBALANCE (the same
@@ -405,8 +537,13 @@ def _composition_finding(model: ModelSpec, stages: list[dict], split: list[int],
 STAGE_FLOPS_IMBALANCE = 1.10
 
 
-def _stage_flops_finding(stages: list[dict], split: list[int], seq_lens: list[int],
-                         balanced: dict[int, list[int]], findings: list[dict]) -> None:
+def _stage_flops_finding(
+    stages: list[dict],
+    split: list[int],
+    seq_lens: list[int],
+    balanced: dict[int, list[int]],
+    findings: list[dict],
+) -> None:
     """STAGE_IMBALANCE when the heaviest stage's FLOPs per token exceed the stages' mean by > 10%.
 
     Evaluated at every sequence length of the audit; the worst one is reported. The LM head on the last
@@ -433,12 +570,20 @@ def _stage_flops_finding(stages: list[dict], split: list[int], seq_lens: list[in
     if bal and bal != list(split):
         hint = f"balanced split on block boundaries at {s:,} tokens: {_fmt_split(bal)}"
     else:
-        hint = ("no split on block boundaries does better; give the last stage fewer layers with --split "
-                "(e.g. an uneven split) or accept the imbalance")
-    findings.append(finding(
-        "STAGE_IMBALANCE", "warning",
-        f"stage {heavy} does {top / 1e9:.1f} GFLOP/token vs {mean / 1e9:.1f} mean and {lightest / 1e9:.1f} on "
-        f"the lightest stage at {s:,} tokens ({ratio:.2f}x the mean, threshold "
-        f"{STAGE_FLOPS_IMBALANCE:.2f}x){extra}: every other stage waits for it; {hint}",
-        stages=[heavy], imbalance=round(ratio, 4), seq_len=s,
-        stage_flops_per_token=[st["flops_per_token"][str(s)] for st in stages]))
+        hint = (
+            "no split on block boundaries does better; give the last stage fewer layers with --split "
+            "(e.g. an uneven split) or accept the imbalance"
+        )
+    findings.append(
+        finding(
+            "STAGE_IMBALANCE",
+            "warning",
+            f"stage {heavy} does {top / 1e9:.1f} GFLOP/token vs {mean / 1e9:.1f} mean and {lightest / 1e9:.1f} on "
+            f"the lightest stage at {s:,} tokens ({ratio:.2f}x the mean, threshold "
+            f"{STAGE_FLOPS_IMBALANCE:.2f}x){extra}: every other stage waits for it; {hint}",
+            stages=[heavy],
+            imbalance=round(ratio, 4),
+            seq_len=s,
+            stage_flops_per_token=[st["flops_per_token"][str(s)] for st in stages],
+        )
+    )

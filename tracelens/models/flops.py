@@ -18,8 +18,16 @@ from tracelens.models.spec import FULL, LINEAR, ModelSpec
 CONVENTIONS = ("megatron", "palm")
 RECOMPUTE = (None, "selective", "full")
 # Components counted by the Megatron convention (layer_forward_flops without `extras`).
-MODEL_COMPONENTS = ("qkv_proj", "gate", "attn_core", "out_proj", "deltanet_proj", "conv", "deltanet_core",
-                    "mlp")
+MODEL_COMPONENTS = (
+    "qkv_proj",
+    "gate",
+    "attn_core",
+    "out_proj",
+    "deltanet_proj",
+    "conv",
+    "deltanet_core",
+    "mlp",
+)
 
 
 def _check_seq(seq_len: int) -> int:
@@ -193,7 +201,7 @@ def stage_flops_per_token(model: ModelSpec, seq_len: int, layer_split: Sequence[
     per_layer = layer_training_flops(model, seq_len)
     out, start = [], 0
     for n in split:
-        out.append(float(sum(per_layer[start:start + n])))
+        out.append(float(sum(per_layer[start : start + n])))
         start += n
     out[-1] += logits_flops_per_token(model)
     return out

@@ -30,8 +30,15 @@ _GPUS: tuple[tuple[str, str, float | None, float | None], ...] = (
 _FP16_ONLY = {"V100 PCIe": 112.0, "V100 SXM2": 125.0}
 
 _DTYPES = {
-    "bf16": "bf16", "bfloat16": "bf16", "fp16": "fp16", "float16": "fp16", "half": "fp16",
-    "fp8": "fp8", "float8": "fp8", "e4m3": "fp8", "e5m2": "fp8",
+    "bf16": "bf16",
+    "bfloat16": "bf16",
+    "fp16": "fp16",
+    "float16": "fp16",
+    "half": "fp16",
+    "fp8": "fp8",
+    "float8": "fp8",
+    "e4m3": "fp8",
+    "e5m2": "fp8",
 }
 
 

@@ -16,17 +16,43 @@ from typing import Any
 
 #: Bytes per element of the `Input type` strings PyTorch records.
 DTYPE_BYTES = {
-    "double": 8, "float": 4, "c10::half": 2, "c10::bfloat16": 2, "half": 2, "bfloat16": 2,
-    "long int": 8, "long": 8, "int64_t": 8, "int": 4, "unsigned int": 4, "short int": 2, "short": 2,
-    "signed char": 1, "unsigned char": 1, "bool": 1, "char": 1,
-    "c10::float8_e4m3fn": 1, "c10::float8_e5m2": 1, "c10::float8_e4m3fnuz": 1, "c10::float8_e5m2fnuz": 1,
-    "c10::complex<float>": 8, "c10::complex<double>": 16, "c10::complex<c10::half>": 4,
+    "double": 8,
+    "float": 4,
+    "c10::half": 2,
+    "c10::bfloat16": 2,
+    "half": 2,
+    "bfloat16": 2,
+    "long int": 8,
+    "long": 8,
+    "int64_t": 8,
+    "int": 4,
+    "unsigned int": 4,
+    "short int": 2,
+    "short": 2,
+    "signed char": 1,
+    "unsigned char": 1,
+    "bool": 1,
+    "char": 1,
+    "c10::float8_e4m3fn": 1,
+    "c10::float8_e5m2": 1,
+    "c10::float8_e4m3fnuz": 1,
+    "c10::float8_e5m2fnuz": 1,
+    "c10::complex<float>": 8,
+    "c10::complex<double>": 16,
+    "c10::complex<c10::half>": 4,
 }
 #: Compute class of an `Input type` for the roofline's peak: bf16 / fp16 / fp8 use tensor-core peaks,
 #: fp32 the FP32 (non-tensor) peak, fp64 none.
 DTYPE_CLASS = {
-    "c10::bfloat16": "bf16", "bfloat16": "bf16", "c10::half": "fp16", "half": "fp16", "float": "fp32",
-    "double": "fp64", "c10::float8_e4m3fn": "fp8", "c10::float8_e5m2": "fp8", "c10::float8_e4m3fnuz": "fp8",
+    "c10::bfloat16": "bf16",
+    "bfloat16": "bf16",
+    "c10::half": "fp16",
+    "half": "fp16",
+    "float": "fp32",
+    "double": "fp64",
+    "c10::float8_e4m3fn": "fp8",
+    "c10::float8_e5m2": "fp8",
+    "c10::float8_e4m3fnuz": "fp8",
     "c10::float8_e5m2fnuz": "fp8",
 }
 
@@ -114,7 +140,9 @@ def _broadcast(shapes: list[list[int]]) -> list[int] | None:
 
 
 # ------------------------------------------------------------------------------------------- GEMMs
-def _gemm(m: int, k: int, n: int, batch: int, es_a: int, es_b: int, es_c: int, c_in: int) -> tuple[float, float]:
+def _gemm(
+    m: int, k: int, n: int, batch: int, es_a: int, es_b: int, es_c: int, c_in: int
+) -> tuple[float, float]:
     """2*B*M*N*K FLOPs (+B*M*N when an input `c_in` elements big is added); bytes: A and B read, C written,
     the added input read."""
     flops = 2.0 * batch * m * n * k + (batch * m * n if c_in else 0)
@@ -136,7 +164,13 @@ def _mm(name, dims, types, concrete):
         es_c, c_in = es_a, 0
     if name in ("aten::mm", "aten::addmm") and len(a) == 2 and len(b) == 2 and a[1] == b[0]:
         return _gemm(a[0], a[1], b[1], 1, es_a, es_b, es_c, c_in)
-    if name in ("aten::bmm", "aten::baddbmm") and len(a) == 3 and len(b) == 3 and a[2] == b[1] and a[0] == b[0]:
+    if (
+        name in ("aten::bmm", "aten::baddbmm")
+        and len(a) == 3
+        and len(b) == 3
+        and a[2] == b[1]
+        and a[0] == b[0]
+    ):
         return _gemm(a[1], a[2], b[2], a[0], es_a, es_b, es_c, c_in)
     if name == "aten::addbmm" and len(a) == 3 and len(b) == 3 and a[2] == b[1]:  # sum over the batch
         f, by = _gemm(a[1], a[2], b[2], a[0], es_a, es_b, es_c, 0)
@@ -257,8 +291,15 @@ def _gated_delta(name, dims, types, concrete, chunk: int = 64):
 
 
 # ------------------------------------------------------------------------------------------- convolution
-_CONV = {"aten::convolution": 3, "aten::_convolution": 3, "aten::cudnn_convolution": 3, "aten::conv1d": 3,
-         "aten::conv2d": 3, "aten::conv3d": 3, "aten::mkldnn_convolution": 3}
+_CONV = {
+    "aten::convolution": 3,
+    "aten::_convolution": 3,
+    "aten::cudnn_convolution": 3,
+    "aten::conv1d": 3,
+    "aten::conv2d": 3,
+    "aten::conv3d": 3,
+    "aten::mkldnn_convolution": 3,
+}
 
 
 def _conv(name, dims, types, concrete):
@@ -303,10 +344,16 @@ def _conv(name, dims, types, concrete):
 
 # ------------------------------------------------------------------------------------------- norms, softmax
 _NORM_FLOPS = {
-    "aten::native_layer_norm": 5, "aten::layer_norm": 5, "aten::native_group_norm": 5,
-    "aten::native_batch_norm": 5, "aten::_fused_rms_norm": 4, "aten::rms_norm": 4,
-    "aten::native_layer_norm_backward": 8, "aten::native_group_norm_backward": 8,
-    "aten::native_batch_norm_backward": 8, "aten::_fused_rms_norm_backward": 7,
+    "aten::native_layer_norm": 5,
+    "aten::layer_norm": 5,
+    "aten::native_group_norm": 5,
+    "aten::native_batch_norm": 5,
+    "aten::_fused_rms_norm": 4,
+    "aten::rms_norm": 4,
+    "aten::native_layer_norm_backward": 8,
+    "aten::native_group_norm_backward": 8,
+    "aten::native_batch_norm_backward": 8,
+    "aten::_fused_rms_norm_backward": 7,
 }
 
 
@@ -318,16 +365,22 @@ def _norm(name, dims, types, concrete):
     if not t:
         return None
     bwd = "backward" in name
-    x, es = (t[1] if bwd and len(t) > 1 else t[0])
+    x, es = t[1] if bwd and len(t) > 1 else t[0]
     n = _numel(x)
     if n == 0:
         return None
-    params = sum(_numel(s) * e for s, e in t[(2 if bwd else 1):] if 0 < _numel(s) < n)
+    params = sum(_numel(s) * e for s, e in t[(2 if bwd else 1) :] if 0 < _numel(s) < n)
     return float(_NORM_FLOPS[name] * n), float(n * es * (3 if bwd else 2) + params)
 
 
-_SOFTMAX = {"aten::_softmax": 5, "aten::softmax": 5, "aten::_log_softmax": 5, "aten::log_softmax": 5,
-            "aten::_softmax_backward_data": 4, "aten::_log_softmax_backward_data": 4}
+_SOFTMAX = {
+    "aten::_softmax": 5,
+    "aten::softmax": 5,
+    "aten::_log_softmax": 5,
+    "aten::log_softmax": 5,
+    "aten::_softmax_backward_data": 4,
+    "aten::_log_softmax_backward_data": 4,
+}
 
 
 def _softmax(name, dims, types, concrete):
@@ -366,8 +419,10 @@ def _embedding(name, dims, types, concrete):
 # ------------------------------------------------------------------------------------------- optimizers
 #: fused / foreach optimizer steps: FLOPs per parameter element, tensor lists read and written.
 _OPTIM = {
-    "aten::_fused_adam_": (12, 4, 3), "aten::_fused_adamw_": (13, 4, 3),
-    "aten::_fused_sgd_": (3, 3, 2), "aten::_fused_adagrad_": (6, 3, 2),
+    "aten::_fused_adam_": (12, 4, 3),
+    "aten::_fused_adamw_": (13, 4, 3),
+    "aten::_fused_sgd_": (3, 3, 2),
+    "aten::_fused_adagrad_": (6, 3, 2),
 }
 
 
@@ -386,19 +441,117 @@ def _optimizer(name, dims, types, concrete):
 
 
 # ------------------------------------------------------------------------------------------- elementwise
-_UNARY = {"neg", "exp", "log", "sqrt", "rsqrt", "sigmoid", "tanh", "relu", "silu", "gelu", "abs", "reciprocal",
-          "sin", "cos", "erf", "softplus", "exp2", "log1p", "expm1", "sign", "square", "hardswish", "mish",
-          "elu", "leaky_relu", "threshold", "logical_not", "bitwise_not", "clamp", "clamp_min", "clamp_max",
-          "pow", "nan_to_num", "silu_backward", "gelu_backward", "sigmoid_backward", "tanh_backward",
-          "threshold_backward", "softplus_backward"}
-_BINARY = {"add", "sub", "mul", "div", "maximum", "minimum", "eq", "ne", "lt", "le", "gt", "ge", "where",
-           "masked_fill", "addcmul", "addcdiv", "lerp", "rsub", "remainder", "fmod", "logical_and",
-           "logical_or", "bitwise_and", "bitwise_or", "xor", "atan2", "hypot", "copysign", "floor_divide"}
+_UNARY = {
+    "neg",
+    "exp",
+    "log",
+    "sqrt",
+    "rsqrt",
+    "sigmoid",
+    "tanh",
+    "relu",
+    "silu",
+    "gelu",
+    "abs",
+    "reciprocal",
+    "sin",
+    "cos",
+    "erf",
+    "softplus",
+    "exp2",
+    "log1p",
+    "expm1",
+    "sign",
+    "square",
+    "hardswish",
+    "mish",
+    "elu",
+    "leaky_relu",
+    "threshold",
+    "logical_not",
+    "bitwise_not",
+    "clamp",
+    "clamp_min",
+    "clamp_max",
+    "pow",
+    "nan_to_num",
+    "silu_backward",
+    "gelu_backward",
+    "sigmoid_backward",
+    "tanh_backward",
+    "threshold_backward",
+    "softplus_backward",
+}
+_BINARY = {
+    "add",
+    "sub",
+    "mul",
+    "div",
+    "maximum",
+    "minimum",
+    "eq",
+    "ne",
+    "lt",
+    "le",
+    "gt",
+    "ge",
+    "where",
+    "masked_fill",
+    "addcmul",
+    "addcdiv",
+    "lerp",
+    "rsub",
+    "remainder",
+    "fmod",
+    "logical_and",
+    "logical_or",
+    "bitwise_and",
+    "bitwise_or",
+    "xor",
+    "atan2",
+    "hypot",
+    "copysign",
+    "floor_divide",
+}
 _TERNARY = {"where", "addcmul", "addcdiv", "lerp", "masked_fill"}
-_MOVE = {"copy", "fill", "zero", "clone", "contiguous", "_to_copy", "cat", "stack", "index_select",
-         "gather", "scatter", "masked_scatter", "flip", "roll", "repeat", "repeat_interleave", "tril", "triu"}
-_REDUCE = {"sum", "mean", "amax", "amin", "max", "min", "prod", "norm", "linalg_vector_norm", "cumsum",
-           "var", "std", "argmax", "argmin", "all", "any"}
+_MOVE = {
+    "copy",
+    "fill",
+    "zero",
+    "clone",
+    "contiguous",
+    "_to_copy",
+    "cat",
+    "stack",
+    "index_select",
+    "gather",
+    "scatter",
+    "masked_scatter",
+    "flip",
+    "roll",
+    "repeat",
+    "repeat_interleave",
+    "tril",
+    "triu",
+}
+_REDUCE = {
+    "sum",
+    "mean",
+    "amax",
+    "amin",
+    "max",
+    "min",
+    "prod",
+    "norm",
+    "linalg_vector_norm",
+    "cumsum",
+    "var",
+    "std",
+    "argmax",
+    "argmin",
+    "all",
+    "any",
+}
 _FOREACH = re.compile(r"^aten::_foreach_(\w+?)_?$")
 
 
@@ -524,5 +677,6 @@ def op_cost(name: str, dims: Any, types: Any, concrete: Any = None) -> OpCost | 
         return None
     if byts is not None and any(str(t) in ("TensorList", "GenericList") for t in types):
         byts = None  # some inputs are tensor lists of unrecorded dtype: their bytes are unknown
-    return OpCost(flops=float(flops), bytes=None if byts is None else float(byts), model=fam,
-                  dtype=_dclass(types))
+    return OpCost(
+        flops=float(flops), bytes=None if byts is None else float(byts), model=fam, dtype=_dclass(types)
+    )

@@ -64,26 +64,45 @@ class ModelSpec:
     model_type: str = ""
 
     def __post_init__(self) -> None:
-        _check(len(self.layer_types) == self.num_layers,
-               f"layer_types has {len(self.layer_types)} entries but num_hidden_layers is {self.num_layers}")
+        _check(
+            len(self.layer_types) == self.num_layers,
+            f"layer_types has {len(self.layer_types)} entries but num_hidden_layers is {self.num_layers}",
+        )
         bad = sorted(set(self.layer_types) - set(LAYER_TYPES))
         _check(not bad, f"unsupported layer type(s) {bad}; supported: {', '.join(LAYER_TYPES)}")
-        for key in ("num_layers", "hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
-                    "vocab_size"):
+        for key in (
+            "num_layers",
+            "hidden_size",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+            "vocab_size",
+        ):
             _check(getattr(self, key) > 0, f"{key} must be positive, got {getattr(self, key)}")
-        _check(self.num_attention_heads % self.num_key_value_heads == 0,
-               f"num_attention_heads {self.num_attention_heads} is not a multiple of num_key_value_heads "
-               f"{self.num_key_value_heads}")
+        _check(
+            self.num_attention_heads % self.num_key_value_heads == 0,
+            f"num_attention_heads {self.num_attention_heads} is not a multiple of num_key_value_heads "
+            f"{self.num_key_value_heads}",
+        )
         if LINEAR in self.layer_types:
-            for key in ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
-                        "linear_value_head_dim", "linear_conv_kernel_dim"):
+            for key in (
+                "linear_num_key_heads",
+                "linear_num_value_heads",
+                "linear_key_head_dim",
+                "linear_value_head_dim",
+                "linear_conv_kernel_dim",
+            ):
                 _check(getattr(self, key) > 0, f"linear_attention layers need a positive {key}")
-            _check(self.linear_num_value_heads % self.linear_num_key_heads == 0,
-                   f"linear_num_value_heads {self.linear_num_value_heads} is not a multiple of "
-                   f"linear_num_key_heads {self.linear_num_key_heads}")
+            _check(
+                self.linear_num_value_heads % self.linear_num_key_heads == 0,
+                f"linear_num_value_heads {self.linear_num_value_heads} is not a multiple of "
+                f"linear_num_key_heads {self.linear_num_key_heads}",
+            )
         if self.num_experts:
-            _check(0 < self.num_experts_per_tok <= self.num_experts,
-                   f"num_experts_per_tok must be in 1..{self.num_experts}, got {self.num_experts_per_tok}")
+            _check(
+                0 < self.num_experts_per_tok <= self.num_experts,
+                f"num_experts_per_tok must be in 1..{self.num_experts}, got {self.num_experts_per_tok}",
+            )
             _check(self.moe_intermediate_size > 0, "MoE models need a positive moe_intermediate_size")
         if any(not self.is_moe_layer(i) for i in range(self.num_layers)):
             _check(self.intermediate_size > 0, "dense MLP layers need a positive intermediate_size")
@@ -159,9 +178,20 @@ class ModelSpec:
         (2*key_dim + value_dim) channels x kernel, dt_bias and A_log (V heads each), gated RMSNorm
         (value head dim), out_proj value_dim x h.
         """
-        h, kd, vd, hv = self.hidden_size, self.linear_key_dim, self.linear_value_dim, self.linear_num_value_heads
-        return (h * (2 * kd + 2 * vd) + h * 2 * hv + (2 * kd + vd) * self.linear_conv_kernel_dim
-                + 2 * hv + self.linear_value_head_dim + vd * h)
+        h, kd, vd, hv = (
+            self.hidden_size,
+            self.linear_key_dim,
+            self.linear_value_dim,
+            self.linear_num_value_heads,
+        )
+        return (
+            h * (2 * kd + 2 * vd)
+            + h * 2 * hv
+            + (2 * kd + vd) * self.linear_conv_kernel_dim
+            + 2 * hv
+            + self.linear_value_head_dim
+            + vd * h
+        )
 
     def dense_mlp_params(self) -> int:
         """Parameters of one dense MLP (SwiGLU: gate, up, down; ungated: up, down)."""
@@ -219,22 +249,31 @@ class ModelSpec:
     def to_dict(self) -> dict[str, Any]:
         """Plain-dict view (for JSON output)."""
         return {
-            "name": self.name, "model_type": self.model_type, "num_layers": self.num_layers,
-            "layer_type_counts": self.layer_type_counts(), "block_size": self.block_size,
-            "hidden_size": self.hidden_size, "num_attention_heads": self.num_attention_heads,
-            "num_key_value_heads": self.num_key_value_heads, "head_dim": self.head_dim,
-            "attn_output_gate": self.attn_output_gate, "intermediate_size": self.intermediate_size,
-            "vocab_size": self.vocab_size, "tie_word_embeddings": self.tie_word_embeddings,
+            "name": self.name,
+            "model_type": self.model_type,
+            "num_layers": self.num_layers,
+            "layer_type_counts": self.layer_type_counts(),
+            "block_size": self.block_size,
+            "hidden_size": self.hidden_size,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim,
+            "attn_output_gate": self.attn_output_gate,
+            "intermediate_size": self.intermediate_size,
+            "vocab_size": self.vocab_size,
+            "tie_word_embeddings": self.tie_word_embeddings,
             "linear_num_key_heads": self.linear_num_key_heads,
             "linear_num_value_heads": self.linear_num_value_heads,
             "linear_key_head_dim": self.linear_key_head_dim,
             "linear_value_head_dim": self.linear_value_head_dim,
-            "linear_conv_kernel_dim": self.linear_conv_kernel_dim, "num_experts": self.num_experts,
+            "linear_conv_kernel_dim": self.linear_conv_kernel_dim,
+            "num_experts": self.num_experts,
             "num_experts_per_tok": self.num_experts_per_tok,
             "moe_intermediate_size": self.moe_intermediate_size,
             "shared_expert_intermediate_size": self.shared_expert_intermediate_size,
             "max_position_embeddings": self.max_position_embeddings,
-            "num_params": self.num_params, "num_active_params": self.num_active_params,
+            "num_params": self.num_params,
+            "num_active_params": self.num_active_params,
         }
 
 
@@ -264,8 +303,9 @@ def model_from_config(config: dict, name: str | None = None) -> ModelSpec:
         cfg = text
     model_type = str(cfg.get("model_type", ""))
     if cfg.get("kv_lora_rank") or cfg.get("q_lora_rank"):
-        raise BadConfigError(f"model_type '{model_type}' uses multi-latent attention, which tracelens does "
-                             "not model yet")
+        raise BadConfigError(
+            f"model_type '{model_type}' uses multi-latent attention, which tracelens does not model yet"
+        )
     n_layers = _int(cfg, "num_hidden_layers")
     hidden = _int(cfg, "hidden_size")
     n_heads = _int(cfg, "num_attention_heads")
@@ -298,8 +338,9 @@ def model_from_config(config: dict, name: str | None = None) -> ModelSpec:
         linear_conv_kernel_dim=_int(cfg, "linear_conv_kernel_dim", 0),
         num_experts=num_experts,
         num_experts_per_tok=_int(cfg, "num_experts_per_tok", 0) if num_experts else 0,
-        moe_intermediate_size=(_int(cfg, "moe_intermediate_size", cfg.get("intermediate_size"))
-                               if num_experts else 0),
+        moe_intermediate_size=(
+            _int(cfg, "moe_intermediate_size", cfg.get("intermediate_size")) if num_experts else 0
+        ),
         shared_expert_intermediate_size=_int(cfg, "shared_expert_intermediate_size", 0) if num_experts else 0,
         max_position_embeddings=_int(cfg, "max_position_embeddings", 0),
         gated_mlp=model_type not in _UNGATED_MLP,
@@ -346,9 +387,12 @@ def get_model(name_or_path: str | Path) -> ModelSpec:
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
             raise BadConfigError(f"cannot read model config {path}: {err}") from None
         name = path.parent.name if path.name == "config.json" and path.parent.name else path.stem
-        return model_from_config(cfg, name=str(cfg.get("_name_or_path") or name) if isinstance(cfg, dict)
-                                 else name)
+        return model_from_config(
+            cfg, name=str(cfg.get("_name_or_path") or name) if isinstance(cfg, dict) else name
+        )
     if _preset_key(str(name_or_path)) in _PRESETS:
         return load_preset(str(name_or_path))
-    raise BadConfigError(f"unknown model '{name_or_path}': not a config file and not a preset "
-                         f"(known presets: {', '.join(preset_names())})")
+    raise BadConfigError(
+        f"unknown model '{name_or_path}': not a config file and not a preset "
+        f"(known presets: {', '.join(preset_names())})"
+    )

@@ -216,7 +216,9 @@ HEATMAP_METRICS = ("step_time_ms", "compute_ms", "exposed_comm_ms", "exposed_wai
 HEATMAP_MIN_SPAN = 0.10
 
 
-def heatmap_range(z: Sequence[Sequence[float | None]], min_span: float = HEATMAP_MIN_SPAN) -> tuple[float, float] | None:
+def heatmap_range(
+    z: Sequence[Sequence[float | None]], min_span: float = HEATMAP_MIN_SPAN
+) -> tuple[float, float] | None:
     """(zmin, zmax) of a heatmap: the data's range, widened to `min_span` x the median around the median
     (never below 0 for non-negative data). None without data."""
     vals = np.array([v for row in z for v in row if v is not None and v == v], dtype=float)

@@ -263,7 +263,9 @@ def metadata_html(summary: dict) -> str:
 def _embed_json(data) -> str:
     """JSON that cannot end its <script> element or open markup: <, > and & as \\u escapes."""
     text = json.dumps(data, default=str, allow_nan=False) if data is not None else "null"
-    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026").replace("'", "\\u0027")
+    return (
+        text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026").replace("'", "\\u0027")
+    )
 
 
 def _slim(summary: dict) -> dict:
@@ -435,7 +437,9 @@ def _memory_section(analysis, summary: dict) -> object:
 
 
 def _top_ops_section(analysis, summary: dict) -> object:
-    kind, rows = figures.top_operations_of_stages(analysis.run.stages.ops) if analysis is not None else ("", [])
+    kind, rows = (
+        figures.top_operations_of_stages(analysis.run.stages.ops) if analysis is not None else ("", [])
+    )
     if not rows:
         return note("No kernels or CPU operators in the traces.")
     return _top_ops_per_step(kind, rows, len((summary.get("run") or {}).get("steps") or []))
@@ -444,7 +448,12 @@ def _top_ops_section(analysis, summary: dict) -> object:
 def _top_ops_per_step(kind: str, rows: list[dict], n_steps: int) -> str:
     """Top operations per step, like the rest of the page (totals over the trace / analyzed steps)."""
     if n_steps < 1:  # no step markers: the whole trace is the one window
-        cols = [(kind, "name"), ("calls", "calls"), ("ms (all ranks)", "total_ms"), ("ms per rank", "per_rank_ms")]
+        cols = [
+            (kind, "name"),
+            ("calls", "calls"),
+            ("ms (all ranks)", "total_ms"),
+            ("ms per rank", "per_rank_ms"),
+        ]
         return "<p>Whole trace (no step markers).</p>" + table_html(rows, cols, ("name",))
     per = [
         {
@@ -469,9 +478,20 @@ def _top_ops_per_step(kind: str, rows: list[dict], n_steps: int) -> str:
 
 # ---- per-op view (tracelens.ops_view, docs/ops.md): op table, memory over time, launch statistics ----------
 _OPS_COLUMNS = [
-    ("stage", "stage"), ("rank", "rank"), ("op", "op"), ("kernel", "kernel"), ("layer type", "layer_type"),
-    ("shapes", "shapes"), ("calls/step", "calls"), ("ms/step", "ms_per_step"), ("GFLOP/step", "gflops"),
-    ("MB/step", "mbytes"), ("TFLOP/s", "tflops"), ("TB/s", "tbps"), ("bound", "bound"), ("% roofline", "roofline_pct"),
+    ("stage", "stage"),
+    ("rank", "rank"),
+    ("op", "op"),
+    ("kernel", "kernel"),
+    ("layer type", "layer_type"),
+    ("shapes", "shapes"),
+    ("calls/step", "calls"),
+    ("ms/step", "ms_per_step"),
+    ("GFLOP/step", "gflops"),
+    ("MB/step", "mbytes"),
+    ("TFLOP/s", "tflops"),
+    ("TB/s", "tbps"),
+    ("bound", "bound"),
+    ("% roofline", "roofline_pct"),
     ("model", "model"),
 ]
 _SORT_JS = (
@@ -533,30 +553,62 @@ def _ops_section(analysis, summary: dict) -> object:
     view = analysis.ops_view if analysis is not None else None
     parts = []
     if view is not None and not view.shapes_recorded:
-        parts.append(note("The traces carry no operator shapes (record with record_shapes=True): FLOPs, "
-                          "TFLOP/s and the roofline are unknown (-); times and kernels are measured."))
+        parts.append(
+            note(
+                "The traces carry no operator shapes (record with record_shapes=True): FLOPs, "
+                "TFLOP/s and the roofline are unknown (-); times and kernels are measured."
+            )
+        )
     ranks = sorted({r["rank"] for r in rows if r.get("rank") is not None})
-    parts.append(f"<p>Top operations per stage by GPU time per step (ranks {esc(', '.join(map(str, ranks)))}; "
-                 "one rank per stage). Click a column to sort. docs/ops.md explains every column.</p>")
+    parts.append(
+        f"<p>Top operations per stage by GPU time per step (ranks {esc(', '.join(map(str, ranks)))}; "
+        "one rank per stage). Click a column to sort. docs/ops.md explains every column.</p>"
+    )
     parts.append(sortable_table_html(rows, _OPS_COLUMNS))
     if view is not None and not view.kernels.empty:
         kt = view.kernels.assign(_s=view.kernels["stage"].fillna(-1)).groupby("_s", sort=True).head(10)
-        parts.append("<p>Top kernels per stage by GPU time per step, with the op that launches them most.</p>")
-        parts.append(sortable_table_html(
-            [{k: ("(no CPU op)" if k == "op" and pd_isna(v) else None if pd_isna(v) else v) for k, v in r.items()}
-             for r in kt.drop(columns="_s").to_dict("records")],
-            [("stage", "stage"), ("rank", "rank"), ("kernel", "kernel"), ("op", "op"), ("calls/step", "calls"),
-             ("ms/step", "ms_per_step")],
-        ))
+        parts.append(
+            "<p>Top kernels per stage by GPU time per step, with the op that launches them most.</p>"
+        )
+        parts.append(
+            sortable_table_html(
+                [
+                    {
+                        k: ("(no CPU op)" if k == "op" and pd_isna(v) else None if pd_isna(v) else v)
+                        for k, v in r.items()
+                    }
+                    for r in kt.drop(columns="_s").to_dict("records")
+                ],
+                [
+                    ("stage", "stage"),
+                    ("rank", "rank"),
+                    ("kernel", "kernel"),
+                    ("op", "op"),
+                    ("calls/step", "calls"),
+                    ("ms/step", "ms_per_step"),
+                ],
+            )
+        )
     if view is not None and not view.launches.empty:
         lr = view.launches.to_dict("records")
-        parts.append("<p>Kernel launches: delay from the CPU launch to the GPU start, and short (&lt;10 µs) "
-                     "kernels.</p>")
-        parts.append(table_html(lr, [
-            ("rank", "rank"), ("kernels", "kernels"), ("median delay µs", "launch_delay_median_us"),
-            ("p90 delay µs", "launch_delay_p90_us"), ("mean delay µs", "launch_delay_mean_us"),
-            ("short-kernel share", "short_kernel_share"), ("short-kernel time share", "short_kernel_time_share"),
-        ]))
+        parts.append(
+            "<p>Kernel launches: delay from the CPU launch to the GPU start, and short (&lt;10 µs) "
+            "kernels.</p>"
+        )
+        parts.append(
+            table_html(
+                lr,
+                [
+                    ("rank", "rank"),
+                    ("kernels", "kernels"),
+                    ("median delay µs", "launch_delay_median_us"),
+                    ("p90 delay µs", "launch_delay_p90_us"),
+                    ("mean delay µs", "launch_delay_mean_us"),
+                    ("short-kernel share", "short_kernel_share"),
+                    ("short-kernel time share", "short_kernel_time_share"),
+                ],
+            )
+        )
     parts.append(_SORT_JS)
     return parts
 
@@ -594,11 +646,22 @@ def _memory_timeline_section(analysis, summary: dict) -> object:
     for r in ranks:
         g = tl[tl["rank"] == r]
         x = ((g["ts_ns"] - t0) / 1e6).round(3).tolist()
-        fig.add_scatter(x=x, y=(g["allocated"] / 2**30).round(4).tolist(), mode="lines", name=f"rank {r} allocated")
-        fig.add_scatter(x=x, y=(g["reserved"] / 2**30).round(4).tolist(), mode="lines", name=f"rank {r} reserved",
-                        line={"dash": "dot"})
-    fig.update_layout(title="Allocator over time" + (" (first 16 ranks)" if len(tl["rank"].unique()) > 16 else ""),
-                      xaxis_title="ms since the first sample", yaxis_title="GiB", height=420)
+        fig.add_scatter(
+            x=x, y=(g["allocated"] / 2**30).round(4).tolist(), mode="lines", name=f"rank {r} allocated"
+        )
+        fig.add_scatter(
+            x=x,
+            y=(g["reserved"] / 2**30).round(4).tolist(),
+            mode="lines",
+            name=f"rank {r} reserved",
+            line={"dash": "dot"},
+        )
+    fig.update_layout(
+        title="Allocator over time" + (" (first 16 ranks)" if len(tl["rank"].unique()) > 16 else ""),
+        xaxis_title="ms since the first sample",
+        yaxis_title="GiB",
+        height=420,
+    )
     peaks = _memory_peaks_of(analysis, summary)
     rows = peaks.to_dict("records")
     for r in rows:
@@ -608,15 +671,41 @@ def _memory_timeline_section(analysis, summary: dict) -> object:
     if not peaks.empty and peaks["stage"].notna().any():
         for st, g in peaks.dropna(subset=["stage"]).groupby("stage"):
             top = g.sort_values("peak_allocated", ascending=False).iloc[0]
-            stage_rows.append({"stage": int(st), "peak_gib": float(top["peak_allocated"]) / 2**30,
-                               "rank": int(top["rank"]), "op": top["op_at_peak"]})
+            stage_rows.append(
+                {
+                    "stage": int(st),
+                    "peak_gib": float(top["peak_allocated"]) / 2**30,
+                    "rank": int(top["rank"]),
+                    "op": top["op_at_peak"],
+                }
+            )
     out = [fig]
     if stage_rows:
-        out.append(table_html(stage_rows, [("stage", "stage"), ("peak allocated GiB", "peak_gib"),
-                                           ("on rank", "rank"), ("op at the peak", "op")], ("op",)))
-    out.append(table_html(rows[:64], [("rank", "rank"), ("stage", "stage"), ("peak allocated GiB", "peak_allocated_gib"),
-                                      ("peak reserved GiB", "peak_reserved_gib"), ("op at the peak", "op_at_peak")],
-                          ("op_at_peak",)))
+        out.append(
+            table_html(
+                stage_rows,
+                [
+                    ("stage", "stage"),
+                    ("peak allocated GiB", "peak_gib"),
+                    ("on rank", "rank"),
+                    ("op at the peak", "op"),
+                ],
+                ("op",),
+            )
+        )
+    out.append(
+        table_html(
+            rows[:64],
+            [
+                ("rank", "rank"),
+                ("stage", "stage"),
+                ("peak allocated GiB", "peak_allocated_gib"),
+                ("peak reserved GiB", "peak_reserved_gib"),
+                ("op at the peak", "op_at_peak"),
+            ],
+            ("op_at_peak",),
+        )
+    )
     return out
 
 
@@ -633,15 +722,26 @@ def build_sections(analysis, summary: dict) -> list[tuple[str, object]]:
         ),
         (
             "Step time per rank and step",
-            _section(analysis, "heatmap", lambda: figures.step_heatmap(summary)) if heat else note("No per-step samples."),
+            _section(analysis, "heatmap", lambda: figures.step_heatmap(summary))
+            if heat
+            else note("No per-step samples."),
         ),
         ("Pipeline", _section(analysis, "pipeline", lambda: _pipeline_section(analysis, summary))),
-        ("Stage composition", _section(analysis, "composition", lambda: _composition_section(analysis, summary))),
+        (
+            "Stage composition",
+            _section(analysis, "composition", lambda: _composition_section(analysis, summary)),
+        ),
         ("Collectives", _section(analysis, "collectives", lambda: _collectives_section(analysis, summary))),
         ("Memory", _section(analysis, "memory", lambda: _memory_section(analysis, summary))),
         ("Top operations", _section(analysis, "top operations", lambda: _top_ops_section(analysis, summary))),
-        ("Operations: FLOPs and roofline", _section(analysis, "op table", lambda: _ops_section(analysis, summary))),
-        ("Memory over time", _section(analysis, "memory timeline", lambda: _memory_timeline_section(analysis, summary))),
+        (
+            "Operations: FLOPs and roofline",
+            _section(analysis, "op table", lambda: _ops_section(analysis, summary)),
+        ),
+        (
+            "Memory over time",
+            _section(analysis, "memory timeline", lambda: _memory_timeline_section(analysis, summary)),
+        ),
         ("Run", metadata_html(summary)),
     ]
 
@@ -678,7 +778,10 @@ def compare_sections(comparison: dict) -> list[tuple[str, object]]:
         ("path", "path"),
     ]
     run_cols = [c for c in run_cols if any(r.get(c[1]) is not None for r in run_rows)]
-    out: list[tuple[str, object]] = [("What changed most", text + table_html(run_rows, run_cols, ("path",))), ("Side by side", metrics)]
+    out: list[tuple[str, object]] = [
+        ("What changed most", text + table_html(run_rows, run_cols, ("path",))),
+        ("Side by side", metrics),
+    ]
     if any(m["group"] == "breakdown" for m in rows):
         out.append(("Breakdown", figures.compare_shares_bar(comparison, "breakdown")))
     if any(m["group"] == "layer_types" for m in rows):

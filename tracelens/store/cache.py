@@ -110,7 +110,10 @@ def entry(root: Path, path: Path, rank: int, salvage: bool = False) -> RankParqu
     """The cache entry of one rank's trace under `root` (nothing is created)."""
     d = root / "entries" / cache_key(path, rank, salvage)
     return RankParquet(
-        rank, d / f"rank{rank}.events.parquet", d / f"rank{rank}.memory.parquet", d / f"rank{rank}.meta.parquet"
+        rank,
+        d / f"rank{rank}.events.parquet",
+        d / f"rank{rank}.memory.parquet",
+        d / f"rank{rank}.meta.parquet",
     )
 
 
@@ -182,7 +185,9 @@ def _null_array(tp: pa.DataType, n: int, zero: pa.Buffer) -> pa.Array:
         idx = pa.Array.from_buffers(tp.index_type, n, [zero, zero], null_count=n)
         return pa.DictionaryArray.from_arrays(idx, pa.array([], tp.value_type))
     if pa.types.is_list(tp):
-        return pa.Array.from_buffers(tp, n, [zero, zero], null_count=n, children=[pa.array([], tp.value_type)])
+        return pa.Array.from_buffers(
+            tp, n, [zero, zero], null_count=n, children=[pa.array([], tp.value_type)]
+        )
     if pa.types.is_primitive(tp) and tp.bit_width <= 64:
         return pa.Array.from_buffers(tp, n, [zero, zero], null_count=n)
     return pa.nulls(n, tp)

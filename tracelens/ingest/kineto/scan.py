@@ -264,7 +264,9 @@ def _bound_head(path: Path, buf: bytearray, off: int) -> None:
     binary), collapse whitespace padding, and give up past MAX_HEAD_BYTES of metadata."""
     first = bytes(buf[:4096]).lstrip(_WS)[:1]
     if first and first != b"{":
-        raise BadTraceError(f"{path}: not a valid Kineto JSON trace (starts with {first!r}, not a JSON object)")
+        raise BadTraceError(
+            f"{path}: not a valid Kineto JSON trace (starts with {first!r}, not a JSON object)"
+        )
     _collapse_ws(buf)
     if len(buf) > MAX_HEAD_BYTES:
         raise BadTraceError(
