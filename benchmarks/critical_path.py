@@ -29,10 +29,11 @@ def main() -> None:
     sys.path.insert(0, str(REPO))
     from tracelens.run_analysis import Options, analyze_run
 
-    marks: list[tuple[str, float, float]] = []
+    marks: list[tuple[str, float, float, float]] = []
 
     def mark(name: str) -> None:
-        marks.append((name, time.perf_counter(), time.process_time()))
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # MiB, the process' peak so far
+        marks.append((name, time.perf_counter(), time.process_time(), peak))
 
     mark("start")
     an = analyze_run(Path(a.run), Options(cache_dir=a.cache_dir))
@@ -46,9 +47,11 @@ def main() -> None:
     wi = an.what_if([dict(f) for f in summary["findings"]])
     mark("what-if replays (again, alone)")
     rows = []
-    for (_, w0, c0), (name, w1, c1) in zip(marks, marks[1:]):
-        rows.append({"stage": name, "wall_s": round(w1 - w0, 3), "cpu_s": round(c1 - c0, 3)})
-        print(f"{name:55s} {w1 - w0:7.2f} s wall {c1 - c0:7.2f} s CPU")
+    for (_, w0, c0, _), (name, w1, c1, peak) in zip(marks, marks[1:]):
+        rows.append(
+            {"stage": name, "wall_s": round(w1 - w0, 3), "cpu_s": round(c1 - c0, 3), "peak_mib": round(peak)}
+        )
+        print(f"{name:58s} {w1 - w0:7.2f} s wall {c1 - c0:7.2f} s CPU, peak RSS so far {peak:6.0f} MiB")
     g = crit.graph if crit is not None else None
     info = {
         "ranks": len(an.ranks),
