@@ -355,3 +355,37 @@ def test_serial_fast_path_gives_up_on_a_cut_file(tmp_path, monkeypatch):
     assert used[:2] == ["_reused_blocks", "_blocks"]
     tr = kineto.read(p, chunk_bytes=4096, salvage=True)
     assert tr.metadata["salvaged"] and 0 < tr.events.num_rows < 200 * 4 + 40
+
+
+def test_salvage_reads_a_whole_file_by_the_fast_paths(tmp_path, monkeypatch, split_on):
+    """`salvage=True` (the CLI's and tracelens.load's default) reads a whole, well-formed file by the split
+    read and the inline reader, as without salvage, with the same result; only a file they cannot read
+    whole goes to the careful reader."""
+    doc = kt.doc(events=_events(60, True), baseTimeNanoseconds=kt.Num(str(kt.BASE)))
+    p = _write(tmp_path, "t.json.gz", doc)
+    tr = kineto.read(p, salvage=True)
+    assert split_on == [True]
+    _same(tr, kineto.read(p))
+    assert not tr.metadata["salvaged"]
+    used: list[str] = []
+    for name in ("_reused_blocks", "_blocks"):
+        orig = getattr(reader, name)
+
+        def spy(*a, _orig=orig, _name=name, **kw):
+            used.append(_name)
+            return _orig(*a, **kw)
+
+        monkeypatch.setattr(reader, name, spy)
+    monkeypatch.setenv("TRACELENS_SPLIT", "0")
+    _same(kineto.read(p, salvage=True), tr)
+    assert used == ["_reused_blocks"]  # whole: the careful reader is not needed
+    # a damaged event that only salvage skips: the fast read refuses it, the careful one keeps the rest
+    text = kt.dumps(doc, indent=1)
+    i = text.index('"dur"', len(text) // 2)
+    bad = tmp_path / "bad.json"
+    bad.write_text(text[:i] + '"dur": 1x2' + text[i + len('"dur": ') :])
+    used.clear()
+    with pytest.raises(BadTraceError):
+        kineto.read(bad)
+    got = kineto.read(bad, salvage=True)
+    assert used[-2:] == ["_reused_blocks", "_blocks"] and 0 < got.events.num_rows < tr.events.num_rows

@@ -61,15 +61,20 @@ class KinetoTrace:
 def _scan(path: Path, salvage: bool, chunk_bytes: int, utf8_replace: bool = False) -> _Scan:
     """Stream the file: metadata from the keys around `traceEvents`, events decoded chunk by chunk.
     `utf8_replace` reads a file with invalid UTF-8 (a corrupt name) with those bytes replaced."""
-    if not salvage and not utf8_replace:
+    if not utf8_replace:
+        # the fast paths (split read, inline inflate into a reused buffer) read a whole, well-formed file; with
+        # `salvage` a file they cannot read whole (cut mid-write, a damaged stream) is read again below
         sc = _scan_split(path, chunk_bytes)
         if sc is not None:
             return sc
         blocks = _reused_blocks(path, max(16, min(_READ_BYTES, chunk_bytes)))
         try:
-            return _scan_blocks(path, blocks, salvage, chunk_bytes)
+            return _scan_blocks(path, blocks, False, chunk_bytes)
         except _SplitFailed:  # a cut or corrupt gzip stream: read again below, for the precise error
             pass
+        except BadTraceError:
+            if not salvage:
+                raise
         finally:
             blocks.close()
     blocks = _blocks(path, max(16, min(_READ_BYTES, chunk_bytes)))
