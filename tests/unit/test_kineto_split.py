@@ -334,13 +334,9 @@ def test_split_blocks_same_bytes_and_limits(tmp_path, monkeypatch):
     assert joined(stream._reused_blocks(plain, 4096)) == data[0]
 
 
-def test_serial_fast_path_gives_up_on_a_cut_file(tmp_path, monkeypatch):
-    """One-process read: the inline reader gives up on a cut gzip stream, and the careful reader then raises
-    the usual error (or, with salvage, keeps the complete events)."""
-    monkeypatch.setenv("TRACELENS_SPLIT", "0")
-    whole = gzip.compress(kt.dumps(kt.doc(events=_events(200, True))).encode())
-    p = tmp_path / "cut.json.gz"
-    p.write_bytes(whole[: int(len(whole) * 0.8)])
+def _spy_block_readers(monkeypatch) -> list[str]:
+    """Record which block reader each read uses (reader._scan picks it): "_reused_blocks" (the inline fast
+    path) or "_blocks" (the careful one)."""
     used: list[str] = []
     for name in ("_reused_blocks", "_blocks"):
         orig = getattr(reader, name)
@@ -349,7 +345,18 @@ def test_serial_fast_path_gives_up_on_a_cut_file(tmp_path, monkeypatch):
             used.append(_name)
             return _orig(*a, **kw)
 
-        monkeypatch.setattr(reader, name, spy)  # (reader._scan picks the block reader)
+        monkeypatch.setattr(reader, name, spy)
+    return used
+
+
+def test_serial_fast_path_gives_up_on_a_cut_file(tmp_path, monkeypatch):
+    """One-process read: the inline reader gives up on a cut gzip stream, and the careful reader then raises
+    the usual error (or, with salvage, keeps the complete events)."""
+    monkeypatch.setenv("TRACELENS_SPLIT", "0")
+    whole = gzip.compress(kt.dumps(kt.doc(events=_events(200, True))).encode())
+    p = tmp_path / "cut.json.gz"
+    p.write_bytes(whole[: int(len(whole) * 0.8)])
+    used = _spy_block_readers(monkeypatch)
     with pytest.raises(BadTraceError, match="cut mid-write"):
         kineto.read(p, chunk_bytes=4096)
     assert used[:2] == ["_reused_blocks", "_blocks"]
@@ -367,15 +374,7 @@ def test_salvage_reads_a_whole_file_by_the_fast_paths(tmp_path, monkeypatch, spl
     assert split_on == [True]
     _same(tr, kineto.read(p))
     assert not tr.metadata["salvaged"]
-    used: list[str] = []
-    for name in ("_reused_blocks", "_blocks"):
-        orig = getattr(reader, name)
-
-        def spy(*a, _orig=orig, _name=name, **kw):
-            used.append(_name)
-            return _orig(*a, **kw)
-
-        monkeypatch.setattr(reader, name, spy)
+    used = _spy_block_readers(monkeypatch)
     monkeypatch.setenv("TRACELENS_SPLIT", "0")
     _same(kineto.read(p, salvage=True), tr)
     assert used == ["_reused_blocks"]  # whole: the careful reader is not needed
