@@ -349,3 +349,29 @@ def test_balanced_split_stretches_launches_after_a_sync_from_its_return():
     assert ch.release.tolist() == [0.0, 1009.0 + 95 * 0.5]
     rp = CP.replay(g, ch.dur, ch.release, ch.transfer)
     assert rp.step_time[1] == pytest.approx(1056.5 - 500 + 50)
+
+
+@pytest.mark.parametrize("late", [0, 2**41])  # a kernel 2^41 ns (~37 min) later takes the per-rank search
+def test_kernel_labels_are_the_latest_enclosing_span_of_their_rank(late):
+    import pandas as pd
+
+    from tracelens.analyze.critical_nodes import _labels
+
+    spans = pa.table(
+        {
+            "rank": pa.array([0, 0, 0, 1, 1], pa.int32()),
+            "gpu_start_ns": pa.array([100, 100, 300, 100, None], pa.int64()),
+            "gpu_end_ns": pa.array([500, 200, 400, 170 + late, 900], pa.int64()),
+            "module": ["layers.0", "layers.0.attn", "layers.1", "layers.5", "layers.9"],
+        }
+    )
+    d = pd.DataFrame(
+        {
+            "rank": [0, 0, 0, 0, 1, 1, 1, 2],
+            "start_ns": [50, 150, 250, 350, 120, 160 + late, 200 + late, 120],
+        }
+    )
+    # 50: before every span; 150: the later listed of the two starting at 100; 250: layers.0.attn ended at
+    # 200, so nothing (the latest start at or before is layers.0.attn); 350: layers.1; rank 1: 120 in
+    # layers.5, 160+late inside it too, 200+late after it (layers.9 has no GPU start); rank 2 has no spans
+    assert _labels(d, spans) == [None, "layers.0.attn", None, "layers.1", "layers.5", "layers.5", None, None]

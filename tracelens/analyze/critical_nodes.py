@@ -188,32 +188,48 @@ def sync_calls(events: pa.Table) -> pa.Table:
 
 
 def _labels(d: pd.DataFrame, spans: pa.Table | None) -> list[str | None]:
-    """Layer type (`layers.N.<type>` annotation) around each kernel's start, when module spans are known."""
+    """Layer type (`layers.N.<type>` annotation) around each kernel's start, when module spans are known: the
+    span of the kernel's rank with the latest GPU start at or before the kernel's start (the last listed of
+    spans starting together), if it has not ended before it. One sorted search over all ranks at once."""
     out: list[str | None] = [None] * len(d)
     need = {"rank", "gpu_start_ns", "gpu_end_ns", "module"}
-    if spans is None or spans.num_rows == 0 or not need <= set(spans.column_names):
+    if spans is None or spans.num_rows == 0 or not need <= set(spans.column_names) or not len(d):
         return out
-    sp = spans.select(["rank", "gpu_start_ns", "gpu_end_ns", "module"]).to_pandas()
-    sp = sp[sp["rank"].isin(np.unique(d["rank"].to_numpy())) & sp["gpu_start_ns"].notna()]
-    sp = sp.rename(columns={"gpu_start_ns": "start_ns", "gpu_end_ns": "end_ns"})
-    tcol = "module"
-    sp[tcol] = sp[tcol].astype(object)
-    res = np.full(len(d), None, dtype=object)
-    rank = d["rank"].to_numpy()
-    start = d["start_ns"].to_numpy()
-    for r, g in sp.groupby("rank"):
-        g = g.sort_values("start_ns")
-        m = rank == r
-        idx = np.searchsorted(g["start_ns"].to_numpy(), start[m], side="right") - 1
-        ok = idx >= 0
-        ends = g["end_ns"].to_numpy()
-        types = g[tcol].to_numpy()
-        val = np.full(m.sum(), None, dtype=object)
-        ii = idx[ok]
-        inside = ends[ii] >= start[m][ok]
-        tmp = np.full(ii.size, None, dtype=object)
-        tmp[inside] = types[ii[inside]]
-        val[ok] = tmp
-        res[m] = val
+    rank = d["rank"].to_numpy().astype(np.int64)
+    start = d["start_ns"].to_numpy().astype(np.int64)
+    sp = spans.select(["rank", "gpu_start_ns", "gpu_end_ns", "module"])
+    sp = sp.filter(sp.column("gpu_start_ns").is_valid())
+    s_rank = sp.column("rank").to_numpy(zero_copy_only=False).astype(np.int64)
+    keep = np.isin(s_rank, np.unique(rank))
+    if not keep.any():
+        return out
+    sp = sp.filter(pa.array(keep))
+    s_rank = s_rank[keep]
+    s_start = sp.column("gpu_start_ns").to_numpy(zero_copy_only=False).astype(np.int64)
+    s_end = sp.column("gpu_end_ns").fill_null(np.iinfo(np.int64).min).to_numpy(zero_copy_only=False)
+    s_mod = np.asarray(sp.column("module").to_pylist(), dtype=object)
+    order = np.lexsort((s_start, s_rank))  # stable: spans starting together keep their listed order
+    s_rank, s_start, s_end, s_mod = s_rank[order], s_start[order], s_end[order], s_mod[order]
+    # (rank, time) as one sortable int64: the rank's position above 40 bits of time since its earliest instant
+    ranks = np.unique(np.concatenate([s_rank, rank]))
+    ri_s, ri_d = np.searchsorted(ranks, s_rank), np.searchsorted(ranks, rank)
+    base = np.full(ranks.size, np.iinfo(np.int64).max)
+    np.minimum.at(base, ri_s, s_start)
+    np.minimum.at(base, ri_d, start)
+    rel_s, rel_d = s_start - base[ri_s], start - base[ri_d]
+    if max(int(rel_s.max()), int(rel_d.max())) < 2**40 and ranks.size < 2**22:
+        idx = np.searchsorted((ri_s << 40) + rel_s, (ri_d << 40) + rel_d, side="right") - 1
+    else:  # a trace longer than ~18 minutes: one search per rank
+        idx = np.full(start.size, -1, dtype=np.int64)
+        lo = np.searchsorted(s_rank, ranks, side="left")
+        hi = np.searchsorted(s_rank, ranks, side="right")
+        for k in range(ranks.size):
+            m = ri_d == k
+            if lo[k] < hi[k] and m.any():
+                idx[m] = lo[k] + np.searchsorted(s_start[lo[k] : hi[k]], start[m], side="right") - 1
+    jj = np.maximum(idx, 0)
+    hit = (idx >= 0) & (s_rank[jj] == rank) & (s_end[jj] >= start)
+    res = np.full(start.size, None, dtype=object)
+    res[hit] = s_mod[jj[hit]]
     labels: list[str | None] = res.tolist()
     return labels
