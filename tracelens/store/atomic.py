@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.ipc
 import pyarrow.parquet as pq
 
 
@@ -48,4 +49,15 @@ def write_parquet(dest: str | Path, table: pa.Table) -> None:
     write_atomic(dest, lambda tmp: pq.write_table(table, tmp, compression="none"))
 
 
-__all__ = ["write_atomic", "write_bytes", "write_parquet", "write_text"]
+def write_ipc(dest: str | Path, table: pa.Table) -> None:
+    """Write an Arrow IPC file (uncompressed) atomically: for the many small per-rank files read back on every
+    run (stage files), whose cost is opening them, ~20x less than a Parquet file's footer and metadata."""
+
+    def write(tmp: Path) -> None:
+        with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, table.schema) as w:
+            w.write_table(table)
+
+    write_atomic(dest, write)
+
+
+__all__ = ["write_atomic", "write_bytes", "write_ipc", "write_parquet", "write_text"]

@@ -127,12 +127,23 @@ def valid_entry(e: RankParquet) -> bool:
             return False
     return True
 
-
 # ------------------------------------------------------------------------------------------ reading
 def read_parquet(p: Path) -> pa.Table:
     """A whole Parquet file (raises OSError / ArrowException when missing or damaged)."""
     with pq.ParquetFile(p) as f:
         return f.read()
+
+
+def read_ipc(p: Path) -> pa.Table:
+    """A whole Arrow IPC file, memory-mapped (raises OSError / ArrowException when missing or damaged)."""
+    with pa.memory_map(str(p)) as src:
+        return pa.ipc.open_file(src).read_all()
+
+
+def ipc_schema(p: Path) -> pa.Schema:
+    """The schema of an Arrow IPC file (its footer only)."""
+    with pa.memory_map(str(p)) as src:
+        return pa.ipc.open_file(src).schema
 
 
 def read_checked(p: Path, part: str) -> pa.Table | None:
@@ -311,7 +322,9 @@ __all__ = [
     "load_memo",
     "max_bytes",
     "open_cache",
+    "ipc_schema",
     "read_checked",
+    "read_ipc",
     "read_parquet",
     "read_part",
     "save_memo",
