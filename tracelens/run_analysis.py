@@ -110,16 +110,21 @@ class Analysis:
     @property
     def breakdown(self) -> pa.Table:
         """Per (rank, step) breakdown; a step that hung through point-to-point (P2P_HANG) is left out."""
-        bd = self._raw_breakdown
+        return self._without_hung_steps(self._raw_breakdown)
+
+    def _without_hung_steps(self, t: pa.Table) -> pa.Table:
+        """Rows of `t` (per rank and step) outside the steps that hung through point-to-point."""
         hung = self.p2p.hung_steps if self.p2p is not None and self.p2p.findings else []
         if not hung:
-            return bd
+            return t
         import pyarrow.compute as pc
 
         keep = pc.invert(
-            pc.fill_null(pc.is_in(bd.column("step"), value_set=pa.array(hung, pa.int32())), False)
+            pc.fill_null(
+                pc.is_in(t.column("step"), value_set=pa.array(hung, t.schema.field("step").type)), False
+            )
         )
-        return bd.filter(keep)
+        return t.filter(keep)
 
     @cached_property
     def _raw_breakdown(self) -> pa.Table:
@@ -413,12 +418,21 @@ class Analysis:
 
     @cached_property
     def idle(self):
-        """Per (rank, step) GPU idle split by cause (tracelens.analyze.idle), GPU ranks only."""
+        """Per (rank, step) GPU idle split by cause (tracelens.analyze.idle), GPU ranks only: the per-rank
+        stages' rows (`idle_breakdown` per rank), less the steps left out of `breakdown`."""
         if not any(getattr(s, "path", None) == "gpu" for s in self.sets.values()):
             return None
-        from tracelens.analyze.idle import idle_breakdown
+        from tracelens.analyze.idle import IDLE, idle_frame
+        from tracelens.policy import strict
 
-        return self._guarded("idle breakdown", lambda: idle_breakdown(self.events, self.breakdown))
+        st = self.run.stages
+        table = self._without_hung_steps(st.idle if st.idle is not None else IDLE.empty_table())
+        if st.idle_error:  # the warning (or, strict, the error) of idle_breakdown over all ranks
+            if strict():
+                raise RuntimeError(st.idle_error)
+            self.warnings.append(f"idle breakdown skipped: {st.idle_error}")
+            return None
+        return self._guarded("idle breakdown", lambda: idle_frame(table))
 
     def idle_findings(self) -> list[dict]:
         from tracelens.analyze.idle import idle_findings

@@ -52,9 +52,13 @@ def test_dask_summary_identical_to_local(cluster, tmp_path: Path, name: str):
     assert len(stage_files) == len(dask.ranks) > 1
     assert sorted(p.name for p in run.rglob("*")) == listing  # nothing in the run folder
     got = dask.summary()
-    local = analyze_run(run, Options(engine="local", no_cache=True)).summary()
+    local_run = analyze_run(run, Options(engine="local", no_cache=True))
+    local = local_run.summary()
     assert _dump(got) == _dump(local)
     assert got["ranks"] and got["per_step"]
+    if local_run.idle is not None:  # the GPU idle rows come from the stage files the Dask workers wrote
+        assert len(local_run.idle) == len(dask.ranks) * 2
+        assert dask.idle.to_dict("records") == local_run.idle.to_dict("records")
 
 
 def test_cli_engine_dask(cluster, tmp_path: Path):

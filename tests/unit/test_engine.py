@@ -92,6 +92,29 @@ def test_stage_files_round_trip(tmp_path: Path):
     np.testing.assert_array_equal(back.sets.compute[1], [150, 200, 215])
     np.testing.assert_array_equal(back.sets.comm[0], [300])
     assert back.breakdown.column("exposed_comm_ns").to_pylist() == [100]
+    # the GPU idle rows: one per step, idle = the step's 1000 ns less the busy 50 + 40 + 10 + 100 (kernels)
+    assert back.idle.equals(st.idle) and back.idle_error is None
+    assert back.idle.select(["rank", "step", "idle_ns"]).to_pylist() == [
+        {"rank": 0, "step": 2, "idle_ns": 800}
+    ]
+
+
+def test_idle_failure_travels_through_the_stage_files(tmp_path: Path, monkeypatch):
+    """A rank whose idle_breakdown fails: the stage keeps the error (as for module spans), the reduction
+    reports the first one."""
+    import tracelens.analyze.idle as idle
+
+    def boom(*a, **k):
+        raise ValueError("boom")
+
+    monkeypatch.setattr(idle, "idle_breakdown", boom)
+    st = S.rank_stage(events_table(_gpu_rank_rows()), 0)
+    assert st.idle_error == "ValueError: boom" and st.idle.num_rows == 0
+    events_parquet = tmp_path / "k" / "rank0.events.parquet"
+    ST.write_stage(st, events_parquet)
+    back = ST.read_stage(events_parquet, 0)
+    assert back.idle_error == "ValueError: boom"
+    assert reduce_stages([back]).idle_error == "ValueError: boom"
 
 
 @pytest.mark.parametrize("annotate", [True, False])

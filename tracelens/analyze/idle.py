@@ -48,6 +48,43 @@ DEVICE_KINDS = ("kernel", "gpu_memcpy", "gpu_memset")
 RUNTIME_KINDS = ("cuda_runtime", "cuda_driver", "hip_runtime", "runtime")
 
 
+#: Top CPU ops of a gap cause: name -> ns, in the order `idle_breakdown` ranks them.
+OPS_MAP = pa.map_(pa.string(), pa.int64())
+#: `idle_breakdown`'s table in Arrow (the per-rank stage file; `idle_frame` gives the DataFrame back).
+IDLE = pa.schema(
+    [
+        ("rank", pa.int64()),
+        ("step", pa.int64()),  # null: the whole-trace window of a run without ProfilerStep
+        ("step_time_ns", pa.int64()),
+        ("idle_ns", pa.int64()),
+        *((c + "_ns", pa.int64()) for c in CAUSES),
+        ("host_ops", OPS_MAP),
+        ("sync_ops", OPS_MAP),
+    ]
+)
+COLUMNS = IDLE.names
+
+
+def idle_table(df: pd.DataFrame) -> pa.Table:
+    """`idle_breakdown`'s DataFrame as an IDLE table (op dicts as maps, their order kept)."""
+    if df.empty:
+        return IDLE.empty_table()
+    cols = {}
+    for f in IDLE:
+        if f.type == OPS_MAP:
+            cols[f.name] = pa.array([list(d.items()) for d in df[f.name]], OPS_MAP)
+        else:
+            cols[f.name] = pa.array(df[f.name], f.type, from_pandas=True)
+    return pa.table(cols, schema=IDLE)
+
+
+def idle_frame(table: pa.Table) -> pd.DataFrame:
+    """The DataFrame `idle_breakdown` returns, from IDLE rows (the inverse of `idle_table`)."""
+    if table.num_rows == 0:
+        return pd.DataFrame(columns=COLUMNS)
+    return table.to_pandas(maps_as_pydicts="strict")
+
+
 def _arr(t: pa.Table, col: str, fill: int = 0) -> np.ndarray:
     out: np.ndarray = t.column(col).fill_null(fill).to_numpy(zero_copy_only=False).astype(np.int64)
     return out
@@ -59,7 +96,7 @@ def idle_breakdown(events: pa.Table, breakdown: pa.Table, top: int = 3) -> pd.Da
     bd = breakdown.select(["rank", "step", "window_start_ns", "window_end_ns", "step_time_ns", "path"])
     bd = bd.to_pandas()
     bd = bd[bd["path"] == "gpu"]
-    cols = ["rank", "step", "step_time_ns", "idle_ns", *(c + "_ns" for c in CAUSES), "host_ops", "sync_ops"]
+    cols = COLUMNS
     if bd.empty or events.num_rows == 0:
         return pd.DataFrame(columns=cols)
     kind = events.column("kind")

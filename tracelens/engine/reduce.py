@@ -9,6 +9,7 @@ import pyarrow as pa
 from tracelens import schema
 from tracelens.analyze.breakdown import BREAKDOWN, RankSets
 from tracelens.analyze.composition import SPANS
+from tracelens.analyze.idle import IDLE
 from tracelens.store.cache import concat
 from tracelens.store.stages import OPS, RankStage
 
@@ -19,7 +20,9 @@ class Staged:
 
     `sets`: rank -> RankSets; `breakdown`: BREAKDOWN rows of all ranks; `spans`: SPANS rows of all ranks,
     or None with `spans_error` when a rank's module_spans failed; `xevents`: the cross-rank event rows of
-    all ranks (events schema, rank order, trace order within a rank)."""
+    all ranks (events schema, rank order, trace order within a rank); `idle`: IDLE rows of the ranks whose
+    breakdown rows are kept (what `idle_breakdown` gives over all events and `breakdown`), or the first
+    failure in `idle_error`."""
 
     sets: dict[int, RankSets]
     breakdown: pa.Table
@@ -28,16 +31,21 @@ class Staged:
     spans_error: str | None = None
     time_ranges: pa.Table | None = None  # rank, ts_ns (first start), dur_ns (to the last end)
     ops: pa.Table | None = None  # stage.OPS of all ranks plus their "rank" column
+    idle: pa.Table | None = None
+    idle_error: str | None = None
 
 
 def reduce_stages(stages: list[RankStage]) -> Staged:
     """Concatenate per-rank stages (in rank order) into what one all-ranks computation would give.
 
     One rule is not a plain concatenation: a rank without `ProfilerStep` gets a whole-trace window from
-    the breakdown, but only when NO rank has steps (as `breakdown()` over all ranks decides)."""
+    the breakdown, but only when NO rank has steps (as `breakdown()` over all ranks decides); the idle rows
+    (computed on those windows) follow the breakdown rows."""
     stages = sorted(stages, key=lambda s: s.rank)
     any_steps = any(s.has_steps for s in stages)
-    bds = [s.breakdown for s in stages if s.has_steps or not any_steps]
+    kept = [s for s in stages if s.has_steps or not any_steps]
+    bds = [s.breakdown for s in kept]
+    idle_errs = [s.idle_error for s in kept if s.idle_error]
     errs = [f"rank {s.rank}: {s.spans_error}" for s in stages if s.spans_error]
     spans = None if errs else concat([s.spans for s in stages if s.spans is not None], SPANS)
     tr = [(s.rank, *s.time_range) for s in stages if s.time_range is not None]
@@ -63,6 +71,8 @@ def reduce_stages(stages: list[RankStage]) -> Staged:
             ],
             OPS.append(pa.field("rank", pa.int32())),
         ),
+        idle=concat([s.idle for s in kept if s.idle is not None], IDLE),
+        idle_error=idle_errs[0] if idle_errs else None,
     )
 
 

@@ -6,6 +6,7 @@ in memory per process. The results of a rank (`RankStage`):
 - `breakdown`: its rows of the per-step breakdown (`tracelens.analyze.breakdown.BREAKDOWN`);
 - `sets`: its canonical compute / communication / memory interval sets (`RankSets`);
 - `spans`: its module annotation spans (`tracelens.analyze.composition.SPANS`);
+- `idle`: its rows of the GPU idle breakdown (`tracelens.analyze.idle.IDLE`; GPU ranks only);
 - `xevents`: the few event rows the cross-rank analyses read (collectives and their CPU records, step and
   module annotations, point-to-point ops; every row on ranks analysed on the CPU timeline), in the events
   schema and in trace order (see `cross_rank_mask`).
@@ -24,7 +25,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tracelens.analyze.breakdown import BREAKDOWN, breakdown, class_sets, step_windows
+from tracelens.analyze.breakdown import BREAKDOWN, RankSets, breakdown, class_sets, step_windows
 from tracelens.analyze.classify import COMM, COMPUTE, DEVICE_KINDS, STEP, _dict_lookup, classify
 from tracelens.store.stages import OPS, RankStage, write_stage
 
@@ -130,9 +131,24 @@ def rank_stage(events: pa.Table, rank: int) -> RankStage:
             spans = module_spans(events, None, sets=sets)
         except Exception as e:  # noqa: BLE001 (the analysis turns it into a warning, as for one table)
             err = f"{type(e).__name__}: {e}"
+    idle, idle_err = _idle(events, bd, rs)
     mask = cross_rank_mask(events, classes, rs.path if rs is not None else None)
     xev = events.filter(pa.array(mask)) if events.num_rows else events
-    return RankStage(rank, bd, rs, spans, xev, has_steps, err, _time_range(events), op_totals(events))
+    return RankStage(
+        rank, bd, rs, spans, xev, has_steps, err, _time_range(events), op_totals(events), idle, idle_err
+    )
+
+
+def _idle(events: pa.Table, bd: pa.Table, rs: RankSets | None) -> tuple[pa.Table, str | None]:
+    """(IDLE rows of a GPU rank, None) or (empty, why idle_breakdown failed); empty for other ranks."""
+    from tracelens.analyze.idle import IDLE, idle_breakdown, idle_table
+
+    if rs is None or rs.path != "gpu":
+        return IDLE.empty_table(), None
+    try:
+        return idle_table(idle_breakdown(events, bd)), None
+    except Exception as e:  # noqa: BLE001 (Analysis.idle turns it into a warning, as over all ranks)
+        return IDLE.empty_table(), f"{type(e).__name__}: {e}"
 
 
 def op_totals(events: pa.Table) -> pa.Table:

@@ -19,7 +19,7 @@ from tracelens.store.atomic import write_parquet
 from tracelens.store.cache import read_parquet
 
 #: Bump when what a stage file holds changes: old stage files are then ignored (and rebuilt).
-STAGE_VERSION = "4"
+STAGE_VERSION = "5"
 
 #: Interval-set table: one row per interval of one class of one rank.
 SETS = pa.schema([("rank", pa.int32()), ("cls", pa.int8()), ("start_ns", pa.int64()), ("end_ns", pa.int64())])
@@ -31,6 +31,7 @@ _PARTS = (
     "spans",
     "breakdown",
     "ops",
+    "idle",
     "sets",
 )  # "sets" last: its presence marks the entry complete
 
@@ -50,6 +51,8 @@ class RankStage:
     spans_error: str | None = None
     time_range: tuple[int, int] | None = None  # (first event start, last event end), ns; None: no events
     ops: pa.Table | None = None  # OPS: calls and total duration per (kind, name), kernels and cpu ops
+    idle: pa.Table | None = None  # analyze.idle.IDLE rows (empty on CPU-timeline ranks)
+    idle_error: str | None = None  # why idle_breakdown failed on this rank, if it did
 
 
 # ------------------------------------------------------------------------------------------- files
@@ -71,6 +74,7 @@ def _sets_table(st: RankStage) -> pa.Table:
         b"spans": b"1" if st.spans is not None else b"0",
         b"spans_error": (st.spans_error or "").encode(),
         b"time_range": ",".join(map(str, st.time_range or ())).encode(),
+        b"idle_error": (st.idle_error or "").encode(),
     }
     if rs is None:
         return SETS.empty_table().replace_schema_metadata(meta)
@@ -93,18 +97,21 @@ def _sets_table(st: RankStage) -> pa.Table:
 def write_stage(st: RankStage, events_parquet: Path) -> None:
     """Write a rank's stage files atomically, the sets file (the completion mark) last."""
     from tracelens.analyze.composition import SPANS
+    from tracelens.analyze.idle import IDLE
 
     paths = stage_paths(events_parquet, st.rank)
     write_parquet(paths["xevents"], st.xevents)
     write_parquet(paths["spans"], st.spans if st.spans is not None else SPANS.empty_table())
     write_parquet(paths["breakdown"], st.breakdown)
     write_parquet(paths["ops"], st.ops if st.ops is not None else OPS.empty_table())
+    write_parquet(paths["idle"], st.idle if st.idle is not None else IDLE.empty_table())
     write_parquet(paths["sets"], _sets_table(st))
 
 
 def read_stage(events_parquet: Path, rank: int) -> RankStage:
     """Read a rank's stage files back (raises OSError / ArrowException when missing or damaged)."""
     from tracelens.analyze.composition import SPANS
+    from tracelens.analyze.idle import IDLE
 
     paths = stage_paths(events_parquet, rank)
     sets_t = read_parquet(paths["sets"])
@@ -114,9 +121,10 @@ def read_stage(events_parquet: Path, rank: int) -> RankStage:
     spans = read_parquet(paths["spans"])
     bd = read_parquet(paths["breakdown"])
     ops = read_parquet(paths["ops"])
+    idle = read_parquet(paths["idle"])
     if not (xev.schema.equals(schema.EVENTS) and spans.schema.equals(SPANS) and bd.schema.equals(BREAKDOWN)):
         raise OSError(f"stage files of rank {rank} have another schema")
-    if not (sets_t.schema.equals(SETS) and ops.schema.equals(OPS)):
+    if not (sets_t.schema.equals(SETS) and ops.schema.equals(OPS) and idle.schema.equals(IDLE)):
         raise OSError(f"stage files of rank {rank} have another schema")
     path = meta.get(b"path", b"").decode()
     rs = None
@@ -139,6 +147,8 @@ def read_stage(events_parquet: Path, rank: int) -> RankStage:
         err,
         lo_hi,  # type: ignore[arg-type]
         ops,
+        idle,
+        meta.get(b"idle_error", b"").decode() or None,
     )
 
 
