@@ -5,7 +5,7 @@ Default place: the user cache directory (`$TRACELENS_CACHE_DIR`, else `$XDG_CACH
 cluster). Layout under the cache root:
 
     entries/<key>/rank<r>.{events,memory,meta}.parquet   one rank's ingested tables
-    entries/<key>/stage-<v>/rank<r>.<part>.parquet         its per-rank stage (tracelens.store.stages)
+    entries/<key>/stage-<v>/rank<r>.<part>.arrow           its per-rank stage (tracelens.store.stages)
     memo/<run id>.json                                     what discovery read from each trace of a run
 
 `<key>` is the trace file's identity: its absolute path, device, inode, size, mtime and ctime (a same-size
@@ -126,6 +126,7 @@ def valid_entry(e: RankParquet) -> bool:
         except (OSError, pa.ArrowException, ValueError):
             return False
     return True
+
 
 # ------------------------------------------------------------------------------------------ reading
 def read_parquet(p: Path) -> pa.Table:
