@@ -352,3 +352,34 @@ def test_schedule_helpers_match_reference_on_a_sample(tmp_path):
         want = detect_schedule_reference(sp, bwd, an.grid, m, 1)
         assert _detect_schedule(sp, bwd, an.grid, m, 1) == want
     assert _virtual_stages(sp) == virtual_stages_reference(sp) == 1
+
+
+def test_waits_on_one_axis_match_the_per_rank_loop():
+    # the shared-axis computation against the per-rank loop, with ranks that have no sets, no collectives,
+    # windows reaching outside their rank's intervals and reversed windows; then clocks so far apart that
+    # the shared axis would overflow and the per-rank loop runs
+    from tracelens.analyze.breakdown import RankSets
+    from tracelens.analyze.intervals import union
+    from tracelens.analyze.pipeline import _waits, _waits_per_rank
+
+    rng = np.random.default_rng(11)
+    for far in (0, 4 * 10**18):
+        n = 400
+        rank = rng.integers(0, 6, n)
+        ts = rng.integers(0, 10_000, n) + np.where(rank == 5, far, 0)
+        end = ts + rng.integers(0, 300, n)
+        coll = rng.random(n) < 0.5
+        sets = {}
+        for r in (0, 1, 2, 5):  # 3 and 4 have no sets
+            base = far if r == 5 else 0
+            c = rng.integers(0, 10_000, 30) + base
+            m = rng.integers(0, 10_000, 5) + base
+            comp = union(c, c + rng.integers(1, 200, 30))
+            sets[r] = RankSets(rank=r, path="gpu", compute=comp, comm=union([], []), memory=union(m, m + 50))
+        m_rank = np.array([0, 0, 1, 2, 3, 4, 5, 5, 6])  # rank 6: no events at all
+        lo = rng.integers(-500, 9_000, m_rank.size) + np.where(m_rank == 5, far, 0)
+        hi = lo + rng.integers(-100, 3_000, m_rank.size)
+        got = _waits(m_rank, lo, hi, rank, ts, end, coll, sets)
+        want = _waits_per_rank(m_rank, lo, hi, rank, ts, end, coll, sets)
+        np.testing.assert_array_equal(got, want)
+        assert (want[hi > lo] > 0).any()

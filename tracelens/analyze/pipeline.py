@@ -273,25 +273,16 @@ def analyze_pipeline(
     marks = marks.join(win, on=["chain", "step"])
 
     # ---- waits between a rank's own first forward and last backward ----
-    wait = np.zeros(len(marks), np.int64)
-    cidx = np.flatnonzero(coll)
-    cidx = cidx[np.argsort(rank[cidx], kind="stable")]  # collective rows grouped by rank: no per-rank mask
-    crank = rank[cidx]
-    # marks rows grouped by rank the same way (positions, no index lookups)
-    m_rank = marks["rank"].to_numpy(np.int64)
-    m_first, m_last = marks["first"].to_numpy(np.int64), marks["last"].to_numpy(np.int64)
-    m_order, m_runs = _runs(m_rank)
-    m_bounds = np.append(m_runs, m_order.size)
-    c_lo = np.searchsorted(crank, m_rank[m_order[m_runs]], "left")
-    c_hi = np.searchsorted(crank, m_rank[m_order[m_runs]], "right")
-    for i in range(m_runs.size):
-        rs = sets.get(int(m_rank[m_order[m_runs[i]]]))
-        sel = cidx[c_lo[i] : c_hi[i]]
-        k = iv.union(ts[sel], end[sel])
-        busy = iv.union2(iv.union2(rs.compute, k), rs.memory) if rs is not None else k
-        pos = m_order[m_bounds[i] : m_bounds[i + 1]]
-        lo, hi = m_first[pos], m_last[pos]
-        wait[pos] = np.maximum(hi - lo, 0) - iv.measure_in_windows(busy, lo, hi)
+    wait = _waits(
+        marks["rank"].to_numpy(np.int64),
+        marks["first"].to_numpy(np.int64),
+        marks["last"].to_numpy(np.int64),
+        rank,
+        ts,
+        end,
+        coll,
+        sets,
+    )
     marks["window"] = (marks["w1"] - marks["w0"]).clip(lower=0)
     marks["fill"] = (marks["first_al"] - marks["w0"]).clip(lower=0)
     marks["drain"] = (marks["w1"] - marks["last_al"]).clip(lower=0)
@@ -381,6 +372,73 @@ def analyze_pipeline(
         res.stages.append(rec)
     res.findings, res.cause_stage = _excess_finding(res, grid, excess_threshold)
     return res
+
+
+def _waits(
+    m_rank: np.ndarray,
+    lo: np.ndarray,
+    hi: np.ndarray,
+    rank: np.ndarray,
+    ts: np.ndarray,
+    end: np.ndarray,
+    coll: np.ndarray,
+    sets: dict[int, RankSets],
+) -> np.ndarray:
+    """Per window [lo, hi) of rank m_rank: the time with nothing on the rank's GPU (no compute, memory
+    copy or non-P2P collective). The ranks' busy intervals are laid side by side on one axis (rank q
+    shifted by q times the run's whole time range, so no two ranks touch), and one union and one window
+    measure serve every rank; per rank, in a loop, if that axis would not fit in int64."""
+    wait = np.zeros(m_rank.size, np.int64)
+    if not m_rank.size:
+        return wait
+    ranks, q = np.unique(m_rank, return_inverse=True)
+    cidx = np.flatnonzero(coll & np.isin(rank, ranks))
+    starts, ends, owner = [ts[cidx]], [end[cidx]], [np.searchsorted(ranks, rank[cidx])]
+    for i, r in enumerate(ranks.tolist()):
+        rs = sets.get(int(r))
+        if rs is None:
+            continue
+        for a in (rs.compute, rs.memory):
+            starts.append(a[0])
+            ends.append(a[1])
+            owner.append(np.full(a[0].size, i, np.int64))
+    s = np.concatenate(starts).astype(np.int64)
+    e = np.concatenate(ends).astype(np.int64)
+    w = np.concatenate(owner).astype(np.int64)
+    base = int(min(lo.min(), hi.min(), s.min() if s.size else lo.min(), e.min() if e.size else lo.min()))
+    top = int(max(lo.max(), hi.max(), s.max() if s.size else hi.max(), e.max() if e.size else hi.max()))
+    span = top - base + 2
+    if ranks.size * span >= 2**62:
+        return _waits_per_rank(m_rank, lo, hi, rank, ts, end, coll, sets)
+    busy = iv.union(s - base + w * span, e - base + w * span)
+    off = q.astype(np.int64) * span - base
+    wait[:] = np.maximum(hi - lo, 0) - iv.measure_in_windows(busy, lo + off, hi + off)
+    return wait
+
+
+def _waits_per_rank(
+    m_rank: np.ndarray,
+    lo: np.ndarray,
+    hi: np.ndarray,
+    rank: np.ndarray,
+    ts: np.ndarray,
+    end: np.ndarray,
+    coll: np.ndarray,
+    sets: dict[int, RankSets],
+) -> np.ndarray:
+    """`_waits` one rank at a time (clocks too far apart for the shared axis)."""
+    wait = np.zeros(m_rank.size, np.int64)
+    cidx = np.flatnonzero(coll)
+    cidx = cidx[np.argsort(rank[cidx], kind="stable")]  # collective rows grouped by rank: no per-rank mask
+    crank = rank[cidx]
+    for r in np.unique(m_rank):
+        rs = sets.get(int(r))
+        sel = cidx[np.searchsorted(crank, r, "left") : np.searchsorted(crank, r, "right")]
+        k = iv.union(ts[sel], end[sel])
+        busy = iv.union2(iv.union2(rs.compute, k), rs.memory) if rs is not None else k
+        pos = np.flatnonzero(m_rank == r)
+        wait[pos] = np.maximum(hi[pos] - lo[pos], 0) - iv.measure_in_windows(busy, lo[pos], hi[pos])
+    return wait
 
 
 def _ratio(num: pd.Series, den: pd.Series) -> np.ndarray:
