@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as hst
 from pipeline_tables import events_table
 
-from tracelens.analyze.composition import analyze_composition, module_spans
+from tracelens.analyze.composition import _microbatches_from_spans, analyze_composition, module_spans
 from tracelens.models import get_model
 from tracelens.topology import grid_from_layout
 
@@ -302,3 +308,75 @@ def test_unequal_finding_names_a_stage_once_when_it_holds_the_most_of_two_types(
     assert f["stages"] == [1]
     assert "stage 1 holds the most full_attention layers" in f["message"]
     assert "stage 1 holds the most linear_attention layers" in f["message"]
+
+
+def microbatches_reference(sp):
+    """`_microbatches_from_spans` before vectorisation: a group-by loop over ranks, boolean masks each."""
+    fwd = sp[~sp["backward"] & (sp["layer"] >= 0)]
+    if not len(fwd):
+        return None
+    counts = []
+    for _, g in fwd.groupby("rank"):
+        first = g[g["layer"] == g["layer"].min()]
+        first = first[first["module"] == first["module"].iloc[0]]
+        per_step = first.groupby("step", dropna=False).size()
+        counts.append(int(per_step.median()))
+    return int(np.median(counts)) if counts else None
+
+
+def _span_frame(rows):
+    """rows: (rank, step (None: outside every step), layer, module, backward)"""
+    df = pd.DataFrame(rows, columns=["rank", "step", "layer", "module", "backward"])
+    df["step"] = df["step"].astype("float64")  # null steps as module_spans' table converts them
+    df["rank"] = df["rank"].astype("int32")
+    df["layer"] = df["layer"].astype("int32")
+    df["backward"] = df["backward"].astype(bool)
+    return df
+
+
+def test_microbatches_from_spans_known_answer():
+    rows = []
+    # rank 0: first layer 3, its first module mlp (listed before full_attention: not alphabetical);
+    # mlp forwards per step: step 0: 4, step 1: 5, outside every step: 2 -> median 4
+    rows += [(0, 0, 3, "mlp", False)] * 4 + [(0, 0, 3, "full_attention", False)] * 9
+    rows += [(0, 1, 3, "mlp", False)] * 5 + [(0, None, 3, "mlp", False)] * 2
+    rows += [(0, 0, 3, "mlp", True)] * 7 + [(0, 0, -1, "mlp", False)] * 8 + [(0, 0, 5, "mlp", False)] * 9
+    # rank 1: steps 0: 3, 1: 4 -> 3.5 -> 3
+    rows += [(1, 0, 0, "full_attention", False)] * 3 + [(1, 1, 0, "full_attention", False)] * 4
+    # rank 2: 6 and 6 -> 6
+    rows += [(2, 0, 1, "linear_attention", False)] * 6 + [(2, 1, 1, "linear_attention", False)] * 6
+    # rank 3: step -1 and null are two groups: 1, 1, 7 -> 1 (not (2 + 7) / 2)
+    rows += [(3, -1, 0, "mlp", False), (3, None, 0, "mlp", False)] + [(3, 0, 0, "mlp", False)] * 7
+    sp = _span_frame(rows)
+    assert _microbatches_from_spans(sp) == 3  # median of 4, 3, 6, 1 = 3.5
+    assert microbatches_reference(sp) == 3
+    assert _microbatches_from_spans(sp[sp["rank"] != 3]) == 4
+    assert _microbatches_from_spans(sp[sp["backward"]]) is None
+
+
+_SPAN_ROW = hst.tuples(
+    hst.integers(0, 4),
+    hst.sampled_from([None, -1, 0, 1, 2]),
+    hst.integers(-1, 3),
+    hst.sampled_from(["full_attention", "linear_attention", "mlp"]),
+    hst.booleans(),
+)
+
+
+@settings(deadline=None, max_examples=100)
+@given(hst.lists(_SPAN_ROW, min_size=1, max_size=60))
+def test_microbatches_from_spans_matches_reference_on_random_spans(rows):
+    sp = _span_frame(rows)
+    assert _microbatches_from_spans(sp) == microbatches_reference(sp)
+    filled = sp.assign(step=sp["step"].fillna(-1).astype("int64"))  # as analyze_pipeline passes them
+    assert _microbatches_from_spans(filled) == microbatches_reference(filled)
+
+
+def test_microbatches_from_spans_matches_reference_on_a_sample(tmp_path):
+    from tracelens.run_analysis import Options, analyze_run
+
+    samples = Path(__file__).resolve().parents[2] / "sample_traces"
+    an = analyze_run(samples / "qwen35-27b-seq4k-tp2pp3-split22-21-21", Options(cache_dir=str(tmp_path)))
+    sp = an.spans.to_pandas()
+    assert _microbatches_from_spans(sp) == microbatches_reference(sp) == an.pipeline.microbatches_observed
+    assert an.pipeline.microbatches_observed > 1

@@ -3,10 +3,18 @@
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as hst
 from pipeline_tables import events_table, pipeline_run
 
-from tracelens.analyze.pipeline import analyze_pipeline, expected_bubble_fraction
+from tracelens.analyze.pipeline import (
+    _detect_schedule,
+    _virtual_stages,
+    analyze_pipeline,
+    expected_bubble_fraction,
+)
 from tracelens.topology import grid_from_layout
 
 US = 1_000
@@ -195,3 +203,183 @@ def test_cpu_only_run_matches_truth():
     for s in res.stages:
         assert s["bubble_ms"] == pytest.approx(np.mean(truth["bubble_ns"][s["stage"]]) / 1e6, rel=1e-6)
         assert s["window_bubble_fraction"] == pytest.approx(2 / 6)
+
+
+# ---- the vectorised helpers against the per-group loops they replaced (kept here as references) ----
+
+
+def virtual_stages_reference(sp):
+    layered = sp[sp["layer"] >= 0]
+    if not len(layered):
+        return 1
+    runs = []
+    for _, g in layered.groupby("rank"):
+        ls = np.unique(g["layer"].to_numpy())
+        runs.append(int((np.diff(ls) > 1).sum()) + 1)
+    return int(np.median(runs))
+
+
+def detect_schedule_reference(sp, bwd, grid, m, v):
+    if v > 1:
+        return "interleaved"
+    if not len(sp) or not m or not len(bwd):
+        return None
+    p = grid.pp or 1
+    s0 = sp[(sp["stage"] == 0) & (sp["layer"] >= 0) & ~sp["backward"]]
+    if not len(s0) or m <= p:
+        return "1f1b"
+    counts = []
+    for key, f in s0.groupby(["rank", "step"]):
+        if key not in bwd.index:
+            continue
+        f = f.sort_values("gpu_start_ns")
+        first_layer = f["layer"].min()
+        first_mod = f.loc[f["layer"] == first_layer, "module"].iloc[0]
+        fwd = f[(f["layer"] == first_layer) & (f["module"] == first_mod)]
+        counts.append(int((fwd["gpu_start_ns"] < bwd.loc[key, "b_start"]).sum()))
+    if not counts:
+        return None
+    return "gpipe" if np.median(counts) >= m else "1f1b"
+
+
+def _sp(rows):
+    """rows: (rank, step, layer, module, backward, gpu_start_ns); stage = rank % 2"""
+    df = pd.DataFrame(rows, columns=["rank", "step", "layer", "module", "backward", "gpu_start_ns"])
+    df = df.astype(
+        {"rank": "int32", "step": "int64", "layer": "int32", "backward": bool, "gpu_start_ns": "int64"}
+    )
+    df["stage"] = df["rank"].to_numpy() % 2
+    return df
+
+
+def _bwd(starts):
+    """{(rank, step): b_start}"""
+    idx = pd.MultiIndex.from_tuples(list(starts), names=["rank", "step"])
+    return pd.DataFrame({"b_start": np.array(list(starts.values()), np.int64)}, index=idx)
+
+
+def test_virtual_stages_known_answer():
+    rows = [(0, 0, L, "mlp", False, 0) for L in (0, 1, 2, 8, 9, 1, -1)]  # 2 ranges
+    rows += [(1, 0, L, "mlp", True, 0) for L in (3, 4, 5, 11)]  # 2 ranges (backward spans count too)
+    rows += [(2, 0, L, "mlp", False, 0) for L in (6, 7)]  # 1
+    sp = _sp(rows)
+    assert _virtual_stages(sp) == virtual_stages_reference(sp) == 2
+    assert _virtual_stages(sp[sp["rank"] == 2]) == 1
+    assert _virtual_stages(sp[sp["layer"] < 0]) == 1
+
+
+def test_detect_schedule_known_answer():
+    grid = grid_from_layout(4, pp=2)
+    rows = []
+    # rank 0 (stage 0), step 0: layer 0 attention at 0, 10, 20, 30 (earliest: the first module), mlp just
+    # after each; backward from 25: 3 forwards before it. Step 1: all 4 before. Layer 1 is not counted.
+    for t in (0, 10, 20, 30):
+        rows += [(0, 0, 0, "full_attention", False, t), (0, 0, 0, "mlp", False, t + 1)]
+        rows += [(0, 1, 0, "full_attention", False, 100 + t), (0, 0, 1, "mlp", False, t + 2)]
+    # rank 2 (stage 0): 4 mlp forwards of layer 2 (its first layer), before the backward at 1000
+    rows += [(2, 0, 2, "mlp", False, t) for t in (5, 6, 7, 8)]
+    # rank 1 is stage 1: ignored; rank 0 step 2 has no backward: skipped
+    rows += [(1, 0, 0, "mlp", False, t) for t in range(9)] + [(0, 2, 0, "mlp", False, 500)]
+    sp = _sp(rows)
+    bwd = _bwd({(0, 0): 25, (0, 1): 1000, (2, 0): 1000, (1, 0): 0})
+    # counts 3, 4, 4: median 4 >= m = 4
+    assert _detect_schedule(sp, bwd, grid, 4, 1) == detect_schedule_reference(sp, bwd, grid, 4, 1) == "gpipe"
+    bwd2 = _bwd({(0, 0): 25, (0, 1): 115, (2, 0): 1000})  # counts 3, 2, 4: median 3 < 4
+    assert _detect_schedule(sp, bwd2, grid, 4, 1) == detect_schedule_reference(sp, bwd2, grid, 4, 1) == "1f1b"
+    assert _detect_schedule(sp, bwd, grid, 2, 1) == "1f1b"  # m <= p
+    assert _detect_schedule(sp, bwd, grid, 4, 2) == "interleaved"
+    assert _detect_schedule(sp, _bwd({(3, 0): 5}), grid, 4, 1) is None  # no stage-0 step with a backward
+
+
+def test_detect_schedule_equal_first_starts_follow_the_sort():
+    # two first-layer spans start at the same instant with different modules: the sort by start decides
+    # which module is counted (numpy's default argsort order), as in the per-group loop
+    grid = grid_from_layout(2, pp=2)
+    rng = np.random.default_rng(3)
+    rows = [(0, 0, 0, "mlp", False, 10 * k) for k in range(10)]
+    rows += [(0, 0, 0, "full_attention", False, 10 * k) for k in range(3)]
+    rows = [rows[i] for i in rng.permutation(len(rows))]
+    sp = _sp(rows)
+    bwd = _bwd({(0, 0): 1000})
+    for m in (3, 4, 10, 11):
+        assert _detect_schedule(sp, bwd, grid, m, 1) == detect_schedule_reference(sp, bwd, grid, m, 1)
+
+
+_ROW = hst.tuples(
+    hst.integers(0, 3),
+    hst.integers(-1, 2),
+    hst.integers(-1, 2),
+    hst.sampled_from(["full_attention", "linear_attention", "mlp"]),
+    hst.booleans(),
+    hst.integers(0, 40),
+)
+
+
+@settings(deadline=None, max_examples=100)
+@given(
+    hst.lists(_ROW, min_size=1, max_size=50),
+    hst.dictionaries(hst.tuples(hst.integers(0, 3), hst.integers(0, 2)), hst.integers(0, 45), min_size=1),
+    hst.integers(1, 8),
+)
+def test_schedule_helpers_match_reference_on_random_spans(rows, b_starts, m):
+    grid = grid_from_layout(4, pp=2)
+    sp, bwd = _sp(rows), _bwd(b_starts)
+    assert _detect_schedule(sp, bwd, grid, m, 1) == detect_schedule_reference(sp, bwd, grid, m, 1)
+    assert _virtual_stages(sp) == virtual_stages_reference(sp)
+
+
+def test_schedule_helpers_match_reference_on_a_sample(tmp_path):
+    from pathlib import Path
+
+    from tracelens.analyze.pipeline import _backward_marks
+    from tracelens.run_analysis import Options, analyze_run
+
+    sample = (
+        Path(__file__).resolve().parents[2] / "sample_traces" / "qwen35-27b-seq4k-tp2pp2dp2-straggler-skew"
+    )
+    an = analyze_run(sample, Options(cache_dir=str(tmp_path)))
+    sp = an.spans.to_pandas()
+    sp["stage"] = an.grid.stage_lookup(sp["rank"].to_numpy())
+    sp["step"] = sp["step"].fillna(-1).astype(np.int64)
+    ev = an._xevents
+    rank = ev.column("rank").to_numpy(zero_copy_only=False).astype(np.int64)
+    frame = pd.DataFrame(
+        {"rank": rank, "step": ev.column("step").fill_null(-1).to_numpy(zero_copy_only=False)}
+    )
+    bwd = _backward_marks(ev, sp, an.sets, frame)
+    assert len(bwd)
+    for m in (2, 4, 8, 16):
+        want = detect_schedule_reference(sp, bwd, an.grid, m, 1)
+        assert _detect_schedule(sp, bwd, an.grid, m, 1) == want
+    assert _virtual_stages(sp) == virtual_stages_reference(sp) == 1
+
+
+def test_waits_on_one_axis_match_the_per_rank_loop():
+    # the shared-axis computation against the per-rank loop, with ranks that have no sets, no collectives,
+    # windows reaching outside their rank's intervals and reversed windows; then clocks so far apart that
+    # the shared axis would overflow and the per-rank loop runs
+    from tracelens.analyze.breakdown import RankSets
+    from tracelens.analyze.intervals import union
+    from tracelens.analyze.pipeline import _waits, _waits_per_rank
+
+    rng = np.random.default_rng(11)
+    for far in (0, 4 * 10**18):
+        n = 400
+        rank = rng.integers(0, 6, n)
+        ts = rng.integers(0, 10_000, n) + np.where(rank == 5, far, 0)
+        end = ts + rng.integers(0, 300, n)
+        coll = rng.random(n) < 0.5
+        sets = {}
+        for r in (0, 1, 2, 5):  # 3 and 4 have no sets
+            base = far if r == 5 else 0
+            c = rng.integers(0, 10_000, 30) + base
+            m = rng.integers(0, 10_000, 5) + base
+            comp = union(c, c + rng.integers(1, 200, 30))
+            sets[r] = RankSets(rank=r, path="gpu", compute=comp, comm=union([], []), memory=union(m, m + 50))
+        m_rank = np.array([0, 0, 1, 2, 3, 4, 5, 5, 6])  # rank 6: no events at all
+        lo = rng.integers(-500, 9_000, m_rank.size) + np.where(m_rank == 5, far, 0)
+        hi = lo + rng.integers(-100, 3_000, m_rank.size)
+        got = _waits(m_rank, lo, hi, rank, ts, end, coll, sets)
+        want = _waits_per_rank(m_rank, lo, hi, rank, ts, end, coll, sets)
+        np.testing.assert_array_equal(got, want)
+        assert (want[hi > lo] > 0).any()

@@ -96,6 +96,53 @@ def sizes_from_flight_recorder(coll: pd.DataFrame, fr: pa.Table | None) -> pd.Da
     return out
 
 
+def _enclosing_type(
+    c_rank: np.ndarray,
+    t: np.ndarray,
+    s_rank: np.ndarray,
+    starts: np.ndarray,
+    ends: np.ndarray,
+    mods: np.ndarray,
+) -> np.ndarray:
+    """Module of the innermost span enclosing each call (rank `c_rank`, time `t`): the latest-starting span
+    of the rank that starts at or before t and ends at or after it, looking back over at most 9 spans
+    (few overlap); None for none. Spans are ordered by start within each rank, the way a per-rank
+    `sort_values` orders them (ties included), and searched for all ranks at once."""
+    # spans grouped by rank (stable), then by start within the rank
+    o = np.lexsort((starts, s_rank))
+    sr, ss = s_rank[o], starts[o]
+    tie = np.flatnonzero((sr[1:] == sr[:-1]) & (ss[1:] == ss[:-1]))
+    if tie.size:  # equal starts: order them as numpy's default (quicksort) argsort of the rank's spans does
+        grp = np.argsort(s_rank, kind="stable")
+        g_r = s_rank[grp]
+        for r in np.unique(sr[tie]):
+            lo, hi = np.searchsorted(g_r, r, "left"), np.searchsorted(g_r, r, "right")
+            rows = grp[lo:hi]  # the rank's spans in their original order
+            a, b = np.searchsorted(sr, r, "left"), np.searchsorted(sr, r, "right")
+            o[a:b] = rows[np.argsort(starts[rows])]
+    sr, ss, se, sm = s_rank[o], starts[o], ends[o], mods[o]
+    # i: the last span of the call's rank starting at or before t (a merge of spans and calls by
+    # (rank, time), spans first on equal times), -1 below the rank's first span
+    n_s = sr.size
+    key_r = np.concatenate([sr, c_rank])
+    key_t = np.concatenate([ss, t])
+    is_call = np.concatenate([np.zeros(n_s, np.int64), np.ones(t.size, np.int64)])
+    m = np.lexsort((is_call, key_t, key_r))
+    spans_before = np.cumsum(is_call[m] == 0)
+    i = np.empty(t.size, np.int64)
+    i[m[is_call[m] == 1] - n_s] = spans_before[is_call[m] == 1] - 1
+    rank_lo = np.searchsorted(sr, c_rank, "left")  # the rank's first span
+    typ = np.full(t.size, None, dtype=object)
+    todo = np.ones(t.size, bool)
+    for back in range(9):  # short walk back over (few) overlapping spans per call
+        j = i - back
+        ok = todo & (j >= rank_lo)
+        ok[ok] = se[j[ok]] >= t[ok]
+        typ[ok] = sm[j[ok]]
+        todo &= ~ok
+    return typ
+
+
 def comm_by_layer_type(
     coll: pd.DataFrame, spans: pa.Table | None, n_steps: dict[int, int]
 ) -> LayerComm | None:
@@ -110,36 +157,22 @@ def comm_by_layer_type(
         return None
     c["rank"] = c["rank"].astype("int64")
     c["t"] = c["enqueue_ns"].astype("int64")
-    c["type"] = None
-    for r, g in c.groupby("rank"):
-        s = sp[sp["rank"] == r].sort_values("gpu_start_ns")
-        if not len(s):
-            continue
-        starts = s["gpu_start_ns"].to_numpy(np.int64)
-        ends = s["gpu_end_ns"].to_numpy(np.int64)
-        mods = s["module"].to_numpy(object)
-        t = g["t"].to_numpy(np.int64)
-        # innermost enclosing span: the latest-starting span that starts before t and ends after it
-        i = np.searchsorted(starts, t, side="right") - 1
-        typ = np.full(len(t), None, dtype=object)
-        for k in range(len(t)):  # short walk back over (few) overlapping spans per call
-            j = i[k]
-            while j >= 0 and j >= i[k] - 8:
-                if ends[j] >= t[k]:
-                    typ[k] = mods[j]
-                    break
-                j -= 1
-        c.loc[g.index, "type"] = typ
+    typ = _enclosing_type(
+        c["rank"].to_numpy(np.int64),
+        c["t"].to_numpy(np.int64),
+        sp["rank"].to_numpy(np.int64),
+        sp["gpu_start_ns"].to_numpy(np.int64),
+        sp["gpu_end_ns"].to_numpy(np.int64),
+        sp["module"].to_numpy(object),
+    )
+    c["type"] = pd.Series(typ, index=c.index, dtype=object)
     c["in_span"] = c["type"].notna()
     if not c["in_span"].any():
         return None
     # calls outside spans: the type that holds every in-span call of the same (rank, op, bytes)
     c["bytes_k"] = c["bytes"].fillna(-1)
-    held = (
-        c[c["in_span"]]
-        .groupby(["rank", "op", "bytes_k"])["type"]
-        .agg(lambda s: s.iloc[0] if s.nunique() == 1 else None)
-    )
+    agg = c[c["in_span"]].groupby(["rank", "op", "bytes_k"])["type"].agg(["first", "nunique"])
+    held = agg["first"].where(agg["nunique"] == 1, None)
     out_mask = ~c["in_span"]
     if out_mask.any():
         j = c.loc[out_mask, ["rank", "op", "bytes_k"]].join(held.rename("held"), on=["rank", "op", "bytes_k"])
@@ -149,23 +182,38 @@ def comm_by_layer_type(
         c["start_ns"].where(c["start_ns"].notna(), c["enqueue_ns"]) if "start_ns" in c else c["enqueue_ns"]
     )
     c["dur"] = (c["end_ns"].astype("float64") - begin.astype("float64")).clip(lower=0)  # kernel/work time
+    c["bytes0"] = pd.to_numeric(c["bytes"].fillna(0)).astype("float64")
+    c["sized"] = c["bytes"].notna()
+    # one group-by over (type, op, rank), then a short loop over the (type, op) pairs
+    per = c.groupby(["type", "op", "rank"]).agg(
+        calls=("t", "size"),
+        bytes=("bytes0", "sum"),
+        dur=("dur", "sum"),
+        inspan=("in_span", "sum"),
+        sized=("sized", "all"),
+    )
+    ranks = per.index.get_level_values("rank").to_numpy(np.int64)
+    div = np.array([max(n_steps.get(int(r), 1), 1) for r in np.unique(ranks)], np.float64)
+    div = div[np.searchsorted(np.unique(ranks), ranks)]
+    # the group-by's (type, op, rank) order: each (type, op) pair is one run, in the order a group-by on
+    # (type, op) alone iterates them, its ranks ascending
+    t_code, o_code = (np.asarray(per.index.codes[k]) for k in range(2))
+    new = np.ones(len(per), bool)
+    new[1:] = (t_code[1:] != t_code[:-1]) | (o_code[1:] != o_code[:-1])
+    bounds = np.append(np.flatnonzero(new), len(per))
+    typ_op = per.index.droplevel("rank")
+    calls = per["calls"].to_numpy()
+    byt, dur = per["bytes"].to_numpy(np.float64), per["dur"].to_numpy(np.float64)
+    inspan, sized = per["inspan"].to_numpy(), per["sized"].to_numpy(bool)
     res: LayerComm = {}
-    ranks = sorted(c["rank"].unique())
-    steps = {r: max(n_steps.get(int(r), 1), 1) for r in ranks}
-    for (typ, op), g in c.groupby(["type", "op"]):
-        per = g.groupby("rank").agg(
-            calls=("t", "size"),
-            bytes=("bytes", lambda s: float(s.fillna(0).sum())),
-            dur=("dur", "sum"),
-            inspan=("in_span", "sum"),
-        )
-        div = per.index.map(lambda r: steps[r]).to_numpy(np.float64)
-        sized = bool(g["bytes"].notna().all())
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        g = slice(a, b)
+        typ, op = typ_op[a]
         res.setdefault(str(typ), {})[str(op)] = {
-            "calls_per_step": float(np.mean(per["calls"].to_numpy() / div)),
-            "bytes_per_step": float(np.mean(per["bytes"].to_numpy() / div)) if sized else None,
-            "ms_per_step": float(np.mean(per["dur"].to_numpy() / div)) / 1e6,
-            "in_span_calls": int(per["inspan"].sum()),
-            "inferred_calls": int(per["calls"].sum() - per["inspan"].sum()),
+            "calls_per_step": float(np.mean(calls[g] / div[g])),
+            "bytes_per_step": float(np.mean(byt[g] / div[g])) if bool(sized[g].all()) else None,
+            "ms_per_step": float(np.mean(dur[g] / div[g])) / 1e6,
+            "in_span_calls": int(inspan[g].sum()),
+            "inferred_calls": int(calls[g].sum() - inspan[g].sum()),
         }
     return res or None

@@ -456,18 +456,61 @@ def analyze_composition(
     return res
 
 
+def _runs(*keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Stable order sorting the rows by `keys` (the first key major) and where, in that order, each run of
+    equal keys starts: one vectorised group-by over int64 keys."""
+    o = np.lexsort(keys[::-1])
+    new = np.zeros(o.size, bool)
+    if o.size:
+        new[0] = True
+        for k in keys:
+            ks = k[o]
+            new[1:] |= ks[1:] != ks[:-1]
+    return o, np.flatnonzero(new)
+
+
+def _median_per_group(gid: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(group ids ascending, median of `values` in each group) as pandas computes it: the middle value, or
+    the mean of the two middle values."""
+    o, first = _runs(gid, values)
+    g, v = gid[o], values[o].astype(np.float64)
+    first = np.flatnonzero(np.r_[True, g[1:] != g[:-1]]) if o.size else first
+    size = np.diff(np.append(first, o.size))
+    lo, hi = first + (size - 1) // 2, first + size // 2
+    med: np.ndarray = (v[lo] + v[hi]) / 2
+    return g[first], med
+
+
 def _microbatches_from_spans(sp: pd.DataFrame) -> int | None:
-    """Forward executions of a rank's first layer per step (its first module type), median over ranks."""
-    fwd = sp[~sp["backward"] & (sp["layer"] >= 0)]
+    """Forward executions of a rank's first layer per step (its first module type), median over ranks.
+
+    Per rank: the rows of its lowest layer index whose module is that of the first such row (in `sp`
+    order), counted per step (a span outside every step, null or -1, is a step of its own); the rank's
+    count is the median over its steps (truncated), the result the median over ranks (truncated).
+    Vectorised over all ranks at once (a group-by on (rank, step) codes)."""
+    fwd = sp[~sp["backward"].to_numpy(bool) & (sp["layer"].to_numpy() >= 0)]
     if not len(fwd):
         return None
-    counts = []
-    for _, g in fwd.groupby("rank"):
-        first = g[g["layer"] == g["layer"].min()]
-        first = first[first["module"] == first["module"].iloc[0]]
-        per_step = first.groupby("step", dropna=False).size()
-        counts.append(int(per_step.median()))
-    return int(np.median(counts)) if counts else None
+    ranks, rid = np.unique(fwd["rank"].to_numpy(np.int64), return_inverse=True)
+    layer = fwd["layer"].to_numpy(np.int64)
+    mod = pd.factorize(fwd["module"].to_numpy(object))[0]  # -1: no module (never equal, as NaN == NaN)
+    step = pd.to_numeric(fwd["step"]).to_numpy(np.float64)
+    step_k = np.where(np.isnan(step), np.iinfo(np.int64).min, np.nan_to_num(step)).astype(np.int64)
+    min_layer = np.full(ranks.size, np.iinfo(np.int64).max, np.int64)
+    np.minimum.at(min_layer, rid, layer)
+    at_first = np.flatnonzero(layer == min_layer[rid])
+    # np.unique's return_index: the first occurrence of each rank among its first-layer rows
+    _, first_row = np.unique(rid[at_first], return_index=True)
+    first_mod = np.full(ranks.size, -1, np.int64)
+    first_mod[rid[at_first[first_row]]] = mod[at_first[first_row]]
+    keep = at_first[(mod[at_first] == first_mod[rid[at_first]]) & (mod[at_first] >= 0)]
+    if not keep.size:
+        return None
+    o, starts = _runs(rid[keep], step_k[keep])
+    per_step = np.diff(np.append(starts, o.size))  # spans per (rank, step)
+    _, med = _median_per_group(rid[keep][o][starts], per_step)
+    counts = med.astype(np.int64)  # int(): truncation, the medians are >= 1
+    return int(np.median(counts))
 
 
 def _unequal_finding(stages: dict[int, dict[str, int]]) -> dict[str, Any]:

@@ -36,7 +36,7 @@ from tracelens.analyze import intervals as iv
 from tracelens.analyze.breakdown import RankSets, class_sets
 from tracelens.analyze.breakdown import breakdown as compute_breakdown
 from tracelens.analyze.classify import COMM, COMPUTE, _dict_lookup, classify
-from tracelens.analyze.composition import module_spans
+from tracelens.analyze.composition import _runs, module_spans
 from tracelens.findings import finding
 from tracelens.topology import P2P_NAMES, Grid
 
@@ -104,38 +104,73 @@ def _p2p_mask(events: pa.Table) -> np.ndarray:
 
 def _virtual_stages(sp: pd.DataFrame) -> int:
     """Separate layer ranges held by one rank (interleaved model chunks), median over ranks."""
-    layered = sp[sp["layer"] >= 0]
+    layered = sp[sp["layer"].to_numpy() >= 0]
     if not len(layered):
         return 1
-    runs = []
-    for _, g in layered.groupby("rank"):
-        ls = np.unique(g["layer"].to_numpy())
-        runs.append(int((np.diff(ls) > 1).sum()) + 1)
+    rank = layered["rank"].to_numpy(np.int64)
+    layer = layered["layer"].to_numpy(np.int64)
+    o, first = _runs(rank, layer)  # the distinct (rank, layer) pairs, in order
+    r, ls = rank[o][first], layer[o][first]
+    gap = np.zeros(r.size, bool)
+    gap[1:] = (r[1:] == r[:-1]) & (np.diff(ls) > 1)
+    ranks, rid = np.unique(r, return_inverse=True)
+    runs = np.bincount(rid, weights=gap, minlength=ranks.size).astype(np.int64) + 1
     return int(np.median(runs))
 
 
 def _detect_schedule(sp: pd.DataFrame, bwd: pd.DataFrame, grid: Grid, m: int | None, v: int) -> str | None:
-    """interleaved (v > 1), gpipe (stage 0 runs all m forwards before its first backward, m > p) or 1f1b."""
+    """interleaved (v > 1), gpipe (stage 0 runs all m forwards before its first backward, m > p) or 1f1b.
+
+    Per (rank, step) of stage 0 with a backward pass: the forwards of the first layer's first module
+    (the module of the earliest-starting span of that layer) that start before the backward does."""
     if v > 1:
         return "interleaved"
     if not len(sp) or not m or not len(bwd):
         return None
     p = grid.pp or 1
-    s0 = sp[(sp["stage"] == 0) & (sp["layer"] >= 0) & ~sp["backward"]]
+    s0 = sp[(sp["stage"].to_numpy() == 0) & (sp["layer"].to_numpy() >= 0) & ~sp["backward"].to_numpy(bool)]
     if not len(s0) or m <= p:
         return "1f1b"  # GPipe and 1F1B coincide when m <= p; same expected bubble
-    counts = []
-    for key, f in s0.groupby(["rank", "step"]):
-        if key not in bwd.index:
-            continue
-        f = f.sort_values("gpu_start_ns")
-        first_layer = f["layer"].min()
-        first_mod = f.loc[f["layer"] == first_layer, "module"].iloc[0]
-        fwd = f[(f["layer"] == first_layer) & (f["module"] == first_mod)]
-        counts.append(int((fwd["gpu_start_ns"] < bwd.loc[key, "b_start"]).sum()))
-    if not counts:
+    rank = s0["rank"].to_numpy(np.int64)
+    step = s0["step"].to_numpy(np.int64)
+    layer = s0["layer"].to_numpy(np.int64)
+    start = s0["gpu_start_ns"].to_numpy(np.int64)
+    mod = pd.factorize(s0["module"].to_numpy(object))[0]
+    o, first = _runs(rank, step)
+    ng = first.size
+    mark = np.zeros(o.size, np.int64)
+    mark[first] = 1
+    gid = np.empty(o.size, np.int64)
+    gid[o] = np.cumsum(mark) - 1  # (rank, step) group of each row
+    pos = bwd.index.get_indexer(pd.MultiIndex.from_arrays([rank[o][first], step[o][first]]))
+    has = pos >= 0  # groups with a backward pass
+    if not has.any():
         return None
-    return "gpipe" if np.median(counts) >= m else "1f1b"
+    b_start = np.zeros(ng, np.int64)
+    b_start[has] = bwd["b_start"].to_numpy()[pos[has]].astype(np.int64)
+    big = np.iinfo(np.int64).max
+    min_layer = np.full(ng, big, np.int64)
+    np.minimum.at(min_layer, gid, layer)
+    at_first = layer == min_layer[gid]
+    t0 = np.full(ng, big, np.int64)  # earliest start among the first layer's spans
+    np.minimum.at(t0, gid[at_first], start[at_first])
+    earliest = np.flatnonzero(at_first & (start == t0[gid]))
+    first_mod = np.full(ng, -1, np.int64)
+    first_mod[gid[earliest]] = mod[earliest]
+    # several first-layer spans starting at that instant with different modules: the one the sort by start
+    # puts first decides, as it always has (below, per group)
+    n_mods = np.zeros(ng, np.int64)
+    pairs = np.unique(np.stack([gid[earliest], mod[earliest]]), axis=1)
+    np.add.at(n_mods, pairs[0], 1)
+    sel = at_first & (mod == first_mod[gid]) & (mod >= 0) & (start < b_start[gid])
+    counts = np.bincount(gid[sel], minlength=ng)
+    for g in np.flatnonzero(has & (n_mods > 1)):
+        f = s0.iloc[np.flatnonzero(gid == g)].sort_values("gpu_start_ns")
+        fl = f["layer"].min()
+        fm = f.loc[f["layer"] == fl, "module"].iloc[0]
+        fwd = f[(f["layer"] == fl) & (f["module"] == fm)]
+        counts[g] = int((fwd["gpu_start_ns"] < b_start[g]).sum())
+    return "gpipe" if np.median(counts[has]) >= m else "1f1b"
 
 
 def _backward_marks(
@@ -238,19 +273,16 @@ def analyze_pipeline(
     marks = marks.join(win, on=["chain", "step"])
 
     # ---- waits between a rank's own first forward and last backward ----
-    wait = np.zeros(len(marks), np.int64)
-    cidx = np.flatnonzero(coll)
-    cidx = cidx[np.argsort(rank[cidx], kind="stable")]  # collective rows grouped by rank: no per-rank mask
-    crank = rank[cidx]
-    for r, idx in marks.groupby("rank").groups.items():
-        rs = sets.get(int(r))
-        sel = cidx[np.searchsorted(crank, r, "left") : np.searchsorted(crank, r, "right")]
-        k = iv.union(ts[sel], end[sel])
-        busy = iv.union2(iv.union2(rs.compute, k), rs.memory) if rs is not None else k
-        pos = marks.index.get_indexer(idx)
-        lo = marks["first"].to_numpy()[pos]
-        hi = marks["last"].to_numpy()[pos]
-        wait[pos] = np.maximum(hi - lo, 0) - iv.measure_in_windows(busy, lo, hi)
+    wait = _waits(
+        marks["rank"].to_numpy(np.int64),
+        marks["first"].to_numpy(np.int64),
+        marks["last"].to_numpy(np.int64),
+        rank,
+        ts,
+        end,
+        coll,
+        sets,
+    )
     marks["window"] = (marks["w1"] - marks["w0"]).clip(lower=0)
     marks["fill"] = (marks["first_al"] - marks["w0"]).clip(lower=0)
     marks["drain"] = (marks["w1"] - marks["last_al"]).clip(lower=0)
@@ -340,6 +372,73 @@ def analyze_pipeline(
         res.stages.append(rec)
     res.findings, res.cause_stage = _excess_finding(res, grid, excess_threshold)
     return res
+
+
+def _waits(
+    m_rank: np.ndarray,
+    lo: np.ndarray,
+    hi: np.ndarray,
+    rank: np.ndarray,
+    ts: np.ndarray,
+    end: np.ndarray,
+    coll: np.ndarray,
+    sets: dict[int, RankSets],
+) -> np.ndarray:
+    """Per window [lo, hi) of rank m_rank: the time with nothing on the rank's GPU (no compute, memory
+    copy or non-P2P collective). The ranks' busy intervals are laid side by side on one axis (rank q
+    shifted by q times the run's whole time range, so no two ranks touch), and one union and one window
+    measure serve every rank; per rank, in a loop, if that axis would not fit in int64."""
+    wait = np.zeros(m_rank.size, np.int64)
+    if not m_rank.size:
+        return wait
+    ranks, q = np.unique(m_rank, return_inverse=True)
+    cidx = np.flatnonzero(coll & np.isin(rank, ranks))
+    starts, ends, owner = [ts[cidx]], [end[cidx]], [np.searchsorted(ranks, rank[cidx])]
+    for i, r in enumerate(ranks.tolist()):
+        rs = sets.get(int(r))
+        if rs is None:
+            continue
+        for a in (rs.compute, rs.memory):
+            starts.append(a[0])
+            ends.append(a[1])
+            owner.append(np.full(a[0].size, i, np.int64))
+    s = np.concatenate(starts).astype(np.int64)
+    e = np.concatenate(ends).astype(np.int64)
+    w = np.concatenate(owner).astype(np.int64)
+    base = int(min(lo.min(), hi.min(), s.min() if s.size else lo.min(), e.min() if e.size else lo.min()))
+    top = int(max(lo.max(), hi.max(), s.max() if s.size else hi.max(), e.max() if e.size else hi.max()))
+    span = top - base + 2
+    if ranks.size * span >= 2**62:
+        return _waits_per_rank(m_rank, lo, hi, rank, ts, end, coll, sets)
+    busy = iv.union(s - base + w * span, e - base + w * span)
+    off = q.astype(np.int64) * span - base
+    wait[:] = np.maximum(hi - lo, 0) - iv.measure_in_windows(busy, lo + off, hi + off)
+    return wait
+
+
+def _waits_per_rank(
+    m_rank: np.ndarray,
+    lo: np.ndarray,
+    hi: np.ndarray,
+    rank: np.ndarray,
+    ts: np.ndarray,
+    end: np.ndarray,
+    coll: np.ndarray,
+    sets: dict[int, RankSets],
+) -> np.ndarray:
+    """`_waits` one rank at a time (clocks too far apart for the shared axis)."""
+    wait = np.zeros(m_rank.size, np.int64)
+    cidx = np.flatnonzero(coll)
+    cidx = cidx[np.argsort(rank[cidx], kind="stable")]  # collective rows grouped by rank: no per-rank mask
+    crank = rank[cidx]
+    for r in np.unique(m_rank):
+        rs = sets.get(int(r))
+        sel = cidx[np.searchsorted(crank, r, "left") : np.searchsorted(crank, r, "right")]
+        k = iv.union(ts[sel], end[sel])
+        busy = iv.union2(iv.union2(rs.compute, k), rs.memory) if rs is not None else k
+        pos = np.flatnonzero(m_rank == r)
+        wait[pos] = np.maximum(hi[pos] - lo[pos], 0) - iv.measure_in_windows(busy, lo[pos], hi[pos])
+    return wait
 
 
 def _ratio(num: pd.Series, den: pd.Series) -> np.ndarray:
