@@ -132,9 +132,10 @@ def _to_coll_table(df: pd.DataFrame) -> pa.Table:
         vals = df[f.name]
         if pa.types.is_dictionary(f.type):
             # mixed / missing values (a key on only some kernels): null, never NaN or "nan"
-            obj = vals.astype(object).to_numpy()
-            null = pd.isna(obj)
-            strs = obj.astype(str)
+            # (once per distinct value: the column repeats a few names over every call)
+            codes, uniq = pd.factorize(vals.astype(object).to_numpy())
+            null = np.asarray(codes) < 0
+            strs = np.append(np.asarray(uniq, dtype=object).astype(str), "")[codes]
             arr = pa.array(strs, pa.string(), mask=null)
             cols[f.name] = arr.dictionary_encode().cast(f.type)
         elif pa.types.is_list(f.type):
@@ -480,17 +481,24 @@ def _order(df: pd.DataFrame, by_step: bool = False) -> np.ndarray:
     """0-based position among this rank's calls of the same op in the same group (p2p: with the same peer);
     `by_step`: counted within each profiler step, so a call missing from one rank's trace (cut at the edge
     of the profiling window) shifts the matching of that step only."""
-    key = df["group_key"].astype(str) if "group_key" in df else _group_key(df)
-    peer = df["peer"].astype("Float64").fillna(-1).astype(int).astype(str)
+    # the key strings once per distinct tuple of their parts (first row of each), not for every row
+    cols = [df["is_p2p"], df["op"], df["peer"]]
+    cols += [df["group_key"]] if "group_key" in df else [df["pg_name"], df["pg_ranks"]]
+    parts = _row_codes(*cols, *([df["step"]] if by_step else []))
+    _, f = np.unique(parts, return_index=True)
+    rep = df.iloc[f]
+    key = rep["group_key"].astype(str) if "group_key" in rep else _group_key(rep)
+    peer = rep["peer"].astype("Float64").fillna(-1).astype(int).astype(str)
     k = np.where(
-        df["is_p2p"].astype(bool),
-        "p2p|" + df["op"].astype(str) + "|" + peer,
-        key + "|" + df["op"].astype(str),
+        rep["is_p2p"].astype(bool),
+        "p2p|" + rep["op"].astype(str) + "|" + peer,
+        key + "|" + rep["op"].astype(str),
     )
     if by_step:
         k = np.char.add(
-            np.char.add(k.astype(str), "|step|"), df["step"].astype("Int64").fillna(-1).astype(str)
+            np.char.add(k.astype(str), "|step|"), rep["step"].astype("Int64").fillna(-1).astype(str)
         )
+    k = np.asarray(pd.factorize(pd.Series(k))[0])[parts]
     tmp = pd.DataFrame(
         {"rank": df["rank"].to_numpy(), "k": k, "t": df["start_ns"].astype("Int64").to_numpy()}
     )
@@ -640,25 +648,32 @@ def match_with_findings(
     src = np.where(is_send, rank, peer)
     dst = np.where(is_send, peer, rank)
     has_seq = ~df["seq"].isna().to_numpy()
-    seq = df["seq"].fillna(-1).astype("int64").astype(str).to_numpy()
-    step = df["step"].astype("Int64").fillna(-1).astype(str).to_numpy()
-    order = np.char.add(np.char.add(step, "#"), _order(df, by_step=True).astype(str))
+    seq_v = df["seq"].fillna(-1).astype("int64").to_numpy()
+    step_v = df["step"].astype("Int64").fillna(-1).to_numpy(dtype=np.int64)
+    by_step = _order(df, by_step=True)
     gk = df["group_key"].astype(str).to_numpy()
     op = df["op"].astype(str).to_numpy()
+    unmatched_p2p = p2p & ((peer < 0) | ~np.isin(op, ("send", "recv")))
+    solo = np.where(unmatched_p2p, np.arange(len(df)), -1)
+    # the key strings once per distinct tuple of their parts (first row of each), not for every row
+    parts = _row_codes(p2p, src, dst, step_v, by_step, has_seq, seq_v, gk, op, solo)
+    _, f = np.unique(parts, return_index=True)
+    seq = seq_v[f].astype(str)
+    order = np.char.add(np.char.add(step_v[f].astype(str), "#"), by_step[f].astype(str))
     key = np.where(
-        p2p,
+        p2p[f],
         np.char.add(
-            np.char.add(np.char.add("p2p|", src.astype(str)), "|" + np.char.add(dst.astype(str), "|")), order
+            np.char.add(np.char.add("p2p|", src[f].astype(str)), "|" + np.char.add(dst[f].astype(str), "|")),
+            order,
         ),
         np.where(
-            has_seq,
-            np.char.add(np.char.add(gk, "|seq|"), seq),
-            np.char.add(np.char.add(gk, "|" + op + "|"), order),
+            has_seq[f],
+            np.char.add(np.char.add(gk[f], "|seq|"), seq),
+            np.char.add(np.char.add(gk[f], "|" + op[f] + "|"), order),
         ),
     )
-    unmatched_p2p = p2p & ((peer < 0) | ~np.isin(op, ("send", "recv")))
-    key = np.where(unmatched_p2p, np.char.add("solo|", np.arange(len(df)).astype(str)), key)
-    codes, _ = pd.factorize(pd.Series(key), sort=False)
+    key = np.where(unmatched_p2p[f], np.char.add("solo|", f.astype(str)), key)
+    codes = np.asarray(pd.factorize(pd.Series(key), sort=False)[0])[parts]
     df["instance"] = pd.Series(codes, dtype="Int64")
     expected = df["group_size"].astype("Float64")
     # (a one-rank key is what inference leaves for a rank without traced peers: no evidence of the size)
