@@ -376,7 +376,11 @@ def detect(
         per["communication_flag"] = False
         per["communication_cost"] = 0.0
     step_ref = float(per["step_time_ns"].median()) if len(per) else 0.0
-    for r, sub in per.groupby("rank"):
+    # only ranks flagged persistently for some cause are looked at one by one (one groupby, not a pass per rank)
+    flagged_steps = pd.concat([per.groupby("rank")[f"{c}_flag"].sum() for c in CAUSES], axis=1)
+    persistent = ((flagged_steps > 0) & (flagged_steps.ge(cfg.persistence * steps_total, axis=0))).any(axis=1)
+    candidates = per[per["rank"].isin(persistent.index[persistent.to_numpy(dtype=bool)])]
+    for r, sub in candidates.groupby("rank"):
         r = int(r)
         n = int(steps_total[r])
         best = None
