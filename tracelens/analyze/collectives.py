@@ -279,7 +279,15 @@ def _parent_fields(events: pa.Table, kmask: np.ndarray) -> pd.DataFrame:
     launch (launch_link): the op from the innermost communication op that names one (`record_param_comms`
     with its `Collective name`, `nccl:all_to_all`, `c10d::alltoall_base_`), the sizes from the innermost one
     that carries them (`In msg nelems`, or its `Input Dims` read at ingest)."""
-    from tracelens.analyze.launch_link import enclosing_ops
+    from tracelens.analyze.launch_link import _enclosing, _queries
+
+    q = _queries(
+        events
+    )  # the launch queries once for the three lookups below (enclosing_ops builds them each time)
+
+    def enclosing_ops(_events: pa.Table, mask: np.ndarray) -> np.ndarray:
+        found: np.ndarray = _enclosing(q, mask)
+        return found
 
     name = events.column("name")
     coll = events.column("collective")
