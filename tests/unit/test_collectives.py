@@ -404,3 +404,109 @@ def test_wait_transfer_invariants(instances):
     last = w.groupby("instance")["is_last"].sum()
     size = w.groupby("instance").size()
     assert ((last == 1) | (size == 1)).all() and (last[size == 1] == 0).all()
+
+
+# ----------------------------------------------------------------------------------------------------
+# vectorised helpers against the per-row Python they replace
+# ----------------------------------------------------------------------------------------------------
+def test_list_tuples_matches_per_row_tuples():
+    col = pa.chunked_array(
+        [
+            pa.array([[0, 1], None, [], [0, 1]], pa.list_(pa.int32())),
+            pa.array([[3], [0, 1], None], pa.list_(pa.int32())),
+        ]
+    )
+    got = C._list_tuples(col)
+    assert got.dtype == object
+    assert list(got) == [(0, 1), None, (), (0, 1), (3,), (0, 1), None]
+    assert all(type(x) is int for t in got if t for x in t)
+    # null items inside a list: the per-row path
+    odd = pa.array([[1, None], [2]], pa.list_(pa.int64()))
+    assert list(C._list_tuples(odd)) == [(1, None), (2,)]
+
+
+def test_ranks_tuples_and_list_array():
+    cells = [(0, 1), None, [2, 3], np.array([4]), float("nan"), (0, 1), "x"]
+    want = [C._ranks_tuple(v) for v in cells]  # the reference: one row at a time
+    assert list(C._ranks_tuples(cells)) == want == [(0, 1), None, (2, 3), (4,), None, (0, 1), None]
+    hashable = [(0, 1), None, (5,), (0, 1), float("nan")]
+    typ = pa.list_(pa.int32())
+    assert C._ranks_list_array(hashable, typ).equals(pa.array([C._ranks_tuple(v) for v in hashable], typ))
+    assert C._ranks_list_array(cells, typ).to_pylist() == [list(t) if t is not None else None for t in want]
+    assert C._ranks_list_array([None, None], typ).to_pylist() == [None, None]
+
+
+def test_per_distinct_calls_once_per_value_tuple():
+    import pandas as pd
+
+    calls = []
+
+    def fn(a, b):
+        calls.append((a, b))
+        return f"{a}/{b}"
+
+    a = pd.Series(["x", "y", "x", None, "x", None], dtype=object)
+    b = np.array([1, 1, 1, 2, 2, 2])
+    got = C._per_distinct(fn, a, b)
+    assert list(got) == ["x/1", "y/1", "x/1", "None/2", "x/2", "None/2"]
+    assert len(calls) == 4  # (x,1) (y,1) (None,2) (x,2)
+    assert list(C._row_codes(a, b)) == [0, 1, 0, 2, 3, 2]
+    assert len(C._per_distinct(fn, a[:0], b[:0])) == 0
+
+
+def test_int64_array_exact_with_nulls():
+    big = 1_700_000_000_123_456_789  # a ns timestamp float64 would round
+    col = pa.chunked_array([pa.array([big, None], pa.int64()), pa.array([-3], pa.int64())])
+    got = C._int64_array(col)
+    assert str(got.dtype) == "Int64"
+    assert got.tolist()[0] == big and got.tolist()[2] == -3 and got.isna().tolist() == [False, True, False]
+
+
+def test_exposed_split_per_rank_slices_match_reference():
+    """Ranks interleaved in the breakdown and the collectives: each rank's windows get its own waits."""
+    import pandas as pd
+
+    from tracelens.analyze import intervals as iv
+    from tracelens.analyze.breakdown import RankSets
+
+    def ivs(*pairs):
+        return iv.union(np.array([p[0] for p in pairs], np.int64), np.array([p[1] for p in pairs], np.int64))
+
+    # rank 1: comm [0,100) exposed, waits [10,40); rank 0: comm [50,150), compute [50,60), waits [70,90) + [140,200)
+    sets = {
+        0: RankSets(0, "", ivs((50, 60)), ivs((50, 150)), ivs()),
+        1: RankSets(1, "", ivs(), ivs((0, 100)), ivs()),
+    }
+    bd = pa.table(
+        {
+            "rank": pa.array([1, 0, 1, 0], pa.int32()),
+            "step": pa.array([0, 0, 1, 1], pa.int32()),
+            "window_start_ns": [0, 0, 50, 100],
+            "window_end_ns": [50, 100, 100, 200],
+            "exposed_comm_ns": [50, 40, 50, 50],
+        }
+    )
+    df = pd.DataFrame(
+        {
+            "rank": [0, 1, 0],
+            "start_ns": pd.array([70, 10, 140], dtype="Int64"),
+            "end_ns": pd.array([95, 60, 210], dtype="Int64"),
+            "wait_ns": [20, 30, 60],
+            "n_participants": [2, 2, 2],
+            "n_expected": pd.array([2, 2, 2], dtype="Int64"),
+        }
+    )
+    got = C.exposed_split(df, bd, sets).to_pylist()
+    # by hand: rank 0 exposed = [60,150); waits [70,90) and [140,200) -> step 0 [0,100): 20; step 1 [100,200): 10
+    # rank 1 exposed = [0,100); wait [10,40) -> step 0 [0,50): 30; step 1 [50,100): 0
+    assert got == [
+        {"rank": 0, "step": 0, "exposed_comm_ns": 40, "exposed_wait_ns": 20, "exposed_transfer_ns": 20},
+        {"rank": 0, "step": 1, "exposed_comm_ns": 50, "exposed_wait_ns": 10, "exposed_transfer_ns": 40},
+        {"rank": 1, "step": 0, "exposed_comm_ns": 50, "exposed_wait_ns": 30, "exposed_transfer_ns": 20},
+        {"rank": 1, "step": 1, "exposed_comm_ns": 50, "exposed_wait_ns": 0, "exposed_transfer_ns": 50},
+    ]
+    # rank 0's second collective has no peer in the traces: its step's split is unknown (null), not 0
+    df2 = df.assign(n_participants=[2, 2, 1])
+    got2 = C.exposed_split(df2, bd, sets).to_pylist()
+    assert got2[1]["exposed_wait_ns"] is None and got2[1]["exposed_transfer_ns"] is None
+    assert got2[0]["exposed_wait_ns"] == 20 and got2[2]["exposed_wait_ns"] == 30

@@ -250,3 +250,42 @@ def test_whole_slow_group_becomes_slow_group_not_rank_stragglers():
     assert [f["code"] for f in found] == ["SLOW_GROUP"]
     assert found[0]["ranks"] == [6, 7] and found[0]["group"] == "dp_stage3" and found[0]["cost_ms"] == 17.0
     assert sorted(s["rank"] for s in kept) == [1, 4]  # rank 4's group has a healthy member: still a rank
+
+
+def test_pre_arrival_idle_slices_each_ranks_rows_when_interleaved():
+    """Breakdown rows of ranks interleaved (and a rank without interval sets): each rank's windows are measured
+    against its own busy time up to its own last arrival."""
+    import pandas as pd
+    import pyarrow as pa
+
+    from tracelens.analyze import intervals as iv
+    from tracelens.analyze.breakdown import RankSets
+
+    def ivs(*pairs):
+        return iv.union(np.array([p[0] for p in pairs], np.int64), np.array([p[1] for p in pairs], np.int64))
+
+    sets = {
+        0: RankSets(0, "", ivs((0, 30)), ivs((60, 80)), ivs()),  # busy [0,30) and [60,80)
+        1: RankSets(1, "", ivs((10, 20)), ivs(), ivs((120, 130))),  # busy [10,20) and [120,130)
+    }
+    bd = pa.table(
+        {
+            "rank": pa.array([1, 0, 2, 1, 0], pa.int32()),
+            "step": pa.array([0, 0, 0, 1, 1], pa.int32()),
+            "window_start_ns": [0, 0, 0, 100, 100],
+            "window_end_ns": [100, 100, 100, 200, 200],
+        }
+    )
+    df = pd.DataFrame(
+        {
+            "rank": [0, 1, 0, 1],
+            "step": pd.array([0, 0, 1, 1], dtype="Int64"),
+            "start_ns": [70, 50, 150, 125],
+            "is_p2p": [False, False, False, False],
+        }
+    )
+    got = S.pre_arrival_idle(bd, sets, df)
+    # rank 1 step 0: [0,50) minus busy 10 = 40; rank 0 step 0: [0,70) minus 30 + 10 = 30;
+    # rank 2 (no sets): the whole window 100; rank 1 step 1: [100,125) minus 5 = 20; rank 0 step 1: [100,150) = 50
+    assert got["rank"].tolist() == [1, 0, 2, 1, 0]
+    assert got["pre_idle_ns"].tolist() == [40, 30, 100, 20, 50]

@@ -106,21 +106,12 @@ def _rows(events: pa.Table, mask: np.ndarray, cols: tuple[str, ...]) -> pd.DataF
         if pa.types.is_dictionary(col.type):
             col = col.cast(pa.string())
         if pa.types.is_list(col.type):
-            out[name] = pd.Series(
-                [tuple(v) if v is not None else None for v in col.to_pylist()], dtype=object
-            )
+            out[name] = pd.Series(_list_tuples(col), dtype=object)
         elif pa.types.is_string(col.type):
-            out[name] = pd.Series(col.to_pylist(), dtype=object)
+            out[name] = pd.Series(col.to_numpy(zero_copy_only=False), dtype=object)
         elif pa.types.is_integer(col.type):
             # nullable Int64 keeps ns timestamps exact through merges (float64 would round them to 256 ns)
-            out[name] = pd.Series(
-                pd.array(
-                    col.combine_chunks().to_pylist()
-                    if col.null_count
-                    else col.to_numpy(zero_copy_only=False),
-                    dtype="Int64",
-                )
-            )
+            out[name] = pd.Series(_int64_array(col))
         else:
             out[name] = pd.Series(col.to_numpy(zero_copy_only=False))
     return pd.DataFrame(out)
@@ -141,13 +132,14 @@ def _to_coll_table(df: pd.DataFrame) -> pa.Table:
         vals = df[f.name]
         if pa.types.is_dictionary(f.type):
             # mixed / missing values (a key on only some kernels): null, never NaN or "nan"
-            obj = vals.astype(object).to_numpy()
-            null = pd.isna(obj)
-            strs = obj.astype(str)
+            # (once per distinct value: the column repeats a few names over every call)
+            codes, uniq = pd.factorize(vals.astype(object).to_numpy())
+            null = np.asarray(codes) < 0
+            strs = np.append(np.asarray(uniq, dtype=object).astype(str), "")[codes]
             arr = pa.array(strs, pa.string(), mask=null)
             cols[f.name] = arr.dictionary_encode().cast(f.type)
         elif pa.types.is_list(f.type):
-            cols[f.name] = pa.array([_ranks_tuple(v) for v in vals], f.type)
+            cols[f.name] = _ranks_list_array(vals, f.type)
         elif pa.types.is_boolean(f.type):
             cols[f.name] = pa.array(vals.astype("boolean"), f.type)
         else:
@@ -162,6 +154,20 @@ def _ranks_tuple(v: Any) -> tuple[int, ...] | None:
     return None
 
 
+def _ranks_list_array(vals: Any, typ: pa.DataType) -> pa.Array:
+    """pg_ranks cells -> a list array of `typ` (`_ranks_tuple` of each cell), built once per distinct value."""
+    d = _distinct(vals)
+    if d is None:
+        return pa.array([_ranks_tuple(v) for v in vals], typ)
+    codes, uniq = d
+    lists = pa.array([_ranks_tuple(u) for u in uniq], typ)
+    return (
+        lists.take(pa.array(np.where(codes < 0, 0, codes), mask=codes < 0))
+        if len(uniq)
+        else pa.nulls(len(codes), typ)
+    )
+
+
 def _isnull(v: Any) -> bool:
     if v is None or v is pd.NA:
         return True
@@ -171,9 +177,96 @@ def _isnull(v: Any) -> bool:
         return False
 
 
+def _distinct(vals: Any) -> tuple[np.ndarray, np.ndarray] | None:
+    """pd.factorize of the cells (codes -1 for null / NaN), None when a cell is unhashable (a list)."""
+    obj = vals.to_numpy(dtype=object) if isinstance(vals, pd.Series) else _objects(vals)
+    try:
+        codes, uniq = pd.factorize(obj)
+    except TypeError:
+        return None
+    return np.asarray(codes, dtype=np.int64), np.asarray(uniq, dtype=object)
+
+
+def _objects(vals: Any) -> np.ndarray:
+    """A 1-D object array of the given cells (tuples stay cells, not rows of a 2-D array)."""
+    vals = list(vals)
+    out = np.empty(len(vals), dtype=object)
+    for i, v in enumerate(vals):
+        out[i] = v
+    return out
+
+
+def _ranks_tuples(vals: Any) -> np.ndarray:
+    """`_ranks_tuple` of every cell (an object array), computed once per distinct value."""
+    d = _distinct(vals)
+    if d is None:
+        return _objects(_ranks_tuple(v) for v in vals)
+    codes, uniq = d
+    conv = _objects([_ranks_tuple(u) for u in uniq] + [None])
+    out: np.ndarray = conv[codes]
+    return out
+
+
+def _row_codes(*cols: Any) -> np.ndarray:
+    """Dense codes (in order of first appearance) of the rows' tuples of values; null is one value."""
+    n = len(cols[0])
+    acc = np.zeros(n, dtype=np.int64)
+    for c in cols:
+        codes, uniq = pd.factorize(c.to_numpy(dtype=object) if isinstance(c, pd.Series) else c)
+        acc = acc * (len(uniq) + 1) + (np.asarray(codes, dtype=np.int64) + 1)
+        acc = np.asarray(pd.factorize(acc)[0], dtype=np.int64)
+    return acc
+
+
+def _per_distinct(fn: Any, *cols: Any) -> np.ndarray:
+    """fn(*row) for every row (an object array), called once per distinct tuple of values (the
+    function must give equal results for equal values; null cells are passed as the first such row's)."""
+    n = len(cols[0])
+    if n == 0:
+        return np.empty(0, dtype=object)
+    arrs = [
+        c.to_numpy(dtype=object) if isinstance(c, pd.Series) else np.asarray(c, dtype=object) for c in cols
+    ]
+    codes = _row_codes(*arrs)
+    _, first = np.unique(codes, return_index=True)
+    vals = _objects(fn(*(a[i] for a in arrs)) for i in first)
+    out: np.ndarray = vals[codes]
+    return out
+
+
+def _list_tuples(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    """A list<int> column as an object array of tuples (None for null), built once per distinct list."""
+    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    if len(arr) == 0 or arr.flatten().null_count or not pa.types.is_integer(arr.type.value_type):
+        return _objects(tuple(v) if v is not None else None for v in arr.to_pylist())
+    import pyarrow.compute as pc
+
+    joined = pc.binary_join(arr.cast(pa.list_(pa.string())), ",").dictionary_encode()
+    idx = joined.indices.to_numpy(zero_copy_only=False)
+    idx = np.where(joined.is_null().to_numpy(zero_copy_only=False), -1, np.nan_to_num(idx)).astype(np.int64)
+    conv = _objects(
+        [tuple(int(x) for x in t.split(",")) if t else () for t in joined.dictionary.to_pylist()] + [None]
+    )
+    out: np.ndarray = conv[idx]
+    return out
+
+
+def _int64_array(col: pa.ChunkedArray | pa.Array) -> pd.api.extensions.ExtensionArray:
+    """An integer Arrow column as a nullable Int64 array (exact; nulls as <NA>)."""
+    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    if pa.types.is_dictionary(arr.type) or not pa.types.is_integer(arr.type):
+        return pd.array(arr.to_pylist(), dtype="Int64")
+    mask = arr.is_null().to_numpy(zero_copy_only=False)
+    vals = arr.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+    return pd.arrays.IntegerArray(vals, mask.astype(bool))
+
+
 def _nbytes(df: pd.DataFrame) -> pd.Series:
     """nccl-tests message size: the larger of the input and output buffers, in bytes (null when unknown)."""
-    size = df["dtype"].map(lambda d: DTYPE_BYTES.get(str(d).lower()) if isinstance(d, str) else None)
+    size = pd.Series(
+        _per_distinct(lambda d: DTYPE_BYTES.get(str(d).lower()) if isinstance(d, str) else None, df["dtype"]),
+        index=df.index,
+    )
     nel = pd.concat([df["in_nelems"].astype("Float64"), df["out_nelems"].astype("Float64")], axis=1).max(
         axis=1
     )
@@ -186,7 +279,15 @@ def _parent_fields(events: pa.Table, kmask: np.ndarray) -> pd.DataFrame:
     launch (launch_link): the op from the innermost communication op that names one (`record_param_comms`
     with its `Collective name`, `nccl:all_to_all`, `c10d::alltoall_base_`), the sizes from the innermost one
     that carries them (`In msg nelems`, or its `Input Dims` read at ingest)."""
-    from tracelens.analyze.launch_link import enclosing_ops
+    from tracelens.analyze.launch_link import _enclosing, _queries
+
+    q = _queries(
+        events
+    )  # the launch queries once for the three lookups below (enclosing_ops builds them each time)
+
+    def enclosing_ops(_events: pa.Table, mask: np.ndarray) -> np.ndarray:
+        found: np.ndarray = _enclosing(q, mask)
+        return found
 
     name = events.column("name")
     coll = events.column("collective")
@@ -219,10 +320,11 @@ def _parent_fields(events: pa.Table, kmask: np.ndarray) -> pd.DataFrame:
         return values
 
     p_name, p_coll = take(names, op_row), take(colls, op_row)
-    out["parent_op"] = [
-        (normalize_op(c) or "other") if isinstance(c, str) else normalize_op(nm)
-        for c, nm in zip(p_coll, p_name)
-    ]
+    out["parent_op"] = _per_distinct(
+        lambda c, nm: (normalize_op(c) or "other") if isinstance(c, str) else normalize_op(nm),
+        _objects(p_coll),
+        _objects(p_name),
+    ).tolist()
     dt = events.column("dtype")
     dt = dt.cast(pa.string()) if pa.types.is_dictionary(dt.type) else dt
     out["parent_in_nelems"] = pd.array(take(events.column("in_nelems"), size_row), dtype="Int64")
@@ -252,11 +354,13 @@ def _gpu_rows(
     k = k.merge(r, on=["rank", "external_id"], how="left")
     for c in _FIELDS:
         cpu = k[f"{c}_cpu"]
-        k[c] = (
-            k[c].where(~k[c].isna(), cpu)
-            if c != "pg_ranks"
-            else [a if a is not None else b for a, b in zip(k[c], cpu)]
-        )
+        if c != "pg_ranks":
+            k[c] = k[c].where(~k[c].isna(), cpu)
+        else:
+            a, b = k[c].to_numpy(dtype=object), cpu.to_numpy(dtype=object)
+            none = np.array([x is None for x in a], dtype=bool) if len(a) else np.zeros(0, dtype=bool)
+            picked: np.ndarray = np.where(none, b, a)
+            k[c] = picked.tolist()
     # sizes: the kernel's / record_param_comms's args, else the CPU ops around the launch (old PyTorch)
     no_size = k["in_nelems"].isna() & k["out_nelems"].isna()
     k["in_nelems"] = k["in_nelems"].astype("Int64").where(~no_size, k["parent_in_nelems"])
@@ -266,16 +370,19 @@ def _gpu_rows(
     # `Collective name` first, then the CPU ops around the launch (old NCCL names every kernel of an
     # all-to-all `ncclKernel_SendRecv`), then the kernel name ("coalesced" -> ncclDevKernel_SendRecv ->
     # sendrecv); a kernel that names no known op but carries collective args is kept as "other"
-    k["op"] = [
+    k["op"] = _per_distinct(_kernel_op, k["collective"], k["parent_op"], k["name"]).tolist()
+    k["start_ns"] = k["ts_ns"]
+    k["end_ns"] = k["ts_ns"] + k["dur_ns"]
+    return k
+
+
+def _kernel_op(c: Any, p: Any, n: Any) -> str | None:
+    return (
         normalize_op(c if isinstance(c, str) else None)
         or (p if isinstance(p, str) else None)
         or normalize_op(n)
         or ("other" if isinstance(c, str) else None)
-        for c, p, n in zip(k["collective"], k["parent_op"], k["name"])
-    ]
-    k["start_ns"] = k["ts_ns"]
-    k["end_ns"] = k["ts_ns"] + k["dur_ns"]
-    return k
+    )
 
 
 def _cpu_rows(
@@ -342,7 +449,7 @@ def collectives_from_events(events: pa.Table) -> pa.Table:
         return _empty_coll()
     df = pd.concat(parts, ignore_index=True)
     df = df[~df["op"].isna() & ~df["start_ns"].isna()].copy()
-    df["pg_ranks"] = [_ranks_tuple(v) for v in df["pg_ranks"]] if "pg_ranks" in df else None
+    df["pg_ranks"] = _ranks_tuples(df["pg_ranks"]).tolist() if "pg_ranks" in df else None
     if df.empty:
         return _empty_coll()
     df["source"] = "kineto"
@@ -353,7 +460,8 @@ def collectives_from_events(events: pa.Table) -> pa.Table:
     )
     df["bytes"] = _nbytes(df)
     df["group_size"] = df["group_size"].where(
-        ~df["group_size"].isna(), [len(v) if v is not None else None for v in df["pg_ranks"]]
+        ~df["group_size"].isna(),
+        _per_distinct(lambda v: len(v) if v is not None else None, df["pg_ranks"]).tolist(),
     )
     df = df.sort_values(["rank", "start_ns"], kind="stable").reset_index(drop=True)
     df["order"] = _order(df)
@@ -363,7 +471,8 @@ def collectives_from_events(events: pa.Table) -> pa.Table:
 def _group_key(df: pd.DataFrame) -> pd.Series:
     """Process-group identity: pg name when known, else its ranks, else "" (unknown: the default group)."""
     ranks = pd.Series(
-        [",".join(map(str, v)) if v is not None else "" for v in df["pg_ranks"]], index=df.index
+        _per_distinct(lambda v: ",".join(map(str, v)) if v is not None else "", df["pg_ranks"]).tolist(),
+        index=df.index,
     )
     name = df["pg_name"].astype(object)
     return pd.Series(
@@ -380,17 +489,24 @@ def _order(df: pd.DataFrame, by_step: bool = False) -> np.ndarray:
     """0-based position among this rank's calls of the same op in the same group (p2p: with the same peer);
     `by_step`: counted within each profiler step, so a call missing from one rank's trace (cut at the edge
     of the profiling window) shifts the matching of that step only."""
-    key = df["group_key"].astype(str) if "group_key" in df else _group_key(df)
-    peer = df["peer"].astype("Float64").fillna(-1).astype(int).astype(str)
+    # the key strings once per distinct tuple of their parts (first row of each), not for every row
+    cols = [df["is_p2p"], df["op"], df["peer"]]
+    cols += [df["group_key"]] if "group_key" in df else [df["pg_name"], df["pg_ranks"]]
+    parts = _row_codes(*cols, *([df["step"]] if by_step else []))
+    _, f = np.unique(parts, return_index=True)
+    rep = df.iloc[f]
+    key = rep["group_key"].astype(str) if "group_key" in rep else _group_key(rep)
+    peer = rep["peer"].astype("Float64").fillna(-1).astype(int).astype(str)
     k = np.where(
-        df["is_p2p"].astype(bool),
-        "p2p|" + df["op"].astype(str) + "|" + peer,
-        key + "|" + df["op"].astype(str),
+        rep["is_p2p"].astype(bool),
+        "p2p|" + rep["op"].astype(str) + "|" + peer,
+        key + "|" + rep["op"].astype(str),
     )
     if by_step:
         k = np.char.add(
-            np.char.add(k.astype(str), "|step|"), df["step"].astype("Int64").fillna(-1).astype(str)
+            np.char.add(k.astype(str), "|step|"), rep["step"].astype("Int64").fillna(-1).astype(str)
         )
+    k = np.asarray(pd.factorize(pd.Series(k))[0])[parts]
     tmp = pd.DataFrame(
         {"rank": df["rank"].to_numpy(), "k": k, "t": df["start_ns"].astype("Int64").to_numpy()}
     )
@@ -411,17 +527,23 @@ def coll_frame(coll: pa.Table) -> pd.DataFrame:
     for f in coll.schema:
         col = coll.column(f.name)
         if pa.types.is_dictionary(col.type):
-            out[f.name] = pd.Series(col.cast(pa.string()).to_pylist(), dtype=object)
+            out[f.name] = pd.Series(col.cast(pa.string()).to_numpy(zero_copy_only=False), dtype=object)
         elif pa.types.is_list(col.type):
-            out[f.name] = pd.Series(
-                [tuple(v) if v is not None else None for v in col.to_pylist()], dtype=object
-            )
+            out[f.name] = pd.Series(_list_tuples(col), dtype=object)
         elif pa.types.is_string(col.type):
-            out[f.name] = pd.Series(col.to_pylist(), dtype=object)
+            out[f.name] = pd.Series(col.to_numpy(zero_copy_only=False), dtype=object)
         elif pa.types.is_boolean(col.type):
-            out[f.name] = pd.Series(col.to_pylist(), dtype="boolean")
+            b = col.combine_chunks()
+            out[f.name] = pd.Series(
+                pd.arrays.BooleanArray(
+                    b.fill_null(False).to_numpy(zero_copy_only=False).astype(bool),
+                    b.is_null().to_numpy(zero_copy_only=False).astype(bool),
+                )
+            )
         elif pa.types.is_floating(col.type):
             out[f.name] = pd.Series(col.to_numpy(zero_copy_only=False))
+        elif pa.types.is_integer(col.type):
+            out[f.name] = pd.Series(_int64_array(col))
         else:
             out[f.name] = pd.Series(col.to_pylist(), dtype="Int64")
     return pd.DataFrame(out)
@@ -534,30 +656,40 @@ def match_with_findings(
     src = np.where(is_send, rank, peer)
     dst = np.where(is_send, peer, rank)
     has_seq = ~df["seq"].isna().to_numpy()
-    seq = df["seq"].fillna(-1).astype("int64").astype(str).to_numpy()
-    step = df["step"].astype("Int64").fillna(-1).astype(str).to_numpy()
-    order = np.char.add(np.char.add(step, "#"), _order(df, by_step=True).astype(str))
+    seq_v = df["seq"].fillna(-1).astype("int64").to_numpy()
+    step_v = df["step"].astype("Int64").fillna(-1).to_numpy(dtype=np.int64)
+    by_step = _order(df, by_step=True)
     gk = df["group_key"].astype(str).to_numpy()
     op = df["op"].astype(str).to_numpy()
+    unmatched_p2p = p2p & ((peer < 0) | ~np.isin(op, ("send", "recv")))
+    solo = np.where(unmatched_p2p, np.arange(len(df)), -1)
+    # the key strings once per distinct tuple of their parts (first row of each), not for every row
+    parts = _row_codes(p2p, src, dst, step_v, by_step, has_seq, seq_v, gk, op, solo)
+    _, f = np.unique(parts, return_index=True)
+    seq = seq_v[f].astype(str)
+    order = np.char.add(np.char.add(step_v[f].astype(str), "#"), by_step[f].astype(str))
     key = np.where(
-        p2p,
+        p2p[f],
         np.char.add(
-            np.char.add(np.char.add("p2p|", src.astype(str)), "|" + np.char.add(dst.astype(str), "|")), order
+            np.char.add(np.char.add("p2p|", src[f].astype(str)), "|" + np.char.add(dst[f].astype(str), "|")),
+            order,
         ),
         np.where(
-            has_seq,
-            np.char.add(np.char.add(gk, "|seq|"), seq),
-            np.char.add(np.char.add(gk, "|" + op + "|"), order),
+            has_seq[f],
+            np.char.add(np.char.add(gk[f], "|seq|"), seq),
+            np.char.add(np.char.add(gk[f], "|" + op[f] + "|"), order),
         ),
     )
-    unmatched_p2p = p2p & ((peer < 0) | ~np.isin(op, ("send", "recv")))
-    key = np.where(unmatched_p2p, np.char.add("solo|", np.arange(len(df)).astype(str)), key)
-    codes, _ = pd.factorize(pd.Series(key), sort=False)
+    key = np.where(unmatched_p2p[f], np.char.add("solo|", f.astype(str)), key)
+    codes = np.asarray(pd.factorize(pd.Series(key), sort=False)[0])[parts]
     df["instance"] = pd.Series(codes, dtype="Int64")
     expected = df["group_size"].astype("Float64")
     # (a one-rank key is what inference leaves for a rank without traced peers: no evidence of the size)
     from_key = pd.Series(
-        [n if k.startswith("r:") and (n := len(k[2:].split(","))) > 1 else None for k in gk], dtype="Float64"
+        _per_distinct(
+            lambda k: n if k.startswith("r:") and (n := len(k[2:].split(","))) > 1 else None, gk
+        ).tolist(),
+        dtype="Float64",
     )
     expected = expected.fillna(from_key)
     expected = expected.where(~pd.Series(p2p), 2.0)
@@ -590,7 +722,9 @@ def _mismatches(df: pd.DataFrame) -> list[dict[str, Any]]:
     # with Seq, a group's calls are counted together (a type change is the mismatch above); without, per op
     kind = coll["op"].astype(str).where(coll["seq"].isna(), "collectives")
     counts = coll.assign(kind=kind).groupby(["group_key", "kind", "rank"]).size().reset_index(name="n")
-    for (gk, op), sub in counts.groupby(["group_key", "kind"]):
+    # only the (group, kind) cells whose ranks disagree are looked at one by one
+    odd_cells = counts.groupby(["group_key", "kind"])["n"].transform("nunique") > 1
+    for (gk, op), sub in counts[odd_cells].groupby(["group_key", "kind"]):
         if sub["n"].nunique() > 1:
             freq = sub["n"].value_counts()  # the most common count; ties: the larger (a call went missing)
             mode = int(max(freq.index, key=lambda v: (freq[v], v)))
@@ -627,10 +761,16 @@ def _matched_table(df: pd.DataFrame) -> pa.Table:
         .append_column(
             "group_key", pa.array(df["group_key"].astype(str).tolist(), pa.string()).dictionary_encode()
         )
-        .append_column(
-            "n_expected", pa.array([None if _isnull(v) else int(v) for v in df["n_expected"]], pa.int32())
-        )
+        .append_column("n_expected", _int32_array(df["n_expected"]))
     )
+
+
+def _int32_array(vals: pd.Series) -> pa.Array:
+    """An integer column (nullable) -> int32 Arrow array, nulls for <NA> / NaN."""
+    if isinstance(vals.dtype, pd.Int64Dtype):
+        mask = vals.isna().to_numpy(dtype=bool)
+        return pa.array(vals.fillna(0).to_numpy(dtype=np.int64), pa.int32(), mask=mask)
+    return pa.array([None if _isnull(v) else int(v) for v in vals], pa.int32())
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -647,7 +787,9 @@ def wait_transfer(df: pd.DataFrame, offsets_ns: dict[int, int]) -> pd.DataFrame:
         for c, _typ in WT_COLUMNS:
             df[c] = pd.Series([], dtype="float64")
         return df
-    off = df["rank"].astype(int).map(lambda r: offsets_ns.get(int(r), 0)).astype("int64").to_numpy()
+    rk = df["rank"].astype(int).to_numpy()
+    u_rank, r_inv = np.unique(rk, return_inverse=True)
+    off = np.array([offsets_ns.get(int(r), 0) for r in u_rank], dtype=np.int64)[r_inv.reshape(-1)]
     start = df["start_ns"].astype("int64").to_numpy()
     end = df["end_ns"].astype("int64").to_numpy()
     a_start = start - off
@@ -689,7 +831,7 @@ def wait_transfer(df: pd.DataFrame, offsets_ns: dict[int, int]) -> pd.DataFrame:
             transfer > 0, nbytes / np.where(transfer > 0, transfer, 1), np.nan
         )  # bytes/ns = GB/s
     nexp = df["n_expected"].astype("Float64").fillna(pd.Series(n, dtype="Float64")).to_numpy(dtype=float)
-    factor = np.array([busbw_factor(o, k) for o, k in zip(df["op"], nexp)])
+    factor = _per_distinct(busbw_factor, df["op"], nexp).astype(float)
     df["algbw_gbps"] = algbw
     df["busbw_gbps"] = algbw * factor
     return df
@@ -718,6 +860,8 @@ def to_table(df: pd.DataFrame) -> pa.Table:
         vals = df[name] if name in df else pd.Series([None] * len(df))
         if pa.types.is_floating(typ):
             arr = pa.array(np.asarray(vals, dtype=float), typ, from_pandas=True)
+        elif pa.types.is_boolean(typ) and isinstance(vals, pd.Series) and vals.dtype == bool:
+            arr = pa.array(vals.to_numpy(), typ)
         elif pa.types.is_boolean(typ):
             arr = pa.array([bool(v) for v in vals], typ)
         else:
@@ -757,39 +901,45 @@ def exposed_split(df: pd.DataFrame, breakdown: pa.Table, sets: dict[int, RankSet
 
     Both are null (unknown) in a step where exposed communication overlaps a collective whose other
     participants are not in the traces: without them its wait cannot be told from its transfer."""
-    out: dict[str, list[Any]] = {f.name: [] for f in EXPOSED_SPLIT}
     b_rank = breakdown.column("rank").to_numpy(zero_copy_only=False)
-    # each rank's rows once (not a mask over every row per rank: quadratic at 1,024 ranks)
+    # each rank's rows once (one stable sort, then slices: a mask per rank is quadratic at 1,024 ranks)
     b_order = np.argsort(b_rank, kind="stable")
     b_sorted = b_rank[b_order]
-    by_rank = {int(k): g for k, g in df.groupby(df["rank"].astype(int), sort=False)} if not df.empty else {}
-    empty = df.iloc[:0]
-    for r in np.unique(b_rank):
+    exposed_all = breakdown.column("exposed_comm_ns").to_numpy(zero_copy_only=False)[b_order]
+    lo_all = breakdown.column("window_start_ns").to_numpy(zero_copy_only=False)[b_order]
+    hi_all = breakdown.column("window_end_ns").to_numpy(zero_copy_only=False)[b_order]
+    waited_all = np.zeros(b_order.size, dtype=np.int64)
+    unknown_all = np.zeros(b_order.size, dtype=bool)
+    if not df.empty:
+        d_rank = df["rank"].astype(int).to_numpy()
+        d_order = np.argsort(d_rank, kind="stable")  # within a rank: table order
+        d_sorted = d_rank[d_order]
+        s_all = df["start_ns"].astype("int64").to_numpy()[d_order]
+        wt_all = df["wait_ns"].astype("int64").to_numpy()[d_order]
+        inc_all = _incomplete(df)[d_order]
+        e_col = df["end_ns"]
+    u_rank, b_first = np.unique(b_sorted, return_index=True)
+    b_last = np.r_[b_first[1:], b_sorted.size]
+    for r, b0, b1 in zip(u_rank, b_first, b_last):
         rs = sets.get(int(r))
-        w = breakdown.take(
-            pa.array(b_order[np.searchsorted(b_sorted, r, "left") : np.searchsorted(b_sorted, r, "right")])
-        )
-        lo = w.column("window_start_ns").to_numpy(zero_copy_only=False)
-        hi = w.column("window_end_ns").to_numpy(zero_copy_only=False)
-        exposed_total = w.column("exposed_comm_ns").to_numpy(zero_copy_only=False)
-        unknown = np.zeros(lo.shape, dtype=bool)
         if rs is None or df.empty:
-            waited = np.zeros(lo.shape, dtype=np.int64)
-        else:
-            mine = by_rank.get(int(r), empty)
-            s = mine["start_ns"].astype("int64").to_numpy()
-            wt = mine["wait_ns"].astype("int64").to_numpy()
-            wait_set = iv.union(s, s + wt)
-            waited = iv.measure_in_windows(iv.intersect(rs.exposed_comm, wait_set), lo, hi)
-            # a collective whose other participants are not in the traces: its wait cannot be measured
-            inc = _incomplete(mine)
-            if inc.any():
-                e = mine["end_ns"].astype("int64").to_numpy()
-                blind = iv.union(s[inc], e[inc])
-                unknown = iv.measure_in_windows(iv.intersect(rs.exposed_comm, blind), lo, hi) > 0
-        out["rank"] += [int(r)] * w.num_rows
-        out["step"] += w.column("step").to_pylist()
-        out["exposed_comm_ns"] += exposed_total.tolist()
-        out["exposed_wait_ns"] += [None if u else int(v) for u, v in zip(unknown, waited)]
-        out["exposed_transfer_ns"] += [None if u else int(v) for u, v in zip(unknown, exposed_total - waited)]
+            continue
+        lo, hi = lo_all[b0:b1], hi_all[b0:b1]
+        d0, d1 = np.searchsorted(d_sorted, r, "left"), np.searchsorted(d_sorted, r, "right")
+        s, wt = s_all[d0:d1], wt_all[d0:d1]
+        wait_set = iv.union(s, s + wt)
+        waited_all[b0:b1] = iv.measure_in_windows(iv.intersect(rs.exposed_comm, wait_set), lo, hi)
+        # a collective whose other participants are not in the traces: its wait cannot be measured
+        inc = inc_all[d0:d1]
+        if inc.any():
+            e = e_col.iloc[d_order[d0:d1]].astype("int64").to_numpy()
+            blind = iv.union(s[inc], e[inc])
+            unknown_all[b0:b1] = iv.measure_in_windows(iv.intersect(rs.exposed_comm, blind), lo, hi) > 0
+    out = {
+        "rank": pa.array(b_sorted, pa.int32()),
+        "step": breakdown.column("step").take(pa.array(b_order, pa.int64())).cast(pa.int32()),
+        "exposed_comm_ns": pa.array(exposed_all, pa.int64()),
+        "exposed_wait_ns": pa.array(waited_all, pa.int64(), mask=unknown_all),
+        "exposed_transfer_ns": pa.array(exposed_all - waited_all, pa.int64(), mask=unknown_all),
+    }
     return pa.table(out, schema=EXPOSED_SPLIT)

@@ -240,9 +240,12 @@ def _slow_links(
     grp_ratio = grp_ratio[by_grp.size() >= cfg.min_link_calls]
     d_all = d
     d = d[d["instance"].isin(inst.index)]
-    rank_groups = {int(r): sorted(set(s)) for r, s in d.groupby("rank")["pair"]}
-    members = {g: {int(x) for x in s} for g, s in d.groupby("pair")["rank"]}
-    ratios = {r: [float(grp_ratio[g]) for g in gs if g in grp_ratio.index] for r, gs in rank_groups.items()}
+    # the distinct (rank, group) pairs once, not a Python pass over every call
+    rg = d[["rank", "pair"]].drop_duplicates()
+    rank_groups = {int(r): sorted(set(s)) for r, s in rg.groupby("rank")["pair"]}
+    members = {g: {int(x) for x in s} for g, s in rg.groupby("pair")["rank"]}
+    gr = {g: float(v) for g, v in grp_ratio.items()}
+    ratios = {r: [gr[g] for g in gs if g in gr] for r, gs in rank_groups.items()}
     cleared = {r for r, v in ratios.items() if v and min(v) < cfg.slow_link_ratio}  # has a healthy group
     out = {}
     for r, groups in rank_groups.items():
@@ -282,9 +285,12 @@ def pre_arrival_idle(breakdown: pa.Table, sets: dict[int, RankSets], df: pd.Data
     hi = np.where(np.isnan(la), hi_w, np.clip(np.nan_to_num(la, nan=0).astype(np.int64), lo, hi_w))
     idle = np.zeros(len(b), dtype=np.int64)
     ranks = b["rank"].to_numpy()
-    for r in np.unique(ranks):
+    # each rank's rows once: one stable sort, then slices (a mask per rank is quadratic in the ranks)
+    order = np.argsort(ranks, kind="stable")
+    u_rank, first = np.unique(ranks[order], return_index=True)
+    for r, i0, i1 in zip(u_rank, first, np.r_[first[1:], order.size]):
         rs = sets.get(int(r))
-        m = ranks == r
+        m = order[i0:i1]
         if rs is None:
             idle[m] = hi[m] - lo[m]
             continue
@@ -370,7 +376,11 @@ def detect(
         per["communication_flag"] = False
         per["communication_cost"] = 0.0
     step_ref = float(per["step_time_ns"].median()) if len(per) else 0.0
-    for r, sub in per.groupby("rank"):
+    # only ranks flagged persistently for some cause are looked at one by one (one groupby, not a pass per rank)
+    flagged_steps = pd.concat([per.groupby("rank")[f"{c}_flag"].sum() for c in CAUSES], axis=1)
+    persistent = ((flagged_steps > 0) & (flagged_steps.ge(cfg.persistence * steps_total, axis=0))).any(axis=1)
+    candidates = per[per["rank"].isin(persistent.index[persistent.to_numpy(dtype=bool)])]
+    for r, sub in candidates.groupby("rank"):
         r = int(r)
         n = int(steps_total[r])
         best = None
