@@ -19,18 +19,19 @@ import pandas as pd
 import pyarrow as pa
 
 from tracelens import schema
-from tracelens.analyze import intervals as iv
 from tracelens.analyze.classify import _dict_lookup, comm_launched, gpu_ranks
 from tracelens.analyze.clock import ClockResult as ClockResult
 from tracelens.analyze.clock import clock_domains as clock_domains
 from tracelens.analyze.clock import clock_findings as clock_findings
 from tracelens.analyze.clock import clock_offsets as clock_offsets
+from tracelens.analyze.wait_split import EXPOSED_SPLIT as EXPOSED_SPLIT
+from tracelens.analyze.wait_split import exposed_split as exposed_split
 from tracelens.findings import finding
 from tracelens.ingest.comm_families import family_of_kernel, is_comm_cpu_op
 from tracelens.topology import pg_config_entries
 
 if TYPE_CHECKING:
-    from tracelens.analyze.breakdown import RankSets
+    pass
 
 #: Canonical op names (schema.COLLECTIVES `op`), checked in this order against the squashed raw name.
 _OP_PATTERNS = (
@@ -868,78 +869,3 @@ def to_table(df: pd.DataFrame) -> pa.Table:
             arr = pa.array(np.asarray(vals, dtype=np.int64), typ)
         t = t.append_column(name, arr)
     return t
-
-
-# ----------------------------------------------------------------------------------------------------
-# exposed communication: wait vs transfer
-# ----------------------------------------------------------------------------------------------------
-EXPOSED_SPLIT = pa.schema(
-    [
-        ("rank", pa.int32()),
-        ("step", pa.int32()),
-        ("exposed_comm_ns", pa.int64()),
-        ("exposed_wait_ns", pa.int64()),
-        ("exposed_transfer_ns", pa.int64()),
-    ]
-)
-
-
-def _incomplete(rows: pd.DataFrame) -> np.ndarray:
-    """Rows of instances seen on fewer ranks than take part (a single traced rank of a multi-rank job)."""
-    if rows.empty or "n_participants" not in rows:
-        return np.zeros(len(rows), dtype=bool)
-    n = rows["n_participants"].astype("Float64").to_numpy(dtype=float, na_value=np.nan)
-    exp = rows["n_expected"].astype("Float64").to_numpy(dtype=float, na_value=np.nan)
-    # unknown group size: a lone participant cannot be a whole collective
-    out: np.ndarray = np.where(np.isnan(exp), n < 2, n < exp)
-    return out
-
-
-def exposed_split(df: pd.DataFrame, breakdown: pa.Table, sets: dict[int, RankSets]) -> pa.Table:
-    """Per (rank, step): exposed communication (breakdown's K − C) split into the part inside the wait head
-    [start, start + wait) of a collective on that rank and the rest (transfer). The two add up exactly.
-
-    Both are null (unknown) in a step where exposed communication overlaps a collective whose other
-    participants are not in the traces: without them its wait cannot be told from its transfer."""
-    b_rank = breakdown.column("rank").to_numpy(zero_copy_only=False)
-    # each rank's rows once (one stable sort, then slices: a mask per rank is quadratic at 1,024 ranks)
-    b_order = np.argsort(b_rank, kind="stable")
-    b_sorted = b_rank[b_order]
-    exposed_all = breakdown.column("exposed_comm_ns").to_numpy(zero_copy_only=False)[b_order]
-    lo_all = breakdown.column("window_start_ns").to_numpy(zero_copy_only=False)[b_order]
-    hi_all = breakdown.column("window_end_ns").to_numpy(zero_copy_only=False)[b_order]
-    waited_all = np.zeros(b_order.size, dtype=np.int64)
-    unknown_all = np.zeros(b_order.size, dtype=bool)
-    if not df.empty:
-        d_rank = df["rank"].astype(int).to_numpy()
-        d_order = np.argsort(d_rank, kind="stable")  # within a rank: table order
-        d_sorted = d_rank[d_order]
-        s_all = df["start_ns"].astype("int64").to_numpy()[d_order]
-        wt_all = df["wait_ns"].astype("int64").to_numpy()[d_order]
-        inc_all = _incomplete(df)[d_order]
-        e_col = df["end_ns"]
-    u_rank, b_first = np.unique(b_sorted, return_index=True)
-    b_last = np.r_[b_first[1:], b_sorted.size]
-    for r, b0, b1 in zip(u_rank, b_first, b_last):
-        rs = sets.get(int(r))
-        if rs is None or df.empty:
-            continue
-        lo, hi = lo_all[b0:b1], hi_all[b0:b1]
-        d0, d1 = np.searchsorted(d_sorted, r, "left"), np.searchsorted(d_sorted, r, "right")
-        s, wt = s_all[d0:d1], wt_all[d0:d1]
-        wait_set = iv.union(s, s + wt)
-        waited_all[b0:b1] = iv.measure_in_windows(iv.intersect(rs.exposed_comm, wait_set), lo, hi)
-        # a collective whose other participants are not in the traces: its wait cannot be measured
-        inc = inc_all[d0:d1]
-        if inc.any():
-            e = e_col.iloc[d_order[d0:d1]].astype("int64").to_numpy()
-            blind = iv.union(s[inc], e[inc])
-            unknown_all[b0:b1] = iv.measure_in_windows(iv.intersect(rs.exposed_comm, blind), lo, hi) > 0
-    out = {
-        "rank": pa.array(b_sorted, pa.int32()),
-        "step": breakdown.column("step").take(pa.array(b_order, pa.int64())).cast(pa.int32()),
-        "exposed_comm_ns": pa.array(exposed_all, pa.int64()),
-        "exposed_wait_ns": pa.array(waited_all, pa.int64(), mask=unknown_all),
-        "exposed_transfer_ns": pa.array(exposed_all - waited_all, pa.int64(), mask=unknown_all),
-    }
-    return pa.table(out, schema=EXPOSED_SPLIT)
