@@ -17,8 +17,9 @@ The `record` extra pins torch (hundreds of MB): it is resolved with `--dry-run` 
 TRACELENS_INSTALL_CHECK_RECORD=1.
 
 Instructions that install the same thing (the same source, `-e .`, the wheel or the index, with the same
-extras) are checked by one fresh install; `--ci-ran-tests` (.ci/run) also counts the README's test command,
-which .ci/run has just run verbatim. Distinct installs run two at a time (`--jobs`), with
+extras) are checked by one fresh install, and an editable install is covered by a fresh editable install
+with more extras (its requirements are a subset of what that one resolved); `--ci-ran-tests` (.ci/run) also
+counts the README's test command, which .ci/run has just run verbatim in a fresh venv. Distinct installs run two at a time (`--jobs`), with
 `PIP_NO_COMPILE=1` (pip does not byte-compile what it installs: the same files, in less time).
 
     python scripts/check_install_docs.py            # all instructions
@@ -95,6 +96,20 @@ def install_target(part: str) -> tuple[str, tuple[str, ...]]:
     m = re.search(r"\[([a-z0-9_,\- ]+)\]", pip)
     extras = tuple(sorted(x.strip() for x in m.group(1).split(","))) if m else ()
     return source, extras
+
+
+def covered_by(target: tuple[str, tuple[str, ...]], seen: dict[tuple, str]) -> str | None:
+    """Why a fresh install of `target` would check nothing new, or None: the same target was installed, or
+    (editable installs of this checkout) one with every extra of it and more: its requirements are a subset
+    of what that fresh install resolved and installed."""
+    if target in seen:
+        return f"same install as {seen[target]}"
+    source, extras = target
+    if source == "editable":
+        for (s2, e2), where in seen.items():
+            if s2 == source and set(extras) < set(e2):
+                return f"covered by the install of {where} (its extras {list(e2)} include {list(extras)})"
+    return None
 
 
 def ci_test_command(repo: Path = REPO) -> str:
@@ -215,8 +230,9 @@ def main() -> int:
     todo = []
     for where, cmd in found:
         target = install_target(install_part(cmd))
-        if target in seen:
-            print(f"[{where}] same install as {seen[target]}: {install_part(cmd)}")
+        covered = covered_by(target, seen)
+        if covered:
+            print(f"[{where}] {covered}: {install_part(cmd)}")
             continue
         seen[target] = where
         todo.append((where, cmd))

@@ -34,7 +34,7 @@ from tracelens.ingest import flight_recorder, kineto, nccl_log, nccl_plugin
 from tracelens.ingest.kineto import stream as kineto_stream
 from tracelens.run import load_tables
 from tracelens.run_analysis import Options, analyze_run
-from tracelens.store.cache import default_cache_dir
+from tracelens.store.cache import default_cache_dir, ipc_schema
 
 SCRIPT = "<script>alert(1)</script>"
 IMG = '<img src=x onerror="alert(2)">'
@@ -294,6 +294,8 @@ def test_two_analyses_at_once_do_not_corrupt_the_cache(tmp_path):
     for f in files:
         if f.parent.name == "memo":  # discovery's memo (JSON, written atomically like the Parquet)
             assert json.loads(f.read_text())["files"]
+        elif f.suffix == ".arrow":  # a stage file (Arrow IPC)
+            assert ipc_schema(f).names
         else:
             pq.read_schema(f)
     assert load_tables(run).events.equals(ref.events)
