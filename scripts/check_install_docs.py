@@ -17,8 +17,9 @@ The `record` extra pins torch (hundreds of MB): it is resolved with `--dry-run` 
 TRACELENS_INSTALL_CHECK_RECORD=1.
 
 Instructions that install the same thing (the same source, `-e .`, the wheel or the index, with the same
-extras) are checked by one fresh install, and an editable install is covered by a fresh editable install
-with more extras (its requirements are a subset of what that one resolved); `--ci-ran-tests` (.ci/run) also
+extras) are checked by one fresh install, and an install is covered by a fresh install of the same files
+(this checkout, or the built wheel) with more extras (its requirements are a subset of what that one
+resolved); the installs with the most extras run first; `--ci-ran-tests` (.ci/run) also
 counts the README's test command, which .ci/run has just run verbatim in a fresh venv. Distinct installs run two at a time (`--jobs`), with
 `PIP_NO_COMPILE=1` (pip does not byte-compile what it installs: the same files, in less time).
 
@@ -100,16 +101,21 @@ def install_target(part: str) -> tuple[str, tuple[str, ...]]:
 
 def covered_by(target: tuple[str, tuple[str, ...]], seen: dict[tuple, str]) -> str | None:
     """Why a fresh install of `target` would check nothing new, or None: the same target was installed, or
-    (editable installs of this checkout) one with every extra of it and more: its requirements are a subset
-    of what that fresh install resolved and installed."""
+    one from the same files (`_same_files`) with every extra of it and more: its requirements are a subset of
+    what that fresh install resolved and installed."""
     if target in seen:
         return f"same install as {seen[target]}"
     source, extras = target
-    if source == "editable":
-        for (s2, e2), where in seen.items():
-            if s2 == source and set(extras) < set(e2):
-                return f"covered by the install of {where} (its extras {list(e2)} include {list(extras)})"
+    for (s2, e2), where in seen.items():
+        if _same_files(source, s2) and set(extras) < set(e2):
+            return f"covered by the install of {where} (its extras {list(e2)} include {list(extras)})"
     return None
+
+
+def _same_files(a: str, b: str) -> bool:
+    """Two sources install the same files: both this checkout (editable), or both the built wheel (`dist/*.whl`
+    directly, or by name with `--find-links dist/`)."""
+    return a == b or {a, b} == {"wheel", "index"}
 
 
 def ci_test_command(repo: Path = REPO) -> str:
@@ -228,7 +234,8 @@ def main() -> int:
     if args.ci_ran_tests:
         seen[install_target(install_part(ci_test_command()))] = "README.md (the test command .ci/run ran)"
     todo = []
-    for where, cmd in found:
+    # the installs with the most extras first: one with fewer extras from the same files is then covered
+    for where, cmd in sorted(found, key=lambda wc: -len(install_target(install_part(wc[1]))[1])):
         target = install_target(install_part(cmd))
         covered = covered_by(target, seen)
         if covered:

@@ -49,12 +49,14 @@ def test_ci_builds_the_wheel_and_runs_the_instructions_beside_the_readme_test_co
     assert "scripts/check_install_docs.py" in ci
 
 
-def test_an_editable_install_is_covered_only_by_one_with_more_extras():
+def test_an_install_is_covered_only_by_one_of_the_same_files_with_more_extras():
     cov = check_install_docs.covered_by
     seen = {("editable", ("dask", "test")): "README.md:5"}
     assert "same install" in cov(("editable", ("dask", "test")), seen)
     assert "covered by" in cov(("editable", ()), seen) and "covered by" in cov(("editable", ("dask",)), seen)
     assert cov(("editable", ("record",)), seen) is None  # an extra the fresh install did not resolve
     assert cov(("editable", ("dask", "record")), seen) is None
-    assert cov(("wheel", ()), seen) is None and cov(("index", ("dask",)), seen) is None  # other sources
-    assert cov(("index", ()), {("index", ("dask",)): "x"}) is None  # only editable installs are folded
+    assert cov(("wheel", ()), seen) is None and cov(("index", ("dask",)), seen) is None  # other files
+    wheel = {("index", ("dask",)): "docs/scale.md:66"}  # the built wheel, by name with --find-links dist/
+    assert "covered by" in cov(("wheel", ()), wheel) and "covered by" in cov(("index", ()), wheel)
+    assert cov(("editable", ()), wheel) is None
