@@ -106,32 +106,19 @@ def read(path: str | Path) -> pa.Table:
     except (msgspec.DecodeError, msgspec.ValidationError):
         return _read_loose(text)
     rows: dict[str, list] = {f.name: [] for f in OP_SHAPES}
-    # raw JSON text -> (is a list, the text as msgspec writes it); the same shapes recur on every layer
-    canon: dict[bytes, tuple[bool, str | None]] = {}
+    canon: dict[bytes, tuple[bool, str | None]] = {}  # raw text -> _value_text; shapes recur every layer
 
     def as_text(raw: msgspec.Raw) -> tuple[bool, str | None]:
         b = bytes(raw)
         hit = canon.get(b)
         if hit is None:
-            v = _DEC_ANY.decode(b) if b else None
-            hit = canon[b] = (isinstance(v, list), None if v is None else _ENC.encode(v).decode())
+            hit = canon[b] = _value_text(_DEC_ANY.decode(b) if b else None)
         return hit
 
-    ext_of, name_of = rows["external_id"], rows["name"]
-    dims_of, types_of, conc_of = rows["input_dims"], rows["input_types"], rows["concrete_inputs"]
     for ev in fast.traceEvents or []:
         a = ev.args
-        if a is None or not len(a.dims) or ev.cat != "cpu_op":
-            continue
-        ext = _external_id(a.external_id)
-        is_list, dims = as_text(a.dims)
-        if ext is None or not is_list:
-            continue
-        ext_of.append(ext)
-        name_of.append(ev.name if isinstance(ev.name, str) else None)
-        dims_of.append(dims)
-        types_of.append(as_text(a.types)[1])
-        conc_of.append(as_text(a.concrete)[1])
+        if a is not None and len(a.dims) and ev.cat == "cpu_op":
+            _add(rows, ev.name, a.external_id, as_text(a.dims), as_text(a.types), as_text(a.concrete))
     return _table(rows)
 
 
@@ -151,7 +138,7 @@ def _read_loose(text: bytes) -> pa.Table:
             a = msgspec.convert(ev.args, _ShapeArgs)
         except (msgspec.DecodeError, msgspec.ValidationError):
             continue
-        _add(rows, ev.name, a)
+        _add(rows, ev.name, a.external_id, _value_text(a.dims), _value_text(a.types), _value_text(a.concrete))
     return _table(rows)
 
 
@@ -161,15 +148,28 @@ def _external_id(ext: Any) -> int | None:
     return ext if isinstance(ext, int) and not isinstance(ext, bool) else None
 
 
-def _add(rows: dict[str, list], name: Any, a: _ShapeArgs) -> None:
-    ext = _external_id(a.external_id)
-    if ext is None or not isinstance(a.dims, list):
+def _value_text(v: Any) -> tuple[bool, str | None]:
+    """(whether a decoded shape field is a list, its JSON text as msgspec writes it; None for null)."""
+    return isinstance(v, list), None if v is None else _ENC.encode(v).decode()
+
+
+def _add(
+    rows: dict[str, list],
+    name: Any,
+    external_id: Any,
+    dims: tuple[bool, str | None],
+    types: tuple[bool, str | None],
+    concrete: tuple[bool, str | None],
+) -> None:
+    """One OP_SHAPES row (fields as `_value_text` pairs), unless the id is not an integer or the dims no list."""
+    ext = _external_id(external_id)
+    if ext is None or not dims[0]:
         return
     rows["external_id"].append(ext)
     rows["name"].append(name if isinstance(name, str) else None)
-    rows["input_dims"].append(_ENC.encode(a.dims).decode())
-    rows["input_types"].append(None if a.types is None else _ENC.encode(a.types).decode())
-    rows["concrete_inputs"].append(None if a.concrete is None else _ENC.encode(a.concrete).decode())
+    rows["input_dims"].append(dims[1])
+    rows["input_types"].append(types[1])
+    rows["concrete_inputs"].append(concrete[1])
 
 
 def _table(rows: dict[str, list]) -> pa.Table:
