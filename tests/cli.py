@@ -29,7 +29,8 @@ def tracelens(
     fresh: bool = False,
 ) -> subprocess.CompletedProcess:
     """`tracelens ARGS` -> CompletedProcess(returncode, stdout, stderr). `env`: variables set for the call
-    (on top of this process' environment)."""
+    (on top of this process' environment). `timeout` bounds a fresh interpreter only (pytest's own limits
+    apply to a call in this process)."""
     argv = [str(a) for a in args]
     if fresh or os.environ.get("TRACELENS_TEST_FRESH_CLI") == "1":
         e = {**os.environ, **(env or {})}
