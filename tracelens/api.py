@@ -30,7 +30,8 @@ class Run:
         from tracelens.run_analysis import Options, analyze_run
 
         self.path = Path(path)
-        self._analysis = analyze_run(self.path, Options(no_cache=no_cache, **options))
+        # the per-rank stages wait for the first analysis: reading the events costs the read alone
+        self._analysis = analyze_run(self.path, Options(no_cache=no_cache, **options), defer_stages=True)
         self._summary: dict | None = None
 
     def __repr__(self) -> str:

@@ -32,7 +32,7 @@ from tracelens import errors, schema
 from tracelens.discover import TraceFile, discover
 from tracelens.engine.executor import SMALL_RUN_GZIP_FACTOR, local_executor, run_all
 from tracelens.engine.reduce import Staged, reduce_stages
-from tracelens.engine.tasks import needs_work, process_rank
+from tracelens.engine.tasks import needs_work, process_rank, stage_rank
 from tracelens.ingest.sniff import KINETO
 from tracelens.store import cache
 from tracelens.store.cache import RankParquet
@@ -45,7 +45,9 @@ Progress = Callable[[int, int], None]
 class LoadOptions:
     """How to load a run. `ranks`: keep only these ranks (a set or a "0-7,12" text, see
     `discover.parse_rank_filter`); `cache_dir`: the cache root (default `store.cache.default_cache_dir()`);
-    `workers`: size of the default local pool; `progress(done, total)` is called as ranks finish."""
+    `workers`: size of the default local pool; `progress(done, total)` is called as ranks finish.
+    `defer_stages`: compute the per-rank stages when `Run.stages` is first asked for, not during the load
+    (the notebook API: reading a run's events then costs the read alone); only with the default executor."""
 
     no_cache: bool = False
     cache_dir: str | Path | None = None
@@ -53,12 +55,14 @@ class LoadOptions:
     ranks: str | Iterable[int] | None = None
     workers: int | None = None
     progress: Progress | None = None
+    defer_stages: bool = False
 
 
 @dataclass(eq=False)
 class Run:
     """One loaded run. `metadata` (schema.METADATA, one row per rank), `files` (every discovered input, all
-    formats) and `stages` (the per-rank stage results of every rank, reduced) are in memory; `events` and
+    formats) are in memory; `stages` (the per-rank stage results of every rank, reduced) too, unless the
+    load deferred them (`LoadOptions.defer_stages`): then they are computed on first use. `events` and
     `memory` (all ranks) are read from the cache when first asked for, `events_of(ranks)` reads only those
     ranks. `warnings`: what the loader had to work around (e.g. an unwritable cache)."""
 
@@ -66,11 +70,16 @@ class Run:
     run_dir: Path
     files: list[TraceFile]
     metadata: pa.Table
-    stages: Staged
     entries: list[RankParquet]
     cache_root: Path | None
+    _stages: Callable[[], Staged] = field(repr=False)
     warnings: list[str] = field(default_factory=list)
     _scratch: weakref.finalize[Any, Any] | None = field(default=None, repr=False)
+
+    @cached_property
+    def stages(self) -> Staged:
+        """The per-rank stage results of every rank, reduced (`tracelens.engine.reduce.Staged`)."""
+        return self._stages()
 
     @cached_property
     def events(self) -> pa.Table:
@@ -110,16 +119,23 @@ def _scratch_dir(root: Path | None) -> Path:
     return Path(tempfile.mkdtemp(prefix="tracelens-"))
 
 
-def _read_results(entries: list[RankParquet]) -> tuple[pa.Table, Staged]:
-    """(metadata of all ranks, reduced stages) from the entries; OSError when one is missing or damaged."""
+def _read_metadata(entries: list[RankParquet]) -> pa.Table:
+    """Metadata of all ranks from the entries; OSError when one is missing or damaged."""
     try:
         meta = cache.concat([cache.read_parquet(e.meta) for e in entries], schema.METADATA)
-        stages = [read_stage(e.events, e.rank) for e in entries]
     except (pa.ArrowException, ValueError) as err:
-        raise OSError(f"stage files vanished or are corrupt: {err}") from err
+        raise OSError(f"cache entries vanished or are corrupt: {err}") from err
     if not meta.schema.equals(schema.METADATA):
         raise OSError("cached metadata has another schema")
-    return meta, reduce_stages(stages)
+    return meta
+
+
+def _read_stages(entries: list[RankParquet]) -> Staged:
+    """The reduced stages of the entries; OSError when a stage file is missing or damaged."""
+    try:
+        return reduce_stages([read_stage(e.events, e.rank) for e in entries])
+    except (pa.ArrowException, ValueError) as err:
+        raise OSError(f"stage files vanished or are corrupt: {err}") from err
 
 
 def load_run(path: str | Path, options: LoadOptions | None = None, executor: Executor | None = None) -> Run:
@@ -173,36 +189,56 @@ def _load(
 ) -> Run:
     kin = sorted((f for f in files if f.fmt == KINETO and f.rank is not None), key=lambda f: f.rank or 0)
     entries = [cache.entry(work, f.path, int(f.rank or 0), o.salvage) for f in kin]
+    defer = o.defer_stages and executor is None
 
-    def run_tasks(cached: bool) -> int:
-        todo = [(f, e) for f, e in zip(kin, entries) if needs_work(e, cached)]
+    def on_executor(
+        fn: Callable[..., Any], todo: list[tuple[TraceFile, RankParquet]], calls: list[tuple[Any, ...]]
+    ) -> None:
         done, total = len(entries) - len(todo), len(entries)
         if o.progress:
             o.progress(done, total)
         if todo:
-            calls = [(str(f.path), e.rank, e, o.salvage, cached) for f, e in todo]
             est = sum(f.size * (SMALL_RUN_GZIP_FACTOR if f.path.name.endswith(".gz") else 1) for f, _ in todo)
             ex = executor or local_executor(len(todo), o.workers, est)
             try:
-                run_all(ex, process_rank, calls, o.progress, done, total)
+                run_all(ex, fn, calls, o.progress, done, total)
             finally:
                 if executor is None:
                     ex.shutdown(wait=True)
+
+    def run_tasks(cached: bool, stage: bool) -> int:
+        todo = [(f, e) for f, e in zip(kin, entries) if needs_work(e, cached, stage)]
+        on_executor(process_rank, todo, [(str(f.path), e.rank, e, o.salvage, cached, stage) for f, e in todo])
         return len(todo)
 
-    wrote = run_tasks(use_cache)
+    wrote = run_tasks(use_cache, not defer)
     try:
-        meta, staged = _read_results(entries)
+        meta = _read_metadata(entries)
     except OSError:  # an entry was removed or damaged between the check and the read: rebuild once
-        wrote += run_tasks(False)
-        meta, staged = _read_results(entries)
-    if staged.time_ranges is not None:
-        check_time_ranges(staged.time_ranges, meta)
+        wrote += run_tasks(False, not defer)
+        meta = _read_metadata(entries)
     if use_cache:
         cache.touch(entries)
         if wrote:
             cache.evict(work, keep=[e.folder for e in entries])
-    return Run(p, run_dir, files, meta, staged, entries, work if use_cache else None)
+
+    def stages() -> Staged:
+        if defer:  # the stages of the ranks that have none yet, from their cached events
+            todo = [(f, e) for f, e in zip(kin, entries) if needs_work(e, True)]
+            on_executor(stage_rank, todo, [(e,) for _, e in todo])
+        try:
+            staged = _read_stages(entries)
+        except OSError:  # removed or damaged since: ingest and stage every rank again
+            run_tasks(False, True)
+            staged = _read_stages(entries)
+        if staged.time_ranges is not None:
+            check_time_ranges(staged.time_ranges, meta)
+        return staged
+
+    run = Run(p, run_dir, files, meta, entries, work if use_cache else None, stages)
+    if not defer:
+        run.stages  # computed now: a run of mixed traces fails at load  # noqa: B018
+    return run
 
 
 def load_tables(

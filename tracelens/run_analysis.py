@@ -787,9 +787,10 @@ def summary_of(path: str | Path, *, trace_files: bool = False, **options) -> dic
     return analyze_run(path, Options(**options)).summary()
 
 
-def analyze_run(path: str | Path, options: Options | None = None) -> Analysis:
+def analyze_run(path: str | Path, options: Options | None = None, defer_stages: bool = False) -> Analysis:
     """Load a run (folder or single trace file) with `tracelens.run.load_run` and return its lazily
-    evaluated analysis; `options.engine` picks the executor of the per-rank tasks."""
+    evaluated analysis; `options.engine` picks the executor of the per-rank tasks. `defer_stages`: the
+    per-rank stages are computed when an analysis first needs them (`LoadOptions.defer_stages`)."""
     from tracelens.engine import ENGINES
     from tracelens.run import LoadOptions, load_run
 
@@ -812,6 +813,7 @@ def analyze_run(path: str | Path, options: Options | None = None) -> Analysis:
         salvage=options.salvage,
         ranks=options.rank_filter,
         progress=options.progress,  # type: ignore[arg-type]
+        defer_stages=defer_stages,
     )
     if engine == "dask":
         from tracelens.engine.dask_engine import dask_executor

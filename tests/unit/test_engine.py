@@ -218,6 +218,38 @@ def test_load_run_caches_stages_and_rebuilds_damaged_ones(tmp_path: Path):
     assert again.breakdown.equals(staged.breakdown)
 
 
+def test_deferred_stages_are_computed_on_first_use(tmp_path: Path):
+    """`defer_stages` (the notebook API): the load ingests only; the first `stages` computes them, equal to
+    an eager load's; a second deferred load finds them cached."""
+    run = _write_run(tmp_path / "run")
+    opts = LoadOptions(workers=1, cache_dir=tmp_path / "cache", defer_stages=True)
+    lazy = load_run(run, opts)
+    assert lazy.events.num_rows == 6
+    assert not any(ST.stage_complete(e.events, e.rank) for e in lazy.entries)  # nothing staged yet
+    staged = lazy.stages
+    assert all(ST.stage_complete(e.events, e.rank) for e in lazy.entries)
+    eager = load_run(run, LoadOptions(no_cache=True, workers=1)).stages
+    assert staged.breakdown.equals(eager.breakdown)
+    assert staged.breakdown.column("compute_ns").to_pylist() == [100_000, 150_000]
+    assert not any(needs_work(e, True) for e in load_run(run, opts).entries)  # all cached now
+
+
+def test_deferred_stages_still_refuse_traces_of_different_runs(tmp_path: Path):
+    """A deferred load of two runs' traces gives the same RankError, at the first analysis."""
+    from tracelens.errors import RankError
+
+    run = _write_run(tmp_path / "run")
+    late = run / "rank1.json"
+    d = json.loads(late.read_text())
+    d["baseTimeNanoseconds"] = d.get("baseTimeNanoseconds", 0) + 3 * 3600 * 10**9
+    late.write_text(json.dumps(d))
+    with pytest.raises(RankError, match="different runs"):
+        load_run(run, LoadOptions(no_cache=True, workers=1))
+    lazy = load_run(run, LoadOptions(no_cache=True, workers=1, defer_stages=True))
+    with pytest.raises(RankError, match="different runs"):
+        lazy.stages  # noqa: B018
+
+
 def test_no_cache_temp_folder_lives_with_the_run(tmp_path: Path):
     run = _write_run(tmp_path / "run")
     loaded = load_run(run, LoadOptions(no_cache=True, workers=1, cache_dir=tmp_path / "cache"))
