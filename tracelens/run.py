@@ -34,7 +34,7 @@ from tracelens.engine.executor import SMALL_RUN_GZIP_FACTOR, local_executor, run
 from tracelens.engine.reduce import Staged, reduce_stages
 from tracelens.engine.tasks import needs_work, process_rank, stage_rank
 from tracelens.ingest.sniff import KINETO
-from tracelens.store import cache
+from tracelens.store import cache, runs
 from tracelens.store.cache import RankParquet
 from tracelens.store.stages import read_stage
 
@@ -211,26 +211,39 @@ def _load(
         on_executor(process_rank, todo, [(str(f.path), e.rank, e, o.salvage, cached, stage) for f, e in todo])
         return len(todo)
 
-    wrote = run_tasks(use_cache, not defer)
-    try:
-        meta = _read_metadata(entries)
-    except OSError:  # an entry was removed or damaged between the check and the read: rebuild once
-        wrote += run_tasks(False, not defer)
-        meta = _read_metadata(entries)
-    if use_cache:
+    # a run opened before: its metadata and reduced stages in one place (store.runs), no per-rank checks
+    memo = runs.read_run(entries) if use_cache else None
+    if memo is not None:
+        if o.progress:
+            o.progress(len(entries), len(entries))
+        meta = memo[0]
         cache.touch(entries)
-        if wrote:
-            cache.evict(work, keep=[e.folder for e in entries])
+    else:
+        wrote = run_tasks(use_cache, not defer)
+        try:
+            meta = _read_metadata(entries)
+        except OSError:  # an entry was removed or damaged between the check and the read: rebuild once
+            wrote += run_tasks(False, not defer)
+            meta = _read_metadata(entries)
+        if use_cache:
+            cache.touch(entries)
+            if wrote:
+                cache.evict(work, keep=[e.folder for e in entries])
 
     def stages() -> Staged:
-        if defer:  # the stages of the ranks that have none yet, from their cached events
-            todo = [(f, e) for f, e in zip(kin, entries) if needs_work(e, True)]
-            on_executor(stage_rank, todo, [(e,) for _, e in todo])
-        try:
-            staged = _read_stages(entries)
-        except OSError:  # removed or damaged since: ingest and stage every rank again
-            run_tasks(False, True)
-            staged = _read_stages(entries)
+        if memo is not None:
+            staged = memo[1]
+        else:
+            if defer:  # the stages of the ranks that have none yet, from their cached events
+                todo = [(f, e) for f, e in zip(kin, entries) if needs_work(e, True)]
+                on_executor(stage_rank, todo, [(e,) for _, e in todo])
+            try:
+                staged = _read_stages(entries)
+            except OSError:  # removed or damaged since: ingest and stage every rank again
+                run_tasks(False, True)
+                staged = _read_stages(entries)
+            if use_cache:
+                runs.write_run(entries, meta, staged)
         if staged.time_ranges is not None:
             check_time_ranges(staged.time_ranges, meta)
         return staged

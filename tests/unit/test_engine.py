@@ -4,6 +4,7 @@ gives; the executors (in process, local pool) agree."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -216,6 +217,52 @@ def test_load_run_caches_stages_and_rebuilds_damaged_ones(tmp_path: Path):
     assert [e.rank for e in loaded.entries if needs_work(e, True)] == [1]
     again = load_run(run, opts).stages
     assert again.breakdown.equals(staged.breakdown)
+
+
+def _same_staged(a, b) -> None:
+    for f in ("breakdown", "spans", "xevents", "time_ranges", "ops", "idle"):
+        x, y = getattr(a, f), getattr(b, f)
+        assert (x is None) == (y is None) and (x is None or x.equals(y)), f
+    assert (a.spans_error, a.idle_error) == (b.spans_error, b.idle_error)
+    assert list(a.sets) == list(b.sets)
+    for r, rs in a.sets.items():
+        assert rs.path == b.sets[r].path
+        for k in ("compute", "comm", "memory"):
+            for x, y in zip(getattr(rs, k), getattr(b.sets[r], k)):
+                assert np.array_equal(x, y) and x.dtype == y.dtype
+
+
+def test_run_memo_reopens_a_run_without_its_per_rank_files(tmp_path: Path, monkeypatch):
+    """The second open of a cached run reads its memo (store.runs): no per-rank stage file or metadata
+    is read, and what it gives equals the first open's."""
+    import tracelens.run as R
+    from tracelens.store import runs
+
+    run = _write_run(tmp_path / "run")
+    opts = LoadOptions(workers=1, cache_dir=tmp_path / "cache")
+    first = load_run(run, opts)
+    assert (runs.memo_dir(first.entries) / "manifest.json").is_file()
+
+    def refuse(*a):
+        raise AssertionError("per-rank files read although the run memo is there")
+
+    monkeypatch.setattr(R, "read_stage", refuse)
+    monkeypatch.setattr(R, "_read_metadata", refuse)
+    again = load_run(run, opts)
+    assert again.metadata.equals(first.metadata)
+    _same_staged(again.stages, first.stages)
+    assert again.events.equals(first.events)
+    monkeypatch.undo()
+    # a damaged memo, or an entry evicted since, is not used: the run is opened from its entries again
+    (runs.memo_dir(first.entries) / "xevents.arrow").write_bytes(b"garbage")
+    assert runs.read_run(first.entries) is None
+    _same_staged(load_run(run, opts).stages, first.stages)
+    assert runs.read_run(first.entries) is not None  # and the memo written anew
+    shutil.rmtree(first.entries[1].folder)
+    assert runs.read_run(first.entries) is None
+    reopened = load_run(run, opts)
+    _same_staged(reopened.stages, first.stages)
+    assert reopened.events.equals(first.events)
 
 
 def test_deferred_stages_are_computed_on_first_use(tmp_path: Path):

@@ -2,37 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pyarrow as pa
 
 from tracelens import schema
-from tracelens.analyze.breakdown import BREAKDOWN, RankSets
+from tracelens.analyze.breakdown import BREAKDOWN
 from tracelens.analyze.composition import SPANS
 from tracelens.analyze.idle import IDLE
 from tracelens.store.cache import concat
-from tracelens.store.stages import OPS, RankStage
-
-
-@dataclass
-class Staged:
-    """The reduced per-rank results of a whole run (what `Analysis` reads instead of the events table).
-
-    `sets`: rank -> RankSets; `breakdown`: BREAKDOWN rows of all ranks; `spans`: SPANS rows of all ranks,
-    or None with `spans_error` when a rank's module_spans failed; `xevents`: the cross-rank event rows of
-    all ranks (events schema, rank order, trace order within a rank); `idle`: IDLE rows of the ranks whose
-    breakdown rows are kept (what `idle_breakdown` gives over all events and `breakdown`), or the first
-    failure in `idle_error`."""
-
-    sets: dict[int, RankSets]
-    breakdown: pa.Table
-    spans: pa.Table | None
-    xevents: pa.Table
-    spans_error: str | None = None
-    time_ranges: pa.Table | None = None  # rank, ts_ns (first start), dur_ns (to the last end)
-    ops: pa.Table | None = None  # stage.OPS of all ranks plus their "rank" column
-    idle: pa.Table | None = None
-    idle_error: str | None = None
+from tracelens.store.stages import OPS, RankStage, Staged
 
 
 def reduce_stages(stages: list[RankStage]) -> Staged:

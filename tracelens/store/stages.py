@@ -24,7 +24,7 @@ STAGE_VERSION = "6"
 
 #: Interval-set table: one row per interval of one class of one rank.
 SETS = pa.schema([("rank", pa.int32()), ("cls", pa.int8()), ("start_ns", pa.int64()), ("end_ns", pa.int64())])
-_CLS = {"compute": 0, "comm": 1, "memory": 2}
+SET_CLASSES = {"compute": 0, "comm": 1, "memory": 2}
 #: Per-rank totals of kernels and cpu ops by name (the report's "top operations" without all events).
 OPS = pa.schema([("kind", pa.string()), ("name", pa.string()), ("calls", pa.int64()), ("dur_ns", pa.int64())])
 _PARTS = (
@@ -56,6 +56,27 @@ class RankStage:
     idle_error: str | None = None  # why idle_breakdown failed on this rank, if it did
 
 
+@dataclass
+class Staged:
+    """The reduced per-rank results of a whole run (what `Analysis` reads instead of the events table).
+
+    `sets`: rank -> RankSets; `breakdown`: BREAKDOWN rows of all ranks; `spans`: SPANS rows of all ranks,
+    or None with `spans_error` when a rank's module_spans failed; `xevents`: the cross-rank event rows of
+    all ranks (events schema, rank order, trace order within a rank); `idle`: IDLE rows of the ranks whose
+    breakdown rows are kept (what `idle_breakdown` gives over all events and `breakdown`), or the first
+    failure in `idle_error`."""
+
+    sets: dict[int, RankSets]
+    breakdown: pa.Table
+    spans: pa.Table | None
+    xevents: pa.Table
+    spans_error: str | None = None
+    time_ranges: pa.Table | None = None  # rank, ts_ns (first start), dur_ns (to the last end)
+    ops: pa.Table | None = None  # stage.OPS of all ranks plus their "rank" column
+    idle: pa.Table | None = None
+    idle_error: str | None = None
+
+
 # ------------------------------------------------------------------------------------------- files
 def stage_dir(events_parquet: Path) -> Path:
     """Folder of a rank's stage files: beside its ingest cache entry."""
@@ -79,7 +100,7 @@ def _sets_table(st: RankStage) -> pa.Table:
     }
     if rs is None:
         return SETS.empty_table().replace_schema_metadata(meta)
-    parts = [(_CLS[k], getattr(rs, k)) for k in ("compute", "comm", "memory")]
+    parts = [(SET_CLASSES[k], getattr(rs, k)) for k in ("compute", "comm", "memory")]
     starts = np.concatenate([p[1][0] for p in parts]).astype(np.int64)
     ends = np.concatenate([p[1][1] for p in parts]).astype(np.int64)
     cls = np.concatenate([np.full(p[1][0].size, p[0], np.int8) for p in parts])
@@ -133,7 +154,7 @@ def read_stage(events_parquet: Path, rank: int) -> RankStage:
         cls = sets_t.column("cls").to_numpy()
         s = sets_t.column("start_ns").to_numpy()
         e = sets_t.column("end_ns").to_numpy()
-        part = {k: (s[cls == c].copy(), e[cls == c].copy()) for k, c in _CLS.items()}
+        part = {k: (s[cls == c].copy(), e[cls == c].copy()) for k, c in SET_CLASSES.items()}
         rs = RankSets(rank, path, part["compute"], part["comm"], part["memory"])
     err = meta.get(b"spans_error", b"").decode() or None
     tr = meta.get(b"time_range", b"").decode()
@@ -164,8 +185,10 @@ def stage_complete(events_parquet: Path, rank: int) -> bool:
 __all__ = [
     "OPS",
     "SETS",
+    "SET_CLASSES",
     "STAGE_VERSION",
     "RankStage",
+    "Staged",
     "read_stage",
     "stage_complete",
     "stage_dir",
