@@ -668,14 +668,16 @@ def memory_peaks(
     i = m.groupby("rank")["total_allocated"].idxmax()
     pk = m.loc[i, ["rank", "total_allocated", "ts_ns"]]
     res = m.groupby("rank")["total_reserved"].max()
-    ops = None
+    ops_of: dict[int, pd.DataFrame] = {}  # rank -> its cpu ops (only the ranks `events` holds)
     if events is not None and events.num_rows:
         ops = _frame(events, _kind_mask(events, ("cpu_op",)), ["rank", "name", "ts_ns", "dur_ns"])
+        ops_of = {int(r): g for r, g in ops.groupby("rank", sort=False)}
     rows = []
     for r, a, t in zip(pk["rank"], pk["total_allocated"], pk["ts_ns"]):
         op = None
-        if ops is not None and not ops.empty:
-            o = ops[(ops["rank"] == r) & (ops["ts_ns"] <= t) & (ops["ts_ns"] + ops["dur_ns"] >= t)]
+        g = ops_of.get(int(r))
+        if g is not None:
+            o = g[(g["ts_ns"] <= t) & (g["ts_ns"] + g["dur_ns"] >= t)]
             if not o.empty:
                 op = str(o.sort_values("dur_ns").iloc[0]["name"])
         rows.append(
