@@ -101,6 +101,43 @@ def _ranks(v) -> tuple[int, ...] | None:
     return None
 
 
+def _event_groups(sub: pa.Table) -> list[tuple[tuple[int, ...], str, str, int, set[int]]]:
+    """(pg_ranks, collective, pg_desc, rows, ranks) per distinct (pg_ranks, collective, pg_desc) of the rows
+    with pg_ranks, in sorted key order; one record per op: CPU record_param_comms rows are preferred over
+    their kernel copies. Nulls read "nan" (as pandas' `astype(str)` of a category gives)."""
+    import pyarrow.compute as pc
+
+    def text(col: str) -> pa.Array:
+        return pc.fill_null(sub.column(col).combine_chunks().cast(pa.string()), "nan")
+
+    kind = text("kind")
+    kinds = set(kind.unique().to_pylist())
+    pick = "cpu_op" if "cpu_op" in kinds else next(iter(kinds))
+    mask = pc.equal(kind, pick)
+    sub = sub.filter(mask)
+    # group on the ranks' bytes: converting the list cells to Python or numpy objects costs ~5 µs a row
+    # (90k rows at 1,024 ranks)
+    pr = sub.column("pg_ranks").combine_chunks()
+    offs = pr.offsets.to_numpy().tolist()
+    vals = pr.values.to_numpy(zero_copy_only=False)
+    keys = [vals[a:b].tobytes() for a, b in zip(offs[:-1], offs[1:])]
+    codes, uniq = pd.factorize(pd.Series(keys, dtype=object))
+    df = pd.DataFrame(
+        {
+            "k": codes,
+            "coll": text("collective").to_numpy(zero_copy_only=False),
+            "desc": text("pg_desc").to_numpy(zero_copy_only=False),
+            "rank": sub.column("rank").to_numpy(),
+        }
+    )
+    out = []
+    for (k, coll, desc), g in df.groupby(["k", "coll", "desc"], sort=False)["rank"]:
+        ranks = tuple(np.frombuffer(uniq[k], vals.dtype).tolist())
+        out.append((ranks, str(coll), str(desc), len(g), {int(r) for r in g.unique()}))
+    out.sort(key=lambda x: (x[0], x[1], x[2]))
+    return out
+
+
 def collect_groups(
     declared: Iterable[tuple[str | None, str | None, tuple[int, ...]]],
     events: pa.Table | None,
@@ -123,17 +160,7 @@ def collect_groups(
     if events is not None and events.num_rows and "pg_ranks" in events.column_names:
         sub = events.filter(events.column("pg_ranks").is_valid())
         if sub.num_rows:
-            df = sub.select(["rank", "collective", "pg_ranks", "pg_desc", "kind"]).to_pandas()
-            # one record per op: prefer CPU record_param_comms rows over their kernel copies
-            kinds = set(df["kind"].astype(str))
-            pick = "cpu_op" if "cpu_op" in kinds else next(iter(kinds))
-            df = df[df["kind"].astype(str) == pick]
-            # group on the ranks as a tuple: str() of the list cells (numpy arrays) is "[0 1 2 3]", which is
-            # neither JSON nor cheap (90k rows at 1,024 ranks)
-            ranks_key = pd.Series([tuple(a.tolist()) for a in df["pg_ranks"]], index=df.index)
-            for (pr, coll, desc), g in df.groupby(
-                [ranks_key, df["collective"].astype(str), df["pg_desc"].astype(str)]
-            ):
+            for pr, coll, desc, n, members in _event_groups(sub):
                 key = _ranks(pr)
                 if key is None:
                     continue
@@ -142,8 +169,8 @@ def collect_groups(
                     gi.names.add(desc)
                 k = _kind(coll)
                 if k:
-                    gi.calls[k] += len(g)
-                    gi.members_seen |= {int(r) for r in g["rank"].unique()}
+                    gi.calls[k] += n
+                    gi.members_seen |= members
     if collectives is not None and collectives.num_rows:
         cols = [c for c in ("rank", "pg_name", "pg_ranks", "op") if c in collectives.column_names]
         df = collectives.select(cols).to_pandas()
