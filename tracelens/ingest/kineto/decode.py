@@ -197,14 +197,10 @@ class _Top(msgspec.Struct):
     baseTimeNanoseconds: Any = None
 
 
-class _TopLoose(msgspec.Struct):
+class _TopLoose(_Top):
+    """The same keys, events decoded by the loose decoder."""
+
     traceEvents: list[_LooseEvent] | None = None
-    schemaVersion: Any = None
-    deviceProperties: Any = None
-    distributedInfo: Any = None
-    host_name: Any = None
-    trace_id: Any = None
-    baseTimeNanoseconds: Any = None
 
 
 _DEC_EVENTS = msgspec.json.Decoder(list[_TAGGED])
