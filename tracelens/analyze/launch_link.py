@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from tracelens.analyze.dictcol import dict_lookup as _dict_lookup
+from tracelens.analyze.dictcol import columns
 from tracelens.ingest.comm_families import is_comm_cpu_op
 
 
@@ -110,25 +110,16 @@ class _Queries:
     device: np.ndarray
 
 
-def _kinds(events: pa.Table) -> dict[str, np.ndarray]:
-    kcol = events.column("kind")
-    return {
-        k: _dict_lookup(kcol, lambda v, k=k: int(v == k)).astype(bool)
-        for k in ("kernel", "gpu_memcpy", "gpu_memset", "cpu_op", "user_annotation", "cuda_runtime",
-                  "cuda_driver")
-    }  # fmt: skip
-
-
 def _queries(events: pa.Table) -> _Queries:
-    kinds = _kinds(events)
-    device = kinds["kernel"] | kinds["gpu_memcpy"] | kinds["gpu_memset"]
-    rank = events.column("rank").to_numpy(zero_copy_only=False).astype(np.int64)
-    corr = events.column("correlation").fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
-    tid = events.column("tid").fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
-    ts = events.column("ts_ns").to_numpy(zero_copy_only=False)
-    end = ts + np.maximum(events.column("dur_ns").fill_null(0).to_numpy(zero_copy_only=False), 0)
+    cols = columns(events)
+    device = cols.kinds("kernel", "gpu_memcpy", "gpu_memset")
+    rank = cols.int64("rank")
+    corr = cols.int64("correlation", -1)
+    tid = cols.int64("tid", -1)
+    ts = cols.int64("ts_ns")
+    end = cols.end()
     group = rank * (1 << 32) + (tid & 0xFFFFFFFF)
-    launch = (kinds["cuda_runtime"] | kinds["cuda_driver"]) & (corr >= 0)
+    launch = cols.kinds("cuda_runtime", "cuda_driver") & (corr >= 0)
     dev_rows = np.flatnonzero(device & (corr >= 0))
     l_rows = np.flatnonzero(launch)
     rows = np.zeros(0, dtype=np.int64)
@@ -137,8 +128,10 @@ def _queries(events: pa.Table) -> _Queries:
         j = _find_pairs(rank[l_rows], corr[l_rows], rank[dev_rows], corr[dev_rows])
         hit = j >= 0
         rows, the_launch = dev_rows[hit], l_rows[j[hit]]
-    ops = kinds["cpu_op"] | kinds["user_annotation"]
-    return _Queries(rows, group, ts, end, group[the_launch], ts[the_launch], ops, kinds["cpu_op"], device)
+    ops = cols.kinds("cpu_op", "user_annotation")
+    return _Queries(
+        rows, group, ts, end, group[the_launch], ts[the_launch], ops, cols.kinds("cpu_op"), device
+    )
 
 
 def _enclosing(q: _Queries, mask: np.ndarray) -> np.ndarray:
@@ -166,12 +159,13 @@ def link_launches(events: pa.Table) -> Launches:
     if n == 0:
         return Launches(np.full(0, -1, dtype=np.int64), np.full(0, -1, dtype=np.int64))
     q = _queries(events)
-    comm_name = _dict_lookup(events.column("name"), lambda v: int(is_comm_cpu_op(v))).astype(bool)
+    cols = columns(events)
+    comm_name = cols.flag("name", is_comm_cpu_op)
     parent = _enclosing(q, np.ones(n, dtype=bool))
     comm_parent = _enclosing(q, comm_name)
     # no launch found: the cpu op with the device event's External id (same rank)
-    rank = events.column("rank").to_numpy(zero_copy_only=False).astype(np.int64)
-    ext = events.column("external_id").fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+    rank = cols.int64("rank")
+    ext = cols.int64("external_id", -1)
     todo = np.flatnonzero(q.device & (parent < 0) & (ext >= 0))
     cands = np.flatnonzero(q.cpu_op & (ext >= 0))
     if todo.size and cands.size:
