@@ -94,7 +94,7 @@ class Columns:
         got = self._cache.get(key)
         if got is None:
             c = self.events.column(col)
-            if fill is not None:
+            if fill is not None and c.null_count:
                 c = c.fill_null(fill)
             got = self._put(key, c.to_numpy(zero_copy_only=False).astype(np.int64))
         return got  # type: ignore[return-value]

@@ -200,13 +200,13 @@ def _rank_stage(events: pa.Table, rank: int) -> RankStage:
 
 
 def _idle(events: pa.Table, bd: pa.Table, rs: RankSets | None) -> tuple[pa.Table, str | None]:
-    """(IDLE rows of a GPU rank, None) or (empty, why idle_breakdown failed); empty for other ranks."""
-    from tracelens.analyze.idle import IDLE, idle_breakdown, idle_table
+    """(IDLE rows of a GPU rank, None) or (empty, why idle_breakdown_table failed); empty for other ranks."""
+    from tracelens.analyze.idle import IDLE, idle_breakdown_table
 
     if rs is None or rs.path != "gpu":
         return IDLE.empty_table(), None
     try:
-        return idle_table(idle_breakdown(events, bd)), None
+        return idle_breakdown_table(events, bd), None
     except Exception as e:  # noqa: BLE001 (Analysis.idle turns it into a warning, as over all ranks)
         return IDLE.empty_table(), f"{type(e).__name__}: {e}"
 
