@@ -225,7 +225,8 @@ def _nested_in_same(
     if known.any():
         _, m_code[known] = np.unique(mods[known].astype(str), return_inverse=True)
     o = np.lexsort((s, bwd, m_code, lay, r))
-    new = np.ones(n, bool)
+    new = np.zeros(n, bool)
+    new[0] = True
     for key in (r, lay, m_code, bwd):
         ks = key[o]
         new[1:] |= ks[1:] != ks[:-1]
