@@ -91,8 +91,9 @@ def _match_names(
     for i, v in enumerate(values):
         if not v:
             continue
-        got = _MATCHED.get((key, v), False)
-        if got is False:
+        if (key, v) in _MATCHED:
+            got = _MATCHED[(key, v)]
+        else:
             got = _match_one(v, pats)
             if len(_MATCHED) >= _MATCHED_MAX:
                 _MATCHED.clear()

@@ -31,6 +31,22 @@ def dict_lookup(col: pa.ChunkedArray | pa.Array, fn: ValueFn) -> np.ndarray:
     return table[idx.astype(np.int64)]
 
 
+#: fn -> {value: fn(value) != 0}: a run's names repeat on every rank, so each predicate runs once per
+#: distinct value and process (the functions given to `Columns.flag` are pure; bounded per function).
+_FLAGS: dict[ValueFn, dict[str, bool]] = {}
+_FLAGS_MAX = 1 << 16
+_FLAGS_MAX_FNS = 256
+
+
+def _flag_of(fn: ValueFn, memo: dict[str, bool], v: str | None) -> bool:
+    if v is None:
+        return False
+    got = memo.get(v)
+    if got is None:
+        got = memo[v] = bool(fn(v))
+    return got
+
+
 class Columns:
     """Decoded columns of one events table, each computed at most once: numpy views of numeric columns,
     dictionary codes, and per-value flags (`flag`) and kind masks (`kinds`) over them.
@@ -73,7 +89,12 @@ class Columns:
         got = self._cache.get(key)
         if got is None:
             values, idx = self.codes(col)
-            table = np.array([bool(fn(v)) if v is not None else False for v in values] + [False], dtype=bool)
+            if fn not in _FLAGS and len(_FLAGS) >= _FLAGS_MAX_FNS:  # e.g. a lambda made per call
+                _FLAGS.clear()
+            memo = _FLAGS.setdefault(fn, {})
+            if len(memo) > _FLAGS_MAX:
+                memo.clear()
+            table = np.array([_flag_of(fn, memo, v) for v in values] + [False], dtype=bool)
             got = self._put(key, table[idx])
         return got  # type: ignore[return-value]
 

@@ -216,7 +216,9 @@ def op_totals(events: pa.Table) -> pa.Table:
     groups in the order Arrow's hash group-by gives them."""
     if events.num_rows == 0:
         return OPS.empty_table()
-    sel = events.filter(pa.array(columns(events).kinds("kernel", "cpu_op")))
+    sel = events.select(["kind", "name", "dur_ns"]).filter(
+        pa.array(columns(events).kinds("kernel", "cpu_op"))
+    )
     t = pa.table(
         {
             "kind": sel.column("kind").cast(pa.string()),
