@@ -37,7 +37,7 @@ def innermost_enclosing(
     qcode = np.searchsorted(uniq, q_group)
     qcode_ok = (qcode < uniq.size) & (uniq[np.minimum(qcode, uniq.size - 1)] == q_group)
     # lexicographic search: within [seg_lo, seg_hi) find the last start <= t
-    j = seg_lo + _searchsorted_segments(s, seg_lo, seg_hi, q_t) - 1
+    j = seg_lo + _count_at_most(np.searchsorted(uniq, g), s, seg_lo, seg_hi, qcode, q_t) - 1
     valid = qcode_ok & (j >= seg_lo)
     # sparse table: m[k][i] = max(e[i - 2^k + 1 .. i])
     levels = [e]
@@ -60,6 +60,35 @@ def innermost_enclosing(
     pos_c = np.where(ok, pos, 0)
     ok &= e[pos_c] >= q_t
     out[ok] = order[pos_c[ok]]
+    return out
+
+
+def _pair_keys(
+    a: np.ndarray, b: np.ndarray, qa: np.ndarray, qb: np.ndarray
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """One int64 key per (a, b) pair and per query pair, ordered as the pairs are (a major), when the value
+    ranges allow it without overflow; None otherwise."""
+    if a.size == 0 or qa.size == 0:
+        return None
+    a_lo, a_hi = min(int(a.min()), int(qa.min())), max(int(a.max()), int(qa.max()))
+    b_lo, b_hi = min(int(b.min()), int(qb.min())), max(int(b.max()), int(qb.max()))
+    width = b_hi - b_lo + 1
+    if (a_hi - a_lo + 1) * width >= 1 << 62:
+        return None
+    return (a - a_lo) * width + (b - b_lo), (qa - a_lo) * width + (qb - b_lo)
+
+
+def _count_at_most(
+    code: np.ndarray, s: np.ndarray, lo: np.ndarray, hi: np.ndarray, q_code: np.ndarray, t: np.ndarray
+) -> np.ndarray:
+    """Per query, the number of values <= t within s[lo:hi], where [lo, hi) is the run of `code` == q_code
+    in `code` (sorted, and s sorted within each run); one searchsorted over combined keys when they fit
+    in int64, else the vectorised binary search."""
+    keys = _pair_keys(code, s, q_code, t)
+    if keys is None:
+        return _searchsorted_segments(s, lo, hi, t)
+    found = np.searchsorted(keys[0], keys[1], side="right")
+    out: np.ndarray = np.clip(found, lo, hi) - lo
     return out
 
 
@@ -180,6 +209,13 @@ def link_launches(events: pa.Table) -> Launches:
 
 def _find_pairs(a: np.ndarray, b: np.ndarray, qa: np.ndarray, qb: np.ndarray) -> np.ndarray:
     """For each query (qa, qb): an index i with (a[i], b[i]) == (qa, qb) (the first in sorted order), else -1."""
+    keys = _pair_keys(a, b, qa, qb)
+    if keys is not None:  # one sorted int64 key: the first of equal pairs in a stable sort, as below
+        o = np.argsort(keys[0], kind="stable")
+        sk = keys[0][o]
+        j = np.searchsorted(sk, keys[1], side="left")
+        jc = np.minimum(j, max(sk.size - 1, 0))
+        return np.where((j < sk.size) & (sk[jc] == keys[1]), o[jc], -1)
     o = np.lexsort((b, a))
     sa, sb = a[o], b[o]
     lo = np.searchsorted(sa, qa, side="left")
