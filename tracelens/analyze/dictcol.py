@@ -83,8 +83,8 @@ class Columns:
 
     def flag(self, col: str, fn: ValueFn) -> np.ndarray:
         """bool per row: `fn(value) != 0` of the row's value (False for null), i.e.
-        `dict_lookup(col, fn).astype(bool)`. Cached per (column, function object): pass module-level
-        functions or compiled patterns' bound methods wrapped once, not a lambda made per call, to share."""
+        `dict_lookup(col, fn).astype(bool)`. Cached per (column, function object), and `fn`'s answers per
+        value for the process: pass a pure module-level function (a lambda made per call shares nothing)."""
         key = ("flag", col, fn)
         got = self._cache.get(key)
         if got is None:
