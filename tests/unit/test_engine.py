@@ -108,7 +108,7 @@ def test_idle_failure_travels_through_the_stage_files(tmp_path: Path, monkeypatc
     def boom(*a, **k):
         raise ValueError("boom")
 
-    monkeypatch.setattr(idle, "idle_breakdown", boom)
+    monkeypatch.setattr(idle, "idle_breakdown_table", boom)  # what the stage calls
     st = S.rank_stage(events_table(_gpu_rank_rows()), 0)
     assert st.idle_error == "ValueError: boom" and st.idle.num_rows == 0
     events_parquet = tmp_path / "k" / "rank0.events.parquet"

@@ -90,3 +90,35 @@ def test_busy_gpu_gets_no_finding():
     ]
     t = _events(ev)
     assert idle_findings(idle_breakdown(t, breakdown(t))) == []
+
+
+def test_idle_table_of_the_stage_equals_the_frame_route_ties_in_name_order():
+    """`idle_breakdown_table` (the per-rank stage's route, no DataFrame) gives the rows of
+    `idle_table(idle_breakdown(...))`; host ops with equal time keep pandas' order (by name), the top 3 only;
+    a trace without ProfilerStep has one window whose step is null."""
+    from tracelens.analyze.idle import idle_breakdown_table, idle_table
+
+    def rows(step_marker: bool) -> list[dict]:
+        step = 1 if step_marker else None
+        ev = [
+            _ev("cuda_runtime", "cudaLaunchKernel", 5, 3, corr=1, step=step),
+            _ev("kernel", "A", 0, 100, tid=7, corr=1, stream=7, step=step),
+            # host busy [100, 450) in four top-level ops, then B launched at 500, starting at 550
+            _ev("cpu_op", "b_op", 100, 100, step=step),
+            _ev("cpu_op", "a_op", 200, 100, step=step),
+            _ev("cpu_op", "c_op", 300, 100, step=step),
+            _ev("cpu_op", "d_op", 400, 50, step=step),
+            _ev("cuda_runtime", "cudaLaunchKernel", 500, 3, corr=2, step=step),
+            _ev("kernel", "B", 550, 450, tid=7, corr=2, stream=7, step=step),
+        ]
+        return [_ev("user_annotation", "ProfilerStep#1", 0, 1000), *ev] if step_marker else ev
+
+    for marker in (True, False):
+        t = _events(rows(marker))
+        bd = breakdown(t)
+        got = idle_breakdown_table(t, bd)
+        assert got.equals(idle_table(idle_breakdown(t, bd)))
+        row = got.to_pylist()[0]
+        assert row["step"] == (1 if marker else None)
+        assert row["host_bound_ns"] == 400 and row["launch_overhead_ns"] == 50
+        assert row["host_ops"] == [("a_op", 100), ("b_op", 100), ("c_op", 100)]

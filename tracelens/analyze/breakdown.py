@@ -31,7 +31,7 @@ from tracelens.analyze.classify import (
     gpu_ranks,
     main_threads,
 )
-from tracelens.analyze.dictcol import dict_lookup as _dict_lookup
+from tracelens.analyze.dictcol import columns
 
 BREAKDOWN = pa.schema(
     [
@@ -95,14 +95,14 @@ def class_sets(events: pa.Table, classes: np.ndarray | None = None) -> dict[int,
     """Per rank, the union of compute, communication and memory intervals over the whole trace."""
     if classes is None:
         classes = classify(events)
-    ts = events.column("ts_ns").to_numpy(zero_copy_only=False)
-    dur = events.column("dur_ns").fill_null(0).to_numpy(zero_copy_only=False)
-    end = ts + np.maximum(dur, 0)
-    tid = events.column("tid").fill_null(-1).to_numpy(zero_copy_only=False)
+    cols = columns(events)
+    ts = cols.int64("ts_ns")
+    end = cols.end()
+    tid = cols.int64("tid", -1)
     gpu = gpu_ranks(events)
-    mains = main_threads(events) if len(gpu) < len(np.unique(events.column("rank").to_numpy())) else {}
+    mains = main_threads(events) if len(gpu) < len(np.unique(cols.int64("rank"))) else {}
     order, ranks, bounds = _by_rank(events)
-    is_ann = _dict_lookup(events.column("kind"), lambda v: int(v == "user_annotation")).astype(bool)
+    is_ann = cols.kinds("user_annotation")
     out: dict[int, RankSets] = {}
     for r, (lo, hi) in zip(ranks, bounds):
         idx = order[lo:hi]

@@ -19,7 +19,7 @@ import re
 import numpy as np
 import pyarrow as pa
 
-from tracelens.analyze.dictcol import dict_lookup
+from tracelens.analyze.dictcol import columns, dict_lookup
 from tracelens.ingest import comm_families
 
 # Other analyzers import the lookup from here: an assignment, so that it is exported (no_implicit_reexport).
@@ -37,22 +37,27 @@ STEP = re.compile(r"^ProfilerStep#([0-9]{1,9})$")  # ASCII digits, fits the int3
 DEVICE_KINDS = ("kernel", "gpu_memcpy", "gpu_memset")
 
 
-def _kind_codes(events: pa.Table) -> dict[str, np.ndarray]:
-    kinds = events.column("kind")
-    return {
-        k: _dict_lookup(kinds, lambda v, k=k: int(v == k)).astype(bool)
-        for k in ("kernel", "gpu_memcpy", "gpu_memset", "cpu_op", "user_annotation")
-    }
+def is_step_name(v: str) -> bool:
+    """`ProfilerStep#N` (STEP); a module-level predicate, so that `Columns.flag` shares its lookup."""
+    return STEP.match(v) is not None
+
+
+def _is_comm_kernel_name(v: str) -> bool:
+    return comm_families.family_of_kernel(v) is not None
+
+
+def _is_cpu_comm_name(v: str) -> bool:
+    return CPU_COMM.match(v) is not None
 
 
 def main_threads(events: pa.Table) -> dict[int, int]:
     """rank -> tid of its main (step-driving) thread."""
-    name = events.column("name")
-    is_step = _dict_lookup(name, lambda v: int(bool(STEP.match(v)))).astype(bool)
-    rank = events.column("rank").to_numpy(zero_copy_only=False)
-    tid = events.column("tid").fill_null(-1).to_numpy(zero_copy_only=False)
-    dur = events.column("dur_ns").fill_null(0).to_numpy(zero_copy_only=False)
-    kinds = _kind_codes(events)
+    cols = columns(events)
+    is_step = cols.flag("name", is_step_name)
+    rank = cols.int64("rank")
+    tid = cols.int64("tid", -1)
+    dur = cols.int64("dur_ns", 0)
+    cpu_op = cols.kinds("cpu_op")
     out: dict[int, int] = {}
     for r in np.unique(rank):
         m = rank == r
@@ -61,7 +66,7 @@ def main_threads(events: pa.Table) -> dict[int, int]:
             vals, counts = np.unique(tid[sm], return_counts=True)
             out[int(r)] = int(vals[np.argmax(counts)])
             continue
-        cm = m & kinds["cpu_op"]
+        cm = m & cpu_op
         if cm.any():
             vals, inv = np.unique(tid[cm], return_inverse=True)
             out[int(r)] = int(vals[np.argmax(np.bincount(inv, weights=dur[cm]))])
@@ -70,9 +75,9 @@ def main_threads(events: pa.Table) -> dict[int, int]:
 
 def gpu_ranks(events: pa.Table) -> set[int]:
     """Ranks with any device (kernel / memcpy / memset) event."""
-    kinds = _kind_codes(events)
-    dev = kinds["kernel"] | kinds["gpu_memcpy"] | kinds["gpu_memset"]
-    rank = events.column("rank").to_numpy(zero_copy_only=False)
+    cols = columns(events)
+    dev = cols.kinds(*DEVICE_KINDS)
+    rank = cols.int64("rank")
     return {int(r) for r in np.unique(rank[dev])}
 
 
@@ -82,16 +87,15 @@ def classify(events: pa.Table) -> np.ndarray:
     out = np.zeros(n, dtype=np.int8)
     if n == 0:
         return out
-    kinds = _kind_codes(events)
-    name = events.column("name")
-    comm_name = _dict_lookup(name, lambda v: int(comm_families.family_of_kernel(v) is not None)).astype(bool)
-    mem_name = _dict_lookup(name, lambda v: int(comm_families.is_memory_kernel(v))).astype(bool)
-    cpu_comm = _dict_lookup(name, lambda v: int(bool(CPU_COMM.match(v)))).astype(bool)
-    has_coll = events.column("collective").is_valid().to_numpy(zero_copy_only=False)
-    rank = events.column("rank").to_numpy(zero_copy_only=False)
+    cols = columns(events)
+    comm_name = cols.flag("name", _is_comm_kernel_name)
+    mem_name = cols.flag("name", comm_families.is_memory_kernel)
+    cpu_comm = cols.flag("name", _is_cpu_comm_name)
+    has_coll = cols.valid("collective")
+    rank = cols.int64("rank")
 
-    kernel = kinds["kernel"]
-    memory_kind = kinds["gpu_memcpy"] | kinds["gpu_memset"]
+    kernel = cols.kinds("kernel")
+    memory_kind = cols.kinds("gpu_memcpy", "gpu_memset")
     gpu = np.isin(rank, np.fromiter(gpu_ranks(events), dtype=rank.dtype))
 
     g_comm = kernel & (comm_name | has_coll | comm_launched(events))
@@ -103,15 +107,16 @@ def classify(events: pa.Table) -> np.ndarray:
 
     cpu = ~gpu
     if cpu.any():
-        tid = events.column("tid").fill_null(-1).to_numpy(zero_copy_only=False)
+        tid = cols.int64("tid", -1)
         mains = main_threads(events)
         lut = np.full(int(rank.max()) + 1, -2, dtype=np.int64)
         for r, t in mains.items():
             lut[r] = t
         main_tid = lut[rank]
         on_main = tid == main_tid
-        c_comm = (kinds["cpu_op"] | kinds["user_annotation"]) & cpu_comm
-        c_comp = kinds["cpu_op"] & ~cpu_comm & on_main
+        cpu_op = cols.kinds("cpu_op")
+        c_comm = cols.kinds("cpu_op", "user_annotation") & cpu_comm
+        c_comp = cpu_op & ~cpu_comm & on_main
         out[cpu & c_comp] = COMPUTE
         out[cpu & c_comm] = COMM
     return out

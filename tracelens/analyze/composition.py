@@ -24,7 +24,7 @@ import pyarrow as pa
 from tracelens.analyze import intervals as iv
 from tracelens.analyze import layers as _layers
 from tracelens.analyze.breakdown import class_sets
-from tracelens.analyze.classify import _dict_lookup
+from tracelens.analyze.dictcol import columns
 from tracelens.errors import TracelensError
 from tracelens.findings import finding
 from tracelens.topology import Grid
@@ -62,6 +62,22 @@ def _compile(patterns: Sequence[str] | None) -> list[re.Pattern[str]]:
     return [re.compile(p) for p in (patterns or DEFAULT_PATTERNS)]
 
 
+#: (patterns, name) -> (layer, module type, backward?) of the first pattern matching, None for no match:
+#: the names of a run repeat on every rank, so each is matched once per process (bounded).
+_MATCHED: dict[tuple[tuple[str, ...], str], tuple[int, str, bool] | None] = {}
+_MATCHED_MAX = 1 << 16
+
+
+def _match_one(v: str, pats: list[re.Pattern[str]]) -> tuple[int, str, bool] | None:
+    for p in pats:
+        m = p.search(v)
+        if m:
+            name = m.group("module")
+            layer = int(m.group("layer")) if "layer" in p.groupindex else -1
+            return layer, _layers.canonical(name), bool(BACKWARD.search(v))
+    return None
+
+
 def _match_names(
     values: list[str | None], pats: list[re.Pattern[str]]
 ) -> tuple[np.ndarray, np.ndarray, list[str | None], np.ndarray]:
@@ -71,18 +87,20 @@ def _match_names(
     layer = np.full(n + 1, -1, np.int64)
     bwd = np.zeros(n + 1, bool)
     mod: list[str | None] = [None] * (n + 1)
+    key = tuple(p.pattern for p in pats)
     for i, v in enumerate(values):
         if not v:
             continue
-        for p in pats:
-            m = p.search(v)
-            if m:
-                name = m.group("module")
-                ok[i] = True
-                layer[i] = int(m.group("layer")) if "layer" in p.groupindex else -1
-                mod[i] = _layers.canonical(name)
-                bwd[i] = bool(BACKWARD.search(v))
-                break
+        if (key, v) in _MATCHED:
+            got = _MATCHED[(key, v)]
+        else:
+            got = _match_one(v, pats)
+            if len(_MATCHED) >= _MATCHED_MAX:
+                _MATCHED.clear()
+            _MATCHED[(key, v)] = got
+        if got is not None:
+            ok[i] = True
+            layer[i], mod[i], bwd[i] = got
     return ok, layer, mod, bwd
 
 
@@ -93,22 +111,18 @@ def module_spans(
     if events.num_rows == 0:
         return SPANS.empty_table()
     pats = _compile(patterns)
-    names = events.column("name").combine_chunks()
-    if not pa.types.is_dictionary(names.type):
-        names = names.dictionary_encode()
-    values = names.dictionary.to_pylist()
+    cols = columns(events)
+    values, idx = cols.codes("name")
     ok, layer_of, mod_of, bwd_of = _match_names(values, pats)
     if not ok.any():
         return SPANS.empty_table()
-    idx = names.indices.fill_null(len(values)).to_numpy(zero_copy_only=False).astype(np.int64)
-    kind = events.column("kind")
-    is_gpu_ann = _dict_lookup(kind, lambda v: int(v == "gpu_user_annotation")).astype(bool)
-    is_cpu_ann = _dict_lookup(kind, lambda v: int(v in ("user_annotation", "cpu_op"))).astype(bool)
+    is_gpu_ann = cols.kinds("gpu_user_annotation")
+    is_cpu_ann = cols.kinds("user_annotation", "cpu_op")
     hit = ok[idx]
-    rank = events.column("rank").to_numpy(zero_copy_only=False).astype(np.int64)
-    ts = events.column("ts_ns").to_numpy(zero_copy_only=False).astype(np.int64)
-    end = ts + events.column("dur_ns").fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
-    step = events.column("step").fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+    rank = cols.int64("rank")
+    ts = cols.int64("ts_ns")
+    end = cols.end_signed()
+    step = cols.int64("step", -1)
     if sets is None:
         sets = class_sets(events)
 
@@ -172,15 +186,7 @@ def module_spans(
             busy[m] = iv.measure_in_windows(rs.compute, g_start[m], g_end[m])
     # an annotation nested in another of the same layer and module (e.g. `layers.3.self_attn.core`) is
     # part of the outer one: drop it so its time is counted once
-    df = pd.DataFrame(
-        {"r": rank[rows], "l": lay, "m": mods, "b": bwds, "s": g_start, "e": g_end}
-    ).sort_values(["r", "l", "m", "b", "s"], kind="stable")
-    keys = ["r", "l", "m", "b"]
-    df["cm"] = df.groupby(keys, sort=False)["e"].cummax()
-    prev_end = df.groupby(keys, sort=False)["cm"].shift(1)
-    same = np.zeros(rows.size, bool)
-    same[df.index.to_numpy()] = (df["e"] <= prev_end.fillna(np.iinfo(np.int64).min)).to_numpy()
-    k = ~same
+    k = ~_nested_in_same(rank[rows], lay, mods, bwds, g_start, g_end)
     rows, g_start, g_end, busy, lay, mods, bwds = (
         rows[k],
         g_start[k],
@@ -205,8 +211,43 @@ def module_spans(
     )
 
 
+def _nested_in_same(
+    r: np.ndarray, lay: np.ndarray, mods: np.ndarray, bwd: np.ndarray, s: np.ndarray, e: np.ndarray
+) -> np.ndarray:
+    """Per span: it ends no later than an earlier-starting span of the same (rank, layer, module, backward)
+    (in a stable sort by start; null modules are in no group). Compared in float64, as the pandas
+    cummax / shift it replaces did."""
+    n = r.size
+    same = np.zeros(n, bool)
+    if n < 2:
+        return same
+    known = np.array([m is not None for m in mods], bool)
+    m_code = np.full(n, -1, np.int64)
+    if known.any():
+        _, m_code[known] = np.unique(mods[known].astype(str), return_inverse=True)
+    o = np.lexsort((s, bwd, m_code, lay, r))
+    new = np.zeros(n, bool)
+    new[0] = True
+    for key in (r, lay, m_code, bwd):
+        ks = key[o]
+        new[1:] |= ks[1:] != ks[:-1]
+    gid = np.cumsum(new) - 1
+    # running max of the end within each group: dense ranks of the ends offset by group, one accumulate
+    ue, er = np.unique(e[o], return_inverse=True)
+    cm = ue[np.maximum.accumulate(gid * ue.size + er) - gid * ue.size]
+    has_prev = ~new & known[o]
+    prev = np.full(n, float(np.iinfo(np.int64).min))
+    prev[1:] = cm[:-1].astype(np.float64)
+    same[o] = has_prev & (e[o].astype(np.float64) <= prev)
+    return same
+
+
 #: Name prefix of the autograd engine's per-node cpu op (one per backward node executed).
 EVAL_PREFIX = "autograd::engine::evaluate_function:"
+
+
+def _is_eval_name(v: str) -> bool:
+    return str(v).startswith(EVAL_PREFIX)
 
 
 def _backward_by_sequence(
@@ -226,13 +267,13 @@ def _backward_by_sequence(
     ranks) or the node itself (ranks on the CPU timeline). None without sequence numbers."""
     if "sequence_nr" not in events.column_names:
         return None
-    seq = events.column("sequence_nr").fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+    cols = columns(events)
+    seq = cols.int64("sequence_nr", -1)
     if not (seq >= 0).any():
         return None
-    kind = events.column("kind")
-    is_op = _dict_lookup(kind, lambda v: int(v == "cpu_op")).astype(bool)
-    is_eval = _dict_lookup(events.column("name"), lambda v: int(str(v).startswith(EVAL_PREFIX))).astype(bool)
-    tid = events.column("tid").fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+    is_op = cols.kinds("cpu_op")
+    is_eval = cols.flag("name", _is_eval_name)
+    tid = cols.int64("tid", -1)
     fwd_ops = np.flatnonzero(is_op & ~is_eval & (seq >= 0) & np.isin(rank, np.unique(rank[fwd_ann])))
     if fwd_ops.size == 0:
         return None
@@ -289,11 +330,11 @@ def _launched_span(
     """GPU [first kernel start, last kernel end] of the kernels launched inside each CPU annotation."""
     out_s = np.zeros(ann_rows.size, np.int64)
     out_e = np.zeros(ann_rows.size, np.int64)
-    kind = events.column("kind")
-    is_dev = _dict_lookup(kind, lambda v: int(v in ("kernel", "gpu_memcpy", "gpu_memset"))).astype(bool)
-    is_rt = _dict_lookup(kind, lambda v: int(v in ("cuda_runtime", "cuda_driver"))).astype(bool)
-    corr = events.column("correlation").fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
-    tid = events.column("tid").fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+    cols = columns(events)
+    is_dev = cols.kinds("kernel", "gpu_memcpy", "gpu_memset")
+    is_rt = cols.kinds("cuda_runtime", "cuda_driver")
+    corr = cols.int64("correlation", -1)
+    tid = cols.int64("tid", -1)
     dev, rt = np.flatnonzero(is_dev & (corr >= 0)), np.flatnonzero(is_rt & (corr >= 0))
     if dev.size == 0 or rt.size == 0:
         return out_s, out_e

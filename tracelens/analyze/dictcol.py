@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Protocol
 
 import numpy as np
@@ -26,3 +29,138 @@ def dict_lookup(col: pa.ChunkedArray | pa.Array, fn: ValueFn) -> np.ndarray:
     idx = arr.indices.to_numpy(zero_copy_only=False)
     idx = np.where(arr.indices.is_null().to_numpy(zero_copy_only=False), len(values), idx)
     return table[idx.astype(np.int64)]
+
+
+#: fn -> {value: fn(value) != 0}: a run's names repeat on every rank, so each predicate runs once per
+#: distinct value and process (the functions given to `Columns.flag` are pure; bounded per function).
+_FLAGS: dict[ValueFn, dict[str, bool]] = {}
+_FLAGS_MAX = 1 << 16
+_FLAGS_MAX_FNS = 256
+
+
+def _flag_of(fn: ValueFn, memo: dict[str, bool], v: str | None) -> bool:
+    if v is None:
+        return False
+    got = memo.get(v)
+    if got is None:
+        got = memo[v] = bool(fn(v))
+    return got
+
+
+class Columns:
+    """Decoded columns of one events table, each computed at most once: numpy views of numeric columns,
+    dictionary codes, and per-value flags (`flag`) and kind masks (`kinds`) over them.
+
+    Several analyzers of one rank (classify, launch_link, steps, breakdown, composition, idle, the stage's
+    cross-rank mask) read the same columns and the same lookups; given one `Columns` (`columns(events)`
+    inside `sharing(events)`), each is decoded once. Every array handed out is read-only (shared)."""
+
+    def __init__(self, events: pa.Table) -> None:
+        self.events = events
+        self._cache: dict[object, object] = {}
+
+    def _put(self, key: object, arr: np.ndarray) -> np.ndarray:
+        arr.flags.writeable = False
+        self._cache[key] = arr
+        return arr
+
+    def codes(self, col: str) -> tuple[list[str | None], np.ndarray]:
+        """(distinct values, int64 index of each row into them; null rows -> len(values)) of a dictionary
+        (or string) column, as `dict_lookup` decodes it."""
+        key = ("codes", col)
+        got = self._cache.get(key)
+        if got is None:
+            c = self.events.column(col)
+            arr = c.combine_chunks() if isinstance(c, pa.ChunkedArray) else c
+            if not pa.types.is_dictionary(arr.type):
+                arr = pc.dictionary_encode(arr)
+            values = arr.dictionary.to_pylist()
+            idx = arr.indices.fill_null(len(values)).to_numpy(zero_copy_only=False).astype(np.int64)
+            idx.flags.writeable = False
+            got = (values, idx)
+            self._cache[key] = got
+        return got  # type: ignore[return-value]
+
+    def flag(self, col: str, fn: ValueFn) -> np.ndarray:
+        """bool per row: `fn(value) != 0` of the row's value (False for null), i.e.
+        `dict_lookup(col, fn).astype(bool)`. Cached per (column, function object), and `fn`'s answers per
+        value for the process: pass a pure module-level function (a lambda made per call shares nothing)."""
+        key = ("flag", col, fn)
+        got = self._cache.get(key)
+        if got is None:
+            values, idx = self.codes(col)
+            if fn not in _FLAGS and len(_FLAGS) >= _FLAGS_MAX_FNS:  # e.g. a lambda made per call
+                _FLAGS.clear()
+            memo = _FLAGS.setdefault(fn, {})
+            if len(memo) > _FLAGS_MAX:
+                memo.clear()
+            table = np.array([_flag_of(fn, memo, v) for v in values] + [False], dtype=bool)
+            got = self._put(key, table[idx])
+        return got  # type: ignore[return-value]
+
+    def kinds(self, *names: str) -> np.ndarray:
+        """bool per row: the row's `kind` is one of `names`."""
+        key = ("kinds", names)
+        got = self._cache.get(key)
+        if got is None:
+            values, idx = self.codes("kind")
+            wanted = set(names)
+            table = np.array([v in wanted for v in values] + [False], dtype=bool)
+            got = self._put(key, table[idx])
+        return got  # type: ignore[return-value]
+
+    def int64(self, col: str, fill: int | None = None) -> np.ndarray:
+        """A numeric column as int64 (nulls as `fill`; with fill None the column must have no nulls)."""
+        key = ("int64", col, fill)
+        got = self._cache.get(key)
+        if got is None:
+            c = self.events.column(col)
+            if fill is not None and c.null_count:
+                c = c.fill_null(fill)
+            got = self._put(key, c.to_numpy(zero_copy_only=False).astype(np.int64))
+        return got  # type: ignore[return-value]
+
+    def valid(self, col: str) -> np.ndarray:
+        """bool per row: the column is not null."""
+        key = ("valid", col)
+        got = self._cache.get(key)
+        if got is None:
+            got = self._put(key, self.events.column(col).is_valid().to_numpy(zero_copy_only=False))
+        return got  # type: ignore[return-value]
+
+    def end(self) -> np.ndarray:
+        """ts_ns + max(dur_ns, 0) (null duration: 0)."""
+        got = self._cache.get("end")
+        if got is None:
+            got = self._put("end", self.int64("ts_ns") + np.maximum(self.int64("dur_ns", 0), 0))
+        return got  # type: ignore[return-value]
+
+    def end_signed(self) -> np.ndarray:
+        """ts_ns + dur_ns (null duration: 0; a negative duration is kept)."""
+        got = self._cache.get("end_signed")
+        if got is None:
+            got = self._put("end_signed", self.int64("ts_ns") + self.int64("dur_ns", 0))
+        return got  # type: ignore[return-value]
+
+
+_SHARED: ContextVar[Columns | None] = ContextVar("tracelens_shared_columns", default=None)
+
+
+def columns(events: pa.Table) -> Columns:
+    """The shared `Columns` of `events` inside `sharing(events)` (the same table object), else a new one."""
+    cur = _SHARED.get()
+    if cur is not None and cur.events is events:
+        return cur
+    return Columns(events)
+
+
+@contextmanager
+def sharing(events: pa.Table) -> Iterator[Columns]:
+    """Within this block, `columns(events)` returns one `Columns`: analyzers called on this table decode
+    each column and lookup once (the per-rank stage runs every analyzer of a rank inside one)."""
+    cols = Columns(events)
+    token = _SHARED.set(cols)
+    try:
+        yield cols
+    finally:
+        _SHARED.reset(token)

@@ -28,7 +28,7 @@ import pandas as pd
 import pyarrow as pa
 
 from tracelens.analyze import intervals as iv
-from tracelens.analyze.classify import _dict_lookup
+from tracelens.analyze.dictcol import columns
 from tracelens.findings import finding
 
 IDLE_THRESHOLD = 0.20
@@ -90,33 +90,103 @@ def _arr(t: pa.Table, col: str, fill: int = 0) -> np.ndarray:
     return out
 
 
+def _is_sync_name(v: str) -> bool:
+    return SYNC.search(v) is not None
+
+
+def _desc(values: np.ndarray) -> np.ndarray:
+    """Positions of `values` (int64, no NaN) from largest to smallest, ties in the order pandas'
+    `Series.sort_values(ascending=False)` puts them (a reversed quicksort argsort of the reversed values)."""
+    rev = np.arange(values.size)[::-1]
+    out: np.ndarray = rev[values[::-1].argsort(kind="quicksort")][::-1]
+    return out
+
+
+class _ByName:
+    """Sums of per-row values grouped by the rows' names, top `top` names by sum (ties as pandas orders
+    them), positive sums only: `pd.Series(v, index=names).groupby(level=0).sum().sort_values(ascending=False)
+    .head(top)` with its zero sums dropped, without building a Series per call."""
+
+    def __init__(self, names: np.ndarray) -> None:
+        self.pandas = any(n is None for n in names)  # null names: pandas' dropna rules, done by pandas
+        self.names = names
+        if not self.pandas:
+            self.keys, self.inv = np.unique(names, return_inverse=True)
+
+    def top(self, values: np.ndarray, top: int) -> dict[str, int]:
+        if self.pandas:
+            s = pd.Series(values, index=self.names).groupby(level=0).sum().sort_values(ascending=False)
+            return {str(k): int(v) for k, v in s.head(top).items() if v > 0}
+        sums = np.zeros(self.keys.size, np.int64)
+        np.add.at(sums, self.inv, values)
+        first = _desc(sums)[:top]
+        return {str(self.keys[i]): int(sums[i]) for i in first if sums[i] > 0}
+
+
 def idle_breakdown(events: pa.Table, breakdown: pa.Table, top: int = 3) -> pd.DataFrame:
     """Per (rank, step) of GPU ranks: idle ns by cause (CAUSES + "_ns"), step_time_ns, and the top CPU
     ops (name -> ns) behind host-bound (`host_ops`) and synchronization (`sync_ops`) time."""
-    bd = breakdown.select(["rank", "step", "window_start_ns", "window_end_ns", "step_time_ns", "path"])
-    bd = bd.to_pandas()
-    bd = bd[bd["path"] == "gpu"]
     cols = COLUMNS
-    if bd.empty or events.num_rows == 0:
+    if breakdown.num_rows == 0 or events.num_rows == 0:
         return pd.DataFrame(columns=cols)
-    kind = events.column("kind")
-    is_dev = _dict_lookup(kind, lambda v: int(v in DEVICE_KINDS)).astype(bool)
-    is_rt = _dict_lookup(kind, lambda v: int(v in RUNTIME_KINDS)).astype(bool)
-    is_op = _dict_lookup(kind, lambda v: int(v == "cpu_op")).astype(bool)
-    is_sync = _dict_lookup(events.column("name"), lambda v: int(bool(SYNC.search(v)))).astype(bool)
-    rank = _arr(events, "rank")
-    ts = _arr(events, "ts_ns")
-    end = ts + np.maximum(_arr(events, "dur_ns"), 0)
-    corr = _arr(events, "correlation", -1)
-    stream = _arr(events, "stream", -1)
-    tid = _arr(events, "tid", -1)
-    names = events.column("name").cast(pa.string()).to_numpy(zero_copy_only=False)
+    rows = _idle_rows(events, breakdown, top)
+    if rows is None:
+        return pd.DataFrame(columns=cols)
+    return pd.DataFrame(rows, columns=cols)
+
+
+def idle_breakdown_table(events: pa.Table, breakdown: pa.Table, top: int = 3) -> pa.Table:
+    """`idle_table(idle_breakdown(events, breakdown, top))`, built without the DataFrame."""
+    if breakdown.num_rows == 0 or events.num_rows == 0:
+        return IDLE.empty_table()
+    rows = _idle_rows(events, breakdown, top)
+    if not rows:
+        return IDLE.empty_table()
+    out = {}
+    for i, f in enumerate(IDLE):
+        vals = [row[i] for row in rows]
+        if f.type == OPS_MAP:
+            out[f.name] = pa.array([list(d.items()) for d in vals], OPS_MAP)
+        elif f.name == "step":  # NaN (from a null step, as pandas holds it) -> null
+            out[f.name] = pa.array([None if v != v else int(v) for v in vals], f.type)
+        else:
+            out[f.name] = pa.array(vals, f.type)
+    return pa.table(out, schema=IDLE)
+
+
+def _idle_rows(events: pa.Table, breakdown: pa.Table, top: int) -> list[tuple[Any, ...]] | None:
+    """The rows of `idle_breakdown` (None: no GPU rows in the breakdown)."""
+    path = breakdown.column("path").to_numpy(zero_copy_only=False)
+    is_gpu = path == "gpu"
+    if not is_gpu.any():
+        return None
+    bd_rank = breakdown.column("rank").to_numpy(zero_copy_only=False)[is_gpu]
+    # as pandas holds the column (float64 with NaN when any step is null), then as Python scalars
+    bd_step = breakdown.column("step").to_numpy(zero_copy_only=False)[is_gpu].tolist()
+    bd_lo = breakdown.column("window_start_ns").to_numpy(zero_copy_only=False)[is_gpu]
+    bd_hi = breakdown.column("window_end_ns").to_numpy(zero_copy_only=False)[is_gpu]
+    bd_len = breakdown.column("step_time_ns").to_numpy(zero_copy_only=False)[is_gpu]
+    ec = columns(events)
+    is_dev = ec.kinds(*DEVICE_KINDS)
+    is_rt = ec.kinds(*RUNTIME_KINDS)
+    is_op = ec.kinds("cpu_op")
+    is_sync = ec.flag("name", _is_sync_name)
+    rank = ec.int64("rank")
+    ts = ec.int64("ts_ns")
+    end = ec.end()
+    corr = ec.int64("correlation", -1)
+    stream = ec.int64("stream", -1)
+    tid = ec.int64("tid", -1)
+    values, name_idx = ec.codes("name")
+    name_of = np.array([*values, None], dtype=object)
     rows = []
     # each rank's rows once (a stable sort by rank), not a mask over every event per rank: O(events)
     by_rank = np.argsort(rank, kind="stable")
     sorted_rank = rank[by_rank]
-    for r, w in bd.groupby("rank"):
+    bd_order = np.argsort(bd_rank, kind="stable")  # the breakdown's GPU rows grouped by rank, in order
+    for r in np.unique(bd_rank):
         r = int(r)
+        w = bd_order[bd_rank[bd_order] == r]
         mine = by_rank[np.searchsorted(sorted_rank, r, "left") : np.searchsorted(sorted_rank, r, "right")]
         dev = mine[is_dev[mine]]
         if dev.size == 0:
@@ -138,8 +208,9 @@ def idle_breakdown(events: pa.Table, breakdown: pa.Table, top: int = 3) -> pd.Da
         if ops.size:
             prev_max = np.maximum.accumulate(np.concatenate([[np.iinfo(np.int64).min], end[ops][:-1]]))
             ops = ops[ts[ops] >= prev_max]
-        for row in w.itertuples():
-            lo, hi = int(row.window_start_ns), int(row.window_end_ns)
+        op_names = _ByName(name_of[name_idx[ops]]) if ops.size else None
+        for b in w:
+            lo, hi = int(bd_lo[b]), int(bd_hi[b])
             gaps = iv.subtract((np.array([lo]), np.array([hi])), iv.clip(busy, lo, hi))
             g0, g1 = gaps
             parts = dict.fromkeys(CAUSES, 0)
@@ -174,23 +245,18 @@ def idle_breakdown(events: pa.Table, breakdown: pa.Table, top: int = 3) -> pd.Da
                 sync_iv = sync_part
             host_ops: dict[str, int] = {}
             sync_ops: dict[str, int] = {}
-            if ops.size and parts["host_bound"]:
-                ov = iv.measure_in_windows(host_iv, ts[ops], end[ops])
-                s = pd.Series(ov, index=names[ops]).groupby(level=0).sum().sort_values(ascending=False)
-                host_ops = {str(k): int(v) for k, v in s.head(top).items() if v > 0}
-            if ops.size and parts["synchronization"]:
-                ov = iv.measure_in_windows(sync_iv, ts[ops], end[ops])
-                s = pd.Series(ov, index=names[ops]).groupby(level=0).sum().sort_values(ascending=False)
-                sync_ops = {str(k): int(v) for k, v in s.head(top).items() if v > 0}
+            if op_names is not None and parts["host_bound"]:
+                host_ops = op_names.top(iv.measure_in_windows(host_iv, ts[ops], end[ops]), top)
+            if op_names is not None and parts["synchronization"]:
+                sync_ops = op_names.top(iv.measure_in_windows(sync_iv, ts[ops], end[ops]), top)
                 if not sync_ops and sync.size:
                     ov = iv.measure_in_windows(sync_iv, ts[sync], end[sync])
-                    s = pd.Series(ov, index=names[sync]).groupby(level=0).sum().sort_values(ascending=False)
-                    sync_ops = {str(k): int(v) for k, v in s.head(top).items() if v > 0}
+                    sync_ops = _ByName(name_of[name_idx[sync]]).top(ov, top)
             idle = int((g1 - g0).sum()) if g0.size else 0
             rows.append(
-                (r, row.step, int(row.step_time_ns), idle, *(parts[c] for c in CAUSES), host_ops, sync_ops)
+                (r, bd_step[b], int(bd_len[b]), idle, *(parts[c] for c in CAUSES), host_ops, sync_ops)
             )
-    return pd.DataFrame(rows, columns=cols)
+    return rows
 
 
 def idle_findings(table: pd.DataFrame, threshold: float = IDLE_THRESHOLD) -> list[dict[str, Any]]:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from tracelens.analyze.dictcol import dict_lookup as _dict_lookup
+from tracelens.analyze.dictcol import columns
 from tracelens.ingest.comm_families import is_comm_cpu_op
 
 
@@ -37,7 +37,7 @@ def innermost_enclosing(
     qcode = np.searchsorted(uniq, q_group)
     qcode_ok = (qcode < uniq.size) & (uniq[np.minimum(qcode, uniq.size - 1)] == q_group)
     # lexicographic search: within [seg_lo, seg_hi) find the last start <= t
-    j = seg_lo + _searchsorted_segments(s, seg_lo, seg_hi, q_t) - 1
+    j = seg_lo + _count_at_most(np.searchsorted(uniq, g), s, seg_lo, seg_hi, qcode, q_t) - 1
     valid = qcode_ok & (j >= seg_lo)
     # sparse table: m[k][i] = max(e[i - 2^k + 1 .. i])
     levels = [e]
@@ -60,6 +60,35 @@ def innermost_enclosing(
     pos_c = np.where(ok, pos, 0)
     ok &= e[pos_c] >= q_t
     out[ok] = order[pos_c[ok]]
+    return out
+
+
+def _pair_keys(
+    a: np.ndarray, b: np.ndarray, qa: np.ndarray, qb: np.ndarray
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """One int64 key per (a, b) pair and per query pair, ordered as the pairs are (a major), when the value
+    ranges allow it without overflow; None otherwise."""
+    if a.size == 0 or qa.size == 0:
+        return None
+    a_lo, a_hi = min(int(a.min()), int(qa.min())), max(int(a.max()), int(qa.max()))
+    b_lo, b_hi = min(int(b.min()), int(qb.min())), max(int(b.max()), int(qb.max()))
+    width = b_hi - b_lo + 1
+    if (a_hi - a_lo + 1) * width >= 1 << 62:
+        return None
+    return (a - a_lo) * width + (b - b_lo), (qa - a_lo) * width + (qb - b_lo)
+
+
+def _count_at_most(
+    code: np.ndarray, s: np.ndarray, lo: np.ndarray, hi: np.ndarray, q_code: np.ndarray, t: np.ndarray
+) -> np.ndarray:
+    """Per query, the number of values <= t within s[lo:hi], where [lo, hi) is the run of `code` == q_code
+    in `code` (sorted, and s sorted within each run); one searchsorted over combined keys when they fit
+    in int64, else the vectorised binary search."""
+    keys = _pair_keys(code, s, q_code, t)
+    if keys is None:
+        return _searchsorted_segments(s, lo, hi, t)
+    found = np.searchsorted(keys[0], keys[1], side="right")
+    out: np.ndarray = np.clip(found, lo, hi) - lo
     return out
 
 
@@ -110,25 +139,16 @@ class _Queries:
     device: np.ndarray
 
 
-def _kinds(events: pa.Table) -> dict[str, np.ndarray]:
-    kcol = events.column("kind")
-    return {
-        k: _dict_lookup(kcol, lambda v, k=k: int(v == k)).astype(bool)
-        for k in ("kernel", "gpu_memcpy", "gpu_memset", "cpu_op", "user_annotation", "cuda_runtime",
-                  "cuda_driver")
-    }  # fmt: skip
-
-
 def _queries(events: pa.Table) -> _Queries:
-    kinds = _kinds(events)
-    device = kinds["kernel"] | kinds["gpu_memcpy"] | kinds["gpu_memset"]
-    rank = events.column("rank").to_numpy(zero_copy_only=False).astype(np.int64)
-    corr = events.column("correlation").fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
-    tid = events.column("tid").fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
-    ts = events.column("ts_ns").to_numpy(zero_copy_only=False)
-    end = ts + np.maximum(events.column("dur_ns").fill_null(0).to_numpy(zero_copy_only=False), 0)
+    cols = columns(events)
+    device = cols.kinds("kernel", "gpu_memcpy", "gpu_memset")
+    rank = cols.int64("rank")
+    corr = cols.int64("correlation", -1)
+    tid = cols.int64("tid", -1)
+    ts = cols.int64("ts_ns")
+    end = cols.end()
     group = rank * (1 << 32) + (tid & 0xFFFFFFFF)
-    launch = (kinds["cuda_runtime"] | kinds["cuda_driver"]) & (corr >= 0)
+    launch = cols.kinds("cuda_runtime", "cuda_driver") & (corr >= 0)
     dev_rows = np.flatnonzero(device & (corr >= 0))
     l_rows = np.flatnonzero(launch)
     rows = np.zeros(0, dtype=np.int64)
@@ -137,8 +157,10 @@ def _queries(events: pa.Table) -> _Queries:
         j = _find_pairs(rank[l_rows], corr[l_rows], rank[dev_rows], corr[dev_rows])
         hit = j >= 0
         rows, the_launch = dev_rows[hit], l_rows[j[hit]]
-    ops = kinds["cpu_op"] | kinds["user_annotation"]
-    return _Queries(rows, group, ts, end, group[the_launch], ts[the_launch], ops, kinds["cpu_op"], device)
+    ops = cols.kinds("cpu_op", "user_annotation")
+    return _Queries(
+        rows, group, ts, end, group[the_launch], ts[the_launch], ops, cols.kinds("cpu_op"), device
+    )
 
 
 def _enclosing(q: _Queries, mask: np.ndarray) -> np.ndarray:
@@ -166,12 +188,13 @@ def link_launches(events: pa.Table) -> Launches:
     if n == 0:
         return Launches(np.full(0, -1, dtype=np.int64), np.full(0, -1, dtype=np.int64))
     q = _queries(events)
-    comm_name = _dict_lookup(events.column("name"), lambda v: int(is_comm_cpu_op(v))).astype(bool)
+    cols = columns(events)
+    comm_name = cols.flag("name", is_comm_cpu_op)
     parent = _enclosing(q, np.ones(n, dtype=bool))
     comm_parent = _enclosing(q, comm_name)
     # no launch found: the cpu op with the device event's External id (same rank)
-    rank = events.column("rank").to_numpy(zero_copy_only=False).astype(np.int64)
-    ext = events.column("external_id").fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+    rank = cols.int64("rank")
+    ext = cols.int64("external_id", -1)
     todo = np.flatnonzero(q.device & (parent < 0) & (ext >= 0))
     cands = np.flatnonzero(q.cpu_op & (ext >= 0))
     if todo.size and cands.size:
@@ -186,6 +209,13 @@ def link_launches(events: pa.Table) -> Launches:
 
 def _find_pairs(a: np.ndarray, b: np.ndarray, qa: np.ndarray, qb: np.ndarray) -> np.ndarray:
     """For each query (qa, qb): an index i with (a[i], b[i]) == (qa, qb) (the first in sorted order), else -1."""
+    keys = _pair_keys(a, b, qa, qb)
+    if keys is not None:  # one sorted int64 key: the first of equal pairs in a stable sort, as below
+        o = np.argsort(keys[0], kind="stable")
+        sk = keys[0][o]
+        j = np.searchsorted(sk, keys[1], side="left")
+        jc = np.minimum(j, max(sk.size - 1, 0))
+        return np.where((j < sk.size) & (sk[jc] == keys[1]), o[jc], -1)
     o = np.lexsort((b, a))
     sa, sb = a[o], b[o]
     lo = np.searchsorted(sa, qa, side="left")

@@ -37,6 +37,7 @@ from tracelens.analyze.breakdown import RankSets, class_sets
 from tracelens.analyze.breakdown import breakdown as compute_breakdown
 from tracelens.analyze.classify import COMM, COMPUTE, _dict_lookup, classify
 from tracelens.analyze.composition import _runs, module_spans
+from tracelens.analyze.dictcol import columns
 from tracelens.findings import finding
 from tracelens.topology import P2P_NAMES, Grid
 
@@ -89,15 +90,22 @@ def expected_bubble_fraction(
     return (pp - 1) / (max(v, 1) * microbatches + pp - 1)
 
 
+def _is_p2p_name(v: str) -> bool:
+    return P2P_NAMES.search(v) is not None
+
+
+def _is_p2p_collective(v: str) -> bool:
+    return v.lower() in ("send", "recv", "isend", "irecv")
+
+
 def _p2p_mask(events: pa.Table) -> np.ndarray:
     """Rows that are point-to-point sends/receives (send/recv collectives; SendRecv kernels and c10d/gloo
     send and recv ops when no collective name is recorded)."""
-    by_name = _dict_lookup(events.column("name"), lambda v: int(bool(P2P_NAMES.search(v)))).astype(bool)
-    by_coll = _dict_lookup(
-        events.column("collective"), lambda v: int(v.lower() in ("send", "recv", "isend", "irecv"))
-    ).astype(bool)
+    cols = columns(events)
+    by_name = cols.flag("name", _is_p2p_name)
+    by_coll = cols.flag("collective", _is_p2p_collective)
     # an all_to_all also runs in a SendRecv kernel: when the collective name is known it decides
-    has_coll = events.column("collective").is_valid().to_numpy(zero_copy_only=False)
+    has_coll = cols.valid("collective")
     out: np.ndarray = (by_name & ~has_coll) | by_coll
     return out
 

@@ -34,7 +34,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from tracelens.analyze.classify import STEP, _dict_lookup
+from tracelens.analyze.classify import STEP, _dict_lookup, is_step_name
+from tracelens.analyze.dictcol import columns
 
 DEVICE = ("kernel", "gpu_memcpy", "gpu_memset")
 LAUNCH_KINDS = ("cuda_runtime", "cuda_driver")
@@ -65,30 +66,29 @@ def step_windows_noted(events: pa.Table) -> StepWindows:
     """Windows by the rule of the module docstring, plus what was dropped or clipped."""
     if events.num_rows == 0:
         return StepWindows(_empty())
-    name = events.column("name")
-    is_step = _dict_lookup(name, lambda v: int(bool(STEP.match(v)))).astype(bool)
+    cols = columns(events)
+    is_step = cols.flag("name", is_step_name)
     if not is_step.any():
         return StepWindows(_empty())
-    kcol = events.column("kind")
-    kinds = {k: _dict_lookup(kcol, lambda v, k=k: int(v == k)).astype(bool)
-             for k in ("cpu_op", "user_annotation", "gpu_user_annotation", "other", *DEVICE)}  # fmt: skip
-    cpu_kind = kinds["cpu_op"] | kinds["user_annotation"]
-    device = kinds["kernel"] | kinds["gpu_memcpy"] | kinds["gpu_memset"]
-    rank = events.column("rank").to_numpy(zero_copy_only=False).astype(np.int64)
-    ts = events.column("ts_ns").to_numpy(zero_copy_only=False).astype(np.int64)
-    end = ts + np.maximum(events.column("dur_ns").fill_null(0).to_numpy(zero_copy_only=False), 0)
-    ev_step = events.column("step").fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+    gpu_ann = cols.kinds("gpu_user_annotation")
+    cpu_kind = cols.kinds("cpu_op", "user_annotation")
+    device = cols.kinds(*DEVICE)
+    rank = cols.int64("rank")
+    ts = cols.int64("ts_ns")
+    end = cols.end()
+    ev_step = cols.int64("step", -1)
     # markers of left-out steps (module docstring): kind other, step null
-    left_out = is_step & kinds["other"] & (ev_step < 0)
+    left_out = is_step & cols.kinds("other") & (ev_step < 0)
     launch = np.zeros(events.num_rows, dtype=bool)
     corr = np.full(events.num_rows, -1, dtype=np.int64)
     if left_out.any():
-        launch = _dict_lookup(kcol, lambda v: int(v in LAUNCH_KINDS)).astype(bool)
-        corr = events.column("correlation").fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+        launch = cols.kinds(*LAUNCH_KINDS)
+        corr = cols.int64("correlation", -1)
     step_rows = np.flatnonzero(is_step)
-    names = name.take(pa.array(step_rows)).cast(pa.string()).to_pylist()
+    values, name_idx = cols.codes("name")
     nums = np.full(events.num_rows, -1, dtype=np.int64)
-    nums[step_rows] = [int(STEP.match(v).group(1)) for v in names]  # type: ignore[union-attr]  # is_step: all match
+    step_names = [values[i] for i in name_idx[step_rows]]
+    nums[step_rows] = [int(STEP.match(v).group(1)) for v in step_names]  # type: ignore[union-attr]  # is_step: all match
     out: dict[str, list[int]] = {"rank": [], "step": [], "start_ns": [], "end_ns": []}
     notes: list[dict[str, Any]] = []
     order = np.argsort(rank, kind="stable")
@@ -96,7 +96,7 @@ def step_windows_noted(events: pa.Table) -> StepWindows:
     for r in np.unique(rank[step_rows]):
         sl = order[np.searchsorted(rs, r, side="left") : np.searchsorted(rs, r, side="right")]
         got = _rank_windows(
-            int(r), ts[sl], end[sl], is_step[sl], cpu_kind[sl], kinds["gpu_user_annotation"][sl], device[sl],
+            int(r), ts[sl], end[sl], is_step[sl], cpu_kind[sl], gpu_ann[sl], device[sl],
             ev_step[sl], nums[sl], notes, left_out[sl], launch[sl], corr[sl],
         )  # fmt: skip
         if got is None:

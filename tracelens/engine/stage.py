@@ -21,17 +21,21 @@ import re
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tracelens.analyze.breakdown import BREAKDOWN, RankSets, breakdown, class_sets, step_windows
-from tracelens.analyze.classify import COMM, COMPUTE, DEVICE_KINDS, STEP, _dict_lookup, classify
+from tracelens.analyze.classify import COMM, COMPUTE, DEVICE_KINDS, classify, is_step_name
+from tracelens.analyze.dictcol import columns, sharing
 from tracelens.store.stages import OPS, RankStage, write_stage
 
 _ANNOTATION_KINDS = ("user_annotation", "gpu_user_annotation")
 # Names the cross-rank analyses look for beyond collectives (pipeline: SendRecv kernels / c10d send-recv).
 _CROSS_NAMES = re.compile(r"^record_param_comms$|send|recv|SendRecv", re.IGNORECASE)
+
+
+def _is_cross_name(v: str) -> bool:
+    return _CROSS_NAMES.search(v) is not None
 
 
 def cross_rank_mask(events: pa.Table, classes: np.ndarray, path: str | None) -> np.ndarray:
@@ -50,18 +54,18 @@ def cross_rank_mask(events: pa.Table, classes: np.ndarray, path: str | None) -> 
         return np.zeros(0, bool)
     if path != "gpu":
         return np.ones(n, bool)
-    kind = events.column("kind")
+    cols = columns(events)
     keep = classes == COMM
-    keep |= _dict_lookup(kind, lambda v: int(v in _ANNOTATION_KINDS)).astype(bool)
-    keep |= _dict_lookup(events.column("name"), lambda v: int(bool(_CROSS_NAMES.search(v)))).astype(bool)
+    keep |= cols.kinds(*_ANNOTATION_KINDS)
+    keep |= cols.flag("name", _is_cross_name)
     for col in ("collective", "pg_ranks", "pg_name", "src_rank", "dst_rank"):
-        keep |= events.column(col).is_valid().to_numpy(zero_copy_only=False)
-    dev = np.flatnonzero(_dict_lookup(kind, lambda v: int(v in DEVICE_KINDS)).astype(bool))
+        keep |= cols.valid(col)
+    dev = np.flatnonzero(cols.kinds(*DEVICE_KINDS))
     if dev.size:
         keep[dev[0]] = True
     keep[_pipeline_marks(events, classes)] = True
     keep |= _comm_launch_rows(events, classes)
-    keep |= _dict_lookup(events.column("name"), lambda v: int(bool(STEP.match(v)))).astype(bool)
+    keep |= cols.flag("name", is_step_name)
     out: np.ndarray = keep
     return out
 
@@ -72,94 +76,149 @@ def _comm_launch_rows(events: pa.Table, classes: np.ndarray) -> np.ndarray:
     carries no collective args (PyTorch < ~2.3)."""
     from tracelens.ingest.comm_families import is_comm_cpu_op
 
-    keep = _dict_lookup(events.column("name"), lambda v: int(is_comm_cpu_op(v))).astype(bool)
-    kind = events.column("kind")
-    keep &= _dict_lookup(kind, lambda v: int(v in ("cpu_op", "user_annotation"))).astype(bool)
-    corr = events.column("correlation").fill_null(-1).to_numpy(zero_copy_only=False)
+    cols = columns(events)
+    keep = cols.flag("name", is_comm_cpu_op) & cols.kinds("cpu_op", "user_annotation")
+    corr = cols.int64("correlation", -1)
     comm_corr = np.unique(corr[(classes == COMM) & (corr >= 0)])
     if comm_corr.size:
-        launch = _dict_lookup(kind, lambda v: int(v in ("cuda_runtime", "cuda_driver"))).astype(bool)
-        keep |= launch & np.isin(corr, comm_corr)
+        keep |= cols.kinds("cuda_runtime", "cuda_driver") & np.isin(corr, comm_corr)
     out: np.ndarray = keep
     return out
+
+
+def _first_per_group(group: np.ndarray, key: np.ndarray, rows: np.ndarray, largest: bool) -> np.ndarray:
+    """Per distinct `group` (ascending): the row of `rows` (ascending) with the smallest (`largest`: the
+    largest) `key`, the first row among ties (pandas' groupby idxmin / idxmax)."""
+    if largest:  # sorted by key ascending, rows descending among ties: the last of each group
+        o = np.lexsort((-rows, key, group))
+        g = group[o]
+        last = np.ones(o.size, bool)
+        last[:-1] = g[1:] != g[:-1]
+        out: np.ndarray = rows[o[last]]
+        return out
+    o = np.lexsort((rows, key, group))
+    g = group[o]
+    first = np.ones(o.size, bool)
+    first[1:] = g[1:] != g[:-1]
+    out = rows[o[first]]
+    return out
+
+
+def _per_group(group: np.ndarray, values: np.ndarray, largest: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(distinct groups ascending, max or min of `values` in each)."""
+    keys, inv = np.unique(group, return_inverse=True)
+    if largest:
+        acc = np.full(keys.size, np.iinfo(np.int64).min, np.int64)
+        np.maximum.at(acc, inv, values)
+    else:
+        acc = np.full(keys.size, np.iinfo(np.int64).max, np.int64)
+        np.minimum.at(acc, inv, values)
+    return keys, acc
+
+
+def _lookup(keys: np.ndarray, vals: np.ndarray, q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(found?, value) of each query in a sorted key -> value map."""
+    if keys.size == 0:
+        return np.zeros(q.size, bool), np.zeros(q.size, np.int64)
+    pos = np.minimum(np.searchsorted(keys, q), keys.size - 1)
+    return keys[pos] == q, vals[pos]
 
 
 def _pipeline_marks(events: pa.Table, classes: np.ndarray) -> np.ndarray:
     """Row numbers of the compute events that decide the pipeline analysis' per-step marks, per step:
     the earliest-starting and the latest-ending compute event, and the latest-ending one starting before the
     first collective after the step's last point-to-point op (`pipeline._fallback_last`). Those marks are
-    minima and maxima, so these few rows give exactly what all compute rows give."""
+    minima and maxima, so these few rows give exactly what all compute rows give.
+
+    Compared as pandas' joins compare in `_fallback_last`: in float64 once a row's step has no value."""
     from tracelens.analyze.pipeline import _p2p_mask
 
-    ts = events.column("ts_ns").to_numpy(zero_copy_only=False).astype(np.int64)
-    end = ts + events.column("dur_ns").fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
-    step = events.column("step").fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+    cols = columns(events)
+    ts = cols.int64("ts_ns")
+    end = cols.end_signed()
+    step = cols.int64("step", -1)
     valid = step >= 0
     comp = np.flatnonzero((classes == COMPUTE) & valid)
     if comp.size == 0:
         return comp
     p2p = _p2p_mask(events) & (classes == COMM)
     coll = (classes == COMM) & ~p2p
-    df = pd.DataFrame({"i": comp, "step": step[comp], "ts": ts[comp], "end": end[comp]})
-    g = df.groupby("step")
-    rows = [df.loc[g["ts"].idxmin(), "i"].to_numpy(), df.loc[g["end"].idxmax(), "i"].to_numpy()]
+    c_step, c_ts, c_end = step[comp], ts[comp], end[comp]
+    rows = [
+        _first_per_group(c_step, c_ts, comp, largest=False),
+        _first_per_group(c_step, c_end, comp, largest=True),
+    ]
     pi = np.flatnonzero(p2p & valid)
     if pi.size:
-        lp = pd.Series(ts[pi]).groupby(step[pi]).max().rename("lp")
+        lp_step, lp = _per_group(step[pi], ts[pi], largest=True)  # last p2p start per step
         ci = np.flatnonzero(coll & valid)
-        c = pd.DataFrame({"step": step[ci], "ts": ts[ci]}).join(lp, on="step")
-        fc = c[c["ts"] >= c["lp"]].groupby("step")["ts"].min().rename("fc")
-        d = df.join(fc, on="step")
-        d = d[d["fc"].isna() | (d["ts"] < d["fc"])]
-        if len(d):
-            rows.append(d.loc[d.groupby("step")["end"].idxmax(), "i"].to_numpy())
+        has, lpv = _lookup(lp_step, lp, step[ci])
+        after = ts[ci] >= lpv if has.all() else has & (ts[ci].astype(np.float64) >= lpv.astype(np.float64))
+        fc_step, fc = _per_group(step[ci[after]], ts[ci[after]], largest=False)  # first collective after
+        has, fcv = _lookup(fc_step, fc, c_step)
+        before = c_ts < fcv if has.all() else ~has | (c_ts.astype(np.float64) < fcv.astype(np.float64))
+        if before.any():
+            rows.append(_first_per_group(c_step[before], c_end[before], comp[before], largest=True))
     return np.unique(np.concatenate(rows))
 
 
 def rank_stage(events: pa.Table, rank: int) -> RankStage:
-    """Compute one rank's stage from its events (all rows must belong to `rank`)."""
+    """Compute one rank's stage from its events (all rows must belong to `rank`).
+
+    The analyzers run inside one `dictcol.sharing` block: each column and dictionary lookup is decoded once
+    for all of them."""
+    if events.num_rows == 0:
+        empty = BREAKDOWN.empty_table()
+        idle, idle_err = _idle(events, empty, None)
+        return RankStage(
+            rank, empty, None, None, events, False, None, None, op_totals(events), idle, idle_err
+        )
+    with sharing(events):
+        return _rank_stage(events, rank)
+
+
+def _rank_stage(events: pa.Table, rank: int) -> RankStage:
     from tracelens.analyze.composition import module_spans
 
-    classes = classify(events) if events.num_rows else np.zeros(0, np.int8)
-    sets = class_sets(events, classes) if events.num_rows else {}
+    classes = classify(events)
+    sets = class_sets(events, classes)
     rs = sets.get(rank)
-    has_steps = step_windows(events).num_rows > 0 if events.num_rows else False
-    bd = breakdown(events, sets=sets) if events.num_rows else BREAKDOWN.empty_table()
+    windows = step_windows(events)
+    has_steps = windows.num_rows > 0
+    bd = breakdown(events, sets=sets, windows=windows if has_steps else None)
     spans, err = None, None
-    if events.num_rows:
-        try:
-            spans = module_spans(events, None, sets=sets)
-        except Exception as e:  # noqa: BLE001 (the analysis turns it into a warning, as for one table)
-            err = f"{type(e).__name__}: {e}"
+    try:
+        spans = module_spans(events, None, sets=sets)
+    except Exception as e:  # noqa: BLE001 (the analysis turns it into a warning, as for one table)
+        err = f"{type(e).__name__}: {e}"
     idle, idle_err = _idle(events, bd, rs)
     mask = cross_rank_mask(events, classes, rs.path if rs is not None else None)
-    xev = events.filter(pa.array(mask)) if events.num_rows else events
+    xev = events.filter(pa.array(mask))
     return RankStage(
         rank, bd, rs, spans, xev, has_steps, err, _time_range(events), op_totals(events), idle, idle_err
     )
 
 
 def _idle(events: pa.Table, bd: pa.Table, rs: RankSets | None) -> tuple[pa.Table, str | None]:
-    """(IDLE rows of a GPU rank, None) or (empty, why idle_breakdown failed); empty for other ranks."""
-    from tracelens.analyze.idle import IDLE, idle_breakdown, idle_table
+    """(IDLE rows of a GPU rank, None) or (empty, why idle_breakdown_table failed); empty for other ranks."""
+    from tracelens.analyze.idle import IDLE, idle_breakdown_table
 
     if rs is None or rs.path != "gpu":
         return IDLE.empty_table(), None
     try:
-        return idle_table(idle_breakdown(events, bd)), None
+        return idle_breakdown_table(events, bd), None
     except Exception as e:  # noqa: BLE001 (Analysis.idle turns it into a warning, as over all ranks)
         return IDLE.empty_table(), f"{type(e).__name__}: {e}"
 
 
 def op_totals(events: pa.Table) -> pa.Table:
     """OPS rows of one rank: per kernel / cpu op name, calls and summed duration (null duration = 0),
-    groups in order of first appearance."""
-    import pyarrow.compute as pc
-
+    groups in the order Arrow's hash group-by gives them."""
     if events.num_rows == 0:
         return OPS.empty_table()
-    kind = events.column("kind").cast(pa.string())
-    sel = events.filter(pc.is_in(kind, value_set=pa.array(["kernel", "cpu_op"])))
+    sel = events.select(["kind", "name", "dur_ns"]).filter(
+        pa.array(columns(events).kinds("kernel", "cpu_op"))
+    )
     t = pa.table(
         {
             "kind": sel.column("kind").cast(pa.string()),
@@ -182,9 +241,8 @@ def op_totals(events: pa.Table) -> pa.Table:
 def _time_range(events: pa.Table) -> tuple[int, int] | None:
     if events.num_rows == 0:
         return None
-    ts = events.column("ts_ns").to_numpy(zero_copy_only=False)
-    end = ts + np.maximum(events.column("dur_ns").fill_null(0).to_numpy(zero_copy_only=False), 0)
-    return int(ts.min()), int(end.max())
+    cols = columns(events)
+    return int(cols.int64("ts_ns").min()), int(cols.end().max())
 
 
 def compute_and_write(events_parquet: str, rank: int) -> int:
