@@ -619,8 +619,9 @@ def _dict_from_values(values: list, n: int, rows: np.ndarray) -> pa.Array:
     """Sparse string values at `rows` -> a length-n dictionary column, null elsewhere."""
     if len(rows) == 0 and n:
         return pa.nulls(n, schema.DICT_STR)
-    vals = _str_array(values)
-    return _dict_encode(_scatter(vals, n, rows))
+    # encoded first, then placed: the dictionary (values in order of first appearance) is the same, and
+    # only the few values are hashed
+    return _scatter(_dict_encode(_str_array(values)), n, rows)
 
 
 def _scatter(vals: pa.Array, n: int, rows: np.ndarray) -> pa.Array:
