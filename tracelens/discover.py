@@ -87,7 +87,9 @@ def _corrupt_gzip(p: Path) -> bool:
 def _memo_key(p: Path, st: os.stat_result) -> str:
     """One version of a file: path, inode, size, mtime and ctime (a same-size edit whose mtime is put back
     with `touch -r` still moves the ctime)."""
-    return f"{p.resolve()}|{st.st_ino}|{st.st_size}|{st.st_mtime_ns}|{st.st_ctime_ns}"
+    from tracelens.store.cache import real_path
+
+    return f"{real_path(p)}|{st.st_ino}|{st.st_size}|{st.st_mtime_ns}|{st.st_ctime_ns}"
 
 
 def discover(

@@ -277,3 +277,33 @@ def test_no_traces_creates_no_cache_folder(tmp_path):
     with pytest.raises(NoTracesError):
         load_tables(d)
     assert sorted(p.name for p in d.iterdir()) == ["notes.txt"]
+
+
+def test_real_path_is_resolve(tmp_path, monkeypatch):
+    """store.cache.real_path (the cache keys' path) equals Path.resolve() for plain, relative and linked
+    paths, a link to a folder followed by "..", and a file that is itself a link."""
+    from pathlib import Path
+
+    from tracelens.store.cache import real_path
+
+    (tmp_path / "data" / "run").mkdir(parents=True)
+    (tmp_path / "data" / "run" / "rank0.json").write_text("{}")
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "data" / "run")
+    (tmp_path / "elsewhere" / "file").symlink_to(tmp_path / "data" / "run" / "rank0.json")
+    monkeypatch.chdir(tmp_path / "data")
+    paths = [
+        tmp_path / "data" / "run" / "rank0.json",
+        Path("run/rank0.json"),
+        Path("./run/./rank0.json"),
+        tmp_path / "link" / "rank0.json",
+        tmp_path / "link" / ".." / "run" / "rank0.json",
+        tmp_path / "elsewhere" / "file",
+        tmp_path / "link",
+        Path("."),
+    ]
+    for p in paths:
+        assert real_path(p) == str(p.resolve()), p
+    assert real_path(tmp_path / "link" / ".." / "run" / "rank0.json") == str(
+        tmp_path / "data" / "run" / "rank0.json"
+    )
