@@ -160,6 +160,78 @@ def _cycle_instances(g: Graph) -> np.ndarray:
     return np.unique(g.k_instance[ck[on_cycle[g.k_node[ck]]]])
 
 
+def _as_pandas_ints(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    """An integer column as `to_pandas` gives it: int64 without nulls, else float64 with NaN (values rounded
+    there are rounded here too, so keys and times match what a DataFrame of the table would hold)."""
+    if col.null_count:
+        vals = col.fill_null(0).to_numpy(zero_copy_only=False).astype(np.float64)
+        vals[col.is_null().to_numpy(zero_copy_only=False)] = np.nan
+        return vals
+    out: np.ndarray = col.to_numpy(zero_copy_only=False).astype(np.int64)
+    return out
+
+
+def _shared_objects(col: pa.ChunkedArray | pa.Array, rows: np.ndarray | None = None) -> np.ndarray:
+    """A string column (of `rows`, when given) as an object array holding one str object per distinct value
+    (None for null): 8 bytes a row, not a string object each."""
+    if pa.types.is_dictionary(col.type):
+        col = col.cast(pa.string())
+    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    if rows is not None:
+        arr = arr.take(pa.array(rows))
+    enc = arr.dictionary_encode()
+    idx = enc.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+    vals = np.empty(len(enc.dictionary) + 1, dtype=object)
+    vals[:-1] = enc.dictionary.to_pylist()
+    out: np.ndarray = vals[idx]
+    return out
+
+
+def _per_rank(rank: np.ndarray, table: dict[int, int]) -> np.ndarray:
+    """table[rank] per row (0 for ranks not in it), looked up once per distinct rank."""
+    u, inv = np.unique(rank, return_inverse=True)
+    return np.array([table.get(int(r), 0) for r in u], dtype=np.int64)[inv.reshape(-1)]
+
+
+def _coll_lookup(
+    collectives: pa.Table, rank: np.ndarray, raw_start: np.ndarray, raw_end: np.ndarray, s: np.ndarray,
+    e: np.ndarray, q: np.ndarray, inst: np.ndarray, transfer: np.ndarray, op: np.ndarray, group: np.ndarray,
+    nbytes: np.ndarray,
+) -> None:  # fmt: skip
+    """For the kernels `q` (communication kernels): the matched collective row with the same rank, start and
+    end (the first such row), its instance, transfer (at most the kernel's duration), op, group and bytes."""
+    names = collectives.column_names
+    c_start = _as_pandas_ints(collectives.column("start_ns"))
+    c_inst = _as_pandas_ints(collectives.column("instance"))
+    keep = ~np.isnan(c_start.astype(float)) & (c_inst >= 0)
+    if "n_participants" in names:
+        npart = _as_pandas_ints(collectives.column("n_participants")).astype(float)
+        keep &= np.where(np.isnan(npart), 1.0, npart) >= 2
+    c_end = _as_pandas_ints(collectives.column("end_ns"))
+    keep &= ~np.isnan(c_end.astype(float))
+    rows = np.flatnonzero(keep)
+    if rows.size == 0 or q.size == 0:
+        return
+    ea = _as_pandas_ints(collectives.column("end_aligned_ns"))[rows]
+    ls = _as_pandas_ints(collectives.column("latest_start_ns"))[rows]
+    tr = np.clip(ea - ls, 0, None).astype(float)
+    c_rank = collectives.column("rank").to_numpy(zero_copy_only=False)[rows].astype(np.int64)
+    key = pd.MultiIndex.from_arrays([c_rank, c_start[rows].astype(np.int64), c_end[rows].astype(np.int64)])
+    first = ~key.duplicated(keep="first")
+    key, sel = key[first], rows[first]
+    pos = key.get_indexer(pd.MultiIndex.from_arrays([rank[q], raw_start[q], raw_end[q]]))
+    hit, p = q[pos >= 0], pos[pos >= 0]
+    if hit.size == 0:
+        return
+    src = sel[p]
+    inst[hit] = c_inst[src].astype(np.int64)
+    transfer[hit] = np.minimum(tr[first][p], (e - s)[hit])
+    op[hit] = _shared_objects(collectives.column("op"), src) if "op" in names else "nan"
+    group[hit] = _shared_objects(collectives.column("group_key"), src) if "group_key" in names else "nan"
+    if "bytes" in names:
+        nbytes[hit] = _as_pandas_ints(collectives.column("bytes")).astype(float)[src]
+
+
 def _build_graph(
     nodes: pa.Table,
     collectives: pa.Table | None,
@@ -170,107 +242,81 @@ def _build_graph(
 ) -> Graph | None:
     if nodes.num_rows == 0:
         return None
-    d = nodes.to_pandas()
-    d["label"] = d["label"].astype(object)
     off = {int(k): int(v) for k, v in (offsets_ns or {}).items()}
-    d["raw_start"] = d["start_ns"].astype("int64")
-    o = d["rank"].map(off).fillna(0).astype("int64")
-    origin = int((d["start_ns"] - o).min())
-    d["s"] = (d["start_ns"] - o - origin).astype(float)
-    d["e"] = (d["end_ns"] - o - origin).astype(float)
-    has_launch = d["launch_ns"].notna()
-    d["L"] = np.where(has_launch, d["launch_ns"].fillna(0).astype("int64") - o - origin, np.nan).astype(float)
-    d = d.sort_values(["step", "rank", "stream", "s"], kind="stable").reset_index(drop=True)
-    n = len(d)
+
+    def ints(name: str) -> np.ndarray:
+        out: np.ndarray = nodes.column(name).to_numpy(zero_copy_only=False).astype(np.int64)
+        return out
+
+    rank, step, stream = ints("rank"), ints("step"), ints("stream")
+    raw_start, raw_end = ints("start_ns"), ints("end_ns")
+    o = _per_rank(rank, off)
+    origin = int((raw_start - o).min())
+    s = (raw_start - o - origin).astype(float)
+    e = (raw_end - o - origin).astype(float)
+    launch = _as_pandas_ints(nodes.column("launch_ns"))
+    has_launch = ~np.isnan(launch) if launch.dtype.kind == "f" else np.ones(launch.size, dtype=bool)
+    L = np.where(has_launch, np.where(has_launch, launch, 0).astype(np.int64) - o - origin, np.nan).astype(
+        float
+    )
+    del launch, o
+    # kernels sorted by (step, rank, stream, start), stably
+    order = np.lexsort((s, stream, rank, step))
+    rank, step, stream, raw_start, raw_end = (
+        rank[order],
+        step[order],
+        stream[order],
+        raw_start[order],
+        raw_end[order],
+    )
+    s, e, L = s[order], e[order], L[order]
+    is_comm = nodes.column("is_comm").to_numpy(zero_copy_only=False).astype(bool)[order]
+    label = _shared_objects(nodes.column("label"), order)
+    if "launch_tid" in nodes.column_names:
+        tid = _as_pandas_ints(nodes.column("launch_tid")).astype(float)[order]
+    else:
+        tid = np.full(order.size, np.nan)
+    del order
+    n = rank.size
 
     # collectives: instance, transfer per participant
-    d["instance"] = -1
-    d["transfer"] = np.nan
-    d["op"] = ""
-    d["group"] = ""
-    d["bytes"] = np.nan
+    inst = np.full(n, -1, dtype=np.int64)
+    transfer = np.full(n, np.nan)
+    op = np.full(n, "", dtype=object)
+    group = np.full(n, "", dtype=object)
+    nbytes = np.full(n, np.nan)
     if collectives is not None and collectives.num_rows:
-        c = collectives.select(
-            [
-                x
-                for x in (
-                    "rank",
-                    "start_ns",
-                    "end_ns",
-                    "instance",
-                    "op",
-                    "group_key",
-                    "bytes",
-                    "n_participants",
-                    "latest_start_ns",
-                    "end_aligned_ns",
-                )
-                if x in collectives.column_names
-            ]
-        ).to_pandas()
-        c = c.dropna(subset=["start_ns"])
-        c = c[c["instance"] >= 0]
-        if "n_participants" in c:
-            c = c[c["n_participants"].fillna(1) >= 2]
-        c["transfer_c"] = (c["end_aligned_ns"] - c["latest_start_ns"]).clip(lower=0).astype(float)
-        c = c.rename(
-            columns={
-                "start_ns": "raw_start",
-                "instance": "inst_c",
-                "op": "op_c",
-                "group_key": "grp_c",
-                "bytes": "bytes_c",
-            }
-        )
-        c = c.dropna(subset=["end_ns"])
-        c["raw_start"] = c["raw_start"].astype("int64")
-        c["raw_end"] = c["end_ns"].astype("int64")
-        c["rank"] = c["rank"].astype("int64")
-        c = c.drop_duplicates(["rank", "raw_start", "raw_end"])
-        key = pd.DataFrame(
-            {
-                "rank": d["rank"].astype("int64"),
-                "raw_start": d["raw_start"].astype("int64"),
-                "raw_end": d["end_ns"].astype("int64"),
-            }
-        )
-        m = key.merge(
-            c[["rank", "raw_start", "raw_end", "inst_c", "transfer_c", "op_c", "grp_c", "bytes_c"]],
-            on=["rank", "raw_start", "raw_end"],
-            how="left",
-        )
-        hit = m["inst_c"].notna().to_numpy() & d["is_comm"].to_numpy()
-        d.loc[hit, "instance"] = m.loc[hit, "inst_c"].astype("int64").to_numpy()
-        d.loc[hit, "transfer"] = np.minimum(
-            m.loc[hit, "transfer_c"].to_numpy(), (d["e"] - d["s"])[hit].to_numpy()
-        )
-        d.loc[hit, "op"] = m.loc[hit, "op_c"].astype(str).to_numpy()
-        d.loc[hit, "group"] = m.loc[hit, "grp_c"].astype(str).to_numpy()
-        d.loc[hit, "bytes"] = m.loc[hit, "bytes_c"].astype(float).to_numpy()
+        _coll_lookup(collectives, rank, raw_start, raw_end, s, e, np.flatnonzero(is_comm), inst, transfer, op,
+                     group, nbytes)  # fmt: skip
+    del raw_start, raw_end
     # an instance seen by one participant only is no rendezvous
-    inst = d["instance"].to_numpy()
-    cnt = pd.Series(inst[inst >= 0]).value_counts()
-    lone = (inst >= 0) & (pd.Series(inst).map(cnt).fillna(0).to_numpy() < 2)
+    on = inst >= 0
+    u_inst, i_inv, i_cnt = np.unique(inst[on], return_inverse=True, return_counts=True)
+    lone = np.zeros(n, dtype=bool)
+    lone[on] = i_cnt[i_inv.reshape(-1)] < 2
     # nor is one where a participant ended before the last one arrived (aligned): a wrong match, or a send
     # that completed eagerly; replayed as a rendezvous it would finish that participant late
-    on = inst >= 0
-    ist = pd.DataFrame({"i": inst[on], "s": d["s"].to_numpy()[on], "e": d["e"].to_numpy()[on]}).groupby("i")
-    early = ist["s"].max() - ist["e"].min() > CROSS_TOL_NS
-    early_ids = early.index[early.to_numpy()].to_numpy(dtype=np.int64)
+    s_max = np.full(u_inst.size, -np.inf)
+    e_min = np.full(u_inst.size, np.inf)
+    np.maximum.at(s_max, i_inv.reshape(-1), s[on])
+    np.minimum.at(e_min, i_inv.reshape(-1), e[on])
+    early_ids = u_inst[s_max - e_min > CROSS_TOL_NS].astype(np.int64)
     inst = np.where(lone | np.isin(inst, excluded) | np.isin(inst, early_ids), -1, inst)
-    d["instance"] = inst
+    del lone, on, i_inv
     coll = inst >= 0
 
-    rank = d["rank"].to_numpy().astype(np.int64)
-    step = d["step"].to_numpy().astype(np.int64)
-    stream = d["stream"].to_numpy().astype(np.int64)
-    s = d["s"].to_numpy()
-    e = np.maximum(d["e"].to_numpy(), s)
-    L = d["L"].to_numpy()
+    e = np.maximum(e, s)
 
     # launch latency per rank: the smallest launch -> start seen on that rank
-    lat = pd.Series(s - L).where(~np.isnan(L)).groupby(rank).min().clip(lower=0)
-    release = np.where(np.isnan(L), NEG, L + pd.Series(rank).map(lat).fillna(0).to_numpy())
+    u_rank, r_inv = np.unique(rank, return_inverse=True)
+    r_inv = r_inv.reshape(-1)
+    lat_r = np.full(u_rank.size, np.inf)
+    has_l = ~np.isnan(L)
+    np.minimum.at(lat_r, r_inv[has_l], (s - L)[has_l])
+    lat_r = np.where(np.isinf(lat_r), 0.0, np.maximum(lat_r, 0.0))
+    lat_k = lat_r[r_inv]
+    del r_inv, has_l
+    release = np.where(np.isnan(L), NEG, L + lat_k)
     release = np.minimum(release, s)
 
     # stream predecessor
@@ -285,7 +331,7 @@ def _build_graph(
     best_score = np.full(n, NEG)
     best_idx = np.full(n, -1, dtype=np.int64)
     # on a tie (a batched send/recv pair ends together) the receive is what the next kernel waits for
-    score = e - 0.5 * (d["op"].to_numpy() == "send")
+    score = e - 0.5 * (op == "send")
     for st in np.unique(stream):
         on = np.flatnonzero(stream == st)
         keys = gkey[on] + e[on]
@@ -315,11 +361,13 @@ def _build_graph(
     dur = e - s
 
     # sync edges: the kernel X whose end the launching thread's last blocking sync waited for
-    tid = d["launch_tid"].to_numpy(dtype=float, na_value=np.nan) if "launch_tid" in d else np.full(n, np.nan)
-    sync_x, sync_ret, n_syncs = _sync_epochs(syncs, off, origin, rank, step, e, L, tid, lat)
+    sync_x, sync_ret, n_syncs = _sync_epochs(syncs, off, origin, rank, step, e, L, tid, lat_k)
     # a kernel without a launch takes the epoch of the kernel before it on its stream (it has no release term)
-    ep = pd.Series(np.where(np.isnan(L), np.nan, sync_x.astype(float)))
-    ep = ep.groupby(np.cumsum(~same_stream)).ffill().fillna(-1).to_numpy()
+    known = np.where(np.isnan(L), -1, np.arange(n))
+    last_known = np.maximum.accumulate(known) if n else known
+    run_start = np.maximum.accumulate(np.where(~same_stream, np.arange(n), 0)) if n else known
+    ep = np.where(last_known >= run_start, sync_x[np.maximum(last_known, 0)], -1).astype(float)
+    del known, last_known, run_start
 
     # segments: breaks at collectives, at kernels with a cross-stream predecessor, after a kernel another
     # stream (or a sync) waits for, where the sync epoch changes, and at a new stream
@@ -410,16 +458,16 @@ def _build_graph(
         k_dur=dur,
         k_release=release,
         k_res=res,
-        k_comm=d["is_comm"].to_numpy().astype(bool),
-        k_label=d["label"].to_numpy(),
+        k_comm=is_comm,
+        k_label=label,
         k_node=k_node,
         k_seg_first=first_of_seg,
         k_inst_row=np.where(coll, 0, -1),
-        k_transfer=np.nan_to_num(d["transfer"].to_numpy(), nan=0.0),
-        k_op=d["op"].to_numpy(),
-        k_group=d["group"].to_numpy(),
+        k_transfer=np.nan_to_num(transfer, nan=0.0),
+        k_op=op,
+        k_group=group,
         k_instance=inst,
-        k_bytes=d["bytes"].to_numpy(),
+        k_bytes=nbytes,
         n_type=n_type,
         n_rank=n_rank,
         n_step=n_step,
@@ -433,8 +481,10 @@ def _build_graph(
     g.k_sync_x, g.k_sync_ret, g.n_syncs = sync_x, sync_ret, n_syncs
     g.early_instances = int(early_ids.size)
     g.n_sync_src, g.n_sync_end, g.s_src, g.s_dst = n_sync_src, n_sync_end, s_src, s_dst
-    so = pd.Series(np.minimum(s, np.where(release > NEG / 2, release, s))).groupby(step).min()
-    g.step_origin = {int(k): float(v) for k, v in so.items()}
+    # kernels are sorted by step: the earliest release or start per step is one reduction per run of a step
+    so = np.minimum(s, np.where(release > NEG / 2, release, s))
+    bounds = np.flatnonzero(np.r_[True, step[1:] != step[:-1]])
+    g.step_origin = {int(k): float(v) for k, v in zip(step[bounds], np.minimum.reduceat(so, bounds))}
     return g
 
 
@@ -447,7 +497,7 @@ def _sync_epochs(
     e: np.ndarray,
     L: np.ndarray,
     tid: np.ndarray,
-    lat: pd.Series,
+    lat: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray, int]:
     """Per kernel (graph order): the kernel X that the last blocking sync of its launching thread before its
     launch waited for (-1: none, or X is in another step), that sync's return plus the rank's launch latency
@@ -496,7 +546,7 @@ def _sync_epochs(
     keep = (step[x] == step[k]) & (x != k)
     k, x = k[keep], x[keep]
     x_of[k] = x
-    ret[k] = m["ce"].to_numpy()[keep] + pd.Series(rank[k]).map(lat).fillna(0.0).to_numpy()
+    ret[k] = m["ce"].to_numpy()[keep] + lat[k]
     return x_of, ret, int(ok.sum())
 
 
