@@ -66,7 +66,6 @@ class Graph:
     k_rank: np.ndarray
     k_step: np.ndarray
     k_stream: np.ndarray
-    k_start: np.ndarray
     k_end: np.ndarray
     k_dur: np.ndarray  # float ns
     k_release: np.ndarray  # float ns (NEG: no launch constraint)
@@ -103,6 +102,12 @@ class Graph:
     s_dst: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
     n_syncs: int = 0  # CPU calls found blocked on the GPU
     early_instances: int = 0  # collective instances left out: a participant ended before the last arrived
+
+    @property
+    def k_start(self) -> np.ndarray:
+        """Kernel starts (end - duration: exact, whole ns below 2**53)."""
+        out: np.ndarray = self.k_end - self.k_dur
+        return out
 
     @property
     def n_nodes(self) -> int:
@@ -318,11 +323,24 @@ def _build_graph(
     del r_inv, has_l
     release = np.where(np.isnan(L), NEG, L + lat_k)
     release = np.minimum(release, s)
+    # ids in the smallest integer type that holds them (int32 up to ~700 M kernels: nodes <= 3 per kernel)
+    ix = np.int32 if 3 * n + 1 < 2**31 - 1 and int(np.abs(inst).max(initial=0)) < 2**31 - 1 else np.int64
 
     # stream predecessor
     grp_rs = step * (rank.max() + 1) + rank  # (step, rank) group id
     same_stream = np.r_[False, (grp_rs[1:] == grp_rs[:-1]) & (stream[1:] == stream[:-1])]
-    sp = np.where(same_stream, np.arange(n) - 1, -1)
+
+    # sync edges: the kernel X whose end the launching thread's last blocking sync waited for
+    sync_x, sync_ret, n_syncs = _sync_epochs(syncs, off, origin, rank, step, e, L, tid, lat_k)
+    del tid, lat_k
+    # a kernel without a launch takes the epoch of the kernel before it on its stream (it has no release term)
+    known = np.where(np.isnan(L), -1, np.arange(n))
+    del L
+    last_known = np.maximum.accumulate(known) if n else known
+    del known
+    run_start = np.maximum.accumulate(np.where(~same_stream, np.arange(n), 0)) if n else last_known
+    ep = np.where(last_known >= run_start, sync_x[np.maximum(last_known, 0)], -1)
+    del last_known, run_start
 
     # cross-stream predecessor: the latest end on another stream of the same (step, rank) at or before start
     SH = float(2**40)
@@ -349,58 +367,66 @@ def _build_graph(
         best_score[other[better]] = score[cand[better]]
         best_end[other[better]] = e[cand[better]]
         best_idx[other[better]] = cand[better]
-    sp_end = np.where(sp >= 0, e[np.maximum(sp, 0)], NEG)
-    explained = np.maximum(sp_end, release)
+        del on, keys, order, other, j, ok, jj, cand, better
+    del gkey, best_score, score, grp_rs
+    sp = np.where(same_stream, np.arange(n) - 1, -1).astype(ix)
+    explained = np.maximum(np.where(sp >= 0, e[np.maximum(sp, 0)], NEG), release)
     cross_ok = (best_idx >= 0) & (s - best_end <= CROSS_TOL_NS) & (best_end > explained)
-    cp = np.where(cross_ok, best_idx, -1)
+    cp = np.where(cross_ok, best_idx, -1).astype(ix)
+    del cross_ok, best_idx
     pred_end = np.maximum(explained, np.where(cp >= 0, best_end, NEG))
+    del explained, best_end
     no_pred = (sp < 0) & (cp < 0) & (release <= NEG / 2)
     release = np.where(no_pred, s, release)  # a source with nothing known starts when it started
     pred_end = np.where(no_pred, s, pred_end)
+    del no_pred
     res = np.clip(s - np.maximum(pred_end, release), 0, None)
+    del pred_end
     dur = e - s
-
-    # sync edges: the kernel X whose end the launching thread's last blocking sync waited for
-    sync_x, sync_ret, n_syncs = _sync_epochs(syncs, off, origin, rank, step, e, L, tid, lat_k)
-    # a kernel without a launch takes the epoch of the kernel before it on its stream (it has no release term)
-    known = np.where(np.isnan(L), -1, np.arange(n))
-    last_known = np.maximum.accumulate(known) if n else known
-    run_start = np.maximum.accumulate(np.where(~same_stream, np.arange(n), 0)) if n else known
-    ep = np.where(last_known >= run_start, sync_x[np.maximum(last_known, 0)], -1).astype(float)
-    del known, last_known, run_start
+    # kernels are sorted by step: the earliest release or start per step is one reduction per run of a step
+    so = np.minimum(s, np.where(release > NEG / 2, release, s))
+    bounds = np.flatnonzero(np.r_[True, step[1:] != step[:-1]])
+    step_origin = {int(k): float(v) for k, v in zip(step[bounds], np.minimum.reduceat(so, bounds))}
+    del so, bounds, s
 
     # segments: breaks at collectives, at kernels with a cross-stream predecessor, after a kernel another
     # stream (or a sync) waits for, where the sync epoch changes, and at a new stream
     has_out = np.zeros(n, dtype=bool)
     has_out[cp[cp >= 0]] = True
     has_out[sync_x[sync_x >= 0]] = True
-    prev_coll = np.r_[False, coll[:-1]]
-    prev_out = np.r_[False, has_out[:-1]]
-    ep_change = np.r_[False, ep[1:] != ep[:-1]]
-    brk = ~same_stream | coll | prev_coll | (cp >= 0) | prev_out | ep_change
-    seg_of = np.cumsum(brk) - 1  # kernel -> segment (collective kernels: their own "segment" slot)
+    brk = ~same_stream | coll | (cp >= 0)
+    del same_stream
+    brk[1:] |= coll[:-1] | has_out[:-1] | (ep[1:] != ep[:-1])
+    del has_out, ep
+    seg_of = (np.cumsum(brk) - 1).astype(
+        ix
+    )  # kernel -> segment (collective kernels: their own "segment" slot)
     n_seg = int(seg_of[-1]) + 1 if n else 0
 
     # node ids: plain segments first, then per collective kernel ARR and FIN, then instances
     seg_is_coll = np.zeros(n_seg, dtype=bool)
     seg_is_coll[seg_of[coll]] = True
-    plain = np.flatnonzero(~seg_is_coll)
-    seg_node = np.full(n_seg, -1, dtype=np.int64)
+    plain = np.flatnonzero(~seg_is_coll).astype(ix)
+    del seg_is_coll
+    seg_node = np.full(n_seg, -1, dtype=ix)
     seg_node[plain] = np.arange(plain.size)
-    ck = np.flatnonzero(coll)
-    arr_node = plain.size + np.arange(ck.size)
-    fin_node = plain.size + ck.size + np.arange(ck.size)
+    ck = np.flatnonzero(coll).astype(ix)
+    arr_node = (plain.size + np.arange(ck.size)).astype(ix)
+    fin_node = (plain.size + ck.size + np.arange(ck.size)).astype(ix)
     inst_ids, inst_row = np.unique(inst[ck], return_inverse=True)
-    inst_node = plain.size + 2 * ck.size + np.arange(inst_ids.size)
+    inst_row = inst_row.reshape(-1).astype(ix)
+    inst_node = (plain.size + 2 * ck.size + np.arange(inst_ids.size)).astype(ix)
     n_nodes = plain.size + 2 * ck.size + inst_ids.size
 
-    k_in = np.full(n, -1, dtype=np.int64)  # node a kernel's incoming edges attach to
-    k_out = np.full(n, -1, dtype=np.int64)  # node whose finish is the kernel's end
+    k_in = np.full(n, -1, dtype=ix)  # node a kernel's incoming edges attach to
+    k_out = np.full(n, -1, dtype=ix)  # node whose finish is the kernel's end
     k_in[~coll] = seg_node[seg_of[~coll]]
+    del seg_of
     k_out[~coll] = k_in[~coll]
     k_in[ck] = arr_node
     k_out[ck] = fin_node
-    first_of_seg = brk.copy()
+    first_of_seg = brk
+    del brk
 
     src, dst = [], []
     # stream and cross edges enter at segment starts (and collective arrivals)
@@ -409,64 +435,69 @@ def _build_graph(
         m = ent[pred[ent] >= 0]
         src.append(k_out[pred[m]])
         dst.append(k_in[m])
+    del sp, cp, ent, m, pred
     src.append(arr_node)
     dst.append(inst_node[inst_row])
     src.append(inst_node[inst_row])
     dst.append(fin_node)
-    e_src = np.concatenate(src).astype(np.int64)
-    e_dst = np.concatenate(dst).astype(np.int64)
+    e_src = np.concatenate(src).astype(ix)
+    e_dst = np.concatenate(dst).astype(ix)
+    del src, dst
     # sync edges: X's node (its segment ends at X; a collective X: its FIN node) -> the launching node
     hs = np.flatnonzero(sync_x >= 0)
-    n_sync_src = np.full(n_nodes, -1, dtype=np.int64)
+    n_sync_src = np.full(n_nodes, -1, dtype=ix)
     n_sync_end = np.full(n_nodes, NEG)
     n_sync_src[k_in[hs]] = k_out[sync_x[hs]]
     n_sync_end[k_in[hs]] = e[sync_x[hs]]
-    s_dst = np.flatnonzero(n_sync_src >= 0)
+    del k_in, hs
+    s_dst = np.flatnonzero(n_sync_src >= 0).astype(ix)
     s_src = n_sync_src[s_dst]
 
     n_type = np.full(n_nodes, SEG, dtype=np.int8)
     n_type[arr_node] = ARR
     n_type[fin_node] = FIN
     n_type[inst_node] = INST
-    n_first = np.full(n_nodes, -1, dtype=np.int64)
-    n_last = np.full(n_nodes, -1, dtype=np.int64)
-    seg_first_k = np.flatnonzero(first_of_seg)
-    seg_last_k = np.r_[seg_first_k[1:] - 1, n - 1]
+    n_first = np.full(n_nodes, -1, dtype=ix)
+    n_last = np.full(n_nodes, -1, dtype=ix)
+    seg_first_k = np.flatnonzero(first_of_seg).astype(ix)
+    seg_last_k = np.r_[seg_first_k[1:] - 1, n - 1].astype(ix)
     n_first[seg_node[plain]] = seg_first_k[plain]
     n_last[seg_node[plain]] = seg_last_k[plain]
+    del seg_first_k, seg_last_k, seg_node, plain
     n_first[arr_node] = ck
     n_last[arr_node] = ck
     n_first[fin_node] = ck
     n_last[fin_node] = ck
-    n_rank = np.full(n_nodes, -1, dtype=np.int64)
-    n_step = np.full(n_nodes, -1, dtype=np.int64)
+    n_rank = np.full(n_nodes, -1, dtype=ix)
+    n_step = np.full(n_nodes, -1, dtype=ix)
     kn = n_first >= 0
     n_rank[kn] = rank[n_first[kn]]
     n_step[kn] = step[n_first[kn]]
+    del kn
     first_ck = np.zeros(inst_ids.size, dtype=np.int64)
     first_ck[inst_row[::-1]] = ck[::-1]
     n_step[inst_node] = step[first_ck]
 
-    k_node = k_out
+    k_inst_row = np.where(coll, 0, -1).astype(ix)
+    k_inst_row[ck] = inst_row
     g = Graph(
         origin_ns=origin,
-        k_rank=rank,
-        k_step=step,
-        k_stream=stream,
-        k_start=s,
+        k_rank=rank.astype(ix),
+        k_step=step.astype(ix),
+        k_stream=stream.astype(ix),
         k_end=e,
         k_dur=dur,
         k_release=release,
         k_res=res,
         k_comm=is_comm,
         k_label=label,
-        k_node=k_node,
+        k_node=k_out,
         k_seg_first=first_of_seg,
-        k_inst_row=np.where(coll, 0, -1),
+        k_inst_row=k_inst_row,
         k_transfer=np.nan_to_num(transfer, nan=0.0),
         k_op=op,
         k_group=group,
-        k_instance=inst,
+        k_instance=inst.astype(ix),
         k_bytes=nbytes,
         n_type=n_type,
         n_rank=n_rank,
@@ -477,14 +508,10 @@ def _build_graph(
         e_dst=e_dst,
         stage_of=stage_of,
     )
-    g.k_inst_row[ck] = inst_row
-    g.k_sync_x, g.k_sync_ret, g.n_syncs = sync_x, sync_ret, n_syncs
+    g.k_sync_x, g.k_sync_ret, g.n_syncs = sync_x.astype(ix), sync_ret, n_syncs
     g.early_instances = int(early_ids.size)
     g.n_sync_src, g.n_sync_end, g.s_src, g.s_dst = n_sync_src, n_sync_end, s_src, s_dst
-    # kernels are sorted by step: the earliest release or start per step is one reduction per run of a step
-    so = np.minimum(s, np.where(release > NEG / 2, release, s))
-    bounds = np.flatnonzero(np.r_[True, step[1:] != step[:-1]])
-    g.step_origin = {int(k): float(v) for k, v in zip(step[bounds], np.minimum.reduceat(so, bounds))}
+    g.step_origin = step_origin
     return g
 
 
@@ -580,15 +607,16 @@ def _levels(g: Graph) -> None:
         lv += 1
     if (level < 0).any():
         raise GraphCycleError(f"dependency graph has a cycle ({int((level < 0).sum())} nodes unreached)")
-    byl = np.argsort(level, kind="stable")
+    byl = np.argsort(level, kind="stable").astype(g.n_first_k.dtype)
     bounds = np.searchsorted(level[byl], np.arange(level.max() + 2))
     g.levels = [byl[bounds[i] : bounds[i + 1]] for i in range(len(bounds) - 1)]
+    # the edges themselves in order of their target's level (stable: a node's in-edges keep their order), so
+    # that each level's in-edges are views of them, not copies
     elev = level[g.e_dst]
     eo = np.argsort(elev, kind="stable")
     eb = np.searchsorted(elev[eo], np.arange(level.max() + 2))
-    g.level_edges = [
-        (g.e_src[eo[eb[i] : eb[i + 1]]], g.e_dst[eo[eb[i] : eb[i + 1]]]) for i in range(len(eb) - 1)
-    ]
+    g.e_src, g.e_dst = g.e_src[eo], g.e_dst[eo]
+    g.level_edges = [(g.e_src[eb[i] : eb[i + 1]], g.e_dst[eb[i] : eb[i + 1]]) for i in range(len(eb) - 1)]
 
 
 # ----------------------------------------------------------------------------------------------------
