@@ -7,6 +7,8 @@ schema NODES), and the CPU runtime calls that may have blocked on the GPU (`sync
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -101,7 +103,7 @@ def device_nodes(events: pa.Table, spans: pa.Table | None = None) -> pa.Table:
         launch_ns[hit] = _col(events, "ts_ns", rt)[rows].astype(np.float64)
         tid = events.column("tid").filter(pa.array(rt)).to_pandas().astype("float64").to_numpy()
         launch_tid[hit] = tid[rows]
-    label = _labels(rank, start, spans)
+    label = _labels({"rank": rank, "start_ns": start}, spans)
     return pa.table(
         {
             "rank": pa.array(rank, pa.int32()),
@@ -182,16 +184,16 @@ def sync_calls(events: pa.Table) -> pa.Table:
     )
 
 
-def _labels(rank: np.ndarray, start: np.ndarray, spans: pa.Table | None) -> list[str | None]:
+def _labels(d: Mapping[str, Any], spans: pa.Table | None) -> list[str | None]:
     """Layer type (`layers.N.<type>` annotation) around each kernel's start, when module spans are known: the
     span of the kernel's rank with the latest GPU start at or before the kernel's start (the last listed of
     spans starting together), if it has not ended before it. One sorted search over all ranks at once."""
+    rank = np.asarray(d["rank"]).astype(np.int64)  # d: a frame or a dict of arrays, "rank" and "start_ns"
+    start = np.asarray(d["start_ns"]).astype(np.int64)
     out: list[str | None] = [None] * len(rank)
     need = {"rank", "gpu_start_ns", "gpu_end_ns", "module"}
     if spans is None or spans.num_rows == 0 or not need <= set(spans.column_names) or not len(rank):
         return out
-    rank = rank.astype(np.int64)
-    start = start.astype(np.int64)
     sp = spans.select(["rank", "gpu_start_ns", "gpu_end_ns", "module"])
     sp = sp.filter(sp.column("gpu_start_ns").is_valid())
     s_rank = sp.column("rank").to_numpy(zero_copy_only=False).astype(np.int64)
