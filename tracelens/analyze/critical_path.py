@@ -169,7 +169,7 @@ def _as_pandas_ints(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
     """An integer column as `to_pandas` gives it: int64 without nulls, else float64 with NaN (values rounded
     there are rounded here too, so keys and times match what a DataFrame of the table would hold)."""
     if col.null_count:
-        vals = col.fill_null(0).to_numpy(zero_copy_only=False).astype(np.float64)
+        vals: np.ndarray = col.fill_null(0).to_numpy(zero_copy_only=False).astype(np.float64)
         vals[col.is_null().to_numpy(zero_copy_only=False)] = np.nan
         return vals
     out: np.ndarray = col.to_numpy(zero_copy_only=False).astype(np.int64)
@@ -351,23 +351,23 @@ def _build_graph(
     # on a tie (a batched send/recv pair ends together) the receive is what the next kernel waits for
     score = e - 0.5 * (op == "send")
     for st in np.unique(stream):
-        on = np.flatnonzero(stream == st)
-        keys = gkey[on] + e[on]
+        mine = np.flatnonzero(stream == st)
+        keys = gkey[mine] + e[mine]
         order = np.argsort(keys, kind="stable")
-        keys, on = keys[order], on[order]
+        keys, mine = keys[order], mine[order]
         other = np.flatnonzero(stream != st)
-        if other.size == 0 or on.size == 0:
+        if other.size == 0 or mine.size == 0:
             continue
         j = np.searchsorted(keys, gkey[other] + s[other], side="right") - 1
         ok = j >= 0
         jj = np.where(ok, j, 0)
-        cand = on[jj]
+        cand = mine[jj]
         ok &= grp_rs[cand] == grp_rs[other]
         better = ok & (score[cand] > best_score[other])
         best_score[other[better]] = score[cand[better]]
         best_end[other[better]] = e[cand[better]]
         best_idx[other[better]] = cand[better]
-        del on, keys, order, other, j, ok, jj, cand, better
+        del mine, keys, order, other, j, ok, jj, cand, better
     del gkey, best_score, score, grp_rs
     sp = np.where(same_stream, np.arange(n) - 1, -1).astype(ix)
     explained = np.maximum(np.where(sp >= 0, e[np.maximum(sp, 0)], NEG), release)
@@ -665,8 +665,8 @@ def replay(
     D = np.zeros(n)
     Q = np.full(n, NEG)
     Qs = np.full(n, NEG)
-    qk = np.full(n, -1, dtype=np.int64)
-    qs = np.full(n, -1, dtype=np.int64)
+    qk = np.full(n, -1, dtype=g.n_first_k.dtype)  # kernel ids: the graph's id type
+    qs = np.full(n, -1, dtype=g.n_first_k.dtype)
     synced = g.k_sync_x >= 0 if g.k_sync_x.size == g.k_dur.size else np.zeros(g.k_dur.size, dtype=bool)
     # segments: c = res + dur, suffix sums within segment, Q = max(release + suffix)
     plain = ~g.k_comm | (g.k_instance < 0)
