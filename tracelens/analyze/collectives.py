@@ -132,9 +132,14 @@ def _to_coll_table(df: pd.DataFrame) -> pa.Table:
             continue
         vals = df[f.name]
         if pa.types.is_dictionary(f.type):
+            obj = vals.astype(object).to_numpy()
+            if pd.api.types.infer_dtype(obj, skipna=True) in ("string", "empty"):
+                # strings and missing values only: Arrow encodes them as the general path below would
+                cols[f.name] = pa.array(obj, pa.string(), from_pandas=True).dictionary_encode().cast(f.type)
+                continue
             # mixed / missing values (a key on only some kernels): null, never NaN or "nan"
             # (once per distinct value: the column repeats a few names over every call)
-            codes, uniq = pd.factorize(vals.astype(object).to_numpy())
+            codes, uniq = pd.factorize(obj)
             null = np.asarray(codes) < 0
             strs = np.append(np.asarray(uniq, dtype=object).astype(str), "")[codes]
             arr = pa.array(strs, pa.string(), mask=null)
@@ -262,6 +267,14 @@ def _int64_array(col: pa.ChunkedArray | pa.Array) -> pd.api.extensions.Extension
     return pd.arrays.IntegerArray(vals, mask.astype(bool))
 
 
+def _nullable_ints(arr: pa.Array) -> Any:
+    """An integer Arrow array as pandas' nullable Int64 (what `pd.array(arr.to_pylist(), dtype="Int64")`
+    gives, without the Python list); other types through that list."""
+    if pa.types.is_integer(arr.type):
+        return _int64_array(arr)
+    return pd.array(arr.to_pylist(), dtype="Int64")
+
+
 def _nbytes(df: pd.DataFrame) -> pd.Series:
     """nccl-tests message size: the larger of the input and output buffers, in bytes (null when unknown)."""
     size = pd.Series(
@@ -312,27 +325,30 @@ def _parent_fields(events: pa.Table, kmask: np.ndarray) -> pd.DataFrame:
         size_row = np.where(size_row >= 0, size_row, enclosing_ops(events, sized)[kmask])
     n = int(kmask.sum())
     out = pd.DataFrame(index=range(n))
-    names = name.cast(pa.string()) if pa.types.is_dictionary(name.type) else name
-    colls = coll.cast(pa.string()) if pa.types.is_dictionary(coll.type) else coll
 
-    def take(col: pa.ChunkedArray, rows: np.ndarray) -> list[Any]:
-        idx = pa.array(np.where(rows >= 0, rows, 0), mask=rows < 0)
-        values: list[Any] = col.take(idx).to_pylist()
-        return values
+    def take(col: pa.ChunkedArray, rows: np.ndarray) -> pa.Array:
+        taken: pa.Array = col.take(pa.array(np.where(rows >= 0, rows, 0), mask=rows < 0)).combine_chunks()
+        return taken
 
-    p_name, p_coll = take(names, op_row), take(colls, op_row)
+    def objects(col: pa.ChunkedArray, rows: np.ndarray) -> np.ndarray:
+        """The taken cells as an object array (str or None), as `to_pylist` gives them."""
+        arr = take(col, rows)
+        arr = arr.cast(pa.string()) if pa.types.is_dictionary(arr.type) else arr  # (the taken rows only)
+        vals: np.ndarray = arr.to_numpy(zero_copy_only=False)
+        return vals.astype(object)
+
+    p_name, p_coll = objects(name, op_row), objects(coll, op_row)
     out["parent_op"] = _per_distinct(
         lambda c, nm: (normalize_op(c) or "other") if isinstance(c, str) else normalize_op(nm),
-        _objects(p_coll),
-        _objects(p_name),
+        p_coll,
+        p_name,
     ).tolist()
     dt = events.column("dtype")
-    dt = dt.cast(pa.string()) if pa.types.is_dictionary(dt.type) else dt
-    out["parent_in_nelems"] = pd.array(take(events.column("in_nelems"), size_row), dtype="Int64")
-    out["parent_out_nelems"] = pd.array(take(events.column("out_nelems"), size_row), dtype="Int64")
-    out["parent_dtype"] = pd.Series(take(dt, size_row), dtype=object)
+    out["parent_in_nelems"] = _nullable_ints(take(events.column("in_nelems"), size_row))
+    out["parent_out_nelems"] = _nullable_ints(take(events.column("out_nelems"), size_row))
+    out["parent_dtype"] = pd.Series(objects(dt, size_row), dtype=object)
     enq = np.where(op_row >= 0, op_row, size_row)
-    out["parent_ts_ns"] = pd.array(take(events.column("ts_ns"), enq), dtype="Int64")
+    out["parent_ts_ns"] = _nullable_ints(take(events.column("ts_ns"), enq))
     return out
 
 
