@@ -182,13 +182,11 @@ def _shared_objects(col: pa.ChunkedArray | pa.Array, rows: np.ndarray | None = N
     if pa.types.is_dictionary(col.type):
         col = col.cast(pa.string())
     arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
-    if rows is not None:
-        arr = arr.take(pa.array(rows))
-    enc = arr.dictionary_encode()
+    enc = arr.dictionary_encode()  # (all rows: encoding before taking moves indices, not strings)
     idx = enc.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
     vals = np.empty(len(enc.dictionary) + 1, dtype=object)
     vals[:-1] = enc.dictionary.to_pylist()
-    out: np.ndarray = vals[idx]
+    out: np.ndarray = vals[idx if rows is None else idx[rows]]
     return out
 
 
@@ -221,10 +219,29 @@ def _coll_lookup(
     ls = _as_pandas_ints(collectives.column("latest_start_ns"))[rows]
     tr = np.clip(ea - ls, 0, None).astype(float)
     c_rank = collectives.column("rank").to_numpy(zero_copy_only=False)[rows].astype(np.int64)
-    key = pd.MultiIndex.from_arrays([c_rank, c_start[rows].astype(np.int64), c_end[rows].astype(np.int64)])
-    first = ~key.duplicated(keep="first")
-    key, sel = key[first], rows[first]
-    pos = key.get_indexer(pd.MultiIndex.from_arrays([rank[q], raw_start[q], raw_end[q]]))
+    r_start, r_end = c_start[rows].astype(np.int64), c_end[rows].astype(np.int64)
+    # (rank, start) as one int64 key when it fits; when that key is unique no row repeats (rank, start, end)
+    # and a kernel matches the row of its (rank, start) whose end is its end
+    lo = min(int(r_start.min()), int(raw_start[q].min()))
+    hi = max(int(r_start.max()), int(raw_start[q].max()))
+    u_r = np.unique(np.r_[c_rank, rank[q]])
+    right: list[np.ndarray] = [c_rank, r_start, r_end]
+    left: list[np.ndarray] = [rank[q], raw_start[q], raw_end[q]]
+    pos = None
+    if hi - lo < 2**40 and u_r.size < 2**22:
+        k_right = (np.searchsorted(u_r, c_rank).astype(np.int64) << 40) + (r_start - lo)
+        k_left = (np.searchsorted(u_r, rank[q]).astype(np.int64) << 40) + (raw_start[q] - lo)
+        index = pd.Index(k_right)
+        if index.is_unique:
+            first = np.ones(rows.size, dtype=bool)
+            pos = index.get_indexer(k_left)
+            pos[(pos >= 0) & (r_end[np.maximum(pos, 0)] != raw_end[q])] = -1
+        right, left = [k_right, r_end], [k_left, raw_end[q]]
+    if pos is None:
+        key = pd.MultiIndex.from_arrays(right)
+        first = ~key.duplicated(keep="first")
+        pos = key[first].get_indexer(pd.MultiIndex.from_arrays(left))
+    sel = rows[first]
     hit, p = q[pos >= 0], pos[pos >= 0]
     if hit.size == 0:
         return
@@ -235,6 +252,22 @@ def _coll_lookup(
     group[hit] = _shared_objects(collectives.column("group_key"), src) if "group_key" in names else "nan"
     if "bytes" in names:
         nbytes[hit] = _as_pandas_ints(collectives.column("bytes")).astype(float)[src]
+
+
+def _sort_order(step: np.ndarray, rank: np.ndarray, stream: np.ndarray, s: np.ndarray) -> np.ndarray:
+    """The stable order of the kernels by (step, rank, stream, start): one int64 key when the codes and the
+    start (whole ns from the earliest, below 2**40) fit into it, else `np.lexsort` (the same order)."""
+    codes = []
+    for k in (step, rank, stream):
+        u, inv = np.unique(k, return_inverse=True)
+        codes.append((inv.reshape(-1), u.size))
+    span = codes[0][1] * codes[1][1] * codes[2][1]
+    if s.size and span < 2**22 and float(s.max()) < 2**40 and float(s.min()) >= 0:
+        key = (codes[0][0] * codes[1][1] + codes[1][0]) * codes[2][1] + codes[2][0]
+        key = (key.astype(np.int64) << 40) + s.astype(np.int64)
+        out: np.ndarray = np.argsort(key, kind="stable")
+        return out
+    return np.lexsort((s, stream, rank, step))
 
 
 def _build_graph(
@@ -266,7 +299,7 @@ def _build_graph(
     )
     del launch, o
     # kernels sorted by (step, rank, stream, start), stably
-    order = np.lexsort((s, stream, rank, step))
+    order = _sort_order(step, rank, stream, s)
     rank, step, stream, raw_start, raw_end = (
         rank[order],
         step[order],
