@@ -224,18 +224,16 @@ def _coll_lookup(
     # and a kernel matches the row of its (rank, start) whose end is its end
     lo = min(int(r_start.min()), int(raw_start[q].min()))
     hi = max(int(r_start.max()), int(raw_start[q].max()))
-    u_r = np.unique(np.r_[c_rank, rank[q]])
+    r_lo = min(int(c_rank.min()), int(rank[q].min()))
+    r_span = max(int(c_rank.max()), int(rank[q].max())) - r_lo + 1
     right: list[np.ndarray] = [c_rank, r_start, r_end]
     left: list[np.ndarray] = [rank[q], raw_start[q], raw_end[q]]
     pos = None
-    if hi - lo < 2**40 and u_r.size < 2**22:
-        k_right = (np.searchsorted(u_r, c_rank).astype(np.int64) << 40) + (r_start - lo)
-        k_left = (np.searchsorted(u_r, rank[q]).astype(np.int64) << 40) + (raw_start[q] - lo)
-        index = pd.Index(k_right)
-        if index.is_unique:
-            first = np.ones(rows.size, dtype=bool)
-            pos = index.get_indexer(k_left)
-            pos[(pos >= 0) & (r_end[np.maximum(pos, 0)] != raw_end[q])] = -1
+    if hi - lo < 2**40 and r_span < 2**22:
+        k_right = ((c_rank - r_lo) << 40) + (r_start - lo)
+        k_left = ((rank[q] - r_lo) << 40) + (raw_start[q] - lo)
+        pos = _pair_lookup(k_right, r_end, k_left, raw_end[q])
+        first = np.ones(rows.size, dtype=bool)
         right, left = [k_right, r_end], [k_left, raw_end[q]]
     if pos is None:
         key = pd.MultiIndex.from_arrays(right)
@@ -254,15 +252,33 @@ def _coll_lookup(
         nbytes[hit] = _as_pandas_ints(collectives.column("bytes")).astype(float)[src]
 
 
+def _pair_lookup(ka: np.ndarray, kb: np.ndarray, qa: np.ndarray, qb: np.ndarray) -> np.ndarray | None:
+    """For each query (qa, qb): the first row i (in row order) with (ka[i], kb[i]) == (qa, qb), else -1; None
+    when some ka value repeats more than 8 times (the caller then takes the general path)."""
+    o = np.lexsort((kb, ka))  # stable: rows equal in both keys stay in row order, the first leads
+    sa, sb = ka[o], kb[o]
+    starts = np.flatnonzero(np.r_[True, sa[1:] != sa[:-1]])
+    run = int(np.diff(np.r_[starts, sa.size]).max()) if sa.size else 0
+    if run > 8:
+        return None
+    lo = np.searchsorted(sa, qa, side="left")
+    out = np.full(qa.size, -1, dtype=np.int64)
+    for d in range(run):  # the rows of the query's ka value, ends in order: the first equal end is the hit
+        i = np.minimum(lo + d, sa.size - 1)
+        hit = (out < 0) & (lo + d < sa.size) & (sa[i] == qa) & (sb[i] == qb)
+        out[hit] = o[i[hit]]
+    return out
+
+
 def _sort_order(step: np.ndarray, rank: np.ndarray, stream: np.ndarray, s: np.ndarray) -> np.ndarray:
     """The stable order of the kernels by (step, rank, stream, start): one int64 key when the codes and the
     start (whole ns from the earliest, below 2**40) fit into it, else `np.lexsort` (the same order)."""
-    codes = []
-    for k in (step, rank, stream):
-        u, inv = np.unique(k, return_inverse=True)
-        codes.append((inv.reshape(-1), u.size))
+    if not s.size:
+        return np.zeros(0, dtype=np.int64)
+    # each key's offset from its smallest value (order-preserving) when its range is small
+    codes = [(k - k.min(), int(k.max() - k.min()) + 1) for k in (step, rank, stream)]
     span = codes[0][1] * codes[1][1] * codes[2][1]
-    if s.size and span < 2**22 and float(s.max()) < 2**40 and float(s.min()) >= 0:
+    if span < 2**22 and float(s.max()) < 2**40 and float(s.min()) >= 0:
         key = (codes[0][0] * codes[1][1] + codes[1][0]) * codes[2][1] + codes[2][0]
         key = (key.astype(np.int64) << 40) + s.astype(np.int64)
         out: np.ndarray = np.argsort(key, kind="stable")
@@ -383,25 +399,34 @@ def _build_graph(
     best_idx = np.full(n, -1, dtype=np.int64)
     # on a tie (a batched send/recv pair ends together) the receive is what the next kernel waits for
     score = e - 0.5 * (op == "send")
+    qkey = gkey + s  # (step, rank) above the start / the end: one sorted search per stream
+    ekey = gkey + e
+    del gkey
     for st in np.unique(stream):
-        mine = np.flatnonzero(stream == st)
-        keys = gkey[mine] + e[mine]
-        order = np.argsort(keys, kind="stable")
-        keys, mine = keys[order], mine[order]
-        other = np.flatnonzero(stream != st)
+        is_st = stream == st
+        mine = np.flatnonzero(is_st)
+        keys = ekey[mine]
+        if keys.size > 1 and not bool((keys[1:] >= keys[:-1]).all()):  # (in stream order already: as is)
+            order = np.argsort(keys, kind="stable")
+            keys, mine = keys[order], mine[order]
+            del order
+        other = np.flatnonzero(~is_st)
+        del is_st
         if other.size == 0 or mine.size == 0:
             continue
-        j = np.searchsorted(keys, gkey[other] + s[other], side="right") - 1
-        ok = j >= 0
-        jj = np.where(ok, j, 0)
-        cand = mine[jj]
-        ok &= grp_rs[cand] == grp_rs[other]
-        better = ok & (score[cand] > best_score[other])
-        best_score[other[better]] = score[cand[better]]
-        best_end[other[better]] = e[cand[better]]
-        best_idx[other[better]] = cand[better]
-        del mine, keys, order, other, j, ok, jj, cand, better
-    del gkey, best_score, score, grp_rs
+        j = np.searchsorted(keys, qkey[other], side="right") - 1
+        cand = mine[np.maximum(j, 0)]
+        ok = (j >= 0) & (grp_rs[cand] == grp_rs[other])
+        del j
+        sc = score[cand]
+        better = ok & (sc > best_score[other])
+        o, c = other[better], cand[better]
+        best_score[o] = sc[better]
+        best_end[o] = e[c]
+        best_idx[o] = c
+        del mine, keys, other, cand, ok, sc, better, o, c
+    del qkey, ekey
+    del best_score, score, grp_rs
     sp = np.where(same_stream, np.arange(n) - 1, -1).astype(ix)
     explained = np.maximum(np.where(sp >= 0, e[np.maximum(sp, 0)], NEG), release)
     cross_ok = (best_idx >= 0) & (s - best_end <= CROSS_TOL_NS) & (best_end > explained)
