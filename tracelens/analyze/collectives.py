@@ -681,7 +681,21 @@ def match_with_findings(
     unmatched_p2p = p2p & ((peer < 0) | ~np.isin(op, ("send", "recv")))
     solo = np.where(unmatched_p2p, np.arange(len(df)), -1)
     # the key strings once per distinct tuple of their parts (first row of each), not for every row
-    parts = _row_codes(p2p, src, dst, step_v, by_step, has_seq, seq_v, gk, op, solo)
+    # (parts a row's key does not use are left out, -1, so that rows of one key share their tuple: a collective's
+    # key has no src / dst, one with Seq no step or order)
+    by_seq = ~p2p & has_seq
+    parts = _row_codes(
+        p2p,
+        np.where(p2p, src, -1),
+        np.where(p2p, dst, -1),
+        np.where(by_seq, -1, step_v),
+        np.where(by_seq, -1, by_step),
+        has_seq,
+        seq_v,
+        gk,
+        op,
+        solo,
+    )
     _, f = np.unique(parts, return_index=True)
     seq = seq_v[f].astype(str)
     order = np.char.add(np.char.add(step_v[f].astype(str), "#"), by_step[f].astype(str))
