@@ -98,12 +98,35 @@ _FIELDS = ("collective", "pg_name", "pg_desc", "pg_ranks", "group_size", "seq", 
            "dtype", "src_rank", "dst_rank")  # fmt: skip
 
 
+def _is_strings(typ: pa.DataType) -> bool:
+    """A string column, plain or dictionary-encoded."""
+    if pa.types.is_dictionary(typ):
+        typ = typ.value_type
+    return bool(pa.types.is_string(typ) or pa.types.is_large_string(typ))
+
+
+def _str_objects(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    """A string column's cells as an object array (str, None for null) holding one str object per distinct
+    value: the same cells as `col.cast(string).to_numpy()`, without a string object per row."""
+    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    if not pa.types.is_dictionary(arr.type):
+        arr = arr.dictionary_encode()
+    idx = arr.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+    vals = np.empty(len(arr.dictionary) + 1, dtype=object)
+    vals[:-1] = arr.dictionary.to_pylist()
+    out: np.ndarray = vals[idx]
+    return out
+
+
 def _rows(events: pa.Table, mask: np.ndarray, cols: tuple[str, ...]) -> pd.DataFrame:
     """The masked rows of `cols` as a DataFrame with plain (non-categorical) values."""
     sub = events.filter(pa.array(mask)).select(list(cols))
     out = {}
     for name in cols:
         col = sub.column(name)
+        if _is_strings(col.type):
+            out[name] = pd.Series(_str_objects(col), dtype=object)
+            continue
         if pa.types.is_dictionary(col.type):
             col = col.cast(pa.string())
         if pa.types.is_list(col.type):
@@ -543,7 +566,9 @@ def coll_frame(coll: pa.Table) -> pd.DataFrame:
     out = {}
     for f in coll.schema:
         col = coll.column(f.name)
-        if pa.types.is_dictionary(col.type):
+        if pa.types.is_dictionary(col.type) and _is_strings(col.type):
+            out[f.name] = pd.Series(_str_objects(col), dtype=object)
+        elif pa.types.is_dictionary(col.type):
             out[f.name] = pd.Series(col.cast(pa.string()).to_numpy(zero_copy_only=False), dtype=object)
         elif pa.types.is_list(col.type):
             out[f.name] = pd.Series(_list_tuples(col), dtype=object)
