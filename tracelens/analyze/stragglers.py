@@ -193,7 +193,19 @@ def _slow_links(
     is a bystander. Also returns the rows with their excess transfer time (`excess`)."""
     if df.empty:
         return {}, df
-    d = df[(df["n_participants"] >= 2)].copy()
+    cols = [
+        "rank",
+        "step",
+        "op",
+        "bytes",
+        "is_p2p",
+        "peer",
+        "group_key",
+        "instance",
+        "n_expected",
+        "transfer_ns",
+    ]
+    d = df.loc[df["n_participants"] >= 2, cols].copy()  # (the columns used here and by `detect`)
     if d.empty:
         return {}, d
     d["bytes_k"] = d["bytes"].astype("Float64").fillna(-1).astype("int64")
