@@ -838,7 +838,7 @@ def wait_transfer(df: pd.DataFrame, offsets_ns: dict[int, int]) -> pd.DataFrame:
     transfer = own end - latest aligned start of the instance (clipped to [0, duration]); wait = the rest.
     lag = own aligned start - earliest; blame (last arriver only) = latest start - second latest start.
     """
-    df = df.copy()
+    df = df.copy(deep=False)  # (columns are only added: the caller's frame keeps its own)
     if df.empty:
         for c, _typ in WT_COLUMNS:
             df[c] = pd.Series([], dtype="float64")
