@@ -761,7 +761,15 @@ def replay(
     finish = np.full(n, NEG)
     entry = np.full(n, NEG)
     S = np.full(n, NEG)
-    for lv, (es, ed) in zip(g.levels, g.level_edges):
+    # the levels' node ids and in-edges as intp, cast once per replay (stored in the graph's compact type,
+    # every fancy index would cast them again)
+    nb = np.r_[0, np.cumsum([lv.size for lv in g.levels])]
+    eb = np.r_[0, np.cumsum([ed.size for _, ed in g.level_edges])]
+    lv_all = np.concatenate(g.levels).astype(np.intp) if g.levels else np.empty(0, dtype=np.intp)
+    es_all = np.concatenate([es for es, _ in g.level_edges]).astype(np.intp) if g.levels else lv_all
+    ed_all = np.concatenate([ed for _, ed in g.level_edges]).astype(np.intp) if g.levels else lv_all
+    for i in range(len(g.levels)):
+        lv, es, ed = lv_all[nb[i] : nb[i + 1]], es_all[eb[i] : eb[i + 1]], ed_all[eb[i] : eb[i + 1]]
         if ed.size:
             np.maximum.at(entry, ed, finish[es])
         f = np.maximum(entry[lv] + D[lv], Q[lv])
@@ -791,7 +799,7 @@ def mean_step_ns(rp: Replay) -> float:
 def _pred_lists(g: Graph) -> tuple[np.ndarray, np.ndarray]:
     order = np.argsort(g.e_dst, kind="stable")
     starts = np.searchsorted(g.e_dst[order], np.arange(g.n_nodes + 1))
-    return g.e_src[order], starts
+    return g.e_src[order].astype(np.intp), starts
 
 
 Row = tuple[int, int, str, str, float, float]
