@@ -236,15 +236,31 @@ def _ranks_tuples(vals: Any) -> np.ndarray:
     return out
 
 
+def _native(c: Any) -> bool:
+    """A numeric or boolean Series / array: factorized in its own type (the same codes as its Python
+    objects get, nulls -1 in both, without making an object per row)."""
+    dt = getattr(c, "dtype", None)
+    if dt is None or isinstance(dt, pd.CategoricalDtype):
+        return False
+    return bool(pd.api.types.is_numeric_dtype(dt) or pd.api.types.is_bool_dtype(dt))
+
+
 def _row_codes(*cols: Any) -> np.ndarray:
     """Dense codes (in order of first appearance) of the rows' tuples of values; null is one value."""
     n = len(cols[0])
     acc = np.zeros(n, dtype=np.int64)
     for c in cols:
-        codes, uniq = pd.factorize(c.to_numpy(dtype=object) if isinstance(c, pd.Series) else c)
+        codes, uniq = pd.factorize(
+            c.to_numpy(dtype=object) if isinstance(c, pd.Series) and not _native(c) else c
+        )
         acc = acc * (len(uniq) + 1) + (np.asarray(codes, dtype=np.int64) + 1)
         acc = np.asarray(pd.factorize(acc)[0], dtype=np.int64)
     return acc
+
+
+def _as_objects(c: Any) -> np.ndarray:
+    out: np.ndarray = c.to_numpy(dtype=object) if isinstance(c, pd.Series) else np.asarray(c, dtype=object)
+    return out
 
 
 def _per_distinct(fn: Any, *cols: Any) -> np.ndarray:
@@ -253,12 +269,12 @@ def _per_distinct(fn: Any, *cols: Any) -> np.ndarray:
     n = len(cols[0])
     if n == 0:
         return np.empty(0, dtype=object)
-    arrs = [
-        c.to_numpy(dtype=object) if isinstance(c, pd.Series) else np.asarray(c, dtype=object) for c in cols
-    ]
-    codes = _row_codes(*arrs)
+    coded = [c if _native(c) else _as_objects(c) for c in cols]
+    codes = _row_codes(*coded)
     _, first = np.unique(codes, return_index=True)
-    vals = _objects(fn(*(a[i] for a in arrs)) for i in first)
+    # the first row of each tuple as Python objects (what converting every row would give at those rows)
+    arrs = [_as_objects(c.iloc[first] if isinstance(c, pd.Series) else np.asarray(c)[first]) for c in coded]
+    vals = _objects(fn(*(a[j] for a in arrs)) for j in range(first.size))
     out: np.ndarray = vals[codes]
     return out
 
