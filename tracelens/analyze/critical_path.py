@@ -723,16 +723,15 @@ def replay(
     D = np.zeros(n)
     Q = np.full(n, NEG)
     Qs = np.full(n, NEG)
-    qk = np.full(n, -1, dtype=np.int64)
-    qs = np.full(n, -1, dtype=np.int64)
+    qk = np.full(n, -1, dtype=g.n_first_k.dtype)  # kernel ids: the graph's id type
+    qs = np.full(n, -1, dtype=g.n_first_k.dtype)
     synced = g.k_sync_x >= 0 if g.k_sync_x.size == g.k_dur.size else np.zeros(g.k_dur.size, dtype=bool)
     # segments: c = res + dur, suffix sums within segment, Q = max(release + suffix)
     plain = ~g.k_comm | (g.k_instance < 0)
-    k_node = g.k_node.astype(np.intp)  # (cast once: it indexes below)
     ks = np.flatnonzero(plain)
     if ks.size:
         c = g.k_res[ks] + dur[ks]
-        node = k_node[ks]
+        node = g.k_node[ks]
         first = np.r_[True, node[1:] != node[:-1]]
         starts = np.flatnonzero(first)
         tot = np.add.reduceat(c, starts)
@@ -749,14 +748,14 @@ def replay(
             Qs[nodes_u], qs[nodes_u] = _release_terms(np.where(sy, val, NEG), starts, seg_idx, ks)
     ck = np.flatnonzero(~plain)
     if ck.size:
-        arr = k_node[ck] - ck.size  # ARR nodes precede their FIN nodes by the number of collective kernels
+        arr = g.k_node[ck] - ck.size  # ARR nodes precede their FIN nodes by the number of collective kernels
         D[arr] = g.k_res[ck]
         q = np.where(release[ck] > NEG / 2, release[ck] + g.k_res[ck], NEG)
         Q[arr] = np.where(synced[ck], NEG, q)
         Qs[arr] = np.where(synced[ck], q, NEG)
         qk[arr] = ck
         qs[arr] = ck
-        D[k_node[ck]] = transfer[ck]
+        D[g.k_node[ck]] = transfer[ck]
     has_sync = g.n_sync_src.size == n and bool((g.n_sync_src >= 0).any())
     sx = g.n_sync_src if has_sync else np.full(n, -1, dtype=np.int64)
     finish = np.full(n, NEG)
@@ -783,7 +782,7 @@ def replay(
                 f = np.maximum(f, t)
         finish[lv] = f
     steps = {}
-    fin = pd.Series(finish).groupby(g.n_step.astype(np.int64)).max()
+    fin = pd.Series(finish).groupby(g.n_step).max()
     for st, v in fin.items():
         if int(st) >= 0:
             steps[int(st)] = float(v - g.step_origin.get(int(st), 0.0))
