@@ -98,12 +98,35 @@ _FIELDS = ("collective", "pg_name", "pg_desc", "pg_ranks", "group_size", "seq", 
            "dtype", "src_rank", "dst_rank")  # fmt: skip
 
 
+def _is_strings(typ: pa.DataType) -> bool:
+    """A string column, plain or dictionary-encoded."""
+    if pa.types.is_dictionary(typ):
+        typ = typ.value_type
+    return bool(pa.types.is_string(typ) or pa.types.is_large_string(typ))
+
+
+def _str_objects(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    """A string column's cells as an object array (str, None for null) holding one str object per distinct
+    value: the same cells as `col.cast(string).to_numpy()`, without a string object per row."""
+    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    if not pa.types.is_dictionary(arr.type):
+        arr = arr.dictionary_encode()
+    idx = arr.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+    vals = np.empty(len(arr.dictionary) + 1, dtype=object)
+    vals[:-1] = arr.dictionary.to_pylist()
+    out: np.ndarray = vals[idx]
+    return out
+
+
 def _rows(events: pa.Table, mask: np.ndarray, cols: tuple[str, ...]) -> pd.DataFrame:
     """The masked rows of `cols` as a DataFrame with plain (non-categorical) values."""
     sub = events.filter(pa.array(mask)).select(list(cols))
     out = {}
     for name in cols:
         col = sub.column(name)
+        if _is_strings(col.type):
+            out[name] = pd.Series(_str_objects(col), dtype=object)
+            continue
         if pa.types.is_dictionary(col.type):
             col = col.cast(pa.string())
         if pa.types.is_list(col.type):
@@ -132,9 +155,14 @@ def _to_coll_table(df: pd.DataFrame) -> pa.Table:
             continue
         vals = df[f.name]
         if pa.types.is_dictionary(f.type):
+            obj = vals.astype(object).to_numpy()
+            if pd.api.types.infer_dtype(obj, skipna=True) in ("string", "empty"):
+                # strings and missing values only: Arrow encodes them as the general path below would
+                cols[f.name] = pa.array(obj, pa.string(), from_pandas=True).dictionary_encode().cast(f.type)
+                continue
             # mixed / missing values (a key on only some kernels): null, never NaN or "nan"
             # (once per distinct value: the column repeats a few names over every call)
-            codes, uniq = pd.factorize(vals.astype(object).to_numpy())
+            codes, uniq = pd.factorize(obj)
             null = np.asarray(codes) < 0
             strs = np.append(np.asarray(uniq, dtype=object).astype(str), "")[codes]
             arr = pa.array(strs, pa.string(), mask=null)
@@ -208,15 +236,31 @@ def _ranks_tuples(vals: Any) -> np.ndarray:
     return out
 
 
+def _native(c: Any) -> bool:
+    """A numeric or boolean Series / array: factorized in its own type (the same codes as its Python
+    objects get, nulls -1 in both, without making an object per row)."""
+    dt = getattr(c, "dtype", None)
+    if dt is None or isinstance(dt, pd.CategoricalDtype):
+        return False
+    return bool(pd.api.types.is_numeric_dtype(dt) or pd.api.types.is_bool_dtype(dt))
+
+
 def _row_codes(*cols: Any) -> np.ndarray:
     """Dense codes (in order of first appearance) of the rows' tuples of values; null is one value."""
     n = len(cols[0])
     acc = np.zeros(n, dtype=np.int64)
     for c in cols:
-        codes, uniq = pd.factorize(c.to_numpy(dtype=object) if isinstance(c, pd.Series) else c)
+        codes, uniq = pd.factorize(
+            c.to_numpy(dtype=object) if isinstance(c, pd.Series) and not _native(c) else c
+        )
         acc = acc * (len(uniq) + 1) + (np.asarray(codes, dtype=np.int64) + 1)
         acc = np.asarray(pd.factorize(acc)[0], dtype=np.int64)
     return acc
+
+
+def _as_objects(c: Any) -> np.ndarray:
+    out: np.ndarray = c.to_numpy(dtype=object) if isinstance(c, pd.Series) else np.asarray(c, dtype=object)
+    return out
 
 
 def _per_distinct(fn: Any, *cols: Any) -> np.ndarray:
@@ -225,12 +269,12 @@ def _per_distinct(fn: Any, *cols: Any) -> np.ndarray:
     n = len(cols[0])
     if n == 0:
         return np.empty(0, dtype=object)
-    arrs = [
-        c.to_numpy(dtype=object) if isinstance(c, pd.Series) else np.asarray(c, dtype=object) for c in cols
-    ]
-    codes = _row_codes(*arrs)
+    coded = [c if _native(c) else _as_objects(c) for c in cols]
+    codes = _row_codes(*coded)
     _, first = np.unique(codes, return_index=True)
-    vals = _objects(fn(*(a[i] for a in arrs)) for i in first)
+    # the first row of each tuple as Python objects (what converting every row would give at those rows)
+    arrs = [_as_objects(c.iloc[first] if isinstance(c, pd.Series) else np.asarray(c)[first]) for c in coded]
+    vals = _objects(fn(*(a[j] for a in arrs)) for j in range(first.size))
     out: np.ndarray = vals[codes]
     return out
 
@@ -260,6 +304,14 @@ def _int64_array(col: pa.ChunkedArray | pa.Array) -> pd.api.extensions.Extension
     mask = arr.is_null().to_numpy(zero_copy_only=False)
     vals = arr.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
     return pd.arrays.IntegerArray(vals, mask.astype(bool))
+
+
+def _nullable_ints(arr: pa.Array) -> Any:
+    """An integer Arrow array as pandas' nullable Int64 (what `pd.array(arr.to_pylist(), dtype="Int64")`
+    gives, without the Python list); other types through that list."""
+    if pa.types.is_integer(arr.type):
+        return _int64_array(arr)
+    return pd.array(arr.to_pylist(), dtype="Int64")
 
 
 def _nbytes(df: pd.DataFrame) -> pd.Series:
@@ -312,27 +364,30 @@ def _parent_fields(events: pa.Table, kmask: np.ndarray) -> pd.DataFrame:
         size_row = np.where(size_row >= 0, size_row, enclosing_ops(events, sized)[kmask])
     n = int(kmask.sum())
     out = pd.DataFrame(index=range(n))
-    names = name.cast(pa.string()) if pa.types.is_dictionary(name.type) else name
-    colls = coll.cast(pa.string()) if pa.types.is_dictionary(coll.type) else coll
 
-    def take(col: pa.ChunkedArray, rows: np.ndarray) -> list[Any]:
-        idx = pa.array(np.where(rows >= 0, rows, 0), mask=rows < 0)
-        values: list[Any] = col.take(idx).to_pylist()
-        return values
+    def take(col: pa.ChunkedArray, rows: np.ndarray) -> pa.Array:
+        taken: pa.Array = col.take(pa.array(np.where(rows >= 0, rows, 0), mask=rows < 0)).combine_chunks()
+        return taken
 
-    p_name, p_coll = take(names, op_row), take(colls, op_row)
+    def objects(col: pa.ChunkedArray, rows: np.ndarray) -> np.ndarray:
+        """The taken cells as an object array (str or None), as `to_pylist` gives them."""
+        arr = take(col, rows)
+        arr = arr.cast(pa.string()) if pa.types.is_dictionary(arr.type) else arr  # (the taken rows only)
+        vals: np.ndarray = arr.to_numpy(zero_copy_only=False)
+        return vals.astype(object)
+
+    p_name, p_coll = objects(name, op_row), objects(coll, op_row)
     out["parent_op"] = _per_distinct(
         lambda c, nm: (normalize_op(c) or "other") if isinstance(c, str) else normalize_op(nm),
-        _objects(p_coll),
-        _objects(p_name),
+        p_coll,
+        p_name,
     ).tolist()
     dt = events.column("dtype")
-    dt = dt.cast(pa.string()) if pa.types.is_dictionary(dt.type) else dt
-    out["parent_in_nelems"] = pd.array(take(events.column("in_nelems"), size_row), dtype="Int64")
-    out["parent_out_nelems"] = pd.array(take(events.column("out_nelems"), size_row), dtype="Int64")
-    out["parent_dtype"] = pd.Series(take(dt, size_row), dtype=object)
+    out["parent_in_nelems"] = _nullable_ints(take(events.column("in_nelems"), size_row))
+    out["parent_out_nelems"] = _nullable_ints(take(events.column("out_nelems"), size_row))
+    out["parent_dtype"] = pd.Series(objects(dt, size_row), dtype=object)
     enq = np.where(op_row >= 0, op_row, size_row)
-    out["parent_ts_ns"] = pd.array(take(events.column("ts_ns"), enq), dtype="Int64")
+    out["parent_ts_ns"] = _nullable_ints(take(events.column("ts_ns"), enq))
     return out
 
 
@@ -527,7 +582,9 @@ def coll_frame(coll: pa.Table) -> pd.DataFrame:
     out = {}
     for f in coll.schema:
         col = coll.column(f.name)
-        if pa.types.is_dictionary(col.type):
+        if pa.types.is_dictionary(col.type) and _is_strings(col.type):
+            out[f.name] = pd.Series(_str_objects(col), dtype=object)
+        elif pa.types.is_dictionary(col.type):
             out[f.name] = pd.Series(col.cast(pa.string()).to_numpy(zero_copy_only=False), dtype=object)
         elif pa.types.is_list(col.type):
             out[f.name] = pd.Series(_list_tuples(col), dtype=object)
@@ -665,7 +722,21 @@ def match_with_findings(
     unmatched_p2p = p2p & ((peer < 0) | ~np.isin(op, ("send", "recv")))
     solo = np.where(unmatched_p2p, np.arange(len(df)), -1)
     # the key strings once per distinct tuple of their parts (first row of each), not for every row
-    parts = _row_codes(p2p, src, dst, step_v, by_step, has_seq, seq_v, gk, op, solo)
+    # (parts a row's key does not use are left out, -1, so that rows of one key share their tuple: a collective's
+    # key has no src / dst, one with Seq no step or order)
+    by_seq = ~p2p & has_seq
+    parts = _row_codes(
+        p2p,
+        np.where(p2p, src, -1),
+        np.where(p2p, dst, -1),
+        np.where(by_seq, -1, step_v),
+        np.where(by_seq, -1, by_step),
+        has_seq,
+        seq_v,
+        gk,
+        op,
+        solo,
+    )
     _, f = np.unique(parts, return_index=True)
     seq = seq_v[f].astype(str)
     order = np.char.add(np.char.add(step_v[f].astype(str), "#"), by_step[f].astype(str))
@@ -783,7 +854,7 @@ def wait_transfer(df: pd.DataFrame, offsets_ns: dict[int, int]) -> pd.DataFrame:
     transfer = own end - latest aligned start of the instance (clipped to [0, duration]); wait = the rest.
     lag = own aligned start - earliest; blame (last arriver only) = latest start - second latest start.
     """
-    df = df.copy()
+    df = df.copy(deep=False)  # (columns are only added: the caller's frame keeps its own)
     if df.empty:
         for c, _typ in WT_COLUMNS:
             df[c] = pd.Series([], dtype="float64")

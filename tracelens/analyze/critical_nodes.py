@@ -7,6 +7,8 @@ schema NODES), and the CPU runtime calls that may have blocked on the GPU (`sync
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -61,9 +63,7 @@ def device_nodes(events: pa.Table, spans: pa.Table | None = None) -> pa.Table:
     if events.num_rows == 0:
         return NODES.empty_table()
     kind = events.column("kind")
-    dev = np.zeros(events.num_rows, dtype=bool)
-    for k in DEVICE_KINDS:
-        dev |= _dict_lookup(kind, lambda v, k=k: int(v == k)).astype(bool)
+    dev = _dict_lookup(kind, lambda v: int(v in DEVICE_KINDS)).astype(bool)
     step = events.column("step")
     has_step = step.is_valid().to_numpy(zero_copy_only=False)
     if (dev & has_step).any():
@@ -72,51 +72,48 @@ def device_nodes(events: pa.Table, spans: pa.Table | None = None) -> pa.Table:
         events = events.set_column(
             events.column_names.index("step"), "step", pa.array(np.zeros(events.num_rows, np.int32))
         )
-    rt = _dict_lookup(kind, lambda v: int(v == "cuda_runtime")).astype(bool)
-    comm_name = _dict_lookup(events.column("name"), lambda v: int(bool(COMM_KERNEL.match(v)))).astype(bool)
-    has_coll = events.column("collective").is_valid().to_numpy(zero_copy_only=False)
     if not dev.any():
         return NODES.empty_table()
+    rt = _dict_lookup(kind, lambda v: int(v == "cuda_runtime")).astype(bool)
+    d_idx = np.flatnonzero(dev)
+    cols = ["rank", "ts_ns", "dur_ns", "correlation", "step", "stream", "name", "collective"]
+    sub = events.select(cols).take(pa.array(d_idx))  # the device rows only
+    comm_name = _dict_lookup(sub.column("name"), lambda v: int(bool(COMM_KERNEL.match(v)))).astype(bool)
+    is_comm = comm_name | sub.column("collective").is_valid().to_numpy(zero_copy_only=False)
+    every = np.ones(sub.num_rows, dtype=bool)
 
-    def col(name: str, mask: np.ndarray, fill: int = -1) -> np.ndarray:
-        return _col(events, name, mask, fill)
+    def col(name: str, fill: int = -1) -> np.ndarray:
+        return _col(sub, name, every, fill)
 
-    d = pd.DataFrame(
-        {
-            "rank": col("rank", dev),
-            "step": col("step", dev),
-            "stream": col("stream", dev),
-            "start_ns": col("ts_ns", dev),
-            "dur": col("dur_ns", dev, 0),
-            "corr": col("correlation", dev),
-            "is_comm": (comm_name | has_coll)[dev],
-        }
-    )
-    d["end_ns"] = d["start_ns"] + np.maximum(d["dur"], 0)
-    launch = pd.DataFrame(
-        {
-            "rank": col("rank", rt),
-            "corr": col("correlation", rt),
-            "launch_ns": col("ts_ns", rt),
-            "launch_tid": events.column("tid").filter(pa.array(rt)).to_pandas().astype("float64").to_numpy(),
-        }
-    )
-    launch = launch[launch["corr"] >= 0].drop_duplicates(["rank", "corr"])
-    d = d.merge(launch, on=["rank", "corr"], how="left")
-    d.loc[d["corr"] < 0, ["launch_ns", "launch_tid"]] = np.nan
-    label = _labels(d, spans)
+    rank, start, corr = col("rank"), col("ts_ns"), col("correlation")
+    end = start + np.maximum(col("dur_ns", 0), 0)
+    # the CPU launch: the first cuda_runtime event of the same rank and correlation
+    launch_ns = np.full(d_idx.size, np.nan)
+    launch_tid = np.full(d_idx.size, np.nan)
+    if rt.any():
+        l_rank, l_corr = _col(events, "rank", rt), _col(events, "correlation", rt)
+        ok = l_corr >= 0
+        key = pd.MultiIndex.from_arrays([l_rank[ok], l_corr[ok]])
+        first = ~key.duplicated(keep="first")
+        pos = key[first].get_indexer(pd.MultiIndex.from_arrays([rank, corr]))
+        pos[corr < 0] = -1
+        hit = pos >= 0
+        rows = np.flatnonzero(ok)[first][pos[hit]]
+        # (as a float, as the frame it came through held it: ns since the epoch rounded to float64)
+        launch_ns[hit] = _col(events, "ts_ns", rt)[rows].astype(np.float64)
+        tid = events.column("tid").filter(pa.array(rt)).to_pandas().astype("float64").to_numpy()
+        launch_tid[hit] = tid[rows]
+    label = _labels({"rank": rank, "start_ns": start}, spans)
     return pa.table(
         {
-            "rank": pa.array(d["rank"].to_numpy(), pa.int32()),
-            "step": pa.array(d["step"].to_numpy(), pa.int32()),
-            "stream": pa.array(d["stream"].to_numpy(), pa.int32()),
-            "start_ns": pa.array(d["start_ns"].to_numpy(), pa.int64()),
-            "end_ns": pa.array(d["end_ns"].to_numpy(), pa.int64()),
-            "launch_ns": pa.array(d["launch_ns"].to_numpy(), pa.float64(), from_pandas=True).cast(pa.int64()),
-            "launch_tid": pa.array(d["launch_tid"].to_numpy(), pa.float64(), from_pandas=True).cast(
-                pa.int64()
-            ),
-            "is_comm": pa.array(d["is_comm"].to_numpy(), pa.bool_()),
+            "rank": pa.array(rank, pa.int32()),
+            "step": pa.array(col("step"), pa.int32()),
+            "stream": pa.array(col("stream"), pa.int32()),
+            "start_ns": pa.array(start, pa.int64()),
+            "end_ns": pa.array(end, pa.int64()),
+            "launch_ns": pa.array(launch_ns, pa.float64(), from_pandas=True).cast(pa.int64()),
+            "launch_tid": pa.array(launch_tid, pa.float64(), from_pandas=True).cast(pa.int64()),
+            "is_comm": pa.array(is_comm, pa.bool_()),
             "label": pa.array(label, pa.string()),
         },
         schema=NODES,
@@ -187,16 +184,16 @@ def sync_calls(events: pa.Table) -> pa.Table:
     )
 
 
-def _labels(d: pd.DataFrame, spans: pa.Table | None) -> list[str | None]:
+def _labels(d: Mapping[str, Any], spans: pa.Table | None) -> list[str | None]:
     """Layer type (`layers.N.<type>` annotation) around each kernel's start, when module spans are known: the
     span of the kernel's rank with the latest GPU start at or before the kernel's start (the last listed of
     spans starting together), if it has not ended before it. One sorted search over all ranks at once."""
-    out: list[str | None] = [None] * len(d)
+    rank = np.asarray(d["rank"]).astype(np.int64)  # d: a frame or a dict of arrays, "rank" and "start_ns"
+    start = np.asarray(d["start_ns"]).astype(np.int64)
+    out: list[str | None] = [None] * len(rank)
     need = {"rank", "gpu_start_ns", "gpu_end_ns", "module"}
-    if spans is None or spans.num_rows == 0 or not need <= set(spans.column_names) or not len(d):
+    if spans is None or spans.num_rows == 0 or not need <= set(spans.column_names) or not len(rank):
         return out
-    rank = d["rank"].to_numpy().astype(np.int64)
-    start = d["start_ns"].to_numpy().astype(np.int64)
     sp = spans.select(["rank", "gpu_start_ns", "gpu_end_ns", "module"])
     sp = sp.filter(sp.column("gpu_start_ns").is_valid())
     s_rank = sp.column("rank").to_numpy(zero_copy_only=False).astype(np.int64)

@@ -66,7 +66,6 @@ class Graph:
     k_rank: np.ndarray
     k_step: np.ndarray
     k_stream: np.ndarray
-    k_start: np.ndarray
     k_end: np.ndarray
     k_dur: np.ndarray  # float ns
     k_release: np.ndarray  # float ns (NEG: no launch constraint)
@@ -103,6 +102,12 @@ class Graph:
     s_dst: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
     n_syncs: int = 0  # CPU calls found blocked on the GPU
     early_instances: int = 0  # collective instances left out: a participant ended before the last arrived
+
+    @property
+    def k_start(self) -> np.ndarray:
+        """Kernel starts (end - duration: exact, whole ns below 2**53)."""
+        out: np.ndarray = self.k_end - self.k_dur
+        return out
 
     @property
     def n_nodes(self) -> int:
@@ -160,6 +165,127 @@ def _cycle_instances(g: Graph) -> np.ndarray:
     return np.unique(g.k_instance[ck[on_cycle[g.k_node[ck]]]])
 
 
+def _as_pandas_ints(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    """An integer column as `to_pandas` gives it: int64 without nulls, else float64 with NaN (values rounded
+    there are rounded here too, so keys and times match what a DataFrame of the table would hold)."""
+    if col.null_count:
+        vals: np.ndarray = col.fill_null(0).to_numpy(zero_copy_only=False).astype(np.float64)
+        vals[col.is_null().to_numpy(zero_copy_only=False)] = np.nan
+        return vals
+    out: np.ndarray = col.to_numpy(zero_copy_only=False).astype(np.int64)
+    return out
+
+
+def _shared_objects(col: pa.ChunkedArray | pa.Array, rows: np.ndarray | None = None) -> np.ndarray:
+    """A string column (of `rows`, when given) as an object array holding one str object per distinct value
+    (None for null): 8 bytes a row, not a string object each."""
+    if pa.types.is_dictionary(col.type):
+        col = col.cast(pa.string())
+    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    enc = arr.dictionary_encode()  # (all rows: encoding before taking moves indices, not strings)
+    idx = enc.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+    vals = np.empty(len(enc.dictionary) + 1, dtype=object)
+    vals[:-1] = enc.dictionary.to_pylist()
+    out: np.ndarray = vals[idx if rows is None else idx[rows]]
+    return out
+
+
+def _per_rank(rank: np.ndarray, table: dict[int, int]) -> np.ndarray:
+    """table[rank] per row (0 for ranks not in it), looked up once per distinct rank."""
+    u, inv = np.unique(rank, return_inverse=True)
+    return np.array([table.get(int(r), 0) for r in u], dtype=np.int64)[inv.reshape(-1)]
+
+
+def _coll_lookup(
+    collectives: pa.Table, rank: np.ndarray, raw_start: np.ndarray, raw_end: np.ndarray, s: np.ndarray,
+    e: np.ndarray, q: np.ndarray, inst: np.ndarray, transfer: np.ndarray, op: np.ndarray, group: np.ndarray,
+    nbytes: np.ndarray,
+) -> None:  # fmt: skip
+    """For the kernels `q` (communication kernels): the matched collective row with the same rank, start and
+    end (the first such row), its instance, transfer (at most the kernel's duration), op, group and bytes."""
+    names = collectives.column_names
+    c_start = _as_pandas_ints(collectives.column("start_ns"))
+    c_inst = _as_pandas_ints(collectives.column("instance"))
+    keep = ~np.isnan(c_start.astype(float)) & (c_inst >= 0)
+    if "n_participants" in names:
+        npart = _as_pandas_ints(collectives.column("n_participants")).astype(float)
+        keep &= np.where(np.isnan(npart), 1.0, npart) >= 2
+    c_end = _as_pandas_ints(collectives.column("end_ns"))
+    keep &= ~np.isnan(c_end.astype(float))
+    rows = np.flatnonzero(keep)
+    if rows.size == 0 or q.size == 0:
+        return
+    ea = _as_pandas_ints(collectives.column("end_aligned_ns"))[rows]
+    ls = _as_pandas_ints(collectives.column("latest_start_ns"))[rows]
+    tr = np.clip(ea - ls, 0, None).astype(float)
+    c_rank = collectives.column("rank").to_numpy(zero_copy_only=False)[rows].astype(np.int64)
+    r_start, r_end = c_start[rows].astype(np.int64), c_end[rows].astype(np.int64)
+    # (rank, start) as one int64 key when it fits; when that key is unique no row repeats (rank, start, end)
+    # and a kernel matches the row of its (rank, start) whose end is its end
+    lo = min(int(r_start.min()), int(raw_start[q].min()))
+    hi = max(int(r_start.max()), int(raw_start[q].max()))
+    r_lo = min(int(c_rank.min()), int(rank[q].min()))
+    r_span = max(int(c_rank.max()), int(rank[q].max())) - r_lo + 1
+    right: list[np.ndarray] = [c_rank, r_start, r_end]
+    left: list[np.ndarray] = [rank[q], raw_start[q], raw_end[q]]
+    pos = None
+    if hi - lo < 2**40 and r_span < 2**22:
+        k_right = ((c_rank - r_lo) << 40) + (r_start - lo)
+        k_left = ((rank[q] - r_lo) << 40) + (raw_start[q] - lo)
+        pos = _pair_lookup(k_right, r_end, k_left, raw_end[q])
+        first = np.ones(rows.size, dtype=bool)
+        right, left = [k_right, r_end], [k_left, raw_end[q]]
+    if pos is None:
+        key = pd.MultiIndex.from_arrays(right)
+        first = ~key.duplicated(keep="first")
+        pos = key[first].get_indexer(pd.MultiIndex.from_arrays(left))
+    sel = rows[first]
+    hit, p = q[pos >= 0], pos[pos >= 0]
+    if hit.size == 0:
+        return
+    src = sel[p]
+    inst[hit] = c_inst[src].astype(np.int64)
+    transfer[hit] = np.minimum(tr[first][p], (e - s)[hit])
+    op[hit] = _shared_objects(collectives.column("op"), src) if "op" in names else "nan"
+    group[hit] = _shared_objects(collectives.column("group_key"), src) if "group_key" in names else "nan"
+    if "bytes" in names:
+        nbytes[hit] = _as_pandas_ints(collectives.column("bytes")).astype(float)[src]
+
+
+def _pair_lookup(ka: np.ndarray, kb: np.ndarray, qa: np.ndarray, qb: np.ndarray) -> np.ndarray | None:
+    """For each query (qa, qb): the first row i (in row order) with (ka[i], kb[i]) == (qa, qb), else -1; None
+    when some ka value repeats more than 8 times (the caller then takes the general path)."""
+    o = np.lexsort((kb, ka))  # stable: rows equal in both keys stay in row order, the first leads
+    sa, sb = ka[o], kb[o]
+    starts = np.flatnonzero(np.r_[True, sa[1:] != sa[:-1]])
+    run = int(np.diff(np.r_[starts, sa.size]).max()) if sa.size else 0
+    if run > 8:
+        return None
+    lo = np.searchsorted(sa, qa, side="left")
+    out = np.full(qa.size, -1, dtype=np.int64)
+    for d in range(run):  # the rows of the query's ka value, ends in order: the first equal end is the hit
+        i = np.minimum(lo + d, sa.size - 1)
+        hit = (out < 0) & (lo + d < sa.size) & (sa[i] == qa) & (sb[i] == qb)
+        out[hit] = o[i[hit]]
+    return out
+
+
+def _sort_order(step: np.ndarray, rank: np.ndarray, stream: np.ndarray, s: np.ndarray) -> np.ndarray:
+    """The stable order of the kernels by (step, rank, stream, start): one int64 key when the codes and the
+    start (whole ns from the earliest, below 2**40) fit into it, else `np.lexsort` (the same order)."""
+    if not s.size:
+        return np.zeros(0, dtype=np.int64)
+    # each key's offset from its smallest value (order-preserving) when its range is small
+    codes = [(k - k.min(), int(k.max() - k.min()) + 1) for k in (step, rank, stream)]
+    span = codes[0][1] * codes[1][1] * codes[2][1]
+    if span < 2**22 and float(s.max()) < 2**40 and float(s.min()) >= 0:
+        key = (codes[0][0] * codes[1][1] + codes[1][0]) * codes[2][1] + codes[2][0]
+        key = (key.astype(np.int64) << 40) + s.astype(np.int64)
+        out: np.ndarray = np.argsort(key, kind="stable")
+        return out
+    return np.lexsort((s, stream, rank, step))
+
+
 def _build_graph(
     nodes: pa.Table,
     collectives: pa.Table | None,
@@ -170,113 +296,100 @@ def _build_graph(
 ) -> Graph | None:
     if nodes.num_rows == 0:
         return None
-    d = nodes.to_pandas()
-    d["label"] = d["label"].astype(object)
     off = {int(k): int(v) for k, v in (offsets_ns or {}).items()}
-    d["raw_start"] = d["start_ns"].astype("int64")
-    o = d["rank"].map(off).fillna(0).astype("int64")
-    origin = int((d["start_ns"] - o).min())
-    d["s"] = (d["start_ns"] - o - origin).astype(float)
-    d["e"] = (d["end_ns"] - o - origin).astype(float)
-    has_launch = d["launch_ns"].notna()
-    d["L"] = np.where(has_launch, d["launch_ns"].fillna(0).astype("int64") - o - origin, np.nan).astype(float)
-    d = d.sort_values(["step", "rank", "stream", "s"], kind="stable").reset_index(drop=True)
-    n = len(d)
+
+    def ints(name: str) -> np.ndarray:
+        out: np.ndarray = nodes.column(name).to_numpy(zero_copy_only=False).astype(np.int64)
+        return out
+
+    rank, step, stream = ints("rank"), ints("step"), ints("stream")
+    raw_start, raw_end = ints("start_ns"), ints("end_ns")
+    o = _per_rank(rank, off)
+    origin = int((raw_start - o).min())
+    s = (raw_start - o - origin).astype(float)
+    e = (raw_end - o - origin).astype(float)
+    launch = _as_pandas_ints(nodes.column("launch_ns"))
+    has_launch = ~np.isnan(launch) if launch.dtype.kind == "f" else np.ones(launch.size, dtype=bool)
+    L = np.where(has_launch, np.where(has_launch, launch, 0).astype(np.int64) - o - origin, np.nan).astype(
+        float
+    )
+    del launch, o
+    # kernels sorted by (step, rank, stream, start), stably
+    order = _sort_order(step, rank, stream, s)
+    rank, step, stream, raw_start, raw_end = (
+        rank[order],
+        step[order],
+        stream[order],
+        raw_start[order],
+        raw_end[order],
+    )
+    s, e, L = s[order], e[order], L[order]
+    is_comm = nodes.column("is_comm").to_numpy(zero_copy_only=False).astype(bool)[order]
+    label = _shared_objects(nodes.column("label"), order)
+    if "launch_tid" in nodes.column_names:
+        tid = _as_pandas_ints(nodes.column("launch_tid")).astype(float)[order]
+    else:
+        tid = np.full(order.size, np.nan)
+    del order
+    n = rank.size
 
     # collectives: instance, transfer per participant
-    d["instance"] = -1
-    d["transfer"] = np.nan
-    d["op"] = ""
-    d["group"] = ""
-    d["bytes"] = np.nan
+    inst = np.full(n, -1, dtype=np.int64)
+    transfer = np.full(n, np.nan)
+    op = np.full(n, "", dtype=object)
+    group = np.full(n, "", dtype=object)
+    nbytes = np.full(n, np.nan)
     if collectives is not None and collectives.num_rows:
-        c = collectives.select(
-            [
-                x
-                for x in (
-                    "rank",
-                    "start_ns",
-                    "end_ns",
-                    "instance",
-                    "op",
-                    "group_key",
-                    "bytes",
-                    "n_participants",
-                    "latest_start_ns",
-                    "end_aligned_ns",
-                )
-                if x in collectives.column_names
-            ]
-        ).to_pandas()
-        c = c.dropna(subset=["start_ns"])
-        c = c[c["instance"] >= 0]
-        if "n_participants" in c:
-            c = c[c["n_participants"].fillna(1) >= 2]
-        c["transfer_c"] = (c["end_aligned_ns"] - c["latest_start_ns"]).clip(lower=0).astype(float)
-        c = c.rename(
-            columns={
-                "start_ns": "raw_start",
-                "instance": "inst_c",
-                "op": "op_c",
-                "group_key": "grp_c",
-                "bytes": "bytes_c",
-            }
-        )
-        c = c.dropna(subset=["end_ns"])
-        c["raw_start"] = c["raw_start"].astype("int64")
-        c["raw_end"] = c["end_ns"].astype("int64")
-        c["rank"] = c["rank"].astype("int64")
-        c = c.drop_duplicates(["rank", "raw_start", "raw_end"])
-        key = pd.DataFrame(
-            {
-                "rank": d["rank"].astype("int64"),
-                "raw_start": d["raw_start"].astype("int64"),
-                "raw_end": d["end_ns"].astype("int64"),
-            }
-        )
-        m = key.merge(
-            c[["rank", "raw_start", "raw_end", "inst_c", "transfer_c", "op_c", "grp_c", "bytes_c"]],
-            on=["rank", "raw_start", "raw_end"],
-            how="left",
-        )
-        hit = m["inst_c"].notna().to_numpy() & d["is_comm"].to_numpy()
-        d.loc[hit, "instance"] = m.loc[hit, "inst_c"].astype("int64").to_numpy()
-        d.loc[hit, "transfer"] = np.minimum(
-            m.loc[hit, "transfer_c"].to_numpy(), (d["e"] - d["s"])[hit].to_numpy()
-        )
-        d.loc[hit, "op"] = m.loc[hit, "op_c"].astype(str).to_numpy()
-        d.loc[hit, "group"] = m.loc[hit, "grp_c"].astype(str).to_numpy()
-        d.loc[hit, "bytes"] = m.loc[hit, "bytes_c"].astype(float).to_numpy()
+        _coll_lookup(collectives, rank, raw_start, raw_end, s, e, np.flatnonzero(is_comm), inst, transfer, op,
+                     group, nbytes)  # fmt: skip
+    del raw_start, raw_end
     # an instance seen by one participant only is no rendezvous
-    inst = d["instance"].to_numpy()
-    cnt = pd.Series(inst[inst >= 0]).value_counts()
-    lone = (inst >= 0) & (pd.Series(inst).map(cnt).fillna(0).to_numpy() < 2)
+    on = inst >= 0
+    u_inst, i_inv, i_cnt = np.unique(inst[on], return_inverse=True, return_counts=True)
+    lone = np.zeros(n, dtype=bool)
+    lone[on] = i_cnt[i_inv.reshape(-1)] < 2
     # nor is one where a participant ended before the last one arrived (aligned): a wrong match, or a send
     # that completed eagerly; replayed as a rendezvous it would finish that participant late
-    on = inst >= 0
-    ist = pd.DataFrame({"i": inst[on], "s": d["s"].to_numpy()[on], "e": d["e"].to_numpy()[on]}).groupby("i")
-    early = ist["s"].max() - ist["e"].min() > CROSS_TOL_NS
-    early_ids = early.index[early.to_numpy()].to_numpy(dtype=np.int64)
+    s_max = np.full(u_inst.size, -np.inf)
+    e_min = np.full(u_inst.size, np.inf)
+    np.maximum.at(s_max, i_inv.reshape(-1), s[on])
+    np.minimum.at(e_min, i_inv.reshape(-1), e[on])
+    early_ids = u_inst[s_max - e_min > CROSS_TOL_NS].astype(np.int64)
     inst = np.where(lone | np.isin(inst, excluded) | np.isin(inst, early_ids), -1, inst)
-    d["instance"] = inst
+    del lone, on, i_inv
     coll = inst >= 0
 
-    rank = d["rank"].to_numpy().astype(np.int64)
-    step = d["step"].to_numpy().astype(np.int64)
-    stream = d["stream"].to_numpy().astype(np.int64)
-    s = d["s"].to_numpy()
-    e = np.maximum(d["e"].to_numpy(), s)
-    L = d["L"].to_numpy()
+    e = np.maximum(e, s)
 
     # launch latency per rank: the smallest launch -> start seen on that rank
-    lat = pd.Series(s - L).where(~np.isnan(L)).groupby(rank).min().clip(lower=0)
-    release = np.where(np.isnan(L), NEG, L + pd.Series(rank).map(lat).fillna(0).to_numpy())
+    u_rank, r_inv = np.unique(rank, return_inverse=True)
+    r_inv = r_inv.reshape(-1)
+    lat_r = np.full(u_rank.size, np.inf)
+    has_l = ~np.isnan(L)
+    np.minimum.at(lat_r, r_inv[has_l], (s - L)[has_l])
+    lat_r = np.where(np.isinf(lat_r), 0.0, np.maximum(lat_r, 0.0))
+    lat_k = lat_r[r_inv]
+    del r_inv, has_l
+    release = np.where(np.isnan(L), NEG, L + lat_k)
     release = np.minimum(release, s)
+    # ids in the smallest integer type that holds them (int32 up to ~700 M kernels: nodes <= 3 per kernel)
+    ix = np.int32 if 3 * n + 1 < 2**31 - 1 and int(np.abs(inst).max(initial=0)) < 2**31 - 1 else np.int64
 
     # stream predecessor
     grp_rs = step * (rank.max() + 1) + rank  # (step, rank) group id
     same_stream = np.r_[False, (grp_rs[1:] == grp_rs[:-1]) & (stream[1:] == stream[:-1])]
-    sp = np.where(same_stream, np.arange(n) - 1, -1)
+
+    # sync edges: the kernel X whose end the launching thread's last blocking sync waited for
+    sync_x, sync_ret, n_syncs = _sync_epochs(syncs, off, origin, rank, step, e, L, tid, lat_k)
+    del tid, lat_k
+    # a kernel without a launch takes the epoch of the kernel before it on its stream (it has no release term)
+    known = np.where(np.isnan(L), -1, np.arange(n))
+    del L
+    last_known = np.maximum.accumulate(known) if n else known
+    del known
+    run_start = np.maximum.accumulate(np.where(~same_stream, np.arange(n), 0)) if n else last_known
+    ep = np.where(last_known >= run_start, sync_x[np.maximum(last_known, 0)], -1)
+    del last_known, run_start
 
     # cross-stream predecessor: the latest end on another stream of the same (step, rank) at or before start
     SH = float(2**40)
@@ -285,74 +398,93 @@ def _build_graph(
     best_score = np.full(n, NEG)
     best_idx = np.full(n, -1, dtype=np.int64)
     # on a tie (a batched send/recv pair ends together) the receive is what the next kernel waits for
-    score = e - 0.5 * (d["op"].to_numpy() == "send")
+    score = e - 0.5 * (op == "send")
+    qkey = gkey + s  # (step, rank) above the start / the end: one sorted search per stream
+    ekey = gkey + e
+    del gkey
     for st in np.unique(stream):
-        on = np.flatnonzero(stream == st)
-        keys = gkey[on] + e[on]
-        order = np.argsort(keys, kind="stable")
-        keys, on = keys[order], on[order]
-        other = np.flatnonzero(stream != st)
-        if other.size == 0 or on.size == 0:
+        is_st = stream == st
+        mine = np.flatnonzero(is_st)
+        keys = ekey[mine]
+        if keys.size > 1 and not bool((keys[1:] >= keys[:-1]).all()):  # (in stream order already: as is)
+            order = np.argsort(keys, kind="stable")
+            keys, mine = keys[order], mine[order]
+            del order
+        other = np.flatnonzero(~is_st)
+        del is_st
+        if other.size == 0 or mine.size == 0:
             continue
-        j = np.searchsorted(keys, gkey[other] + s[other], side="right") - 1
-        ok = j >= 0
-        jj = np.where(ok, j, 0)
-        cand = on[jj]
-        ok &= grp_rs[cand] == grp_rs[other]
-        better = ok & (score[cand] > best_score[other])
-        best_score[other[better]] = score[cand[better]]
-        best_end[other[better]] = e[cand[better]]
-        best_idx[other[better]] = cand[better]
-    sp_end = np.where(sp >= 0, e[np.maximum(sp, 0)], NEG)
-    explained = np.maximum(sp_end, release)
+        j = np.searchsorted(keys, qkey[other], side="right") - 1
+        cand = mine[np.maximum(j, 0)]
+        ok = (j >= 0) & (grp_rs[cand] == grp_rs[other])
+        del j
+        sc = score[cand]
+        better = ok & (sc > best_score[other])
+        o, c = other[better], cand[better]
+        best_score[o] = sc[better]
+        best_end[o] = e[c]
+        best_idx[o] = c
+        del mine, keys, other, cand, ok, sc, better, o, c
+    del qkey, ekey
+    del best_score, score, grp_rs
+    sp = np.where(same_stream, np.arange(n) - 1, -1).astype(ix)
+    explained = np.maximum(np.where(sp >= 0, e[np.maximum(sp, 0)], NEG), release)
     cross_ok = (best_idx >= 0) & (s - best_end <= CROSS_TOL_NS) & (best_end > explained)
-    cp = np.where(cross_ok, best_idx, -1)
+    cp = np.where(cross_ok, best_idx, -1).astype(ix)
+    del cross_ok, best_idx
     pred_end = np.maximum(explained, np.where(cp >= 0, best_end, NEG))
+    del explained, best_end
     no_pred = (sp < 0) & (cp < 0) & (release <= NEG / 2)
     release = np.where(no_pred, s, release)  # a source with nothing known starts when it started
     pred_end = np.where(no_pred, s, pred_end)
+    del no_pred
     res = np.clip(s - np.maximum(pred_end, release), 0, None)
+    del pred_end
     dur = e - s
-
-    # sync edges: the kernel X whose end the launching thread's last blocking sync waited for
-    tid = d["launch_tid"].to_numpy(dtype=float, na_value=np.nan) if "launch_tid" in d else np.full(n, np.nan)
-    sync_x, sync_ret, n_syncs = _sync_epochs(syncs, off, origin, rank, step, e, L, tid, lat)
-    # a kernel without a launch takes the epoch of the kernel before it on its stream (it has no release term)
-    ep = pd.Series(np.where(np.isnan(L), np.nan, sync_x.astype(float)))
-    ep = ep.groupby(np.cumsum(~same_stream)).ffill().fillna(-1).to_numpy()
+    # kernels are sorted by step: the earliest release or start per step is one reduction per run of a step
+    so = np.minimum(s, np.where(release > NEG / 2, release, s))
+    bounds = np.flatnonzero(np.r_[True, step[1:] != step[:-1]])
+    step_origin = {int(k): float(v) for k, v in zip(step[bounds], np.minimum.reduceat(so, bounds))}
+    del so, bounds, s
 
     # segments: breaks at collectives, at kernels with a cross-stream predecessor, after a kernel another
     # stream (or a sync) waits for, where the sync epoch changes, and at a new stream
     has_out = np.zeros(n, dtype=bool)
     has_out[cp[cp >= 0]] = True
     has_out[sync_x[sync_x >= 0]] = True
-    prev_coll = np.r_[False, coll[:-1]]
-    prev_out = np.r_[False, has_out[:-1]]
-    ep_change = np.r_[False, ep[1:] != ep[:-1]]
-    brk = ~same_stream | coll | prev_coll | (cp >= 0) | prev_out | ep_change
-    seg_of = np.cumsum(brk) - 1  # kernel -> segment (collective kernels: their own "segment" slot)
+    brk = ~same_stream | coll | (cp >= 0)
+    del same_stream
+    brk[1:] |= coll[:-1] | has_out[:-1] | (ep[1:] != ep[:-1])
+    del has_out, ep
+    seg_of = (np.cumsum(brk) - 1).astype(
+        ix
+    )  # kernel -> segment (collective kernels: their own "segment" slot)
     n_seg = int(seg_of[-1]) + 1 if n else 0
 
     # node ids: plain segments first, then per collective kernel ARR and FIN, then instances
     seg_is_coll = np.zeros(n_seg, dtype=bool)
     seg_is_coll[seg_of[coll]] = True
-    plain = np.flatnonzero(~seg_is_coll)
-    seg_node = np.full(n_seg, -1, dtype=np.int64)
+    plain = np.flatnonzero(~seg_is_coll).astype(ix)
+    del seg_is_coll
+    seg_node = np.full(n_seg, -1, dtype=ix)
     seg_node[plain] = np.arange(plain.size)
-    ck = np.flatnonzero(coll)
-    arr_node = plain.size + np.arange(ck.size)
-    fin_node = plain.size + ck.size + np.arange(ck.size)
+    ck = np.flatnonzero(coll).astype(ix)
+    arr_node = (plain.size + np.arange(ck.size)).astype(ix)
+    fin_node = (plain.size + ck.size + np.arange(ck.size)).astype(ix)
     inst_ids, inst_row = np.unique(inst[ck], return_inverse=True)
-    inst_node = plain.size + 2 * ck.size + np.arange(inst_ids.size)
+    inst_row = inst_row.reshape(-1).astype(ix)
+    inst_node = (plain.size + 2 * ck.size + np.arange(inst_ids.size)).astype(ix)
     n_nodes = plain.size + 2 * ck.size + inst_ids.size
 
-    k_in = np.full(n, -1, dtype=np.int64)  # node a kernel's incoming edges attach to
-    k_out = np.full(n, -1, dtype=np.int64)  # node whose finish is the kernel's end
+    k_in = np.full(n, -1, dtype=ix)  # node a kernel's incoming edges attach to
+    k_out = np.full(n, -1, dtype=ix)  # node whose finish is the kernel's end
     k_in[~coll] = seg_node[seg_of[~coll]]
+    del seg_of
     k_out[~coll] = k_in[~coll]
     k_in[ck] = arr_node
     k_out[ck] = fin_node
-    first_of_seg = brk.copy()
+    first_of_seg = brk
+    del brk
 
     src, dst = [], []
     # stream and cross edges enter at segment starts (and collective arrivals)
@@ -361,65 +493,70 @@ def _build_graph(
         m = ent[pred[ent] >= 0]
         src.append(k_out[pred[m]])
         dst.append(k_in[m])
+    del sp, cp, ent, m, pred
     src.append(arr_node)
     dst.append(inst_node[inst_row])
     src.append(inst_node[inst_row])
     dst.append(fin_node)
-    e_src = np.concatenate(src).astype(np.int64)
-    e_dst = np.concatenate(dst).astype(np.int64)
+    e_src = np.concatenate(src).astype(ix)
+    e_dst = np.concatenate(dst).astype(ix)
+    del src, dst
     # sync edges: X's node (its segment ends at X; a collective X: its FIN node) -> the launching node
     hs = np.flatnonzero(sync_x >= 0)
-    n_sync_src = np.full(n_nodes, -1, dtype=np.int64)
+    n_sync_src = np.full(n_nodes, -1, dtype=ix)
     n_sync_end = np.full(n_nodes, NEG)
     n_sync_src[k_in[hs]] = k_out[sync_x[hs]]
     n_sync_end[k_in[hs]] = e[sync_x[hs]]
-    s_dst = np.flatnonzero(n_sync_src >= 0)
+    del k_in, hs
+    s_dst = np.flatnonzero(n_sync_src >= 0).astype(ix)
     s_src = n_sync_src[s_dst]
 
     n_type = np.full(n_nodes, SEG, dtype=np.int8)
     n_type[arr_node] = ARR
     n_type[fin_node] = FIN
     n_type[inst_node] = INST
-    n_first = np.full(n_nodes, -1, dtype=np.int64)
-    n_last = np.full(n_nodes, -1, dtype=np.int64)
-    seg_first_k = np.flatnonzero(first_of_seg)
-    seg_last_k = np.r_[seg_first_k[1:] - 1, n - 1]
+    n_first = np.full(n_nodes, -1, dtype=ix)
+    n_last = np.full(n_nodes, -1, dtype=ix)
+    seg_first_k = np.flatnonzero(first_of_seg).astype(ix)
+    seg_last_k = np.r_[seg_first_k[1:] - 1, n - 1].astype(ix)
     n_first[seg_node[plain]] = seg_first_k[plain]
     n_last[seg_node[plain]] = seg_last_k[plain]
+    del seg_first_k, seg_last_k, seg_node, plain
     n_first[arr_node] = ck
     n_last[arr_node] = ck
     n_first[fin_node] = ck
     n_last[fin_node] = ck
-    n_rank = np.full(n_nodes, -1, dtype=np.int64)
-    n_step = np.full(n_nodes, -1, dtype=np.int64)
+    n_rank = np.full(n_nodes, -1, dtype=ix)
+    n_step = np.full(n_nodes, -1, dtype=ix)
     kn = n_first >= 0
     n_rank[kn] = rank[n_first[kn]]
     n_step[kn] = step[n_first[kn]]
+    del kn
     first_ck = np.zeros(inst_ids.size, dtype=np.int64)
     first_ck[inst_row[::-1]] = ck[::-1]
     n_step[inst_node] = step[first_ck]
 
-    k_node = k_out
+    k_inst_row = np.where(coll, 0, -1).astype(ix)
+    k_inst_row[ck] = inst_row
     g = Graph(
         origin_ns=origin,
-        k_rank=rank,
-        k_step=step,
-        k_stream=stream,
-        k_start=s,
+        k_rank=rank.astype(ix),
+        k_step=step.astype(ix),
+        k_stream=stream.astype(ix),
         k_end=e,
         k_dur=dur,
         k_release=release,
         k_res=res,
-        k_comm=d["is_comm"].to_numpy().astype(bool),
-        k_label=d["label"].to_numpy(),
-        k_node=k_node,
+        k_comm=is_comm,
+        k_label=label,
+        k_node=k_out,
         k_seg_first=first_of_seg,
-        k_inst_row=np.where(coll, 0, -1),
-        k_transfer=np.nan_to_num(d["transfer"].to_numpy(), nan=0.0),
-        k_op=d["op"].to_numpy(),
-        k_group=d["group"].to_numpy(),
-        k_instance=inst,
-        k_bytes=d["bytes"].to_numpy(),
+        k_inst_row=k_inst_row,
+        k_transfer=np.nan_to_num(transfer, nan=0.0),
+        k_op=op,
+        k_group=group,
+        k_instance=inst.astype(ix),
+        k_bytes=nbytes,
         n_type=n_type,
         n_rank=n_rank,
         n_step=n_step,
@@ -429,12 +566,10 @@ def _build_graph(
         e_dst=e_dst,
         stage_of=stage_of,
     )
-    g.k_inst_row[ck] = inst_row
-    g.k_sync_x, g.k_sync_ret, g.n_syncs = sync_x, sync_ret, n_syncs
+    g.k_sync_x, g.k_sync_ret, g.n_syncs = sync_x.astype(ix), sync_ret, n_syncs
     g.early_instances = int(early_ids.size)
     g.n_sync_src, g.n_sync_end, g.s_src, g.s_dst = n_sync_src, n_sync_end, s_src, s_dst
-    so = pd.Series(np.minimum(s, np.where(release > NEG / 2, release, s))).groupby(step).min()
-    g.step_origin = {int(k): float(v) for k, v in so.items()}
+    g.step_origin = step_origin
     return g
 
 
@@ -447,7 +582,7 @@ def _sync_epochs(
     e: np.ndarray,
     L: np.ndarray,
     tid: np.ndarray,
-    lat: pd.Series,
+    lat: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray, int]:
     """Per kernel (graph order): the kernel X that the last blocking sync of its launching thread before its
     launch waited for (-1: none, or X is in another step), that sync's return plus the rank's launch latency
@@ -496,7 +631,7 @@ def _sync_epochs(
     keep = (step[x] == step[k]) & (x != k)
     k, x = k[keep], x[keep]
     x_of[k] = x
-    ret[k] = m["ce"].to_numpy()[keep] + pd.Series(rank[k]).map(lat).fillna(0.0).to_numpy()
+    ret[k] = m["ce"].to_numpy()[keep] + lat[k]
     return x_of, ret, int(ok.sum())
 
 
@@ -530,15 +665,16 @@ def _levels(g: Graph) -> None:
         lv += 1
     if (level < 0).any():
         raise GraphCycleError(f"dependency graph has a cycle ({int((level < 0).sum())} nodes unreached)")
-    byl = np.argsort(level, kind="stable")
+    byl = np.argsort(level, kind="stable").astype(g.n_first_k.dtype)
     bounds = np.searchsorted(level[byl], np.arange(level.max() + 2))
     g.levels = [byl[bounds[i] : bounds[i + 1]] for i in range(len(bounds) - 1)]
+    # the edges themselves in order of their target's level (stable: a node's in-edges keep their order), so
+    # that each level's in-edges are views of them, not copies
     elev = level[g.e_dst]
     eo = np.argsort(elev, kind="stable")
     eb = np.searchsorted(elev[eo], np.arange(level.max() + 2))
-    g.level_edges = [
-        (g.e_src[eo[eb[i] : eb[i + 1]]], g.e_dst[eo[eb[i] : eb[i + 1]]]) for i in range(len(eb) - 1)
-    ]
+    g.e_src, g.e_dst = g.e_src[eo], g.e_dst[eo]
+    g.level_edges = [(g.e_src[eb[i] : eb[i + 1]], g.e_dst[eb[i] : eb[i + 1]]) for i in range(len(eb) - 1)]
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -587,8 +723,8 @@ def replay(
     D = np.zeros(n)
     Q = np.full(n, NEG)
     Qs = np.full(n, NEG)
-    qk = np.full(n, -1, dtype=np.int64)
-    qs = np.full(n, -1, dtype=np.int64)
+    qk = np.full(n, -1, dtype=g.n_first_k.dtype)  # kernel ids: the graph's id type
+    qs = np.full(n, -1, dtype=g.n_first_k.dtype)
     synced = g.k_sync_x >= 0 if g.k_sync_x.size == g.k_dur.size else np.zeros(g.k_dur.size, dtype=bool)
     # segments: c = res + dur, suffix sums within segment, Q = max(release + suffix)
     plain = ~g.k_comm | (g.k_instance < 0)
@@ -625,7 +761,15 @@ def replay(
     finish = np.full(n, NEG)
     entry = np.full(n, NEG)
     S = np.full(n, NEG)
-    for lv, (es, ed) in zip(g.levels, g.level_edges):
+    # the levels' node ids and in-edges as intp, cast once per replay (stored in the graph's compact type,
+    # every fancy index would cast them again)
+    nb = np.r_[0, np.cumsum([lv.size for lv in g.levels])]
+    eb = np.r_[0, np.cumsum([ed.size for _, ed in g.level_edges])]
+    lv_all = np.concatenate(g.levels).astype(np.intp) if g.levels else np.empty(0, dtype=np.intp)
+    es_all = np.concatenate([es for es, _ in g.level_edges]).astype(np.intp) if g.levels else lv_all
+    ed_all = np.concatenate([ed for _, ed in g.level_edges]).astype(np.intp) if g.levels else lv_all
+    for i in range(len(g.levels)):
+        lv, es, ed = lv_all[nb[i] : nb[i + 1]], es_all[eb[i] : eb[i + 1]], ed_all[eb[i] : eb[i + 1]]
         if ed.size:
             np.maximum.at(entry, ed, finish[es])
         f = np.maximum(entry[lv] + D[lv], Q[lv])
@@ -655,7 +799,7 @@ def mean_step_ns(rp: Replay) -> float:
 def _pred_lists(g: Graph) -> tuple[np.ndarray, np.ndarray]:
     order = np.argsort(g.e_dst, kind="stable")
     starts = np.searchsorted(g.e_dst[order], np.arange(g.n_nodes + 1))
-    return g.e_src[order], starts
+    return g.e_src[order].astype(np.intp), starts
 
 
 Row = tuple[int, int, str, str, float, float]

@@ -132,7 +132,11 @@ ARRIVAL_LAG = pa.schema(
 
 def arrival_lag(df: pd.DataFrame) -> pa.Table:
     """Per (rank, step) arrival lag over non-p2p collectives (p2p waits are pipeline structure)."""
-    coll = df[~df["is_p2p"].astype(bool) & (df["n_participants"] > 1)] if not df.empty else df
+    if not df.empty:  # (the columns used here only, not a copy of the whole frame)
+        keep = ~df["is_p2p"].astype(bool) & (df["n_participants"] > 1)
+        coll = df.loc[keep, ["rank", "step", "lag_ns", "blame_ns", "is_last", "op"]]
+    else:
+        coll = df
     if coll.empty:
         return ARRIVAL_LAG.empty_table()
     g = (
@@ -193,7 +197,19 @@ def _slow_links(
     is a bystander. Also returns the rows with their excess transfer time (`excess`)."""
     if df.empty:
         return {}, df
-    d = df[(df["n_participants"] >= 2)].copy()
+    cols = [
+        "rank",
+        "step",
+        "op",
+        "bytes",
+        "is_p2p",
+        "peer",
+        "group_key",
+        "instance",
+        "n_expected",
+        "transfer_ns",
+    ]
+    d = df.loc[df["n_participants"] >= 2, cols].copy()  # (the columns used here and by `detect`)
     if d.empty:
         return {}, d
     d["bytes_k"] = d["bytes"].astype("Float64").fillna(-1).astype("int64")
@@ -271,7 +287,8 @@ def pre_arrival_idle(breakdown: pa.Table, sets: dict[int, RankSets], df: pd.Data
     b = breakdown.select(["rank", "step", "window_start_ns", "window_end_ns"]).to_pandas()
     b["step"] = b["step"].astype("Int64").fillna(-1).astype(int)
     if not df.empty:
-        d = df.assign(step=df["step"].astype("Int64").fillna(-1).astype(int))
+        d = df[["rank", "step", "is_p2p", "start_ns"]]
+        d = d.assign(step=d["step"].astype("Int64").fillna(-1).astype(int))
         coll = d[~d["is_p2p"].astype(bool)]
         last = (
             (coll if not coll.empty else d).groupby(["rank", "step"])["start_ns"].max().rename("last_arrival")
