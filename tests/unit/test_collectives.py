@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from tracelens import schema
 from tracelens._testing import events_table, table_from_rows
 from tracelens.analyze import collectives as C
+from tracelens.analyze import frame_cells as FC
 from tracelens.analyze.breakdown import breakdown, class_sets
 
 
@@ -416,24 +417,24 @@ def test_list_tuples_matches_per_row_tuples():
             pa.array([[3], [0, 1], None], pa.list_(pa.int32())),
         ]
     )
-    got = C._list_tuples(col)
+    got = FC.list_tuples(col)
     assert got.dtype == object
     assert list(got) == [(0, 1), None, (), (0, 1), (3,), (0, 1), None]
     assert all(type(x) is int for t in got if t for x in t)
     # null items inside a list: the per-row path
     odd = pa.array([[1, None], [2]], pa.list_(pa.int64()))
-    assert list(C._list_tuples(odd)) == [(1, None), (2,)]
+    assert list(FC.list_tuples(odd)) == [(1, None), (2,)]
 
 
 def test_ranks_tuples_and_list_array():
     cells = [(0, 1), None, [2, 3], np.array([4]), float("nan"), (0, 1), "x"]
-    want = [C._ranks_tuple(v) for v in cells]  # the reference: one row at a time
-    assert list(C._ranks_tuples(cells)) == want == [(0, 1), None, (2, 3), (4,), None, (0, 1), None]
+    want = [FC.ranks_tuple(v) for v in cells]  # the reference: one row at a time
+    assert list(FC.ranks_tuples(cells)) == want == [(0, 1), None, (2, 3), (4,), None, (0, 1), None]
     hashable = [(0, 1), None, (5,), (0, 1), float("nan")]
     typ = pa.list_(pa.int32())
-    assert C._ranks_list_array(hashable, typ).equals(pa.array([C._ranks_tuple(v) for v in hashable], typ))
-    assert C._ranks_list_array(cells, typ).to_pylist() == [list(t) if t is not None else None for t in want]
-    assert C._ranks_list_array([None, None], typ).to_pylist() == [None, None]
+    assert FC.ranks_list_array(hashable, typ).equals(pa.array([FC.ranks_tuple(v) for v in hashable], typ))
+    assert FC.ranks_list_array(cells, typ).to_pylist() == [list(t) if t is not None else None for t in want]
+    assert FC.ranks_list_array([None, None], typ).to_pylist() == [None, None]
 
 
 def test_per_distinct_calls_once_per_value_tuple():
@@ -447,17 +448,17 @@ def test_per_distinct_calls_once_per_value_tuple():
 
     a = pd.Series(["x", "y", "x", None, "x", None], dtype=object)
     b = np.array([1, 1, 1, 2, 2, 2])
-    got = C._per_distinct(fn, a, b)
+    got = FC.per_distinct(fn, a, b)
     assert list(got) == ["x/1", "y/1", "x/1", "None/2", "x/2", "None/2"]
     assert len(calls) == 4  # (x,1) (y,1) (None,2) (x,2)
-    assert list(C._row_codes(a, b)) == [0, 1, 0, 2, 3, 2]
-    assert len(C._per_distinct(fn, a[:0], b[:0])) == 0
+    assert list(FC.row_codes(a, b)) == [0, 1, 0, 2, 3, 2]
+    assert len(FC.per_distinct(fn, a[:0], b[:0])) == 0
 
 
 def test_int64_array_exact_with_nulls():
     big = 1_700_000_000_123_456_789  # a ns timestamp float64 would round
     col = pa.chunked_array([pa.array([big, None], pa.int64()), pa.array([-3], pa.int64())])
-    got = C._int64_array(col)
+    got = FC.int64_array(col)
     assert str(got.dtype) == "Int64"
     assert got.tolist()[0] == big and got.tolist()[2] == -3 and got.isna().tolist() == [False, True, False]
 

@@ -1,0 +1,213 @@
+"""Arrow columns as pandas cells without a Python object per row, and functions evaluated once per
+distinct value: what the cross-rank collectives analysis (`tracelens.analyze.collectives`) builds its
+frames with. Null cells are None (or <NA> in nullable integer arrays), as `to_pylist` would give."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+
+def is_strings(typ: pa.DataType) -> bool:
+    """A string column, plain or dictionary-encoded."""
+    if pa.types.is_dictionary(typ):
+        typ = typ.value_type
+    return bool(pa.types.is_string(typ) or pa.types.is_large_string(typ))
+
+
+def str_objects(col: pa.ChunkedArray | pa.Array, rows: np.ndarray | None = None) -> np.ndarray:
+    """A string column's cells (of `rows`, when given) as an object array (str, None for null) holding one
+    str object per distinct value: the same cells as `col.cast(string).to_numpy()`, 8 bytes a row instead of
+    a string object each."""
+    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    if not pa.types.is_dictionary(arr.type):
+        arr = arr.dictionary_encode()  # (all rows: encoding before taking moves indices, not strings)
+    idx = arr.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+    vals = np.empty(len(arr.dictionary) + 1, dtype=object)
+    vals[:-1] = arr.dictionary.to_pylist()
+    out: np.ndarray = vals[idx if rows is None else idx[rows]]
+    return out
+
+
+def rows_frame(events: pa.Table, mask: np.ndarray, cols: tuple[str, ...]) -> pd.DataFrame:
+    """The masked rows of `cols` as a DataFrame with plain (non-categorical) values."""
+    sub = events.filter(pa.array(mask)).select(list(cols))
+    out = {}
+    for name in cols:
+        col = sub.column(name)
+        if is_strings(col.type):
+            out[name] = pd.Series(str_objects(col), dtype=object)
+            continue
+        if pa.types.is_dictionary(col.type):
+            col = col.cast(pa.string())
+        if pa.types.is_list(col.type):
+            out[name] = pd.Series(list_tuples(col), dtype=object)
+        elif pa.types.is_string(col.type):
+            out[name] = pd.Series(col.to_numpy(zero_copy_only=False), dtype=object)
+        elif pa.types.is_integer(col.type):
+            # nullable Int64 keeps ns timestamps exact through merges (float64 would round them to 256 ns)
+            out[name] = pd.Series(int64_array(col))
+        else:
+            out[name] = pd.Series(col.to_numpy(zero_copy_only=False))
+    return pd.DataFrame(out)
+
+
+def ranks_tuple(v: Any) -> tuple[int, ...] | None:
+    """A pg_ranks cell as a tuple of ints (None for null / NaN / anything else)."""
+    if isinstance(v, (list, tuple, np.ndarray)):
+        return tuple(int(x) for x in v)
+    return None
+
+
+def ranks_list_array(vals: Any, typ: pa.DataType) -> pa.Array:
+    """pg_ranks cells -> a list array of `typ` (`ranks_tuple` of each cell), built once per distinct value."""
+    d = distinct(vals)
+    if d is None:
+        return pa.array([ranks_tuple(v) for v in vals], typ)
+    codes, uniq = d
+    lists = pa.array([ranks_tuple(u) for u in uniq], typ)
+    return (
+        lists.take(pa.array(np.where(codes < 0, 0, codes), mask=codes < 0))
+        if len(uniq)
+        else pa.nulls(len(codes), typ)
+    )
+
+
+def isnull(v: Any) -> bool:
+    if v is None or v is pd.NA:
+        return True
+    try:
+        return bool(pd.isna(v))
+    except (TypeError, ValueError):
+        return False
+
+
+def distinct(vals: Any) -> tuple[np.ndarray, np.ndarray] | None:
+    """pd.factorize of the cells (codes -1 for null / NaN), None when a cell is unhashable (a list)."""
+    obj = vals.to_numpy(dtype=object) if isinstance(vals, pd.Series) else objects(vals)
+    try:
+        codes, uniq = pd.factorize(obj)
+    except TypeError:
+        return None
+    return np.asarray(codes, dtype=np.int64), np.asarray(uniq, dtype=object)
+
+
+def objects(vals: Any) -> np.ndarray:
+    """A 1-D object array of the given cells (tuples stay cells, not rows of a 2-D array)."""
+    vals = list(vals)
+    out = np.empty(len(vals), dtype=object)
+    for i, v in enumerate(vals):
+        out[i] = v
+    return out
+
+
+def ranks_tuples(vals: Any) -> np.ndarray:
+    """`ranks_tuple` of every cell (an object array), computed once per distinct value."""
+    d = distinct(vals)
+    if d is None:
+        return objects(ranks_tuple(v) for v in vals)
+    codes, uniq = d
+    conv = objects([ranks_tuple(u) for u in uniq] + [None])
+    out: np.ndarray = conv[codes]
+    return out
+
+
+def native(c: Any) -> bool:
+    """A numeric or boolean Series / array: factorized in its own type (the same codes as its Python
+    objects get, nulls -1 in both, without making an object per row)."""
+    dt = getattr(c, "dtype", None)
+    if dt is None or isinstance(dt, pd.CategoricalDtype):
+        return False
+    return bool(pd.api.types.is_numeric_dtype(dt) or pd.api.types.is_bool_dtype(dt))
+
+
+def row_codes(*cols: Any) -> np.ndarray:
+    """Dense codes (in order of first appearance) of the rows' tuples of values; null is one value."""
+    n = len(cols[0])
+    acc = np.zeros(n, dtype=np.int64)
+    for c in cols:
+        codes, uniq = pd.factorize(
+            c.to_numpy(dtype=object) if isinstance(c, pd.Series) and not native(c) else c
+        )
+        acc = acc * (len(uniq) + 1) + (np.asarray(codes, dtype=np.int64) + 1)
+        acc = np.asarray(pd.factorize(acc)[0], dtype=np.int64)
+    return acc
+
+
+def as_objects(c: Any) -> np.ndarray:
+    out: np.ndarray = c.to_numpy(dtype=object) if isinstance(c, pd.Series) else np.asarray(c, dtype=object)
+    return out
+
+
+def per_distinct(fn: Any, *cols: Any) -> np.ndarray:
+    """fn(*row) for every row (an object array), called once per distinct tuple of values (the
+    function must give equal results for equal values; null cells are passed as the first such row's)."""
+    n = len(cols[0])
+    if n == 0:
+        return np.empty(0, dtype=object)
+    coded = [c if native(c) else as_objects(c) for c in cols]
+    codes = row_codes(*coded)
+    _, first = np.unique(codes, return_index=True)
+    # the first row of each tuple as Python objects (what converting every row would give at those rows)
+    arrs = [as_objects(c.iloc[first] if isinstance(c, pd.Series) else np.asarray(c)[first]) for c in coded]
+    vals = objects(fn(*(a[j] for a in arrs)) for j in range(first.size))
+    out: np.ndarray = vals[codes]
+    return out
+
+
+def list_tuples(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    """A list<int> column as an object array of tuples (None for null), built once per distinct list."""
+    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    if len(arr) == 0 or arr.flatten().null_count or not pa.types.is_integer(arr.type.value_type):
+        return objects(tuple(v) if v is not None else None for v in arr.to_pylist())
+    import pyarrow.compute as pc
+
+    joined = pc.binary_join(arr.cast(pa.list_(pa.string())), ",").dictionary_encode()
+    idx = joined.indices.to_numpy(zero_copy_only=False)
+    idx = np.where(joined.is_null().to_numpy(zero_copy_only=False), -1, np.nan_to_num(idx)).astype(np.int64)
+    conv = objects(
+        [tuple(int(x) for x in t.split(",")) if t else () for t in joined.dictionary.to_pylist()] + [None]
+    )
+    out: np.ndarray = conv[idx]
+    return out
+
+
+def int64_array(col: pa.ChunkedArray | pa.Array) -> pd.api.extensions.ExtensionArray:
+    """An integer Arrow column as a nullable Int64 array (exact; nulls as <NA>)."""
+    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    if pa.types.is_dictionary(arr.type) or not pa.types.is_integer(arr.type):
+        return pd.array(arr.to_pylist(), dtype="Int64")
+    mask = arr.is_null().to_numpy(zero_copy_only=False)
+    vals = arr.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+    return pd.arrays.IntegerArray(vals, mask.astype(bool))
+
+
+def nullable_ints(arr: pa.Array) -> Any:
+    """An integer Arrow array as pandas' nullable Int64 (what `pd.array(arr.to_pylist(), dtype="Int64")`
+    gives, without the Python list); other types through that list."""
+    if pa.types.is_integer(arr.type):
+        return int64_array(arr)
+    return pd.array(arr.to_pylist(), dtype="Int64")
+
+
+__all__ = [
+    "as_objects",
+    "distinct",
+    "int64_array",
+    "is_strings",
+    "isnull",
+    "list_tuples",
+    "native",
+    "nullable_ints",
+    "objects",
+    "per_distinct",
+    "ranks_list_array",
+    "ranks_tuple",
+    "ranks_tuples",
+    "row_codes",
+    "rows_frame",
+    "str_objects",
+]
