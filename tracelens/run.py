@@ -91,10 +91,11 @@ class Run:
         """Every `[memory]` record of every rank (schema.MEMORY)."""
         return cache.read_part(self.entries, "memory")
 
-    def events_of(self, ranks: Iterable[int]) -> pa.Table:
-        """Events of only these ranks (each read from its own cache file; nothing else is read)."""
+    def events_of(self, ranks: Iterable[int], columns: list[str] | None = None) -> pa.Table:
+        """Events of only these ranks (each read from its own cache file; nothing else is read), only
+        `columns` of them when given."""
         want = {int(r) for r in ranks}
-        return cache.read_part([e for e in self.entries if e.rank in want], "events")
+        return cache.read_part([e for e in self.entries if e.rank in want], "events", columns)
 
     @property
     def ranks(self) -> list[int]:

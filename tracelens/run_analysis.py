@@ -462,7 +462,7 @@ class Analysis:
 
         parts, chunk, syncs = [], 64, []
         for i in range(0, len(self.ranks), chunk):
-            ev = self.run.events_of(self.ranks[i : i + chunk])
+            ev = self.run.events_of(self.ranks[i : i + chunk], cp.EVENT_COLUMNS)
             parts.append(cp.device_nodes(ev, self.spans))
             syncs.append(cp.sync_calls(ev))
             del ev

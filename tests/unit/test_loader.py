@@ -307,3 +307,14 @@ def test_real_path_is_resolve(tmp_path, monkeypatch):
     assert real_path(tmp_path / "link" / ".." / "run" / "rank0.json") == str(
         tmp_path / "data" / "run" / "rank0.json"
     )
+
+
+def test_events_of_some_columns_equals_the_selected_full_table(tmp_path, cache_dir):
+    """Run.events_of(ranks, columns) reads only those columns: the same as selecting them from the full
+    table, with the statistics' all-null columns (the collective fields here) still built as nulls."""
+    run = _run(tmp_path)
+    t = load_tables(run, workers=1)
+    cols = ["rank", "name", "collective", "ts_ns"]
+    assert t.events_of([0, 1], cols).equals(t.events.select(cols))
+    assert t.events_of([1], cols).equals(t.events_of([1]).select(cols))
+    assert t.events_of([1], cols).column_names == cols

@@ -31,6 +31,19 @@ COPY_NAME = re.compile(
     r"(?:Async)?(?:_v\d+|_ptsz|_ptds|_spt)?$"
 )
 
+#: The events columns `device_nodes` and `sync_calls` read (what the caller needs to read of each rank).
+EVENT_COLUMNS = [
+    "rank",
+    "kind",
+    "name",
+    "tid",
+    "stream",
+    "ts_ns",
+    "dur_ns",
+    "correlation",
+    "step",
+    "collective",
+]
 NODES = pa.schema(
     [
         ("rank", pa.int32()),

@@ -168,8 +168,9 @@ def ipc_schema(p: Path) -> pa.Schema:
         return pa.ipc.open_file(src).schema
 
 
-def read_checked(p: Path, part: str) -> pa.Table | None:
-    """A cached table, or None when missing, unreadable or of another schema (then it is rebuilt).
+def read_checked(p: Path, part: str, columns: list[str] | None = None) -> pa.Table | None:
+    """A cached table (only `columns`, in that order, when given), or None when missing, unreadable or of
+    another schema (then it is rebuilt).
 
     Columns that the file's statistics say are entirely null (the collective fields of most events) are not
     decoded: they are built as null arrays over one shared zero buffer, which saves decoding them and, in a
@@ -179,12 +180,12 @@ def read_checked(p: Path, part: str) -> pa.Table | None:
         with pa.memory_map(str(p)) as src, pq.ParquetFile(src) as f:  # lighter than pq.read_table
             if not f.schema_arrow.equals(SCHEMAS[part]):
                 return None
-            empty = _all_null_columns(f.metadata)
+            sch = f.schema_arrow if columns is None else pa.schema([f.schema_arrow.field(c) for c in columns])
+            empty = _all_null_columns(f.metadata) & set(sch.names)
             if not empty:
-                return f.read()
-            sch = f.schema_arrow
+                return f.read(columns=columns)
             t = f.read(columns=[c for c in sch.names if c not in empty])
-    except (OSError, pa.ArrowException, ValueError):
+    except (OSError, pa.ArrowException, ValueError, KeyError):
         return None
     n = t.num_rows
     zero = pa.py_buffer(bytes(8 * (n + 1)))  # zero-filled lazily by the OS: no page is touched
@@ -234,19 +235,21 @@ def concat(tables: list[pa.Table], sch: pa.Schema) -> pa.Table:
     return t.unify_dictionaries().combine_chunks()
 
 
-def read_part(entries: Iterable[RankParquet], part: str) -> pa.Table:
-    """One part ("events", "memory" or "meta") of these entries as one table; several files are read
-    concurrently (the Parquet reader releases the GIL). OSError when one is missing or corrupt."""
+def read_part(entries: Iterable[RankParquet], part: str, columns: list[str] | None = None) -> pa.Table:
+    """One part ("events", "memory" or "meta") of these entries as one table (only `columns`, when given);
+    several files are read concurrently (the Parquet reader releases the GIL). OSError when one is missing
+    or corrupt."""
     paths = [getattr(e, part) for e in entries]
     if len(paths) <= 1:
-        tabs = [read_checked(p, part) for p in paths]
+        tabs = [read_checked(p, part, columns) for p in paths]
     else:
         with ThreadPoolExecutor(min(4, len(paths))) as ex:
-            tabs = list(ex.map(lambda p: read_checked(p, part), paths))
+            tabs = list(ex.map(lambda p: read_checked(p, part, columns), paths))
     for p, t in zip(paths, tabs):
         if t is None:
             raise OSError(f"cache entry {p} vanished or is corrupt")
-    return concat([t for t in tabs if t is not None], SCHEMAS[part])
+    sch = SCHEMAS[part] if columns is None else pa.schema([SCHEMAS[part].field(c) for c in columns])
+    return concat([t for t in tabs if t is not None], sch)
 
 
 # ---------------------------------------------------------------------------------- discovery memo
