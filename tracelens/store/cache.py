@@ -185,7 +185,7 @@ def read_checked(p: Path, part: str, columns: list[str] | None = None) -> pa.Tab
             if not empty:
                 return f.read(columns=columns)
             t = f.read(columns=[c for c in sch.names if c not in empty])
-    except (OSError, pa.ArrowException, ValueError, KeyError):
+    except (OSError, pa.ArrowException, ValueError):
         return None
     n = t.num_rows
     zero = pa.py_buffer(bytes(8 * (n + 1)))  # zero-filled lazily by the OS: no page is touched
