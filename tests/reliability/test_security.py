@@ -295,7 +295,8 @@ def test_two_analyses_at_once_do_not_corrupt_the_cache(tmp_path):
         if f.parent.name == "memo":  # discovery's memo (JSON, written atomically like the Parquet)
             assert json.loads(f.read_text())["files"]
         elif f.name == "manifest.json":  # a run memo's manifest (store.runs), written last
-            assert json.loads(f.read_text())["ranks"] == [0, 1, 2, 3]
+            m = json.loads(f.read_text())  # (the cache may hold other runs' memos too)
+            assert m["ranks"] and len(m["files"]) == 3 * len(m["ranks"])
         elif f.suffix == ".arrow":  # a stage or run memo file (Arrow IPC)
             assert ipc_schema(f).names
         else:
