@@ -380,3 +380,19 @@ def test_microbatches_from_spans_matches_reference_on_a_sample(tmp_path):
     sp = an.spans.to_pandas()
     assert _microbatches_from_spans(sp) == microbatches_reference(sp) == an.pipeline.microbatches_observed
     assert an.pipeline.microbatches_observed > 1
+
+
+def test_name_matches_are_remembered_per_pattern_text_and_flags():
+    """composition's per-process memo of name matches: patterns of the same text but other flags are other
+    patterns (a case-insensitive rule must not reuse the case-sensitive rule's misses, nor the reverse)."""
+    import re
+
+    from tracelens.analyze.composition import _match_names
+
+    text = r"layers\.(?P<layer>\d+)\.(?P<module>mlp)"
+    names = ["model.layers.3.MLP", "model.layers.4.mlp"]
+    strict = _match_names(names, [re.compile(text)])
+    loose = _match_names(names, [re.compile(text, re.IGNORECASE)])
+    assert strict[0][:2].tolist() == [False, True]
+    assert loose[0][:2].tolist() == [True, True] and loose[1][:2].tolist() == [3, 4]
+    assert _match_names(names, [re.compile(text)])[0][:2].tolist() == [False, True]  # from the memo

@@ -64,7 +64,7 @@ def _compile(patterns: Sequence[str] | None) -> list[re.Pattern[str]]:
 
 #: (patterns, name) -> (layer, module type, backward?) of the first pattern matching, None for no match:
 #: the names of a run repeat on every rank, so each is matched once per process (bounded).
-_MATCHED: dict[tuple[tuple[str, ...], str], tuple[int, str, bool] | None] = {}
+_MATCHED: dict[tuple[tuple[tuple[str, int], ...], str], tuple[int, str, bool] | None] = {}
 _MATCHED_MAX = 1 << 16
 
 
@@ -87,7 +87,7 @@ def _match_names(
     layer = np.full(n + 1, -1, np.int64)
     bwd = np.zeros(n + 1, bool)
     mod: list[str | None] = [None] * (n + 1)
-    key = tuple(p.pattern for p in pats)
+    key = tuple((p.pattern, p.flags) for p in pats)  # (the same text with other flags matches otherwise)
     for i, v in enumerate(values):
         if not v:
             continue
