@@ -26,7 +26,7 @@ from tracelens import schema
 from tracelens.analyze.breakdown import BREAKDOWN, RankSets
 from tracelens.store.atomic import write_ipc, write_text
 from tracelens.store.cache import RankParquet, read_ipc
-from tracelens.store.stages import OPS, SET_CLASSES, SETS, STAGE_VERSION, Staged
+from tracelens.store.stages import OPS, SETS, STAGE_VERSION, Staged, rank_sets, sets_rows
 
 #: Bump when what a memo holds changes (with STAGE_VERSION it is part of the key).
 RUN_MEMO_VERSION = "1"
@@ -61,18 +61,10 @@ def _schemas() -> dict[str, pa.Schema]:
 
 
 def _sets_table(sets: dict[int, RankSets]) -> pa.Table:
-    """All ranks' interval sets as SETS rows (rank order, then compute, comm, memory)."""
-    cols: dict[str, list[np.ndarray]] = {"rank": [], "cls": [], "start_ns": [], "end_ns": []}
-    for r, rs in sorted(sets.items()):
-        for k, c in SET_CLASSES.items():
-            s, e = getattr(rs, k)
-            cols["rank"].append(np.full(len(s), r, np.int32))
-            cols["cls"].append(np.full(len(s), c, np.int8))
-            cols["start_ns"].append(np.asarray(s, np.int64))
-            cols["end_ns"].append(np.asarray(e, np.int64))
+    """All ranks' interval sets as SETS rows, in rank order."""
     if not sets:
         return SETS.empty_table()
-    return pa.table({k: pa.array(np.concatenate(v)) for k, v in cols.items()}, schema=SETS)
+    return pa.concat_tables([sets_rows(rs) for _, rs in sorted(sets.items())])
 
 
 def _stamps(entries: Sequence[RankParquet]) -> list[list[int]]:
@@ -155,17 +147,11 @@ def read_run(entries: Sequence[RankParquet]) -> tuple[pa.Table, Staged] | None:
 def _rank_sets(sets: pa.Table, paths: dict[int, str]) -> dict[int, RankSets]:
     """rank -> RankSets from SETS rows in rank order (what `stages.read_stage` gives per rank)."""
     rank = sets.column("rank").to_numpy()
-    cls = sets.column("cls").to_numpy()
-    s = sets.column("start_ns").to_numpy()
-    e = sets.column("end_ns").to_numpy()
     keys = np.array(list(paths), np.int64)
     los, his = np.searchsorted(rank, keys, "left").tolist(), np.searchsorted(rank, keys, "right").tolist()
-    out = {}
-    for (r, path), lo, hi in zip(paths.items(), los, his):
-        c = cls[lo:hi]
-        part = {k: (s[lo:hi][c == v].copy(), e[lo:hi][c == v].copy()) for k, v in SET_CLASSES.items()}
-        out[r] = RankSets(r, path, part["compute"], part["comm"], part["memory"])
-    return out
+    return {
+        r: rank_sets(r, path, sets.slice(lo, hi - lo)) for (r, path), lo, hi in zip(paths.items(), los, his)
+    }
 
 
 __all__ = ["RUN_MEMO_VERSION", "memo_dir", "read_run", "run_key", "write_run"]

@@ -100,20 +100,33 @@ def _sets_table(st: RankStage) -> pa.Table:
     }
     if rs is None:
         return SETS.empty_table().replace_schema_metadata(meta)
+    return sets_rows(rs).replace_schema_metadata(meta)
+
+
+def sets_rows(rs: RankSets) -> pa.Table:
+    """SETS rows of one rank's interval sets: its compute, then comm, then memory intervals."""
     parts = [(SET_CLASSES[k], getattr(rs, k)) for k in ("compute", "comm", "memory")]
     starts = np.concatenate([p[1][0] for p in parts]).astype(np.int64)
     ends = np.concatenate([p[1][1] for p in parts]).astype(np.int64)
     cls = np.concatenate([np.full(p[1][0].size, p[0], np.int8) for p in parts])
-    t = pa.table(
+    return pa.table(
         {
-            "rank": pa.array(np.full(starts.size, st.rank, np.int32)),
+            "rank": pa.array(np.full(starts.size, rs.rank, np.int32)),
             "cls": pa.array(cls),
             "start_ns": pa.array(starts),
             "end_ns": pa.array(ends),
         },
         schema=SETS,
     )
-    return t.replace_schema_metadata(meta)
+
+
+def rank_sets(rank: int, path: str, rows: pa.Table) -> RankSets:
+    """A rank's interval sets back from its SETS rows (`sets_rows`)."""
+    cls = rows.column("cls").to_numpy()
+    s = rows.column("start_ns").to_numpy()
+    e = rows.column("end_ns").to_numpy()
+    part = {k: (s[cls == c].copy(), e[cls == c].copy()) for k, c in SET_CLASSES.items()}
+    return RankSets(rank, path, part["compute"], part["comm"], part["memory"])
 
 
 def write_stage(st: RankStage, events_parquet: Path) -> None:
@@ -149,13 +162,7 @@ def read_stage(events_parquet: Path, rank: int) -> RankStage:
     if not (sets_t.schema.equals(SETS) and ops.schema.equals(OPS) and idle.schema.equals(IDLE)):
         raise OSError(f"stage files of rank {rank} have another schema")
     path = meta.get(b"path", b"").decode()
-    rs = None
-    if path:
-        cls = sets_t.column("cls").to_numpy()
-        s = sets_t.column("start_ns").to_numpy()
-        e = sets_t.column("end_ns").to_numpy()
-        part = {k: (s[cls == c].copy(), e[cls == c].copy()) for k, c in SET_CLASSES.items()}
-        rs = RankSets(rank, path, part["compute"], part["comm"], part["memory"])
+    rs = rank_sets(rank, path, sets_t) if path else None
     err = meta.get(b"spans_error", b"").decode() or None
     tr = meta.get(b"time_range", b"").decode()
     lo_hi = tuple(int(v) for v in tr.split(",")) if tr else None
@@ -189,7 +196,9 @@ __all__ = [
     "STAGE_VERSION",
     "RankStage",
     "Staged",
+    "rank_sets",
     "read_stage",
+    "sets_rows",
     "stage_complete",
     "stage_dir",
     "stage_paths",
