@@ -124,11 +124,17 @@ def classify(events: pa.Table) -> np.ndarray:
 
 def comm_launched(events: pa.Table) -> np.ndarray:
     """Device rows whose launch sits directly inside a communication cpu op (the innermost op around the
-    launch is one: a copy kernel of an `aten::copy_` nested in `c10d::allgather_` is not)."""
-    from tracelens.analyze.launch_link import link_launches
+    launch is one: a copy kernel of an `aten::copy_` nested in `c10d::allgather_` is not). Computed once
+    per table (launch_link's memo; the array is shared: read only)."""
+    from tracelens.analyze.launch_link import _memo, link_launches
 
-    ln = link_launches(events)
-    out = np.zeros(events.num_rows, dtype=bool)
-    has = ln.parent >= 0
-    out[has] = ln.parent[has] == ln.comm_parent[has]
-    return out
+    memo = _memo(events)
+    got = memo.get("comm_launched")
+    if got is None:
+        ln = link_launches(events)
+        out = np.zeros(events.num_rows, dtype=bool)
+        has = ln.parent >= 0
+        out[has] = ln.parent[has] == ln.comm_parent[has]
+        out.flags.writeable = False
+        got = memo["comm_launched"] = out
+    return got  # type: ignore[return-value]

@@ -9,6 +9,7 @@ Vectorized: one sparse table of interval ends answers "innermost enclosing op" f
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -139,7 +140,38 @@ class _Queries:
     device: np.ndarray
 
 
+#: per live events table (by identity): its launch queries and links, computed once. The cross-rank analysis
+#: asks for them three times over the same table (classify.comm_launched from the collectives' extraction and
+#: from the pipeline analysis, and the collectives' own lookups); an entry goes with its table.
+_MEMO: dict[int, tuple[weakref.ref[pa.Table], dict[str, object]]] = {}
+
+
+def _memo(events: pa.Table) -> dict[str, object]:
+    key = id(events)
+    got = _MEMO.get(key)
+    if got is not None and got[0]() is events:
+        return got[1]
+
+    def drop(ref: weakref.ref[pa.Table], key: int = key) -> None:
+        cur = _MEMO.get(key)
+        if cur is not None and cur[0] is ref:
+            del _MEMO[key]
+
+    memo: dict[str, object] = {}
+    _MEMO[key] = (weakref.ref(events, drop), memo)
+    return memo
+
+
 def _queries(events: pa.Table) -> _Queries:
+    """The launch queries of `events` (built once per table, shared: read only)."""
+    memo = _memo(events)
+    got = memo.get("queries")
+    if got is None:
+        got = memo["queries"] = _build_queries(events)
+    return got  # type: ignore[return-value]
+
+
+def _build_queries(events: pa.Table) -> _Queries:
     cols = columns(events)
     device = cols.kinds("kernel", "gpu_memcpy", "gpu_memset")
     rank = cols.int64("rank")
@@ -183,7 +215,16 @@ def enclosing_ops(events: pa.Table, mask: np.ndarray) -> np.ndarray:
 
 
 def link_launches(events: pa.Table) -> Launches:
-    """Launching CPU op of every kernel / memcpy / memset (see the module docstring)."""
+    """Launching CPU op of every kernel / memcpy / memset (see the module docstring); computed once per
+    table (the arrays are shared: read only)."""
+    memo = _memo(events)
+    got = memo.get("launches")
+    if got is None:
+        got = memo["launches"] = _link_launches(events)
+    return got  # type: ignore[return-value]
+
+
+def _link_launches(events: pa.Table) -> Launches:
     n = events.num_rows
     if n == 0:
         return Launches(np.full(0, -1, dtype=np.int64), np.full(0, -1, dtype=np.int64))
@@ -204,6 +245,8 @@ def link_launches(events: pa.Table) -> Launches:
         parent[via] = cands[j[hit]]
         is_c = comm_name[parent[via]]
         comm_parent[via[is_c]] = parent[via[is_c]]
+    parent.flags.writeable = False
+    comm_parent.flags.writeable = False
     return Launches(parent, comm_parent)
 
 
