@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 
 _AXIS_WORDS = {
     "tp": "tp",
@@ -101,39 +102,87 @@ def _ranks(v) -> tuple[int, ...] | None:
     return None
 
 
+def _text_codes(col: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, list[str]]:
+    """(code per row, the distinct texts) of a column as its string cast reads, nulls "nan" (as pandas'
+    `astype(str)` of a category gives): equal texts share a code, from the dictionary, not a string a row."""
+    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    if not pa.types.is_dictionary(arr.type):
+        arr = arr.dictionary_encode()
+    words = pc.fill_null(arr.dictionary.cast(pa.string()), "nan").to_pylist() + ["nan"]
+    idx = arr.indices.fill_null(len(words) - 1).to_numpy(zero_copy_only=False).astype(np.int64)
+    canon, texts = pd.factorize(pd.Series(words, dtype=object))
+    return np.asarray(canon, dtype=np.int64)[idx], [str(t) for t in texts]
+
+
+def _list_codes(pr: pa.ListArray) -> tuple[np.ndarray, np.ndarray] | None:
+    """(code per row, first row of each code) grouping the rows of an integer list column by their exact
+    contents, without a Python object a row: a positional hash groups them, then every row is compared
+    with its group's first row element by element (None when the column has nulls inside its lists)."""
+    vals = pr.values
+    if vals.null_count or not pa.types.is_integer(vals.type):
+        return None
+    offs = pr.offsets.to_numpy().astype(np.int64)
+    v = vals.to_numpy(zero_copy_only=False).astype(np.int64)
+    n = offs.size - 1
+    lo, hi = offs[:-1], offs[1:]
+    length = hi - lo
+    total = int(length.sum())
+    row = np.repeat(np.arange(n), length)
+    pos = np.arange(total) - np.repeat(np.cumsum(length) - length, length)  # position within its list
+    elem = np.repeat(lo, length) + pos
+    with np.errstate(over="ignore"):
+        w = (pos.astype(np.uint64) + np.uint64(1)) * np.uint64(0x9E3779B97F4A7C15) | np.uint64(1)
+        term = (v[elem].astype(np.uint64) + np.uint64(0x632BE59BD9B4E019)) * w
+        h = np.zeros(n, dtype=np.uint64)
+        np.add.at(h, row, term)
+    code_h = pd.factorize(h)[0].astype(np.int64) * (int(length.max(initial=0)) + 1) + length
+    codes = np.asarray(pd.factorize(code_h)[0], dtype=np.int64)
+    _, first = np.unique(codes, return_index=True)
+    rep = first[codes]
+    if not np.array_equal(v[elem], v[lo[rep][row] + pos]):  # a hash collision: not one list after all
+        return None
+    return codes, first
+
+
 def _event_groups(sub: pa.Table) -> list[tuple[tuple[int, ...], str, str, int, set[int]]]:
     """(pg_ranks, collective, pg_desc, rows, ranks) per distinct (pg_ranks, collective, pg_desc) of the rows
     with pg_ranks, in sorted key order; one record per op: CPU record_param_comms rows are preferred over
     their kernel copies. Nulls read "nan" (as pandas' `astype(str)` of a category gives)."""
-    import pyarrow.compute as pc
-
-    def text(col: str) -> pa.Array:
-        return pc.fill_null(sub.column(col).combine_chunks().cast(pa.string()), "nan")
-
-    kind = text("kind")
-    kinds = set(kind.unique().to_pylist())
-    pick = "cpu_op" if "cpu_op" in kinds else next(iter(kinds))
-    mask = pc.equal(kind, pick)
-    sub = sub.filter(mask)
-    # group on the ranks' bytes: converting the list cells to Python or numpy objects costs ~5 µs a row
-    # (90k rows at 1,024 ranks)
-    pr = sub.column("pg_ranks").combine_chunks()
-    offs = pr.offsets.to_numpy().tolist()
-    vals = pr.values.to_numpy(zero_copy_only=False)
-    keys = [vals[a:b].tobytes() for a, b in zip(offs[:-1], offs[1:])]
-    codes, uniq = pd.factorize(pd.Series(keys, dtype=object))
-    df = pd.DataFrame(
-        {
-            "k": codes,
-            "coll": text("collective").to_numpy(zero_copy_only=False),
-            "desc": text("pg_desc").to_numpy(zero_copy_only=False),
-            "rank": sub.column("rank").to_numpy(),
-        }
+    kind, kinds = _text_codes(sub.column("kind"))
+    present = {kinds[c] for c in np.unique(kind)}
+    pick = "cpu_op" if "cpu_op" in present else next(iter(present))
+    sub = sub.select(["pg_ranks", "collective", "pg_desc", "rank"]).filter(
+        pa.array(kind == kinds.index(pick))
     )
+    pr = sub.column("pg_ranks").combine_chunks()
+    got = _list_codes(pr)
+    if got is None:  # group on the ranks' bytes (converting list cells to Python costs ~5 µs a row)
+        offs = pr.offsets.to_numpy().tolist()
+        vals = pr.values.to_numpy(zero_copy_only=False)
+        keys = [vals[a:b].tobytes() for a, b in zip(offs[:-1], offs[1:])]
+        codes, uniq = pd.factorize(pd.Series(keys, dtype=object))
+        firsts = [np.frombuffer(u, vals.dtype).tolist() for u in uniq]
+    else:
+        codes, first = got
+        firsts = [pr[int(i)].as_py() for i in first]
+    coll, colls = _text_codes(sub.column("collective"))
+    desc, descs = _text_codes(sub.column("pg_desc"))
+    rank = sub.column("rank").to_numpy().astype(np.int64)
+    key = np.asarray(codes, dtype=np.int64)
+    key = (key * (len(colls) + 1) + coll) * (len(descs) + 1) + desc
+    ukey, inv, counts = np.unique(key, return_inverse=True, return_counts=True)
+    r_lo = int(rank.min(initial=0))
+    width = int(rank.max(initial=0)) - r_lo + 1
+    pairs = np.unique(inv.reshape(-1) * width + (rank - r_lo))  # distinct (group, rank)
+    members: list[set[int]] = [set() for _ in range(ukey.size)]
+    for g, r in zip((pairs // width).tolist(), (pairs % width + r_lo).tolist()):
+        members[g].add(r)
     out = []
-    for (k, coll, desc), g in df.groupby(["k", "coll", "desc"], sort=False)["rank"]:
-        ranks = tuple(np.frombuffer(uniq[k], vals.dtype).tolist())
-        out.append((ranks, str(coll), str(desc), len(g), {int(r) for r in g.unique()}))
+    for j, k in enumerate(ukey.tolist()):
+        d = k % (len(descs) + 1)
+        c = (k // (len(descs) + 1)) % (len(colls) + 1)
+        ranks = tuple(firsts[k // (len(descs) + 1) // (len(colls) + 1)])
+        out.append((ranks, colls[c], descs[d], int(counts[j]), members[j]))
     out.sort(key=lambda x: (x[0], x[1], x[2]))
     return out
 
@@ -158,7 +207,8 @@ def collect_groups(
         if name is not None:
             by_name[str(name)] = key
     if events is not None and events.num_rows and "pg_ranks" in events.column_names:
-        sub = events.filter(events.column("pg_ranks").is_valid())
+        cols = ["kind", "pg_ranks", "collective", "pg_desc", "rank"]  # (what _event_groups reads)
+        sub = events.select(cols).filter(events.column("pg_ranks").is_valid())
         if sub.num_rows:
             for pr, coll, desc, n, members in _event_groups(sub):
                 key = _ranks(pr)

@@ -254,8 +254,11 @@ def _parse_ranks(v) -> tuple[int, ...] | None:
             v = json.loads(v)
         except ValueError:
             return None
-    if isinstance(v, (list, tuple)) and all(isinstance(x, int) and not isinstance(x, bool) for x in v):
-        return tuple(int(x) for x in v)
+    if isinstance(v, (list, tuple)):
+        if set(map(type, v)) <= {int}:  # (the common case, checked at C speed: plain ints)
+            return tuple(v)
+        if all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+            return tuple(int(x) for x in v)
     return None
 
 
@@ -295,7 +298,7 @@ def _groups_from_events(events: pa.Table | None) -> list[tuple[str | None, tuple
     if events is None or events.num_rows == 0 or "pg_ranks" not in events.column_names:
         return []
     valid = events.column("pg_ranks").is_valid()
-    sub = events.filter(valid).select(["rank", "pg_name", "pg_desc", "pg_ranks", "group_size"])
+    sub = events.select(["rank", "pg_name", "pg_desc", "pg_ranks", "group_size"]).filter(valid)
     if sub.num_rows == 0:
         return []
     df = sub.select(["rank", "pg_name", "pg_desc"]).to_pandas()
@@ -449,7 +452,8 @@ def infer_grid(
 
     # 1. process groups: axes from their structure and traffic first (layout_structure), names for the rest
     by_axis: dict[str, set[tuple[int, ...]]] = {a: set() for a in AXES}
-    evidence = _structure(events, metadata, collectives, world)
+    src, dst, first, any_p2p = _p2p_edges(events)  # (once: the structure and the chains below read it)
+    evidence = _structure(events, metadata, collectives, world, any_p2p)
     for axis, ev in evidence.items():
         by_axis[axis] = ev.pop("_groups")
     for desc, ranks in _groups_from_metadata(metadata) + _groups_from_events(events):
@@ -482,7 +486,6 @@ def infer_grid(
                 coord[axis][r] = i
 
     # 2. P2P chains
-    src, dst, first, any_p2p = _p2p_edges(events)
     chains, problems = _chains(src, dst, first)
     for p in problems:
         inconsistent(p)
@@ -600,7 +603,7 @@ def infer_grid(
     return grid, findings
 
 
-def _structure(events, metadata, collectives, world) -> dict[str, dict]:
+def _structure(events, metadata, collectives, world, any_p2p: bool) -> dict[str, dict]:
     """Axis -> evidence (with its groups under `_groups`) from the groups' structure and traffic."""
     from tracelens.layout_structure import collect_groups, structural_axes
 
@@ -610,7 +613,6 @@ def _structure(events, metadata, collectives, world) -> dict[str, dict]:
         if (r := _parse_ranks(e.get("ranks"))) is not None
     ]
     groups = collect_groups(declared, events, collectives)
-    any_p2p = _p2p_edges(events)[3] if events is not None else False
     by_axis, evidence = structural_axes(groups, world, any_p2p)
     for a, g in by_axis.items():
         evidence[a]["_groups"] = g

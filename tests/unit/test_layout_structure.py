@@ -215,3 +215,43 @@ def test_group_traffic_from_trace_events_with_list_ranks():
     assert groups[(0, 1)].calls == Counter({"reduce": 6}) and groups[(0, 1)].members_seen == {0, 1}
     assert groups[(0, 1)].names == {"tp"}
     assert groups[(1, 3)].calls == Counter({"p2p": 2}) and groups[(1, 3)].members_seen == {1, 3}
+
+
+def test_event_groups_group_rows_by_exact_rank_lists_and_names():
+    """One record per distinct (pg_ranks, collective, pg_desc) of the cpu ops, with its row count and ranks;
+    lists that share a prefix, are a permutation or are empty stay apart; nulls read "nan"."""
+    from tracelens.layout_structure import _event_groups, _list_codes
+
+    lists = [[0, 1], [0, 1], [1, 0], [0, 1, 2], [0], [], [0, 1], [0, 1, 2], [0, 1]]
+    table = pa.table(
+        {
+            "kind": pa.array(["cpu_op"] * 8 + ["kernel"]).dictionary_encode(),
+            "pg_ranks": pa.array(lists, pa.list_(pa.int32())),
+            "collective": pa.array(
+                [
+                    "allreduce",
+                    "allreduce",
+                    "allreduce",
+                    None,
+                    "send",
+                    "barrier",
+                    "allgather",
+                    None,
+                    "allreduce",
+                ]
+            ).dictionary_encode(),  # fmt: skip
+            "pg_desc": pa.array(["tp", "tp", "tp", "w", None, None, "tp", "w", "tp"]).dictionary_encode(),
+            "rank": pa.array([0, 1, 1, 2, 0, 3, 1, 0, 5], pa.int32()),
+        }
+    )
+    got = _event_groups(table)
+    assert got == [
+        ((), "barrier", "nan", 1, {3}),
+        ((0,), "send", "nan", 1, {0}),
+        ((0, 1), "allgather", "tp", 1, {1}),
+        ((0, 1), "allreduce", "tp", 2, {0, 1}),
+        ((0, 1, 2), "nan", "w", 2, {0, 2}),
+        ((1, 0), "allreduce", "tp", 1, {1}),
+    ]
+    codes, first = _list_codes(table.column("pg_ranks").combine_chunks())
+    assert codes.tolist() == [0, 0, 1, 2, 3, 4, 0, 2, 0] and first.tolist() == [0, 2, 3, 4, 5]
