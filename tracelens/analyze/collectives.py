@@ -179,19 +179,22 @@ def _nbytes(df: pd.DataFrame) -> pd.Series:
     return out.round().astype("Int64")
 
 
-def _parent_fields(events: pa.Table, kmask: np.ndarray) -> pd.DataFrame:
+def _parent_fields(events: pa.Table, kmask: np.ndarray, need: np.ndarray | None = None) -> pd.DataFrame:
     """For the kernels of `kmask` (in row order): op, sizes, dtype and start of the CPU ops around their
     launch (launch_link): the op from the innermost communication op that names one (`record_param_comms`
     with its `Collective name`, `nccl:all_to_all`, `c10d::alltoall_base_`), the sizes from the innermost one
-    that carries them (`In msg nelems`, or its `Input Dims` read at ingest)."""
+    that carries them (`In msg nelems`, or its `Input Dims` read at ingest). `need` (aligned with the
+    kernels): only those kernels are looked up, the others read as having no such op (null)."""
     from tracelens.analyze.launch_link import _enclosing, _queries
 
-    q = _queries(
-        events
-    )  # the launch queries once for the three lookups below (enclosing_ops builds them each time)
+    q = _queries(events)  # the launch queries once for the lookups below
+    only = None
+    if need is not None:
+        only = np.zeros(kmask.size, dtype=bool)
+        only[np.flatnonzero(kmask)[need]] = True
 
     def enclosing_ops(_events: pa.Table, mask: np.ndarray) -> np.ndarray:
-        found: np.ndarray = _enclosing(q, mask)
+        found: np.ndarray = _enclosing(q, mask, only)
         return found
 
     name = events.column("name")
@@ -254,7 +257,6 @@ def _gpu_rows(
     k = _rows(events, kmask, cols)
     if k.empty:
         return k
-    k = pd.concat([k, _parent_fields(events, kmask)], axis=1)
     rmask = on & kind["rpc"]
     r = _rows(events, rmask, ("rank", "ts_ns", "external_id") + _FIELDS)
     r = r.dropna(subset=["external_id"]).drop_duplicates(["rank", "external_id"])
@@ -271,6 +273,13 @@ def _gpu_rows(
             k[c] = picked.tolist()
     # sizes: the kernel's / record_param_comms's args, else the CPU ops around the launch (old PyTorch)
     no_size = k["in_nelems"].isna() & k["out_nelems"].isna()
+    # the CPU ops around the launch are read only where they can decide something: no size, no enqueue
+    # (no record_param_comms), or no op named by `Collective name` (see `_kernel_op`)
+    named = _per_distinct(lambda c: isinstance(c, str) and normalize_op(c) is not None, k["collective"])
+    need = (no_size | k["ts_ns_cpu"].isna()).to_numpy(dtype=bool) | ~named.astype(bool)
+    parent = _parent_fields(events, kmask, need)
+    for c in parent.columns:
+        k[c] = parent[c].to_numpy() if c == "parent_op" else parent[c].array
     k["in_nelems"] = k["in_nelems"].astype("Int64").where(~no_size, k["parent_in_nelems"])
     k["out_nelems"] = k["out_nelems"].astype("Int64").where(~no_size, k["parent_out_nelems"])
     k["dtype"] = k["dtype"].where(~(no_size & k["dtype"].isna()), k["parent_dtype"])

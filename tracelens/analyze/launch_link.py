@@ -195,16 +195,20 @@ def _build_queries(events: pa.Table) -> _Queries:
     )
 
 
-def _enclosing(q: _Queries, mask: np.ndarray) -> np.ndarray:
+def _enclosing(q: _Queries, mask: np.ndarray, only: np.ndarray | None = None) -> np.ndarray:
     """Per events row: the innermost op of `mask` (cpu_op / user_annotation rows) around the launch of each
-    device row, -1 elsewhere."""
+    device row (of the rows `only` selects, when given), -1 elsewhere."""
     out = np.full(mask.size, -1, dtype=np.int64)
+    rows, q_g, q_t = q.rows, q.q_g, q.q_t
+    if only is not None:
+        keep = only[rows]
+        rows, q_g, q_t = rows[keep], q_g[keep], q_t[keep]
     op_rows = np.flatnonzero(mask & q.ops)
-    if not q.rows.size or not op_rows.size:
+    if not rows.size or not op_rows.size:
         return out
-    op_rows = op_rows[np.isin(q.group[op_rows], np.unique(q.q_g))]  # only threads that launch
-    inner = innermost_enclosing(q.group[op_rows], q.ts[op_rows], q.end[op_rows], q.q_g, q.q_t)
-    out[q.rows[inner >= 0]] = op_rows[inner[inner >= 0]]
+    op_rows = op_rows[np.isin(q.group[op_rows], np.unique(q_g))]  # only threads that launch
+    inner = innermost_enclosing(q.group[op_rows], q.ts[op_rows], q.end[op_rows], q_g, q_t)
+    out[rows[inner >= 0]] = op_rows[inner[inner >= 0]]
     return out
 
 
