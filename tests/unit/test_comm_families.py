@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from tracelens._testing import events_table
-from tracelens.analyze.classify import COMM, COMPUTE, MEMORY, classify
+from tracelens.analyze.classify import COMM, COMPUTE, MEMORY, classify, comm_launched
 from tracelens.analyze.collectives import collectives_from_events, match_with_findings, wait_transfer
 from tracelens.analyze.launch_link import innermost_enclosing, link_launches
 from tracelens.ingest import kineto
@@ -173,6 +173,11 @@ def test_parent_op_marks_communication_only_when_it_launched_the_kernel():
     assert cls[9] == MEMORY  # MTIA DMA
     ln = link_launches(ev)
     assert ln.parent[6] == 0 and ln.parent[7] == 3 and ln.comm_parent[7] == 2
+    # comm_launched reads the innermost op only: the same as "innermost op == innermost communication op"
+    has = ln.parent >= 0
+    assert comm_launched(ev).tolist() == (has & (ln.parent == ln.comm_parent)).tolist()
+    assert comm_launched(ev).tolist() == [False] * 6 + [True, False, True, False]
+    assert comm_launched(ev) is comm_launched(ev)  # once per table
 
 
 def test_external_id_links_when_the_launch_is_missing():

@@ -126,15 +126,17 @@ def comm_launched(events: pa.Table) -> np.ndarray:
     """Device rows whose launch sits directly inside a communication cpu op (the innermost op around the
     launch is one: a copy kernel of an `aten::copy_` nested in `c10d::allgather_` is not). Computed once
     per table (launch_link's memo; the array is shared: read only)."""
-    from tracelens.analyze.launch_link import _memo, link_launches
+    from tracelens.analyze.launch_link import _memo, launch_parents
 
     memo = _memo(events)
     got = memo.get("comm_launched")
     if got is None:
-        ln = link_launches(events)
+        # the innermost op around the launch is a communication op (then it is also the innermost of those:
+        # link_launches' `parent == comm_parent`, without looking the communication ops up on their own)
+        parent = launch_parents(events)
         out = np.zeros(events.num_rows, dtype=bool)
-        has = ln.parent >= 0
-        out[has] = ln.parent[has] == ln.comm_parent[has]
+        has = parent >= 0
+        out[has] = columns(events).flag("name", comm_families.is_comm_cpu_op)[parent[has]]
         out.flags.writeable = False
         got = memo["comm_launched"] = out
     return got  # type: ignore[return-value]

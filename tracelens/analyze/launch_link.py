@@ -232,11 +232,35 @@ def _link_launches(events: pa.Table) -> Launches:
     n = events.num_rows
     if n == 0:
         return Launches(np.full(0, -1, dtype=np.int64), np.full(0, -1, dtype=np.int64))
+    parent, via = _parents(events)
+    comm_name = columns(events).flag("name", is_comm_cpu_op)
+    comm_parent = _enclosing(_queries(events), comm_name)
+    is_c = comm_name[parent[via]]
+    comm_parent[via[is_c]] = parent[via[is_c]]
+    comm_parent.flags.writeable = False
+    return Launches(parent, comm_parent)
+
+
+def launch_parents(events: pa.Table) -> np.ndarray:
+    """`link_launches(events).parent` alone (computed once per table; shared: read only)."""
+    return _parents(events)[0]
+
+
+def _parents(events: pa.Table) -> tuple[np.ndarray, np.ndarray]:
+    """(the launching op of every row, as `Launches.parent`; the rows linked through their External id)."""
+    memo = _memo(events)
+    got = memo.get("parents")
+    if got is None:
+        got = memo["parents"] = _build_parents(events)
+    return got  # type: ignore[return-value]
+
+
+def _build_parents(events: pa.Table) -> tuple[np.ndarray, np.ndarray]:
+    n = events.num_rows
     q = _queries(events)
     cols = columns(events)
-    comm_name = cols.flag("name", is_comm_cpu_op)
     parent = _enclosing(q, np.ones(n, dtype=bool))
-    comm_parent = _enclosing(q, comm_name)
+    via = np.zeros(0, dtype=np.int64)
     # no launch found: the cpu op with the device event's External id (same rank)
     rank = cols.int64("rank")
     ext = cols.int64("external_id", -1)
@@ -247,11 +271,8 @@ def _link_launches(events: pa.Table) -> Launches:
         hit = j >= 0
         via = todo[hit]
         parent[via] = cands[j[hit]]
-        is_c = comm_name[parent[via]]
-        comm_parent[via[is_c]] = parent[via[is_c]]
     parent.flags.writeable = False
-    comm_parent.flags.writeable = False
-    return Launches(parent, comm_parent)
+    return parent, via
 
 
 def _find_pairs(a: np.ndarray, b: np.ndarray, qa: np.ndarray, qb: np.ndarray) -> np.ndarray:
