@@ -511,3 +511,20 @@ def test_exposed_split_per_rank_slices_match_reference():
     got2 = C.exposed_split(df2, bd, sets).to_pylist()
     assert got2[1]["exposed_wait_ns"] is None and got2[1]["exposed_transfer_ns"] is None
     assert got2[0]["exposed_wait_ns"] == 20 and got2[2]["exposed_wait_ns"] == 30
+
+
+def test_cumcount_counts_earlier_calls_of_the_same_rank_and_key():
+    """Position among the rank's rows of the same key in (rank, start) order: ties keep table order and
+    a row without a start comes last."""
+    import pandas as pd
+
+    from tracelens.analyze.collectives import _cumcount
+
+    rank = np.array([1, 0, 0, 1, 0, 0, 1])
+    key = np.array([5, 5, 5, 5, 7, 5, 5])
+    start = pd.Series([30, 20, 10, None, 0, 10, 30], dtype="Int64")
+    # rank 0, key 5: rows 2 (t=10), 5 (t=10, later in the table), 1 (t=20); key 7: row 4
+    # rank 1, key 5: rows 0 (t=30), 6 (t=30), 3 (no start)
+    assert _cumcount(rank, key, start).tolist() == [0, 2, 0, 2, 0, 1, 1]
+    tmp = pd.DataFrame({"rank": rank, "k": key, "t": start}).sort_values(["rank", "t"], kind="stable")
+    assert _cumcount(rank, key, start).tolist() == tmp.groupby(["rank", "k"]).cumcount().sort_index().tolist()

@@ -424,11 +424,35 @@ def _order(df: pd.DataFrame, by_step: bool = False) -> np.ndarray:
             np.char.add(k.astype(str), "|step|"), rep["step"].astype("Int64").fillna(-1).astype(str)
         )
     k = np.asarray(pd.factorize(pd.Series(k))[0])[parts]
-    tmp = pd.DataFrame(
-        {"rank": df["rank"].to_numpy(), "k": k, "t": df["start_ns"].astype("Int64").to_numpy()}
-    )
-    tmp = tmp.sort_values(["rank", "t"], kind="stable")
-    out: np.ndarray = tmp.groupby(["rank", "k"]).cumcount().reindex(df.index).to_numpy()
+    rank = df["rank"].astype("Int64")
+    t = df["start_ns"].astype("Int64")
+    if rank.isna().any() or not df.index.is_unique:  # (groupby leaves null ranks out: the general path)
+        tmp = pd.DataFrame({"rank": df["rank"].to_numpy(), "k": k, "t": t.to_numpy()})
+        tmp = tmp.sort_values(["rank", "t"], kind="stable")
+        out: np.ndarray = tmp.groupby(["rank", "k"]).cumcount().reindex(df.index).to_numpy()
+        return out
+    return _cumcount(rank.to_numpy(dtype=np.int64), k.astype(np.int64), t)
+
+
+def _cumcount(rank: np.ndarray, k: np.ndarray, t: pd.Series) -> np.ndarray:
+    """Per row: how many rows of the same (rank, k) come before it in (rank, t) order (stable; null t
+    last), as pandas' sort_values + groupby(...).cumcount() count them."""
+    n = rank.size
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    na = t.isna().to_numpy(dtype=bool)
+    tv = t.to_numpy(dtype=np.int64, na_value=0)
+    o = np.lexsort((tv, na, rank))  # (stable)
+    key = (rank - rank.min()) * (int(k.max()) + 1) + k
+    s = key[o]
+    o2 = np.argsort(s, kind="stable")
+    s2 = s[o2]
+    pos = np.arange(n)
+    first = np.maximum.accumulate(np.where(np.r_[True, s2[1:] != s2[:-1]], pos, 0))
+    within = np.empty(n, dtype=np.int64)
+    within[o2] = pos - first
+    out = np.empty(n, dtype=np.int64)
+    out[o] = within
     return out
 
 
