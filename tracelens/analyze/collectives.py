@@ -146,17 +146,22 @@ def _to_coll_table(df: pd.DataFrame) -> pa.Table:
         vals = df[f.name]
         if pa.types.is_dictionary(f.type):
             obj = vals.astype(object).to_numpy()
-            if pd.api.types.infer_dtype(obj, skipna=True) in ("string", "empty"):
-                # strings and missing values only: Arrow encodes them as the general path below would
-                cols[f.name] = pa.array(obj, pa.string(), from_pandas=True).dictionary_encode().cast(f.type)
-                continue
-            # mixed / missing values (a key on only some kernels): null, never NaN or "nan"
-            # (once per distinct value: the column repeats a few names over every call)
+            # once per distinct value (the column repeats a few names over every call): codes in order of
+            # first appearance, as Arrow's dictionary_encode gives them; missing values null, never "nan"
             codes, uniq = pd.factorize(obj)
-            null = np.asarray(codes) < 0
-            strs = np.append(np.asarray(uniq, dtype=object).astype(str), "")[codes]
-            arr = pa.array(strs, pa.string(), mask=null)
-            cols[f.name] = arr.dictionary_encode().cast(f.type)
+            codes = np.asarray(codes, dtype=np.int32)
+            null = codes < 0
+            if pd.api.types.infer_dtype(uniq, skipna=True) in ("string", "empty"):
+                words = pa.array(np.asarray(uniq, dtype=object), pa.string())
+            else:  # mixed values (a key on only some kernels): their text; equal texts share one entry
+                text = np.asarray(uniq, dtype=object).astype(str)
+                first_of, words_np = pd.factorize(text)
+                codes = np.where(null, -1, np.asarray(first_of, dtype=np.int32)[codes]).astype(np.int32)
+                words = pa.array(np.asarray(words_np, dtype=object), pa.string())
+            arr = pa.DictionaryArray.from_arrays(
+                pa.array(np.where(null, 0, codes), pa.int32(), mask=null), words
+            )
+            cols[f.name] = arr.cast(f.type)
         elif pa.types.is_list(f.type):
             cols[f.name] = _ranks_list_array(vals, f.type)
         elif pa.types.is_boolean(f.type):
@@ -715,11 +720,20 @@ def _matched_table(df: pd.DataFrame) -> pa.Table:
         base.append_column(
             "instance", pa.array(df["instance"].astype("Int64").to_numpy(na_value=-1), pa.int64())
         )
-        .append_column(
-            "group_key", pa.array(df["group_key"].astype(str).tolist(), pa.string()).dictionary_encode()
-        )
+        .append_column("group_key", _dict_strings(df["group_key"].astype(str)))
         .append_column("n_expected", _int32_array(df["n_expected"]))
     )
+
+
+def _dict_strings(vals: pd.Series) -> pa.Array:
+    """A column of strings -> a dictionary array (in order of first appearance, as `dictionary_encode`),
+    encoded once per distinct value."""
+    codes, uniq = pd.factorize(vals.to_numpy(dtype=object))
+    codes = np.asarray(codes, dtype=np.int32)
+    if (codes < 0).any() or pd.api.types.infer_dtype(uniq, skipna=False) not in ("string", "empty"):
+        return pa.array(vals.tolist(), pa.string()).dictionary_encode()  # (not plain strings: as before)
+    words = pa.array(np.asarray(uniq, dtype=object), pa.string())
+    return pa.DictionaryArray.from_arrays(pa.array(codes, pa.int32()), words)
 
 
 def _int32_array(vals: pd.Series) -> pa.Array:
