@@ -31,6 +31,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from tracelens.analyze.frame_cells import list_codes
+
 _AXIS_WORDS = {
     "tp": "tp",
     "tensor": "tp",
@@ -114,36 +116,6 @@ def _text_codes(col: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, list[str]]
     return np.asarray(canon, dtype=np.int64)[idx], [str(t) for t in texts]
 
 
-def _list_codes(pr: pa.ListArray) -> tuple[np.ndarray, np.ndarray] | None:
-    """(code per row, first row of each code) grouping the rows of an integer list column by their exact
-    contents, without a Python object a row: a positional hash groups them, then every row is compared
-    with its group's first row element by element (None when the column has nulls inside its lists)."""
-    vals = pr.values
-    if vals.null_count or not pa.types.is_integer(vals.type):
-        return None
-    offs = pr.offsets.to_numpy().astype(np.int64)
-    v = vals.to_numpy(zero_copy_only=False).astype(np.int64)
-    n = offs.size - 1
-    lo, hi = offs[:-1], offs[1:]
-    length = hi - lo
-    total = int(length.sum())
-    row = np.repeat(np.arange(n), length)
-    pos = np.arange(total) - np.repeat(np.cumsum(length) - length, length)  # position within its list
-    elem = np.repeat(lo, length) + pos
-    with np.errstate(over="ignore"):
-        w = (pos.astype(np.uint64) + np.uint64(1)) * np.uint64(0x9E3779B97F4A7C15) | np.uint64(1)
-        term = (v[elem].astype(np.uint64) + np.uint64(0x632BE59BD9B4E019)) * w
-        h = np.zeros(n, dtype=np.uint64)
-        np.add.at(h, row, term)
-    code_h = pd.factorize(h)[0].astype(np.int64) * (int(length.max(initial=0)) + 1) + length
-    codes = np.asarray(pd.factorize(code_h)[0], dtype=np.int64)
-    _, first = np.unique(codes, return_index=True)
-    rep = first[codes]
-    if not np.array_equal(v[elem], v[lo[rep][row] + pos]):  # a hash collision: not one list after all
-        return None
-    return codes, first
-
-
 def _event_groups(sub: pa.Table) -> list[tuple[tuple[int, ...], str, str, int, set[int]]]:
     """(pg_ranks, collective, pg_desc, rows, ranks) per distinct (pg_ranks, collective, pg_desc) of the rows
     with pg_ranks, in sorted key order; one record per op: CPU record_param_comms rows are preferred over
@@ -155,7 +127,7 @@ def _event_groups(sub: pa.Table) -> list[tuple[tuple[int, ...], str, str, int, s
         pa.array(kind == kinds.index(pick))
     )
     pr = sub.column("pg_ranks").combine_chunks()
-    got = _list_codes(pr)
+    got = list_codes(pr)
     if got is None:  # group on the ranks' bytes (converting list cells to Python costs ~5 µs a row)
         offs = pr.offsets.to_numpy().tolist()
         vals = pr.values.to_numpy(zero_copy_only=False)

@@ -220,7 +220,8 @@ def test_group_traffic_from_trace_events_with_list_ranks():
 def test_event_groups_group_rows_by_exact_rank_lists_and_names():
     """One record per distinct (pg_ranks, collective, pg_desc) of the cpu ops, with its row count and ranks;
     lists that share a prefix, are a permutation or are empty stay apart; nulls read "nan"."""
-    from tracelens.layout_structure import _event_groups, _list_codes
+    from tracelens.analyze.frame_cells import list_codes, list_tuples
+    from tracelens.layout_structure import _event_groups
 
     lists = [[0, 1], [0, 1], [1, 0], [0, 1, 2], [0], [], [0, 1], [0, 1, 2], [0, 1]]
     table = pa.table(
@@ -253,5 +254,7 @@ def test_event_groups_group_rows_by_exact_rank_lists_and_names():
         ((0, 1, 2), "nan", "w", 2, {0, 2}),
         ((1, 0), "allreduce", "tp", 1, {1}),
     ]
-    codes, first = _list_codes(table.column("pg_ranks").combine_chunks())
+    codes, first = list_codes(table.column("pg_ranks").combine_chunks())
     assert codes.tolist() == [0, 0, 1, 2, 3, 4, 0, 2, 0] and first.tolist() == [0, 2, 3, 4, 5]
+    with_null = pa.array([[0, 1], None, [], [0, 1], [1]], pa.list_(pa.int32()))
+    assert list_tuples(with_null).tolist() == [(0, 1), None, (), (0, 1), (1,)]

@@ -192,6 +192,17 @@ def _parent_fields(events: pa.Table, kmask: np.ndarray, need: np.ndarray | None 
     kernels): only those kernels are looked up, the others read as having no such op (null)."""
     from tracelens.analyze.launch_link import _enclosing, _queries
 
+    if need is not None and not need.any():  # nothing to look up: every kernel reads as having no such op
+        n = int(kmask.sum())
+        return pd.DataFrame(
+            {
+                "parent_op": pd.Series([None] * n, dtype=object),
+                "parent_in_nelems": pd.array([None] * n, dtype="Int64"),
+                "parent_out_nelems": pd.array([None] * n, dtype="Int64"),
+                "parent_dtype": pd.Series([None] * n, dtype=object),
+                "parent_ts_ns": pd.array([None] * n, dtype="Int64"),
+            }
+        )
     q = _queries(events)  # the launch queries once for the lookups below
     only = None
     if need is not None:

@@ -163,6 +163,13 @@ def list_tuples(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
     arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
     if len(arr) == 0 or arr.flatten().null_count or not pa.types.is_integer(arr.type.value_type):
         return objects(tuple(v) if v is not None else None for v in arr.to_pylist())
+    got = list_codes(arr)
+    if got is not None:
+        codes, first = got
+        conv = objects([tuple(arr[int(i)].as_py() or ()) for i in first] + [None])
+        codes = np.where(arr.is_null().to_numpy(zero_copy_only=False), first.size, codes)
+        out_: np.ndarray = conv[codes]
+        return out_
     import pyarrow.compute as pc
 
     joined = pc.binary_join(arr.cast(pa.list_(pa.string())), ",").dictionary_encode()
@@ -173,6 +180,36 @@ def list_tuples(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
     )
     out: np.ndarray = conv[idx]
     return out
+
+
+def list_codes(pr: pa.ListArray) -> tuple[np.ndarray, np.ndarray] | None:
+    """(code per row, first row of each code) grouping the rows of an integer list column by their exact
+    contents, without a Python object a row: a positional hash groups them, then every row is compared
+    with its group's first row element by element (None when the column has nulls inside its lists)."""
+    vals = pr.values
+    if vals.null_count or not pa.types.is_integer(vals.type):
+        return None
+    offs = pr.offsets.to_numpy().astype(np.int64)
+    v = vals.to_numpy(zero_copy_only=False).astype(np.int64)
+    n = offs.size - 1
+    lo, hi = offs[:-1], offs[1:]
+    length = hi - lo
+    total = int(length.sum())
+    row = np.repeat(np.arange(n), length)
+    pos = np.arange(total) - np.repeat(np.cumsum(length) - length, length)  # position within its list
+    elem = np.repeat(lo, length) + pos
+    with np.errstate(over="ignore"):
+        w = (pos.astype(np.uint64) + np.uint64(1)) * np.uint64(0x9E3779B97F4A7C15) | np.uint64(1)
+        term = (v[elem].astype(np.uint64) + np.uint64(0x632BE59BD9B4E019)) * w
+        h = np.zeros(n, dtype=np.uint64)
+        np.add.at(h, row, term)
+    code_h = pd.factorize(h)[0].astype(np.int64) * (int(length.max(initial=0)) + 1) + length
+    codes = np.asarray(pd.factorize(code_h)[0], dtype=np.int64)
+    _, first = np.unique(codes, return_index=True)
+    rep = first[codes]
+    if not np.array_equal(v[elem], v[lo[rep][row] + pos]):  # a hash collision: not one list after all
+        return None
+    return codes, first
 
 
 def int64_array(col: pa.ChunkedArray | pa.Array) -> pd.api.extensions.ExtensionArray:
@@ -199,6 +236,7 @@ __all__ = [
     "int64_array",
     "is_strings",
     "isnull",
+    "list_codes",
     "list_tuples",
     "native",
     "nullable_ints",
