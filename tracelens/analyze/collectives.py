@@ -403,19 +403,16 @@ def collectives_from_events(events: pa.Table) -> pa.Table:
 
 def _group_key(df: pd.DataFrame) -> pd.Series:
     """Process-group identity: pg name when known, else its ranks, else "" (unknown: the default group)."""
-    ranks = pd.Series(
-        _per_distinct(lambda v: ",".join(map(str, v)) if v is not None else "", df["pg_ranks"]).tolist(),
-        index=df.index,
-    )
-    name = df["pg_name"].astype(object)
-    return pd.Series(
-        np.where(
-            ~name.isna() & (name.astype(str) != ""),
-            "pg:" + name.astype(str),
-            np.where(ranks != "", "r:" + ranks, ""),
-        ),
-        index=df.index,
-    )
+
+    def key(name: Any, ranks: Any) -> str:
+        if not _isnull(name) and str(name) != "":
+            return "pg:" + str(name)
+        text = ",".join(map(str, ranks)) if ranks is not None else ""
+        return "r:" + text if text != "" else ""
+
+    # once per distinct (name, ranks), not a string operation over every row
+    keys = _per_distinct(key, df["pg_name"].astype(object), df["pg_ranks"])
+    return pd.Series(keys.astype(str), index=df.index)
 
 
 def _order(df: pd.DataFrame, by_step: bool = False) -> np.ndarray:
