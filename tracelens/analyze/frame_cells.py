@@ -163,13 +163,6 @@ def list_tuples(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
     arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
     if len(arr) == 0 or arr.flatten().null_count or not pa.types.is_integer(arr.type.value_type):
         return objects(tuple(v) if v is not None else None for v in arr.to_pylist())
-    got = list_codes(arr)
-    if got is not None:
-        codes, first = got
-        conv = objects([tuple(arr[int(i)].as_py() or ()) for i in first] + [None])
-        codes = np.where(arr.is_null().to_numpy(zero_copy_only=False), first.size, codes)
-        out_: np.ndarray = conv[codes]
-        return out_
     import pyarrow.compute as pc
 
     joined = pc.binary_join(arr.cast(pa.list_(pa.string())), ",").dictionary_encode()
@@ -202,7 +195,9 @@ def list_codes(pr: pa.ListArray) -> tuple[np.ndarray, np.ndarray] | None:
         w = (pos.astype(np.uint64) + np.uint64(1)) * np.uint64(0x9E3779B97F4A7C15) | np.uint64(1)
         term = (v[elem].astype(np.uint64) + np.uint64(0x632BE59BD9B4E019)) * w
         h = np.zeros(n, dtype=np.uint64)
-        np.add.at(h, row, term)
+        full = length > 0
+        if total:  # the sum of each non-empty list's terms (their starts increase strictly)
+            h[full] = np.add.reduceat(term, (np.cumsum(length) - length)[full])
     code_h = pd.factorize(h)[0].astype(np.int64) * (int(length.max(initial=0)) + 1) + length
     codes = np.asarray(pd.factorize(code_h)[0], dtype=np.int64)
     _, first = np.unique(codes, return_index=True)
