@@ -176,7 +176,11 @@ def _peer_stats(per: pd.DataFrame, col: str) -> tuple[np.ndarray, np.ndarray]:
         m = x.size
         if m < 2:
             continue
-        if m <= 64:
+        if m <= 64 and not np.isnan(x).any():  # each row's others: the m - 1 values off the diagonal
+            others = np.broadcast_to(x, (m, m))[~np.eye(m, dtype=bool)].reshape(m, m - 1)
+            c = np.median(others, axis=1)
+            s = 1.4826 * np.median(np.abs(others - c[:, None]), axis=1)
+        elif m <= 64:
             others = np.where(~np.eye(m, dtype=bool), x[None, :], np.nan)
             c = np.nanmedian(others, axis=1)
             s = 1.4826 * np.nanmedian(np.abs(others - c[:, None]), axis=1)
