@@ -28,6 +28,7 @@ from tracelens.analyze import collectives as C
 from tracelens.analyze import intervals as iv
 from tracelens.analyze.breakdown import RankSets, class_sets
 from tracelens.analyze.breakdown import breakdown as _breakdown
+from tracelens.analyze.frame_cells import per_distinct
 from tracelens.findings import finding
 
 CAUSES = ("compute", "host", "communication")
@@ -218,12 +219,14 @@ def _slow_links(
         return {}, d
     d["bytes_k"] = d["bytes"].astype("Float64").fillna(-1).astype("int64")
     d["host"] = d["rank"].astype(int).map(hosts or {}).astype(object).fillna("")
-    d["pair"] = np.where(
-        d["is_p2p"].astype(bool),
-        "p2p|" + np.minimum(d["rank"], d["peer"].fillna(-1)).astype(str) + "|"
-        + np.maximum(d["rank"], d["peer"].fillna(-1)).astype(str),
-        d["group_key"].astype(str),
-    )  # fmt: skip
+    # the link: "p2p|low|high" of a send/recv pair, else the group (one string per distinct link)
+    rk = d["rank"].astype("int64").to_numpy()
+    pe = d["peer"].fillna(-1).astype("int64").to_numpy()
+    p2p = d["is_p2p"].astype(bool).to_numpy()
+    lo, hi = np.where(p2p, np.minimum(rk, pe), -1), np.where(p2p, np.maximum(rk, pe), -1)
+    d["pair"] = per_distinct(
+        lambda p, a, b, g: f"p2p|{a}|{b}" if p else str(g), p2p, lo, hi, d["group_key"].astype(str)
+    ).astype(str)
     inst = d.groupby("instance").agg(
         transfer=("transfer_ns", "median"),
         op=("op", "first"),
