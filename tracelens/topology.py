@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import cast
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -293,6 +294,17 @@ def _groups_from_metadata(metadata: pa.Table | None) -> list[tuple[str | None, t
     return out
 
 
+def _value_codes(col: pa.ChunkedArray) -> tuple[np.ndarray, int]:
+    """(code per row, number of codes): equal values share a code, null is -1."""
+    arr = col.combine_chunks()
+    if not pa.types.is_dictionary(arr.type):
+        arr = arr.dictionary_encode()
+    canon, uniq = pd.factorize(pd.Series(arr.dictionary.to_pylist(), dtype=object))
+    canon = np.append(np.asarray(canon, dtype=np.int64), -1)
+    idx = arr.indices.fill_null(len(canon) - 1).to_numpy(zero_copy_only=False).astype(np.int64)
+    return canon[idx], len(uniq)
+
+
 def _groups_from_events(events: pa.Table | None) -> list[tuple[str | None, tuple[int, ...]]]:
     """One (desc, ranks) per distinct (rank, pg_name, pg_desc) carrying a rank list (record_param_comms)."""
     if events is None or events.num_rows == 0 or "pg_ranks" not in events.column_names:
@@ -301,8 +313,13 @@ def _groups_from_events(events: pa.Table | None) -> list[tuple[str | None, tuple
     sub = events.select(["rank", "pg_name", "pg_desc", "pg_ranks", "group_size"]).filter(valid)
     if sub.num_rows == 0:
         return []
-    df = sub.select(["rank", "pg_name", "pg_desc"]).to_pandas()
-    first = df.drop_duplicates().index.to_numpy()
+    # the first row of each distinct (rank, pg_name, pg_desc), in row order (codes, not a frame)
+    key = sub.column("rank").to_numpy().astype(np.int64)
+    key = key - (key.min() if key.size else 0)
+    for c in ("pg_name", "pg_desc"):
+        codes, n = _value_codes(sub.column(c))
+        key = key * (n + 1) + (codes + 1)
+    first = np.sort(np.unique(key, return_index=True)[1])
     picked = sub.take(pa.array(first))
     out = []
     for desc, ranks, size in zip(
@@ -329,10 +346,16 @@ def _p2p_edges(events: pa.Table | None) -> tuple[np.ndarray, np.ndarray, np.ndar
     is_p2p_name = np.array([bool(v and P2P_NAMES.search(v)) for v in vals] + [False])
     idx = names.indices.fill_null(len(vals)).to_numpy(zero_copy_only=False)
     coll = events.column("collective").combine_chunks()
-    coll_s = coll.cast(pa.string()) if pa.types.is_dictionary(coll.type) else coll
-    is_p2p_coll = pc.fill_null(pc.match_substring_regex(coll_s, r"^(send|recv|isend|irecv)$"), False)
     has_coll = coll.is_valid().to_numpy(zero_copy_only=False)
-    any_p2p = bool((is_p2p_name[idx] & ~has_coll).any()) or bool(pc.any(is_p2p_coll).as_py())
+    if pa.types.is_dictionary(coll.type):  # the pattern once per distinct value
+        words = coll.dictionary.cast(pa.string())
+        hit = pc.fill_null(pc.match_substring_regex(words, r"^(send|recv|isend|irecv)$"), False)
+        used = np.unique(coll.indices.drop_null().to_numpy(zero_copy_only=False))
+        any_coll = bool(hit.to_numpy(zero_copy_only=False)[used].any()) if used.size else False
+    else:
+        is_p2p_coll = pc.fill_null(pc.match_substring_regex(coll, r"^(send|recv|isend|irecv)$"), False)
+        any_coll = bool(pc.any(is_p2p_coll).as_py())
+    any_p2p = bool((is_p2p_name[idx] & ~has_coll).any()) or any_coll
     rank = events.column("rank").to_numpy(zero_copy_only=False).astype(np.int64)
     ts = events.column("ts_ns").to_numpy(zero_copy_only=False).astype(np.int64)
     dst = events.column("dst_rank")
