@@ -615,8 +615,8 @@ def match_with_findings(
     seq_v = df["seq"].fillna(-1).astype("int64").to_numpy()
     step_v = df["step"].astype("Int64").fillna(-1).to_numpy(dtype=np.int64)
     by_step = _order(df, by_step=True)
-    gk = df["group_key"].astype(str).to_numpy()
-    op = df["op"].astype(str).to_numpy()
+    gk_s, op_s = df["group_key"].astype(str), df["op"].astype(str)  # (factorized as they are below)
+    gk, op = gk_s.to_numpy(), op_s.to_numpy()
     unmatched_p2p = p2p & ((peer < 0) | ~np.isin(op, ("send", "recv")))
     solo = np.where(unmatched_p2p, np.arange(len(df)), -1)
     # the key strings once per distinct tuple of their parts (first row of each), not for every row
@@ -631,8 +631,8 @@ def match_with_findings(
         np.where(by_seq, -1, by_step),
         has_seq,
         seq_v,
-        gk,
-        op,
+        gk_s,
+        op_s,
         solo,
     )
     _, f = np.unique(parts, return_index=True)

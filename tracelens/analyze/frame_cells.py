@@ -124,17 +124,27 @@ def native(c: Any) -> bool:
     return bool(pd.api.types.is_numeric_dtype(dt) or pd.api.types.is_bool_dtype(dt))
 
 
+def string_series(c: Any) -> bool:
+    """A pandas string-dtype Series: factorized as it is (the same codes as its Python str objects get, nulls
+    -1 in both, without making an object per row)."""
+    return isinstance(c, pd.Series) and isinstance(c.dtype, pd.StringDtype)
+
+
 def row_codes(*cols: Any) -> np.ndarray:
     """Dense codes (in order of first appearance) of the rows' tuples of values; null is one value."""
     n = len(cols[0])
     acc = np.zeros(n, dtype=np.int64)
+    bound = 1  # acc < bound: the columns so far in mixed radix, exact (re-coded densely before overflowing)
     for c in cols:
-        codes, uniq = pd.factorize(
-            c.to_numpy(dtype=object) if isinstance(c, pd.Series) and not native(c) else c
-        )
-        acc = acc * (len(uniq) + 1) + (np.asarray(codes, dtype=np.int64) + 1)
-        acc = np.asarray(pd.factorize(acc)[0], dtype=np.int64)
-    return acc
+        plain = not isinstance(c, pd.Series) or native(c) or string_series(c)
+        codes, uniq = pd.factorize(c if plain else c.to_numpy(dtype=object))
+        radix = len(uniq) + 1
+        if bound * radix >= 1 << 62:
+            acc = np.asarray(pd.factorize(acc)[0], dtype=np.int64)
+            bound = int(acc.max(initial=-1)) + 1
+        acc = acc * radix + (np.asarray(codes, dtype=np.int64) + 1)
+        bound *= radix
+    return np.asarray(pd.factorize(acc)[0], dtype=np.int64)
 
 
 def as_objects(c: Any) -> np.ndarray:
@@ -148,7 +158,7 @@ def per_distinct(fn: Any, *cols: Any) -> np.ndarray:
     n = len(cols[0])
     if n == 0:
         return np.empty(0, dtype=object)
-    coded = [c if native(c) else as_objects(c) for c in cols]
+    coded = [c if native(c) or string_series(c) else as_objects(c) for c in cols]
     codes = row_codes(*coded)
     _, first = np.unique(codes, return_index=True)
     # the first row of each tuple as Python objects (what converting every row would give at those rows)
@@ -243,4 +253,5 @@ __all__ = [
     "row_codes",
     "rows_frame",
     "str_objects",
+    "string_series",
 ]
