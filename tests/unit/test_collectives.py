@@ -528,3 +528,19 @@ def test_cumcount_counts_earlier_calls_of_the_same_rank_and_key():
     assert _cumcount(rank, key, start).tolist() == [0, 2, 0, 2, 0, 1, 1]
     tmp = pd.DataFrame({"rank": rank, "k": key, "t": start}).sort_values(["rank", "t"], kind="stable")
     assert _cumcount(rank, key, start).tolist() == tmp.groupby(["rank", "k"]).cumcount().sort_index().tolist()
+
+
+def test_row_codes_of_many_wide_columns_and_string_dtype():
+    """Tuple codes in order of first appearance, also when the columns' value counts multiply past int64
+    (re-coded on the way) and for pandas string columns (nulls one value)."""
+    import pandas as pd
+
+    rng = np.random.default_rng(0)
+    cols = [rng.integers(0, 70_000, 5_000) for _ in range(5)]
+    cols[2] = cols[0].copy()  # repeated tuples too
+    cols[3][::2] = 7
+    want = pd.factorize(pd.Series(list(zip(*cols))))[0]
+    assert FC.row_codes(*cols).tolist() == want.tolist()
+    s = pd.Series(["a", None, "b", "a", None], dtype="str")
+    o = pd.Series(["a", None, "b", "a", None], dtype=object)
+    assert FC.row_codes(s, np.zeros(5)).tolist() == FC.row_codes(o, np.zeros(5)).tolist() == [0, 1, 2, 0, 1]
