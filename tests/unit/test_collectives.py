@@ -536,7 +536,7 @@ def test_row_codes_of_many_wide_columns_and_string_dtype():
     import pandas as pd
 
     rng = np.random.default_rng(0)
-    cols = [rng.integers(0, 70_000, 5_000) for _ in range(5)]
+    cols = [rng.integers(0, 70_000, 5_000) for _ in range(7)]
     cols[2] = cols[0].copy()  # repeated tuples too
     cols[3][::2] = 7
     want = pd.factorize(pd.Series(list(zip(*cols))))[0]
