@@ -603,7 +603,8 @@ def match_with_findings(
     inferred = _infer_groups(df, candidates)
     df["group_key"] = df["group_key"].where(df["group_key"] != "", inferred)
     df["peer"] = _infer_peers(df, candidates).astype("Int64")
-    df = df.sort_values(["rank", "start_ns"], kind="stable").reset_index(drop=True)
+    if not _sorted_by_rank_start(df):  # (the extraction's tables are: no copy then)
+        df = df.sort_values(["rank", "start_ns"], kind="stable").reset_index(drop=True)
     df["order"] = _order(df)
     p2p = df["is_p2p"].astype(bool).to_numpy()
     is_send = (df["op"] == "send").to_numpy()
@@ -667,11 +668,24 @@ def match_with_findings(
     return df, _mismatches(df)
 
 
+def _sorted_by_rank_start(df: pd.DataFrame) -> bool:
+    """The rows are in (rank, start_ns) order with a RangeIndex and no null rank or start (what a stable
+    sort_values + reset_index would leave unchanged)."""
+    if not isinstance(df.index, pd.RangeIndex) or df.index.start != 0 or df.index.step != 1:
+        return False
+    rank, start = df["rank"].astype("Int64"), df["start_ns"].astype("Int64")
+    if rank.isna().any() or start.isna().any():
+        return False
+    r, t = rank.to_numpy(dtype=np.int64), start.to_numpy(dtype=np.int64)
+    same = r[1:] == r[:-1]
+    return bool(((r[1:] > r[:-1]) | (same & (t[1:] >= t[:-1]))).all())
+
+
 def _mismatches(df: pd.DataFrame) -> list[dict[str, Any]]:
     """COLLECTIVE_MISMATCH: an instance whose participants disagree on the op, or ranks of one group that
     issued different numbers of the same collective."""
     out: list[dict[str, Any]] = []
-    coll = df[~df["is_p2p"].astype(bool)]
+    coll = df.loc[~df["is_p2p"].astype(bool), ["instance", "op", "rank", "seq", "group_key"]]
     if coll.empty:
         return out
     nops = coll.groupby("instance")["op"].nunique()
