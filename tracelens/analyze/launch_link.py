@@ -140,9 +140,9 @@ class _Queries:
     device: np.ndarray
 
 
-#: per live events table (by identity): its launch queries and links, computed once. The cross-rank analysis
-#: asks for them three times over the same table (classify.comm_launched from the collectives' extraction and
-#: from the pipeline analysis, and the collectives' own lookups); an entry goes with its table.
+#: per live events table (by identity): its launch links, computed once. The cross-rank analysis asks for
+#: them twice over the same table (classify.comm_launched from the collectives' extraction and from the
+#: pipeline analysis' classify); an entry (8 bytes a row, 9 with comm_launched) goes with its table.
 _MEMO: dict[int, tuple[weakref.ref[pa.Table], dict[str, object]]] = {}
 
 
@@ -163,15 +163,7 @@ def _memo(events: pa.Table) -> dict[str, object]:
 
 
 def _queries(events: pa.Table) -> _Queries:
-    """The launch queries of `events` (built once per table, shared: read only)."""
-    memo = _memo(events)
-    got = memo.get("queries")
-    if got is None:
-        got = memo["queries"] = _build_queries(events)
-    return got  # type: ignore[return-value]
-
-
-def _build_queries(events: pa.Table) -> _Queries:
+    """The launch queries of `events` (not kept: ~27 bytes a row, while the links they give are 8)."""
     cols = columns(events)
     device = cols.kinds("kernel", "gpu_memcpy", "gpu_memset")
     rank = cols.int64("rank")
