@@ -7,7 +7,7 @@ schema NODES), and the CPU runtime calls that may have blocked on the GPU (`sync
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 import numpy as np
@@ -73,20 +73,30 @@ SYNCS = pa.schema(
 
 def device_nodes(events: pa.Table, spans: pa.Table | None = None) -> pa.Table:
     """Device work with its step and CPU launch time (schema NODES), from one or more ranks' events."""
+    return rank_nodes(events, spans)[0]
+
+
+def rank_nodes(events: pa.Table, spans: pa.Table | None = None) -> tuple[pa.Table, bool]:
+    """(`device_nodes`, whether any device work of `events` has a step).
+
+    When some device work has a step, only such work is kept; otherwise (no ProfilerStep annotations) all of it
+    is step 0. Over several ranks that rule is the run's: the nodes of ranks computed one at a time equal the
+    nodes of all ranks at once after `select_nodes` (the per-rank stage computes them one rank at a time)."""
     if events.num_rows == 0:
-        return NODES.empty_table()
+        return NODES.empty_table(), False
     kind = events.column("kind")
     dev = _dict_lookup(kind, lambda v: int(v in DEVICE_KINDS)).astype(bool)
     step = events.column("step")
     has_step = step.is_valid().to_numpy(zero_copy_only=False)
-    if (dev & has_step).any():
+    stepped = bool((dev & has_step).any())
+    if stepped:
         dev &= has_step
     else:  # no ProfilerStep annotations: the whole trace is one window (step 0), as the breakdown does
         events = events.set_column(
             events.column_names.index("step"), "step", pa.array(np.zeros(events.num_rows, np.int32))
         )
     if not dev.any():
-        return NODES.empty_table()
+        return NODES.empty_table(), stepped
     rt = _dict_lookup(kind, lambda v: int(v == "cuda_runtime")).astype(bool)
     d_idx = np.flatnonzero(dev)
     cols = ["rank", "ts_ns", "dur_ns", "correlation", "step", "stream", "name", "collective"]
@@ -117,7 +127,7 @@ def device_nodes(events: pa.Table, spans: pa.Table | None = None) -> pa.Table:
         tid = events.column("tid").filter(pa.array(rt)).to_pandas().astype("float64").to_numpy()
         launch_tid[hit] = tid[rows]
     label = _labels({"rank": rank, "start_ns": start}, spans)
-    return pa.table(
+    nodes = pa.table(
         {
             "rank": pa.array(rank, pa.int32()),
             "step": pa.array(col("step"), pa.int32()),
@@ -131,6 +141,24 @@ def device_nodes(events: pa.Table, spans: pa.Table | None = None) -> pa.Table:
         },
         schema=NODES,
     )
+    return nodes, stepped
+
+
+def select_nodes(nodes: pa.Table, stepped: Collection[int], ranks: Collection[int]) -> pa.Table:
+    """The nodes of `ranks` that `device_nodes` over those ranks' events at once gives, from nodes computed
+    one rank at a time (`rank_nodes`; `stepped`: the ranks whose device work has steps): once any of them has
+    steps, the ranks without are left out (their work has no step); otherwise every rank's work is step 0."""
+    keep = set(ranks) & set(stepped) or set(ranks)
+    rank = nodes.column("rank").to_numpy(zero_copy_only=False)
+    mask = np.isin(rank, np.fromiter(keep, np.int64, len(keep)))
+    return nodes if mask.all() else nodes.filter(pa.array(mask))
+
+
+def relabel(nodes: pa.Table, spans: pa.Table | None) -> pa.Table:
+    """`nodes` with their labels taken from `spans` (another layer rule than the one they were computed with)."""
+    d = {k: nodes.column(k).to_numpy(zero_copy_only=False) for k in ("rank", "start_ns")}
+    label = _labels(d, spans)
+    return nodes.set_column(nodes.column_names.index("label"), "label", pa.array(label, pa.string()))
 
 
 def _col(events: pa.Table, name: str, mask: np.ndarray, fill: int = -1) -> np.ndarray:
