@@ -45,19 +45,6 @@ def _is_copy_name(v: str) -> int:
     return int(bool(COPY_NAME.match(v)))
 
 
-#: The events columns `device_nodes` and `sync_calls` read (what the caller needs to read of each rank).
-EVENT_COLUMNS = [
-    "rank",
-    "kind",
-    "name",
-    "tid",
-    "stream",
-    "ts_ns",
-    "dur_ns",
-    "correlation",
-    "step",
-    "collective",
-]
 NODES = pa.schema(
     [
         ("rank", pa.int32()),
