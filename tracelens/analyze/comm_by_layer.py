@@ -152,7 +152,11 @@ def comm_by_layer_type(
         return None
     sp = spans.select(["rank", "module", "backward", "gpu_start_ns", "gpu_end_ns"]).to_pandas()
     sp = sp[~sp["backward"].astype(bool)]
-    c = coll[coll["enqueue_ns"].notna() & (coll["step"].fillna(-1).astype(int) >= 0)].copy()
+    # only the columns read below (the rows' other columns, e.g. pg_ranks lists, are not copied)
+    need = [
+        k for k in ("rank", "op", "enqueue_ns", "step", "bytes", "start_ns", "end_ns") if k in coll.columns
+    ]
+    c = coll[need][coll["enqueue_ns"].notna() & (coll["step"].fillna(-1).astype(int) >= 0)]
     if not len(c) or not len(sp):
         return None
     c["rank"] = c["rank"].astype("int64")
