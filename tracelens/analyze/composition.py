@@ -400,7 +400,11 @@ def _stage_layer_counts(
     codes, mods = pd.factorize(sp["module"].to_numpy(object)[mix])
     stage = sp["stage"].to_numpy(np.int64)[mix]
     layer = sp["layer"].to_numpy(np.int64)[mix]
-    trip = np.unique(np.stack([stage, codes.astype(np.int64), layer]), axis=1)  # sorted, distinct
+    # distinct (stage, type, layer) triples, sorted, as one int64 code each (stages and codes are >= 0)
+    lo = int(layer.min())
+    n_lay, n_mod = int(layer.max()) - lo + 1, len(mods)
+    code = np.unique((stage * n_mod + codes.astype(np.int64)) * n_lay + (layer - lo))
+    trip = (code // n_lay // n_mod, code // n_lay % n_mod, code % n_lay + lo)
     names = [str(m) for m in mods]
     for st, c, lay in zip(*(a.tolist() for a in trip)):
         per = counts.setdefault(int(st), {})
