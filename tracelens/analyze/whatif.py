@@ -17,6 +17,7 @@ Plus the combined "all fixed". Savings are mean step time before minus after, ov
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterable
 from functools import partial
 from typing import Any
@@ -51,10 +52,25 @@ def _pair_codes(rank: np.ndarray, step: np.ndarray, lo: int, span: int) -> np.nd
     return out
 
 
+#: the last graph's _per_rank_step_compute: (weak reference to the graph, result); what-if asks for it
+#: once per stage finding and fix, over the same graph
+_COMPUTE_MEMO: list[Any] = [None, None]
+
+
 def _per_rank_step_compute(g: Graph) -> pd.Series:
     """Compute-kernel time per (rank, step), index sorted (as a group-by on the two keys gives it): one
     sort of pair codes and a bincount, not a group-by over every kernel (durations are whole ns, so the
-    sums are exact either way)."""
+    sums are exact either way). Callers only read the result (a copy is handed out)."""
+    ref = _COMPUTE_MEMO[0]
+    if ref is not None and ref() is g:
+        out: pd.Series = _COMPUTE_MEMO[1].copy()
+        return out
+    out = _compute_sums(g)
+    _COMPUTE_MEMO[:] = [weakref.ref(g), out.copy()]
+    return out
+
+
+def _compute_sums(g: Graph) -> pd.Series:
     m = _compute_mask(g)
     rank, step = g.k_rank[m], g.k_step[m]
     if not rank.size:
@@ -83,10 +99,17 @@ def _factor_per_kernel(g: Graph, factor_of: dict[tuple[int, int], float]) -> np.
     pv = np.array([factor_of[k] for k in keys], np.float64)
     lo = int(min(g.k_step.min(), ps.min()))
     span = int(max(g.k_step.max(), ps.max())) - lo + 1
-    pk = _pair_codes(pr, ps, lo, span)
+    r0 = int(min(g.k_rank.min(), pr.min()))
+    cells = (int(max(g.k_rank.max(), pr.max())) - r0 + 1) * span
+    kk = _pair_codes(g.k_rank - r0, g.k_step, lo, span)
+    pk = _pair_codes(pr - r0, ps, lo, span)
+    if cells <= 4 * g.k_rank.size + (1 << 20):  # a dense table of every (rank, step) cell
+        lut = np.full(cells, np.nan)
+        lut[pk] = pv  # (dict keys: no pair twice)
+        out: np.ndarray = lut[kk]
+        return out
     o = np.argsort(pk, kind="stable")
     pk, pv = pk[o], pv[o]
-    kk = _pair_codes(g.k_rank, g.k_step, lo, span)
     i = np.minimum(np.searchsorted(pk, kk), pk.size - 1)
     hit = pk[i] == kk
     fac[hit] = pv[i[hit]]
@@ -106,11 +129,11 @@ def scale_compute(g: Graph, factor_of: dict[tuple[int, int], float]) -> Change:
 
 
 def straggler_compute(g: Graph, rank: int, peers: list[int]) -> Change:
-    comp = _per_rank_step_compute(g)
+    comp = _per_rank_step_compute(g).to_dict()  # (rank, step) -> ns: plain dict lookups below
     out = {}
     for st in np.unique(g.k_step):
         own = comp.get((rank, int(st)))
-        vals = [comp.get((p, int(st))) for p in peers if (p, int(st)) in comp.index]
+        vals = [comp.get((p, int(st))) for p in peers if (p, int(st)) in comp]
         if own and vals:
             out[(rank, int(st))] = float(np.median(vals)) / own
     return scale_compute(g, out)
@@ -132,11 +155,11 @@ def stage_excess(g: Graph, ranks: list[int], others: list[int]) -> float:
 
 
 def stage_compute(g: Graph, ranks: list[int], others: list[int]) -> Change:
-    comp = _per_rank_step_compute(g)
+    comp = _per_rank_step_compute(g).to_dict()  # (rank, step) -> ns: plain dict lookups below
     out = {}
     for st in np.unique(g.k_step):
-        mine = [comp[(r, int(st))] for r in ranks if (r, int(st)) in comp.index]
-        oth = [comp[(r, int(st))] for r in others if (r, int(st)) in comp.index]
+        mine = [comp[(r, int(st))] for r in ranks if (r, int(st)) in comp]
+        oth = [comp[(r, int(st))] for r in others if (r, int(st)) in comp]
         if mine and oth and np.mean(mine) > 0:
             f = float(np.mean(oth) / np.mean(mine))
             out.update({(r, int(st)): f for r in ranks})
