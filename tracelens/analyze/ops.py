@@ -305,9 +305,10 @@ def op_instances(
     if events.num_rows == 0:
         return empty
     k = _frame(events, _kind_mask(events, ("kernel",)), cols)
-    if not k.empty:
-        uniq = {n: bool(_COMM.search(n)) for n in k["name"].dropna().unique()}
-        k = k[~k["name"].map(uniq).fillna(False).astype(bool)]
+    if not k.empty:  # communication kernels are no op's: the name test once per distinct name
+        codes, uniq = pd.factorize(k["name"].to_numpy(object))
+        is_comm = np.array([bool(_COMM.search(n)) for n in uniq] + [False], dtype=bool)
+        k = k[~is_comm[codes]]
     cpu = _frame(events, _kind_mask(events, ("cpu_op",)), cols + ["tid"])
     parts = []
     gpu_ranks = set(k["rank"].unique()) if not k.empty else set()
@@ -339,14 +340,12 @@ def op_instances(
         k = k.sort_values("dur_ns", ascending=False)
         # kernels not linked to a CPU op stay one instance each (an id no CPU op carries may be an
         # annotation's, which spans a whole layer: it does not make its kernels one op)
-        key = (
-            k["ext"]
-            .astype("Int64")
-            .astype(str)
-            .where(k["ext"].notna() & k["op"].notna(), "k" + k.index.astype(str))
-        )
-        k["key"] = key
-        g = k.groupby(["rank", "key"], sort=False)
+        # group key: the op's id, or the row's own label (its index) for a kernel linked to no op
+        linked = (k["ext"].notna() & k["op"].notna()).to_numpy(bool)
+        ext = k["ext"].to_numpy(np.float64)
+        k["linked"] = linked
+        k["key"] = np.where(linked, np.nan_to_num(ext).astype(np.int64), k.index.to_numpy(np.int64))
+        g = k.groupby(["rank", "linked", "key"], sort=False)
         inst = (
             g.agg(
                 step=("step", "first"),
@@ -358,7 +357,7 @@ def op_instances(
                 start_ns=("ts_ns", "min"),
             )
             .reset_index()
-            .drop(columns="key")
+            .drop(columns=["linked", "key"])
         )
         parts.append(inst)
     if not cpu.empty:
