@@ -220,7 +220,10 @@ def _per_type_op_rank(c: pd.DataFrame) -> tuple[Any, ...]:
     types are strings (the collectives table's); the group-by otherwise. Sums are of whole numbers (bytes,
     differences of float64 ns), so they are exact either way."""
     typ = c["type"].to_numpy(object)
-    if not isinstance(c["op"].dtype, pd.CategoricalDtype) or not all(isinstance(t, str) for t in typ):
+    if (
+        not isinstance(c["op"].dtype, pd.CategoricalDtype)
+        or pd.api.types.infer_dtype(typ, skipna=False) != "string"
+    ):
         per = c.groupby(["type", "op", "rank"]).agg(
             calls=("t", "size"),
             bytes=("bytes0", "sum"),
