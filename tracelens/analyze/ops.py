@@ -417,7 +417,8 @@ def _map_distinct(col: pd.Series, fn: Any) -> np.ndarray:
     vals = np.empty(len(uniq) + 1, dtype=object)
     vals[:-1] = [fn(u) for u in uniq]
     vals[-1] = fn(None)
-    return vals[codes]  # code -1 (a null) takes the last slot
+    out: np.ndarray = vals[codes]  # code -1 (a null) takes the last slot
+    return out
 
 
 def _costs(inst: pd.DataFrame) -> list[OpCost | None]:

@@ -116,7 +116,7 @@ def _pair_reduce(rank: np.ndarray, step: np.ndarray, **cols: tuple[np.ndarray, n
     same frame (index sorted, levels and values of the arrays' dtypes) from one sort and `reduceat`."""
     if not rank.size:
         df = pd.DataFrame({"rank": rank, "step": step, **{k: v for k, (v, _) in cols.items()}})
-        fn = {np.minimum: "min", np.maximum: "max"}
+        fn: dict[np.ufunc, str] = {np.minimum: "min", np.maximum: "max"}
         return df.groupby(["rank", "step"]).agg(**{k: (k, fn[u]) for k, (_, u) in cols.items()})
     o = np.lexsort((step, rank))
     r, st = rank[o], step[o]
@@ -154,7 +154,8 @@ def _joined_cmp(a: np.ndarray, b: np.ndarray, found: np.ndarray, op: np.ufunc) -
     if found.all():
         out: np.ndarray = op(a, b)
         return out
-    return found & op(a.astype(np.float64), b.astype(np.float64))
+    out = found & op(a.astype(np.float64), b.astype(np.float64))
+    return out
 
 
 def _virtual_stages(sp: pd.DataFrame) -> int:
