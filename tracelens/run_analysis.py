@@ -549,7 +549,9 @@ class Analysis:
             return None
         from tracelens.analyze.comm_by_layer import sizes_from_flight_recorder
 
-        df = self.cross.collectives.to_pandas()
+        # (pg_ranks, a list per row, is read by neither consumer: left out of the frame, it costs most)
+        t = self.cross.collectives
+        df = t.drop_columns([c for c in ("pg_ranks",) if c in t.column_names]).to_pandas()
         return self._guarded(
             "collective sizes", lambda: sizes_from_flight_recorder(df, self.nccl.get("flight_recorder"))
         )
