@@ -36,11 +36,6 @@ class Change:
         self.release = g.k_release.copy()
         self.transfer = g.k_transfer.copy()
 
-    def merge(self, other: Change) -> None:
-        self.dur = np.minimum(self.dur, other.dur)
-        self.release = np.minimum(self.release, other.release)
-        self.transfer = np.minimum(self.transfer, other.transfer)
-
 
 def _compute_mask(g: Graph) -> np.ndarray:
     return ~g.k_comm
@@ -351,7 +346,9 @@ def what_if(
         if stage_of and stage_of.get(r) is not None:
             stage_ranks.setdefault(int(stage_of[r]), []).append(r)
     entries: dict[tuple[str | int, ...], dict[str, Any]] = {}
-    changes: dict[tuple[str | int, ...], Change] = {}
+    # every change so far folded into the "all fixed" one as it comes (a change is ~24 bytes per kernel:
+    # none is kept): releases and transfers by min, durations by composing each change's factor
+    fixed: list[np.ndarray] = []  # [dur, release, transfer] once there is a change
 
     def add(
         key: tuple[str | int, ...],
@@ -374,7 +371,13 @@ def what_if(
                 "step_time_ms_after": round(after / 1e6, 6),
                 "saving_ms": round((base - after) / 1e6, 6),
             }
-            changes[key] = ch
+            del rp
+            if not fixed:
+                fixed.extend([g.k_dur.copy(), g.k_release.copy(), g.k_transfer.copy()])
+            with np.errstate(divide="ignore", invalid="ignore"):
+                fixed[0] = fixed[0] * np.where(g.k_dur > 0, ch.dur / np.where(g.k_dur > 0, g.k_dur, 1), 1.0)
+            fixed[1] = np.minimum(fixed[1], ch.release)
+            fixed[2] = np.minimum(fixed[2], ch.transfer)
         return entries[key]
 
     def stage_list(rks: Iterable[int]) -> list[int]:
@@ -456,16 +459,9 @@ def what_if(
         if ent is not None:
             f["saving_ms"] = ent["saving_ms"]
     out = sorted(entries.values(), key=lambda e: -e["saving_ms"])
-    if changes:
-        allc = Change(g)
-        for ch in changes.values():
-            allc.merge(ch)
-        # durations: compose the factors (a split can lengthen a stage); min() above is right for cuts only
-        dur = g.k_dur.copy()
-        for ch in changes.values():
-            with np.errstate(divide="ignore", invalid="ignore"):
-                dur = dur * np.where(g.k_dur > 0, ch.dur / np.where(g.k_dur > 0, g.k_dur, 1), 1.0)
-        rp = replay(g, dur, allc.release, allc.transfer)
+    if fixed:
+        # (durations compose as factors: a split can lengthen a stage; min() is right for cuts only)
+        rp = replay(g, fixed[0], fixed[1], fixed[2])
         after = mean_step_ns(rp)
         out.append(
             {
