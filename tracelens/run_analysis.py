@@ -459,14 +459,13 @@ class Analysis:
 
     def _critical(self):
         from tracelens.analyze import critical_path as cp
+        from tracelens.analyze.critical_nodes import relabel, select_nodes
 
-        parts, chunk, syncs = [], 64, []
-        for i in range(0, len(self.ranks), chunk):
-            ev = self.run.events_of(self.ranks[i : i + chunk], cp.EVENT_COLUMNS)
-            parts.append(cp.device_nodes(ev, self.spans))
-            syncs.append(cp.sync_calls(ev))
-            del ev
-        nodes = pa.concat_tables(parts) if parts else cp.NODES.empty_table()
+        # the per-rank stage computed the nodes (labelled with the built-in layer rules) and sync calls
+        st = self.run.stages
+        nodes = select_nodes(st.nodes, st.nodes_stepped, self.ranks)
+        if self.options.layer_pattern or st.spans_error:  # labels from the spans this analysis uses
+            nodes = relabel(nodes, self.spans)
         cross = self.cross
         try:
             res = cp.analyze_critical_path(
@@ -474,7 +473,7 @@ class Analysis:
                 cross.collectives if cross is not None else None,
                 cross.offsets_ns if cross is not None else None,
                 self.stage_of,
-                pa.concat_tables(syncs) if syncs else None,
+                st.syncs,
             )
             if res is not None and res.graph.dropped_instances:
                 self.warnings.append(
@@ -550,7 +549,9 @@ class Analysis:
             return None
         from tracelens.analyze.comm_by_layer import sizes_from_flight_recorder
 
-        df = self.cross.collectives.to_pandas()
+        # (pg_ranks, a list per row, is read by neither consumer: left out of the frame, it costs most)
+        t = self.cross.collectives
+        df = t.drop_columns([c for c in ("pg_ranks",) if c in t.column_names]).to_pandas()
         return self._guarded(
             "collective sizes", lambda: sizes_from_flight_recorder(df, self.nccl.get("flight_recorder"))
         )

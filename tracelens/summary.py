@@ -236,7 +236,8 @@ def collectives_dict(cross, nccl: dict[str, pa.Table], sized=None) -> dict:
     df = sized if sized is not None else cross.collectives.to_pandas()
     out["sources"]["kineto"] = int(len(df))
     cols = set(df.columns)
-    for op, g in df.groupby("op", observed=True):
+    df = df[[c for c in ("op", "bytes", "busbw_gbps", "arrival_skew_ns", "n_participants") if c in cols]]
+    for op, g in df.groupby("op", observed=True):  # (over the columns read here only: each group is a copy)
         # unknown sizes stay unknown: null when no call's size is known, and the count of unknown ones
         known = g["bytes"].dropna()
         rec = {"op": str(op), "calls": int(len(g)), "bytes": int(known.sum()) if len(known) else None}

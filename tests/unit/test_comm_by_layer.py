@@ -284,3 +284,52 @@ def test_matches_reference_on_a_sample(tmp_path):
     got = comm_by_layer_type(coll, spans, n)
     assert got  # the sample's layers exchange
     _same(got, comm_by_layer_reference(coll, spans, n))
+
+
+@settings(deadline=None, max_examples=60)
+@given(_inputs())
+def test_categorical_ops_match_the_group_by_exactly(data):
+    # the collectives table's op column is categorical (categories in the table's order, not sorted): the
+    # lexsort path gives the group-by path's numbers and order exactly (the reference's group-by order too)
+
+    rows, calls, n_steps = data
+    if not rows or not calls:
+        return
+    spans = _spans(rows)
+    coll = _coll(calls)
+    coll["op"] = pd.Categorical(coll["op"], categories=["alltoall", "allreduce", "allgather"])
+    got = comm_by_layer_type(coll, spans, n_steps)
+    want = comm_by_layer_reference(coll, spans, n_steps)
+    assert repr(got) == repr(want)
+
+
+def test_grouping_per_type_op_rank_matches_pandas():
+    # a null op is in no group, a NaN duration sums as 0, groups come in (type, op category, rank) order
+    from tracelens.analyze import comm_by_layer as C
+
+    c = pd.DataFrame(
+        {
+            "type": ["mlp", "full_attention", "mlp", "mlp"],
+            "op": pd.Categorical(
+                ["allreduce", "alltoall", None, "allreduce"], categories=["allreduce", "alltoall"]
+            ),
+            "rank": np.array([1, 0, 0, 0], np.int64),
+            "t": [1, 2, 3, 4],
+            "bytes0": [8.0, 0.0, 16.0, 8.0],
+            "dur": [5.0, np.nan, 1.0, 2.0],
+            "in_span": [True, False, True, True],
+            "sized": [True, False, True, True],
+        }
+    )
+    ranks, _, _, typ_op, calls, byt, dur, inspan, sized = C._per_type_op_rank(c)
+    per = c.groupby(["type", "op", "rank"]).agg(
+        calls=("t", "size"),
+        bytes=("bytes0", "sum"),
+        dur=("dur", "sum"),
+        inspan=("in_span", "sum"),
+        sized=("sized", "all"),
+    )  # (the null op's row is in no group; the NaN duration sums as 0)
+    assert list(per.index) == [(t, o, r) for (t, o), r in zip(typ_op, ranks.tolist())]
+    assert per["calls"].tolist() == calls.tolist() and per["inspan"].tolist() == inspan.tolist()
+    assert per["bytes"].tolist() == byt.tolist() and per["dur"].tolist() == dur.tolist()
+    assert per["sized"].tolist() == sized.tolist()

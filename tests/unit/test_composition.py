@@ -396,3 +396,35 @@ def test_name_matches_are_remembered_per_pattern_text_and_flags():
     assert strict[0][:2].tolist() == [False, True]
     assert loose[0][:2].tolist() == [True, True] and loose[1][:2].tolist() == [3, 4]
     assert _match_names(names, [re.compile(text)])[0][:2].tolist() == [False, True]  # from the memo
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_stage_layer_counts_match_the_group_by(seed):
+    # the distinct-triples count against the per-stage group-by it replaced, on random spans (mixer and
+    # other types, layer -1, stages -1 left out)
+    import numpy as np
+    import pandas as pd
+
+    from tracelens.analyze.composition import MIXER_TYPES, _stage_layer_counts
+
+    rng = np.random.default_rng(seed)
+    n = 2000
+    mods = np.array([*MIXER_TYPES, "mlp", "lm_head", None], dtype=object)
+    sp = pd.DataFrame(
+        {
+            "stage": rng.integers(-1, 4, n),
+            "layer": rng.integers(-1, 30, n).astype(np.int32),
+            "module": mods[rng.integers(0, mods.size, n)],
+        }
+    )
+    sp["module"] = sp["module"].astype("str").where(sp["module"].notna(), None)
+    want_counts, want_pairs = {}, {}
+    mix = sp[sp["module"].isin(MIXER_TYPES) & (sp["stage"] >= 0)]
+    for s, g in mix.groupby("stage"):
+        kinds = g.drop_duplicates(["layer", "module"]).groupby("module")["layer"].nunique()
+        want_counts[int(s)] = {str(k): int(v) for k, v in kinds.items()}
+        want_pairs[int(s)] = set(zip(g["module"], g["layer"]))
+    counts, pairs = _stage_layer_counts(sp)
+    assert list(counts.items()) == list(want_counts.items())  # same order too (it is the summary's)
+    assert all(list(counts[s]) == list(want_counts[s]) for s in counts)
+    assert {s: len(p) for s, p in pairs.items()} == {s: len(p) for s, p in want_pairs.items()}

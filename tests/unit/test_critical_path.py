@@ -375,3 +375,20 @@ def test_kernel_labels_are_the_latest_enclosing_span_of_their_rank(late):
     # 200, so nothing (the latest start at or before is layers.0.attn); 350: layers.1; rank 1: 120 in
     # layers.5, 160+late inside it too, 200+late after it (layers.9 has no GPU start); rank 2 has no spans
     assert _labels(d, spans) == [None, "layers.0.attn", None, "layers.1", "layers.5", "layers.5", None, None]
+
+
+@pytest.mark.parametrize("big", [False, True])
+def test_first_of_keys_finds_the_first_equal_pair(big):
+    """The CPU launch lookup of device_nodes: the first (rank, correlation) key equal to each query; queries
+    with a negative correlation, an unknown rank or an unknown correlation are not found. `big`: values so
+    large that the one-int64 key cannot hold them (the fallback)."""
+    from tracelens.analyze.critical_nodes import _first_of_keys
+
+    off = 2**61 if big else 0
+    k_rank = np.array([0, 0, 1, 0, 1, 1])
+    k_val = np.array([5, 7, 5, 5, 9, 5]) + off
+    q_rank = np.array([0, 1, 0, 1, 2, 0, 1])
+    q_val = np.array([5, 5, 7, 9, 5, -1, 8]) + np.array([off] * 5 + [0, off])
+    hit, first = _first_of_keys(k_rank, k_val, q_rank, q_val)
+    assert hit.tolist() == [True, True, True, True, False, False, False]
+    assert first.tolist() == [0, 2, 1, 4]  # (0, 5) first at 0, not 3; (1, 5) first at 2, not 5

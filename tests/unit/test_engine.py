@@ -98,6 +98,13 @@ def test_stage_files_round_trip(tmp_path: Path):
     assert back.idle.select(["rank", "step", "idle_ns"]).to_pylist() == [
         {"rank": 0, "step": 2, "idle_ns": 800}
     ]
+    # the critical path's device nodes: the four kernels, in trace order, the NCCL one as communication, each
+    # labelled with the layer annotation around its start ([99, 219]: the gemms) when there is one
+    assert back.nodes.equals(st.nodes) and back.syncs.equals(st.syncs) and back.nodes_stepped
+    n = back.nodes.to_pydict()
+    assert n["start_ns"] == [100, 160, 205, 300] and n["end_ns"] == [150, 200, 215, 400]
+    assert n["is_comm"] == [False, False, False, True] and n["step"] == [2] * 4
+    assert n["label"] == ["mlp", "mlp", "mlp", None]
 
 
 def test_idle_failure_travels_through_the_stage_files(tmp_path: Path, monkeypatch):
@@ -184,6 +191,55 @@ def test_whole_trace_windows_only_when_no_rank_has_steps():
     assert got1.column("step_time_ns").to_pylist() == [70]
 
 
+def _node_rows() -> list[dict]:
+    """Three GPU ranks: ranks 0 and 1 have a step and kernels in it (rank 1's second kernel after its step);
+    rank 2 has no ProfilerStep. Each kernel has its runtime launch (same correlation)."""
+    rows = []
+    for r in (0, 1, 2):
+        if r < 2:
+            rows.append({"rank": r, "kind": "user_annotation", "name": "ProfilerStep#3", "ts_ns": 0,
+                         "dur_ns": 1000, "step": 3})  # fmt: skip
+        for i, t in enumerate((100, 1200 if r == 1 else 300)):
+            step = 3 if r < 2 and t < 1000 else None
+            rows.append({"rank": r, "kind": "cuda_runtime", "name": "cudaLaunchKernel", "ts_ns": t - 90 + r,
+                         "dur_ns": 5, "tid": 40 + r, "correlation": 10 + i, "step": step})  # fmt: skip
+            rows.append({"rank": r, "kind": "kernel", "name": f"gemm{i}", "ts_ns": t, "dur_ns": 50 + r,
+                         "stream": 7, "correlation": 10 + i, "step": step})  # fmt: skip
+    return rows
+
+
+def test_device_nodes_rank_by_rank_equal_the_all_ranks_nodes():
+    """The per-rank stage's nodes, selected (critical_nodes.select_nodes), are what device_nodes over all
+    ranks' events at once gives: work without a step left out once some rank has steps, else all step 0."""
+    from tracelens.analyze.critical_nodes import device_nodes, rank_nodes, select_nodes
+
+    ev = events_table(_node_rows())
+    staged = reduce_stages(_split(ev))
+    assert staged.nodes_stepped == (0, 1)  # rank 2's kernels carry no step
+    got = select_nodes(staged.nodes, staged.nodes_stepped, [0, 1, 2])
+    d = got.to_pydict()
+    # rank 0's two kernels, rank 1's first (its second ran after the step); launch = the runtime call's start
+    assert list(zip(d["rank"], d["start_ns"], d["end_ns"], d["launch_ns"], d["launch_tid"], d["step"])) == [
+        (0, 100, 150, 10, 40, 3),
+        (0, 300, 350, 210, 40, 3),
+        (1, 100, 151, 11, 41, 3),
+    ]
+    want = device_nodes(ev)
+    assert got.drop_columns(["label"]).equals(want.drop_columns(["label"]))
+    assert got.column("label").to_pylist() == want.column("label").to_pylist() == [None] * 3
+    # a run without any step: every rank's work, step 0
+    no_steps = events_table(
+        [{**r, "step": None} for r in _node_rows() if r["kind"] != "user_annotation" and r["rank"] != 1]
+    )
+    st2 = reduce_stages(_split(no_steps))
+    assert st2.nodes_stepped == ()
+    got2 = select_nodes(st2.nodes, st2.nodes_stepped, [0, 2])
+    assert got2.column("rank").to_pylist() == [0, 0, 2, 2] and set(got2.column("step").to_pylist()) == {0}
+    assert got2.drop_columns(["label"]).equals(device_nodes(no_steps).drop_columns(["label"]))
+    # one rank alone: its own rule (rank 2 alone has no step, so step 0)
+    assert rank_nodes(ev.filter(pc.equal(ev.column("rank"), 2)))[0].column("step").to_pylist() == [0, 0]
+
+
 def _write_run(d: Path, ranks: int = 2) -> Path:
     from kineto_traces import doc, write, x
 
@@ -220,10 +276,10 @@ def test_load_run_caches_stages_and_rebuilds_damaged_ones(tmp_path: Path):
 
 
 def _same_staged(a, b) -> None:
-    for f in ("breakdown", "spans", "xevents", "time_ranges", "ops", "idle"):
+    for f in ("breakdown", "spans", "xevents", "time_ranges", "ops", "idle", "nodes", "syncs"):
         x, y = getattr(a, f), getattr(b, f)
         assert (x is None) == (y is None) and (x is None or x.equals(y)), f
-    assert (a.spans_error, a.idle_error) == (b.spans_error, b.idle_error)
+    assert (a.spans_error, a.idle_error, a.nodes_stepped) == (b.spans_error, b.idle_error, b.nodes_stepped)
     assert list(a.sets) == list(b.sets)
     for r, rs in a.sets.items():
         assert rs.path == b.sets[r].path

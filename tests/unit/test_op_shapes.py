@@ -86,3 +86,22 @@ def test_real_traces_equal_the_event_by_event_read():
         assert fast.equals(S._read_loose(text)), p
         with_shapes += fast.num_rows > 0
     assert with_shapes >= 5
+
+
+def test_key_spelled_with_an_escape_is_still_read(tmp_path):
+    # the quick "no shape key in the text" test must not skip a key written with a JSON escape
+    text = json.dumps({"traceEvents": [_op(3, [[2, 2]])]}).replace("Input Dims", "Input\\u0020Dims")
+    assert "Input Dims" not in text
+    p = tmp_path / "t.json"
+    p.write_text(text)
+    t = S.read(p)
+    assert t.column("external_id").to_pylist() == [3]
+    assert t.column("input_dims").to_pylist() == ["[[2,2]]"]
+
+
+def test_trace_without_shapes_is_empty(tmp_path):
+    ev = [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 1, "dur": 2, "args": {"External id": 1}}]
+    p = tmp_path / "t.json.gz"
+    p.write_bytes(gzip.compress(json.dumps({"traceEvents": ev, "name": 'a\\"b'}).encode()))
+    t = S.read(p)
+    assert t.num_rows == 0 and t.schema == S.OP_SHAPES

@@ -343,10 +343,10 @@ def test_schedule_helpers_match_reference_on_a_sample(tmp_path):
     sp["step"] = sp["step"].fillna(-1).astype(np.int64)
     ev = an._xevents
     rank = ev.column("rank").to_numpy(zero_copy_only=False).astype(np.int64)
-    frame = pd.DataFrame(
-        {"rank": rank, "step": ev.column("step").fill_null(-1).to_numpy(zero_copy_only=False)}
-    )
-    bwd = _backward_marks(ev, sp, an.sets, frame)
+    step = ev.column("step").fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+    ts = ev.column("ts_ns").to_numpy(zero_copy_only=False).astype(np.int64)
+    end = ts + ev.column("dur_ns").fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+    bwd = _backward_marks(ev, sp, an.sets, rank, step, ts, end)
     assert len(bwd)
     for m in (2, 4, 8, 16):
         want = detect_schedule_reference(sp, bwd, an.grid, m, 1)
@@ -383,3 +383,46 @@ def test_waits_on_one_axis_match_the_per_rank_loop():
         want = _waits_per_rank(m_rank, lo, hi, rank, ts, end, coll, sets)
         np.testing.assert_array_equal(got, want)
         assert (want[hi > lo] > 0).any()
+
+
+def _fallback_last_reference(ev, is_comp, p2p, coll, marks):
+    """The pandas group-by / join formulation _fallback_last replaced (float64 compares once a join leaves
+    NaN, as pandas makes them)."""
+    valid = ev["step"].to_numpy() >= 0
+    last_p2p = ev[p2p & valid].groupby(["rank", "step"])["ts"].max().rename("lp")
+    if not len(last_p2p):
+        return marks["last"]
+    c = ev[coll & valid].join(last_p2p, on=["rank", "step"])
+    first_coll = c[c["ts"] >= c["lp"]].groupby(["rank", "step"])["ts"].min().rename("fc")
+    comp = ev[is_comp & valid].join(first_coll, on=["rank", "step"])
+    comp = comp[comp["fc"].isna() | (comp["ts"] < comp["fc"])]
+    last = comp.groupby(["rank", "step"])["end"].max()
+    return last.reindex(marks.index).fillna(marks["last"]).astype(np.int64)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_fallback_last_and_pair_reduce_match_pandas(seed):
+    # epoch-scale nanoseconds (above 2**53: a float64 compare differs from an int64 one) on random ranks,
+    # steps and classes; seeds with every (rank, step) holding a P2P op and seeds with some lacking one
+    from tracelens.analyze.pipeline import _fallback_last, _pair_reduce
+
+    rng = np.random.default_rng(seed)
+    n = 3000
+    rank = rng.integers(0, 4, n).astype(np.int64)
+    step = rng.integers(-1, 4, n).astype(np.int64)
+    ts = (1_793_400_000_000_000_000 + rng.integers(0, 400, n) * 37).astype(np.int64)
+    end = ts + rng.integers(0, 3_000, n)
+    cls = rng.integers(0, 3, n)
+    is_comp = cls == 0
+    p2p = cls == 1
+    if seed % 2:
+        p2p &= rank != 3  # rank 3 sends nothing: its collectives find no last P2P op (NaN in the join)
+    coll = cls == 2
+    ev = pd.DataFrame({"rank": rank, "step": step, "ts": ts, "end": end})
+    sel = is_comp & (step >= 0)
+    marks = _pair_reduce(rank[sel], step[sel], first=(ts[sel], np.minimum), last=(end[sel], np.maximum))
+    want = ev[sel].groupby(["rank", "step"]).agg(first=("ts", "min"), last=("end", "max"))
+    pd.testing.assert_frame_equal(marks, want, check_exact=True)
+    got = _fallback_last(rank, step, ts, end, is_comp, p2p, coll, marks)
+    ref = _fallback_last_reference(ev, is_comp, p2p, coll, marks)
+    pd.testing.assert_series_equal(got, ref, check_exact=True, check_names=False)

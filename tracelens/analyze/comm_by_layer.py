@@ -17,6 +17,8 @@ that one type: Ulysses' all-to-alls are all inside full-attention layers, so the
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -152,7 +154,11 @@ def comm_by_layer_type(
         return None
     sp = spans.select(["rank", "module", "backward", "gpu_start_ns", "gpu_end_ns"]).to_pandas()
     sp = sp[~sp["backward"].astype(bool)]
-    c = coll[coll["enqueue_ns"].notna() & (coll["step"].fillna(-1).astype(int) >= 0)].copy()
+    # only the columns read below (the rows' other columns, e.g. pg_ranks lists, are not copied)
+    need = [
+        k for k in ("rank", "op", "enqueue_ns", "step", "bytes", "start_ns", "end_ns") if k in coll.columns
+    ]
+    c = coll[need][coll["enqueue_ns"].notna() & (coll["step"].fillna(-1).astype(int) >= 0)]
     if not len(c) or not len(sp):
         return None
     c["rank"] = c["rank"].astype("int64")
@@ -185,26 +191,14 @@ def comm_by_layer_type(
     c["bytes0"] = pd.to_numeric(c["bytes"].fillna(0)).astype("float64")
     c["sized"] = c["bytes"].notna()
     # one group-by over (type, op, rank), then a short loop over the (type, op) pairs
-    per = c.groupby(["type", "op", "rank"]).agg(
-        calls=("t", "size"),
-        bytes=("bytes0", "sum"),
-        dur=("dur", "sum"),
-        inspan=("in_span", "sum"),
-        sized=("sized", "all"),
-    )
-    ranks = per.index.get_level_values("rank").to_numpy(np.int64)
+    ranks, t_code, o_code, typ_op, calls, byt, dur, inspan, sized = _per_type_op_rank(c)
     div = np.array([max(n_steps.get(int(r), 1), 1) for r in np.unique(ranks)], np.float64)
     div = div[np.searchsorted(np.unique(ranks), ranks)]
     # the group-by's (type, op, rank) order: each (type, op) pair is one run, in the order a group-by on
     # (type, op) alone iterates them, its ranks ascending
-    t_code, o_code = (np.asarray(per.index.codes[k]) for k in range(2))
-    new = np.ones(len(per), bool)
+    new = np.ones(ranks.size, bool)
     new[1:] = (t_code[1:] != t_code[:-1]) | (o_code[1:] != o_code[:-1])
-    bounds = np.append(np.flatnonzero(new), len(per))
-    typ_op = per.index.droplevel("rank")
-    calls = per["calls"].to_numpy()
-    byt, dur = per["bytes"].to_numpy(np.float64), per["dur"].to_numpy(np.float64)
-    inspan, sized = per["inspan"].to_numpy(), per["sized"].to_numpy(bool)
+    bounds = np.append(np.flatnonzero(new), ranks.size)
     res: LayerComm = {}
     for a, b in zip(bounds[:-1], bounds[1:]):
         g = slice(a, b)
@@ -217,3 +211,65 @@ def comm_by_layer_type(
             "inferred_calls": int(calls[g].sum() - inspan[g].sum()),
         }
     return res or None
+
+
+def _per_type_op_rank(c: pd.DataFrame) -> tuple[Any, ...]:
+    """Per (type, op, rank) group, in `c.groupby(["type", "op", "rank"])` order (types sorted, ops in their
+    categories' order, ranks ascending): ranks, type codes, op codes, (type, op) per group, calls, bytes0
+    sum, dur sum, in_span count, all sized. One lexsort and `reduceat` when `op` is categorical and the
+    types are strings (the collectives table's); the group-by otherwise. Sums are of whole numbers (bytes,
+    differences of float64 ns), so they are exact either way."""
+    typ = c["type"].to_numpy(object)
+    if (
+        not isinstance(c["op"].dtype, pd.CategoricalDtype)
+        or pd.api.types.infer_dtype(typ, skipna=False) != "string"
+    ):
+        per = c.groupby(["type", "op", "rank"]).agg(
+            calls=("t", "size"),
+            bytes=("bytes0", "sum"),
+            dur=("dur", "sum"),
+            inspan=("in_span", "sum"),
+            sized=("sized", "all"),
+        )
+        return (
+            per.index.get_level_values("rank").to_numpy(np.int64),
+            np.asarray(per.index.codes[0]),
+            np.asarray(per.index.codes[1]),
+            per.index.droplevel("rank"),
+            per["calls"].to_numpy(),
+            per["bytes"].to_numpy(np.float64),
+            per["dur"].to_numpy(np.float64),
+            per["inspan"].to_numpy(),
+            per["sized"].to_numpy(bool),
+        )
+    t_names, t_code = np.unique(typ, return_inverse=True)
+    t_code = t_code.ravel()
+    o_code = c["op"].cat.codes.to_numpy().astype(np.int64)
+    o_names = c["op"].cat.categories
+    rank = c["rank"].to_numpy(np.int64)
+    keep = np.flatnonzero(o_code >= 0)  # (a null op is in no group)
+    o = keep[np.lexsort((rank[keep], o_code[keep], t_code[keep]))]
+    r, t, op = rank[o], t_code[o], o_code[o]
+    new = np.ones(o.size, bool)
+    new[1:] = (r[1:] != r[:-1]) | (t[1:] != t[:-1]) | (op[1:] != op[:-1])
+    st = np.flatnonzero(new)
+    if not st.size:
+        empty = np.zeros(0, np.int64)
+        return (
+            empty,
+            empty,
+            empty,
+            [],
+            empty,
+            empty.astype(float),
+            empty.astype(float),
+            empty,
+            empty.astype(bool),
+        )
+    calls = np.diff(np.append(st, o.size))
+    byt = np.add.reduceat(c["bytes0"].to_numpy(np.float64)[o], st)
+    dur = np.add.reduceat(np.nan_to_num(c["dur"].to_numpy(np.float64), nan=0.0)[o], st)  # (sum skips NaN)
+    inspan = np.add.reduceat(c["in_span"].to_numpy(bool)[o].astype(np.int64), st)
+    sized = np.logical_and.reduceat(c["sized"].to_numpy(bool)[o], st)
+    typ_op = [(t_names[a], o_names[b]) for a, b in zip(t[st].tolist(), op[st].tolist())]
+    return r[st], t[st], op[st], typ_op, calls, byt, dur, inspan, sized

@@ -380,6 +380,39 @@ class CompositionResult:
     findings: list[dict[str, Any]] = field(default_factory=list)
 
 
+def _stage_layer_counts(
+    sp: pd.DataFrame,
+) -> tuple[dict[int, dict[str, int]], dict[int, set[tuple[str, int]]]]:
+    """Per stage (ascending): distinct layers of each mixer type (types in sorted order), and the stage's
+    distinct (mixer type, layer) pairs. From the distinct (stage, type, layer) triples of the spans, not a
+    group-by per stage."""
+    mix = (sp["module"].isin(MIXER_TYPES) & (sp["stage"] >= 0)).to_numpy(bool)
+    counts: dict[int, dict[str, int]] = {}
+    pairs: dict[int, set[tuple[str, int]]] = {}
+    if not mix.any():
+        return counts, pairs
+    if sp["layer"].isna().any():  # (module_spans always gives a layer, -1 for none): a group-by per stage
+        for s, g in sp[mix].groupby("stage"):
+            kinds = g.drop_duplicates(["layer", "module"]).groupby("module")["layer"].nunique()
+            counts[int(s)] = {str(k): int(v) for k, v in kinds.items()}
+            pairs[int(s)] = set(zip(g["module"], g["layer"]))
+        return counts, pairs
+    codes, mods = pd.factorize(sp["module"].to_numpy(object)[mix])
+    stage = sp["stage"].to_numpy(np.int64)[mix]
+    layer = sp["layer"].to_numpy(np.int64)[mix]
+    # distinct (stage, type, layer) triples, sorted, as one int64 code each (stages and codes are >= 0)
+    lo = int(layer.min())
+    n_lay, n_mod = int(layer.max()) - lo + 1, len(mods)
+    code = np.unique((stage * n_mod + codes.astype(np.int64)) * n_lay + (layer - lo))
+    trip = (code // n_lay // n_mod, code // n_lay % n_mod, code % n_lay + lo)
+    names = [str(m) for m in mods]
+    for st, c, lay in zip(*(a.tolist() for a in trip)):
+        per = counts.setdefault(int(st), {})
+        per[names[c]] = per.get(names[c], 0) + 1
+        pairs.setdefault(int(st), set()).add((names[c], int(lay)))
+    return {st: dict(sorted(per.items())) for st, per in counts.items()}, pairs
+
+
 def _split_from_layers(stage_layers: dict[int, set[tuple[str, int]]]) -> list[int] | None:
     if not stage_layers:
         return None
@@ -417,11 +450,7 @@ def analyze_composition(
     # --- layer counts per stage ---
     stage_layers: dict[int, set[tuple[str, int]]] = {}  # stage -> its (mixer type, layer) pairs
     if len(sp) and stage_ranks:
-        mix = sp[sp["module"].isin(MIXER_TYPES) & (sp["stage"] >= 0)]
-        for s, g in mix.groupby("stage"):
-            kinds = g.drop_duplicates(["layer", "module"]).groupby("module")["layer"].nunique()
-            res.stages[int(s)] = {str(k): int(v) for k, v in kinds.items()}
-            stage_layers[int(s)] = set(zip(g["module"], g["layer"]))
+        res.stages, stage_layers = _stage_layer_counts(sp)
         if res.stages:
             res.source = "annotations"
             res.layer_split = _split_from_layers(stage_layers)

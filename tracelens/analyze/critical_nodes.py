@@ -7,14 +7,15 @@ schema NODES), and the CPU runtime calls that may have blocked on the GPU (`sync
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from tracelens.analyze.classify import COMM_KERNEL, DEVICE_KINDS, _dict_lookup
+from tracelens.analyze.classify import COMM_KERNEL, DEVICE_KINDS
+from tracelens.analyze.dictcol import columns
 
 #: A sync-type runtime call blocked on the GPU when device work of its rank ended inside the call and the call
 #: returned at most this long after the latest such end (the runtime's return and, for a device-to-host copy
@@ -31,19 +32,19 @@ COPY_NAME = re.compile(
     r"(?:Async)?(?:_v\d+|_ptsz|_ptds|_spt)?$"
 )
 
-#: The events columns `device_nodes` and `sync_calls` read (what the caller needs to read of each rank).
-EVENT_COLUMNS = [
-    "rank",
-    "kind",
-    "name",
-    "tid",
-    "stream",
-    "ts_ns",
-    "dur_ns",
-    "correlation",
-    "step",
-    "collective",
-]
+
+def _is_comm_kernel(v: str) -> int:
+    return int(bool(COMM_KERNEL.match(v)))
+
+
+def _is_sync_name(v: str) -> int:
+    return int(bool(SYNC_NAME.match(v)))
+
+
+def _is_copy_name(v: str) -> int:
+    return int(bool(COPY_NAME.match(v)))
+
+
 NODES = pa.schema(
     [
         ("rank", pa.int32()),
@@ -73,55 +74,50 @@ SYNCS = pa.schema(
 
 def device_nodes(events: pa.Table, spans: pa.Table | None = None) -> pa.Table:
     """Device work with its step and CPU launch time (schema NODES), from one or more ranks' events."""
+    return rank_nodes(events, spans)[0]
+
+
+def rank_nodes(events: pa.Table, spans: pa.Table | None = None) -> tuple[pa.Table, bool]:
+    """(`device_nodes`, whether any device work of `events` has a step).
+
+    When some device work has a step, only such work is kept; otherwise (no ProfilerStep annotations) all of it
+    is step 0. Over several ranks that rule is the run's: the nodes of ranks computed one at a time equal the
+    nodes of all ranks at once after `select_nodes` (the per-rank stage computes them one rank at a time)."""
     if events.num_rows == 0:
-        return NODES.empty_table()
-    kind = events.column("kind")
-    dev = _dict_lookup(kind, lambda v: int(v in DEVICE_KINDS)).astype(bool)
-    step = events.column("step")
-    has_step = step.is_valid().to_numpy(zero_copy_only=False)
-    if (dev & has_step).any():
-        dev &= has_step
-    else:  # no ProfilerStep annotations: the whole trace is one window (step 0), as the breakdown does
-        events = events.set_column(
-            events.column_names.index("step"), "step", pa.array(np.zeros(events.num_rows, np.int32))
-        )
+        return NODES.empty_table(), False
+    c = columns(events)  # (the per-rank stage's shared decode, inside `dictcol.sharing`)
+    dev = c.kinds(*DEVICE_KINDS)
+    has_step = c.valid("step")
+    stepped = bool((dev & has_step).any())
+    if stepped:
+        dev = dev & has_step
+    # without ProfilerStep annotations the whole trace is one window (step 0), as the breakdown does
     if not dev.any():
-        return NODES.empty_table()
-    rt = _dict_lookup(kind, lambda v: int(v == "cuda_runtime")).astype(bool)
+        return NODES.empty_table(), stepped
+    rt = c.kinds("cuda_runtime")
     d_idx = np.flatnonzero(dev)
-    cols = ["rank", "ts_ns", "dur_ns", "correlation", "step", "stream", "name", "collective"]
-    sub = events.select(cols).take(pa.array(d_idx))  # the device rows only
-    comm_name = _dict_lookup(sub.column("name"), lambda v: int(bool(COMM_KERNEL.match(v)))).astype(bool)
-    is_comm = comm_name | sub.column("collective").is_valid().to_numpy(zero_copy_only=False)
-    every = np.ones(sub.num_rows, dtype=bool)
-
-    def col(name: str, fill: int = -1) -> np.ndarray:
-        return _col(sub, name, every, fill)
-
-    rank, start, corr = col("rank"), col("ts_ns"), col("correlation")
-    end = start + np.maximum(col("dur_ns", 0), 0)
+    is_comm = (c.flag("name", _is_comm_kernel) | c.valid("collective"))[d_idx]
+    rank, start, corr = (c.int64(k, -1)[d_idx] for k in ("rank", "ts_ns", "correlation"))
+    end = start + np.maximum(c.int64("dur_ns", 0)[d_idx], 0)
     # the CPU launch: the first cuda_runtime event of the same rank and correlation
     launch_ns = np.full(d_idx.size, np.nan)
     launch_tid = np.full(d_idx.size, np.nan)
     if rt.any():
-        l_rank, l_corr = _col(events, "rank", rt), _col(events, "correlation", rt)
-        ok = l_corr >= 0
-        key = pd.MultiIndex.from_arrays([l_rank[ok], l_corr[ok]])
-        first = ~key.duplicated(keep="first")
-        pos = key[first].get_indexer(pd.MultiIndex.from_arrays([rank, corr]))
-        pos[corr < 0] = -1
-        hit = pos >= 0
-        rows = np.flatnonzero(ok)[first][pos[hit]]
+        l_rank, l_corr = c.int64("rank", -1)[rt], c.int64("correlation", -1)[rt]
+        ok = np.flatnonzero(l_corr >= 0)
+        hit, first = _first_of_keys(l_rank[ok], l_corr[ok], rank, corr)
+        rows = ok[first]
         # (as a float, as the frame it came through held it: ns since the epoch rounded to float64)
-        launch_ns[hit] = _col(events, "ts_ns", rt)[rows].astype(np.float64)
+        launch_ns[hit] = c.int64("ts_ns", -1)[rt][rows].astype(np.float64)
         tid = events.column("tid").filter(pa.array(rt)).to_pandas().astype("float64").to_numpy()
         launch_tid[hit] = tid[rows]
+    step = c.int64("step", -1)[d_idx] if stepped else np.zeros(d_idx.size, np.int64)
     label = _labels({"rank": rank, "start_ns": start}, spans)
-    return pa.table(
+    nodes = pa.table(
         {
             "rank": pa.array(rank, pa.int32()),
-            "step": pa.array(col("step"), pa.int32()),
-            "stream": pa.array(col("stream"), pa.int32()),
+            "step": pa.array(step, pa.int32()),
+            "stream": pa.array(c.int64("stream", -1)[d_idx], pa.int32()),
             "start_ns": pa.array(start, pa.int64()),
             "end_ns": pa.array(end, pa.int64()),
             "launch_ns": pa.array(launch_ns, pa.float64(), from_pandas=True).cast(pa.int64()),
@@ -131,13 +127,49 @@ def device_nodes(events: pa.Table, spans: pa.Table | None = None) -> pa.Table:
         },
         schema=NODES,
     )
+    return nodes, stepped
 
 
-def _col(events: pa.Table, name: str, mask: np.ndarray, fill: int = -1) -> np.ndarray:
-    out: np.ndarray = (
-        events.column(name).filter(pa.array(mask)).fill_null(fill).to_numpy(zero_copy_only=False)
-    )
-    return out
+def select_nodes(nodes: pa.Table, stepped: Collection[int], ranks: Collection[int]) -> pa.Table:
+    """The nodes of `ranks` that `device_nodes` over those ranks' events at once gives, from nodes computed
+    one rank at a time (`rank_nodes`; `stepped`: the ranks whose device work has steps): once any of them has
+    steps, the ranks without are left out (their work has no step); otherwise every rank's work is step 0."""
+    keep = set(ranks) & set(stepped) or set(ranks)
+    rank = nodes.column("rank").to_numpy(zero_copy_only=False)
+    mask = np.isin(rank, np.fromiter(keep, np.int64, len(keep)))
+    return nodes if mask.all() else nodes.filter(pa.array(mask))
+
+
+def relabel(nodes: pa.Table, spans: pa.Table | None) -> pa.Table:
+    """`nodes` with their labels taken from `spans` (another layer rule than the one they were computed with)."""
+    d = {k: nodes.column(k).to_numpy(zero_copy_only=False) for k in ("rank", "start_ns")}
+    label = _labels(d, spans)
+    return nodes.set_column(nodes.column_names.index("label"), "label", pa.array(label, pa.string()))
+
+
+def _first_of_keys(
+    k_rank: np.ndarray, k_val: np.ndarray, q_rank: np.ndarray, q_val: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """(found?, position in the keys of the first (rank, value) pair equal to it) of each query pair whose
+    value is >= 0; keys' values are >= 0."""
+    q_ok = q_val >= 0
+    ranks = np.unique(k_rank)
+    span = int(k_val.max()) + 1 if k_val.size else 1
+    if ranks.size == 0 or ranks.size * span >= 2**62:  # (correlations are far below that: a fallback)
+        key = pd.MultiIndex.from_arrays([k_rank, k_val])
+        first = ~key.duplicated(keep="first")
+        pos = key[first].get_indexer(pd.MultiIndex.from_arrays([q_rank, q_val]))
+        pos[~q_ok] = -1
+        return pos >= 0, np.flatnonzero(first)[pos[pos >= 0]]
+    # (rank, value) as one int64: the rank's position times the values' span, plus the value
+    ki = np.searchsorted(ranks, k_rank) * span + k_val
+    uniq, first = np.unique(ki, return_index=True)  # (return_index: the first occurrence of each)
+    qr = np.minimum(np.searchsorted(ranks, q_rank), ranks.size - 1)
+    q_ok &= (ranks[qr] == q_rank) & (q_val < span)
+    qk = qr * span + np.where(q_ok, q_val, 0)
+    at = np.minimum(np.searchsorted(uniq, qk), uniq.size - 1)
+    hit = q_ok & (uniq[at] == qk)
+    return hit, first[at[hit]]
 
 
 def sync_calls(events: pa.Table) -> pa.Table:
@@ -149,36 +181,32 @@ def sync_calls(events: pa.Table) -> pa.Table:
     """
     if events.num_rows == 0 or "tid" not in events.column_names:
         return SYNCS.empty_table()
-    kind = events.column("kind")
-    rt = _dict_lookup(kind, lambda v: int(v in ("cuda_runtime", "cuda_driver"))).astype(bool)
-    name = events.column("name")
-    is_sync = rt & _dict_lookup(name, lambda v: int(bool(SYNC_NAME.match(v)))).astype(bool)
-    is_copy = rt & _dict_lookup(name, lambda v: int(bool(COPY_NAME.match(v)))).astype(bool)
-    tid_ok = events.column("tid").is_valid().to_numpy(zero_copy_only=False)
-    cand = (is_sync | is_copy) & tid_ok
+    cols = columns(events)
+    rt = cols.kinds("cuda_runtime", "cuda_driver")
+    is_sync = rt & cols.flag("name", _is_sync_name)
+    is_copy = rt & cols.flag("name", _is_copy_name)
+    cand = (is_sync | is_copy) & cols.valid("tid")
     if not cand.any():
         return SYNCS.empty_table()
     c = pd.DataFrame(
         {
-            "rank": _col(events, "rank", cand),
-            "tid": _col(events, "tid", cand),
-            "start_ns": _col(events, "ts_ns", cand),
-            "dur": _col(events, "dur_ns", cand, 0),
-            "corr": _col(events, "correlation", cand),
+            "rank": cols.int64("rank", -1)[cand],
+            "tid": cols.int64("tid", -1)[cand],
+            "start_ns": cols.int64("ts_ns", -1)[cand],
+            "dur": cols.int64("dur_ns", 0)[cand],
+            "corr": cols.int64("correlation", -1)[cand],
             "copy": is_copy[cand] & ~is_sync[cand],
             "name": events.column("name").filter(pa.array(cand)).cast(pa.string()).to_pylist(),
         }
     )
     c["end_ns"] = c["start_ns"] + np.maximum(c["dur"], 0)
     if c["copy"].any():
-        dev = np.zeros(events.num_rows, dtype=bool)
-        for k in DEVICE_KINDS:
-            dev |= _dict_lookup(kind, lambda v, k=k: int(v == k)).astype(bool)
+        dev = cols.kinds(*DEVICE_KINDS)
         own = pd.DataFrame(
             {
-                "rank": _col(events, "rank", dev),
-                "corr": _col(events, "correlation", dev),
-                "own_end": _col(events, "ts_ns", dev) + np.maximum(_col(events, "dur_ns", dev, 0), 0),
+                "rank": cols.int64("rank", -1)[dev],
+                "corr": cols.int64("correlation", -1)[dev],
+                "own_end": cols.end()[dev],
             }
         )
         own = own[own["corr"] >= 0].drop_duplicates(["rank", "corr"])

@@ -41,7 +41,6 @@ import pandas as pd
 import pyarrow as pa
 
 from tracelens.analyze.critical_keys import as_pandas_ints, coll_lookup, per_rank, sort_order
-from tracelens.analyze.critical_nodes import EVENT_COLUMNS as EVENT_COLUMNS
 from tracelens.analyze.critical_nodes import NODES as NODES
 from tracelens.analyze.critical_nodes import SYNC_TOL_NS as SYNC_TOL_NS
 from tracelens.analyze.critical_nodes import SYNCS as SYNCS

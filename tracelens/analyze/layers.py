@@ -19,6 +19,7 @@ See docs/pipeline.md ("Layer annotations").
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -122,7 +123,9 @@ def matched_rule(names: Iterable[str], user_pattern: str | None = None) -> dict[
     rules = compile_rules(user_pattern)
     counts: dict[str, int] = {}
     example: dict[str, str] = {}
-    for n in names:
+    # each distinct name is matched once, weighted by how often it occurs (names repeat on every rank);
+    # Counter keeps first-occurrence order, so examples and ties come out as in one pass over `names`
+    for n, times in Counter(names).items():
         if not n:
             continue
         for rname, p in rules:
@@ -130,7 +133,7 @@ def matched_rule(names: Iterable[str], user_pattern: str | None = None) -> dict[
             if m:
                 t = canonical(m.group("module"))
                 w = 2 if t not in ("mlp", "lm_head", "embedding") else 1
-                counts[rname] = counts.get(rname, 0) + w
+                counts[rname] = counts.get(rname, 0) + w * times
                 example.setdefault(rname, n)
                 break
     if not counts:

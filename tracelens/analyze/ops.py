@@ -305,9 +305,10 @@ def op_instances(
     if events.num_rows == 0:
         return empty
     k = _frame(events, _kind_mask(events, ("kernel",)), cols)
-    if not k.empty:
-        uniq = {n: bool(_COMM.search(n)) for n in k["name"].dropna().unique()}
-        k = k[~k["name"].map(uniq).fillna(False).astype(bool)]
+    if not k.empty:  # communication kernels are no op's: the name test once per distinct name
+        codes, uniq = pd.factorize(k["name"].to_numpy(object))
+        is_comm = np.array([bool(_COMM.search(n)) for n in uniq] + [False], dtype=bool)
+        k = k[~is_comm[codes]]
     cpu = _frame(events, _kind_mask(events, ("cpu_op",)), cols + ["tid"])
     parts = []
     gpu_ranks = set(k["rank"].unique()) if not k.empty else set()
@@ -335,18 +336,16 @@ def op_instances(
             ]  # (kernels still unlinked keep their id: it groups one launch's kernels)
             k.loc[rows, "ext"] = ext[found]
             k.loc[rows, "op"] = op[found]
-        k["kernel"] = k["name"].map(short_kernel_name)
+        k["kernel"] = _map_distinct(k["name"], short_kernel_name)
         k = k.sort_values("dur_ns", ascending=False)
         # kernels not linked to a CPU op stay one instance each (an id no CPU op carries may be an
         # annotation's, which spans a whole layer: it does not make its kernels one op)
-        key = (
-            k["ext"]
-            .astype("Int64")
-            .astype(str)
-            .where(k["ext"].notna() & k["op"].notna(), "k" + k.index.astype(str))
-        )
-        k["key"] = key
-        g = k.groupby(["rank", "key"], sort=False)
+        # group key: the op's id, or the row's own label (its index) for a kernel linked to no op
+        linked = (k["ext"].notna() & k["op"].notna()).to_numpy(bool)
+        ext = k["ext"].to_numpy(np.float64)
+        k["linked"] = linked
+        k["key"] = np.where(linked, np.nan_to_num(ext).astype(np.int64), k.index.to_numpy(np.int64))
+        g = k.groupby(["rank", "linked", "key"], sort=False)
         inst = (
             g.agg(
                 step=("step", "first"),
@@ -358,7 +357,7 @@ def op_instances(
                 start_ns=("ts_ns", "min"),
             )
             .reset_index()
-            .drop(columns="key")
+            .drop(columns=["linked", "key"])
         )
         parts.append(inst)
     if not cpu.empty:
@@ -412,6 +411,37 @@ def _cost(op: str, dims: str | None, types: str | None, concrete: str | None) ->
     return op_cost(op, d, t, c)
 
 
+def _map_distinct(col: pd.Series, fn: Any) -> np.ndarray:
+    """fn of each value of `col` (an object array), called once per distinct value; nulls give fn(None)."""
+    codes, uniq = pd.factorize(col.to_numpy(object), use_na_sentinel=True)
+    vals = np.empty(len(uniq) + 1, dtype=object)
+    vals[:-1] = [fn(u) for u in uniq]
+    vals[-1] = fn(None)
+    out: np.ndarray = vals[codes]  # code -1 (a null) takes the last slot
+    return out
+
+
+def _costs(inst: pd.DataFrame) -> list[OpCost | None]:
+    """_cost of each instance's (op, dims, types, concrete), computed once per distinct combination (a
+    null of any kind, None or NaN, is one value: _cost treats every non-string alike)."""
+    cols = ["op", "input_dims", "input_types", "concrete_inputs"]
+    key = np.zeros(len(inst), np.int64)
+    uniqs = []
+    for c in cols:
+        codes, u = pd.factorize(inst[c].to_numpy(object), use_na_sentinel=True)
+        # dense combined code (below n after each column's step: no overflow)
+        key = np.unique(key * (len(u) + 1) + (codes + 1), return_inverse=True)[1].ravel().astype(np.int64)
+        uniqs.append((codes, u))
+    _, first, inv = np.unique(key, return_index=True, return_inverse=True)
+
+    def val(j: int, i: int) -> Any:
+        codes, u = uniqs[j]
+        return u[codes[i]] if codes[i] >= 0 else None
+
+    per = [_cost(val(0, i), val(1, i), val(2, i), val(3, i)) for i in first.tolist()]
+    return [per[i] for i in inv.ravel().tolist()]
+
+
 def _none(v: Any) -> Any:
     return None if v is None or (isinstance(v, float) and not np.isfinite(v)) else v
 
@@ -431,14 +461,11 @@ def op_table(
     for c in ("input_dims", "input_types", "concrete_inputs"):
         if c not in inst:
             inst[c] = None
-    costs = [
-        _cost(o, d, t, c)
-        for o, d, t, c in zip(inst["op"], inst["input_dims"], inst["input_types"], inst["concrete_inputs"])
-    ]
+    costs = _costs(inst)
     inst["flops"] = [None if x is None else x.flops for x in costs]
     inst["bytes"] = [None if x is None else x.bytes for x in costs]
     inst["dtype_class"] = [None if x is None else x.dtype for x in costs]
-    inst["model"] = [op_family(o) if isinstance(o, str) else None for o in inst["op"]]
+    inst["model"] = _map_distinct(inst["op"], lambda o: op_family(o) if isinstance(o, str) else None)
     inst["shapes"] = inst["input_dims"]
     key = ["rank", "op", "shapes", "kernel", "layer_type"]
     for c in key[1:]:

@@ -35,9 +35,10 @@ import pyarrow as pa
 from tracelens.analyze import intervals as iv
 from tracelens.analyze.breakdown import RankSets, class_sets
 from tracelens.analyze.breakdown import breakdown as compute_breakdown
-from tracelens.analyze.classify import COMM, COMPUTE, _dict_lookup, classify
+from tracelens.analyze.classify import COMM, COMPUTE, classify
 from tracelens.analyze.composition import _runs, module_spans
-from tracelens.analyze.dictcol import columns
+from tracelens.analyze.dictcol import columns, sharing
+from tracelens.analyze.schedule_infer import schedule_from_p2p, send_mask
 from tracelens.findings import finding
 from tracelens.topology import P2P_NAMES, Grid
 
@@ -107,6 +108,53 @@ def _p2p_mask(events: pa.Table) -> np.ndarray:
     # an all_to_all also runs in a SendRecv kernel: when the collective name is known it decides
     has_coll = cols.valid("collective")
     out: np.ndarray = (by_name & ~has_coll) | by_coll
+    return out
+
+
+def _pair_reduce(rank: np.ndarray, step: np.ndarray, **cols: tuple[np.ndarray, np.ufunc]) -> pd.DataFrame:
+    """`df.groupby(["rank", "step"]).agg(...)` of min / max reductions (`name=(values, np.minimum)`), the
+    same frame (index sorted, levels and values of the arrays' dtypes) from one sort and `reduceat`."""
+    if not rank.size:
+        df = pd.DataFrame({"rank": rank, "step": step, **{k: v for k, (v, _) in cols.items()}})
+        fn: dict[np.ufunc, str] = {np.minimum: "min", np.maximum: "max"}
+        return df.groupby(["rank", "step"]).agg(**{k: (k, fn[u]) for k, (_, u) in cols.items()})
+    o = np.lexsort((step, rank))
+    r, st = rank[o], step[o]
+    new = np.ones(o.size, bool)
+    new[1:] = (r[1:] != r[:-1]) | (st[1:] != st[:-1])
+    starts = np.flatnonzero(new)
+    idx = pd.MultiIndex.from_arrays([r[starts], st[starts]], names=["rank", "step"])
+    return pd.DataFrame({k: u.reduceat(v[o], starts) for k, (v, u) in cols.items()}, index=idx)
+
+
+def _pair_lookup(
+    index: pd.MultiIndex, values: np.ndarray, rank: np.ndarray, step: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """(value, found) of each (rank, step) row in a sorted, unique (rank, step) index (_pair_reduce's)."""
+    out = np.zeros(rank.size, values.dtype)
+    found = np.zeros(rank.size, bool)
+    if not len(index) or not rank.size:
+        return out, found
+    ir = index.get_level_values(0).to_numpy().astype(np.int64)
+    ist = index.get_level_values(1).to_numpy().astype(np.int64)
+    lo = int(min(ist.min(), step.min()))
+    span = int(max(ist.max(), step.max())) - lo + 1
+    key = ir * span + (ist - lo)  # ascending: the index is sorted by (rank, step)
+    q = rank.astype(np.int64) * span + (step.astype(np.int64) - lo)
+    i = np.minimum(np.searchsorted(key, q), key.size - 1)
+    found = key[i] == q
+    out[found] = values[i[found]]
+    return out, found
+
+
+def _joined_cmp(a: np.ndarray, b: np.ndarray, found: np.ndarray, op: np.ufunc) -> np.ndarray:
+    """`df["a"] OP df["b"]` where `b` came from a left join: compared exactly while every row found a
+    value (the column stays int64), else in float64 as pandas does once the join's NaN make it float
+    (unfound rows: False)."""
+    if found.all():
+        out: np.ndarray = op(a, b)
+        return out
+    out = found & op(a.astype(np.float64), b.astype(np.float64))
     return out
 
 
@@ -181,8 +229,18 @@ def _detect_schedule(sp: pd.DataFrame, bwd: pd.DataFrame, grid: Grid, m: int | N
     return "gpipe" if np.median(counts[has]) >= m else "1f1b"
 
 
+def _is_autograd_eval(v: str) -> int:
+    return int(v.startswith("autograd::engine::evaluate_function"))
+
+
 def _backward_marks(
-    events: pa.Table, sp: pd.DataFrame, sets: dict[int, RankSets], ev: pd.DataFrame
+    events: pa.Table,
+    sp: pd.DataFrame,
+    sets: dict[int, RankSets],
+    rank: np.ndarray,
+    step: np.ndarray,
+    ts: np.ndarray,
+    end: np.ndarray,
 ) -> pd.DataFrame:
     """Per (rank, step): start and end of the backward pass, from backward module annotations, else (on
     ranks analysed on the CPU timeline) from the autograd engine's `evaluate_function` ops."""
@@ -190,18 +248,23 @@ def _backward_marks(
         columns=["b_start", "b_end"], index=pd.MultiIndex.from_arrays([[], []], names=["rank", "step"])
     )
     if len(sp) and sp["backward"].any():
-        b = sp[sp["backward"] & (sp["step"] >= 0)]
-        out = b.groupby(["rank", "step"]).agg(b_start=("gpu_start_ns", "min"), b_end=("gpu_end_ns", "max"))
+        b = (sp["backward"] & (sp["step"] >= 0)).to_numpy(bool)
+        out = _pair_reduce(
+            sp["rank"].to_numpy()[b],
+            sp["step"].to_numpy()[b],
+            b_start=(sp["gpu_start_ns"].to_numpy()[b], np.minimum),
+            b_end=(sp["gpu_end_ns"].to_numpy()[b], np.maximum),
+        )
     cpu_ranks = [
         r for r, rs in sets.items() if rs.path == "cpu" and r not in set(out.index.get_level_values(0))
     ]
     if cpu_ranks:
-        is_ag = _dict_lookup(
-            events.column("name"), lambda v: int(v.startswith("autograd::engine::evaluate_function"))
-        )
-        ag = ev[is_ag.astype(bool) & ev["rank"].isin(cpu_ranks).to_numpy() & (ev["step"] >= 0).to_numpy()]
-        if len(ag):
-            extra = ag.groupby(["rank", "step"]).agg(b_start=("ts", "min"), b_end=("end", "max"))
+        is_ag = columns(events).flag("name", _is_autograd_eval)
+        sel = is_ag & np.isin(rank, cpu_ranks) & (step >= 0)
+        if sel.any():
+            extra = _pair_reduce(
+                rank[sel], step[sel], b_start=(ts[sel], np.minimum), b_end=(end[sel], np.maximum)
+            )
             out = pd.concat([out, extra]) if len(out) else extra
     return out
 
@@ -227,9 +290,36 @@ def analyze_pipeline(
     fill and drain are measured across ranks; waits are measured on each rank's own clock. `sets`
     (breakdown.class_sets) and `spans` (composition.module_spans) may be passed to reuse them.
     """
-    res = PipelineResult()
     if not grid.pp or not grid.coords or events.num_rows == 0:
-        return res
+        return PipelineResult()
+    with sharing(events):  # classify and the lookups below decode each column of `events` once
+        return _analyze_pipeline(
+            events,
+            grid,
+            breakdown,
+            microbatches,
+            schedule,
+            spans,
+            excess_threshold,
+            clock_offsets_ns,
+            sets,
+            virtual_stages,
+        )
+
+
+def _analyze_pipeline(
+    events: pa.Table,
+    grid: Grid,
+    breakdown: pa.Table | None,
+    microbatches: int | None,
+    schedule: str | None,
+    spans: pa.Table | None,
+    excess_threshold: float,
+    clock_offsets_ns: dict[int, int] | None,
+    sets: dict[int, RankSets] | None,
+    virtual_stages: int | None,
+) -> PipelineResult:
+    res = PipelineResult()
     classes = classify(events)
     if sets is None:
         sets = class_sets(events, classes)
@@ -240,24 +330,29 @@ def analyze_pipeline(
         sp["stage"] = grid.stage_lookup(sp["rank"].to_numpy())
         sp["step"] = sp["step"].fillna(-1).astype(np.int64)
 
-    rank = events.column("rank").to_numpy(zero_copy_only=False).astype(np.int64)
-    ts = events.column("ts_ns").to_numpy(zero_copy_only=False).astype(np.int64)
-    end = ts + events.column("dur_ns").fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
-    step = events.column("step").fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+    cols = columns(events)
+    rank = cols.int64("rank")
+    ts = cols.int64("ts_ns")
+    end = cols.end_signed()
+    step = cols.int64("step", -1)
     p2p = _p2p_mask(events) & (classes == COMM)
     is_comp = classes == COMPUTE
     coll = (classes == COMM) & ~p2p
 
     # ---- per (rank, step): own first forward start and last backward end ----
-    ev = pd.DataFrame({"rank": rank, "step": step, "ts": ts, "end": end})
-    comp = ev[is_comp & (step >= 0)]
-    marks = comp.groupby(["rank", "step"]).agg(first=("ts", "min"), last=("end", "max"))
-    bwd = _backward_marks(events, sp, sets, ev)
+    sel = is_comp & (step >= 0)
+    marks = _pair_reduce(rank[sel], step[sel], first=(ts[sel], np.minimum), last=(end[sel], np.maximum))
+    bwd = _backward_marks(events, sp, sets, rank, step, ts, end)
     if len(sp) and (~sp["backward"]).any():
-        fwd = sp[~sp["backward"] & (sp["step"] >= 0)].groupby(["rank", "step"])["gpu_start_ns"].min()
-        marks = marks.join(fwd.rename("f"), how="left")
+        f = (~sp["backward"] & (sp["step"] >= 0)).to_numpy(bool)
+        fwd = _pair_reduce(
+            sp["rank"].to_numpy()[f],
+            sp["step"].to_numpy()[f],
+            f=(sp["gpu_start_ns"].to_numpy()[f], np.minimum),
+        )
+        marks = marks.join(fwd["f"], how="left")
         marks["first"] = marks["f"].fillna(marks["first"]).astype(np.int64)
-    fallback = _fallback_last(ev, is_comp, p2p, coll, marks)
+    fallback = _fallback_last(rank, step, ts, end, is_comp, p2p, coll, marks)
     marks = marks.join(bwd["b_end"], how="left")
     marks["last"] = marks["b_end"].fillna(fallback).astype(np.int64)
     marks = marks[["first", "last"]]
@@ -327,8 +422,6 @@ def analyze_pipeline(
 
     # ---- microbatches, schedule, expectation ----
     v = _virtual_stages(sp) if len(sp) else 1
-    from tracelens.analyze.schedule_infer import schedule_from_p2p
-
     res.schedule_evidence = schedule_from_p2p(events, grid, p2p)
     by_p2p = res.schedule_evidence
     if by_p2p is not None and v == 1 and by_p2p["virtual_stages"] > 1:
@@ -456,19 +549,30 @@ def _ratio(num: pd.Series, den: pd.Series) -> np.ndarray:
 
 
 def _fallback_last(
-    ev: pd.DataFrame, is_comp: np.ndarray, p2p: np.ndarray, coll: np.ndarray, marks: pd.DataFrame
+    rank: np.ndarray,
+    step: np.ndarray,
+    ts: np.ndarray,
+    end: np.ndarray,
+    is_comp: np.ndarray,
+    p2p: np.ndarray,
+    coll: np.ndarray,
+    marks: pd.DataFrame,
 ) -> pd.Series:
     """Without annotations: last compute end before the first collective starting after the rank's last
     P2P op started (the gradient-norm all-reduce or DP sync that closes the pipeline phase)."""
-    valid = ev["step"].to_numpy() >= 0
-    last_p2p = ev[p2p & valid].groupby(["rank", "step"])["ts"].max().rename("lp")
-    if not len(last_p2p):
+    valid = step >= 0
+    sel = np.flatnonzero(p2p & valid)
+    if not sel.size:
         return marks["last"]
-    c = ev[coll & valid].join(last_p2p, on=["rank", "step"])
-    first_coll = c[c["ts"] >= c["lp"]].groupby(["rank", "step"])["ts"].min().rename("fc")
-    comp = ev[is_comp & valid].join(first_coll, on=["rank", "step"])
-    comp = comp[comp["fc"].isna() | (comp["ts"] < comp["fc"])]
-    last = comp.groupby(["rank", "step"])["end"].max()
+    last_p2p = _pair_reduce(rank[sel], step[sel], lp=(ts[sel], np.maximum))
+    c = np.flatnonzero(coll & valid)
+    lp, found = _pair_lookup(last_p2p.index, last_p2p["lp"].to_numpy(), rank[c], step[c])
+    c = c[_joined_cmp(ts[c], lp, found, np.greater_equal)]
+    first_coll = _pair_reduce(rank[c], step[c], fc=(ts[c], np.minimum))
+    k = np.flatnonzero(is_comp & valid)
+    fc, found = _pair_lookup(first_coll.index, first_coll["fc"].to_numpy(), rank[k], step[k])
+    k = k[~found | _joined_cmp(ts[k], fc, found, np.less)]
+    last = _pair_reduce(rank[k], step[k], end=(end[k], np.maximum))["end"]
     return last.reindex(marks.index).fillna(marks["last"]).astype(np.int64)
 
 
@@ -478,17 +582,12 @@ def _microbatches_from_sends(
     """Sends per step of a stage-0 rank (one activation send per microbatch)."""
     if grid.pp is None or grid.pp < 2:
         return None
-    names = events.column("name")
-    is_send = _dict_lookup(names, lambda v: int("send" in v.lower() and "recv" not in v.lower())).astype(bool)
-    is_send |= _dict_lookup(
-        events.column("collective"), lambda v: int(v.lower() in ("send", "isend"))
-    ).astype(bool)
-    kinds = events.column("kind")
+    is_send = send_mask(events)
     stage = grid.stage_lookup(rank)
     sel = p2p & is_send & (stage == 0) & (step >= 0)
     # one op may be recorded several times (kernel, c10d cpu op, gloo annotation): count one kind
     for kind in ("kernel", "cpu_op", "user_annotation"):
-        k = _dict_lookup(kinds, lambda v, kind=kind: int(v == kind)).astype(bool)
+        k = columns(events).kinds(kind)
         if (sel & k).any():
             sel &= k
             break

@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from tracelens.analyze.classify import _dict_lookup
+from tracelens.analyze.dictcol import columns
 from tracelens.topology import Grid
 
 
@@ -33,6 +33,38 @@ def expected_warmup(p: int, s: int, v: int, m: int) -> int:
     return min((p - s - 1) * 2 + (v - 1) * p, total)
 
 
+def _is_send_name(v: str) -> int:
+    return int("send" in v.lower() and "recv" not in v.lower())
+
+
+def _is_send_collective(v: str) -> int:
+    return int(v.lower() in ("send", "isend"))
+
+
+def _is_backward_name(v: str) -> int:
+    return int(v.startswith("autograd::engine::evaluate_function") or "backward" in v.lower())
+
+
+def send_mask(events: pa.Table) -> np.ndarray:
+    """Rows whose name says send (not recv) or whose collective is a send / isend."""
+    cols = columns(events)
+    out: np.ndarray = cols.flag("name", _is_send_name) | cols.flag("collective", _is_send_collective)
+    return out
+
+
+def _first_per_pair(rank: np.ndarray, step: np.ndarray, ts: np.ndarray) -> pd.Series:
+    """`DataFrame({rank, step, ts}).groupby(["rank", "step"])["ts"].min()` from one sort and `reduceat`."""
+    if not rank.size:
+        return pd.DataFrame({"rank": rank, "step": step, "ts": ts}).groupby(["rank", "step"])["ts"].min()
+    o = np.lexsort((step, rank))
+    r, st = rank[o], step[o]
+    new = np.ones(o.size, bool)
+    new[1:] = (r[1:] != r[:-1]) | (st[1:] != st[:-1])
+    starts = np.flatnonzero(new)
+    idx = pd.MultiIndex.from_arrays([r[starts], st[starts]], names=["rank", "step"])
+    return pd.Series(np.minimum.reduceat(ts[o], starts), index=idx, name="ts")
+
+
 def schedule_from_p2p(events: pa.Table, grid: Grid, p2p: np.ndarray) -> dict[str, Any] | None:
     """{"virtual_stages", "microbatches", "sends_per_step": {stage: n}, "warmup_forwards": {stage: n},
     "warmup_expected": {stage: n}, "warmup_matches"} from the sends of each stage; None when p < 3 or the
@@ -40,19 +72,15 @@ def schedule_from_p2p(events: pa.Table, grid: Grid, p2p: np.ndarray) -> dict[str
     p = grid.pp or 1
     if p < 3 or events.num_rows == 0:
         return None
-    names = events.column("name")
-    is_send = _dict_lookup(names, lambda v: int("send" in v.lower() and "recv" not in v.lower())).astype(bool)
-    is_send |= _dict_lookup(
-        events.column("collective"), lambda v: int(v.lower() in ("send", "isend"))
-    ).astype(bool)
-    rank = events.column("rank").to_numpy(zero_copy_only=False).astype(np.int64)
-    step = events.column("step").fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
-    ts = events.column("ts_ns").to_numpy(zero_copy_only=False).astype(np.int64)
-    kinds = events.column("kind")
+    cols = columns(events)
+    is_send = send_mask(events)
+    rank = cols.int64("rank")
+    step = cols.int64("step", -1)
+    ts = cols.int64("ts_ns")
     sel = p2p & is_send & (step >= 0)
     chosen = None
     for kind in ("kernel", "cpu_op", "user_annotation"):  # count each send once
-        k = _dict_lookup(kinds, lambda v, kind=kind: int(v == kind)).astype(bool)
+        k = cols.kinds(kind)
         if (sel & k).any():
             sel &= k
             chosen = kind
@@ -73,18 +101,11 @@ def schedule_from_p2p(events: pa.Table, grid: Grid, p2p: np.ndarray) -> dict[str
     if end != (2 * v - 1) * m:
         return None
     # warm-up: sends before the first backward op of the step, on stages 0..p-2
-    is_bwd = _dict_lookup(
-        names,
-        lambda v_: int(v_.startswith("autograd::engine::evaluate_function") or "backward" in v_.lower()),
-    ).astype(bool)
+    is_bwd = cols.flag("name", _is_backward_name)
     # backward marks on the sends' own timeline (GPU kernels vs CPU ops: the CPU runs ahead of the GPU)
     tl = ("kernel", "gpu_user_annotation") if chosen == "kernel" else ("cpu_op", "user_annotation")
-    bsel = is_bwd & (step >= 0) & _dict_lookup(kinds, lambda v: int(v in tl)).astype(bool)
-    first_b = (
-        pd.DataFrame({"rank": rank[bsel], "step": step[bsel], "ts": ts[bsel]})
-        .groupby(["rank", "step"])["ts"]
-        .min()
-    )
+    bsel = np.flatnonzero(is_bwd & (step >= 0) & cols.kinds(*tl))
+    first_b = _first_per_pair(rank[bsel], step[bsel], ts[bsel])
     total = v * m
     before_b: dict[int, int] = {}
     if len(first_b):

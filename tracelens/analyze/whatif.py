@@ -17,6 +17,7 @@ Plus the combined "all fixed". Savings are mean step time before minus after, ov
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterable
 from functools import partial
 from typing import Any
@@ -35,41 +36,99 @@ class Change:
         self.release = g.k_release.copy()
         self.transfer = g.k_transfer.copy()
 
-    def merge(self, other: Change) -> None:
-        self.dur = np.minimum(self.dur, other.dur)
-        self.release = np.minimum(self.release, other.release)
-        self.transfer = np.minimum(self.transfer, other.transfer)
-
 
 def _compute_mask(g: Graph) -> np.ndarray:
     return ~g.k_comm
 
 
+def _pair_codes(rank: np.ndarray, step: np.ndarray, lo: int, span: int) -> np.ndarray:
+    """One int64 per (rank, step) pair, ordered as the pairs are (rank major): steps in [lo, lo + span)."""
+    out: np.ndarray = rank.astype(np.int64) * span + (step.astype(np.int64) - lo)
+    return out
+
+
+#: the last graph's _per_rank_step_compute: (weak reference to the graph, result); what-if asks for it
+#: once per stage finding and fix, over the same graph
+_COMPUTE_MEMO: list[Any] = [None, None]
+
+
 def _per_rank_step_compute(g: Graph) -> pd.Series:
+    """Compute-kernel time per (rank, step), index sorted (as a group-by on the two keys gives it): one
+    sort of pair codes and a bincount, not a group-by over every kernel (durations are whole ns, so the
+    sums are exact either way). Callers only read the result (a copy is handed out)."""
+    ref = _COMPUTE_MEMO[0]
+    if ref is not None and ref() is g:
+        out: pd.Series = _COMPUTE_MEMO[1].copy()
+        return out
+    out = _compute_sums(g)
+    _COMPUTE_MEMO[:] = [weakref.ref(g), out.copy()]
+    return out
+
+
+def _compute_sums(g: Graph) -> pd.Series:
     m = _compute_mask(g)
-    return pd.Series(g.k_dur[m]).groupby([g.k_rank[m], g.k_step[m]]).sum()
+    rank, step = g.k_rank[m], g.k_step[m]
+    if not rank.size:
+        return pd.Series(g.k_dur[m]).groupby([rank, step]).sum()
+    lo = int(step.min())
+    span = int(step.max()) - lo + 1
+    r0 = int(rank.min())
+    pc = _pair_codes(rank - r0, step, lo, span)  # dense: 0 .. (ranks x steps), no sort needed
+    seen = np.bincount(pc) > 0
+    sums = np.bincount(pc, weights=g.k_dur[m].astype(np.float64))
+    codes = np.flatnonzero(seen)
+    idx = pd.MultiIndex.from_arrays(
+        [(codes // span + r0).astype(rank.dtype), (codes % span + lo).astype(step.dtype)]
+    )
+    return pd.Series(sums[codes], index=idx)
+
+
+def _factor_per_kernel(g: Graph, factor_of: dict[tuple[int, int], float]) -> np.ndarray:
+    """factor_of[(rank, step)] of each kernel, NaN for pairs it does not name."""
+    fac = np.full(g.k_rank.size, np.nan)
+    if not factor_of or not g.k_rank.size:
+        return fac
+    keys = list(factor_of)
+    pr = np.array([k[0] for k in keys], np.int64)
+    ps = np.array([k[1] for k in keys], np.int64)
+    pv = np.array([factor_of[k] for k in keys], np.float64)
+    lo = int(min(g.k_step.min(), ps.min()))
+    span = int(max(g.k_step.max(), ps.max())) - lo + 1
+    r0 = int(min(g.k_rank.min(), pr.min()))
+    cells = (int(max(g.k_rank.max(), pr.max())) - r0 + 1) * span
+    kk = _pair_codes(g.k_rank - r0, g.k_step, lo, span)
+    pk = _pair_codes(pr - r0, ps, lo, span)
+    if cells <= 4 * g.k_rank.size + (1 << 20):  # a dense table of every (rank, step) cell
+        lut = np.full(cells, np.nan)
+        lut[pk] = pv  # (dict keys: no pair twice)
+        out: np.ndarray = lut[kk]
+        return out
+    o = np.argsort(pk, kind="stable")
+    pk, pv = pk[o], pv[o]
+    i = np.minimum(np.searchsorted(pk, kk), pk.size - 1)
+    hit = pk[i] == kk
+    fac[hit] = pv[i[hit]]
+    return fac
 
 
 def scale_compute(g: Graph, factor_of: dict[tuple[int, int], float]) -> Change:
     """Multiply the compute kernels of (rank, step) by factor_of[(rank, step)] (at most 1)."""
     ch = Change(g)
     m = _compute_mask(g)
-    key = pd.MultiIndex.from_arrays([g.k_rank, g.k_step])
-    f = pd.Series(factor_of, dtype=float)
-    if f.empty:
+    if not factor_of:
         return ch
-    fac = f.reindex(key).to_numpy()
+    fac = _factor_per_kernel(g, factor_of)
     fac = np.where(np.isnan(fac) | ~m, 1.0, np.minimum(fac, 1.0))
     ch.dur = g.k_dur * fac
     return ch
 
 
 def straggler_compute(g: Graph, rank: int, peers: list[int]) -> Change:
-    comp = _per_rank_step_compute(g)
+    comp = _per_rank_step_compute(g).to_dict()  # (rank, step) -> ns: plain dict lookups below
     out = {}
     for st in np.unique(g.k_step):
         own = comp.get((rank, int(st)))
-        vals = [comp.get((p, int(st))) for p in peers if (p, int(st)) in comp.index]
+        vals = [comp.get((p, int(st))) for p in peers if (p, int(st)) in comp]
         if own and vals:
             out[(rank, int(st))] = float(np.median(vals)) / own
     return scale_compute(g, out)
@@ -91,11 +150,11 @@ def stage_excess(g: Graph, ranks: list[int], others: list[int]) -> float:
 
 
 def stage_compute(g: Graph, ranks: list[int], others: list[int]) -> Change:
-    comp = _per_rank_step_compute(g)
+    comp = _per_rank_step_compute(g).to_dict()  # (rank, step) -> ns: plain dict lookups below
     out = {}
     for st in np.unique(g.k_step):
-        mine = [comp[(r, int(st))] for r in ranks if (r, int(st)) in comp.index]
-        oth = [comp[(r, int(st))] for r in others if (r, int(st)) in comp.index]
+        mine = [comp[(r, int(st))] for r in ranks if (r, int(st)) in comp]
+        oth = [comp[(r, int(st))] for r in others if (r, int(st)) in comp]
         if mine and oth and np.mean(mine) > 0:
             f = float(np.mean(oth) / np.mean(mine))
             out.update({(r, int(st)): f for r in ranks})
@@ -115,8 +174,7 @@ def split_compute(
                 if r in ranks and c > 0:
                     out[(r, st)] = max(c + (suggested[s] - current[s]) * per_layer_ns, 0.0) / c
     m = _compute_mask(g)
-    key = pd.MultiIndex.from_arrays([g.k_rank, g.k_step])
-    fac = pd.Series(out, dtype=float).reindex(key).to_numpy() if out else np.full(g.k_dur.size, np.nan)
+    fac = _factor_per_kernel(g, out)
     fac = np.where(np.isnan(fac), 1.0, fac)
     ch.dur = g.k_dur * np.where(m, fac, 1.0)
     # moved layers take their launches along: each stage's CPU timeline stretches or shrinks alike (from the
@@ -288,7 +346,9 @@ def what_if(
         if stage_of and stage_of.get(r) is not None:
             stage_ranks.setdefault(int(stage_of[r]), []).append(r)
     entries: dict[tuple[str | int, ...], dict[str, Any]] = {}
-    changes: dict[tuple[str | int, ...], Change] = {}
+    # every change so far folded into the "all fixed" one as it comes (a change is ~24 bytes per kernel:
+    # none is kept): releases and transfers by min, durations by composing each change's factor
+    fixed: list[np.ndarray] = []  # [dur, release, transfer] once there is a change
 
     def add(
         key: tuple[str | int, ...],
@@ -311,7 +371,13 @@ def what_if(
                 "step_time_ms_after": round(after / 1e6, 6),
                 "saving_ms": round((base - after) / 1e6, 6),
             }
-            changes[key] = ch
+            del rp
+            if not fixed:
+                fixed.extend([g.k_dur.copy(), g.k_release.copy(), g.k_transfer.copy()])
+            with np.errstate(divide="ignore", invalid="ignore"):
+                fixed[0] = fixed[0] * np.where(g.k_dur > 0, ch.dur / np.where(g.k_dur > 0, g.k_dur, 1), 1.0)
+            fixed[1] = np.minimum(fixed[1], ch.release)
+            fixed[2] = np.minimum(fixed[2], ch.transfer)
         return entries[key]
 
     def stage_list(rks: Iterable[int]) -> list[int]:
@@ -393,16 +459,9 @@ def what_if(
         if ent is not None:
             f["saving_ms"] = ent["saving_ms"]
     out = sorted(entries.values(), key=lambda e: -e["saving_ms"])
-    if changes:
-        allc = Change(g)
-        for ch in changes.values():
-            allc.merge(ch)
-        # durations: compose the factors (a split can lengthen a stage); min() above is right for cuts only
-        dur = g.k_dur.copy()
-        for ch in changes.values():
-            with np.errstate(divide="ignore", invalid="ignore"):
-                dur = dur * np.where(g.k_dur > 0, ch.dur / np.where(g.k_dur > 0, g.k_dur, 1), 1.0)
-        rp = replay(g, dur, allc.release, allc.transfer)
+    if fixed:
+        # (durations compose as factors: a split can lengthen a stage; min() is right for cuts only)
+        rp = replay(g, fixed[0], fixed[1], fixed[2])
         after = mean_step_ns(rp)
         out.append(
             {

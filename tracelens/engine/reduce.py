@@ -7,9 +7,10 @@ import pyarrow as pa
 from tracelens import schema
 from tracelens.analyze.breakdown import BREAKDOWN
 from tracelens.analyze.composition import SPANS
+from tracelens.analyze.critical_nodes import SYNCS
 from tracelens.analyze.idle import IDLE
 from tracelens.store.cache import concat
-from tracelens.store.stages import OPS, RankStage, Staged
+from tracelens.store.stages import OPS, STORED_NODES, RankStage, Staged
 
 
 def reduce_stages(stages: list[RankStage]) -> Staged:
@@ -50,6 +51,9 @@ def reduce_stages(stages: list[RankStage]) -> Staged:
         ),
         idle=concat([s.idle for s in kept if s.idle is not None], IDLE),
         idle_error=idle_errs[0] if idle_errs else None,
+        nodes=concat([s.nodes for s in stages if s.nodes is not None], STORED_NODES),
+        syncs=concat([s.syncs for s in stages if s.syncs is not None], SYNCS),
+        nodes_stepped=tuple(s.rank for s in stages if s.nodes_stepped),
     )
 
 

@@ -7,6 +7,8 @@ in memory per process. The results of a rank (`RankStage`):
 - `sets`: its canonical compute / communication / memory interval sets (`RankSets`);
 - `spans`: its module annotation spans (`tracelens.analyze.composition.SPANS`);
 - `idle`: its rows of the GPU idle breakdown (`tracelens.analyze.idle.IDLE`; GPU ranks only);
+- `nodes`, `syncs`: its device work and blocking CPU calls, the critical path's inputs
+  (`tracelens.analyze.critical_nodes`);
 - `xevents`: the few event rows the cross-rank analyses read (collectives and their CPU records, step and
   module annotations, point-to-point ops; every row on ranks analysed on the CPU timeline), in the events
   schema and in trace order (see `cross_rank_mask`).
@@ -26,8 +28,9 @@ import pyarrow.parquet as pq
 
 from tracelens.analyze.breakdown import BREAKDOWN, RankSets, breakdown, class_sets, step_windows
 from tracelens.analyze.classify import COMM, COMPUTE, DEVICE_KINDS, classify, is_step_name
+from tracelens.analyze.critical_nodes import rank_nodes, sync_calls
 from tracelens.analyze.dictcol import columns, sharing
-from tracelens.store.stages import OPS, RankStage, write_stage
+from tracelens.store.stages import OPS, RankStage, stored_nodes, write_stage
 
 _ANNOTATION_KINDS = ("user_annotation", "gpu_user_annotation")
 # Names the cross-rank analyses look for beyond collectives (pipeline: SendRecv kernels / c10d send-recv).
@@ -194,8 +197,22 @@ def _rank_stage(events: pa.Table, rank: int) -> RankStage:
     idle, idle_err = _idle(events, bd, rs)
     mask = cross_rank_mask(events, classes, rs.path if rs is not None else None)
     xev = events.filter(pa.array(mask))
+    nodes, stepped = rank_nodes(events, spans)
     return RankStage(
-        rank, bd, rs, spans, xev, has_steps, err, _time_range(events), op_totals(events), idle, idle_err
+        rank,
+        bd,
+        rs,
+        spans,
+        xev,
+        has_steps,
+        err,
+        _time_range(events),
+        op_totals(events),
+        idle,
+        idle_err,
+        stored_nodes(nodes),
+        sync_calls(events),
+        stepped,
     )
 
 

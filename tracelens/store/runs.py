@@ -26,7 +26,7 @@ from tracelens import schema
 from tracelens.analyze.breakdown import BREAKDOWN, RankSets
 from tracelens.store.atomic import write_ipc, write_text
 from tracelens.store.cache import RankParquet, read_ipc
-from tracelens.store.stages import OPS, SETS, STAGE_VERSION, Staged, rank_sets, sets_rows
+from tracelens.store.stages import OPS, SETS, STAGE_VERSION, STORED_NODES, Staged, rank_sets, sets_rows
 
 #: Bump when what a memo holds changes (with STAGE_VERSION it is part of the key).
 RUN_MEMO_VERSION = "1"
@@ -46,6 +46,7 @@ def memo_dir(entries: Sequence[RankParquet]) -> Path:
 
 def _schemas() -> dict[str, pa.Schema]:
     from tracelens.analyze.composition import SPANS
+    from tracelens.analyze.critical_nodes import SYNCS
     from tracelens.analyze.idle import IDLE
 
     return {
@@ -57,6 +58,8 @@ def _schemas() -> dict[str, pa.Schema]:
         "idle": IDLE,
         "time_ranges": _TIME_RANGES,
         "sets": SETS,
+        "nodes": STORED_NODES,
+        "syncs": SYNCS,
     }
 
 
@@ -92,6 +95,8 @@ def write_run(entries: Sequence[RankParquet], meta: pa.Table, staged: Staged) ->
         "idle": staged.idle,
         "time_ranges": staged.time_ranges,
         "sets": _sets_table(staged.sets),
+        "nodes": staged.nodes,
+        "syncs": staged.syncs,
     }
     if staged.spans is not None:
         tables["spans"] = staged.spans
@@ -103,6 +108,7 @@ def write_run(entries: Sequence[RankParquet], meta: pa.Table, staged: Staged) ->
             "parts": sorted(k for k, t in tables.items() if t is not None),
             "spans_error": staged.spans_error,
             "idle_error": staged.idle_error,
+            "nodes_stepped": list(staged.nodes_stepped),
         }
         d.mkdir(exist_ok=True)
         for name, t in tables.items():
@@ -141,6 +147,9 @@ def read_run(entries: Sequence[RankParquet]) -> tuple[pa.Table, Staged] | None:
         ops=t.get("ops"),
         idle=t.get("idle"),
         idle_error=manifest.get("idle_error"),
+        nodes=t.get("nodes"),
+        syncs=t.get("syncs"),
+        nodes_stepped=tuple(int(r) for r in manifest.get("nodes_stepped", ())),
     )
 
 

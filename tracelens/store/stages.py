@@ -16,19 +16,26 @@ import pyarrow as pa
 
 from tracelens import schema
 from tracelens.analyze.breakdown import BREAKDOWN, RankSets
+from tracelens.analyze.critical_nodes import NODES, SYNCS
 from tracelens.store.atomic import write_ipc
 from tracelens.store.cache import ipc_schema, read_ipc
 
 #: Bump when what a stage file holds changes: old stage files are then ignored (and rebuilt).
-STAGE_VERSION = "6"
+STAGE_VERSION = "7"
 
 #: Interval-set table: one row per interval of one class of one rank.
 SETS = pa.schema([("rank", pa.int32()), ("cls", pa.int8()), ("start_ns", pa.int64()), ("end_ns", pa.int64())])
 SET_CLASSES = {"compute": 0, "comm": 1, "memory": 2}
 #: Per-rank totals of kernels and cpu ops by name (the report's "top operations" without all events).
 OPS = pa.schema([("kind", pa.string()), ("name", pa.string()), ("calls", pa.int64()), ("dur_ns", pa.int64())])
+#: The critical path's device nodes as stored (critical_nodes.NODES with the label dictionary-encoded).
+STORED_NODES = pa.schema(
+    [f if f.name != "label" else pa.field("label", pa.dictionary(pa.int32(), pa.string())) for f in NODES]
+)
 _PARTS = (
     "xevents",
+    "nodes",
+    "syncs",
     "spans",
     "breakdown",
     "ops",
@@ -54,6 +61,11 @@ class RankStage:
     ops: pa.Table | None = None  # OPS: calls and total duration per (kind, name), kernels and cpu ops
     idle: pa.Table | None = None  # analyze.idle.IDLE rows (empty on CPU-timeline ranks)
     idle_error: str | None = None  # why idle_breakdown failed on this rank, if it did
+    nodes: pa.Table | None = (
+        None  # STORED_NODES: the critical path's device nodes (critical_nodes.rank_nodes)
+    )
+    syncs: pa.Table | None = None  # critical_nodes.SYNCS: the CPU calls that may have blocked on the GPU
+    nodes_stepped: bool = False  # some device work of the rank has a step (see critical_nodes.select_nodes)
 
 
 @dataclass
@@ -64,7 +76,8 @@ class Staged:
     or None with `spans_error` when a rank's module_spans failed; `xevents`: the cross-rank event rows of
     all ranks (events schema, rank order, trace order within a rank); `idle`: IDLE rows of the ranks whose
     breakdown rows are kept (what `idle_breakdown` gives over all events and `breakdown`), or the first
-    failure in `idle_error`."""
+    failure in `idle_error`; `nodes` / `syncs`: the critical path's inputs of all ranks (STORED_NODES, SYNCS),
+    `nodes_stepped`: the ranks whose device work has steps."""
 
     sets: dict[int, RankSets]
     breakdown: pa.Table
@@ -75,6 +88,16 @@ class Staged:
     ops: pa.Table | None = None  # stage.OPS of all ranks plus their "rank" column
     idle: pa.Table | None = None
     idle_error: str | None = None
+    nodes: pa.Table | None = None
+    syncs: pa.Table | None = None
+    nodes_stepped: tuple[int, ...] = ()
+
+
+def stored_nodes(nodes: pa.Table) -> pa.Table:
+    """Device nodes (critical_nodes.NODES) as stored (STORED_NODES: the label dictionary-encoded, a few
+    distinct layer types over thousands of kernels a rank)."""
+    i = nodes.column_names.index("label")
+    return nodes.set_column(i, STORED_NODES.field("label"), nodes.column("label").dictionary_encode())
 
 
 # ------------------------------------------------------------------------------------------- files
@@ -97,6 +120,7 @@ def _sets_table(st: RankStage) -> pa.Table:
         b"spans_error": (st.spans_error or "").encode(),
         b"time_range": ",".join(map(str, st.time_range or ())).encode(),
         b"idle_error": (st.idle_error or "").encode(),
+        b"nodes_stepped": b"1" if st.nodes_stepped else b"0",
     }
     if rs is None:
         return SETS.empty_table().replace_schema_metadata(meta)
@@ -136,6 +160,8 @@ def write_stage(st: RankStage, events_parquet: Path) -> None:
 
     paths = stage_paths(events_parquet, st.rank)
     write_ipc(paths["xevents"], st.xevents)
+    write_ipc(paths["nodes"], st.nodes if st.nodes is not None else STORED_NODES.empty_table())
+    write_ipc(paths["syncs"], st.syncs if st.syncs is not None else SYNCS.empty_table())
     write_ipc(paths["spans"], st.spans if st.spans is not None else SPANS.empty_table())
     write_ipc(paths["breakdown"], st.breakdown)
     write_ipc(paths["ops"], st.ops if st.ops is not None else OPS.empty_table())
@@ -157,6 +183,10 @@ def read_stage(events_parquet: Path, rank: int) -> RankStage:
     bd = read_ipc(paths["breakdown"])
     ops = read_ipc(paths["ops"])
     idle = read_ipc(paths["idle"])
+    nodes = read_ipc(paths["nodes"])
+    syncs = read_ipc(paths["syncs"])
+    if not (nodes.schema.equals(STORED_NODES) and syncs.schema.equals(SYNCS)):
+        raise OSError(f"stage files of rank {rank} have another schema")
     if not (xev.schema.equals(schema.EVENTS) and spans.schema.equals(SPANS) and bd.schema.equals(BREAKDOWN)):
         raise OSError(f"stage files of rank {rank} have another schema")
     if not (sets_t.schema.equals(SETS) and ops.schema.equals(OPS) and idle.schema.equals(IDLE)):
@@ -178,6 +208,9 @@ def read_stage(events_parquet: Path, rank: int) -> RankStage:
         ops,
         idle,
         meta.get(b"idle_error", b"").decode() or None,
+        nodes,
+        syncs,
+        meta.get(b"nodes_stepped") == b"1",
     )
 
 
@@ -194,6 +227,7 @@ __all__ = [
     "SETS",
     "SET_CLASSES",
     "STAGE_VERSION",
+    "STORED_NODES",
     "RankStage",
     "Staged",
     "rank_sets",
@@ -202,5 +236,6 @@ __all__ = [
     "stage_complete",
     "stage_dir",
     "stage_paths",
+    "stored_nodes",
     "write_stage",
 ]
