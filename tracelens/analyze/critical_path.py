@@ -581,8 +581,11 @@ def _release_terms(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Per segment the max of `val` over its kernels and the first kernel attaining it (-1: none)."""
     qmax = np.maximum.reduceat(val, starts)
-    hit = (val == qmax[seg_idx]) & (val > NEG / 2)
-    cand = np.where(hit, np.arange(ks.size), ks.size)
+    hit = val == qmax[seg_idx]
+    hit &= val > NEG / 2
+    cand = np.arange(ks.size)  # (in place, one array a kernel: this runs over every kernel per replay)
+    cand[~hit] = ks.size
+    del hit
     amin = np.minimum.reduceat(cand, starts)
     return qmax, np.where(amin < ks.size, ks[np.minimum(amin, ks.size - 1)], -1)
 
@@ -611,23 +614,44 @@ def replay(
     plain = ~g.k_comm | (g.k_instance < 0)
     ks = np.flatnonzero(plain)
     if ks.size:
-        c = g.k_res[ks] + dur[ks]
+        # (the per-kernel arrays are built in place and dropped early: a replay's peak is these temporaries)
         node = g.k_node[ks]
-        first = np.r_[True, node[1:] != node[:-1]]
+        first = np.empty(ks.size, dtype=bool)
+        first[0] = True
+        np.not_equal(node[1:], node[:-1], out=first[1:])
         starts = np.flatnonzero(first)
-        tot = np.add.reduceat(c, starts)
-        cum = np.cumsum(c)
-        before = cum - c
-        seg_idx = np.cumsum(first) - 1
-        suffix = tot[seg_idx] - (before - before[starts][seg_idx])
-        val = np.where(release[ks] > NEG / 2, release[ks] + suffix, NEG)
         nodes_u = node[starts]
+        del node
+        seg_idx = np.cumsum(first)
+        seg_idx -= 1
+        del first
+        c = g.k_res[ks]
+        c += dur[ks]  # c = res + dur
+        tot = np.add.reduceat(c, starts)
+        before = np.cumsum(c)
+        before -= c  # the segment's sum before the kernel
+        del c
+        t = before[starts][seg_idx]
+        np.subtract(before, t, out=t)
+        del before
+        suffix = tot[seg_idx]
+        suffix -= t  # from the kernel to its segment's end
+        del t
+        rel = release[ks]
+        val = np.add(rel, suffix, out=suffix)
+        val[~(rel > NEG / 2)] = NEG
+        del rel, suffix
         D[nodes_u] = tot
         sy = synced[ks]
-        Q[nodes_u], qk[nodes_u] = _release_terms(np.where(sy, NEG, val), starts, seg_idx, ks)
-        if sy.any():
+        if not sy.any():
+            Q[nodes_u], qk[nodes_u] = _release_terms(val, starts, seg_idx, ks)
+        else:
+            Q[nodes_u], qk[nodes_u] = _release_terms(np.where(sy, NEG, val), starts, seg_idx, ks)
             Qs[nodes_u], qs[nodes_u] = _release_terms(np.where(sy, val, NEG), starts, seg_idx, ks)
+        del val, seg_idx, starts, nodes_u, sy
+    del ks
     ck = np.flatnonzero(~plain)
+    del plain
     if ck.size:
         arr = g.k_node[ck] - ck.size  # ARR nodes precede their FIN nodes by the number of collective kernels
         D[arr] = g.k_res[ck]
@@ -638,19 +662,11 @@ def replay(
         qs[arr] = ck
         D[g.k_node[ck]] = transfer[ck]
     has_sync = g.n_sync_src.size == n and bool((g.n_sync_src >= 0).any())
-    sx = g.n_sync_src if has_sync else np.full(n, -1, dtype=np.int64)
+    sx = g.n_sync_src
     finish = np.full(n, NEG)
     entry = np.full(n, NEG)
     S = np.full(n, NEG)
-    # the levels' node ids and in-edges as intp, cast once per replay (stored in the graph's compact type,
-    # every fancy index would cast them again)
-    nb = np.r_[0, np.cumsum([lv.size for lv in g.levels])]
-    eb = np.r_[0, np.cumsum([ed.size for _, ed in g.level_edges])]
-    lv_all = np.concatenate(g.levels).astype(np.intp) if g.levels else np.empty(0, dtype=np.intp)
-    es_all = np.concatenate([es for es, _ in g.level_edges]).astype(np.intp) if g.levels else lv_all
-    ed_all = np.concatenate([ed for _, ed in g.level_edges]).astype(np.intp) if g.levels else lv_all
-    for i in range(len(g.levels)):
-        lv, es, ed = lv_all[nb[i] : nb[i + 1]], es_all[eb[i] : eb[i + 1]], ed_all[eb[i] : eb[i + 1]]
+    for lv, (es, ed) in zip(g.levels, g.level_edges):  # (the graph's compact id type, cast per level)
         if ed.size:
             np.maximum.at(entry, ed, finish[es])
         f = np.maximum(entry[lv] + D[lv], Q[lv])
