@@ -29,12 +29,19 @@ from tracelens.analyze.critical_path import NEG, CriticalPath, Graph, mean_step_
 
 
 class Change:
-    """Per-kernel durations, releases and transfers of one change (start from the observed values)."""
+    """Per-kernel durations, releases and transfers of one change (start from the observed values: the graph's
+    own arrays, never written into; a change replaces the arrays it changes, `set`)."""
 
     def __init__(self, g: Graph):
-        self.dur = g.k_dur.copy()
-        self.release = g.k_release.copy()
-        self.transfer = g.k_transfer.copy()
+        self.dur = g.k_dur
+        self.release = g.k_release
+        self.transfer = g.k_transfer
+
+    def set(self, name: str, rows: np.ndarray, values: np.ndarray) -> None:
+        """`name` ("dur", "release" or "transfer") at `rows` set to `values`, in a copy of its array."""
+        arr = getattr(self, name).copy()
+        arr[rows] = values
+        setattr(self, name, arr)
 
 
 def _compute_mask(g: Graph) -> np.ndarray:
@@ -249,7 +256,7 @@ def transfer_to_reference(g: Graph, ranks: list[int]) -> Change:
         return ch
     ratio = (target["sig"].map(ref) / target["unit"].where(target["unit"] > 0)).clip(upper=1.0).fillna(1.0)
     r = df["inst"].map(ratio).fillna(1.0).to_numpy()
-    ch.transfer[df["k"].to_numpy()] = g.k_transfer[df["k"].to_numpy()] * r
+    ch.set("transfer", df["k"].to_numpy(), g.k_transfer[df["k"].to_numpy()] * r)
     return ch
 
 
@@ -269,7 +276,7 @@ def group_median_bandwidth(g: Graph, group: str) -> Change:
     med = inst.groupby("sig")["unit"].transform("median")
     ratio = (med / inst["unit"].where(inst["unit"] > 0)).clip(upper=1.0).fillna(1.0)
     r = df["inst"].map(ratio).fillna(1.0).to_numpy()
-    ch.transfer[df["k"].to_numpy()] = g.k_transfer[df["k"].to_numpy()] * r
+    ch.set("transfer", df["k"].to_numpy(), g.k_transfer[df["k"].to_numpy()] * r)
     return ch
 
 
@@ -316,7 +323,7 @@ def host_gaps_removed(g: Graph, rank: int, peers: list[int]) -> Change:
     # the cuts add up within a step, from its start or from the sync a launch follows
     cum = saved.groupby([mine["step"].to_numpy(), mine["ep"].to_numpy()]).cumsum().to_numpy()
     k = mine["k"].to_numpy()
-    ch.release[k] = np.minimum(g.k_release[k], g.k_release[k] - cum)
+    ch.set("release", k, np.minimum(g.k_release[k], g.k_release[k] - cum))
     return ch
 
 
@@ -373,7 +380,7 @@ def what_if(
             }
             del rp
             if not fixed:
-                fixed.extend([g.k_dur.copy(), g.k_release.copy(), g.k_transfer.copy()])
+                fixed.extend([g.k_dur, g.k_release, g.k_transfer])  # (each step below makes a new array)
             with np.errstate(divide="ignore", invalid="ignore"):
                 fixed[0] = fixed[0] * np.where(g.k_dur > 0, ch.dur / np.where(g.k_dur > 0, g.k_dur, 1), 1.0)
             fixed[1] = np.minimum(fixed[1], ch.release)
