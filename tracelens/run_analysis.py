@@ -463,7 +463,9 @@ class Analysis:
 
         # the per-rank stage computed the nodes (labelled with the built-in layer rules) and sync calls
         st = self.run.stages
-        nodes = select_nodes(st.nodes, st.nodes_stepped, self.ranks)
+        all_nodes, syncs = st.critical_inputs()
+        nodes = select_nodes(all_nodes, st.nodes_stepped, self.ranks)
+        del all_nodes
         if self.options.layer_pattern or st.spans_error:  # labels from the spans this analysis uses
             nodes = relabel(nodes, self.spans)
         cross = self.cross
@@ -473,7 +475,7 @@ class Analysis:
                 cross.collectives if cross is not None else None,
                 cross.offsets_ns if cross is not None else None,
                 self.stage_of,
-                st.syncs,
+                syncs,
             )
             if res is not None and res.graph.dropped_instances:
                 self.warnings.append(

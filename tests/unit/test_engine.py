@@ -276,9 +276,11 @@ def test_load_run_caches_stages_and_rebuilds_damaged_ones(tmp_path: Path):
 
 
 def _same_staged(a, b) -> None:
-    for f in ("breakdown", "spans", "xevents", "time_ranges", "ops", "idle", "nodes", "syncs"):
+    for f in ("breakdown", "spans", "xevents", "time_ranges", "ops", "idle"):
         x, y = getattr(a, f), getattr(b, f)
         assert (x is None) == (y is None) and (x is None or x.equals(y)), f
+    for x, y in zip(a.critical_inputs(), b.critical_inputs()):  # (kept, or read from the memo when asked)
+        assert x.equals(y)
     assert (a.spans_error, a.idle_error, a.nodes_stepped) == (b.spans_error, b.idle_error, b.nodes_stepped)
     assert list(a.sets) == list(b.sets)
     for r, rs in a.sets.items():

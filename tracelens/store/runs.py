@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +25,7 @@ import pyarrow as pa
 from tracelens import schema
 from tracelens.analyze.breakdown import BREAKDOWN, RankSets
 from tracelens.store.atomic import write_ipc, write_text
-from tracelens.store.cache import RankParquet, read_ipc
+from tracelens.store.cache import RankParquet, ipc_schema, read_ipc
 from tracelens.store.stages import OPS, SETS, STAGE_VERSION, STORED_NODES, Staged, rank_sets, sets_rows
 
 #: Bump when what a memo holds changes (with STAGE_VERSION it is part of the key).
@@ -95,9 +95,8 @@ def write_run(entries: Sequence[RankParquet], meta: pa.Table, staged: Staged) ->
         "idle": staged.idle,
         "time_ranges": staged.time_ranges,
         "sets": _sets_table(staged.sets),
-        "nodes": staged.nodes,
-        "syncs": staged.syncs,
     }
+    tables["nodes"], tables["syncs"] = staged.critical_inputs()
     if staged.spans is not None:
         tables["spans"] = staged.spans
     with contextlib.suppress(OSError, pa.ArrowException):
@@ -132,9 +131,15 @@ def read_run(entries: Sequence[RankParquet]) -> tuple[pa.Table, Staged] | None:
         sch = _schemas()
         t = {}
         for name in manifest["parts"]:
+            if name in _ON_DEMAND:  # (only their schemas now: `_critical_loader`)
+                if not ipc_schema(d / f"{name}.arrow").equals(sch[name]):
+                    return None
+                continue
             t[name] = read_ipc(d / f"{name}.arrow")
             if not t[name].schema.equals(sch[name]):
                 return None
+        if not set(_ON_DEMAND) <= set(manifest["parts"]):
+            return None
     except (OSError, ValueError, KeyError, TypeError, pa.ArrowException):
         return None
     return t["meta"], Staged(
@@ -147,10 +152,24 @@ def read_run(entries: Sequence[RankParquet]) -> tuple[pa.Table, Staged] | None:
         ops=t.get("ops"),
         idle=t.get("idle"),
         idle_error=manifest.get("idle_error"),
-        nodes=t.get("nodes"),
-        syncs=t.get("syncs"),
         nodes_stepped=tuple(int(r) for r in manifest.get("nodes_stepped", ())),
+        load_critical=_critical_loader(d),
     )
+
+
+#: Parts read when asked for, not when the memo is opened (`Staged.critical_inputs`).
+_ON_DEMAND = ("nodes", "syncs")
+
+
+def _critical_loader(d: Path) -> Callable[[], tuple[pa.Table, pa.Table]]:
+    def load() -> tuple[pa.Table, pa.Table]:
+        sch = _schemas()
+        nodes, syncs = read_ipc(d / "nodes.arrow"), read_ipc(d / "syncs.arrow")
+        if not (nodes.schema.equals(sch["nodes"]) and syncs.schema.equals(sch["syncs"])):
+            raise OSError(f"the run memo {d} changed since it was opened")
+        return nodes, syncs
+
+    return load
 
 
 def _rank_sets(sets: pa.Table, paths: dict[int, str]) -> dict[int, RankSets]:

@@ -8,7 +8,8 @@ file, written last, marks a rank's stage complete; `STAGE_VERSION` in its folder
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -91,6 +92,17 @@ class Staged:
     nodes: pa.Table | None = None
     syncs: pa.Table | None = None
     nodes_stepped: tuple[int, ...] = ()
+    # (nodes, syncs) read on each call instead of kept (the run memo's: `critical_inputs`)
+    load_critical: Callable[[], tuple[pa.Table, pa.Table]] | None = field(default=None, repr=False)
+
+    def critical_inputs(self) -> tuple[pa.Table, pa.Table]:
+        """(nodes, syncs): kept in memory, or read from the run memo at each call (memory-mapped and not kept:
+        at 1,024 ranks the nodes are ~180 MB, needed only while the critical path's graph is built)."""
+        if self.nodes is not None and self.syncs is not None:
+            return self.nodes, self.syncs
+        if self.load_critical is not None:
+            return self.load_critical()
+        return STORED_NODES.empty_table(), SYNCS.empty_table()
 
 
 def stored_nodes(nodes: pa.Table) -> pa.Table:
