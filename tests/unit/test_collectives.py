@@ -421,6 +421,11 @@ def test_list_tuples_matches_per_row_tuples():
     assert got.dtype == object
     assert list(got) == [(0, 1), None, (), (0, 1), (3,), (0, 1), None]
     assert all(type(x) is int for t in got if t for x in t)
+    # a slice (offsets into a longer values buffer) and wider / narrower element types: the same lists
+    wide = pa.array([[9], [2**40, -1], None, [], [2**40, -1], [7, 7]], pa.list_(pa.int64())).slice(1, 4)
+    assert list(FC.list_tuples(wide)) == [(2**40, -1), None, (), (2**40, -1)]
+    narrow = pa.array([[1, 2], [0, 1], [1, 2], [2, 1]], pa.list_(pa.uint8()))
+    assert list(FC.list_tuples(narrow)) == [(1, 2), (0, 1), (1, 2), (2, 1)]
     # null items inside a list: the per-row path
     odd = pa.array([[1, None], [2]], pa.list_(pa.int64()))
     assert list(FC.list_tuples(odd)) == [(1, None), (2,)]
