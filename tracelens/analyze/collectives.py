@@ -686,7 +686,7 @@ def _mismatches(df: pd.DataFrame) -> list[dict[str, Any]]:
     issued different numbers of the same collective."""
     out: list[dict[str, Any]] = []
     coll = df.loc[~df["is_p2p"].astype(bool), ["instance", "op", "rank", "seq", "group_key"]]
-    if coll.empty:
+    if coll.empty or _agree(coll):
         return out
     nops = coll.groupby("instance")["op"].nunique()
     bad = nops[nops > 1].index
@@ -726,6 +726,27 @@ def _mismatches(df: pd.DataFrame) -> list[dict[str, Any]]:
                 )
             )
     return out
+
+
+def _agree(coll: pd.DataFrame) -> bool:
+    """True when `_mismatches` has nothing to report, decided on integer codes (the usual case, without
+    pandas' groupby over the string keys): every instance has one op, and in every (group, kind) cell all
+    ranks issued the same number of calls. False (look with pandas) when some key is null."""
+    op, rank, gk = coll["op"], coll["rank"], coll["group_key"]
+    if op.isna().any() or rank.isna().any() or gk.isna().any() or coll["instance"].isna().any():
+        return False
+    inst = coll["instance"].astype("int64").to_numpy()
+    op_c = _row_codes(op)
+    pair = _row_codes(inst, op_c)  # (instance, op) pairs: one per instance when every instance has one op
+    if np.unique(pair).size != np.unique(inst).size:
+        return False
+    kind = op.astype(str).where(coll["seq"].isna(), "collectives")  # (as below)
+    cell = _row_codes(gk, kind)  # (group, kind)
+    grc = _row_codes(cell, rank.astype("int64").to_numpy())  # (group, kind, rank)
+    n = np.bincount(grc)
+    _, first = np.unique(grc, return_index=True)
+    per_cell = _row_codes(cell[first], n)  # (cell, count) pairs: one per cell when its ranks agree
+    return bool(np.unique(per_cell).size == np.unique(cell).size)
 
 
 def match(coll: pa.Table, metadata: pa.Table | None = None) -> pa.Table:
