@@ -415,16 +415,27 @@ def _group_key(df: pd.DataFrame) -> pd.Series:
     return pd.Series(keys.astype(str), index=df.index)
 
 
-def _order(df: pd.DataFrame, by_step: bool = False) -> np.ndarray:
+def _order_cols(df: pd.DataFrame) -> list[str]:
+    """The columns whose values make `_order`'s key (its step aside)."""
+    return ["is_p2p", "op", "peer"] + (["group_key"] if "group_key" in df else ["pg_name", "pg_ranks"])
+
+
+def _order_base(df: pd.DataFrame) -> np.ndarray:
+    """`_order`'s key codes without the step (what both of its variants start from)."""
+    return _row_codes(*(df[c] for c in _order_cols(df)))
+
+
+def _order(df: pd.DataFrame, by_step: bool = False, base: np.ndarray | None = None) -> np.ndarray:
     """0-based position among this rank's calls of the same op in the same group (p2p: with the same peer);
     `by_step`: counted within each profiler step, so a call missing from one rank's trace (cut at the edge
-    of the profiling window) shifts the matching of that step only."""
+    of the profiling window) shifts the matching of that step only. `base`: `_order_base(df)`, when the
+    caller has it (codes of the same tuples: the rows fall into the same keys, in the same order)."""
     # the key strings once per distinct tuple of their parts (first row of each), not for every row
-    cols = [df["is_p2p"], df["op"], df["peer"]]
-    cols += [df["group_key"]] if "group_key" in df else [df["pg_name"], df["pg_ranks"]]
-    parts = _row_codes(*cols, *([df["step"]] if by_step else []))
+    if base is None:
+        base = _order_base(df)
+    parts = _row_codes(base, df["step"]) if by_step else base
     _, f = np.unique(parts, return_index=True)
-    rep = df.iloc[f]
+    rep = df[_order_cols(df) + (["step"] if by_step else [])].iloc[f]  # (only the key's columns)
     key = rep["group_key"].astype(str) if "group_key" in rep else _group_key(rep)
     peer = rep["peer"].astype("Float64").fillna(-1).astype(int).astype(str)
     k = np.where(
@@ -605,7 +616,8 @@ def match_with_findings(
     df["peer"] = _infer_peers(df, candidates).astype("Int64")
     if not _sorted_by_rank_start(df):  # (the extraction's tables are: no copy then)
         df = df.sort_values(["rank", "start_ns"], kind="stable").reset_index(drop=True)
-    df["order"] = _order(df)
+    base = _order_base(df)  # (both orders below group the rows by these columns)
+    df["order"] = _order(df, base=base)
     p2p = df["is_p2p"].astype(bool).to_numpy()
     is_send = (df["op"] == "send").to_numpy()
     rank = df["rank"].astype("int64").to_numpy()
@@ -615,7 +627,7 @@ def match_with_findings(
     has_seq = ~df["seq"].isna().to_numpy()
     seq_v = df["seq"].fillna(-1).astype("int64").to_numpy()
     step_v = df["step"].astype("Int64").fillna(-1).to_numpy(dtype=np.int64)
-    by_step = _order(df, by_step=True)
+    by_step = _order(df, by_step=True, base=base)
     gk_s, op_s = df["group_key"].astype(str), df["op"].astype(str)  # (factorized as they are below)
     gk, op = gk_s.to_numpy(), op_s.to_numpy()
     unmatched_p2p = p2p & ((peer < 0) | ~np.isin(op, ("send", "recv")))
