@@ -194,13 +194,17 @@ def _parent_fields(events: pa.Table, kmask: np.ndarray, need: np.ndarray | None 
 
     if need is not None and not need.any():  # nothing to look up: every kernel reads as having no such op
         n = int(kmask.sum())
+
+        def no_ints() -> pd.api.extensions.ExtensionArray:  # all <NA> (without a Python list to convert)
+            return pd.arrays.IntegerArray(np.zeros(n, dtype=np.int64), np.ones(n, dtype=bool))
+
         return pd.DataFrame(
             {
                 "parent_op": pd.Series([None] * n, dtype=object),
-                "parent_in_nelems": pd.array([None] * n, dtype="Int64"),
-                "parent_out_nelems": pd.array([None] * n, dtype="Int64"),
+                "parent_in_nelems": no_ints(),
+                "parent_out_nelems": no_ints(),
                 "parent_dtype": pd.Series([None] * n, dtype=object),
-                "parent_ts_ns": pd.array([None] * n, dtype="Int64"),
+                "parent_ts_ns": no_ints(),
             }
         )
     q = _queries(events)  # the launch queries once for the lookups below
