@@ -57,6 +57,9 @@ from tracelens.analyze.frame_cells import (
 from tracelens.analyze.frame_cells import (
     str_objects as _str_objects,
 )
+from tracelens.analyze.frame_cells import (
+    string_series as _string_series,
+)
 from tracelens.analyze.wait_split import EXPOSED_SPLIT as EXPOSED_SPLIT
 from tracelens.analyze.wait_split import exposed_split as exposed_split
 from tracelens.findings import finding
@@ -145,10 +148,11 @@ def _to_coll_table(df: pd.DataFrame) -> pa.Table:
             continue
         vals = df[f.name]
         if pa.types.is_dictionary(f.type):
-            obj = vals.astype(object).to_numpy()
             # once per distinct value (the column repeats a few names over every call): codes in order of
             # first appearance, as Arrow's dictionary_encode gives them; missing values null, never "nan"
-            codes, uniq = pd.factorize(obj)
+            # (a pandas string column as it is: the same codes and values as its Python str objects get)
+            codes, uniq = pd.factorize(vals if _string_series(vals) else vals.astype(object).to_numpy())
+            uniq = np.asarray(uniq, dtype=object)
             codes = np.asarray(codes, dtype=np.int32)
             null = codes < 0
             if pd.api.types.infer_dtype(uniq, skipna=True) in ("string", "empty"):
@@ -392,9 +396,14 @@ def collectives_from_events(events: pa.Table) -> pa.Table:
     df["source"] = "kineto"
     df["state"] = "completed"
     df["is_p2p"] = df["op"].isin(P2P_OPS)
-    df["peer"] = np.where(
-        df["op"] == "send", df["dst_rank"], np.where(df["op"] == "recv", df["src_rank"], None)
-    )
+    dst, src = df["dst_rank"], df["src_rank"]
+    if isinstance(dst.dtype, pd.Int64Dtype) and isinstance(src.dtype, pd.Int64Dtype):
+        # (the values below as nullable ints, without an object a row: what they convert to in the table)
+        none = pd.Series(pd.arrays.IntegerArray(np.zeros(len(df), np.int64), np.ones(len(df), bool)))
+        none.index = df.index
+        df["peer"] = dst.where(df["op"] == "send", src.where(df["op"] == "recv", none))
+    else:
+        df["peer"] = np.where(df["op"] == "send", dst, np.where(df["op"] == "recv", src, None))
     df["bytes"] = _nbytes(df)
     df["group_size"] = df["group_size"].where(
         ~df["group_size"].isna(),
