@@ -389,7 +389,9 @@ def collectives_from_events(events: pa.Table) -> pa.Table:
     if not parts:
         return _empty_coll()
     df = pd.concat(parts, ignore_index=True)
-    df = df[~df["op"].isna() & ~df["start_ns"].isna()].copy()
+    keep = ~df["op"].isna() & ~df["start_ns"].isna()
+    if not keep.all():  # (copy-on-write: the columns set below do not touch `parts`)
+        df = df[keep]
     df["pg_ranks"] = _ranks_tuples(df["pg_ranks"]).tolist() if "pg_ranks" in df else None
     if df.empty:
         return _empty_coll()
@@ -409,7 +411,9 @@ def collectives_from_events(events: pa.Table) -> pa.Table:
         ~df["group_size"].isna(),
         _per_distinct(lambda v: len(v) if v is not None else None, df["pg_ranks"]).tolist(),
     )
-    df = df.sort_values(["rank", "start_ns"], kind="stable").reset_index(drop=True)
+    df = df.reset_index(drop=True)
+    if not _sorted_by_rank_start(df):  # (a stable sort of rows already in that order leaves them as they are)
+        df = df.sort_values(["rank", "start_ns"], kind="stable").reset_index(drop=True)
     df["order"] = _order(df)
     return _to_coll_table(df)
 
