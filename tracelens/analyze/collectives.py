@@ -24,6 +24,7 @@ from tracelens.analyze.clock import ClockResult as ClockResult
 from tracelens.analyze.clock import clock_domains as clock_domains
 from tracelens.analyze.clock import clock_findings as clock_findings
 from tracelens.analyze.clock import clock_offsets as clock_offsets
+from tracelens.analyze.dictcol import columns, sharing
 from tracelens.analyze.frame_cells import (
     int64_array as _int64_array,
 )
@@ -365,18 +366,30 @@ def _cpu_rows(
     return m
 
 
+def _is_rpc(v: str) -> int:
+    return int(v == "record_param_comms")
+
+
+def _is_comm_kernel(v: str) -> int:
+    return int(family_of_kernel(v) is not None)
+
+
 def collectives_from_events(events: pa.Table) -> pa.Table:
     """One schema.COLLECTIVES row per (rank, collective call) found in an events table (source = "kineto")."""
     if events.num_rows == 0:
         return _empty_coll()
+    if columns(events) is columns(events):  # (already shared by the caller)
+        return _from_events(events)
+    with sharing(events):  # the kind and name columns decoded once (here, in `gpu_ranks`, the launch links)
+        return _from_events(events)
+
+
+def _from_events(events: pa.Table) -> pa.Table:
     name = events.column("name")
-    kinds = events.column("kind")
-    kind = {
-        k: _dict_lookup(kinds, lambda v, k=k: int(v == k)).astype(bool)
-        for k in ("kernel", "cpu_op", "user_annotation")
-    }
-    kind["rpc"] = kind["cpu_op"] & _dict_lookup(name, lambda v: int(v == "record_param_comms")).astype(bool)
-    name_is_comm = _dict_lookup(name, lambda v: int(family_of_kernel(v) is not None)).astype(bool)
+    cols = columns(events)
+    kind = {k: cols.kinds(k) for k in ("kernel", "cpu_op", "user_annotation")}
+    kind["rpc"] = kind["cpu_op"] & cols.flag("name", _is_rpc)
+    name_is_comm = cols.flag("name", _is_comm_kernel)
     all_ranks = np.unique(events.column("rank").to_numpy(zero_copy_only=False))
     g_ranks = np.array(sorted(gpu_ranks(events)), dtype=all_ranks.dtype)
     c_ranks = np.setdiff1d(all_ranks, g_ranks)
