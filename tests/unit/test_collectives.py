@@ -169,6 +169,23 @@ def test_match_by_order_without_seq_and_count_mismatch():
     assert f2[0]["ranks"] == [0] and "rank 0 issued 3 while its peers issued 4" in f2[0]["message"]
 
 
+def test_agreement_check_sees_both_kinds_of_mismatch():
+    g = (0, 1, 2)
+    rows = [nccl(r, 100 * k + r, 50, ranks=g) for r in g for k in range(3)]
+    df, findings = C.match_with_findings(C.collectives_from_events(events_table(rows)))
+    cols = ["instance", "op", "rank", "seq", "group_key"]
+    assert findings == [] and C._agree(df[cols])
+    extra = rows + [nccl(1, 900, 50, ranks=g)]  # a count mismatch
+    df, findings = C.match_with_findings(C.collectives_from_events(events_table(extra)))
+    assert not C._agree(df[cols]) and [f["severity"] for f in findings] == ["warning"]
+    seq = [nccl(r, 100 * s + r, 50, seq=s) for r in (0, 1) for s in (1, 2)]
+    df, _ = C.match_with_findings(C.collectives_from_events(events_table(seq)))
+    assert C._agree(df[cols])
+    other = df[cols].assign(op=["allreduce"] * (len(df) - 1) + ["allgather"])  # an instance with two ops
+    assert not C._agree(other)
+    assert not C._agree(df[cols].assign(op=[None] + ["allreduce"] * (len(df) - 1)))  # null: pandas decides
+
+
 def test_p2p_matched_by_src_dst_order():
     k = "ncclDevKernel_SendRecv"
     rows = [
@@ -421,6 +438,11 @@ def test_list_tuples_matches_per_row_tuples():
     assert got.dtype == object
     assert list(got) == [(0, 1), None, (), (0, 1), (3,), (0, 1), None]
     assert all(type(x) is int for t in got if t for x in t)
+    # a slice (offsets into a longer values buffer) and wider / narrower element types: the same lists
+    wide = pa.array([[9], [2**40, -1], None, [], [2**40, -1], [7, 7]], pa.list_(pa.int64())).slice(1, 4)
+    assert list(FC.list_tuples(wide)) == [(2**40, -1), None, (), (2**40, -1)]
+    narrow = pa.array([[1, 2], [0, 1], [1, 2], [2, 1]], pa.list_(pa.uint8()))
+    assert list(FC.list_tuples(narrow)) == [(1, 2), (0, 1), (1, 2), (2, 1)]
     # null items inside a list: the per-row path
     odd = pa.array([[1, None], [2]], pa.list_(pa.int64()))
     assert list(FC.list_tuples(odd)) == [(1, None), (2,)]

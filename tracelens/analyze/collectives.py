@@ -24,6 +24,7 @@ from tracelens.analyze.clock import ClockResult as ClockResult
 from tracelens.analyze.clock import clock_domains as clock_domains
 from tracelens.analyze.clock import clock_findings as clock_findings
 from tracelens.analyze.clock import clock_offsets as clock_offsets
+from tracelens.analyze.dictcol import columns, sharing
 from tracelens.analyze.frame_cells import (
     int64_array as _int64_array,
 )
@@ -56,6 +57,9 @@ from tracelens.analyze.frame_cells import (
 )
 from tracelens.analyze.frame_cells import (
     str_objects as _str_objects,
+)
+from tracelens.analyze.frame_cells import (
+    string_series as _string_series,
 )
 from tracelens.analyze.wait_split import EXPOSED_SPLIT as EXPOSED_SPLIT
 from tracelens.analyze.wait_split import exposed_split as exposed_split
@@ -145,10 +149,11 @@ def _to_coll_table(df: pd.DataFrame) -> pa.Table:
             continue
         vals = df[f.name]
         if pa.types.is_dictionary(f.type):
-            obj = vals.astype(object).to_numpy()
             # once per distinct value (the column repeats a few names over every call): codes in order of
             # first appearance, as Arrow's dictionary_encode gives them; missing values null, never "nan"
-            codes, uniq = pd.factorize(obj)
+            # (a pandas string column as it is: the same codes and values as its Python str objects get)
+            codes, uniq = pd.factorize(vals if _string_series(vals) else vals.astype(object).to_numpy())
+            uniq = np.asarray(uniq, dtype=object)
             codes = np.asarray(codes, dtype=np.int32)
             null = codes < 0
             if pd.api.types.infer_dtype(uniq, skipna=True) in ("string", "empty"):
@@ -194,13 +199,17 @@ def _parent_fields(events: pa.Table, kmask: np.ndarray, need: np.ndarray | None 
 
     if need is not None and not need.any():  # nothing to look up: every kernel reads as having no such op
         n = int(kmask.sum())
+
+        def no_ints() -> pd.api.extensions.ExtensionArray:  # all <NA> (without a Python list to convert)
+            return pd.arrays.IntegerArray(np.zeros(n, dtype=np.int64), np.ones(n, dtype=bool))
+
         return pd.DataFrame(
             {
                 "parent_op": pd.Series([None] * n, dtype=object),
-                "parent_in_nelems": pd.array([None] * n, dtype="Int64"),
-                "parent_out_nelems": pd.array([None] * n, dtype="Int64"),
+                "parent_in_nelems": no_ints(),
+                "parent_out_nelems": no_ints(),
                 "parent_dtype": pd.Series([None] * n, dtype=object),
-                "parent_ts_ns": pd.array([None] * n, dtype="Int64"),
+                "parent_ts_ns": no_ints(),
             }
         )
     q = _queries(events)  # the launch queries once for the lookups below
@@ -357,18 +366,30 @@ def _cpu_rows(
     return m
 
 
+def _is_rpc(v: str) -> int:
+    return int(v == "record_param_comms")
+
+
+def _is_comm_kernel(v: str) -> int:
+    return int(family_of_kernel(v) is not None)
+
+
 def collectives_from_events(events: pa.Table) -> pa.Table:
     """One schema.COLLECTIVES row per (rank, collective call) found in an events table (source = "kineto")."""
     if events.num_rows == 0:
         return _empty_coll()
+    if columns(events) is columns(events):  # (already shared by the caller)
+        return _from_events(events)
+    with sharing(events):  # the kind and name columns decoded once (here, in `gpu_ranks`, the launch links)
+        return _from_events(events)
+
+
+def _from_events(events: pa.Table) -> pa.Table:
     name = events.column("name")
-    kinds = events.column("kind")
-    kind = {
-        k: _dict_lookup(kinds, lambda v, k=k: int(v == k)).astype(bool)
-        for k in ("kernel", "cpu_op", "user_annotation")
-    }
-    kind["rpc"] = kind["cpu_op"] & _dict_lookup(name, lambda v: int(v == "record_param_comms")).astype(bool)
-    name_is_comm = _dict_lookup(name, lambda v: int(family_of_kernel(v) is not None)).astype(bool)
+    cols = columns(events)
+    kind = {k: cols.kinds(k) for k in ("kernel", "cpu_op", "user_annotation")}
+    kind["rpc"] = kind["cpu_op"] & cols.flag("name", _is_rpc)
+    name_is_comm = cols.flag("name", _is_comm_kernel)
     all_ranks = np.unique(events.column("rank").to_numpy(zero_copy_only=False))
     g_ranks = np.array(sorted(gpu_ranks(events)), dtype=all_ranks.dtype)
     c_ranks = np.setdiff1d(all_ranks, g_ranks)
@@ -381,22 +402,31 @@ def collectives_from_events(events: pa.Table) -> pa.Table:
     if not parts:
         return _empty_coll()
     df = pd.concat(parts, ignore_index=True)
-    df = df[~df["op"].isna() & ~df["start_ns"].isna()].copy()
+    keep = ~df["op"].isna() & ~df["start_ns"].isna()
+    if not keep.all():  # (copy-on-write: the columns set below do not touch `parts`)
+        df = df[keep]
     df["pg_ranks"] = _ranks_tuples(df["pg_ranks"]).tolist() if "pg_ranks" in df else None
     if df.empty:
         return _empty_coll()
     df["source"] = "kineto"
     df["state"] = "completed"
     df["is_p2p"] = df["op"].isin(P2P_OPS)
-    df["peer"] = np.where(
-        df["op"] == "send", df["dst_rank"], np.where(df["op"] == "recv", df["src_rank"], None)
-    )
+    dst, src = df["dst_rank"], df["src_rank"]
+    if isinstance(dst.dtype, pd.Int64Dtype) and isinstance(src.dtype, pd.Int64Dtype):
+        # (the values below as nullable ints, without an object a row: what they convert to in the table)
+        none = pd.Series(pd.arrays.IntegerArray(np.zeros(len(df), np.int64), np.ones(len(df), bool)))
+        none.index = df.index
+        df["peer"] = dst.where(df["op"] == "send", src.where(df["op"] == "recv", none))
+    else:
+        df["peer"] = np.where(df["op"] == "send", dst, np.where(df["op"] == "recv", src, None))
     df["bytes"] = _nbytes(df)
     df["group_size"] = df["group_size"].where(
         ~df["group_size"].isna(),
         _per_distinct(lambda v: len(v) if v is not None else None, df["pg_ranks"]).tolist(),
     )
-    df = df.sort_values(["rank", "start_ns"], kind="stable").reset_index(drop=True)
+    df = df.reset_index(drop=True)
+    if not _sorted_by_rank_start(df):  # (a stable sort of rows already in that order leaves them as they are)
+        df = df.sort_values(["rank", "start_ns"], kind="stable").reset_index(drop=True)
     df["order"] = _order(df)
     return _to_coll_table(df)
 
@@ -415,16 +445,27 @@ def _group_key(df: pd.DataFrame) -> pd.Series:
     return pd.Series(keys.astype(str), index=df.index)
 
 
-def _order(df: pd.DataFrame, by_step: bool = False) -> np.ndarray:
+def _order_cols(df: pd.DataFrame) -> list[str]:
+    """The columns whose values make `_order`'s key (its step aside)."""
+    return ["is_p2p", "op", "peer"] + (["group_key"] if "group_key" in df else ["pg_name", "pg_ranks"])
+
+
+def _order_base(df: pd.DataFrame) -> np.ndarray:
+    """`_order`'s key codes without the step (what both of its variants start from)."""
+    return _row_codes(*(df[c] for c in _order_cols(df)))
+
+
+def _order(df: pd.DataFrame, by_step: bool = False, base: np.ndarray | None = None) -> np.ndarray:
     """0-based position among this rank's calls of the same op in the same group (p2p: with the same peer);
     `by_step`: counted within each profiler step, so a call missing from one rank's trace (cut at the edge
-    of the profiling window) shifts the matching of that step only."""
+    of the profiling window) shifts the matching of that step only. `base`: `_order_base(df)`, when the
+    caller has it (codes of the same tuples: the rows fall into the same keys, in the same order)."""
     # the key strings once per distinct tuple of their parts (first row of each), not for every row
-    cols = [df["is_p2p"], df["op"], df["peer"]]
-    cols += [df["group_key"]] if "group_key" in df else [df["pg_name"], df["pg_ranks"]]
-    parts = _row_codes(*cols, *([df["step"]] if by_step else []))
+    if base is None:
+        base = _order_base(df)
+    parts = _row_codes(base, df["step"]) if by_step else base
     _, f = np.unique(parts, return_index=True)
-    rep = df.iloc[f]
+    rep = df[_order_cols(df) + (["step"] if by_step else [])].iloc[f]  # (only the key's columns)
     key = rep["group_key"].astype(str) if "group_key" in rep else _group_key(rep)
     peer = rep["peer"].astype("Float64").fillna(-1).astype(int).astype(str)
     k = np.where(
@@ -605,7 +646,8 @@ def match_with_findings(
     df["peer"] = _infer_peers(df, candidates).astype("Int64")
     if not _sorted_by_rank_start(df):  # (the extraction's tables are: no copy then)
         df = df.sort_values(["rank", "start_ns"], kind="stable").reset_index(drop=True)
-    df["order"] = _order(df)
+    base = _order_base(df)  # (both orders below group the rows by these columns)
+    df["order"] = _order(df, base=base)
     p2p = df["is_p2p"].astype(bool).to_numpy()
     is_send = (df["op"] == "send").to_numpy()
     rank = df["rank"].astype("int64").to_numpy()
@@ -615,7 +657,7 @@ def match_with_findings(
     has_seq = ~df["seq"].isna().to_numpy()
     seq_v = df["seq"].fillna(-1).astype("int64").to_numpy()
     step_v = df["step"].astype("Int64").fillna(-1).to_numpy(dtype=np.int64)
-    by_step = _order(df, by_step=True)
+    by_step = _order(df, by_step=True, base=base)
     gk_s, op_s = df["group_key"].astype(str), df["op"].astype(str)  # (factorized as they are below)
     gk, op = gk_s.to_numpy(), op_s.to_numpy()
     unmatched_p2p = p2p & ((peer < 0) | ~np.isin(op, ("send", "recv")))
@@ -686,7 +728,7 @@ def _mismatches(df: pd.DataFrame) -> list[dict[str, Any]]:
     issued different numbers of the same collective."""
     out: list[dict[str, Any]] = []
     coll = df.loc[~df["is_p2p"].astype(bool), ["instance", "op", "rank", "seq", "group_key"]]
-    if coll.empty:
+    if coll.empty or _agree(coll):
         return out
     nops = coll.groupby("instance")["op"].nunique()
     bad = nops[nops > 1].index
@@ -726,6 +768,27 @@ def _mismatches(df: pd.DataFrame) -> list[dict[str, Any]]:
                 )
             )
     return out
+
+
+def _agree(coll: pd.DataFrame) -> bool:
+    """True when `_mismatches` has nothing to report, decided on integer codes (the usual case, without
+    pandas' groupby over the string keys): every instance has one op, and in every (group, kind) cell all
+    ranks issued the same number of calls. False (look with pandas) when some key is null."""
+    op, rank, gk = coll["op"], coll["rank"], coll["group_key"]
+    if op.isna().any() or rank.isna().any() or gk.isna().any() or coll["instance"].isna().any():
+        return False
+    inst = coll["instance"].astype("int64").to_numpy()
+    op_c = _row_codes(op)
+    pair = _row_codes(inst, op_c)  # (instance, op) pairs: one per instance when every instance has one op
+    if np.unique(pair).size != np.unique(inst).size:
+        return False
+    kind = op.astype(str).where(coll["seq"].isna(), "collectives")  # (as below)
+    cell = _row_codes(gk, kind)  # (group, kind)
+    grc = _row_codes(cell, rank.astype("int64").to_numpy())  # (group, kind, rank)
+    n = np.bincount(grc)
+    _, first = np.unique(grc, return_index=True)
+    per_cell = _row_codes(cell[first], n)  # (cell, count) pairs: one per cell when its ranks agree
+    return bool(np.unique(per_cell).size == np.unique(cell).size)
 
 
 def match(coll: pa.Table, metadata: pa.Table | None = None) -> pa.Table:

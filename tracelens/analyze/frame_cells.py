@@ -34,7 +34,7 @@ def str_objects(col: pa.ChunkedArray | pa.Array, rows: np.ndarray | None = None)
 
 def rows_frame(events: pa.Table, mask: np.ndarray, cols: tuple[str, ...]) -> pd.DataFrame:
     """The masked rows of `cols` as a DataFrame with plain (non-categorical) values."""
-    sub = events.filter(pa.array(mask)).select(list(cols))
+    sub = events.select(list(cols)).filter(pa.array(mask))  # (only the columns asked for are copied)
     out = {}
     for name in cols:
         col = sub.column(name)
@@ -173,13 +173,19 @@ def list_tuples(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
     arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
     if len(arr) == 0 or arr.flatten().null_count or not pa.types.is_integer(arr.type.value_type):
         return objects(tuple(v) if v is not None else None for v in arr.to_pylist())
-    import pyarrow.compute as pc
-
-    joined = pc.binary_join(arr.cast(pa.list_(pa.string())), ",").dictionary_encode()
-    idx = joined.indices.to_numpy(zero_copy_only=False)
-    idx = np.where(joined.is_null().to_numpy(zero_copy_only=False), -1, np.nan_to_num(idx)).astype(np.int64)
+    # each list's elements as one binary cell (its bytes in the values buffer: equal bytes, equal lists),
+    # dictionary-encoded: a tuple per distinct list, without turning every element into text
+    vals = np.ascontiguousarray(arr.values.to_numpy(zero_copy_only=False))
+    offs = arr.offsets.to_numpy(zero_copy_only=False).astype(np.int64) * vals.itemsize
+    raw = pa.Array.from_buffers(
+        pa.large_binary(), len(arr), [None, pa.py_buffer(offs), pa.py_buffer(vals.view(np.uint8))]
+    )
+    enc = raw.dictionary_encode()
+    idx = enc.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    idx = np.where(arr.is_null().to_numpy(zero_copy_only=False), -1, idx)
     conv = objects(
-        [tuple(int(x) for x in t.split(",")) if t else () for t in joined.dictionary.to_pylist()] + [None]
+        [tuple(int(x) for x in np.frombuffer(b, dtype=vals.dtype)) for b in enc.dictionary.to_pylist()]
+        + [None]
     )
     out: np.ndarray = conv[idx]
     return out
