@@ -15,6 +15,7 @@ from tracelens import schema
 from tracelens._testing import events_table, table_from_rows
 from tracelens.analyze import collectives as C
 from tracelens.analyze import frame_cells as FC
+from tracelens.analyze import wait_transfer as WT
 from tracelens.analyze.breakdown import breakdown, class_sets
 
 
@@ -239,7 +240,7 @@ def test_wait_transfer_skew_blame_and_busbw():
         for r, a in enumerate((0, 10, 30))
     ]
     df, _ = C.match_with_findings(C.collectives_from_events(events_table(rows)))
-    w = C.wait_transfer(df, {0: 0, 1: 0, 2: 0}).sort_values("rank")
+    w = WT.wait_transfer(df, {0: 0, 1: 0, 2: 0}).sort_values("rank")
     assert w["transfer_ns"].tolist() == [20_000] * 3
     assert w["wait_ns"].tolist() == [30_000, 20_000, 0]
     assert w["arrival_skew_ns"].tolist() == [30_000] * 3
@@ -255,7 +256,7 @@ def test_wait_transfer_uses_aligned_starts():
     # rank 1's clock is 1 ms ahead: raw starts say it arrived late, aligned starts say it arrived first
     rows = [nccl(0, 10_000, 20_000, seq=1), nccl(1, 1_000_000 + 5_000, 25_000, seq=1)]
     df, _ = C.match_with_findings(C.collectives_from_events(events_table(rows)))
-    w = C.wait_transfer(df, {0: 0, 1: 1_000_000}).sort_values("rank")
+    w = WT.wait_transfer(df, {0: 0, 1: 1_000_000}).sort_values("rank")
     assert w["is_last"].tolist() == [True, False]
     assert w["wait_ns"].tolist() == [0, 5_000] and w["transfer_ns"].tolist() == [20_000] * 2
 
@@ -346,7 +347,7 @@ def test_exposed_split_adds_up_exactly():
     sets = class_sets(ev)
     bd = breakdown(ev, sets=sets)
     df, _ = C.match_with_findings(C.collectives_from_events(ev))
-    df = C.wait_transfer(df, {0: 0, 1: 0})
+    df = WT.wait_transfer(df, {0: 0, 1: 0})
     split = C.exposed_split(df, bd, sets).to_pylist()
     got = {r["rank"]: r for r in split}
     assert got[0]["exposed_comm_ns"] == 170 and got[0]["exposed_wait_ns"] == 120
@@ -414,7 +415,7 @@ def test_wait_transfer_invariants(instances):
         for r, (arrive, dur) in enumerate(parts):
             rows.append(nccl(r, arrive, dur, seq=seq, ranks=ranks))
     df, _ = C.match_with_findings(C.collectives_from_events(events_table(rows)))
-    w = C.wait_transfer(df, {})
+    w = WT.wait_transfer(df, {})
     assert (w["wait_ns"] >= 0).all() and (w["transfer_ns"] >= 0).all()
     assert ((w["wait_ns"] + w["transfer_ns"]) == (w["end_ns"] - w["start_ns"]).astype("int64")).all()
     assert (w["arrival_skew_ns"] >= 0).all() and (w["blame_ns"] >= 0).all()

@@ -12,8 +12,9 @@ import pytest
 
 from tracelens._testing import events_table
 from tracelens.analyze.classify import COMM, COMPUTE, MEMORY, classify, comm_launched
-from tracelens.analyze.collectives import collectives_from_events, match_with_findings, wait_transfer
+from tracelens.analyze.collectives import collectives_from_events, match_with_findings
 from tracelens.analyze.launch_link import innermost_enclosing, link_launches
+from tracelens.analyze.wait_transfer import wait_transfer
 from tracelens.ingest import kineto
 from tracelens.ingest.comm_families import FAMILIES, family_of_kernel, sizes_from_shapes
 from tracelens.summary import collectives_dict
@@ -220,7 +221,7 @@ def test_skew_is_null_without_a_second_participant():
 
 
 def _table(df):
-    from tracelens.analyze.collectives import to_table
+    from tracelens.analyze.wait_transfer import to_table
 
     return to_table(df)
 

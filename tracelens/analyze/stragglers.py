@@ -29,6 +29,7 @@ from tracelens.analyze import intervals as iv
 from tracelens.analyze.breakdown import RankSets, class_sets
 from tracelens.analyze.breakdown import breakdown as _breakdown
 from tracelens.analyze.frame_cells import per_distinct
+from tracelens.analyze.wait_transfer import to_table, wait_transfer
 from tracelens.findings import finding
 
 CAUSES = ("compute", "host", "communication")
@@ -615,7 +616,7 @@ def analyze_cross_rank(
     df, findings = C.match_with_findings(coll, metadata)
     clock = C.clock_offsets(df, metadata)
     findings += C.clock_findings(clock, cfg.clock_skew_ns)
-    df = C.wait_transfer(df, clock.offsets_ns)
+    df = wait_transfer(df, clock.offsets_ns)
     split = C.exposed_split(df, breakdown, sets)
     lag = arrival_lag(df)
     ranks = sorted(int(r) for r in np.unique(breakdown.column("rank").to_numpy(zero_copy_only=False)))
@@ -633,7 +634,7 @@ def analyze_cross_rank(
     stragglers, group_findings = group_verdicts(stragglers, df)
     findings += group_findings + _straggler_findings(stragglers)
     return CrossRankResult(
-        collectives=C.to_table(df),
+        collectives=to_table(df),
         offsets_ns=dict(clock.offsets_ns),
         exposed_split=split,
         arrival_lag=lag,
