@@ -404,7 +404,8 @@ def _fallback_last_reference(ev, is_comp, p2p, coll, marks):
 def test_fallback_last_and_pair_reduce_match_pandas(seed):
     # epoch-scale nanoseconds (above 2**53: a float64 compare differs from an int64 one) on random ranks,
     # steps and classes; seeds with every (rank, step) holding a P2P op and seeds with some lacking one
-    from tracelens.analyze.pipeline import _fallback_last, _pair_reduce
+    from tracelens.analyze.pipeline import _fallback_last
+    from tracelens.analyze.schedule_infer import pair_reduce
 
     rng = np.random.default_rng(seed)
     n = 3000
@@ -420,7 +421,7 @@ def test_fallback_last_and_pair_reduce_match_pandas(seed):
     coll = cls == 2
     ev = pd.DataFrame({"rank": rank, "step": step, "ts": ts, "end": end})
     sel = is_comp & (step >= 0)
-    marks = _pair_reduce(rank[sel], step[sel], first=(ts[sel], np.minimum), last=(end[sel], np.maximum))
+    marks = pair_reduce(rank[sel], step[sel], first=(ts[sel], np.minimum), last=(end[sel], np.maximum))
     want = ev[sel].groupby(["rank", "step"]).agg(first=("ts", "min"), last=("end", "max"))
     pd.testing.assert_frame_equal(marks, want, check_exact=True)
     got = _fallback_last(rank, step, ts, end, is_comp, p2p, coll, marks)

@@ -38,7 +38,7 @@ from tracelens.analyze.breakdown import breakdown as compute_breakdown
 from tracelens.analyze.classify import COMM, COMPUTE, classify
 from tracelens.analyze.composition import _runs, module_spans
 from tracelens.analyze.dictcol import columns, sharing
-from tracelens.analyze.schedule_infer import schedule_from_p2p, send_mask
+from tracelens.analyze.schedule_infer import pair_reduce, schedule_from_p2p, send_mask
 from tracelens.findings import finding
 from tracelens.topology import P2P_NAMES, Grid
 
@@ -111,26 +111,10 @@ def _p2p_mask(events: pa.Table) -> np.ndarray:
     return out
 
 
-def _pair_reduce(rank: np.ndarray, step: np.ndarray, **cols: tuple[np.ndarray, np.ufunc]) -> pd.DataFrame:
-    """`df.groupby(["rank", "step"]).agg(...)` of min / max reductions (`name=(values, np.minimum)`), the
-    same frame (index sorted, levels and values of the arrays' dtypes) from one sort and `reduceat`."""
-    if not rank.size:
-        df = pd.DataFrame({"rank": rank, "step": step, **{k: v for k, (v, _) in cols.items()}})
-        fn: dict[np.ufunc, str] = {np.minimum: "min", np.maximum: "max"}
-        return df.groupby(["rank", "step"]).agg(**{k: (k, fn[u]) for k, (_, u) in cols.items()})
-    o = np.lexsort((step, rank))
-    r, st = rank[o], step[o]
-    new = np.ones(o.size, bool)
-    new[1:] = (r[1:] != r[:-1]) | (st[1:] != st[:-1])
-    starts = np.flatnonzero(new)
-    idx = pd.MultiIndex.from_arrays([r[starts], st[starts]], names=["rank", "step"])
-    return pd.DataFrame({k: u.reduceat(v[o], starts) for k, (v, u) in cols.items()}, index=idx)
-
-
 def _pair_lookup(
     index: pd.MultiIndex, values: np.ndarray, rank: np.ndarray, step: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(value, found) of each (rank, step) row in a sorted, unique (rank, step) index (_pair_reduce's)."""
+    """(value, found) of each (rank, step) row in a sorted, unique (rank, step) index (pair_reduce's)."""
     out = np.zeros(rank.size, values.dtype)
     found = np.zeros(rank.size, bool)
     if not len(index) or not rank.size:
@@ -249,7 +233,7 @@ def _backward_marks(
     )
     if len(sp) and sp["backward"].any():
         b = (sp["backward"] & (sp["step"] >= 0)).to_numpy(bool)
-        out = _pair_reduce(
+        out = pair_reduce(
             sp["rank"].to_numpy()[b],
             sp["step"].to_numpy()[b],
             b_start=(sp["gpu_start_ns"].to_numpy()[b], np.minimum),
@@ -262,7 +246,7 @@ def _backward_marks(
         is_ag = columns(events).flag("name", _is_autograd_eval)
         sel = is_ag & np.isin(rank, cpu_ranks) & (step >= 0)
         if sel.any():
-            extra = _pair_reduce(
+            extra = pair_reduce(
                 rank[sel], step[sel], b_start=(ts[sel], np.minimum), b_end=(end[sel], np.maximum)
             )
             out = pd.concat([out, extra]) if len(out) else extra
@@ -341,11 +325,11 @@ def _analyze_pipeline(
 
     # ---- per (rank, step): own first forward start and last backward end ----
     sel = is_comp & (step >= 0)
-    marks = _pair_reduce(rank[sel], step[sel], first=(ts[sel], np.minimum), last=(end[sel], np.maximum))
+    marks = pair_reduce(rank[sel], step[sel], first=(ts[sel], np.minimum), last=(end[sel], np.maximum))
     bwd = _backward_marks(events, sp, sets, rank, step, ts, end)
     if len(sp) and (~sp["backward"]).any():
         f = (~sp["backward"] & (sp["step"] >= 0)).to_numpy(bool)
-        fwd = _pair_reduce(
+        fwd = pair_reduce(
             sp["rank"].to_numpy()[f],
             sp["step"].to_numpy()[f],
             f=(sp["gpu_start_ns"].to_numpy()[f], np.minimum),
@@ -564,15 +548,15 @@ def _fallback_last(
     sel = np.flatnonzero(p2p & valid)
     if not sel.size:
         return marks["last"]
-    last_p2p = _pair_reduce(rank[sel], step[sel], lp=(ts[sel], np.maximum))
+    last_p2p = pair_reduce(rank[sel], step[sel], lp=(ts[sel], np.maximum))
     c = np.flatnonzero(coll & valid)
     lp, found = _pair_lookup(last_p2p.index, last_p2p["lp"].to_numpy(), rank[c], step[c])
     c = c[_joined_cmp(ts[c], lp, found, np.greater_equal)]
-    first_coll = _pair_reduce(rank[c], step[c], fc=(ts[c], np.minimum))
+    first_coll = pair_reduce(rank[c], step[c], fc=(ts[c], np.minimum))
     k = np.flatnonzero(is_comp & valid)
     fc, found = _pair_lookup(first_coll.index, first_coll["fc"].to_numpy(), rank[k], step[k])
     k = k[~found | _joined_cmp(ts[k], fc, found, np.less)]
-    last = _pair_reduce(rank[k], step[k], end=(end[k], np.maximum))["end"]
+    last = pair_reduce(rank[k], step[k], end=(end[k], np.maximum))["end"]
     return last.reindex(marks.index).fillna(marks["last"]).astype(np.int64)
 
 

@@ -52,17 +52,20 @@ def send_mask(events: pa.Table) -> np.ndarray:
     return out
 
 
-def _first_per_pair(rank: np.ndarray, step: np.ndarray, ts: np.ndarray) -> pd.Series:
-    """`DataFrame({rank, step, ts}).groupby(["rank", "step"])["ts"].min()` from one sort and `reduceat`."""
+def pair_reduce(rank: np.ndarray, step: np.ndarray, **cols: tuple[np.ndarray, np.ufunc]) -> pd.DataFrame:
+    """`df.groupby(["rank", "step"]).agg(...)` of min / max reductions (`name=(values, np.minimum)`), the
+    same frame (index sorted, levels and values of the arrays' dtypes) from one sort and `reduceat`."""
     if not rank.size:
-        return pd.DataFrame({"rank": rank, "step": step, "ts": ts}).groupby(["rank", "step"])["ts"].min()
+        df = pd.DataFrame({"rank": rank, "step": step, **{k: v for k, (v, _) in cols.items()}})
+        fn: dict[np.ufunc, str] = {np.minimum: "min", np.maximum: "max"}
+        return df.groupby(["rank", "step"]).agg(**{k: (k, fn[u]) for k, (_, u) in cols.items()})
     o = np.lexsort((step, rank))
     r, st = rank[o], step[o]
     new = np.ones(o.size, bool)
     new[1:] = (r[1:] != r[:-1]) | (st[1:] != st[:-1])
     starts = np.flatnonzero(new)
     idx = pd.MultiIndex.from_arrays([r[starts], st[starts]], names=["rank", "step"])
-    return pd.Series(np.minimum.reduceat(ts[o], starts), index=idx, name="ts")
+    return pd.DataFrame({k: u.reduceat(v[o], starts) for k, (v, u) in cols.items()}, index=idx)
 
 
 def schedule_from_p2p(events: pa.Table, grid: Grid, p2p: np.ndarray) -> dict[str, Any] | None:
@@ -105,7 +108,7 @@ def schedule_from_p2p(events: pa.Table, grid: Grid, p2p: np.ndarray) -> dict[str
     # backward marks on the sends' own timeline (GPU kernels vs CPU ops: the CPU runs ahead of the GPU)
     tl = ("kernel", "gpu_user_annotation") if chosen == "kernel" else ("cpu_op", "user_annotation")
     bsel = np.flatnonzero(is_bwd & (step >= 0) & cols.kinds(*tl))
-    first_b = _first_per_pair(rank[bsel], step[bsel], ts[bsel])
+    first_b = pair_reduce(rank[bsel], step[bsel], ts=(ts[bsel], np.minimum))["ts"]
     total = v * m
     before_b: dict[int, int] = {}
     if len(first_b):
