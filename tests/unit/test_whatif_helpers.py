@@ -42,3 +42,15 @@ def test_per_rank_step_compute_and_factors_match_pandas(seed):
     far = {**factor_of, (10**9, 2): 0.5}  # a rank far away: the sorted lookup instead of the dense table
     ref = pd.Series(far, dtype=float).reindex(pd.MultiIndex.from_arrays([g.k_rank, g.k_step])).to_numpy()
     np.testing.assert_array_equal(W._factor_per_kernel(g, far), ref)
+
+
+def test_per_rank_step_compute_with_far_apart_steps():
+    # step numbers a billion apart: a dense (rank, step) table would not fit, the group-by answers instead
+    from tracelens.analyze import whatif as W
+
+    rng = np.random.default_rng(7)
+    g = _Kernels(rng, 2000, 8, [3, 10**9])
+    m = ~g.k_comm
+    want = pd.Series(g.k_dur[m]).groupby([g.k_rank[m], g.k_step[m]]).sum()
+    got = W._compute_sums(g)
+    pd.testing.assert_series_equal(got, want, check_exact=True, check_names=False)

@@ -80,6 +80,8 @@ def _compute_sums(g: Graph) -> pd.Series:
     lo = int(step.min())
     span = int(step.max()) - lo + 1
     r0 = int(rank.min())
+    if (int(rank.max()) - r0 + 1) * span > 4 * rank.size + (1 << 20):  # sparse pairs (far-apart step numbers)
+        return pd.Series(g.k_dur[m]).groupby([rank, step]).sum()
     pc = _pair_codes(rank - r0, step, lo, span)  # dense: 0 .. (ranks x steps), no sort needed
     seen = np.bincount(pc) > 0
     sums = np.bincount(pc, weights=g.k_dur[m].astype(np.float64))
