@@ -19,7 +19,7 @@ import re
 import numpy as np
 import pyarrow as pa
 
-from tracelens.analyze.dictcol import columns, dict_lookup
+from tracelens.analyze.dictcol import columns, dict_lookup, per_object
 from tracelens.ingest import comm_families
 
 # Other analyzers import the lookup from here: an assignment, so that it is exported (no_implicit_reexport).
@@ -126,9 +126,9 @@ def comm_launched(events: pa.Table) -> np.ndarray:
     """Device rows whose launch sits directly inside a communication cpu op (the innermost op around the
     launch is one: a copy kernel of an `aten::copy_` nested in `c10d::allgather_` is not). Computed once
     per table (launch_link's memo; the array is shared: read only)."""
-    from tracelens.analyze.launch_link import _memo, launch_parents
+    from tracelens.analyze.launch_link import launch_parents
 
-    memo = _memo(events)
+    memo = per_object(events)
     got = memo.get("comm_launched")
     if got is None:
         # the innermost op around the launch is a communication op (then it is also the innermost of those:

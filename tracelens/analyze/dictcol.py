@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -164,3 +165,27 @@ def sharing(events: pa.Table) -> Iterator[Columns]:
         yield cols
     finally:
         _SHARED.reset(token)
+
+
+#: per live object (by identity): results computed from it once (`per_object`).
+_PER_OBJECT: dict[int, tuple[weakref.ref[object], dict[str, object]]] = {}
+
+
+def per_object(obj: object) -> dict[str, object]:
+    """A dict of results computed from `obj` (an events table, a graph), kept while `obj` lives and dropped
+    with it. Callers store arrays there that they hand out read only. For the launch links
+    (`launch_link`, `classify.comm_launched`: asked for twice over one cross-rank table) and the what-if's
+    per (rank, step) compute (asked for once per finding over one graph)."""
+    key = id(obj)
+    got = _PER_OBJECT.get(key)
+    if got is not None and got[0]() is obj:
+        return got[1]
+
+    def drop(ref: weakref.ref[object], key: int = key) -> None:
+        cur = _PER_OBJECT.get(key)
+        if cur is not None and cur[0] is ref:
+            del _PER_OBJECT[key]
+
+    memo: dict[str, object] = {}
+    _PER_OBJECT[key] = (weakref.ref(obj, drop), memo)
+    return memo

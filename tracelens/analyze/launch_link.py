@@ -9,13 +9,12 @@ Vectorized: one sparse table of interval ends answers "innermost enclosing op" f
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 
-from tracelens.analyze.dictcol import columns
+from tracelens.analyze.dictcol import columns, per_object
 from tracelens.ingest.comm_families import is_comm_cpu_op
 
 
@@ -140,28 +139,6 @@ class _Queries:
     device: np.ndarray
 
 
-#: per live events table (by identity): its launch links, computed once. The cross-rank analysis asks for
-#: them twice over the same table (classify.comm_launched from the collectives' extraction and from the
-#: pipeline analysis' classify); an entry (8 bytes a row, 9 with comm_launched) goes with its table.
-_MEMO: dict[int, tuple[weakref.ref[pa.Table], dict[str, object]]] = {}
-
-
-def _memo(events: pa.Table) -> dict[str, object]:
-    key = id(events)
-    got = _MEMO.get(key)
-    if got is not None and got[0]() is events:
-        return got[1]
-
-    def drop(ref: weakref.ref[pa.Table], key: int = key) -> None:
-        cur = _MEMO.get(key)
-        if cur is not None and cur[0] is ref:
-            del _MEMO[key]
-
-    memo: dict[str, object] = {}
-    _MEMO[key] = (weakref.ref(events, drop), memo)
-    return memo
-
-
 def _queries(events: pa.Table) -> _Queries:
     """The launch queries of `events` (not kept: ~27 bytes a row, while the links they give are 8)."""
     cols = columns(events)
@@ -213,7 +190,7 @@ def enclosing_ops(events: pa.Table, mask: np.ndarray) -> np.ndarray:
 def link_launches(events: pa.Table) -> Launches:
     """Launching CPU op of every kernel / memcpy / memset (see the module docstring); computed once per
     table (the arrays are shared: read only)."""
-    memo = _memo(events)
+    memo = per_object(events)  # (the launch links, computed once per live table)
     got = memo.get("launches")
     if got is None:
         got = memo["launches"] = _link_launches(events)
@@ -240,7 +217,7 @@ def launch_parents(events: pa.Table) -> np.ndarray:
 
 def _parents(events: pa.Table) -> tuple[np.ndarray, np.ndarray]:
     """(the launching op of every row, as `Launches.parent`; the rows linked through their External id)."""
-    memo = _memo(events)
+    memo = per_object(events)  # (the launch links, computed once per live table)
     got = memo.get("parents")
     if got is None:
         got = memo["parents"] = _build_parents(events)

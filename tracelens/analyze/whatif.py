@@ -17,7 +17,6 @@ Plus the combined "all fixed". Savings are mean step time before minus after, ov
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable, Iterable
 from functools import partial
 from typing import Any
@@ -26,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from tracelens.analyze.critical_path import NEG, CriticalPath, Graph, mean_step_ns, replay
+from tracelens.analyze.dictcol import per_object
 
 
 class Change:
@@ -54,21 +54,16 @@ def _pair_codes(rank: np.ndarray, step: np.ndarray, lo: int, span: int) -> np.nd
     return out
 
 
-#: the last graph's _per_rank_step_compute: (weak reference to the graph, result); what-if asks for it
-#: once per stage finding and fix, over the same graph
-_COMPUTE_MEMO: list[Any] = [None, None]
-
-
 def _per_rank_step_compute(g: Graph) -> pd.Series:
     """Compute-kernel time per (rank, step), index sorted (as a group-by on the two keys gives it): one
     sort of pair codes and a bincount, not a group-by over every kernel (durations are whole ns, so the
-    sums are exact either way). Callers only read the result (a copy is handed out)."""
-    ref = _COMPUTE_MEMO[0]
-    if ref is not None and ref() is g:
-        out: pd.Series = _COMPUTE_MEMO[1].copy()
-        return out
-    out = _compute_sums(g)
-    _COMPUTE_MEMO[:] = [weakref.ref(g), out.copy()]
+    sums are exact either way). Computed once per graph (what-if asks for it once per stage finding and
+    fix); callers only read the result (a copy is handed out)."""
+    memo = per_object(g)
+    got = memo.get("rank_step_compute")
+    if got is None:
+        got = memo["rank_step_compute"] = _compute_sums(g)
+    out: pd.Series = got.copy()  # type: ignore[attr-defined]
     return out
 
 
