@@ -139,8 +139,7 @@ def _steps_per_rank(analysis, ranks: list[int], inst: pd.DataFrame) -> dict[int,
     bd = analysis.breakdown
     if bd is not None and bd.num_rows:
         df = bd.select(["rank", "step"]).to_pandas().dropna()
-        for r, g in df.groupby("rank"):
-            out[int(r)] = int(g["step"].nunique())
+        out = {int(r): int(n) for r, n in df.groupby("rank")["step"].nunique().items()}
     for r in ranks:
         if not out.get(r):  # no steps: the whole trace is one "step"
             n = int(inst.loc[inst["rank"] == r, "step"].nunique()) if not inst.empty else 0

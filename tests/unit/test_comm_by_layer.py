@@ -333,3 +333,35 @@ def test_grouping_per_type_op_rank_matches_pandas():
     assert per["calls"].tolist() == calls.tolist() and per["inspan"].tolist() == inspan.tolist()
     assert per["bytes"].tolist() == byt.tolist() and per["dur"].tolist() == dur.tolist()
     assert per["sized"].tolist() == sized.tolist()
+
+
+def _brute_last_at_or_before(sr, ss, c_rank, t):
+    """Reference: for each call, the largest index k with (sr[k], ss[k]) <= (rank, t) in (rank, time) order."""
+    out = []
+    for r, x in zip(c_rank, t):
+        k = -1
+        for j, (a, b) in enumerate(zip(sr, ss)):
+            if (a, b) <= (r, x):
+                k = j
+        out.append(k)
+    return np.array(out)
+
+
+@given(st.data())
+@settings(max_examples=60, deadline=None)
+def test_last_span_at_or_before_both_paths(data):
+    """The one-key search and the merge fallback (times too far apart for one int64 key) agree with brute force."""
+    from tracelens.analyze.comm_by_layer import _last_at_or_before
+
+    far = data.draw(st.booleans())
+    hi = 2**62 if far else 50
+    n = data.draw(st.integers(1, 12))
+    sr = np.sort(np.array(data.draw(st.lists(st.integers(0, 3), min_size=n, max_size=n)), np.int64))
+    ss = np.array(data.draw(st.lists(st.integers(0, hi), min_size=n, max_size=n)), np.int64)
+    o = np.lexsort((ss, sr))
+    sr, ss = sr[o], ss[o]
+    m = data.draw(st.integers(1, 12))
+    cr = np.array(data.draw(st.lists(st.integers(0, 4), min_size=m, max_size=m)), np.int64)
+    ct = np.array(data.draw(st.lists(st.integers(0, hi), min_size=m, max_size=m)), np.int64)
+    got = _last_at_or_before(sr, ss, cr, ct)
+    assert got.tolist() == _brute_last_at_or_before(sr, ss, cr, ct).tolist()

@@ -122,27 +122,45 @@ def _enclosing_type(
             rows = grp[lo:hi]  # the rank's spans in their original order
             a, b = np.searchsorted(sr, r, "left"), np.searchsorted(sr, r, "right")
             o[a:b] = rows[np.argsort(starts[rows])]
-    sr, ss, se, sm = s_rank[o], starts[o], ends[o], mods[o]
-    # i: the last span of the call's rank starting at or before t (a merge of spans and calls by
-    # (rank, time), spans first on equal times), -1 below the rank's first span
-    n_s = sr.size
-    key_r = np.concatenate([sr, c_rank])
-    key_t = np.concatenate([ss, t])
-    is_call = np.concatenate([np.zeros(n_s, np.int64), np.ones(t.size, np.int64)])
-    m = np.lexsort((is_call, key_t, key_r))
-    spans_before = np.cumsum(is_call[m] == 0)
-    i = np.empty(t.size, np.int64)
-    i[m[is_call[m] == 1] - n_s] = spans_before[is_call[m] == 1] - 1
+    codes, names = pd.factorize(mods[o])  # (modules as integer codes: -1 for a missing one, as None)
+    sr, ss, se = s_rank[o], starts[o], ends[o]
+    # i: the last span of the call's rank starting at or before t, -1 below the rank's first span
     rank_lo = np.searchsorted(sr, c_rank, "left")  # the rank's first span
-    typ = np.full(t.size, None, dtype=object)
+    i = _last_at_or_before(sr, ss, c_rank, t)
+    found = np.full(t.size, -1, np.int64)  # module code of the enclosing span; -1: none (or no module)
     todo = np.ones(t.size, bool)
     for back in range(9):  # short walk back over (few) overlapping spans per call
         j = i - back
         ok = todo & (j >= rank_lo)
         ok[ok] = se[j[ok]] >= t[ok]
-        typ[ok] = sm[j[ok]]
+        found[ok] = codes[j[ok]]
         todo &= ~ok
+    typ = np.full(t.size, None, dtype=object)
+    has = found >= 0
+    typ[has] = np.asarray(names, dtype=object)[found[has]]
     return typ
+
+
+def _last_at_or_before(sr: np.ndarray, ss: np.ndarray, c_rank: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """Per call (rank `c_rank`, time `t`): index of the last span (sorted by rank, then start `ss`) of the
+    same rank that starts at or before t; the index before the rank's first span when there is none."""
+    lo = min(int(ss.min()), int(t.min()))
+    width = max(int(ss.max()), int(t.max())) - lo + 1
+    r_min = min(int(sr.min()), int(c_rank.min()))
+    n_r = max(int(sr.max()), int(c_rank.max())) - r_min + 1
+    if n_r * width < 2**62:  # one int64 key (rank, time): a single sorted search
+        s_key = (sr - r_min) * width + (ss - lo)
+        c_key = (c_rank - r_min) * width + (t - lo)
+        out: np.ndarray = np.searchsorted(s_key, c_key, "right") - 1
+        return out
+    # a merge of spans and calls by (rank, time), spans first on equal times
+    n_s = sr.size
+    is_call = np.concatenate([np.zeros(n_s, np.int64), np.ones(t.size, np.int64)])
+    m = np.lexsort((is_call, np.concatenate([ss, t]), np.concatenate([sr, c_rank])))
+    spans_before = np.cumsum(is_call[m] == 0)
+    out = np.empty(t.size, np.int64)
+    out[m[is_call[m] == 1] - n_s] = spans_before[is_call[m] == 1] - 1
+    return out
 
 
 def comm_by_layer_type(
