@@ -546,14 +546,14 @@ class Analysis:
 
     @cached_property
     def sized_collectives(self):
-        """cross.collectives (DataFrame); gloo sizes the trace lacks filled from the Flight Recorder (comm_by_layer.py)."""
+        """cross.collectives (DataFrame of the columns its readers use: `comm_by_type`, the summary's
+        collectives); gloo sizes the trace lacks filled from the Flight Recorder (comm_by_layer.py)."""
         if self.cross is None or self.cross.collectives.num_rows == 0:
             return None
-        from tracelens.analyze.comm_by_layer import sizes_from_flight_recorder
+        from tracelens.analyze.comm_by_layer import SIZED_COLUMNS, sizes_from_flight_recorder
 
-        # (pg_ranks, a list per row, is read by neither consumer: left out of the frame, it costs most)
         t = self.cross.collectives
-        df = t.drop_columns([c for c in ("pg_ranks",) if c in t.column_names]).to_pandas()
+        df = t.select([c for c in t.column_names if c in SIZED_COLUMNS]).to_pandas()
         return self._guarded(
             "collective sizes", lambda: sizes_from_flight_recorder(df, self.nccl.get("flight_recorder"))
         )

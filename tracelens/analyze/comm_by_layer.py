@@ -30,10 +30,30 @@ TOLERANCE_NS = 2_000_000
 LayerComm = dict[str, dict[str, dict[str, float | int | None]]]
 
 
+#: Collectives columns read by `comm_by_layer_type` and `summary.collectives_dict`, and those filled here.
+SIZED_COLUMNS = (
+    "rank",
+    "op",
+    "enqueue_ns",
+    "step",
+    "bytes",
+    "start_ns",
+    "end_ns",
+    "busbw_gbps",
+    "arrival_skew_ns",
+    "n_participants",
+    "in_nelems",
+    "out_nelems",
+    "dtype",
+    "pg_name",
+    "pg_desc",
+)
+
+
 def sizes_from_flight_recorder(coll: pd.DataFrame, fr: pa.Table | None) -> pd.DataFrame:
     """`coll` (collectives rows: rank, op, enqueue_ns, bytes...) with null sizes, dtype and group filled
     from the nearest Flight Recorder record of the same rank and op; a `size_source` column says which."""
-    out = coll.copy()
+    out = coll.copy(deep=False)  # (copy-on-write: the columns set here do not touch `coll`)
     out["size_source"] = np.where(out["bytes"].notna(), "trace", np.array(None)) if len(out) else []
     if fr is None or fr.num_rows == 0 or not len(out):
         return out
