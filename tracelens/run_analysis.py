@@ -469,12 +469,14 @@ class Analysis:
         if self.options.layer_pattern or st.spans_error:  # labels from the spans this analysis uses
             nodes = relabel(nodes, self.spans)
         cross = self.cross
+        stage_of = self.stage_of
+        st.release_pages()  # (the graph's build, the analysis' memory peak, reads no event)
         try:
             res = cp.analyze_critical_path(
                 nodes,
                 cross.collectives if cross is not None else None,
                 cross.offsets_ns if cross is not None else None,
-                self.stage_of,
+                stage_of,
                 syncs,
             )
             if res is not None and res.graph.dropped_instances:
@@ -503,14 +505,16 @@ class Analysis:
         if comp is not None and comp.layer_split:
             m = self.pipeline.microbatches if self.pipeline is not None else self.options.microbatches
             layer_ns = per_layer_ns(comp.per_stage_type_ms, list(comp.layer_split), m)
+        peers, stage_of = (self.cross.peers if self.cross is not None else None), self.stage_of
+        self.run.stages.release_pages()  # (the replays read no event)
         return (
             self._guarded(
                 "what-if",
                 lambda: what_if(
                     crit,
                     findings,
-                    peers_of=self.cross.peers if self.cross is not None else None,
-                    stage_of=self.stage_of,
+                    peers_of=peers,
+                    stage_of=stage_of,
                     heavy_stage=comp.heavy_stage if comp is not None else None,
                     layer_split=comp.layer_split if comp is not None else None,
                     suggested_split=comp.suggested_split if comp is not None else None,

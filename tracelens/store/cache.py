@@ -157,9 +157,12 @@ def read_parquet(p: Path) -> pa.Table:
 
 
 def read_ipc(p: Path) -> pa.Table:
-    """A whole Arrow IPC file, memory-mapped (raises OSError / ArrowException when missing or damaged)."""
+    """A whole Arrow IPC file, memory-mapped (raises OSError / ArrowException when missing or damaged); its
+    resident pages can be given back between uses (`store.pages.release`)."""
+    from tracelens.store import pages
+
     with pa.memory_map(str(p)) as src:
-        return pa.ipc.open_file(src).read_all()
+        return pages.track(pa.ipc.open_file(src).read_all(), src)
 
 
 def ipc_schema(p: Path) -> pa.Schema:

@@ -95,6 +95,13 @@ class Staged:
     # (nodes, syncs) read on each call instead of kept (the run memo's: `critical_inputs`)
     load_critical: Callable[[], tuple[pa.Table, pa.Table]] | None = field(default=None, repr=False)
 
+    def release_pages(self) -> None:
+        """Give back the resident pages of the memory-mapped cross-rank events (a run memo's: `store.pages`)
+        while a phase that reads none of them runs; they are read again from the file when next used."""
+        from tracelens.store import pages
+
+        pages.release(self.xevents)
+
     def critical_inputs(self) -> tuple[pa.Table, pa.Table]:
         """(nodes, syncs): kept in memory, or read from the run memo at each call (memory-mapped and not kept:
         at 1,024 ranks the nodes are ~180 MB, needed only while the critical path's graph is built)."""
