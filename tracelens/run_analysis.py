@@ -305,7 +305,12 @@ class Analysis:
         return self._guarded(
             "cross-rank analysis",
             lambda: analyze_cross_rank(
-                self._xevents, self.metadata, self.breakdown, stage_of=self.stage_of, sets=self.sets
+                self._xevents,
+                self.metadata,
+                self.breakdown,
+                stage_of=self.stage_of,
+                sets=self.sets,
+                collectives=self.run.stages.cross_collectives(),  # (the run memo's: not recomputed)
             ),
         )
 

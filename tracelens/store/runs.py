@@ -29,7 +29,7 @@ from tracelens.store.cache import RankParquet, ipc_schema, read_ipc
 from tracelens.store.stages import OPS, SETS, STAGE_VERSION, STORED_NODES, Staged, rank_sets, sets_rows
 
 #: Bump when what a memo holds changes (with STAGE_VERSION it is part of the key).
-RUN_MEMO_VERSION = "1"
+RUN_MEMO_VERSION = "2"
 _TIME_RANGES = pa.schema([("rank", pa.int32()), ("ts_ns", pa.int64()), ("dur_ns", pa.int64())])
 
 
@@ -60,6 +60,7 @@ def _schemas() -> dict[str, pa.Schema]:
         "sets": SETS,
         "nodes": STORED_NODES,
         "syncs": SYNCS,
+        "collectives": schema.COLLECTIVES,
     }
 
 
@@ -99,6 +100,7 @@ def write_run(entries: Sequence[RankParquet], meta: pa.Table, staged: Staged) ->
     tables["nodes"], tables["syncs"] = staged.critical_inputs()
     if staged.spans is not None:
         tables["spans"] = staged.spans
+    tables["collectives"] = _collectives(staged)
     with contextlib.suppress(OSError, pa.ArrowException):
         manifest = {
             "ranks": [e.rank for e in entries],
@@ -154,7 +156,18 @@ def read_run(entries: Sequence[RankParquet]) -> tuple[pa.Table, Staged] | None:
         idle_error=manifest.get("idle_error"),
         nodes_stepped=tuple(int(r) for r in manifest.get("nodes_stepped", ())),
         load_critical=_critical_loader(d),
+        collectives=t.get("collectives"),  # (absent: computing them failed; the analysis tries again)
     )
+
+
+def _collectives(staged: Staged) -> pa.Table | None:
+    """The collectives of the run's cross-rank events, computed now (the analysis takes them from the
+    `Staged`), or None when that fails on odd events: then the memo goes without them and the analysis
+    computes them itself, where the failure is reported as it would be without a memo."""
+    try:
+        return staged.cross_collectives()
+    except Exception:
+        return None
 
 
 #: Parts read when asked for, not when the memo is opened (`Staged.critical_inputs`).

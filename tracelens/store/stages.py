@@ -78,7 +78,8 @@ class Staged:
     all ranks (events schema, rank order, trace order within a rank); `idle`: IDLE rows of the ranks whose
     breakdown rows are kept (what `idle_breakdown` gives over all events and `breakdown`), or the first
     failure in `idle_error`; `nodes` / `syncs`: the critical path's inputs of all ranks (STORED_NODES, SYNCS),
-    `nodes_stepped`: the ranks whose device work has steps."""
+    `nodes_stepped`: the ranks whose device work has steps; `collectives`: the COLLECTIVES rows of `xevents`
+    (`cross_collectives`)."""
 
     sets: dict[int, RankSets]
     breakdown: pa.Table
@@ -94,6 +95,16 @@ class Staged:
     nodes_stepped: tuple[int, ...] = ()
     # (nodes, syncs) read on each call instead of kept (the run memo's: `critical_inputs`)
     load_critical: Callable[[], tuple[pa.Table, pa.Table]] | None = field(default=None, repr=False)
+    collectives: pa.Table | None = field(default=None, repr=False)
+
+    def cross_collectives(self) -> pa.Table:
+        """`collectives_from_events(self.xevents)` (schema.COLLECTIVES): the run memo's (computed when it was
+        written), else computed on the first call and kept. Raises what `collectives_from_events` raises."""
+        if self.collectives is None:
+            from tracelens.analyze.collectives import collectives_from_events
+
+            self.collectives = collectives_from_events(self.xevents)
+        return self.collectives
 
     def critical_inputs(self) -> tuple[pa.Table, pa.Table]:
         """(nodes, syncs): kept in memory, or read from the run memo at each call (memory-mapped and not kept:
