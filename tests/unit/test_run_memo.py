@@ -1,5 +1,6 @@
-"""The run memo's collectives table (store.runs, `Staged.cross_collectives`): computed once when the memo is
-written, read back on a warm open instead of recomputed, equal to what `collectives_from_events` gives; a
+"""What the run memo keeps of the cross-rank events besides the events (store.runs): their collectives table
+(`Staged.cross_collectives`) and their launch flags (`classify.comm_launched`), computed once when the memo
+is written and read back on a warm open instead of recomputed, equal to what a fresh computation gives; a
 damaged part means the memo is not used."""
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tracelens import schema
+from tracelens.analyze import classify as K
 from tracelens.analyze import collectives as C
 from tracelens.run import LoadOptions, load_run
 from tracelens.run_analysis import Options, analyze_run
@@ -75,11 +77,37 @@ def test_warm_analysis_reads_the_stored_collectives(cached, monkeypatch):
     assert got.offsets_ns == cold.cross.offsets_ns and got.stragglers == cold.cross.stragglers
 
 
-@pytest.mark.parametrize("damage", ["garbage", "truncated", "other schema", "missing"])
-def test_damaged_collectives_part_means_the_memo_is_not_used(cached, damage):
+def test_stored_launch_flags_equal_recomputed_ones(cached, monkeypatch):
+    """The memo's per-row `comm_launched` flags are what the launch links give over its cross-rank events
+    (a fresh table object: nothing memoized), and a warm open hands them out without the launch links."""
     run, opts = cached
     loaded = load_run(run, opts)
-    part = runs.memo_dir(loaded.entries) / "collectives.arrow"
+    fresh = loaded.stages.xevents.select(loaded.stages.xevents.column_names)  # (another table: no memo)
+    want = K.comm_launched(fresh).copy()
+    assert want.size == fresh.num_rows
+    if run.name.startswith("qwen"):  # the NCCL kernels launched inside their record_param_comms
+        assert 1000 < want.sum() < want.size
+    import tracelens.analyze.launch_link as L
+
+    def refuse(events):
+        raise AssertionError("launch links computed although the run memo holds the flags")
+
+    monkeypatch.setattr(L, "launch_parents", refuse)
+    memo = runs.read_run(loaded.entries)
+    assert memo is not None
+    got = K.comm_launched(memo[1].xevents)
+    assert got.dtype == bool and (got == want).all()
+    assert not got.flags.writeable  # (shared, as comm_launched's own)
+    with pytest.raises(ValueError):  # flags of another table are refused
+        K.keep_comm_launched(fresh, want[:-1])
+
+
+@pytest.mark.parametrize("part", ["collectives", "xflags"])
+@pytest.mark.parametrize("damage", ["garbage", "truncated", "other schema", "missing"])
+def test_damaged_part_means_the_memo_is_not_used(cached, part, damage):
+    run, opts = cached
+    loaded = load_run(run, opts)
+    part = runs.memo_dir(loaded.entries) / f"{part}.arrow"
     good = part.read_bytes()
     assert runs.read_run(loaded.entries) is not None
     if damage == "garbage":
@@ -100,6 +128,25 @@ def test_damaged_collectives_part_means_the_memo_is_not_used(cached, damage):
     memo = runs.read_run(again.entries)
     assert memo is not None and memo[1].collectives is not None
     assert memo[1].collectives.equals(C.collectives_from_events(again.events))
+    fresh = memo[1].xevents.select(memo[1].xevents.column_names)
+    assert (K.comm_launched(memo[1].xevents) == K.comm_launched(fresh)).all()
+
+
+def test_launch_flags_of_another_length_mean_the_memo_is_not_used(cached):
+    """xflags.arrow of the right schema but not one row per cross-rank event (a memo put together from two
+    writes) is not used."""
+    import pyarrow as pa
+
+    from tracelens.store.atomic import write_ipc
+
+    run, opts = cached
+    loaded = load_run(run, opts)
+    part = runs.memo_dir(loaded.entries) / "xflags.arrow"
+    n = loaded.stages.xevents.num_rows
+    write_ipc(part, pa.table({"comm_launched": pa.array([False] * (n + 1))}))
+    assert runs.read_run(loaded.entries) is None
+    load_run(run, opts)  # (written anew)
+    assert runs.read_run(loaded.entries) is not None
 
 
 def test_collectives_that_fail_are_left_out_of_the_memo(tmp_path: Path, monkeypatch):

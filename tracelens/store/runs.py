@@ -24,13 +24,16 @@ import pyarrow as pa
 
 from tracelens import schema
 from tracelens.analyze.breakdown import BREAKDOWN, RankSets
+from tracelens.analyze.classify import comm_launched, keep_comm_launched
 from tracelens.store.atomic import write_ipc, write_text
 from tracelens.store.cache import RankParquet, ipc_schema, read_ipc
 from tracelens.store.stages import OPS, SETS, STAGE_VERSION, STORED_NODES, Staged, rank_sets, sets_rows
 
 #: Bump when what a memo holds changes (with STAGE_VERSION it is part of the key).
-RUN_MEMO_VERSION = "2"
+RUN_MEMO_VERSION = "3"
 _TIME_RANGES = pa.schema([("rank", pa.int32()), ("ts_ns", pa.int64()), ("dur_ns", pa.int64())])
+#: Per row of the cross-rank events: `classify.comm_launched` (the launch links' verdict, one lookup a row).
+_XFLAGS = pa.schema([("comm_launched", pa.bool_())])
 
 
 def run_key(entries: Sequence[RankParquet]) -> str:
@@ -61,6 +64,7 @@ def _schemas() -> dict[str, pa.Schema]:
         "nodes": STORED_NODES,
         "syncs": SYNCS,
         "collectives": schema.COLLECTIVES,
+        "xflags": _XFLAGS,
     }
 
 
@@ -101,6 +105,7 @@ def write_run(entries: Sequence[RankParquet], meta: pa.Table, staged: Staged) ->
     if staged.spans is not None:
         tables["spans"] = staged.spans
     tables["collectives"] = _collectives(staged)
+    tables["xflags"] = _xflags(staged.xevents)
     with contextlib.suppress(OSError, pa.ArrowException):
         manifest = {
             "ranks": [e.rank for e in entries],
@@ -142,6 +147,8 @@ def read_run(entries: Sequence[RankParquet]) -> tuple[pa.Table, Staged] | None:
                 return None
         if not set(_ON_DEMAND) <= set(manifest["parts"]):
             return None
+        if "xflags" in t:  # (one row per cross-rank event)
+            keep_comm_launched(t["xevents"], t["xflags"].column("comm_launched").to_numpy())
     except (OSError, ValueError, KeyError, TypeError, pa.ArrowException):
         return None
     return t["meta"], Staged(
@@ -158,6 +165,16 @@ def read_run(entries: Sequence[RankParquet]) -> tuple[pa.Table, Staged] | None:
         load_critical=_critical_loader(d),
         collectives=t.get("collectives"),  # (absent: computing them failed; the analysis tries again)
     )
+
+
+def _xflags(xevents: pa.Table) -> pa.Table | None:
+    """`_XFLAGS` of the cross-rank events (computed once per table: the collectives above computed them
+    already), or None when that fails on odd events (then the analysis computes them where needed)."""
+    try:
+        flags = comm_launched(xevents)
+    except Exception:
+        return None
+    return pa.table({"comm_launched": pa.array(flags, pa.bool_())}, schema=_XFLAGS)
 
 
 def _collectives(staged: Staged) -> pa.Table | None:
