@@ -281,6 +281,7 @@ class Analysis:
             self.options.order,
             force=self.options.force_layout,
             collectives=fr,
+            pg=self.run.stages.grid_rows(),  # (the run memo's: the events' groups not counted again)
         )
 
     @property

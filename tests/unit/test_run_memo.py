@@ -1,7 +1,8 @@
 """What the run memo keeps of the cross-rank events besides the events (store.runs): their collectives table
-(`Staged.cross_collectives`) and their launch flags (`classify.comm_launched`), computed once when the memo
-is written and read back on a warm open instead of recomputed, equal to what a fresh computation gives; a
-damaged part means the memo is not used."""
+(`Staged.cross_collectives`), their launch flags (`classify.comm_launched`) and their process-group rows
+(`Staged.grid_rows`, what the grid inference reads), computed once when the memo is written and read back on
+a warm open instead of recomputed, equal to what a fresh computation gives; a damaged part means the memo is
+not used."""
 
 from __future__ import annotations
 
@@ -102,7 +103,31 @@ def test_stored_launch_flags_equal_recomputed_ones(cached, monkeypatch):
         K.keep_comm_launched(fresh, want[:-1])
 
 
-@pytest.mark.parametrize("part", ["collectives", "xflags"])
+def test_stored_process_group_rows_give_the_grid_of_the_events(cached):
+    """The memo's `pg` rows are `pg_rows` of its cross-rank events, and the grid inferred from them (groups,
+    their traffic and names) is the one inferred from the events."""
+    from tracelens.layout_structure import collect_groups, pg_rows
+    from tracelens.topology import _groups_from_events, infer_grid
+
+    run, opts = cached
+    loaded = load_run(run, opts)
+    memo = runs.read_run(loaded.entries)
+    assert memo is not None and memo[1].pg is not None
+    x, pg = memo[1].xevents, memo[1].pg
+    assert pg.equals(pg_rows(x))
+    n_pg = int(x.column("pg_ranks").is_valid().to_numpy(zero_copy_only=False).sum())
+    assert int(pg.column("rows").to_numpy().sum()) == n_pg
+    if run.name.startswith("qwen"):  # thousands of records, a few rows per rank and group
+        assert 0 < pg.num_rows < n_pg / 10
+    assert collect_groups([], None, None, pg) == collect_groups([], x, None)
+    assert _groups_from_events(None, pg) == _groups_from_events(x)
+    grid, findings = infer_grid(x, loaded.metadata, None, pg)
+    assert repr(infer_grid(x, loaded.metadata)) == repr((grid, findings))  # (Grid: evidence, notes and all)
+    if run.name.startswith("qwen"):
+        assert (grid.tp, grid.pp, grid.dp) == (2, 3, 1)
+
+
+@pytest.mark.parametrize("part", ["collectives", "xflags", "pg"])
 @pytest.mark.parametrize("damage", ["garbage", "truncated", "other schema", "missing"])
 def test_damaged_part_means_the_memo_is_not_used(cached, part, damage):
     run, opts = cached

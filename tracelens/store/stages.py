@@ -79,7 +79,7 @@ class Staged:
     breakdown rows are kept (what `idle_breakdown` gives over all events and `breakdown`), or the first
     failure in `idle_error`; `nodes` / `syncs`: the critical path's inputs of all ranks (STORED_NODES, SYNCS),
     `nodes_stepped`: the ranks whose device work has steps; `collectives`: the COLLECTIVES rows of `xevents`
-    (`cross_collectives`)."""
+    (`cross_collectives`); `pg`: what the grid inference reads of them (`grid_rows`)."""
 
     sets: dict[int, RankSets]
     breakdown: pa.Table
@@ -96,6 +96,7 @@ class Staged:
     # (nodes, syncs) read on each call instead of kept (the run memo's: `critical_inputs`)
     load_critical: Callable[[], tuple[pa.Table, pa.Table]] | None = field(default=None, repr=False)
     collectives: pa.Table | None = field(default=None, repr=False)
+    pg: pa.Table | None = field(default=None, repr=False)  # `grid_rows`
 
     def cross_collectives(self) -> pa.Table:
         """`collectives_from_events(self.xevents)` (schema.COLLECTIVES): the run memo's (computed when it was
@@ -105,6 +106,15 @@ class Staged:
 
             self.collectives = collectives_from_events(self.xevents)
         return self.collectives
+
+    def grid_rows(self) -> pa.Table:
+        """`layout_structure.pg_rows(self.xevents)`: what the grid inference reads of the cross-rank events
+        (the run memo's, else computed on the first call and kept)."""
+        if self.pg is None:
+            from tracelens.layout_structure import pg_rows
+
+            self.pg = pg_rows(self.xevents)
+        return self.pg
 
     def critical_inputs(self) -> tuple[pa.Table, pa.Table]:
         """(nodes, syncs): kept in memory, or read from the run memo at each call (memory-mapped and not kept:
