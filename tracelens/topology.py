@@ -17,6 +17,7 @@ do not divide the world) become LAYOUT_INCONSISTENT findings, never exceptions.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import re
@@ -240,6 +241,13 @@ def axis_of_desc(desc: object) -> str | None:
     a description that is not a string, e.g. `pg_desc: true` in a damaged trace, names none)."""
     if not isinstance(desc, str) or not desc:
         return None
+    return _axis_of_text(desc)
+
+
+@functools.lru_cache(maxsize=4096)
+def _axis_of_text(desc: str) -> str | None:
+    """`axis_of_desc` of a non-empty string (once per distinct text: the grid inference asks once per rank and
+    group, ~900 times at 128 ranks, for four texts)."""
     toks = {re.sub(r"\d+$", "", t) for t in re.split(r"[^a-z0-9]+", desc.lower()) if t}
     if toks & _SKIP_TOKENS:
         return None
