@@ -116,14 +116,99 @@ def _text_codes(col: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, list[str]]
     return np.asarray(canon, dtype=np.int64)[idx], [str(t) for t in texts]
 
 
+#: What the grid inference reads of the event rows with a rank list (`pg_rows`: one row per distinct
+#: combination of these columns, in order of first appearance, with its number of event rows in `rows`).
+PG_COLUMNS = ("rank", "kind", "pg_name", "pg_desc", "pg_ranks", "group_size", "collective")
+
+
+def pg_rows_schema() -> pa.Schema:
+    from tracelens import schema
+
+    return pa.schema([schema.EVENTS.field(c) for c in PG_COLUMNS] + [pa.field("rows", pa.int64())])
+
+
+def pg_rows(events: pa.Table) -> pa.Table:
+    """The event rows that carry pg_ranks, only PG_COLUMNS (events of schema.EVENTS): rows equal in all of them
+    as one, the first of them, with their number in `rows`, in row order (a few rows per rank and group where
+    the events have one per call). `collect_groups` and `topology.infer_grid` given these (`pg=`) find what
+    they find in the events. Rank lists with null elements are kept one row each (`rows` 1)."""
+    sub = events.select(list(PG_COLUMNS)).filter(events.column("pg_ranks").is_valid())
+    n = sub.num_rows
+    if n == 0:
+        return pg_rows_schema().empty_table()
+    lists = _exact_list_codes(sub.column("pg_ranks").combine_chunks())
+    if lists is None:  # (null elements in a list): every row as it is
+        return sub.append_column("rows", pa.array(np.ones(n, np.int64)))
+    codes = [lists, sub.column("rank").to_numpy().astype(np.int64)]
+    for c in ("kind", "pg_name", "pg_desc", "collective"):  # equal values share a code, null is -1
+        col = sub.column(c).combine_chunks()
+        vals = pd.factorize(pd.Series(col.dictionary.to_pylist(), dtype=object))[0]
+        idx = col.indices.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+        codes.append(np.where(col.is_valid().to_numpy(zero_copy_only=False), vals[idx], -1))
+    size = sub.column("group_size")
+    codes.append(size.is_valid().to_numpy(zero_copy_only=False).astype(np.int64))
+    codes.append(size.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64))
+    _, first, count = np.unique(
+        _matrix_row_codes(np.stack(codes, axis=1)), return_index=True, return_counts=True
+    )
+    order = np.argsort(first)
+    return sub.take(pa.array(first[order])).append_column("rows", pa.array(count[order].astype(np.int64)))
+
+
+def _exact_list_codes(pr: pa.ListArray) -> np.ndarray | None:
+    """A code per row of an integer list column without nulls, equal exactly for equal lists (the lists of
+    each length compared as the rows of one matrix); None when some list holds a null."""
+    vals = pr.values
+    if vals.null_count:
+        return None
+    offs = pr.offsets.to_numpy().astype(np.int64)
+    v = vals.to_numpy(zero_copy_only=False).astype(np.int64)
+    lo, length = offs[:-1], np.diff(offs)
+    codes = np.zeros(lo.size, np.int64)
+    base = 0
+    for n in np.unique(length).tolist():
+        rows = np.flatnonzero(length == n)
+        got = _matrix_row_codes(v[lo[rows][:, None] + np.arange(n)])
+        codes[rows] = base + got
+        base += int(got.max(initial=0)) + 1
+    return codes
+
+
+def _matrix_row_codes(mat: np.ndarray) -> np.ndarray:
+    """A code per row of an int64 matrix (0 .. distinct rows - 1), equal exactly for equal rows: the columns
+    as digits of one int64 key when their ranges allow, else the rows sorted (lexsort) and compared."""
+    n, k = mat.shape
+    if n == 0 or k == 0:
+        return np.zeros(n, np.int64)
+    low = mat.min(axis=0)
+    span = (mat.max(axis=0) - low + 1).tolist()
+    size = 1
+    for x in span:
+        size *= int(x)
+    if size < 1 << 62:  # (Python ints: no overflow in the check)
+        key = np.zeros(n, np.int64)
+        for j in range(k):
+            key = key * np.int64(span[j]) + (mat[:, j] - low[j])
+        return np.unique(key, return_inverse=True)[1].reshape(-1).astype(np.int64)
+    order = np.lexsort(mat.T[::-1])
+    srt = mat[order]
+    new = np.ones(n, bool)
+    new[1:] = (srt[1:] != srt[:-1]).any(axis=1)
+    codes = np.empty(n, np.int64)
+    codes[order] = np.cumsum(new) - 1
+    return codes
+
+
 def _event_groups(sub: pa.Table) -> list[tuple[tuple[int, ...], str, str, int, set[int]]]:
     """(pg_ranks, collective, pg_desc, rows, ranks) per distinct (pg_ranks, collective, pg_desc) of the rows
     with pg_ranks, in sorted key order; one record per op: CPU record_param_comms rows are preferred over
-    their kernel copies. Nulls read "nan" (as pandas' `astype(str)` of a category gives)."""
+    their kernel copies. Nulls read "nan" (as pandas' `astype(str)` of a category gives). A `rows` column
+    (`pg_rows`): the number of event rows each row stands for."""
     kind, kinds = _text_codes(sub.column("kind"))
     present = {kinds[c] for c in np.unique(kind)}
     pick = "cpu_op" if "cpu_op" in present else next(iter(present))
-    sub = sub.select(["pg_ranks", "collective", "pg_desc", "rank"]).filter(
+    weighted = "rows" in sub.column_names
+    sub = sub.select(["pg_ranks", "collective", "pg_desc", "rank"] + (["rows"] if weighted else [])).filter(
         pa.array(kind == kinds.index(pick))
     )
     pr = sub.column("pg_ranks").combine_chunks()
@@ -143,6 +228,9 @@ def _event_groups(sub: pa.Table) -> list[tuple[tuple[int, ...], str, str, int, s
     key = np.asarray(codes, dtype=np.int64)
     key = (key * (len(colls) + 1) + coll) * (len(descs) + 1) + desc
     ukey, inv, counts = np.unique(key, return_inverse=True, return_counts=True)
+    if weighted:
+        counts = np.zeros(ukey.size, np.int64)
+        np.add.at(counts, inv.reshape(-1), sub.column("rows").to_numpy().astype(np.int64))
     r_lo = int(rank.min(initial=0))
     width = int(rank.max(initial=0)) - r_lo + 1
     pairs = np.unique(inv.reshape(-1) * width + (rank - r_lo))  # distinct (group, rank)
@@ -163,11 +251,13 @@ def collect_groups(
     declared: Iterable[tuple[str | None, str | None, tuple[int, ...]]],
     events: pa.Table | None,
     collectives: pa.Table | None,
+    pg: pa.Table | None = None,
 ) -> dict[tuple[int, ...], GroupInfo]:
     """Groups (sorted rank tuple -> GroupInfo) with their names and traffic.
 
     declared: (pg_name, desc, ranks) from distributedInfo.pg_config; events: rows with pg_ranks and a
-    collective name; collectives: a COLLECTIVES table (Flight Recorder) with pg_name, op, rank."""
+    collective name; collectives: a COLLECTIVES table (Flight Recorder) with pg_name, op, rank; `pg`:
+    `pg_rows(events)` when the caller has it (then the events are not read)."""
     groups: dict[tuple[int, ...], GroupInfo] = {}
     by_name: dict[str, tuple[int, ...]] = {}
     key: tuple[int, ...] | None  # None below: ranks that do not parse
@@ -178,21 +268,24 @@ def collect_groups(
             gi.names.add(str(desc))
         if name is not None:
             by_name[str(name)] = key
-    if events is not None and events.num_rows and "pg_ranks" in events.column_names:
-        cols = ["kind", "pg_ranks", "collective", "pg_desc", "rank"]  # (what _event_groups reads)
+    sub = None
+    cols = ["kind", "pg_ranks", "collective", "pg_desc", "rank"]  # (what _event_groups reads)
+    if pg is not None:
+        sub = pg.select(cols + ["rows"])
+    elif events is not None and events.num_rows and "pg_ranks" in events.column_names:
         sub = events.select(cols).filter(events.column("pg_ranks").is_valid())
-        if sub.num_rows:
-            for pr, coll, desc, n, members in _event_groups(sub):
-                key = _ranks(pr)
-                if key is None:
-                    continue
-                gi = groups.setdefault(key, GroupInfo(key))
-                if desc not in ("None", "nan", ""):
-                    gi.names.add(desc)
-                k = _kind(coll)
-                if k:
-                    gi.calls[k] += n
-                    gi.members_seen |= members
+    if sub is not None and sub.num_rows:
+        for pr, coll, desc, n, members in _event_groups(sub):
+            key = _ranks(pr)
+            if key is None:
+                continue
+            gi = groups.setdefault(key, GroupInfo(key))
+            if desc not in ("None", "nan", ""):
+                gi.names.add(desc)
+            k = _kind(coll)
+            if k:
+                gi.calls[k] += n
+                gi.members_seen |= members
     if collectives is not None and collectives.num_rows:
         cols = [c for c in ("rank", "pg_name", "pg_ranks", "op") if c in collectives.column_names]
         df = collectives.select(cols).to_pandas()

@@ -281,6 +281,7 @@ class Analysis:
             self.options.order,
             force=self.options.force_layout,
             collectives=fr,
+            pg=self.run.stages.grid_rows(),  # (the run memo's: the events' groups not counted again)
         )
 
     @property
@@ -305,7 +306,12 @@ class Analysis:
         return self._guarded(
             "cross-rank analysis",
             lambda: analyze_cross_rank(
-                self._xevents, self.metadata, self.breakdown, stage_of=self.stage_of, sets=self.sets
+                self._xevents,
+                self.metadata,
+                self.breakdown,
+                stage_of=self.stage_of,
+                sets=self.sets,
+                collectives=self.run.stages.cross_collectives(),  # (the run memo's: not recomputed)
             ),
         )
 

@@ -17,6 +17,7 @@ do not divide the world) become LAYOUT_INCONSISTENT findings, never exceptions.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import re
@@ -240,6 +241,13 @@ def axis_of_desc(desc: object) -> str | None:
     a description that is not a string, e.g. `pg_desc: true` in a damaged trace, names none)."""
     if not isinstance(desc, str) or not desc:
         return None
+    return _axis_of_text(desc)
+
+
+@functools.lru_cache(maxsize=4096)
+def _axis_of_text(desc: str) -> str | None:
+    """`axis_of_desc` of a non-empty string (once per distinct text: the grid inference asks once per rank and
+    group, ~900 times at 128 ranks, for four texts)."""
     toks = {re.sub(r"\d+$", "", t) for t in re.split(r"[^a-z0-9]+", desc.lower()) if t}
     if toks & _SKIP_TOKENS:
         return None
@@ -305,12 +313,19 @@ def _value_codes(col: pa.ChunkedArray) -> tuple[np.ndarray, int]:
     return canon[idx], len(uniq)
 
 
-def _groups_from_events(events: pa.Table | None) -> list[tuple[str | None, tuple[int, ...]]]:
-    """One (desc, ranks) per distinct (rank, pg_name, pg_desc) carrying a rank list (record_param_comms)."""
-    if events is None or events.num_rows == 0 or "pg_ranks" not in events.column_names:
+def _groups_from_events(
+    events: pa.Table | None, pg: pa.Table | None = None
+) -> list[tuple[str | None, tuple[int, ...]]]:
+    """One (desc, ranks) per distinct (rank, pg_name, pg_desc) carrying a rank list (record_param_comms).
+    `pg`: `layout_structure.pg_rows(events)` (its rows in row order, each the first of the rows it stands
+    for: the same first rows), read instead of the events when given."""
+    cols = ["rank", "pg_name", "pg_desc", "pg_ranks", "group_size"]
+    if pg is not None:
+        sub = pg.select(cols)
+    elif events is None or events.num_rows == 0 or "pg_ranks" not in events.column_names:
         return []
-    valid = events.column("pg_ranks").is_valid()
-    sub = events.select(["rank", "pg_name", "pg_desc", "pg_ranks", "group_size"]).filter(valid)
+    else:
+        sub = events.select(cols).filter(events.column("pg_ranks").is_valid())
     if sub.num_rows == 0:
         return []
     # the first row of each distinct (rank, pg_name, pg_desc), in row order (codes, not a frame)
@@ -448,10 +463,14 @@ def _uniform_stride(groups: Sequence[Sequence[int]]) -> int | None:
 
 
 def infer_grid(
-    events: pa.Table | None, metadata: pa.Table | None, collectives: pa.Table | None = None
+    events: pa.Table | None,
+    metadata: pa.Table | None,
+    collectives: pa.Table | None = None,
+    pg: pa.Table | None = None,
 ) -> tuple[Grid, list[dict]]:
     """Grid inferred from process groups (structure and traffic first, then names) and P2P peers;
-    (Grid(source='none'), []) when nothing is known. `collectives`: Flight Recorder records, if any."""
+    (Grid(source='none'), []) when nothing is known. `collectives`: Flight Recorder records, if any; `pg`:
+    `layout_structure.pg_rows(events)` when the caller has it (the run memo's)."""
     findings: list[dict] = []
     notes: list[str] = []
 
@@ -476,10 +495,10 @@ def infer_grid(
     # 1. process groups: axes from their structure and traffic first (layout_structure), names for the rest
     by_axis: dict[str, set[tuple[int, ...]]] = {a: set() for a in AXES}
     src, dst, first, any_p2p = _p2p_edges(events)  # (once: the structure and the chains below read it)
-    evidence = _structure(events, metadata, collectives, world, any_p2p)
+    evidence = _structure(events, metadata, collectives, world, any_p2p, pg)
     for axis, ev in evidence.items():
         by_axis[axis] = ev.pop("_groups")
-    for desc, ranks in _groups_from_metadata(metadata) + _groups_from_events(events):
+    for desc, ranks in _groups_from_metadata(metadata) + _groups_from_events(events, pg):
         named = axis_of_desc(desc)
         # names add to axes that rest on names only (so their groups are still checked against each other)
         if named is not None and (named not in evidence or evidence[named].get("basis") == "names"):
@@ -626,7 +645,7 @@ def infer_grid(
     return grid, findings
 
 
-def _structure(events, metadata, collectives, world, any_p2p: bool) -> dict[str, dict]:
+def _structure(events, metadata, collectives, world, any_p2p: bool, pg=None) -> dict[str, dict]:
     """Axis -> evidence (with its groups under `_groups`) from the groups' structure and traffic."""
     from tracelens.layout_structure import collect_groups, structural_axes
 
@@ -635,7 +654,7 @@ def _structure(events, metadata, collectives, world, any_p2p: bool) -> dict[str,
         for e in pg_config_entries(metadata)
         if (r := _parse_ranks(e.get("ranks"))) is not None
     ]
-    groups = collect_groups(declared, events, collectives)
+    groups = collect_groups(declared, events, collectives, pg)
     by_axis, evidence = structural_axes(groups, world, any_p2p)
     for a, g in by_axis.items():
         evidence[a]["_groups"] = g
@@ -684,13 +703,14 @@ def grid_for_run(
     order: str | None = None,
     force: bool = False,
     collectives: pa.Table | None = None,
+    pg: pa.Table | None = None,
 ) -> tuple[Grid, list[dict]]:
     """Grid from a user layout when given (checked against the traces' groups), else inferred.
 
     When the given layout contradicts a complete layout inferred from the process groups, the findings use
     the inferred one (the evidence) and LAYOUT_INCONSISTENT says so; `force` keeps the given layout.
     """
-    inferred, findings = infer_grid(events, metadata, collectives)
+    inferred, findings = infer_grid(events, metadata, collectives, pg)
     if not layout or all(v is None for v in layout.values()):
         return inferred, findings
     world = inferred.world_size

@@ -258,3 +258,88 @@ def test_event_groups_group_rows_by_exact_rank_lists_and_names():
     assert codes.tolist() == [0, 0, 1, 2, 3, 4, 0, 2, 0] and first.tolist() == [0, 2, 3, 4, 5]
     with_null = pa.array([[0, 1], None, [], [0, 1], [1]], pa.list_(pa.int32()))
     assert list_tuples(with_null).tolist() == [(0, 1), None, (), (0, 1), (1,)]
+
+
+def _pg_events(rows: list[tuple]) -> pa.Table:
+    """schema.EVENTS rows from (rank, kind, pg_name, pg_desc, pg_ranks, group_size, collective) tuples."""
+    from tracelens import schema
+
+    keys = ("rank", "kind", "pg_name", "pg_desc", "pg_ranks", "group_size", "collective")
+    return schema.table_from_rows(
+        [dict(zip(keys, r), name="record_param_comms", ts_ns=i) for i, r in enumerate(rows)], schema.EVENTS
+    )
+
+
+def test_pg_rows_merge_equal_rows_into_their_first_with_their_count():
+    """`pg_rows`: one row per distinct combination of what the grid inference reads, its first row (in row
+    order) with the number of rows; rows without pg_ranks are left out; a null and "" or a null group size
+    and a size stay apart; lists holding a null are kept one row each."""
+    from tracelens.layout_structure import pg_rows
+
+    tp, pp = [0, 1], [0, 2]
+    rows = [
+        (0, "cpu_op", "1", "tp", tp, 2, "allreduce"),
+        (0, "kernel", "1", "tp", tp, 2, "allreduce"),
+        (0, "cpu_op", "1", "tp", tp, 2, "allreduce"),
+        (0, "cpu_op", "2", "pp", pp, 2, "send"),
+        (0, "cpu_op", None, None, None, None, "barrier"),  # (no rank list: not a group row)
+        (1, "cpu_op", "1", "tp", tp, 2, "allreduce"),
+        (0, "cpu_op", "1", "tp", tp, None, "allreduce"),
+        (0, "cpu_op", "1", "", tp, 2, "allreduce"),
+        (0, "cpu_op", "1", None, tp, 2, "allreduce"),
+        (0, "cpu_op", "1", "tp", [1, 0], 2, "allreduce"),
+        (0, "cpu_op", "1", "tp", tp, 2, "allreduce"),
+        (0, "cpu_op", "2", "pp", pp, 2, "send"),
+    ]
+    got = pg_rows(_pg_events(rows))
+    assert got.column("rows").to_pylist() == [3, 1, 2, 1, 1, 1, 1, 1]
+    keep = [0, 1, 3, 5, 6, 7, 8, 9]  # the first row of each
+    want = [rows[i] for i in keep]
+    assert [tuple(r.values())[:7] for r in got.drop_columns(["rows"]).to_pylist()] == [
+        (r[0], r[1], r[2], r[3], r[4], r[5], r[6]) for r in want
+    ]
+    with_null = _pg_events([(0, "cpu_op", "1", "tp", [0, None], 2, "allreduce")] * 2)
+    assert pg_rows(with_null).column("rows").to_pylist() == [1, 1]
+    assert pg_rows(_pg_events(rows[4:5])).num_rows == 0
+
+
+def test_groups_from_pg_rows_equal_those_from_the_events():
+    """collect_groups and the names read from the events (`topology._groups_from_events`) find the same from
+    `pg_rows(events)` as from the events: calls counted once per op (the CPU rows), members, names."""
+    from tracelens.layout_structure import collect_groups, pg_rows
+    from tracelens.topology import _groups_from_events
+
+    rows = []
+    for rank in range(4):
+        tp = [0, 1] if rank < 2 else [2, 3]
+        pp = [rank % 2, rank % 2 + 2]
+        for kind in ("cpu_op", "kernel"):
+            rows += [(rank, kind, f"tp{tp[0]}", "tp", tp, 2, "allreduce")] * 3
+            rows += [(rank, kind, f"pp{pp[0]}", "pp", pp, 2, "send")]
+        rows += [(rank, "cpu_op", "0", "default_pg", [0, 1, 2, 3], 4, "barrier")]
+    events = _pg_events(rows)
+    pg = pg_rows(events)
+    assert pg.num_rows == 4 * (2 * 2 + 1) and pg.column("rows").to_pylist()[:5] == [3, 1, 3, 1, 1]
+    got = collect_groups([], None, None, pg)
+    assert got == collect_groups([], events, None)
+    assert got[(0, 1)].calls == Counter({"reduce": 6}) and got[(0, 1)].members_seen == {0, 1}
+    assert got[(1, 3)].calls == Counter({"p2p": 2}) and got[(0, 1, 2, 3)].calls == Counter({"other": 4})
+    assert _groups_from_events(None, pg) == _groups_from_events(events)
+    assert [d for d, _ in _groups_from_events(events)] == ["tp", "pp", "default_pg"] * 4
+
+
+@pytest.mark.parametrize("high", [3, 1000, 2**40])
+def test_matrix_row_codes_group_equal_rows(high: int):
+    """Equal rows share a code and unequal ones do not, through both ways (digits of one key, and the
+    sort for columns too wide for one), against numpy's unique rows."""
+    from tracelens.layout_structure import _matrix_row_codes
+
+    rng = np.random.default_rng(7)
+    for k in (1, 2, 5, 17):
+        m = rng.integers(-high, high, (300, k))
+        m = np.vstack([m, m[::3]])
+        got = _matrix_row_codes(m)
+        want = np.unique(m, axis=0, return_inverse=True)[1].reshape(-1)
+        pairs = set(zip(got.tolist(), want.tolist()))
+        assert len(pairs) == len(set(got.tolist())) == len(set(want.tolist())) > 1
+    assert _matrix_row_codes(np.zeros((0, 3), np.int64)).size == 0

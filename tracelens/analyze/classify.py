@@ -140,3 +140,12 @@ def comm_launched(events: pa.Table) -> np.ndarray:
         out.flags.writeable = False
         got = memo["comm_launched"] = out
     return got  # type: ignore[return-value]
+
+
+def keep_comm_launched(events: pa.Table, flags: np.ndarray) -> None:
+    """Make `flags` what `comm_launched(events)` gives from now on: the flags computed before over these very
+    rows (the run memo keeps those of its cross-rank events). ValueError when they are not one bool a row."""
+    if flags.dtype != np.bool_ or flags.shape != (events.num_rows,):
+        raise ValueError(f"{flags.shape} {flags.dtype} flags for a table of {events.num_rows} rows")
+    flags.flags.writeable = False
+    per_object(events)["comm_launched"] = flags

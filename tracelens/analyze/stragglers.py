@@ -605,14 +605,16 @@ def analyze_cross_rank(
     stage_of: dict[int, int] | None = None,
     config: StragglerConfig | None = None,
     sets: dict[int, RankSets] | None = None,
+    collectives: pa.Table | None = None,
 ) -> CrossRankResult:
-    """Match collectives, align clocks, split wait vs transfer, find stragglers with their cause and cost."""
+    """Match collectives, align clocks, split wait vs transfer, find stragglers with their cause and cost.
+    `collectives`: `collectives_from_events(events)` when the caller has it already (the run memo's)."""
     cfg = config or StragglerConfig()
     if sets is None:
         sets = class_sets(events)
     if breakdown is None:
         breakdown = _breakdown(events, sets=sets)
-    coll = C.collectives_from_events(events)
+    coll = C.collectives_from_events(events) if collectives is None else collectives
     df, findings = C.match_with_findings(coll, metadata)
     clock = C.clock_offsets(df, metadata)
     findings += C.clock_findings(clock, cfg.clock_skew_ns)

@@ -24,13 +24,17 @@ import pyarrow as pa
 
 from tracelens import schema
 from tracelens.analyze.breakdown import BREAKDOWN, RankSets
+from tracelens.analyze.classify import comm_launched, keep_comm_launched
+from tracelens.layout_structure import pg_rows_schema
 from tracelens.store.atomic import write_ipc, write_text
 from tracelens.store.cache import RankParquet, ipc_schema, read_ipc
 from tracelens.store.stages import OPS, SETS, STAGE_VERSION, STORED_NODES, Staged, rank_sets, sets_rows
 
 #: Bump when what a memo holds changes (with STAGE_VERSION it is part of the key).
-RUN_MEMO_VERSION = "1"
+RUN_MEMO_VERSION = "4"
 _TIME_RANGES = pa.schema([("rank", pa.int32()), ("ts_ns", pa.int64()), ("dur_ns", pa.int64())])
+#: Per row of the cross-rank events: `classify.comm_launched` (the launch links' verdict, one lookup a row).
+_XFLAGS = pa.schema([("comm_launched", pa.bool_())])
 
 
 def run_key(entries: Sequence[RankParquet]) -> str:
@@ -60,6 +64,9 @@ def _schemas() -> dict[str, pa.Schema]:
         "sets": SETS,
         "nodes": STORED_NODES,
         "syncs": SYNCS,
+        "collectives": schema.COLLECTIVES,
+        "xflags": _XFLAGS,
+        "pg": pg_rows_schema(),
     }
 
 
@@ -99,6 +106,9 @@ def write_run(entries: Sequence[RankParquet], meta: pa.Table, staged: Staged) ->
     tables["nodes"], tables["syncs"] = staged.critical_inputs()
     if staged.spans is not None:
         tables["spans"] = staged.spans
+    tables["collectives"] = _derived(staged.cross_collectives)
+    tables["xflags"] = _xflags(staged.xevents)
+    tables["pg"] = _derived(staged.grid_rows)
     with contextlib.suppress(OSError, pa.ArrowException):
         manifest = {
             "ranks": [e.rank for e in entries],
@@ -140,6 +150,8 @@ def read_run(entries: Sequence[RankParquet]) -> tuple[pa.Table, Staged] | None:
                 return None
         if not set(_ON_DEMAND) <= set(manifest["parts"]):
             return None
+        if "xflags" in t:  # (one row per cross-rank event)
+            keep_comm_launched(t["xevents"], t["xflags"].column("comm_launched").to_numpy())
     except (OSError, ValueError, KeyError, TypeError, pa.ArrowException):
         return None
     return t["meta"], Staged(
@@ -154,7 +166,30 @@ def read_run(entries: Sequence[RankParquet]) -> tuple[pa.Table, Staged] | None:
         idle_error=manifest.get("idle_error"),
         nodes_stepped=tuple(int(r) for r in manifest.get("nodes_stepped", ())),
         load_critical=_critical_loader(d),
+        collectives=t.get("collectives"),  # (absent: computing them failed; the analysis tries again)
+        pg=t.get("pg"),
     )
+
+
+def _xflags(xevents: pa.Table) -> pa.Table | None:
+    """`_XFLAGS` of the cross-rank events (computed once per table: the collectives above computed them
+    already), or None when that fails on odd events (then the analysis computes them where needed)."""
+    try:
+        flags = comm_launched(xevents)
+    except Exception:
+        return None
+    return pa.table({"comm_launched": pa.array(flags, pa.bool_())}, schema=_XFLAGS)
+
+
+def _derived(compute: Callable[[], pa.Table]) -> pa.Table | None:
+    """A table derived from the run's cross-rank events (`Staged.cross_collectives`, `Staged.grid_rows`),
+    computed now (the analysis takes it from the `Staged`), or None when that fails on odd events: then the
+    memo goes without it and the analysis computes it itself, where the failure is reported as it would be
+    without a memo."""
+    try:
+        return compute()
+    except Exception:
+        return None
 
 
 #: Parts read when asked for, not when the memo is opened (`Staged.critical_inputs`).

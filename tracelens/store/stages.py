@@ -78,7 +78,8 @@ class Staged:
     all ranks (events schema, rank order, trace order within a rank); `idle`: IDLE rows of the ranks whose
     breakdown rows are kept (what `idle_breakdown` gives over all events and `breakdown`), or the first
     failure in `idle_error`; `nodes` / `syncs`: the critical path's inputs of all ranks (STORED_NODES, SYNCS),
-    `nodes_stepped`: the ranks whose device work has steps."""
+    `nodes_stepped`: the ranks whose device work has steps; `collectives`: the COLLECTIVES rows of `xevents`
+    (`cross_collectives`); `pg`: what the grid inference reads of them (`grid_rows`)."""
 
     sets: dict[int, RankSets]
     breakdown: pa.Table
@@ -94,6 +95,26 @@ class Staged:
     nodes_stepped: tuple[int, ...] = ()
     # (nodes, syncs) read on each call instead of kept (the run memo's: `critical_inputs`)
     load_critical: Callable[[], tuple[pa.Table, pa.Table]] | None = field(default=None, repr=False)
+    collectives: pa.Table | None = field(default=None, repr=False)
+    pg: pa.Table | None = field(default=None, repr=False)  # `grid_rows`
+
+    def cross_collectives(self) -> pa.Table:
+        """`collectives_from_events(self.xevents)` (schema.COLLECTIVES): the run memo's (computed when it was
+        written), else computed on the first call and kept. Raises what `collectives_from_events` raises."""
+        if self.collectives is None:
+            from tracelens.analyze.collectives import collectives_from_events
+
+            self.collectives = collectives_from_events(self.xevents)
+        return self.collectives
+
+    def grid_rows(self) -> pa.Table:
+        """`layout_structure.pg_rows(self.xevents)`: what the grid inference reads of the cross-rank events
+        (the run memo's, else computed on the first call and kept)."""
+        if self.pg is None:
+            from tracelens.layout_structure import pg_rows
+
+            self.pg = pg_rows(self.xevents)
+        return self.pg
 
     def release_pages(self) -> None:
         """Give back the resident pages of the memory-mapped cross-rank events (a run memo's: `store.pages`)
