@@ -117,11 +117,13 @@ class Staged:
         return self.pg
 
     def release_pages(self) -> None:
-        """Give back the resident pages of the memory-mapped cross-rank events (a run memo's: `store.pages`)
-        while a phase that reads none of them runs; they are read again from the file when next used."""
+        """Give back the resident pages of the memory-mapped cross-rank events and their collectives (a run
+        memo's: `store.pages`) while a phase that reads neither runs; they are read again from the file when
+        next used."""
         from tracelens.store import pages
 
         pages.release(self.xevents)
+        pages.release(self.collectives)
 
     def critical_inputs(self) -> tuple[pa.Table, pa.Table]:
         """(nodes, syncs): kept in memory, or read from the run memo at each call (memory-mapped and not kept:
