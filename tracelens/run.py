@@ -245,6 +245,11 @@ def _load(
                 staged = _read_stages(entries)
             if use_cache:
                 runs.write_run(entries, meta, staged)
+                # the memo just written, memory-mapped, instead of the concatenated copy: what a later open
+                # reads, and its pages can be given back between phases (Staged.release_pages)
+                reopened = runs.read_run(entries)
+                if reopened is not None:
+                    staged = reopened[1]
         if staged.time_ranges is not None:
             check_time_ranges(staged.time_ranges, meta)
         return staged

@@ -4,6 +4,7 @@ gives; the executors (in process, local pool) agree."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -312,7 +313,11 @@ def test_run_memo_reopens_a_run_without_its_per_rank_files(tmp_path: Path, monke
     assert again.events.equals(first.events)
     monkeypatch.undo()
     # a damaged memo, or an entry evicted since, is not used: the run is opened from its entries again
-    (runs.memo_dir(first.entries) / "xevents.arrow").write_bytes(b"garbage")
+    # (replaced by a new file, as a program that rewrites it does: `first` maps the old one; truncating a
+    # file in place under a process that maps it is the SIGBUS risk docs/scale.md names)
+    bad = runs.memo_dir(first.entries) / "xevents.arrow.new"
+    bad.write_bytes(b"garbage")
+    os.replace(bad, runs.memo_dir(first.entries) / "xevents.arrow")
     assert runs.read_run(first.entries) is None
     _same_staged(load_run(run, opts).stages, first.stages)
     assert runs.read_run(first.entries) is not None  # and the memo written anew
