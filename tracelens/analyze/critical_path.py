@@ -297,7 +297,14 @@ def _build_graph(
     del last_known, run_start
 
     # cross-stream predecessor: the latest end on another stream of the same (step, rank) at or before start
+    sp = np.where(same_stream, np.arange(n) - 1, -1).astype(ix)
+    explained = np.maximum(np.where(sp >= 0, e[np.maximum(sp, 0)], NEG), release)
     SH = float(2**40)
+    # with exact keys (whole ns below 2**40, (step, rank) ids below 2**13: below 2**53) a predecessor ends at or
+    # before the start, so a kernel whose start its stream or release explains has none (one ending later than
+    # `explained` is needed): only the others are looked up
+    exact = int(grp_rs.min()) >= 0 and int(grp_rs.max()) < 2**13 and float(e.max()) < 2**40
+    need = explained < s if exact else np.ones(n, dtype=bool)
     best_end = np.full(n, NEG)
     best_score = np.full(n, NEG)
     best_idx = np.full(n, -1, dtype=ix)
@@ -312,7 +319,7 @@ def _build_graph(
             order = np.argsort(keys, kind="stable")
             keys, mine = keys[order], mine[order]
             del order
-        other = np.flatnonzero(~is_st)
+        other = np.flatnonzero(~is_st & need)
         del is_st
         if other.size == 0 or mine.size == 0:
             continue
@@ -327,9 +334,7 @@ def _build_graph(
         best_end[o] = e[c]
         best_idx[o] = c
         del mine, keys, other, cand, ok, sc, better, o, c
-    del stream, best_score, score, grp_rs
-    sp = np.where(same_stream, np.arange(n) - 1, -1).astype(ix)
-    explained = np.maximum(np.where(sp >= 0, e[np.maximum(sp, 0)], NEG), release)
+    del stream, best_score, score, grp_rs, need
     cross_ok = (best_idx >= 0) & (s - best_end <= CROSS_TOL_NS) & (best_end > explained)
     cp = np.where(cross_ok, best_idx, -1).astype(ix)
     del cross_ok, best_idx
