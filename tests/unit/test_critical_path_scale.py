@@ -237,3 +237,42 @@ def test_shared_plan_replays_as_a_fresh_one_on_a_run(sample_cp):
     # the latest finish per step, as a group-by over the nodes' steps gives it
     fin = {int(s): float(a.finish[g.n_step == s].max() - g.step_origin[int(s)]) for s in np.unique(g.n_step)}
     assert a.step_time == fin
+
+
+@pytest.mark.parametrize("step", [1, 20_000])
+def test_cross_stream_predecessor_only_where_the_start_is_unexplained(step):
+    # rank 0, stream 7: [0,1000] [3000,4000] [4000,5000]; stream 8: [1000,2992] [3504,3992]. [3000,4000] waits
+    # for stream 8 (ends 2992, after its stream predecessor's 1000); [4000,5000] starts when its stream
+    # predecessor ends (nothing to explain, although [3504,3992] ended 8 ns before). Step 20,000: (step, rank)
+    # ids past 2**13, the keys not known exact, every kernel looked up (times are multiples of 8: still exact)
+    base = 10**15
+    rows = [(7, 0, 1000), (7, 3000, 4000), (7, 4000, 5000), (8, 1000, 2992), (8, 3504, 3992)]
+    n = len(rows)
+    nodes = pa.table(
+        {
+            "rank": pa.array([0] * n, pa.int32()),
+            "step": pa.array([step] * n, pa.int32()),
+            "stream": pa.array([r[0] for r in rows], pa.int32()),
+            "start_ns": pa.array([base + r[1] for r in rows], pa.int64()),
+            "end_ns": pa.array([base + r[2] for r in rows], pa.int64()),
+            "launch_ns": pa.array([None] * n, pa.int64()),
+            "launch_tid": pa.array([None] * n, pa.int64()),
+            "is_comm": pa.array([False] * n),
+            "label": pa.array([None] * n, pa.string()),
+        },
+        schema=CP.NODES,
+    )
+    cp = CP.analyze_critical_path(nodes, None)
+    g = cp.graph
+    assert cp.baseline.step_time == {step: 5000.0}
+    # graph order: stream 7's three, then stream 8's two; [3000,4000] and [4000,5000] one segment (no edge
+    # enters the second); edges between the kernels' nodes: stream order and the two cross-stream waits
+    node = g.k_node.tolist()
+    assert node[1] == node[2] and len(set(node)) == 4
+    edges = sorted(zip(g.e_src.tolist(), g.e_dst.tolist()))
+    assert edges == sorted([(node[0], node[1]), (node[3], node[4]), (node[0], node[3]), (node[3], node[1])])
+    assert g.k_res.tolist() == [0.0, 8.0, 0.0, 0.0, 512.0]
+    # stream 8's first kernel halved (ends 1996): [3000,4000] runs 2004-3004, [4000,5000] 3004-4004
+    dur = g.k_dur.copy()
+    dur[3] = 996.0
+    assert CP.replay(g, dur).step_time == {step: 4004.0}
