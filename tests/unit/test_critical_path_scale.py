@@ -276,3 +276,14 @@ def test_cross_stream_predecessor_only_where_the_start_is_unexplained(step):
     dur = g.k_dur.copy()
     dur[3] = 996.0
     assert CP.replay(g, dur).step_time == {step: 4004.0}
+
+
+@pytest.mark.parametrize("vals", [(-3, 40), (0, 7), (0, 10**9)])
+def test_unique_inverse_is_numpys(vals):
+    rng = np.random.default_rng(5)
+    for dt in (np.int32, np.int64):
+        a = rng.integers(vals[0], vals[1], 2000).astype(dt)
+        u, inv = K.unique_inverse(a)
+        want_u, want_inv = np.unique(a, return_inverse=True)
+        assert u.dtype == want_u.dtype and u.tolist() == want_u.tolist()
+        assert inv.tolist() == want_inv.reshape(-1).tolist()

@@ -73,10 +73,24 @@ def as_pandas_ints(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
     return out
 
 
+def unique_inverse(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`np.unique(a, return_inverse=True)` (the inverse flat), by a count over the value range when `a` holds
+    integers of a small range (ranks, streams: no sort)."""
+    if a.size and a.dtype.kind in "iu":
+        lo, hi = int(a.min()), int(a.max())
+        if hi - lo < 4 * a.size + (1 << 20):
+            d = a.astype(np.int64) - lo
+            present = np.bincount(d, minlength=hi - lo + 1) > 0
+            lut = np.cumsum(present) - 1
+            return (np.flatnonzero(present) + lo).astype(a.dtype), lut[d]
+    u, inv = np.unique(a, return_inverse=True)
+    return u, inv.reshape(-1)
+
+
 def per_rank(rank: np.ndarray, table: dict[int, int]) -> np.ndarray:
     """table[rank] per row (0 for ranks not in it), looked up once per distinct rank."""
-    u, inv = np.unique(rank, return_inverse=True)
-    return np.array([table.get(int(r), 0) for r in u], dtype=np.int64)[inv.reshape(-1)]
+    u, inv = unique_inverse(rank)
+    return np.array([table.get(int(r), 0) for r in u], dtype=np.int64)[inv]
 
 
 def coll_lookup(
@@ -269,4 +283,5 @@ __all__ = [
     "per_rank",
     "sort_order",
     "sync_epochs",
+    "unique_inverse",
 ]

@@ -51,6 +51,7 @@ from tracelens.analyze.critical_keys import (
     per_rank,
     sort_order,
     sync_epochs,
+    unique_inverse,
 )
 from tracelens.analyze.critical_nodes import NODES as NODES
 from tracelens.analyze.critical_nodes import SYNC_TOL_NS as SYNC_TOL_NS
@@ -264,8 +265,7 @@ def _build_graph(
     np.maximum(e, s, out=e)
 
     # launch latency per rank: the smallest launch -> start seen on that rank
-    u_rank, r_inv = np.unique(rank, return_inverse=True)
-    r_inv = r_inv.reshape(-1)
+    u_rank, r_inv = unique_inverse(rank)
     lat_r = np.full(u_rank.size, np.inf)
     has_l = ~np.isnan(L)
     np.minimum.at(lat_r, r_inv[has_l], (s - L)[has_l])
@@ -310,7 +310,7 @@ def _build_graph(
     best_idx = np.full(n, -1, dtype=ix)
     # on a tie (a batched send/recv pair ends together) the receive is what the next kernel waits for
     score = e - 0.5 * op.mask("send")
-    for st in np.unique(stream):
+    for st in unique_inverse(stream)[0]:
         # (step, rank) above the start / the end: one sorted search per stream (keys of the rows it needs)
         is_st = stream == st
         mine = np.flatnonzero(is_st)
@@ -554,7 +554,9 @@ def _release_terms(
     qmax = np.maximum.reduceat(val, starts)
     hit = val == qmax[seg_idx]
     hit &= val > NEG / 2
-    cand = np.arange(ks.size)  # (in place, one array a kernel: this runs over every kernel per replay)
+    cand = np.arange(
+        ks.size, dtype=ks.dtype
+    )  # (in place, one array a kernel: this runs over every kernel per replay)
     cand[~hit] = ks.size
     del hit
     amin = np.minimum.reduceat(cand, starts)
