@@ -90,7 +90,8 @@ def unique_inverse(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def per_rank(rank: np.ndarray, table: dict[int, int]) -> np.ndarray:
     """table[rank] per row (0 for ranks not in it), looked up once per distinct rank."""
     u, inv = unique_inverse(rank)
-    return np.array([table.get(int(r), 0) for r in u], dtype=np.int64)[inv]
+    out: np.ndarray = np.array([table.get(int(r), 0) for r in u], dtype=np.int64)[inv]
+    return out
 
 
 def coll_lookup(
