@@ -192,9 +192,8 @@ def _build_graph(
         out: np.ndarray = nodes.column(name).to_numpy(zero_copy_only=False).astype(np.int64)
         return out
 
-    def key_col(
-        name: str,
-    ) -> np.ndarray:  # rank, step, stream: int32 when the column's type is (schema NODES)
+    def key_col(name: str) -> np.ndarray:
+        """rank, step, stream: int32 when the column's type is (schema NODES)."""
         a: np.ndarray = nodes.column(name).to_numpy(zero_copy_only=False)
         small = (a.dtype.kind == "i" and a.dtype.itemsize <= 4) or (
             a.dtype.kind == "u" and a.dtype.itemsize < 4
