@@ -1,14 +1,65 @@
 """Keys and lookups of the critical-path graph build (`tracelens.analyze.critical_path`): integer columns as a
-DataFrame would hold them, per-rank tables, the matched collective row of each communication kernel, and the
-kernels' stream order, each as one sort or search over packed int64 keys where the values fit."""
+DataFrame would hold them, per-rank tables, the matched collective row of each communication kernel, the
+kernels' stream order and their sync epochs, each as one sort or search over packed int64 keys where the
+values fit; string columns per kernel as small integer codes (`Cells`)."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from tracelens.analyze.frame_cells import str_objects
+from tracelens.analyze.critical_nodes import SYNC_TOL_NS
+
+
+def code_type(n: int) -> type[np.signedinteger[Any]]:
+    """The smallest signed integer type holding 0 .. n - 1."""
+    return np.int8 if n <= 2**7 else np.int16 if n <= 2**15 else np.int32 if n <= 2**31 else np.int64
+
+
+@dataclass(frozen=True)
+class Cells:
+    """A string column per kernel as small integer codes into its distinct cells (`values`: str, or None for a
+    null): `cells[rows]` gives the cells an object array of them would (one byte or two a row instead of
+    eight)."""
+
+    codes: np.ndarray
+    values: np.ndarray  # object
+
+    def __getitem__(self, rows: Any) -> Any:
+        return self.values[self.codes[rows]]
+
+    @property
+    def size(self) -> int:
+        return int(self.codes.size)
+
+    def mask(self, value: str) -> np.ndarray:
+        """Per row: the cell equals `value` (compared once per distinct cell)."""
+        hit = np.flatnonzero(np.array([v == value for v in self.values], dtype=bool))
+        out: np.ndarray = np.isin(self.codes, hit)
+        return out
+
+
+def cells(
+    col: pa.ChunkedArray | pa.Array, rows: np.ndarray | None = None, extra: tuple[str, ...] = ()
+) -> Cells:
+    """A string column's cells (of `rows`, when given) as `Cells`: the same cells as
+    `frame_cells.str_objects(col, rows)`; `extra` values are appended after the null (codes for a caller's
+    default cells)."""
+    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    if not pa.types.is_dictionary(arr.type):
+        arr = arr.dictionary_encode()  # (all rows: encoding before taking moves indices, not strings)
+    n_dict = len(arr.dictionary)
+    values = np.empty(n_dict + 1 + len(extra), dtype=object)
+    values[:n_dict] = arr.dictionary.to_pylist()
+    values[n_dict + 1 :] = list(extra)  # (values[n_dict] stays None: the null cell)
+    idx = arr.indices.fill_null(n_dict).to_numpy(zero_copy_only=False)
+    if rows is not None:
+        idx = idx[rows]
+    return Cells(idx.astype(code_type(values.size)), values)
 
 
 def as_pandas_ints(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
@@ -22,19 +73,35 @@ def as_pandas_ints(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
     return out
 
 
+def unique_inverse(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`np.unique(a, return_inverse=True)` (the inverse flat), by a count over the value range when `a` holds
+    integers of a small range (ranks, streams: no sort)."""
+    if a.size and a.dtype.kind in "iu":
+        lo, hi = int(a.min()), int(a.max())
+        if hi - lo < 4 * a.size + (1 << 20):
+            d = a.astype(np.int64) - lo
+            present = np.bincount(d, minlength=hi - lo + 1) > 0
+            lut = np.cumsum(present) - 1
+            return (np.flatnonzero(present) + lo).astype(a.dtype), lut[d]
+    u, inv = np.unique(a, return_inverse=True)
+    return u, inv.reshape(-1)
+
+
 def per_rank(rank: np.ndarray, table: dict[int, int]) -> np.ndarray:
     """table[rank] per row (0 for ranks not in it), looked up once per distinct rank."""
-    u, inv = np.unique(rank, return_inverse=True)
-    return np.array([table.get(int(r), 0) for r in u], dtype=np.int64)[inv.reshape(-1)]
+    u, inv = unique_inverse(rank)
+    out: np.ndarray = np.array([table.get(int(r), 0) for r in u], dtype=np.int64)[inv]
+    return out
 
 
 def coll_lookup(
     collectives: pa.Table, rank: np.ndarray, raw_start: np.ndarray, raw_end: np.ndarray, s: np.ndarray,
-    e: np.ndarray, q: np.ndarray, inst: np.ndarray, transfer: np.ndarray, op: np.ndarray, group: np.ndarray,
-    nbytes: np.ndarray,
-) -> None:  # fmt: skip
+    e: np.ndarray, q: np.ndarray, inst: np.ndarray, transfer: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
     """For the kernels `q` (communication kernels): the matched collective row with the same rank, start and
-    end (the first such row), its instance, transfer (at most the kernel's duration), op, group and bytes."""
+    end (the first such row), its instance and transfer (at most the kernel's duration). Returns the kernels
+    matched (ascending) and their rows in `collectives` (for `coll_cells` and the bytes)."""
+    none = np.zeros(0, dtype=np.int64)
     names = collectives.column_names
     c_start = as_pandas_ints(collectives.column("start_ns"))
     c_inst = as_pandas_ints(collectives.column("instance"))
@@ -46,7 +113,7 @@ def coll_lookup(
     keep &= ~np.isnan(c_end.astype(float))
     rows = np.flatnonzero(keep)
     if rows.size == 0 or q.size == 0:
-        return
+        return none, none
     ea = as_pandas_ints(collectives.column("end_aligned_ns"))[rows]
     ls = as_pandas_ints(collectives.column("latest_start_ns"))[rows]
     tr = np.clip(ea - ls, 0, None).astype(float)
@@ -58,12 +125,13 @@ def coll_lookup(
     hi = max(int(r_start.max()), int(raw_start[q].max()))
     r_lo = min(int(c_rank.min()), int(rank[q].min()))
     r_span = max(int(c_rank.max()), int(rank[q].max())) - r_lo + 1
+    q_rank = rank[q].astype(np.int64)
     right: list[np.ndarray] = [c_rank, r_start, r_end]
-    left: list[np.ndarray] = [rank[q], raw_start[q], raw_end[q]]
+    left: list[np.ndarray] = [q_rank, raw_start[q], raw_end[q]]
     pos = None
     if hi - lo < 2**40 and r_span < 2**22:
         k_right = ((c_rank - r_lo) << 40) + (r_start - lo)
-        k_left = ((rank[q] - r_lo) << 40) + (raw_start[q] - lo)
+        k_left = ((q_rank - r_lo) << 40) + (raw_start[q] - lo)
         pos = pair_lookup(k_right, r_end, k_left, raw_end[q])
         first = np.ones(rows.size, dtype=bool)
         right, left = [k_right, r_end], [k_left, raw_end[q]]
@@ -74,14 +142,33 @@ def coll_lookup(
     sel = rows[first]
     hit, p = q[pos >= 0], pos[pos >= 0]
     if hit.size == 0:
-        return
+        return none, none
     src = sel[p]
     inst[hit] = c_inst[src].astype(np.int64)
-    transfer[hit] = np.minimum(tr[first][p], (e - s)[hit])
-    op[hit] = str_objects(collectives.column("op"), src) if "op" in names else "nan"
-    group[hit] = str_objects(collectives.column("group_key"), src) if "group_key" in names else "nan"
-    if "bytes" in names:
-        nbytes[hit] = as_pandas_ints(collectives.column("bytes")).astype(float)[src]
+    transfer[hit] = np.minimum(tr[first][p], e[hit] - s[hit])
+    return hit, src
+
+
+def coll_cells(collectives: pa.Table | None, name: str, hit: np.ndarray, src: np.ndarray, n: int) -> Cells:
+    """Per kernel: the `name` cell of its matched collective row (`coll_lookup`'s hit, src), "" for the
+    kernels without one, "nan" for all matched ones when the table has no such column."""
+    if collectives is None or name not in collectives.column_names:
+        values = np.array(["", "nan"], dtype=object)
+        codes = np.zeros(n, dtype=np.int8)
+        codes[hit] = 1
+        return Cells(codes, values)
+    c = cells(collectives.column(name), src, extra=("",))
+    out = np.full(n, c.values.size - 1, dtype=c.codes.dtype)
+    out[hit] = c.codes
+    return Cells(out, c.values)
+
+
+def coll_bytes(collectives: pa.Table | None, hit: np.ndarray, src: np.ndarray, k: np.ndarray) -> np.ndarray:
+    """The bytes of the matched collective row of each kernel `k` (a subset of `hit`; NaN without a column)."""
+    if collectives is None or "bytes" not in collectives.column_names or k.size == 0:
+        return np.full(k.size, np.nan)
+    vals: np.ndarray = as_pandas_ints(collectives.column("bytes")).astype(float)[src[np.searchsorted(hit, k)]]
+    return vals
 
 
 def pair_lookup(ka: np.ndarray, kb: np.ndarray, qa: np.ndarray, qb: np.ndarray) -> np.ndarray | None:
@@ -118,4 +205,84 @@ def sort_order(step: np.ndarray, rank: np.ndarray, stream: np.ndarray, s: np.nda
     return np.lexsort((s, stream, rank, step))
 
 
-__all__ = ["as_pandas_ints", "coll_lookup", "pair_lookup", "per_rank", "sort_order"]
+def sync_epochs(
+    syncs: pa.Table | None,
+    off: dict[int, int],
+    origin: int,
+    rank: np.ndarray,
+    step: np.ndarray,
+    e: np.ndarray,
+    L: np.ndarray,
+    tid: np.ndarray,
+    lat: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """Per kernel (graph order): the kernel X that the last blocking sync of its launching thread before its
+    launch waited for (-1: none, or X is in another step), that sync's return plus the rank's launch latency
+    (NaN: none), and the number of blocking sync calls found.
+
+    A call blocked when some device work of its rank ended inside it and the call returned at most
+    SYNC_TOL_NS after the latest such end; X is the work with that end."""
+    n = rank.size
+    x_of = np.full(n, -1, dtype=np.int64)
+    ret = np.full(n, np.nan)
+    if syncs is None or syncs.num_rows == 0 or n == 0:
+        return x_of, ret, 0
+    sy = syncs.select(["rank", "tid", "start_ns", "end_ns"]).to_pandas()
+    sy = sy[sy["rank"].isin(np.unique(rank)) & sy["tid"].notna()]
+    if sy.empty:
+        return x_of, ret, 0
+    o = sy["rank"].map(off).fillna(0).astype("int64")
+    cs = (sy["start_ns"] - o - origin).to_numpy(dtype=np.int64)
+    ce = (sy["end_ns"] - o - origin).to_numpy(dtype=np.int64)
+    sr = sy["rank"].to_numpy(dtype=np.int64)
+    # the latest device end of the rank at or before the call's end: one sorted key (rank, end)
+    SH, HALF = np.int64(2**44), np.int64(2**43)
+    dkey = rank * SH + (np.round(e).astype(np.int64) + HALF)
+    order = np.argsort(dkey, kind="stable")
+    j = np.searchsorted(dkey[order], sr * SH + (ce + HALF), side="right") - 1
+    xi = order[np.maximum(j, 0)]
+    ok = (j >= 0) & (rank[xi] == sr) & (e[xi] > cs) & (ce - e[xi] <= SYNC_TOL_NS)
+    if not ok.any():
+        return x_of, ret, 0
+    right = pd.DataFrame(
+        {
+            "rank": sr[ok],
+            "tid": sy["tid"].to_numpy(dtype=np.int64)[ok],
+            "ce": ce[ok].astype(float),
+            "x": xi[ok],
+        }
+    ).sort_values("ce", kind="stable")
+    has = ~np.isnan(L) & ~np.isnan(tid)
+    left = pd.DataFrame(
+        {
+            "k": np.flatnonzero(has),
+            "rank": rank[has].astype(np.int64),
+            "tid": tid[has].astype(np.int64),
+            "L": L[has],
+        }
+    ).sort_values("L", kind="stable")
+    m = pd.merge_asof(left, right, left_on="L", right_on="ce", by=["rank", "tid"], direction="backward")
+    m = m[m["x"].notna()]
+    k = m["k"].to_numpy(dtype=np.int64)
+    x = m["x"].to_numpy(dtype=np.int64)
+    keep = (step[x] == step[k]) & (x != k)
+    k, x = k[keep], x[keep]
+    x_of[k] = x
+    ret[k] = m["ce"].to_numpy()[keep] + lat[k]
+    return x_of, ret, int(ok.sum())
+
+
+__all__ = [
+    "Cells",
+    "as_pandas_ints",
+    "cells",
+    "code_type",
+    "coll_bytes",
+    "coll_cells",
+    "coll_lookup",
+    "pair_lookup",
+    "per_rank",
+    "sort_order",
+    "sync_epochs",
+    "unique_inverse",
+]

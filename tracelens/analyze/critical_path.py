@@ -40,13 +40,24 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from tracelens.analyze.critical_keys import as_pandas_ints, coll_lookup, per_rank, sort_order
+from tracelens.analyze.critical_keys import (
+    Cells,
+    as_pandas_ints,
+    cells,
+    code_type,
+    coll_bytes,
+    coll_cells,
+    coll_lookup,
+    per_rank,
+    sort_order,
+    sync_epochs,
+    unique_inverse,
+)
 from tracelens.analyze.critical_nodes import NODES as NODES
 from tracelens.analyze.critical_nodes import SYNC_TOL_NS as SYNC_TOL_NS
 from tracelens.analyze.critical_nodes import SYNCS as SYNCS
 from tracelens.analyze.critical_nodes import device_nodes as device_nodes
 from tracelens.analyze.critical_nodes import sync_calls as sync_calls
-from tracelens.analyze.frame_cells import str_objects
 
 #: A kernel starting this soon after another stream's kernel ends (and not explained otherwise) waited for it.
 CROSS_TOL_NS = 5_000
@@ -67,21 +78,18 @@ class Graph:
     # kernels, sorted by (step, rank, stream, start)
     k_rank: np.ndarray
     k_step: np.ndarray
-    k_stream: np.ndarray
     k_end: np.ndarray
     k_dur: np.ndarray  # float ns
     k_release: np.ndarray  # float ns (NEG: no launch constraint)
     k_res: np.ndarray  # unexplained gap before the kernel (kept constant)
     k_comm: np.ndarray
-    k_label: np.ndarray
+    k_label: Cells  # layer label (None: none)
     k_node: np.ndarray  # node holding the kernel (segment; for a collective kernel its FIN node)
-    k_seg_first: np.ndarray  # bool: first kernel of its segment
-    k_inst_row: np.ndarray  # row in `inst` frame, -1 when not a matched collective participant
     k_transfer: np.ndarray  # collective kernels: observed transfer (end - latest arrival)
-    k_op: np.ndarray  # collective op or ""
-    k_group: np.ndarray  # collective group key or ""
+    k_op: Cells  # collective op or ""
+    k_group: Cells  # collective group key or ""
     k_instance: np.ndarray  # collective instance id or -1
-    k_bytes: np.ndarray
+    ck_bytes: np.ndarray  # bytes of each collective kernel (k_instance >= 0), in kernel order
     # nodes
     n_type: np.ndarray
     n_rank: np.ndarray
@@ -96,6 +104,7 @@ class Graph:
     stage_of: dict[int, int] | None = None
     dropped_instances: int = 0  # collective instances left out: their matching formed a cycle
     # sync edges (see module docstring)
+    # (the four below are empty when no launch follows a blocking sync)
     k_sync_x: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))  # X per kernel, or -1
     k_sync_ret: np.ndarray = field(default_factory=lambda: np.empty(0))  # that sync's return + launch latency
     n_sync_src: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))  # node of X, or -1
@@ -183,7 +192,15 @@ def _build_graph(
         out: np.ndarray = nodes.column(name).to_numpy(zero_copy_only=False).astype(np.int64)
         return out
 
-    rank, step, stream = ints("rank"), ints("step"), ints("stream")
+    def key_col(name: str) -> np.ndarray:
+        """rank, step, stream: int32 when the column's type is (schema NODES)."""
+        a: np.ndarray = nodes.column(name).to_numpy(zero_copy_only=False)
+        small = (a.dtype.kind == "i" and a.dtype.itemsize <= 4) or (
+            a.dtype.kind == "u" and a.dtype.itemsize < 4
+        )
+        return a.astype(np.int32 if small else np.int64)
+
+    rank, step, stream = key_col("rank"), key_col("step"), key_col("stream")
     raw_start, raw_end = ints("start_ns"), ints("end_ns")
     o = per_rank(rank, off)
     origin = int((raw_start - o).min())
@@ -194,19 +211,19 @@ def _build_graph(
     L = np.where(has_launch, np.where(has_launch, launch, 0).astype(np.int64) - o - origin, np.nan).astype(
         float
     )
-    del launch, o
-    # kernels sorted by (step, rank, stream, start), stably
+    del launch, o, has_launch
+    # kernels sorted by (step, rank, stream, start), stably (each array reordered in turn: one copy at a time)
     order = sort_order(step, rank, stream, s)
-    rank, step, stream, raw_start, raw_end = (
-        rank[order],
-        step[order],
-        stream[order],
-        raw_start[order],
-        raw_end[order],
-    )
-    s, e, L = s[order], e[order], L[order]
+    rank = rank[order]
+    step = step[order]
+    stream = stream[order]
+    raw_start = raw_start[order]
+    raw_end = raw_end[order]
+    s = s[order]
+    e = e[order]
+    L = L[order]
     is_comm = nodes.column("is_comm").to_numpy(zero_copy_only=False).astype(bool)[order]
-    label = str_objects(nodes.column("label"), order)
+    label = cells(nodes.column("label"), order)
     if "launch_tid" in nodes.column_names:
         tid = as_pandas_ints(nodes.column("launch_tid")).astype(float)[order]
     else:
@@ -214,16 +231,17 @@ def _build_graph(
     del order
     n = rank.size
 
-    # collectives: instance, transfer per participant
+    # collectives: instance, transfer per participant (op, group and bytes from the matched rows)
     inst = np.full(n, -1, dtype=np.int64)
     transfer = np.full(n, np.nan)
-    op = np.full(n, "", dtype=object)
-    group = np.full(n, "", dtype=object)
-    nbytes = np.full(n, np.nan)
+    c_hit = c_row = np.zeros(0, dtype=np.int64)  # the kernels matched, their collective rows
     if collectives is not None and collectives.num_rows:
-        coll_lookup(collectives, rank, raw_start, raw_end, s, e, np.flatnonzero(is_comm), inst, transfer, op,
-                     group, nbytes)  # fmt: skip
+        q = np.flatnonzero(is_comm)
+        c_hit, c_row = coll_lookup(collectives, rank, raw_start, raw_end, s, e, q, inst, transfer)
+        del q
     del raw_start, raw_end
+    op = coll_cells(collectives, "op", c_hit, c_row, n)
+    group = coll_cells(collectives, "group_key", c_hit, c_row, n)
     # an instance seen by one participant only is no rendezvous
     on = inst >= 0
     u_inst, i_inv, i_cnt = np.unique(inst[on], return_inverse=True, return_counts=True)
@@ -238,13 +256,15 @@ def _build_graph(
     early_ids = u_inst[s_max - e_min > CROSS_TOL_NS].astype(np.int64)
     inst = np.where(lone | np.isin(inst, excluded) | np.isin(inst, early_ids), -1, inst)
     del lone, on, i_inv
+    # ids in the smallest integer type that holds them (int32 up to ~700 M kernels: nodes <= 3 per kernel)
+    ix = np.int32 if 3 * n + 1 < 2**31 - 1 and int(np.abs(inst).max(initial=0)) < 2**31 - 1 else np.int64
+    inst = inst.astype(ix, copy=False)
     coll = inst >= 0
 
-    e = np.maximum(e, s)
+    np.maximum(e, s, out=e)
 
     # launch latency per rank: the smallest launch -> start seen on that rank
-    u_rank, r_inv = np.unique(rank, return_inverse=True)
-    r_inv = r_inv.reshape(-1)
+    u_rank, r_inv = unique_inverse(rank)
     lat_r = np.full(u_rank.size, np.inf)
     has_l = ~np.isnan(L)
     np.minimum.at(lat_r, r_inv[has_l], (s - L)[has_l])
@@ -252,16 +272,19 @@ def _build_graph(
     lat_k = lat_r[r_inv]
     del r_inv, has_l
     release = np.where(np.isnan(L), NEG, L + lat_k)
-    release = np.minimum(release, s)
-    # ids in the smallest integer type that holds them (int32 up to ~700 M kernels: nodes <= 3 per kernel)
-    ix = np.int32 if 3 * n + 1 < 2**31 - 1 and int(np.abs(inst).max(initial=0)) < 2**31 - 1 else np.int64
+    np.minimum(release, s, out=release)
 
     # stream predecessor
-    grp_rs = step * (rank.max() + 1) + rank  # (step, rank) group id
+    n_r = int(rank.max()) + 1
+    fits = n == 0 or (int(np.abs(step).max()) + 1) * n_r < 2**31 - 1 and int(rank.min()) >= 0
+    grp_rs = step.astype(np.int32 if fits else np.int64) * n_r + rank  # (step, rank) group id
     same_stream = np.r_[False, (grp_rs[1:] == grp_rs[:-1]) & (stream[1:] == stream[:-1])]
 
     # sync edges: the kernel X whose end the launching thread's last blocking sync waited for
-    sync_x, sync_ret, n_syncs = _sync_epochs(syncs, off, origin, rank, step, e, L, tid, lat_k)
+    sync_x, sync_ret, n_syncs = sync_epochs(syncs, off, origin, rank, step, e, L, tid, lat_k)
+    sync_x = sync_x.astype(ix)
+    if not (sync_x >= 0).any():
+        sync_ret = np.empty(0)  # (all NaN: no launch follows a blocking sync)
     del tid, lat_k
     # a kernel without a launch takes the epoch of the kernel before it on its stream (it has no release term)
     known = np.where(np.isnan(L), -1, np.arange(n))
@@ -273,29 +296,33 @@ def _build_graph(
     del last_known, run_start
 
     # cross-stream predecessor: the latest end on another stream of the same (step, rank) at or before start
+    sp = np.where(same_stream, np.arange(n) - 1, -1).astype(ix)
+    explained = np.maximum(np.where(sp >= 0, e[np.maximum(sp, 0)], NEG), release)
     SH = float(2**40)
-    gkey = grp_rs.astype(float) * SH
+    # with exact keys (whole ns below 2**40, (step, rank) ids below 2**13: below 2**53) a predecessor ends at or
+    # before the start, so a kernel whose start its stream or release explains has none (one ending later than
+    # `explained` is needed): only the others are looked up
+    exact = int(grp_rs.min()) >= 0 and int(grp_rs.max()) < 2**13 and float(e.max()) < 2**40
+    need = explained < s if exact else np.ones(n, dtype=bool)
     best_end = np.full(n, NEG)
     best_score = np.full(n, NEG)
-    best_idx = np.full(n, -1, dtype=np.int64)
+    best_idx = np.full(n, -1, dtype=ix)
     # on a tie (a batched send/recv pair ends together) the receive is what the next kernel waits for
-    score = e - 0.5 * (op == "send")
-    qkey = gkey + s  # (step, rank) above the start / the end: one sorted search per stream
-    ekey = gkey + e
-    del gkey
-    for st in np.unique(stream):
+    score = e - 0.5 * op.mask("send")
+    for st in unique_inverse(stream)[0]:
+        # (step, rank) above the start / the end: one sorted search per stream (keys of the rows it needs)
         is_st = stream == st
         mine = np.flatnonzero(is_st)
-        keys = ekey[mine]
+        keys = grp_rs[mine].astype(float) * SH + e[mine]
         if keys.size > 1 and not bool((keys[1:] >= keys[:-1]).all()):  # (in stream order already: as is)
             order = np.argsort(keys, kind="stable")
             keys, mine = keys[order], mine[order]
             del order
-        other = np.flatnonzero(~is_st)
+        other = np.flatnonzero(~is_st & need)
         del is_st
         if other.size == 0 or mine.size == 0:
             continue
-        j = np.searchsorted(keys, qkey[other], side="right") - 1
+        j = np.searchsorted(keys, grp_rs[other].astype(float) * SH + s[other], side="right") - 1
         cand = mine[np.maximum(j, 0)]
         ok = (j >= 0) & (grp_rs[cand] == grp_rs[other])
         del j
@@ -306,10 +333,7 @@ def _build_graph(
         best_end[o] = e[c]
         best_idx[o] = c
         del mine, keys, other, cand, ok, sc, better, o, c
-    del qkey, ekey
-    del best_score, score, grp_rs
-    sp = np.where(same_stream, np.arange(n) - 1, -1).astype(ix)
-    explained = np.maximum(np.where(sp >= 0, e[np.maximum(sp, 0)], NEG), release)
+    del stream, best_score, score, grp_rs, need
     cross_ok = (best_idx >= 0) & (s - best_end <= CROSS_TOL_NS) & (best_end > explained)
     cp = np.where(cross_ok, best_idx, -1).astype(ix)
     del cross_ok, best_idx
@@ -382,12 +406,17 @@ def _build_graph(
     e_src = np.concatenate(src).astype(ix)
     e_dst = np.concatenate(dst).astype(ix)
     del src, dst
-    # sync edges: X's node (its segment ends at X; a collective X: its FIN node) -> the launching node
+    # sync edges: X's node (its segment ends at X; a collective X: its FIN node) -> the launching node; the
+    # per-kernel and per-node sync arrays are empty when no launch follows a blocking sync (nothing to replay)
     hs = np.flatnonzero(sync_x >= 0)
-    n_sync_src = np.full(n_nodes, -1, dtype=ix)
-    n_sync_end = np.full(n_nodes, NEG)
-    n_sync_src[k_in[hs]] = k_out[sync_x[hs]]
-    n_sync_end[k_in[hs]] = e[sync_x[hs]]
+    if hs.size:
+        n_sync_src = np.full(n_nodes, -1, dtype=ix)
+        n_sync_end = np.full(n_nodes, NEG)
+        n_sync_src[k_in[hs]] = k_out[sync_x[hs]]
+        n_sync_end[k_in[hs]] = e[sync_x[hs]]
+    else:
+        sync_x, sync_ret = np.empty(0, dtype=ix), np.empty(0)
+        n_sync_src, n_sync_end = np.empty(0, dtype=ix), np.empty(0)
     del k_in, hs
     s_dst = np.flatnonzero(n_sync_src >= 0).astype(ix)
     s_src = n_sync_src[s_dst]
@@ -417,13 +446,10 @@ def _build_graph(
     first_ck[inst_row[::-1]] = ck[::-1]
     n_step[inst_node] = step[first_ck]
 
-    k_inst_row = np.where(coll, 0, -1).astype(ix)
-    k_inst_row[ck] = inst_row
     g = Graph(
         origin_ns=origin,
-        k_rank=rank.astype(ix),
-        k_step=step.astype(ix),
-        k_stream=stream.astype(ix),
+        k_rank=rank.astype(ix, copy=False),
+        k_step=step.astype(ix, copy=False),
         k_end=e,
         k_dur=dur,
         k_release=release,
@@ -431,13 +457,11 @@ def _build_graph(
         k_comm=is_comm,
         k_label=label,
         k_node=k_out,
-        k_seg_first=first_of_seg,
-        k_inst_row=k_inst_row,
-        k_transfer=np.nan_to_num(transfer, nan=0.0),
+        k_transfer=np.nan_to_num(transfer, nan=0.0, copy=False),
         k_op=op,
         k_group=group,
-        k_instance=inst.astype(ix),
-        k_bytes=nbytes,
+        k_instance=inst,
+        ck_bytes=coll_bytes(collectives, c_hit, c_row, ck),
         n_type=n_type,
         n_rank=n_rank,
         n_step=n_step,
@@ -447,73 +471,11 @@ def _build_graph(
         e_dst=e_dst,
         stage_of=stage_of,
     )
-    g.k_sync_x, g.k_sync_ret, g.n_syncs = sync_x.astype(ix), sync_ret, n_syncs
+    g.k_sync_x, g.k_sync_ret, g.n_syncs = sync_x, sync_ret, n_syncs
     g.early_instances = int(early_ids.size)
     g.n_sync_src, g.n_sync_end, g.s_src, g.s_dst = n_sync_src, n_sync_end, s_src, s_dst
     g.step_origin = step_origin
     return g
-
-
-def _sync_epochs(
-    syncs: pa.Table | None,
-    off: dict[int, int],
-    origin: int,
-    rank: np.ndarray,
-    step: np.ndarray,
-    e: np.ndarray,
-    L: np.ndarray,
-    tid: np.ndarray,
-    lat: np.ndarray,
-) -> tuple[np.ndarray, np.ndarray, int]:
-    """Per kernel (graph order): the kernel X that the last blocking sync of its launching thread before its
-    launch waited for (-1: none, or X is in another step), that sync's return plus the rank's launch latency
-    (NaN: none), and the number of blocking sync calls found.
-
-    A call blocked when some device work of its rank ended inside it and the call returned at most
-    SYNC_TOL_NS after the latest such end; X is the work with that end."""
-    n = rank.size
-    x_of = np.full(n, -1, dtype=np.int64)
-    ret = np.full(n, np.nan)
-    if syncs is None or syncs.num_rows == 0 or n == 0:
-        return x_of, ret, 0
-    sy = syncs.select(["rank", "tid", "start_ns", "end_ns"]).to_pandas()
-    sy = sy[sy["rank"].isin(np.unique(rank)) & sy["tid"].notna()]
-    if sy.empty:
-        return x_of, ret, 0
-    o = sy["rank"].map(off).fillna(0).astype("int64")
-    cs = (sy["start_ns"] - o - origin).to_numpy(dtype=np.int64)
-    ce = (sy["end_ns"] - o - origin).to_numpy(dtype=np.int64)
-    sr = sy["rank"].to_numpy(dtype=np.int64)
-    # the latest device end of the rank at or before the call's end: one sorted key (rank, end)
-    SH, HALF = np.int64(2**44), np.int64(2**43)
-    dkey = rank * SH + (np.round(e).astype(np.int64) + HALF)
-    order = np.argsort(dkey, kind="stable")
-    j = np.searchsorted(dkey[order], sr * SH + (ce + HALF), side="right") - 1
-    xi = order[np.maximum(j, 0)]
-    ok = (j >= 0) & (rank[xi] == sr) & (e[xi] > cs) & (ce - e[xi] <= SYNC_TOL_NS)
-    if not ok.any():
-        return x_of, ret, 0
-    right = pd.DataFrame(
-        {
-            "rank": sr[ok],
-            "tid": sy["tid"].to_numpy(dtype=np.int64)[ok],
-            "ce": ce[ok].astype(float),
-            "x": xi[ok],
-        }
-    ).sort_values("ce", kind="stable")
-    has = ~np.isnan(L) & ~np.isnan(tid)
-    left = pd.DataFrame(
-        {"k": np.flatnonzero(has), "rank": rank[has], "tid": tid[has].astype(np.int64), "L": L[has]}
-    ).sort_values("L", kind="stable")
-    m = pd.merge_asof(left, right, left_on="L", right_on="ce", by=["rank", "tid"], direction="backward")
-    m = m[m["x"].notna()]
-    k = m["k"].to_numpy(dtype=np.int64)
-    x = m["x"].to_numpy(dtype=np.int64)
-    keep = (step[x] == step[k]) & (x != k)
-    k, x = k[keep], x[keep]
-    x_of[k] = x
-    ret[k] = m["ce"].to_numpy()[keep] + lat[k]
-    return x_of, ret, int(ok.sum())
 
 
 class GraphCycleError(RuntimeError):
@@ -527,35 +489,43 @@ def _levels(g: Graph) -> None:
     all_src, all_dst = np.r_[g.e_src, g.s_src], np.r_[g.e_dst, g.s_dst]  # sync edges order, do not enter
     indeg = np.bincount(all_dst, minlength=n)
     order = np.argsort(all_src, kind="stable")
-    src_sorted = all_src[order]
     dst_by_src = all_dst[order]
-    starts = np.searchsorted(src_sorted, np.arange(n + 1))
+    starts = np.r_[0, np.cumsum(np.bincount(all_src, minlength=n))]  # (CSR by source: counts, not a search)
+    del order, all_src, all_dst
     level = np.full(n, -1, dtype=np.int64)
+    slot = np.zeros(n, dtype=np.int64)  # (to take each node once from a list that may repeat it)
     frontier = np.flatnonzero(indeg == 0)
     lv = 0
     while frontier.size:
         level[frontier] = lv
-        lo, hi = starts[frontier], starts[frontier + 1]
-        cnt = hi - lo
-        if cnt.sum() == 0:
+        lo = starts[frontier]
+        cnt = starts[frontier + 1] - lo
+        tot = int(cnt.sum())
+        if tot == 0:
             break
-        idx = np.repeat(lo - np.cumsum(np.r_[0, cnt[:-1]]), cnt) + np.arange(cnt.sum())
-        cand, dec = np.unique(dst_by_src[idx], return_counts=True)  # (work per level: its edges, not n)
-        indeg[cand] -= dec
-        frontier = cand[indeg[cand] == 0]
+        idx = np.repeat(lo - np.cumsum(np.r_[0, cnt[:-1]]), cnt) + np.arange(tot)
+        d = dst_by_src[idx]  # (work per level: its edges, not n)
+        np.subtract.at(indeg, d, 1)
+        z = d[indeg[d] == 0]
+        slot[z] = np.arange(z.size)
+        frontier = z[slot[z] == np.arange(z.size)]  # each node once (the order within a level is not used)
         lv += 1
     if (level < 0).any():
         raise GraphCycleError(f"dependency graph has a cycle ({int((level < 0).sum())} nodes unreached)")
+    del slot, indeg, dst_by_src, starts
+    n_lv = int(level.max()) + 1
+    level = level.astype(code_type(n_lv))  # (a small type: the stable sorts below are radix sorts)
     byl = np.argsort(level, kind="stable").astype(g.n_first_k.dtype)
-    bounds = np.searchsorted(level[byl], np.arange(level.max() + 2))
-    g.levels = [byl[bounds[i] : bounds[i + 1]] for i in range(len(bounds) - 1)]
+    bounds = np.r_[0, np.cumsum(np.bincount(level, minlength=n_lv))]
+    g.levels = [byl[bounds[i] : bounds[i + 1]] for i in range(n_lv)]
     # the edges themselves in order of their target's level (stable: a node's in-edges keep their order), so
     # that each level's in-edges are views of them, not copies
     elev = level[g.e_dst]
     eo = np.argsort(elev, kind="stable")
-    eb = np.searchsorted(elev[eo], np.arange(level.max() + 2))
+    eb = np.r_[0, np.cumsum(np.bincount(elev, minlength=n_lv))]
+    del elev
     g.e_src, g.e_dst = g.e_src[eo], g.e_dst[eo]
-    g.level_edges = [(g.e_src[eb[i] : eb[i + 1]], g.e_dst[eb[i] : eb[i + 1]]) for i in range(len(eb) - 1)]
+    g.level_edges = [(g.e_src[eb[i] : eb[i + 1]], g.e_dst[eb[i] : eb[i + 1]]) for i in range(n_lv)]
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -583,11 +553,60 @@ def _release_terms(
     qmax = np.maximum.reduceat(val, starts)
     hit = val == qmax[seg_idx]
     hit &= val > NEG / 2
-    cand = np.arange(ks.size)  # (in place, one array a kernel: this runs over every kernel per replay)
+    cand = np.arange(
+        ks.size, dtype=ks.dtype
+    )  # (in place, one array a kernel: this runs over every kernel per replay)
     cand[~hit] = ks.size
     del hit
     amin = np.minimum.reduceat(cand, starts)
     return qmax, np.where(amin < ks.size, ks[np.minimum(amin, ks.size - 1)], -1)
+
+
+@dataclass
+class ReplayPlan:
+    """What every replay of one graph shares: the plain kernels (`ks`) by segment (`starts`, `seg_idx`, the
+    segments' nodes `nodes_u`), the collective kernels (`ck`), which of them launch after a sync, and the
+    nodes by step. `replay` builds one when not given one; `whatif.what_if` builds one for all its replays."""
+
+    ks: np.ndarray
+    starts: np.ndarray
+    seg_idx: np.ndarray
+    nodes_u: np.ndarray
+    ck: np.ndarray
+    sy_ks: np.ndarray | None  # per plain kernel: launched after a sync (None: no kernel is)
+    sy_ck: np.ndarray | None
+    by_step: np.ndarray  # node ids by step (ascending within a step)
+    step_bounds: np.ndarray  # start of each step's run in `by_step`
+    steps: np.ndarray  # the steps, ascending
+
+
+def replay_plan(g: Graph) -> ReplayPlan:
+    kx = g.n_first_k.dtype  # (kernel and node ids: the graph's id type)
+    plain = ~g.k_comm | (g.k_instance < 0)
+    ks = np.flatnonzero(plain).astype(kx)
+    ck = np.flatnonzero(~plain).astype(kx)
+    del plain
+    node = g.k_node[ks]
+    first = np.empty(ks.size, dtype=bool)
+    if ks.size:
+        first[0] = True
+    np.not_equal(node[1:], node[:-1], out=first[1:])
+    starts = np.flatnonzero(first).astype(kx)
+    nodes_u = node[starts]
+    del node
+    seg_idx = np.cumsum(first, dtype=kx)
+    seg_idx -= 1
+    del first
+    synced = g.k_sync_x >= 0 if g.k_sync_x.size == g.k_dur.size else None
+    sy_ks = sy_ck = None
+    if synced is not None and synced.any():
+        sy_ks, sy_ck = synced[ks], synced[ck]
+    # nodes by step: every node's step is a kernel's, and kernels are sorted by step (`step_origin` has them)
+    steps = np.array(sorted(g.step_origin), dtype=np.int64)
+    code = np.searchsorted(steps, g.n_step).astype(code_type(max(steps.size, 1)))
+    by_step = np.argsort(code, kind="stable").astype(kx)
+    step_bounds = np.r_[0, np.cumsum(np.bincount(code, minlength=steps.size))[:-1]]
+    return ReplayPlan(ks, starts, seg_idx, nodes_u, ck, sy_ks, sy_ck, by_step, step_bounds, steps)
 
 
 def replay(
@@ -595,36 +614,27 @@ def replay(
     dur: np.ndarray | None = None,
     release: np.ndarray | None = None,
     transfer: np.ndarray | None = None,
+    plan: ReplayPlan | None = None,
 ) -> Replay:
     """Replay the graph with per-kernel durations, releases and collective transfers (default: observed).
 
     A kernel launched after a blocking sync is released at `release + finish[X] - end_X` (X: the device work
-    the sync waited for), so its launch moves with X."""
+    the sync waited for), so its launch moves with X. `plan`: `replay_plan(g)`, for several replays."""
     dur = g.k_dur if dur is None else dur
     release = g.k_release if release is None else release
     transfer = g.k_transfer if transfer is None else transfer
+    p = replay_plan(g) if plan is None else plan
     n = g.n_nodes
+    has_sync = p.sy_ks is not None
     D = np.zeros(n)
     Q = np.full(n, NEG)
-    Qs = np.full(n, NEG)
+    Qs = np.full(n, NEG) if has_sync else Q[:0]
     qk = np.full(n, -1, dtype=g.n_first_k.dtype)  # kernel ids: the graph's id type
-    qs = np.full(n, -1, dtype=g.n_first_k.dtype)
-    synced = g.k_sync_x >= 0 if g.k_sync_x.size == g.k_dur.size else np.zeros(g.k_dur.size, dtype=bool)
+    qs = np.full(n, -1, dtype=g.n_first_k.dtype) if has_sync else qk[:0]
     # segments: c = res + dur, suffix sums within segment, Q = max(release + suffix)
-    plain = ~g.k_comm | (g.k_instance < 0)
-    ks = np.flatnonzero(plain)
+    ks, starts, seg_idx, nodes_u = p.ks, p.starts, p.seg_idx, p.nodes_u
     if ks.size:
         # (the per-kernel arrays are built in place and dropped early: a replay's peak is these temporaries)
-        node = g.k_node[ks]
-        first = np.empty(ks.size, dtype=bool)
-        first[0] = True
-        np.not_equal(node[1:], node[:-1], out=first[1:])
-        starts = np.flatnonzero(first)
-        nodes_u = node[starts]
-        del node
-        seg_idx = np.cumsum(first)
-        seg_idx -= 1
-        del first
         c = g.k_res[ks]
         c += dur[ks]  # c = res + dur
         tot = np.add.reduceat(c, starts)
@@ -642,30 +652,32 @@ def replay(
         val[~(rel > NEG / 2)] = NEG
         del rel, suffix
         D[nodes_u] = tot
-        sy = synced[ks]
-        if not sy.any():
+        del tot
+        if p.sy_ks is None or not p.sy_ks.any():
             Q[nodes_u], qk[nodes_u] = _release_terms(val, starts, seg_idx, ks)
         else:
-            Q[nodes_u], qk[nodes_u] = _release_terms(np.where(sy, NEG, val), starts, seg_idx, ks)
-            Qs[nodes_u], qs[nodes_u] = _release_terms(np.where(sy, val, NEG), starts, seg_idx, ks)
-        del val, seg_idx, starts, nodes_u, sy
-    del ks
-    ck = np.flatnonzero(~plain)
-    del plain
+            Q[nodes_u], qk[nodes_u] = _release_terms(np.where(p.sy_ks, NEG, val), starts, seg_idx, ks)
+            Qs[nodes_u], qs[nodes_u] = _release_terms(np.where(p.sy_ks, val, NEG), starts, seg_idx, ks)
+        del val
+    ck = p.ck
     if ck.size:
-        arr = g.k_node[ck] - ck.size  # ARR nodes precede their FIN nodes by the number of collective kernels
+        fin = g.k_node[ck]
+        arr = fin - ck.size  # ARR nodes precede their FIN nodes by the number of collective kernels
         D[arr] = g.k_res[ck]
         q = np.where(release[ck] > NEG / 2, release[ck] + g.k_res[ck], NEG)
-        Q[arr] = np.where(synced[ck], NEG, q)
-        Qs[arr] = np.where(synced[ck], q, NEG)
+        if p.sy_ck is None:
+            Q[arr] = q
+        else:
+            Q[arr] = np.where(p.sy_ck, NEG, q)
+            Qs[arr] = np.where(p.sy_ck, q, NEG)
+            qs[arr] = ck
         qk[arr] = ck
-        qs[arr] = ck
-        D[g.k_node[ck]] = transfer[ck]
-    has_sync = g.n_sync_src.size == n and bool((g.n_sync_src >= 0).any())
+        D[fin] = transfer[ck]
+        del fin, arr, q
     sx = g.n_sync_src
     finish = np.full(n, NEG)
     entry = np.full(n, NEG)
-    S = np.full(n, NEG)
+    S = np.full(n, NEG) if has_sync else finish[:0]
     for lv, (es, ed) in zip(g.levels, g.level_edges):  # (the graph's compact id type, cast per level)
         if ed.size:
             np.maximum.at(entry, ed, finish[es])
@@ -678,11 +690,12 @@ def replay(
                 S[lv] = t
                 f = np.maximum(f, t)
         finish[lv] = f
+    # the latest finish per step (fmax: NaN is skipped, as a group-by's max skips it)
+    fin_step = np.fmax.reduceat(finish[p.by_step], p.step_bounds) if p.steps.size else p.steps
     steps = {}
-    fin = pd.Series(finish).groupby(g.n_step).max()
-    for st, v in fin.items():
-        if int(st) >= 0:
-            steps[int(st)] = float(v - g.step_origin.get(int(st), 0.0))
+    for st, v in zip(p.steps.tolist(), fin_step):
+        if st >= 0:
+            steps[st] = float(v - g.step_origin.get(st, 0.0))
     return Replay(finish, entry, D, Q, qk, steps, dur, release, transfer, S, qs)
 
 
@@ -693,39 +706,39 @@ def mean_step_ns(rp: Replay) -> float:
 # ----------------------------------------------------------------------------------------------------
 # critical path
 # ----------------------------------------------------------------------------------------------------
-def _pred_lists(g: Graph) -> tuple[np.ndarray, np.ndarray]:
-    order = np.argsort(g.e_dst, kind="stable")
-    starts = np.searchsorted(g.e_dst[order], np.arange(g.n_nodes + 1))
-    return g.e_src[order].astype(np.intp), starts
-
-
 Row = tuple[int, int, str, str, float, float]
 
 
-def critical_segments(g: Graph, rp: Replay) -> pd.DataFrame:
+def critical_segments(g: Graph, rp: Replay, plan: ReplayPlan | None = None) -> pd.DataFrame:
     """Per step, the longest chain backwards from the last finish: rows (step, rank, kind, op, start, ms).
 
     At each node the term that bound its finish is followed: the latest predecessor (entry + D), the sync
     term (to the device work X the CPU waited for, with a "host" segment for the CPU time from X's end to the
-    launch), or the fixed release (a "host" segment from the step's start, where the walk ends)."""
-    preds, pstart = _pred_lists(g)
+    launch), or the fixed release (a "host" segment from the step's start, where the walk ends). A node's
+    predecessors are the sources of its in-edges among its level's (in edge order)."""
+    p = replay_plan(g) if plan is None else plan
+    level_of = np.empty(g.n_nodes, dtype=code_type(max(len(g.levels), 1)))
+    for i, lv in enumerate(g.levels):
+        level_of[lv] = i
+    named = _named(g.k_label)
     rows: list[Row] = []
     fin = rp.finish
     S = rp.S if rp.S.size == g.n_nodes else np.full(g.n_nodes, NEG)
     sx = g.n_sync_src if g.n_sync_src.size == g.n_nodes else np.full(g.n_nodes, -1, dtype=np.int64)
-    by_step = pd.Series(np.arange(g.n_nodes)).groupby(g.n_step)
-    for st_key, idx_s in by_step:
-        st = int(st_key)
+    for i, st in enumerate(p.steps.tolist()):
         if st < 0:
             continue
-        idx = idx_s.to_numpy()
+        b0 = int(p.step_bounds[i])
+        b1 = int(p.step_bounds[i + 1]) if i + 1 < p.steps.size else g.n_nodes
+        idx = p.by_step[b0:b1]
         node = int(idx[np.argmax(fin[idx])])
         origin = g.step_origin.get(st, 0.0)
         guard = 0
         while node >= 0 and guard < 10_000_000:
             guard += 1
             t = int(g.n_type[node])
-            ps = preds[pstart[node] : pstart[node + 1]]
+            es, ed = g.level_edges[level_of[node]]
+            ps = es[ed == node]
             via_pred = ps.size > 0 and rp.entry[node] + rp.D[node] >= max(rp.Q[node], S[node])
             via_sync = not via_pred and sx[node] >= 0 and S[node] >= rp.Q[node]
             nxt = int(ps[np.argmax(fin[ps])]) if via_pred else int(sx[node]) if via_sync else -1
@@ -750,7 +763,7 @@ def critical_segments(g: Graph, rp: Replay) -> pd.DataFrame:
                 ks = slice(kq, k1 + 1)
                 comp = float(rp.dur[ks].sum())
                 wait = float(g.k_res[ks].sum())
-                lab = _label(g, kq, k1)
+                lab = _label(g, kq, k1, named)
                 rows.append((st, r, "compute", lab, end - comp - wait, comp))
                 if wait > 0:
                     rows.append((st, r, "wait", "gap", end - comp - wait, wait))
@@ -781,12 +794,23 @@ def _op(g: Graph, k: int) -> str:
     return f"{op} {grp}".strip() if grp and not grp.startswith("p2p") else op
 
 
-def _label(g: Graph, k0: int, k1: int) -> str:
-    labs = [x for x in g.k_label[k0 : k1 + 1] if x is not None and x == x]
-    if not labs:
+def _label(g: Graph, k0: int, k1: int, named: np.ndarray | None = None) -> str:
+    """The most frequent label of kernels k0..k1 (the smallest on a tie); "compute" when none has one.
+    `named`: per distinct label value, whether it is one (not None / NaN), when the caller has it."""
+    lab = g.k_label
+    if named is None:
+        named = _named(lab)
+    if k1 == k0:
+        c = int(lab.codes[k0])
+        return str(lab.values[c]) if named[c] else "compute"
+    cnt = np.bincount(lab.codes[k0 : k1 + 1], minlength=named.size)[: named.size] * named
+    if not cnt.any():
         return "compute"
-    vals, counts = np.unique(np.asarray(labs, dtype=object).astype(str), return_counts=True)
-    return str(vals[np.argmax(counts)])
+    return min(str(lab.values[i]) for i in np.flatnonzero(cnt == cnt.max()))
+
+
+def _named(lab: Cells) -> np.ndarray:
+    return np.array([v is not None and v == v for v in lab.values], dtype=bool)
 
 
 @dataclass
@@ -842,5 +866,6 @@ def analyze_critical_path(
     g = build_graph(nodes, collectives, offsets_ns, stage_of, syncs)
     if g is None:
         return None
-    rp = replay(g)
-    return CriticalPath(g, rp, critical_segments(g, rp))
+    plan = replay_plan(g)
+    rp = replay(g, plan=plan)
+    return CriticalPath(g, rp, critical_segments(g, rp, plan))

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from tracelens.analyze.critical_path import NEG, CriticalPath, Graph, mean_step_ns, replay
+from tracelens.analyze.critical_path import NEG, CriticalPath, Graph, mean_step_ns, replay, replay_plan
 from tracelens.analyze.dictcol import per_object
 
 
@@ -220,7 +220,7 @@ def _instances(g: Graph) -> pd.DataFrame:
             "inst": g.k_instance[ck],
             "rank": g.k_rank[ck],
             "op": pd.Series(g.k_op[ck]).astype(str).str.replace("recv", "send").to_numpy(),
-            "bytes": g.k_bytes[ck],
+            "bytes": g.ck_bytes,  # (per collective kernel, in kernel order: these)
             "transfer": g.k_transfer[ck],
             "group": g.k_group[ck],
         }
@@ -353,6 +353,7 @@ def what_if(
     # every change so far folded into the "all fixed" one as it comes (a change is ~24 bytes per kernel:
     # none is kept): releases and transfers by min, durations by composing each change's factor
     fixed: list[np.ndarray] = []  # [dur, release, transfer] once there is a change
+    plan = replay_plan(g)  # (what every replay below shares)
 
     def add(
         key: tuple[str | int, ...],
@@ -364,7 +365,7 @@ def what_if(
     ) -> dict[str, Any]:
         if key not in entries:
             ch = make()
-            rp = replay(g, ch.dur, ch.release, ch.transfer)
+            rp = replay(g, ch.dur, ch.release, ch.transfer, plan)
             after = mean_step_ns(rp)
             entries[key] = {
                 "change": text,
@@ -378,10 +379,18 @@ def what_if(
             del rp
             if not fixed:
                 fixed.extend([g.k_dur, g.k_release, g.k_transfer])  # (each step below makes a new array)
-            with np.errstate(divide="ignore", invalid="ignore"):
-                fixed[0] = fixed[0] * np.where(g.k_dur > 0, ch.dur / np.where(g.k_dur > 0, g.k_dur, 1), 1.0)
-            fixed[1] = np.minimum(fixed[1], ch.release)
-            fixed[2] = np.minimum(fixed[2], ch.transfer)
+            # (an array the change left as observed folds to itself: x * 1.0 and min(x, observed) with x at
+            # most the observed are x)
+            if ch.dur is not g.k_dur:
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    fixed[0] = fixed[0] * np.where(
+                        g.k_dur > 0, ch.dur / np.where(g.k_dur > 0, g.k_dur, 1), 1.0
+                    )
+            if ch.release is not g.k_release:
+                fixed[1] = np.minimum(fixed[1], ch.release)
+            if ch.transfer is not g.k_transfer:
+                fixed[2] = np.minimum(fixed[2], ch.transfer)
+            del ch
         return entries[key]
 
     def stage_list(rks: Iterable[int]) -> list[int]:
@@ -465,7 +474,7 @@ def what_if(
     out = sorted(entries.values(), key=lambda e: -e["saving_ms"])
     if fixed:
         # (durations compose as factors: a split can lengthen a stage; min() is right for cuts only)
-        rp = replay(g, fixed[0], fixed[1], fixed[2])
+        rp = replay(g, fixed[0], fixed[1], fixed[2], plan)
         after = mean_step_ns(rp)
         out.append(
             {
@@ -498,4 +507,4 @@ def _worst_group(cp: CriticalPath) -> str | None:
 
 
 def _group_ranks(g: Graph, grp: str) -> list[int]:
-    return sorted({int(r) for r in np.unique(g.k_rank[g.k_group == grp])})
+    return sorted({int(r) for r in np.unique(g.k_rank[g.k_group.mask(grp)])})
