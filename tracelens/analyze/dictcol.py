@@ -118,7 +118,8 @@ class Columns:
             c = self.events.column(col)
             if fill is not None and c.null_count:
                 c = c.fill_null(fill)
-            got = self._put(key, c.to_numpy(zero_copy_only=False).astype(np.int64))
+            # (an int64 column without nulls is the table's own buffer, read-only as every cached array)
+            got = self._put(key, c.to_numpy(zero_copy_only=False).astype(np.int64, copy=False))
         return got  # type: ignore[return-value]
 
     def valid(self, col: str) -> np.ndarray:
