@@ -278,8 +278,18 @@ def pg_config_entries(metadata: pa.Table | None) -> Iterable[dict]:
     entries once: callers collect sets of groups."""
     if metadata is None or "pg_config_json" not in metadata.column_names:
         return
+    from tracelens.analyze.dictcol import per_object
+
+    memo = per_object(metadata)  # (parsed once per metadata table: the grid and the matching both read it)
+    got = memo.get("pg_config_entries")
+    if got is None:
+        got = memo["pg_config_entries"] = tuple(_parse_pg_configs(metadata.column("pg_config_json")))
+    yield from got  # type: ignore[misc]
+
+
+def _parse_pg_configs(texts: pa.ChunkedArray) -> Iterable[dict]:
     seen: set[str] = set()
-    for text in metadata.column("pg_config_json").to_pylist():
+    for text in texts.to_pylist():
         if not text or text in seen:
             continue
         seen.add(text)
