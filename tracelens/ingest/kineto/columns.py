@@ -537,30 +537,37 @@ def _int_us_to_ns(vals: list) -> tuple[np.ndarray, np.ndarray]:
 def _ints(get: Any, objs: list, type_: pa.DataType, loose: bool, lowcard: bool = False) -> pa.Array:
     """An integer column from one attribute of decoded structs. Typed structs hold int, str or None there
     (never a float, which numpy would truncate), so numpy reads a column without None at once; anything
-    else (None, "0x1f", "Spans") goes through _int_array / _lowcard_int_array."""
+    else (None, "0x1f", "Spans") goes through _int_array / _lowcard_int_array. (The values are taken into a
+    list first: when numpy fails, on a None or a string that may be the last value, they are not taken
+    again.)"""
+    vals = list(map(get, objs))
     if not loose:
         try:
-            arr = pa.array(np.fromiter(map(get, objs), dtype=np.int64, count=len(objs)))
+            arr = pa.array(np.fromiter(vals, dtype=np.int64, count=len(vals)))
             return arr if type_ == pa.int64() else pc.cast(arr, type_, safe=False)
         except (TypeError, ValueError, OverflowError):
             pass
-    vals = list(map(get, objs))
     return _lowcard_int_array(vals) if lowcard else _int_array(vals, type_)
 
 
 def _lowcard_int_array(values: list) -> pa.Array:
-    """Like _int_array(values, int64) for columns with few distinct values (pid, tid): when odd values
-    (strings such as "Spans") are present, each distinct value is coerced once instead of each row."""
-    try:
-        return pa.array(values, type=pa.int64())
-    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError):
-        pass
+    """Like _int_array(values, int64) for columns with few distinct values (pid, tid): each distinct value
+    is coerced once (strings such as "Spans" become null, "0x1f" 31) and the column is taken from them by
+    its codes (two C-level passes: the distinct values, the codes)."""
     try:
         uniq = dict.fromkeys(values)
     except TypeError:  # unhashable values (loose decoder)
         return _int_array(values, pa.int64())
-    lut = {v: _coerce_int(v) for v in uniq}
-    return pa.array(list(map(lut.__getitem__, values)), type=pa.int64())
+    if len(uniq) * 4 > len(values) + 64:  # not few distinct values after all
+        return _int_array(values, pa.int64())
+    # (a dict key compares equal across int / bool / float: 1, True and 1.0 share one entry, so the
+    # distinct values are coerced by the type of each row's value only when the types agree)
+    if not all(type(v) is int or v is None or type(v) is str for v in uniq):
+        return _int_array(values, pa.int64())
+    code = {v: i for i, v in enumerate(uniq)}
+    dist = pa.array([_coerce_int(v) for v in uniq], type=pa.int64())
+    idx = np.fromiter(map(code.__getitem__, values), dtype=np.int32, count=len(values))
+    return dist.take(pa.array(idx))
 
 
 def _memory_columns(mems: list) -> dict:

@@ -240,10 +240,17 @@ class _Hint:
     lean: bool = True
 
 
-def _decode_events(piece: bytes | memoryview, hint: _Hint | None = None) -> list:
+#: The key of a collective's args: a chunk whose text holds it is decoded with the full args struct at once
+#: (with _ArgsLean its _columns would raise _NeedFullArgs, after most of the work, and decode it again).
+COLL_KEY = b'"Collective name"'
+
+
+def _decode_events(piece: bytes | memoryview, hint: _Hint | None = None, lean_ok: bool = True) -> list:
     """Typed decode of a JSON array of events: integer-timestamp structs first (unless a previous chunk had
-    fractional timestamps), then raw-text timestamps, then the loose structs for odd value types."""
-    lean = hint is not None and hint.lean
+    fractional timestamps), then raw-text timestamps, then the loose structs for odd value types. The lean
+    args struct is used while `hint.lean` and `lean_ok` (the caller's finding that the chunk names no
+    collective: COLL_KEY)."""
+    lean = hint is not None and hint.lean and lean_ok
     if hint is None or hint.int_ts:
         try:
             return (_DEC_EVENTS_INT_LEAN if lean else _DEC_EVENTS_INT).decode(piece)
