@@ -622,24 +622,47 @@ def _concat_dict(parts: list[pa.Array]) -> pa.Array:
     return pa.chunked_array(parts, type=schema.DICT_STR).unify_dictionaries().combine_chunks()
 
 
-def _dict_from_values(values: list, n: int, rows: np.ndarray) -> pa.Array:
-    """Sparse string values at `rows` -> a length-n dictionary column, null elsewhere."""
+def _dict_from_values(values: list, n: int, rows: np.ndarray, index: pa.Array | None = None) -> pa.Array:
+    """Sparse string values at `rows` -> a length-n dictionary column, null elsewhere (`index`: the
+    rows' _scatter_index, when the caller has it)."""
     if len(rows) == 0 and n:
         return pa.nulls(n, schema.DICT_STR)
     # encoded first, then placed: the dictionary (values in order of first appearance) is the same, and
     # only the few values are hashed
-    return _scatter(_dict_encode(_str_array(values)), n, rows)
+    return _scatter(_dict_encode(_str_array(values)), n, rows, index)
 
 
-def _scatter(vals: pa.Array, n: int, rows: np.ndarray) -> pa.Array:
-    """Place `vals` at `rows` of a length-n array; other rows null."""
+def _scatter_index(n: int, rows: np.ndarray) -> pa.Array | None:
+    """The take indices that place len(rows) values at `rows` of a length-n array, null elsewhere (None
+    when there is nothing to place or every row is placed): built once for the columns of the same rows."""
+    if len(rows) == n or len(rows) == 0:
+        return None
+    idx = np.full(n, -1, dtype=np.int64)
+    idx[rows] = np.arange(len(rows))
+    return pa.array(idx, mask=idx < 0)
+
+
+def _scatter(vals: pa.Array, n: int, rows: np.ndarray, index: pa.Array | None = None) -> pa.Array:
+    """Place `vals` at `rows` of a length-n array; other rows null (`index`: _scatter_index(n, rows))."""
     if len(rows) == n:
         return vals
     if len(rows) == 0:
         return pa.nulls(n, vals.type)
-    idx = np.full(n, -1, dtype=np.int64)
-    idx[rows] = np.arange(len(rows))
-    return vals.take(pa.array(idx, mask=idx < 0))
+    return vals.take(_scatter_index(n, rows) if index is None else index)
+
+
+def _pg_ranks_array(values: list) -> pa.Array:
+    """`Process Group Ranks` values -> list<int32> (parse_pg_ranks); the typed decoders' text values are
+    parsed once per distinct text and the column is taken from them."""
+    try:
+        uniq = dict.fromkeys(values)  # (a list value, from the loose decoder, is unhashable)
+    except TypeError:
+        uniq = None
+    if uniq is None or not all(v is None or type(v) is str for v in uniq):
+        return pa.array([parse_pg_ranks(v) for v in values], type=pa.list_(pa.int32()))
+    code = {v: i for i, v in enumerate(uniq)}
+    dist = pa.array([parse_pg_ranks(v) for v in uniq], type=pa.list_(pa.int32()))
+    return dist.take(pa.array(np.fromiter(map(code.__getitem__, values), dtype=np.int32, count=len(values))))
 
 
 _MEM_INT_TYPES = {
