@@ -424,11 +424,27 @@ def _columns(evs: list) -> _Chunk:
     )
 
 
+class _CommOpMemo(dict[Any, bool]):
+    """name -> comm_families.is_comm_cpu_op(name), computed on a miss (bounded): a run's names repeat in
+    every chunk and rank, so the regex runs once per distinct name and process and a chunk's lookups are
+    one C-level pass."""
+
+    def __missing__(self, name: Any) -> bool:
+        hit = comm_families.is_comm_cpu_op(name)
+        if len(self) < _COMM_OP_MAX:
+            self[name] = hit
+        return hit
+
+
+_COMM_OP_MAX = 1 << 16
+_COMM_OP = _CommOpMemo()
+
+
 def _comm_op_rows(names: pa.Array) -> np.ndarray | None:
     """Rows whose name is a communication cpu op (comm_families.COMM_CPU_OP), or None when there is none
-    (one regex per distinct name of the chunk)."""
+    (a memoised regex per distinct name of the chunk)."""
     d = names.dictionary.to_pylist()
-    hit = np.fromiter((comm_families.is_comm_cpu_op(v) for v in d), dtype=bool, count=len(d))
+    hit = np.fromiter(map(_COMM_OP.__getitem__, d), dtype=bool, count=len(d))
     if not hit.any():
         return None
     idx = names.indices.fill_null(len(d)).to_numpy(zero_copy_only=False)
