@@ -206,7 +206,8 @@ def test_worker_error_is_raised_in_parent(tmp_path):
         load_tables(run, no_cache=True, workers=2)
 
 
-def test_all_null_columns_are_synthesized_identically(tmp_path):
+@pytest.mark.parametrize("options", [{}, cache.EVENTS_WRITE_OPTIONS])
+def test_all_null_columns_are_synthesized_identically(tmp_path, options):
     """Cached columns the Parquet statistics call entirely null are built without decoding; the table must
     equal a full read, and a list column of empty lists (its leaf statistics count them as nulls) is read."""
     import pyarrow.parquet as pq
@@ -224,7 +225,7 @@ def test_all_null_columns_are_synthesized_identically(tmp_path):
             cols[f.name] = pa.nulls(n, f.type)
     t = pa.table(cols, schema=schema.EVENTS)
     p = tmp_path / "rank0.events.parquet"
-    atomic.write_parquet(p, t)
+    atomic.write_parquet(p, t, **options)
     with pq.ParquetFile(p) as f:
         empty = cache._all_null_columns(f.metadata)
     assert "collective" in empty and "seq" in empty and "step" in empty
@@ -232,6 +233,34 @@ def test_all_null_columns_are_synthesized_identically(tmp_path):
     got = cache.read_checked(p, "events")
     assert got.equals(pq.read_table(p)) and got.equals(t)
     assert got.column("pg_ranks").to_pylist() == [[], None, [], None, None]
+
+
+def test_events_write_options_round_trip_exactly(tmp_path):
+    """The cache's events encodings (dictionaries for few-valued columns, delta for times and ids) give back
+    exactly the table written, int64 extremes and nulls included, and are the encodings the file holds."""
+    import pyarrow.parquet as pq
+
+    big = [-(2**63), 2**63 - 1, 0, None, -1, 2**62, 5]
+    cols = {}
+    for f in schema.EVENTS:
+        if pa.types.is_dictionary(f.type):
+            cols[f.name] = pa.array(["b", None, "a", "b", "c", "a", "b"]).dictionary_encode().cast(f.type)
+        elif f.name == "pg_ranks":
+            cols[f.name] = pa.array([[0, 1], None, [], [0, 1], [2, 3, 4], None, [0, 1]], f.type)
+        elif f.type == pa.int64():
+            cols[f.name] = pa.array(big, pa.int64())
+        else:
+            cols[f.name] = pa.array([3, None, -(2**31), 2**31 - 1, 3, 3, 0], f.type)
+    t = pa.table(cols, schema=schema.EVENTS)
+    p = tmp_path / "rank0.events.parquet"
+    atomic.write_parquet(p, t, **cache.EVENTS_WRITE_OPTIONS)
+    got = cache.read_checked(p, "events")
+    assert got.schema.equals(schema.EVENTS) and got.equals(t) and got.to_pylist() == t.to_pylist()
+    rg = pq.ParquetFile(p).metadata.row_group(0)
+    enc = {rg.column(j).path_in_schema: rg.column(j).encodings for j in range(rg.num_columns)}
+    assert "DELTA_BINARY_PACKED" in enc["ts_ns"] and "DELTA_BINARY_PACKED" in enc["correlation"]
+    assert "RLE_DICTIONARY" in enc["name"] and "RLE_DICTIONARY" in enc["pid"]
+    assert "RLE_DICTIONARY" in enc["pg_ranks.list.element"]
 
 
 def test_discovery_memo_skips_reading_unchanged_traces(tmp_path, monkeypatch):

@@ -180,9 +180,11 @@ def _idle_rows(events: pa.Table, breakdown: pa.Table, top: int) -> list[tuple[An
     values, name_idx = ec.codes("name")
     name_of = np.array([*values, None], dtype=object)
     rows = []
-    # each rank's rows once (a stable sort by rank), not a mask over every event per rank: O(events)
-    by_rank = np.argsort(rank, kind="stable")
-    sorted_rank = rank[by_rank]
+    # each rank's rows once (a stable sort by rank), not a mask over every event per rank: O(events); one
+    # rank's table (the per-rank stage) is its own rows in order
+    one_rank = rank.size > 0 and rank.min() == rank.max()
+    by_rank = np.arange(rank.size) if one_rank else np.argsort(rank, kind="stable")
+    sorted_rank = rank if one_rank else rank[by_rank]
     bd_order = np.argsort(bd_rank, kind="stable")  # the breakdown's GPU rows grouped by rank, in order
     for r in np.unique(bd_rank):
         r = int(r)
@@ -193,8 +195,8 @@ def _idle_rows(events: pa.Table, breakdown: pa.Table, top: int) -> list[tuple[An
             continue
         busy = iv.union(ts[dev], end[dev])
         n_streams = len(np.unique(stream[dev]))
-        dstart = np.sort(ts[dev])
         dorder = dev[np.argsort(ts[dev], kind="stable")]
+        dstart = ts[dorder]  # (the sorted starts)
         rt = mine[is_rt[mine] & (corr[mine] >= 0)]
         rt_sorted = rt[np.argsort(corr[rt], kind="stable")]
         rt_corr = corr[rt_sorted]

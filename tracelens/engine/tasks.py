@@ -12,14 +12,14 @@ import pyarrow as pa
 from tracelens.engine.stage import compute_and_write, rank_stage
 from tracelens.ingest import kineto
 from tracelens.store.atomic import write_parquet
-from tracelens.store.cache import RankParquet, valid_entry
+from tracelens.store.cache import EVENTS_WRITE_OPTIONS, RankParquet, valid_entry
 from tracelens.store.stages import stage_complete, write_stage
 
 
 def ingest_rank(path: str, rank: int, entry: RankParquet, salvage: bool = False) -> pa.Table:
     """Read one Kineto file and write its three Parquet files atomically; returns the rank's events."""
     tr = kineto.read(path, rank=rank, salvage=salvage)
-    write_parquet(entry.events, tr.events)
+    write_parquet(entry.events, tr.events, **EVENTS_WRITE_OPTIONS)
     write_parquet(entry.memory, tr.memory)
     write_parquet(entry.meta, kineto.metadata_table([tr.metadata]))  # last: marks the entry complete
     return tr.events

@@ -42,6 +42,30 @@ PARTS = ("events", "memory", "meta")
 SCHEMAS = {"events": schema.EVENTS, "memory": schema.MEMORY, "meta": schema.METADATA}
 #: Default bound on the cache's size in bytes (override with $TRACELENS_CACHE_MAX_BYTES).
 DEFAULT_MAX_BYTES = 10 * 2**30
+#: Columns of the events table with nearly one value per event (times, durations, ids): written with
+#: Parquet's delta encoding instead of a dictionary (which hashes every value to find few repeats).
+_EVENTS_DELTA = (
+    "ts_ns",
+    "dur_ns",
+    "correlation",
+    "external_id",
+    "sequence_nr",
+    "seq",
+    "in_nelems",
+    "out_nelems",
+)
+#: pq.write_table options of a cached events table: dictionaries for the columns with few distinct values,
+#: delta encoding for _EVENTS_DELTA, uncompressed (docs/performance.md). Against Parquet's defaults (a
+#: dictionary for every column) on a 9,100-event rank: ~20% less CPU to write, 40% smaller, as fast to read.
+EVENTS_WRITE_OPTIONS: dict[str, Any] = {
+    "compression": "none",
+    "use_dictionary": [
+        n if n != "pg_ranks" else "pg_ranks.list.element"
+        for n in schema.EVENTS.names
+        if n not in _EVENTS_DELTA
+    ],
+    "column_encoding": dict.fromkeys(_EVENTS_DELTA, "DELTA_BINARY_PACKED"),
+}
 
 
 @dataclass(frozen=True)

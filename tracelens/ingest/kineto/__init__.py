@@ -10,7 +10,7 @@ How and why:
 - Columns are built per chunk with C-level `map`/`attrgetter` passes and numpy/Arrow, never a Python loop per
   event.
 - Speed (docs/performance.md): gzip is inflated inline into one reused buffer; the garbage collector is paused
-  while reading; `args` decode into a lean struct until a collective appears; on an idle multi-core machine
+  while reading; `args` decode into a lean struct in chunks that name no collective; on an idle multi-core machine
   a large file is decoded by two processes (_scan_split), the child's columns coming back as Arrow IPC in
   shared memory. Every fast path falls back to the careful one, with identical results.
 

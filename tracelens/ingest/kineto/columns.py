@@ -424,11 +424,27 @@ def _columns(evs: list) -> _Chunk:
     )
 
 
+class _CommOpMemo(dict[Any, bool]):
+    """name -> comm_families.is_comm_cpu_op(name), computed on a miss (bounded): a run's names repeat in
+    every chunk and rank, so the regex runs once per distinct name and process and a chunk's lookups are
+    one C-level pass."""
+
+    def __missing__(self, name: Any) -> bool:
+        hit = comm_families.is_comm_cpu_op(name)
+        if len(self) < _COMM_OP_MAX:
+            self[name] = hit
+        return hit
+
+
+_COMM_OP_MAX = 1 << 16
+_COMM_OP = _CommOpMemo()
+
+
 def _comm_op_rows(names: pa.Array) -> np.ndarray | None:
     """Rows whose name is a communication cpu op (comm_families.COMM_CPU_OP), or None when there is none
-    (one regex per distinct name of the chunk)."""
+    (a memoised regex per distinct name of the chunk)."""
     d = names.dictionary.to_pylist()
-    hit = np.fromiter((comm_families.is_comm_cpu_op(v) for v in d), dtype=bool, count=len(d))
+    hit = np.fromiter(map(_COMM_OP.__getitem__, d), dtype=bool, count=len(d))
     if not hit.any():
         return None
     idx = names.indices.fill_null(len(d)).to_numpy(zero_copy_only=False)
@@ -537,30 +553,37 @@ def _int_us_to_ns(vals: list) -> tuple[np.ndarray, np.ndarray]:
 def _ints(get: Any, objs: list, type_: pa.DataType, loose: bool, lowcard: bool = False) -> pa.Array:
     """An integer column from one attribute of decoded structs. Typed structs hold int, str or None there
     (never a float, which numpy would truncate), so numpy reads a column without None at once; anything
-    else (None, "0x1f", "Spans") goes through _int_array / _lowcard_int_array."""
+    else (None, "0x1f", "Spans") goes through _int_array / _lowcard_int_array. (The values are taken into a
+    list first: when numpy fails, on a None or a string that may be the last value, they are not taken
+    again.)"""
+    vals = list(map(get, objs))
     if not loose:
         try:
-            arr = pa.array(np.fromiter(map(get, objs), dtype=np.int64, count=len(objs)))
+            arr = pa.array(np.fromiter(vals, dtype=np.int64, count=len(vals)))
             return arr if type_ == pa.int64() else pc.cast(arr, type_, safe=False)
         except (TypeError, ValueError, OverflowError):
             pass
-    vals = list(map(get, objs))
     return _lowcard_int_array(vals) if lowcard else _int_array(vals, type_)
 
 
 def _lowcard_int_array(values: list) -> pa.Array:
-    """Like _int_array(values, int64) for columns with few distinct values (pid, tid): when odd values
-    (strings such as "Spans") are present, each distinct value is coerced once instead of each row."""
-    try:
-        return pa.array(values, type=pa.int64())
-    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError):
-        pass
+    """Like _int_array(values, int64) for columns with few distinct values (pid, tid): each distinct value
+    is coerced once (strings such as "Spans" become null, "0x1f" 31) and the column is taken from them by
+    its codes (two C-level passes: the distinct values, the codes)."""
     try:
         uniq = dict.fromkeys(values)
     except TypeError:  # unhashable values (loose decoder)
         return _int_array(values, pa.int64())
-    lut = {v: _coerce_int(v) for v in uniq}
-    return pa.array(list(map(lut.__getitem__, values)), type=pa.int64())
+    if len(uniq) * 4 > len(values) + 64:  # not few distinct values after all
+        return _int_array(values, pa.int64())
+    # (a dict key compares equal across int / bool / float: 1, True and 1.0 share one entry, so the
+    # distinct values are coerced by the type of each row's value only when the types agree)
+    if not all(type(v) is int or v is None or type(v) is str for v in uniq):
+        return _int_array(values, pa.int64())
+    code = {v: i for i, v in enumerate(uniq)}
+    dist = pa.array([_coerce_int(v) for v in uniq], type=pa.int64())
+    idx = np.fromiter(map(code.__getitem__, values), dtype=np.int32, count=len(values))
+    return dist.take(pa.array(idx))
 
 
 def _memory_columns(mems: list) -> dict:
@@ -615,24 +638,47 @@ def _concat_dict(parts: list[pa.Array]) -> pa.Array:
     return pa.chunked_array(parts, type=schema.DICT_STR).unify_dictionaries().combine_chunks()
 
 
-def _dict_from_values(values: list, n: int, rows: np.ndarray) -> pa.Array:
-    """Sparse string values at `rows` -> a length-n dictionary column, null elsewhere."""
+def _dict_from_values(values: list, n: int, rows: np.ndarray, index: pa.Array | None = None) -> pa.Array:
+    """Sparse string values at `rows` -> a length-n dictionary column, null elsewhere (`index`: the
+    rows' _scatter_index, when the caller has it)."""
     if len(rows) == 0 and n:
         return pa.nulls(n, schema.DICT_STR)
     # encoded first, then placed: the dictionary (values in order of first appearance) is the same, and
     # only the few values are hashed
-    return _scatter(_dict_encode(_str_array(values)), n, rows)
+    return _scatter(_dict_encode(_str_array(values)), n, rows, index)
 
 
-def _scatter(vals: pa.Array, n: int, rows: np.ndarray) -> pa.Array:
-    """Place `vals` at `rows` of a length-n array; other rows null."""
+def _scatter_index(n: int, rows: np.ndarray) -> pa.Array | None:
+    """The take indices that place len(rows) values at `rows` of a length-n array, null elsewhere (None
+    when there is nothing to place or every row is placed): built once for the columns of the same rows."""
+    if len(rows) == n or len(rows) == 0:
+        return None
+    idx = np.full(n, -1, dtype=np.int64)
+    idx[rows] = np.arange(len(rows))
+    return pa.array(idx, mask=idx < 0)
+
+
+def _scatter(vals: pa.Array, n: int, rows: np.ndarray, index: pa.Array | None = None) -> pa.Array:
+    """Place `vals` at `rows` of a length-n array; other rows null (`index`: _scatter_index(n, rows))."""
     if len(rows) == n:
         return vals
     if len(rows) == 0:
         return pa.nulls(n, vals.type)
-    idx = np.full(n, -1, dtype=np.int64)
-    idx[rows] = np.arange(len(rows))
-    return vals.take(pa.array(idx, mask=idx < 0))
+    return vals.take(_scatter_index(n, rows) if index is None else index)
+
+
+def _pg_ranks_array(values: list) -> pa.Array:
+    """`Process Group Ranks` values -> list<int32> (parse_pg_ranks); the typed decoders' text values are
+    parsed once per distinct text and the column is taken from them."""
+    try:
+        uniq = dict.fromkeys(values)  # (a list value, from the loose decoder, is unhashable)
+    except TypeError:
+        uniq = None
+    if uniq is None or not all(v is None or type(v) is str for v in uniq):
+        return pa.array([parse_pg_ranks(v) for v in values], type=pa.list_(pa.int32()))
+    code = {v: i for i, v in enumerate(uniq)}
+    dist = pa.array([parse_pg_ranks(v) for v in uniq], type=pa.list_(pa.int32()))
+    return dist.take(pa.array(np.fromiter(map(code.__getitem__, values), dtype=np.int32, count=len(values))))
 
 
 _MEM_INT_TYPES = {

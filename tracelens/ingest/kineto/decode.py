@@ -137,8 +137,10 @@ class _InstantOldInt(_InstantInt, tag="I"):
 
 class _ArgsLean(msgspec.Struct, frozen=True, gc=False):
     """_Args without the collective keys other than `Collective name`: a third of the fields, which makes
-    the decoder ~15% faster and freeing ~35% faster. Used until a chunk holds a collective (that chunk is
-    decoded again with _Args, and so is the rest of the file: _Hint.lean), so results are the same."""
+    the decoder ~15% faster and freeing ~35% faster. Used for the chunks whose text does not name a
+    collective (COLL_KEY; those are decoded with _Args at once), until a chunk decoded with it turns out to
+    hold a collective or a communication cpu op (_columns raises _NeedFullArgs: that chunk is decoded again
+    with _Args, and so is the rest of the file: _Hint.lean), so results are the same."""
 
     external_id: int | str | None = msgspec.field(name="External id", default=None)
     # autograd: a forward op and the backward node it recorded share this number (analyze.composition)
@@ -234,16 +236,23 @@ _META_KEYS = (
 @dataclass
 class _Hint:
     """Carried from chunk to chunk: whether integer timestamps are still worth trying, and whether the lean
-    args struct still is (no collective seen yet)."""
+    args struct still is (no lean-decoded chunk has needed the full one yet)."""
 
     int_ts: bool = True
     lean: bool = True
 
 
-def _decode_events(piece: bytes | memoryview, hint: _Hint | None = None) -> list:
+#: The key of a collective's args: a chunk whose text holds it is decoded with the full args struct at once
+#: (with _ArgsLean its _columns would raise _NeedFullArgs, after most of the work, and decode it again).
+COLL_KEY = b'"Collective name"'
+
+
+def _decode_events(piece: bytes | memoryview, hint: _Hint | None = None, lean_ok: bool = True) -> list:
     """Typed decode of a JSON array of events: integer-timestamp structs first (unless a previous chunk had
-    fractional timestamps), then raw-text timestamps, then the loose structs for odd value types."""
-    lean = hint is not None and hint.lean
+    fractional timestamps), then raw-text timestamps, then the loose structs for odd value types. The lean
+    args struct is used while `hint.lean` and `lean_ok` (the caller's finding that the chunk names no
+    collective: COLL_KEY)."""
+    lean = hint is not None and hint.lean and lean_ok
     if hint is None or hint.int_ts:
         try:
             return (_DEC_EVENTS_INT_LEAN if lean else _DEC_EVENTS_INT).decode(piece)

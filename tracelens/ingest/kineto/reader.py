@@ -26,9 +26,10 @@ from tracelens.ingest.kineto.columns import (
     _dict_from_values,
     _int_array,
     _merge_chunks,
+    _pg_ranks_array,
     _rank_int,
     _scatter,
-    parse_pg_ranks,
+    _scatter_index,
 )
 from tracelens.ingest.kineto.peek import rank_from_name
 from tracelens.ingest.kineto.scan import _Scan, _scan_blocks
@@ -125,6 +126,7 @@ def _assemble(sc: _Scan, rank: int) -> tuple[pa.Table, pa.Table]:
     kinds = pa.DictionaryArray.from_arrays(
         pa.array(kind.astype(np.int32)), pa.array(list(schema.KINDS), type=pa.string())
     )
+    at = _scatter_index(n, rows)  # where the collective rows go (one index for their 11 columns)
     cols = {
         "rank": pa.array(np.full(n, rank, dtype=np.int32)),
         "kind": kinds,
@@ -140,19 +142,17 @@ def _assemble(sc: _Scan, rank: int) -> tuple[pa.Table, pa.Table]:
         "external_id": c.external_id,
         "sequence_nr": c.sequence_nr,
         "step": pa.array(step.astype(np.int32), mask=step < 0),
-        "collective": _dict_from_values(coll["collective"], n, rows),
-        "pg_name": _dict_from_values(coll["pg_name"], n, rows),
-        "pg_desc": _dict_from_values(coll["pg_desc"], n, rows),
-        "pg_ranks": _scatter(
-            pa.array([parse_pg_ranks(v) for v in coll["pg_ranks"]], type=pa.list_(pa.int32())), n, rows
-        ),
-        "group_size": _scatter(_int_array(coll["group_size"], pa.int32()), n, rows),
-        "seq": _scatter(_int_array(coll["seq"], pa.int64()), n, rows),
-        "in_nelems": _scatter(_int_array(coll["in_nelems"], pa.int64()), n, rows),
-        "out_nelems": _scatter(_int_array(coll["out_nelems"], pa.int64()), n, rows),
-        "dtype": _dict_from_values(coll["dtype"], n, rows),
-        "src_rank": _scatter(_int_array(coll["src_rank"], pa.int32()), n, rows),
-        "dst_rank": _scatter(_int_array(coll["dst_rank"], pa.int32()), n, rows),
+        "collective": _dict_from_values(coll["collective"], n, rows, at),
+        "pg_name": _dict_from_values(coll["pg_name"], n, rows, at),
+        "pg_desc": _dict_from_values(coll["pg_desc"], n, rows, at),
+        "pg_ranks": _scatter(_pg_ranks_array(coll["pg_ranks"]), n, rows, at),
+        "group_size": _scatter(_int_array(coll["group_size"], pa.int32()), n, rows, at),
+        "seq": _scatter(_int_array(coll["seq"], pa.int64()), n, rows, at),
+        "in_nelems": _scatter(_int_array(coll["in_nelems"], pa.int64()), n, rows, at),
+        "out_nelems": _scatter(_int_array(coll["out_nelems"], pa.int64()), n, rows, at),
+        "dtype": _dict_from_values(coll["dtype"], n, rows, at),
+        "src_rank": _scatter(_int_array(coll["src_rank"], pa.int32()), n, rows, at),
+        "dst_rank": _scatter(_int_array(coll["dst_rank"], pa.int32()), n, rows, at),
     }
     events = pa.Table.from_arrays([cols[f.name] for f in schema.EVENTS], schema=schema.EVENTS)
     if not ts_valid.all():

@@ -18,7 +18,7 @@ import pyarrow as pa
 from tracelens.errors import BadTraceError
 from tracelens.ingest import salvage as _salv
 from tracelens.ingest.kineto.columns import _Chunk, _columns, _NeedFullArgs
-from tracelens.ingest.kineto.decode import _META_KEYS, _decode_events, _decode_top, _Hint
+from tracelens.ingest.kineto.decode import _META_KEYS, COLL_KEY, _decode_events, _decode_top, _Hint
 from tracelens.ingest.kineto.stream import (
     _TE_KEY,
     _WS,
@@ -344,8 +344,10 @@ def _decode_in_place(
     mv = memoryview(buf)
     try:
         part = mv[: end + 1]
+        # a chunk naming a collective (one search, ~0.1 ms per MiB) needs the full args: decoded so at once
+        lean_ok = hint is None or not hint.lean or buf.find(COLL_KEY, 0, end) < 0
         try:
-            evs = _decode_events(part, hint)
+            evs = _decode_events(part, hint, lean_ok)
         except msgspec.DecodeError as err:
             # its frames (and those of the errors it was raised while handling) hold the msgspec.Raw
             # slices of `part` that a fallback decode made: drop them first, or `part` cannot be released

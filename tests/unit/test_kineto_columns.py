@@ -1,0 +1,94 @@
+"""The column builders of the Kineto reader that work per distinct value (pid / tid, `Process Group Ranks`)
+and the collective columns placed with one shared index: each must give what coercing every value on its
+own gives (hand-written expectations), also through a whole hand-written trace."""
+
+from __future__ import annotations
+
+import kineto_traces as kt
+import pyarrow as pa
+
+from tracelens.ingest import kineto
+from tracelens.ingest.kineto import columns
+
+
+def test_lowcard_int_array_coerces_each_distinct_value_as_one_value():
+    vals = [7, None, "Spans", "0x1f", 2**70, -5, 7, "12", 7, None]
+    got = columns._lowcard_int_array(vals)
+    assert got.type == pa.int64()
+    # "Spans" and an int beyond int64 are no int64: null, like an absent value
+    assert got.to_pylist() == [7, None, None, 31, None, -5, 7, 12, 7, None]
+
+
+def test_lowcard_int_array_with_many_distinct_values_or_floats():
+    many = list(range(100)) + ["0x10"]
+    assert columns._lowcard_int_array(many).to_pylist() == list(range(100)) + [16]
+    # (the loose decoder's floats: an integral one is its int)
+    assert columns._lowcard_int_array([2.0, "x", 3, None, 2.0]).to_pylist() == [2, None, 3, None, 2]
+
+
+def test_pg_ranks_array_parses_each_text_once_with_the_same_result():
+    vals = ["[0, 1]", None, "[0, 1]", "[2, 3, ...]", "bad", "[]", "[0, 1]", "[4,5]"]
+    got = columns._pg_ranks_array(vals)
+    assert got.type == pa.list_(pa.int32())
+    assert got.to_pylist() == [[0, 1], None, [0, 1], None, None, [], [0, 1], [4, 5]]
+    # list values (unhashable: the loose decoder's) take the per-value path
+    assert columns._pg_ranks_array([[1, 2], "[3]", None]).to_pylist() == [[1, 2], [3], None]
+
+
+def _coll(i: int, ranks: str) -> dict:
+    return kt.x(
+        "kernel",
+        "ncclDevKernel_AllReduce",
+        str(100 * i + 5),
+        "10",
+        pid=0,
+        tid=7,
+        device=0,
+        stream=7,
+        correlation=i,
+        **{
+            "Collective name": "allreduce",
+            "Process Group Name": str(i % 2),
+            "Process Group Ranks": ranks,
+            "Group size": 2,
+            "Seq": i,
+            "In msg nelems": 1000 + i,
+            "Out msg nelems": 2000 + i,
+            "dtype": "Float",
+            "Src Rank": i % 3,
+        },
+    )
+
+
+def test_trace_with_string_pids_and_sparse_collectives_reads_exactly(tmp_path, monkeypatch):
+    """Kineto's last complete event has `pid: "Spans"`, `tid: "PyTorch Profiler"` (strings: null); the
+    collective columns of the few collective kernels land on their rows, null elsewhere."""
+    monkeypatch.setenv("TRACELENS_SPLIT", "0")
+    evs: list = []
+    for i in range(40):
+        evs.append(kt.x("cpu_op", f"aten::op{i % 3}", str(100 * i), "50", pid=11, tid=12 + i % 2))
+        if i % 10 == 3:
+            evs.append(_coll(i, "[0, 1]" if i < 20 else "[0, 1, ...]"))
+    evs.append(
+        {"ph": "X", "cat": "Trace", "name": "PyTorch Profiler (0)", "pid": "Spans", "tid": "PyTorch Profiler",
+         "ts": kt.Num("0"), "dur": kt.Num("5000"), "args": {"Op count": 0}}
+    )  # fmt: skip
+    p = kt.write(tmp_path / "t.json", kt.doc(events=evs))
+    ev = kineto.read(p, chunk_bytes=1024).events  # several chunks
+    rows = ev.to_pylist()
+    assert len(rows) == 45
+    cpu = [r for r in rows if r["kind"] == "cpu_op"]
+    assert [r["pid"] for r in cpu] == [11] * 40 and [r["tid"] for r in cpu] == [12 + i % 2 for i in range(40)]
+    last = [r for r in rows if r["name"] == "PyTorch Profiler (0)"]
+    assert len(last) == 1 and last[0]["pid"] is None and last[0]["tid"] is None
+    coll = [r for r in rows if r["collective"] is not None]
+    assert [r["seq"] for r in coll] == [3, 13, 23, 33]
+    assert [r["pg_ranks"] for r in coll] == [[0, 1], [0, 1], None, None]
+    assert [r["pg_name"] for r in coll] == ["1", "1", "1", "1"]
+    assert [(r["in_nelems"], r["out_nelems"], r["src_rank"]) for r in coll] == [
+        (1000 + i, 2000 + i, i % 3) for i in (3, 13, 23, 33)
+    ]
+    assert all(r["group_size"] == 2 and r["dtype"] == "Float" and r["device"] == 0 for r in coll)
+    others = [r for r in rows if r["collective"] is None]
+    fields = ("pg_name", "pg_desc", "pg_ranks", "group_size", "seq", "in_nelems", "out_nelems", "dtype")
+    assert all(r[f] is None for r in others for f in fields)
