@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from tracelens.analyze.critical_keys import Cells
 from tracelens.analyze.critical_path import NEG, CriticalPath, Graph, mean_step_ns, replay, replay_plan
 from tracelens.analyze.dictcol import per_object
 
@@ -219,13 +220,19 @@ def _instances(g: Graph) -> pd.DataFrame:
             "k": ck,
             "inst": g.k_instance[ck],
             "rank": g.k_rank[ck],
-            "op": pd.Series(g.k_op[ck]).astype(str).str.replace("recv", "send").to_numpy(),
+            "op": _send_ops(g.k_op)[g.k_op.codes[ck]],
             "bytes": g.ck_bytes,  # (per collective kernel, in kernel order: these)
             "transfer": g.k_transfer[ck],
             "group": g.k_group[ck],
         }
     )
     return df
+
+
+def _send_ops(ops: Cells) -> np.ndarray:
+    """Per distinct op cell: its text with "recv" read as "send" (a send and its recv are one transfer), as
+    `astype(str).str.replace("recv", "send")` gives it (a null as "None"); taken per kernel by its code."""
+    return np.array([str(v).replace("recv", "send") for v in ops.values], dtype=object)
 
 
 def _sig(inst: pd.DataFrame) -> pd.Series:
