@@ -550,13 +550,22 @@ def coll_frame(coll: pa.Table) -> pd.DataFrame:
 def _pg_candidates(metadata: pa.Table | None) -> list[tuple[int, ...]]:
     """Distinct process-group rank lists that the traces' distributedInfo.pg_config declare."""
     seen: set[tuple[int, ...]] = set()
+    taken: set[Any] = set()  # raw values already taken (every rank declares the default group again)
     for g in pg_config_entries(metadata):
         ranks: Any = g.get("ranks")  # JSON: a list of ints, a string of them, or damaged
+        raw = tuple(ranks) if isinstance(ranks, list) else ranks
+        try:  # (a value equal to a taken one is taken already, or damaged: skipped either way)
+            if raw in taken:
+                continue
+        except TypeError:  # (an unhashable element: judged below)
+            raw = None
         if isinstance(ranks, str):
             ranks = [int(x) for x in re.findall(r"-?\d+", ranks)]
-        plain = isinstance(ranks, list) and all(type(x) is int for x in ranks)  # else: damaged, skipped
+        plain = isinstance(ranks, list) and set(map(type, ranks)) <= {int}  # else: damaged, skipped
         if plain and len(ranks) >= 2:
             seen.add(tuple(sorted(ranks)))
+            if raw is not None:
+                taken.add(raw)
     return sorted(seen, key=lambda t: (len(t), t))
 
 

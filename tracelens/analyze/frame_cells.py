@@ -89,10 +89,35 @@ def distinct(vals: Any) -> tuple[np.ndarray, np.ndarray] | None:
     """pd.factorize of the cells (codes -1 for null / NaN), None when a cell is unhashable (a list)."""
     obj = vals.to_numpy(dtype=object) if isinstance(vals, pd.Series) else objects(vals)
     try:
-        codes, uniq = pd.factorize(obj)
+        codes, uniq = factorize_objects(obj)
     except TypeError:
         return None
     return np.asarray(codes, dtype=np.int64), np.asarray(uniq, dtype=object)
+
+
+def _addresses(obj: np.ndarray) -> np.ndarray:
+    """The object pointers of a 1-D object array (`id` of every cell), read from its buffer when it has one."""
+    if obj.flags.c_contiguous:
+        try:
+            return np.frombuffer(obj.data, dtype=np.uintp)
+        except (TypeError, ValueError):  # (a numpy that exports no buffer of objects)
+            pass
+    return np.fromiter(map(id, obj), dtype=np.uintp, count=obj.size)
+
+
+def factorize_objects(obj: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """pd.factorize of a 1-D object array (codes in order of first appearance, -1 for null / NaN, the first
+    cell of each value as its unique), hashing each distinct *object* once: cells that hold the same object
+    (the one tuple or str per distinct value that Arrow columns are read into here) are grouped by address
+    first, then their first cells by value. Raises TypeError for unhashable cells, as pd.factorize does."""
+    if obj.size == 0:
+        codes, uniq = pd.factorize(obj)
+        return np.asarray(codes, dtype=np.int64), np.asarray(uniq, dtype=object)
+    by_obj = np.asarray(pd.factorize(_addresses(obj))[0], dtype=np.int64)
+    first = pd.Series(by_obj).drop_duplicates().index.to_numpy()  # first cell of each object, in order
+    codes, uniq = pd.factorize(obj[first])
+    out: np.ndarray = np.asarray(codes, dtype=np.int64)[by_obj]
+    return out, np.asarray(uniq, dtype=object)
 
 
 def objects(vals: Any) -> np.ndarray:
@@ -137,7 +162,11 @@ def row_codes(*cols: Any) -> np.ndarray:
     bound = 1  # acc < bound: the columns so far in mixed radix, exact (re-coded densely before overflowing)
     for c in cols:
         plain = not isinstance(c, pd.Series) or native(c) or string_series(c)
-        codes, uniq = pd.factorize(c if plain else c.to_numpy(dtype=object))
+        c = c if plain else c.to_numpy(dtype=object)
+        if isinstance(c, np.ndarray) and c.dtype == object and c.ndim == 1:
+            codes, uniq = factorize_objects(c)
+        else:
+            codes, uniq = pd.factorize(c)
         radix = len(uniq) + 1
         if bound * radix >= 1 << 62:
             acc = np.asarray(pd.factorize(acc)[0], dtype=np.int64)
@@ -244,6 +273,7 @@ def nullable_ints(arr: pa.Array) -> Any:
 __all__ = [
     "as_objects",
     "distinct",
+    "factorize_objects",
     "int64_array",
     "is_strings",
     "isnull",
