@@ -467,7 +467,36 @@ def _order(df: pd.DataFrame, by_step: bool = False, base: np.ndarray | None = No
     parts = _row_codes(base, df["step"]) if by_step else base
     _, f = np.unique(parts, return_index=True)
     rep = df[_order_cols(df) + (["step"] if by_step else [])].iloc[f]  # (only the key's columns)
+    k = np.asarray(_order_key_codes(rep, by_step))[parts]
+    rank = df["rank"].astype("Int64")
+    t = df["start_ns"].astype("Int64")
+    if rank.isna().any() or not df.index.is_unique:  # (groupby leaves null ranks out: the general path)
+        tmp = pd.DataFrame({"rank": df["rank"].to_numpy(), "k": k, "t": t.to_numpy()})
+        tmp = tmp.sort_values(["rank", "t"], kind="stable")
+        out: np.ndarray = tmp.groupby(["rank", "k"]).cumcount().reindex(df.index).to_numpy()
+        return out
+    return _cumcount(rank.to_numpy(dtype=np.int64), k.astype(np.int64), t)
+
+
+def _order_key_codes(rep: pd.DataFrame, by_step: bool) -> np.ndarray:
+    """Codes (in order of first appearance) of `_order`'s key of the given rows: "p2p|op|peer" for
+    send/recv, else "group|op", then "|step|N" when counted per step (N -1 for no step). Built from the
+    parts' codes: the strings are one-to-one with the parts (op names hold no "|", groups never start
+    with "p2p|"). A null op (not from the extraction, which drops such rows) takes the strings' path."""
     key = rep["group_key"].astype(str) if "group_key" in rep else _group_key(rep)
+    op = rep["op"]
+    if op.isna().any():
+        return _order_key_strings(rep, key, by_step)
+    p2p = rep["is_p2p"].astype(bool).to_numpy()
+    peer = rep["peer"].astype("Float64").fillna(-1).astype(int).to_numpy()
+    cols = [p2p, _row_codes(op), np.where(p2p, peer, 0), np.where(p2p, 0, _row_codes(key))]
+    if by_step:
+        cols.append(rep["step"].astype("Int64").fillna(-1).to_numpy(dtype=np.int64))
+    return _row_codes(*cols)
+
+
+def _order_key_strings(rep: pd.DataFrame, key: pd.Series, by_step: bool) -> np.ndarray:
+    """`_order_key_codes` through the key strings themselves."""
     peer = rep["peer"].astype("Float64").fillna(-1).astype(int).astype(str)
     k = np.where(
         rep["is_p2p"].astype(bool),
@@ -478,15 +507,7 @@ def _order(df: pd.DataFrame, by_step: bool = False, base: np.ndarray | None = No
         k = np.char.add(
             np.char.add(k.astype(str), "|step|"), rep["step"].astype("Int64").fillna(-1).astype(str)
         )
-    k = np.asarray(pd.factorize(pd.Series(k))[0])[parts]
-    rank = df["rank"].astype("Int64")
-    t = df["start_ns"].astype("Int64")
-    if rank.isna().any() or not df.index.is_unique:  # (groupby leaves null ranks out: the general path)
-        tmp = pd.DataFrame({"rank": df["rank"].to_numpy(), "k": k, "t": t.to_numpy()})
-        tmp = tmp.sort_values(["rank", "t"], kind="stable")
-        out: np.ndarray = tmp.groupby(["rank", "k"]).cumcount().reindex(df.index).to_numpy()
-        return out
-    return _cumcount(rank.to_numpy(dtype=np.int64), k.astype(np.int64), t)
+    return np.asarray(pd.factorize(pd.Series(k))[0])
 
 
 def _cumcount(rank: np.ndarray, k: np.ndarray, t: pd.Series) -> np.ndarray:
@@ -676,6 +697,7 @@ def match_with_findings(
     # (parts a row's key does not use are left out, -1, so that rows of one key share their tuple: a collective's
     # key has no src / dst, one with Seq no step or order)
     by_seq = ~p2p & has_seq
+    gk_c, op_c = _row_codes(gk_s), _row_codes(op_s)
     parts = _row_codes(
         p2p,
         np.where(p2p, src, -1),
@@ -684,27 +706,24 @@ def match_with_findings(
         np.where(by_seq, -1, by_step),
         has_seq,
         seq_v,
-        gk_s,
-        op_s,
+        gk_c,
+        op_c,
         solo,
     )
     _, f = np.unique(parts, return_index=True)
-    seq = seq_v[f].astype(str)
-    order = np.char.add(np.char.add(step_v[f].astype(str), "#"), by_step[f].astype(str))
-    key = np.where(
-        p2p[f],
-        np.char.add(
-            np.char.add(np.char.add("p2p|", src[f].astype(str)), "|" + np.char.add(dst[f].astype(str), "|")),
-            order,
-        ),
-        np.where(
-            has_seq[f],
-            np.char.add(np.char.add(gk[f], "|seq|"), seq),
-            np.char.add(np.char.add(gk[f], "|" + op[f] + "|"), order),
-        ),
+    # the instance key of each distinct tuple, "p2p|src|dst|step#order", "group|seq|N", "group|op|step#order"
+    # or "solo|row", as codes of its parts (one-to-one with the strings: op names hold no "|", group keys
+    # start with "pg:" or "r:" or are empty, never with "p2p|" or "solo|"; the last part is a number)
+    kind = np.where(unmatched_p2p[f], 3, np.where(p2p[f], 0, np.where(has_seq[f], 1, 2)))
+    p2p_f, seq_f, solo_f = kind == 0, kind == 1, kind == 3
+    key = _row_codes(
+        kind,
+        np.where(p2p_f, src[f], np.where(solo_f, f, gk_c[f])),
+        np.where(p2p_f, dst[f], np.where(seq_f, seq_v[f], np.where(solo_f, 0, op_c[f]))),
+        np.where(seq_f | solo_f, 0, step_v[f]),
+        np.where(seq_f | solo_f, 0, by_step[f]),
     )
-    key = np.where(unmatched_p2p[f], np.char.add("solo|", f.astype(str)), key)
-    codes = np.asarray(pd.factorize(pd.Series(key), sort=False)[0])[parts]
+    codes = key[parts]
     df["instance"] = pd.Series(codes, dtype="Int64")
     expected = df["group_size"].astype("Float64")
     # (a one-rank key is what inference leaves for a rank without traced peers: no evidence of the size)

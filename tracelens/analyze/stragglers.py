@@ -29,6 +29,7 @@ from tracelens.analyze import intervals as iv
 from tracelens.analyze.breakdown import RankSets, class_sets
 from tracelens.analyze.breakdown import breakdown as _breakdown
 from tracelens.analyze.frame_cells import per_distinct, row_codes
+from tracelens.analyze.wait_split import lanes_for
 from tracelens.analyze.wait_transfer import to_table, wait_transfer
 from tracelens.findings import finding
 
@@ -386,7 +387,22 @@ def pre_arrival_idle(breakdown: pa.Table, sets: dict[int, RankSets], df: pd.Data
     # each rank's rows once: one stable sort, then slices (a mask per rank is quadratic in the ranks)
     order = np.argsort(ranks, kind="stable")
     u_rank, first = np.unique(ranks[order], return_index=True)
-    for r, i0, i1 in zip(u_rank, first, np.r_[first[1:], order.size]):
+    todo = list(zip(u_rank, first, np.r_[first[1:], order.size]))
+    known = [(int(r), sets[int(r)]) for r, _, _ in todo if sets.get(int(r)) is not None]
+    if known:  # every rank at once, on lanes of one line (wait_split.RankLanes)
+        parts = [p for _, rs in known for p in (rs.compute, rs.comm, rs.memory)]
+        lane_ranks = np.array([r for r, _ in known], dtype=np.int64)
+        on = np.isin(ranks, lane_ranks)
+        lanes = lanes_for(lane_ranks, parts, lo[on], hi[on])
+        if lanes.ok:
+            sets3 = [lanes.sets([rs.compute for _, rs in known]), lanes.sets([rs.comm for _, rs in known])]
+            sets3.append(lanes.sets([rs.memory for _, rs in known]))
+            busy = iv.union(np.concatenate([x[0] for x in sets3]), np.concatenate([x[1] for x in sets3]))
+            shift = lanes.of(ranks[on])
+            idle[on] = (hi[on] - lo[on]) - iv.measure_in_windows(busy, lo[on] + shift, hi[on] + shift)
+            idle[~on] = hi[~on] - lo[~on]
+            todo = []
+    for r, i0, i1 in todo:  # (rank by rank: times too far apart for lanes)
         rs = sets.get(int(r))
         m = order[i0:i1]
         if rs is None:
