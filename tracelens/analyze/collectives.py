@@ -27,6 +27,9 @@ from tracelens.analyze.clock import clock_findings as clock_findings
 from tracelens.analyze.clock import clock_offsets as clock_offsets
 from tracelens.analyze.dictcol import columns, sharing
 from tracelens.analyze.frame_cells import (
+    factorize_objects as _factorize_objects,
+)
+from tracelens.analyze.frame_cells import (
     int64_array as _int64_array,
 )
 from tracelens.analyze.frame_cells import (
@@ -45,6 +48,9 @@ from tracelens.analyze.frame_cells import (
     per_distinct as _per_distinct,
 )
 from tracelens.analyze.frame_cells import (
+    per_distinct_codes as _per_distinct_codes,
+)
+from tracelens.analyze.frame_cells import (
     ranks_list_array as _ranks_list_array,
 )
 from tracelens.analyze.frame_cells import (
@@ -58,6 +64,9 @@ from tracelens.analyze.frame_cells import (
 )
 from tracelens.analyze.frame_cells import (
     str_objects as _str_objects,
+)
+from tracelens.analyze.frame_cells import (
+    str_series as _str_series,
 )
 from tracelens.analyze.frame_cells import (
     string_series as _string_series,
@@ -153,7 +162,10 @@ def _to_coll_table(df: pd.DataFrame) -> pa.Table:
             # once per distinct value (the column repeats a few names over every call): codes in order of
             # first appearance, as Arrow's dictionary_encode gives them; missing values null, never "nan"
             # (a pandas string column as it is: the same codes and values as its Python str objects get)
-            codes, uniq = pd.factorize(vals if _string_series(vals) else vals.astype(object).to_numpy())
+            if _string_series(vals):
+                codes, uniq = pd.factorize(vals)
+            else:  # (grouped by object first: cells of one value mostly share one str object)
+                codes, uniq = _factorize_objects(vals.astype(object).to_numpy())
             uniq = np.asarray(uniq, dtype=object)
             codes = np.asarray(codes, dtype=np.int32)
             null = codes < 0
@@ -442,8 +454,10 @@ def _group_key(df: pd.DataFrame) -> pd.Series:
         return "r:" + text if text != "" else ""
 
     # once per distinct (name, ranks), not a string operation over every row
-    keys = _per_distinct(key, df["pg_name"].astype(object), df["pg_ranks"])
-    return pd.Series(keys.astype(str), index=df.index)
+    if len(df) == 0:
+        return pd.Series(_per_distinct(key, df["pg_name"], df["pg_ranks"]).astype(str), index=df.index)
+    codes, keys = _per_distinct_codes(key, df["pg_name"].astype(object), df["pg_ranks"])
+    return _str_series(codes, keys, df.index)
 
 
 def _order_cols(df: pd.DataFrame) -> list[str]:
@@ -518,7 +532,11 @@ def _cumcount(rank: np.ndarray, k: np.ndarray, t: pd.Series) -> np.ndarray:
         return np.zeros(0, dtype=np.int64)
     na = t.isna().to_numpy(dtype=bool)
     tv = t.to_numpy(dtype=np.int64, na_value=0)
-    o = np.lexsort((tv, na, rank))  # (stable)
+    same = rank[1:] == rank[:-1]
+    tied = na[1:] == na[:-1]
+    in_order = (rank[1:] > rank[:-1]) | (same & ((na[1:] & ~na[:-1]) | (tied & (tv[1:] >= tv[:-1]))))
+    # (the stable sort by (rank, null t, t); the rows are usually in that order already: then no sort)
+    o = np.arange(n) if in_order.all() else np.lexsort((tv, na, rank))
     key = (rank - rank.min()) * (int(k.max()) + 1) + k
     s = key[o]
     o2 = np.argsort(s, kind="stable")
@@ -680,7 +698,9 @@ def match_with_findings(
     base = _order_base(df)  # (both orders below group the rows by these columns)
     df["order"] = _order(df, base=base)
     p2p = df["is_p2p"].astype(bool).to_numpy()
-    is_send = (df["op"] == "send").to_numpy()
+    # op and group as codes (in order of first appearance; their words once per code)
+    op_c, op_words = _per_distinct_codes(lambda v: v, df["op"])
+    is_send = (op_words == "send")[op_c]
     rank = df["rank"].astype("int64").to_numpy()
     peer = df["peer"].fillna(-1).astype("int64").to_numpy()
     src = np.where(is_send, rank, peer)
@@ -689,15 +709,13 @@ def match_with_findings(
     seq_v = df["seq"].fillna(-1).astype("int64").to_numpy()
     step_v = df["step"].astype("Int64").fillna(-1).to_numpy(dtype=np.int64)
     by_step = _order(df, by_step=True, base=base)
-    gk_s, op_s = df["group_key"].astype(str), df["op"].astype(str)  # (factorized as they are below)
-    gk, op = gk_s.to_numpy(), op_s.to_numpy()
-    unmatched_p2p = p2p & ((peer < 0) | ~np.isin(op, ("send", "recv")))
+    gk_c, gk_words = _per_distinct_codes(lambda v: v, df["group_key"].astype(str))
+    unmatched_p2p = p2p & ((peer < 0) | ~np.isin(op_words, ("send", "recv"))[op_c])
     solo = np.where(unmatched_p2p, np.arange(len(df)), -1)
     # the key strings once per distinct tuple of their parts (first row of each), not for every row
     # (parts a row's key does not use are left out, -1, so that rows of one key share their tuple: a collective's
     # key has no src / dst, one with Seq no step or order)
     by_seq = ~p2p & has_seq
-    gk_c, op_c = _row_codes(gk_s), _row_codes(op_s)
     parts = _row_codes(
         p2p,
         np.where(p2p, src, -1),
@@ -727,12 +745,10 @@ def match_with_findings(
     df["instance"] = pd.Series(codes, dtype="Int64")
     expected = df["group_size"].astype("Float64")
     # (a one-rank key is what inference leaves for a rank without traced peers: no evidence of the size)
-    from_key = pd.Series(
-        _per_distinct(
-            lambda k: n if k.startswith("r:") and (n := len(k[2:].split(","))) > 1 else None, gk
-        ).tolist(),
-        dtype="Float64",
-    )
+    size_of = [n if k.startswith("r:") and (n := len(k[2:].split(","))) > 1 else None for k in gk_words]
+    known = np.array([v is not None for v in size_of], dtype=bool)
+    sizes = np.array([v if v is not None else 0 for v in size_of], dtype=np.float64)
+    from_key = pd.Series(pd.arrays.FloatingArray(sizes[gk_c], ~known[gk_c]))
     expected = expected.fillna(from_key)
     expected = expected.where(~pd.Series(p2p), 2.0)
     df["n_expected"] = expected.round().astype("Int64")
@@ -807,11 +823,14 @@ def _agree(coll: pd.DataFrame) -> bool:
     if op.isna().any() or rank.isna().any() or gk.isna().any() or coll["instance"].isna().any():
         return False
     inst = coll["instance"].astype("int64").to_numpy()
-    op_c = _row_codes(op)
+    op_c, op_words = _per_distinct_codes(str, op)
     pair = _row_codes(inst, op_c)  # (instance, op) pairs: one per instance when every instance has one op
     if np.unique(pair).size != np.unique(inst).size:
         return False
-    kind = op.astype(str).where(coll["seq"].isna(), "collectives")  # (as below)
+    # the kind below: the op's text without Seq, else "collectives" (codes of those texts)
+    kind = np.where(coll["seq"].isna().to_numpy(dtype=bool), _row_codes(op_words)[op_c], -1)
+    if (op_words == "collectives").any():  # (an op of that name: the texts themselves)
+        kind = _row_codes(op.astype(str).where(coll["seq"].isna(), "collectives"))
     cell = _row_codes(gk, kind)  # (group, kind)
     grc = _row_codes(cell, rank.astype("int64").to_numpy())  # (group, kind, rank)
     n = np.bincount(grc)
@@ -843,7 +862,11 @@ def matched_table(df: pd.DataFrame) -> pa.Table:
 def _dict_strings(vals: pd.Series) -> pa.Array:
     """A column of strings -> a dictionary array (in order of first appearance, as `dictionary_encode`),
     encoded once per distinct value."""
-    codes, uniq = pd.factorize(vals.to_numpy(dtype=object))
+    if _string_series(vals):  # (as it is: the codes and values its str objects would get)
+        codes, uniq = pd.factorize(vals)
+        uniq = np.asarray(uniq, dtype=object)
+    else:
+        codes, uniq = _factorize_objects(vals.to_numpy(dtype=object))
     codes = np.asarray(codes, dtype=np.int32)
     if (codes < 0).any() or pd.api.types.infer_dtype(uniq, skipna=False) not in ("string", "empty"):
         return pa.array(vals.tolist(), pa.string()).dictionary_encode()  # (not plain strings: as before)

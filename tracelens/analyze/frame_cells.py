@@ -184,17 +184,37 @@ def as_objects(c: Any) -> np.ndarray:
 def per_distinct(fn: Any, *cols: Any) -> np.ndarray:
     """fn(*row) for every row (an object array), called once per distinct tuple of values (the
     function must give equal results for equal values; null cells are passed as the first such row's)."""
+    codes, vals = per_distinct_codes(fn, *cols)
+    out: np.ndarray = vals[codes]
+    return out
+
+
+def per_distinct_codes(fn: Any, *cols: Any) -> tuple[np.ndarray, np.ndarray]:
+    """`per_distinct` as (code of each row, fn's value of each code): the codes are `row_codes`'."""
     n = len(cols[0])
     if n == 0:
-        return np.empty(0, dtype=object)
+        return np.zeros(0, dtype=np.int64), np.empty(0, dtype=object)
     coded = [c if native(c) or string_series(c) else as_objects(c) for c in cols]
     codes = row_codes(*coded)
     _, first = np.unique(codes, return_index=True)
     # the first row of each tuple as Python objects (what converting every row would give at those rows)
     arrs = [as_objects(c.iloc[first] if isinstance(c, pd.Series) else np.asarray(c)[first]) for c in coded]
     vals = objects(fn(*(a[j] for a in arrs)) for j in range(first.size))
-    out: np.ndarray = vals[codes]
-    return out
+    return codes, vals
+
+
+#: The dtype pandas gives a column of Python (or numpy) strings.
+STR_DTYPE = pd.Series(np.array([""])).dtype
+
+
+def str_series(codes: np.ndarray, words: Any, index: Any = None) -> pd.Series:
+    """pd.Series(np.asarray(words)[codes].astype(str)) (all words str), without a string object a row when
+    pandas keeps its strings in Arrow: the distinct words taken by code."""
+    words = list(words)
+    if getattr(STR_DTYPE, "storage", None) != "pyarrow" or not all(type(w) is str for w in words):
+        return pd.Series(objects(words)[codes].astype(str), index=index)
+    arr = pa.array(words, pa.large_string()).take(pa.array(np.asarray(codes, dtype=np.int64)))
+    return pd.Series(pd.array(arr, dtype=STR_DTYPE), index=index)
 
 
 def list_tuples(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
@@ -283,11 +303,13 @@ __all__ = [
     "nullable_ints",
     "objects",
     "per_distinct",
+    "per_distinct_codes",
     "ranks_list_array",
     "ranks_tuple",
     "ranks_tuples",
     "row_codes",
     "rows_frame",
     "str_objects",
+    "str_series",
     "string_series",
 ]
