@@ -155,6 +155,21 @@ def string_series(c: Any) -> bool:
     return isinstance(c, pd.Series) and isinstance(c.dtype, pd.StringDtype)
 
 
+def _small_ints(c: Any) -> tuple[np.ndarray, int] | None:
+    """(value - min, max - min + 2) of a numpy integer or boolean array whose values span little more than
+    its length (ranks, steps, counters): a one-to-one code without hashing; None for anything else."""
+    if not isinstance(c, np.ndarray) or c.ndim != 1 or c.size == 0:
+        return None
+    if c.dtype == bool:
+        return c.astype(np.int64), 3
+    if not np.issubdtype(c.dtype, np.integer) or c.dtype == np.uint64:
+        return None
+    lo, hi = int(c.min()), int(c.max())
+    if hi - lo > 2 * c.size + 1024:
+        return None
+    return c.astype(np.int64) - lo, hi - lo + 2
+
+
 def row_codes(*cols: Any) -> np.ndarray:
     """Dense codes (in order of first appearance) of the rows' tuples of values; null is one value."""
     n = len(cols[0])
@@ -163,11 +178,15 @@ def row_codes(*cols: Any) -> np.ndarray:
     for c in cols:
         plain = not isinstance(c, pd.Series) or native(c) or string_series(c)
         c = c if plain else c.to_numpy(dtype=object)
-        if isinstance(c, np.ndarray) and c.dtype == object and c.ndim == 1:
+        small = _small_ints(c)
+        if small is not None:  # (any one-to-one coding of a column will do: the last factorize orders them)
+            codes, radix = small
+        elif isinstance(c, np.ndarray) and c.dtype == object and c.ndim == 1:
             codes, uniq = factorize_objects(c)
+            radix = len(uniq) + 1
         else:
             codes, uniq = pd.factorize(c)
-        radix = len(uniq) + 1
+            radix = len(uniq) + 1
         if bound * radix >= 1 << 62:
             acc = np.asarray(pd.factorize(acc)[0], dtype=np.int64)
             bound = int(acc.max(initial=-1)) + 1
