@@ -232,7 +232,7 @@ def _slow_links(
     pair = np.asarray(pair_of_tuple, dtype=np.int64)[pair_tuple]  # (equal strings: one code)
     # per instance (ascending, as groupby orders them): rows sorted by (instance, transfer)
     rows = np.flatnonzero(has_inst)
-    o = rows[np.lexsort((transfer[rows], row_inst[rows]))]
+    o = rows[_sort_by(row_inst[rows], d["transfer_ns"].to_numpy()[rows], transfer[rows])]
     si = row_inst[o]
     start = np.flatnonzero(np.r_[True, si[1:] != si[:-1]]) if o.size else np.zeros(0, dtype=np.int64)
     end = np.r_[start[1:], o.size]
@@ -274,8 +274,8 @@ def _slow_links(
     r_inv = r_inv.reshape(-1)
     host_names = pd.Series([host_of.get(int(r), "") for r in u_rank], dtype=object)
     host_code = np.asarray(pd.factorize(host_names)[0], dtype=np.int64)[r_inv]
-    ih = np.unique(np.searchsorted(inst_ids, row_inst[rows]) * (int(host_code.max()) + 1) + host_code[rows])
-    inter = np.bincount(ih // (int(host_code.max()) + 1), minlength=n_inst) > 1
+    hc = host_code[o]  # (more than one host: its lowest and highest host codes differ)
+    inter = np.minimum.reduceat(hc, start) != np.maximum.reduceat(hc, start)
     # time per byte when sizes are known (bytes bucketed by powers of two), else the transfer time itself
     sized = inst_nbytes > 0
     nbytes = np.where(sized, inst_nbytes, 1).astype(float)
@@ -331,7 +331,8 @@ def _slow_links(
     # the distinct (rank, group) pairs of the rows of kept instances, once
     kept_inst = np.zeros(n_inst, dtype=bool)
     kept_inst[kept] = True
-    row_pos = np.searchsorted(inst_ids, row_inst[rows])
+    dense = inst_ids[0] == 0 and inst_ids[-1] == n_inst - 1  # (ids 0 .. n-1: an id is its position)
+    row_pos = row_inst[rows] if dense else np.searchsorted(inst_ids, row_inst[rows])
     sel = rows[kept_inst[row_pos]]
     width, r0 = int(pair.max()) + 1, int(rk.min())
     rg = np.unique((rk[sel] - r0) * width + pair[sel])  # (ascending rank, then group)
@@ -361,6 +362,16 @@ def _slow_links(
     row_excess[measured] = excess[row_pos[kept_inst[row_pos]]]
     row_excess = np.where(np.isnan(row_excess), predicted, row_excess)
     return out, d.assign(excess=row_excess)
+
+
+def _sort_by(key: np.ndarray, raw: np.ndarray, value: np.ndarray) -> np.ndarray:
+    """np.lexsort((value, key)) (`value`: `raw` as floats); one sort of key x (max + 1) + raw when both are
+    non-negative integers that fit (the order of equal pairs does not matter to the callers' medians)."""
+    if raw.dtype.kind in "iu" and key.size and key.min() >= 0 and raw.min() >= 0:
+        width = int(raw.max()) + 1
+        if (int(key.max()) + 1) * width < 1 << 62:
+            return np.argsort(key.astype(np.int64) * width + raw.astype(np.int64), kind="stable")
+    return np.lexsort((value, key))
 
 
 def pre_arrival_idle(breakdown: pa.Table, sets: dict[int, RankSets], df: pd.DataFrame) -> pd.DataFrame:
