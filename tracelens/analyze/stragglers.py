@@ -481,11 +481,17 @@ def detect(
     if shared is not None and len(shared):  # one host's ranks share no link: transfer times are descheduling
         slow = {r: v for r, v in slow.items() if r not in set(shared["rank"].astype(int))}
     if slow:
-        ex = d.assign(step=d["step"].astype("Int64").fillna(-1).astype(int)).groupby(["rank", "step"])
-        xfer = ex["excess"].sum().rename("xfer_excess")
-        tot = ex["transfer_ns"].sum().rename("xfer_total")
-        per = per.merge(pd.concat([xfer, tot], axis=1).reset_index(), on=["rank", "step"], how="left")
-        per[["xfer_excess", "xfer_total"]] = per[["xfer_excess", "xfer_total"]].fillna(0.0)
+        # per (rank, step) sums (pandas' sums, in row order), looked up by one integer key
+        d_rank = d["rank"].astype("int64").to_numpy()
+        d_step = d["step"].astype("Int64").fillna(-1).to_numpy(dtype=np.int64)
+        p_rank = per["rank"].astype("int64").to_numpy()
+        p_step = per["step"].astype("int64").to_numpy()
+        r0, s0 = min(d_rank.min(), p_rank.min()), min(d_step.min(), p_step.min())
+        width = int(max(d_step.max(), p_step.max()) - s0) + 1
+        d_key, p_key = (d_rank - r0) * width + (d_step - s0), (p_rank - r0) * width + (p_step - s0)
+        for col, name in (("excess", "xfer_excess"), ("transfer_ns", "xfer_total")):
+            sums = pd.Series(d[col].to_numpy()).groupby(d_key).sum()
+            per[name] = sums.reindex(p_key).fillna(0.0).to_numpy()
         exposed_frac = np.where(
             per["xfer_total"] > 0, (per["exposed_transfer_ns"] / per["xfer_total"]).clip(0, 1), 0
         )
