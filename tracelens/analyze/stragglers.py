@@ -142,6 +142,44 @@ def arrival_lag(df: pd.DataFrame) -> pa.Table:
         coll = df
     if coll.empty:
         return ARRIVAL_LAG.empty_table()
+    if not all(pd.api.types.is_integer_dtype(coll[c]) for c in ("lag_ns", "blame_ns")):
+        return _arrival_lag_grouped(coll)
+    # per (rank, step), ascending as groupby gives them: integer sums (exact in any order) by one sort
+    rank = coll["rank"].astype("Int64")
+    if rank.isna().any():  # (groupby leaves rows without a rank out)
+        coll = coll[rank.notna().to_numpy()]
+        if coll.empty:
+            return ARRIVAL_LAG.empty_table()
+    rank_v = coll["rank"].astype("int64").to_numpy()
+    step_v = coll["step"].astype("Int64").fillna(-1).to_numpy(dtype=np.int64)
+    s0 = int(step_v.min())
+    key = (rank_v - int(rank_v.min())) * (int(step_v.max()) - s0 + 1) + (step_v - s0)
+    o = np.argsort(key, kind="stable")
+    ks = key[o]
+    start = np.flatnonzero(np.r_[True, ks[1:] != ks[:-1]])
+
+    def sums(col: str) -> np.ndarray:
+        out: np.ndarray = np.add.reduceat(coll[col].astype("int64").to_numpy()[o], start)
+        return out
+
+    step = step_v[o][start]
+    return pa.table(
+        {
+            "rank": pa.array(rank_v[o][start], pa.int32()),
+            "step": pa.array(step, pa.int32(), mask=step < 0),
+            "lag_ns": pa.array(sums("lag_ns"), pa.int64()),
+            "blame_ns": pa.array(sums("blame_ns"), pa.int64()),
+            "last_count": pa.array(
+                np.add.reduceat(coll["is_last"].astype(int).to_numpy()[o], start), pa.int32()
+            ),
+            "collectives": pa.array(np.diff(np.r_[start, ks.size]), pa.int32()),
+        },
+        schema=ARRIVAL_LAG,
+    )
+
+
+def _arrival_lag_grouped(coll: pd.DataFrame) -> pa.Table:
+    """`arrival_lag` by pandas' group-by (sums of non-integer columns: summed before they are truncated)."""
     g = (
         coll.assign(
             step=coll["step"].astype("Int64").fillna(-1).astype(int), last=coll["is_last"].astype(int)
