@@ -557,18 +557,21 @@ MATCHED_EXTRA = ("instance", "group_key", "n_expected")
 
 
 def coll_frame(coll: pa.Table) -> pd.DataFrame:
-    """COLLECTIVES table -> DataFrame with plain values (strings, Int64, tuples for pg_ranks)."""
+    """COLLECTIVES table -> DataFrame with plain values (strings, Int64, tuples for pg_ranks). (Every
+    column is a new array made here: the frame takes them as they are, without copying them again.)"""
     out = {}
     for f in coll.schema:
         col = coll.column(f.name)
         if pa.types.is_dictionary(col.type) and _is_strings(col.type):
-            out[f.name] = pd.Series(_str_objects(col), dtype=object)
+            out[f.name] = pd.Series(_str_objects(col), dtype=object, copy=False)
         elif pa.types.is_dictionary(col.type):
-            out[f.name] = pd.Series(col.cast(pa.string()).to_numpy(zero_copy_only=False), dtype=object)
+            out[f.name] = pd.Series(
+                col.cast(pa.string()).to_numpy(zero_copy_only=False), dtype=object, copy=False
+            )
         elif pa.types.is_list(col.type):
-            out[f.name] = pd.Series(_list_tuples(col), dtype=object)
+            out[f.name] = pd.Series(_list_tuples(col), dtype=object, copy=False)
         elif pa.types.is_string(col.type):
-            out[f.name] = pd.Series(col.to_numpy(zero_copy_only=False), dtype=object)
+            out[f.name] = pd.Series(col.to_numpy(zero_copy_only=False), dtype=object, copy=False)
         elif pa.types.is_boolean(col.type):
             b = col.combine_chunks()
             out[f.name] = pd.Series(
@@ -578,12 +581,12 @@ def coll_frame(coll: pa.Table) -> pd.DataFrame:
                 )
             )
         elif pa.types.is_floating(col.type):
-            out[f.name] = pd.Series(col.to_numpy(zero_copy_only=False))
+            out[f.name] = pd.Series(np.array(col.to_numpy(zero_copy_only=False)))  # (a writable copy)
         elif pa.types.is_integer(col.type):
             out[f.name] = pd.Series(_int64_array(col))
         else:
             out[f.name] = pd.Series(col.to_pylist(), dtype="Int64")
-    return pd.DataFrame(out)
+    return pd.DataFrame(out, copy=False)
 
 
 def _pg_candidates(metadata: pa.Table | None) -> list[tuple[int, ...]]:

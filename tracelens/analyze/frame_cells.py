@@ -296,6 +296,9 @@ def int64_array(col: pa.ChunkedArray | pa.Array) -> pd.api.extensions.ExtensionA
     arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
     if pa.types.is_dictionary(arr.type) or not pa.types.is_integer(arr.type):
         return pd.array(arr.to_pylist(), dtype="Int64")
+    if arr.null_count == 0:  # (no mask to read, nothing to fill)
+        vals = np.array(arr.to_numpy(zero_copy_only=False), dtype=np.int64)
+        return pd.arrays.IntegerArray(vals, np.zeros(len(arr), dtype=bool))
     mask = arr.is_null().to_numpy(zero_copy_only=False)
     vals = arr.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
     return pd.arrays.IntegerArray(vals, mask.astype(bool))
