@@ -850,9 +850,13 @@ def match(coll: pa.Table, metadata: pa.Table | None = None) -> pa.Table:
     return matched_table(df)
 
 
-def matched_table(df: pd.DataFrame) -> pa.Table:
-    """Matched rows -> Arrow (COLLECTIVES columns, then instance, group_key, n_expected)."""
-    base = _to_coll_table(df)
+def matched_table(df: pd.DataFrame, source: pa.Table | None = None) -> pa.Table:
+    """Matched rows -> Arrow (COLLECTIVES columns, then instance, group_key, n_expected).
+
+    `source`: the COLLECTIVES table `df` was matched from (`match_with_findings`, which changes only `peer`
+    and `order` among its columns): its columns are taken as they are where they are exactly what converting
+    the frame's would give (see `_reusable`), when the frame's rows are the source's, in its order."""
+    base = _to_coll_table(df) if source is None else _from_source(df, source)
     return (
         base.append_column(
             "instance", pa.array(df["instance"].astype("Int64").to_numpy(na_value=-1), pa.int64())
@@ -860,6 +864,69 @@ def matched_table(df: pd.DataFrame) -> pa.Table:
         .append_column("group_key", _dict_strings(df["group_key"].astype(str)))
         .append_column("n_expected", _int32_array(df["n_expected"]))
     )
+
+
+#: The COLLECTIVES columns `match_with_findings` sets itself (the others are its input's).
+_MATCH_SETS = ("peer", "order")
+
+
+def _from_source(df: pd.DataFrame, source: pa.Table) -> pa.Table:
+    """`_to_coll_table(df)` with the unchanged columns taken from `source` where that gives the same."""
+    if source.schema != schema.COLLECTIVES or source.num_rows != len(df) or not _same_rows(df, source):
+        return _to_coll_table(df)
+    cols = {}
+    convert = [f.name for f in schema.COLLECTIVES if f.name in _MATCH_SETS]
+    for f in schema.COLLECTIVES:
+        if f.name in _MATCH_SETS:
+            continue
+        col = source.column(f.name)
+        arr = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
+        if _reusable(arr):
+            cols[f.name] = arr
+        else:
+            convert.append(f.name)
+    done = _to_coll_table(df[convert]) if convert else None
+    return pa.table(
+        {f.name: cols[f.name] if f.name in cols else done.column(f.name) for f in schema.COLLECTIVES},  # type: ignore[union-attr]
+        schema=schema.COLLECTIVES,
+    )
+
+
+def _same_rows(df: pd.DataFrame, source: pa.Table) -> bool:
+    """The frame's ranks and starts are the source's, row by row (nulls as nulls): its rows are the source's
+    in their order (the matching sorts only rows out of (rank, start) order, and sorting them changes that
+    sequence)."""
+    for name in ("rank", "start_ns"):
+        a = df[name].astype("Int64")
+        b = _int64_array(source.column(name))
+        na, nb = a.isna().to_numpy(dtype=bool), np.asarray(b.isna(), dtype=bool)
+        if not np.array_equal(na, nb):
+            return False
+        if not np.array_equal(a.to_numpy(dtype=np.int64, na_value=0), b.to_numpy(dtype=np.int64, na_value=0)):
+            return False
+    return True
+
+
+def _reusable(arr: pa.Array) -> bool:
+    """What `_to_coll_table` makes of this column's values read into a frame (`coll_frame`) is the column
+    itself: any integer, boolean or list column (equal values, equal arrays), and a dictionary column whose
+    distinct strings appear in its dictionary once each, all used, in order of first appearance, with its
+    nulls in the indices (what that conversion builds)."""
+    if not pa.types.is_dictionary(arr.type):
+        return True
+    words = arr.dictionary
+    if words.null_count or not pa.types.is_string(words.type):
+        return False
+    idx = arr.indices.to_numpy(zero_copy_only=False)
+    if arr.indices.null_count:
+        idx = idx[arr.indices.is_valid().to_numpy(zero_copy_only=False)]
+    if idx.size == 0:
+        return len(words) == 0
+    idx = idx.astype(np.int64)
+    seen = np.maximum.accumulate(idx)  # (each new index the next one: first appearances in order, all used)
+    if idx[0] != 0 or (idx[1:] > seen[:-1] + 1).any() or int(seen[-1]) != len(words) - 1:
+        return False
+    return bool(pd.Series(words.to_pylist(), dtype=object).is_unique)
 
 
 def _dict_strings(vals: pd.Series) -> pa.Array:

@@ -778,7 +778,7 @@ def analyze_cross_rank(
     stragglers, group_findings = group_verdicts(stragglers, df)
     findings += group_findings + _straggler_findings(stragglers)
     return CrossRankResult(
-        collectives=to_table(df),
+        collectives=to_table(df, source=coll),
         offsets_ns=dict(clock.offsets_ns),
         exposed_split=split,
         arrival_lag=lag,

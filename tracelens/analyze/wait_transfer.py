@@ -103,9 +103,10 @@ WT_COLUMNS = (
 )
 
 
-def to_table(df: pd.DataFrame) -> pa.Table:
-    """Matched rows with wait/transfer columns -> Arrow (COLLECTIVES columns first, then the extras)."""
-    t = matched_table(df)
+def to_table(df: pd.DataFrame, source: pa.Table | None = None) -> pa.Table:
+    """Matched rows with wait/transfer columns -> Arrow (COLLECTIVES columns first, then the extras).
+    `source`: the COLLECTIVES table the rows were matched from (`collectives.matched_table`)."""
+    t = matched_table(df, source)
     for name, typ in WT_COLUMNS:
         vals = df[name] if name in df else pd.Series([None] * len(df))
         if pa.types.is_floating(typ):
