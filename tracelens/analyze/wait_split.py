@@ -47,8 +47,10 @@ class RankLanes:
     def __init__(self, ranks: np.ndarray, lo: int, hi: int) -> None:
         self.ranks = np.asarray(ranks, dtype=np.int64)  # (ascending)
         width = int(hi) - int(lo) + 2
-        self.ok = self.ranks.size * width < 1 << 62  # (else int64 would overflow: callers go rank by rank)
-        self.shift = np.arange(self.ranks.size, dtype=np.int64) * width - int(lo)
+        self.ok = self.ranks.size * width < 1 << 62 and abs(int(lo)) < 1 << 62  # (else int64 would overflow)
+        self.shift = np.zeros(0, dtype=np.int64)  # (not ok: callers go rank by rank)
+        if self.ok:
+            self.shift = np.arange(self.ranks.size, dtype=np.int64) * width - int(lo)
 
     def of(self, rank: np.ndarray) -> np.ndarray:
         """The shift of each of these ranks (all of them among `ranks`)."""
