@@ -134,10 +134,10 @@ def test_rank_lanes_give_each_rank_its_own_interval_algebra():
     got_d = iv.measure_in_windows(diff, np.concatenate(lo) + shift, np.concatenate(hi) + shift)
     got_i = iv.measure_in_windows(both, np.concatenate(lo) + shift, np.concatenate(hi) + shift)
     want_d = np.concatenate(
-        [iv.measure_in_windows(iv.subtract(x, y), l, h) for x, y, l, h in zip(a, b, lo, hi)]
+        [iv.measure_in_windows(iv.subtract(x, y), w0, w1) for x, y, w0, w1 in zip(a, b, lo, hi)]
     )
     want_i = np.concatenate(
-        [iv.measure_in_windows(iv.intersect(x, y), l, h) for x, y, l, h in zip(a, b, lo, hi)]
+        [iv.measure_in_windows(iv.intersect(x, y), w0, w1) for x, y, w0, w1 in zip(a, b, lo, hi)]
     )
     assert got_d.tolist() == want_d.tolist() and got_i.tolist() == want_i.tolist()
     # lanes too wide for int64: refused (callers go rank by rank)
