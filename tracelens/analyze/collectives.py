@@ -30,6 +30,9 @@ from tracelens.analyze.frame_cells import (
     factorize_objects as _factorize_objects,
 )
 from tracelens.analyze.frame_cells import (
+    first_rows as _first_rows,
+)
+from tracelens.analyze.frame_cells import (
     int64_array as _int64_array,
 )
 from tracelens.analyze.frame_cells import (
@@ -479,7 +482,7 @@ def _order(df: pd.DataFrame, by_step: bool = False, base: np.ndarray | None = No
     if base is None:
         base = _order_base(df)
     parts = _row_codes(base, df["step"]) if by_step else base
-    _, f = np.unique(parts, return_index=True)
+    f = _first_rows(parts)
     rep = df[_order_cols(df) + (["step"] if by_step else [])].iloc[f]  # (only the key's columns)
     k = np.asarray(_order_key_codes(rep, by_step))[parts]
     rank = df["rank"].astype("Int64")
@@ -698,11 +701,13 @@ def match_with_findings(
     df["peer"] = _infer_peers(df, candidates).astype("Int64")
     if not _sorted_by_rank_start(df):  # (the extraction's tables are: no copy then)
         df = df.sort_values(["rank", "start_ns"], kind="stable").reset_index(drop=True)
-    base = _order_base(df)  # (both orders below group the rows by these columns)
-    df["order"] = _order(df, base=base)
-    p2p = df["is_p2p"].astype(bool).to_numpy()
     # op and group as codes (in order of first appearance; their words once per code)
     op_c, op_words = _per_distinct_codes(lambda v: v, df["op"])
+    gk_c, gk_words = _per_distinct_codes(lambda v: v, df["group_key"].astype(str))
+    # `_order_base(df)` from those codes (the same tuples: the same codes); both orders below start from it
+    base = _row_codes(df["is_p2p"], op_c, df["peer"], gk_c)
+    df["order"] = _order(df, base=base)
+    p2p = df["is_p2p"].astype(bool).to_numpy()
     is_send = (op_words == "send")[op_c]
     rank = df["rank"].astype("int64").to_numpy()
     peer = df["peer"].fillna(-1).astype("int64").to_numpy()
@@ -712,7 +717,6 @@ def match_with_findings(
     seq_v = df["seq"].fillna(-1).astype("int64").to_numpy()
     step_v = df["step"].astype("Int64").fillna(-1).to_numpy(dtype=np.int64)
     by_step = _order(df, by_step=True, base=base)
-    gk_c, gk_words = _per_distinct_codes(lambda v: v, df["group_key"].astype(str))
     unmatched_p2p = p2p & ((peer < 0) | ~np.isin(op_words, ("send", "recv"))[op_c])
     solo = np.where(unmatched_p2p, np.arange(len(df)), -1)
     # the key strings once per distinct tuple of their parts (first row of each), not for every row
@@ -731,7 +735,7 @@ def match_with_findings(
         op_c,
         solo,
     )
-    _, f = np.unique(parts, return_index=True)
+    f = _first_rows(parts)
     # the instance key of each distinct tuple, "p2p|src|dst|step#order", "group|seq|N", "group|op|step#order"
     # or "solo|row", as codes of its parts (one-to-one with the strings: op names hold no "|", group keys
     # start with "pg:" or "r:" or are empty, never with "p2p|" or "solo|"; the last part is a number)
@@ -837,7 +841,7 @@ def _agree(coll: pd.DataFrame) -> bool:
     cell = _row_codes(gk, kind)  # (group, kind)
     grc = _row_codes(cell, rank.astype("int64").to_numpy())  # (group, kind, rank)
     n = np.bincount(grc)
-    _, first = np.unique(grc, return_index=True)
+    first = _first_rows(grc)
     per_cell = _row_codes(cell[first], n)  # (cell, count) pairs: one per cell when its ranks agree
     return bool(np.unique(per_cell).size == np.unique(cell).size)
 

@@ -195,6 +195,17 @@ def row_codes(*cols: Any) -> np.ndarray:
     return np.asarray(pd.factorize(acc)[0], dtype=np.int64)
 
 
+def first_rows(codes: np.ndarray) -> np.ndarray:
+    """`np.unique(codes, return_index=True)[1]` of dense codes in order of first appearance (0, 1, 2, ...,
+    as `row_codes` and pd.factorize give them): where each code appears first, without a sort."""
+    codes = np.asarray(codes)
+    if codes.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    seen = np.maximum.accumulate(codes)
+    out: np.ndarray = np.flatnonzero(np.r_[True, codes[1:] > seen[:-1]])
+    return out
+
+
 def as_objects(c: Any) -> np.ndarray:
     out: np.ndarray = c.to_numpy(dtype=object) if isinstance(c, pd.Series) else np.asarray(c, dtype=object)
     return out
@@ -215,7 +226,7 @@ def per_distinct_codes(fn: Any, *cols: Any) -> tuple[np.ndarray, np.ndarray]:
         return np.zeros(0, dtype=np.int64), np.empty(0, dtype=object)
     coded = [c if native(c) or string_series(c) else as_objects(c) for c in cols]
     codes = row_codes(*coded)
-    _, first = np.unique(codes, return_index=True)
+    first = first_rows(codes)
     # the first row of each tuple as Python objects (what converting every row would give at those rows)
     arrs = [as_objects(c.iloc[first] if isinstance(c, pd.Series) else np.asarray(c)[first]) for c in coded]
     vals = objects(fn(*(a[j] for a in arrs)) for j in range(first.size))
@@ -284,7 +295,7 @@ def list_codes(pr: pa.ListArray) -> tuple[np.ndarray, np.ndarray] | None:
             h[full] = np.add.reduceat(term, (np.cumsum(length) - length)[full])
     code_h = pd.factorize(h)[0].astype(np.int64) * (int(length.max(initial=0)) + 1) + length
     codes = np.asarray(pd.factorize(code_h)[0], dtype=np.int64)
-    _, first = np.unique(codes, return_index=True)
+    first = first_rows(codes)
     rep = first[codes]
     if not np.array_equal(v[elem], v[lo[rep][row] + pos]):  # a hash collision: not one list after all
         return None
@@ -316,6 +327,7 @@ __all__ = [
     "as_objects",
     "distinct",
     "factorize_objects",
+    "first_rows",
     "int64_array",
     "is_strings",
     "isnull",

@@ -28,7 +28,7 @@ from tracelens.analyze import collectives as C
 from tracelens.analyze import intervals as iv
 from tracelens.analyze.breakdown import RankSets, class_sets
 from tracelens.analyze.breakdown import breakdown as _breakdown
-from tracelens.analyze.frame_cells import per_distinct, row_codes
+from tracelens.analyze.frame_cells import first_rows, per_distinct, row_codes
 from tracelens.analyze.wait_split import lanes_for
 from tracelens.analyze.wait_transfer import to_table, wait_transfer
 from tracelens.findings import finding
@@ -261,7 +261,7 @@ def _slow_links(
     lo, hi = np.where(p2p, np.minimum(rk, pe), -1), np.where(p2p, np.maximum(rk, pe), -1)
     gk = df["group_key"][keep].astype(str)
     pair_tuple = row_codes(p2p, lo, hi, gk)
-    _, tf = np.unique(pair_tuple, return_index=True)
+    tf = first_rows(pair_tuple)
     pair_text = [
         f"p2p|{a}|{b}" if p else str(g)
         for p, a, b, g in zip(p2p[tf].tolist(), lo[tf].tolist(), hi[tf].tolist(), gk.iloc[tf].tolist())
