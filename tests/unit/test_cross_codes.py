@@ -236,3 +236,21 @@ def test_matched_table_from_its_source_is_the_frames_own():
     other = coll.set_column(coll.schema.get_field_index("op"), schema.COLLECTIVES.field("op"), rev)
     df3, _ = C.match_with_findings(other, meta)
     assert same(C.matched_table(df3, other))
+
+
+@pytest.mark.parametrize(
+    "values", [[5, 3, 3, -2, 9, 5], [10**15, 3, 10**15, -7], [0], list(range(50, 0, -3))]
+)
+def test_unique_inverse_is_np_unique(values):
+    """Small spans by a table, wide ones by np.unique: both give np.unique's sorted values and inverse."""
+    x = np.array(values, dtype=np.int64)
+    u, inv = FC.unique_inverse(x)
+    want_u, want_inv = np.unique(x, return_inverse=True)
+    assert u.tolist() == want_u.tolist() and inv.tolist() == want_inv.reshape(-1).tolist()
+    assert u[inv].tolist() == values
+
+
+def test_first_rows_of_dense_codes():
+    codes = FC.row_codes(np.array([4, 4, 1, 4, 7, 1, 9]))
+    assert codes.tolist() == [0, 0, 1, 0, 2, 1, 3]
+    assert FC.first_rows(codes).tolist() == [0, 2, 4, 6] == np.unique(codes, return_index=True)[1].tolist()

@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from tracelens.analyze.frame_cells import unique_inverse
 from tracelens.findings import finding
 
 
@@ -59,19 +60,19 @@ def clock_offsets(df: pd.DataFrame, metadata: pa.Table | None = None) -> ClockRe
     keep = (~df["end_ns"].isna() & ~df["instance"].isna()).to_numpy(dtype=bool)
     rank_all = df["rank"].astype(int).to_numpy()[keep]
     inst_all = df["instance"].astype("Int64").to_numpy(dtype=np.int64, na_value=-1)[keep]
-    u_rank, r_inv = np.unique(rank_all, return_inverse=True)
+    u_rank, r_inv = unique_inverse(rank_all)
     u_all = np.array([uidx[unit_of[int(r)]] for r in u_rank], dtype=np.int64)[r_inv.reshape(-1)]
     # instances seen from more than one domain (their distinct (instance, domain) pairs)
-    i_code, i_inv = np.unique(inst_all, return_inverse=True)
+    i_code, i_inv = unique_inverse(inst_all)
     i_inv = i_inv.reshape(-1)
-    nunits = np.bincount(np.unique(i_inv * n + u_all) // n, minlength=i_code.size)
+    nunits = np.bincount(unique_inverse(i_inv * n + u_all)[0] // n, minlength=i_code.size)
     sel = nunits[i_inv] > 1
     if not sel.any():
         return ClockResult(offsets, unit_of, 0, 0.0, {u: 0 for u in units})
     end = df["end_ns"].astype("Int64").to_numpy(dtype=np.int64, na_value=0)[keep][sel]
     inst, u = inst_all[sel], u_all[sel]
     e = (end - end.min()).astype(np.float64)
-    inst_idx = np.unique(inst, return_inverse=True)[1].reshape(-1)
+    inst_idx = unique_inverse(inst)[1]
     # one end per (instance, domain): the median of its ranks' ends; anchored on the instance's first domain
     g_inst, g_u, g_e = _group_median(inst_idx * n + u, e, n)
     first = np.r_[True, g_inst[1:] != g_inst[:-1]]  # (pairs in (instance, domain) order: the lowest first)
@@ -128,7 +129,7 @@ def _components(u: np.ndarray, inst_idx: np.ndarray, n_units: int) -> list[int]:
     # each instance's domains joined to its lowest one: the distinct (lowest, domain) pairs, once
     low = np.full(int(inst_idx.max(initial=-1)) + 1, n_units, dtype=np.int64)
     np.minimum.at(low, inst_idx, u)
-    for code in np.unique(low[inst_idx] * n_units + u).tolist():
+    for code in unique_inverse(low[inst_idx] * n_units + u)[0].tolist():
         ra, rb = find(code // n_units), find(code % n_units)
         if ra != rb:
             parent[max(ra, rb)] = min(ra, rb)

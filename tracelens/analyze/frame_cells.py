@@ -195,6 +195,23 @@ def row_codes(*cols: Any) -> np.ndarray:
     return np.asarray(pd.factorize(acc)[0], dtype=np.int64)
 
 
+def unique_inverse(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`np.unique(x, return_inverse=True)` of a 1-D integer array; by a table of its span (no sort, no
+    hash) when the values span little more than their number (ranks, instance ids, small codes)."""
+    x = np.asarray(x)
+    if x.size and x.dtype.kind in "iu" and x.dtype != np.uint64:
+        lo, hi = int(x.min()), int(x.max())
+        if hi - lo <= 2 * x.size + 1024:
+            off = x.astype(np.int64) - lo
+            present = np.zeros(hi - lo + 1, dtype=bool)
+            present[off] = True
+            uniq = (np.flatnonzero(present) + lo).astype(x.dtype)
+            inverse: np.ndarray = (np.cumsum(present) - 1)[off]
+            return uniq, inverse
+    u, inv = np.unique(x, return_inverse=True)
+    return u, np.asarray(inv).reshape(-1)
+
+
 def first_rows(codes: np.ndarray) -> np.ndarray:
     """`np.unique(codes, return_index=True)[1]` of dense codes in order of first appearance (0, 1, 2, ...,
     as `row_codes` and pd.factorize give them): where each code appears first, without a sort."""
@@ -328,6 +345,7 @@ __all__ = [
     "distinct",
     "factorize_objects",
     "first_rows",
+    "unique_inverse",
     "int64_array",
     "is_strings",
     "isnull",

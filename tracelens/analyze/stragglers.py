@@ -28,7 +28,7 @@ from tracelens.analyze import collectives as C
 from tracelens.analyze import intervals as iv
 from tracelens.analyze.breakdown import RankSets, class_sets
 from tracelens.analyze.breakdown import breakdown as _breakdown
-from tracelens.analyze.frame_cells import first_rows, per_distinct, row_codes
+from tracelens.analyze.frame_cells import first_rows, per_distinct, row_codes, unique_inverse
 from tracelens.analyze.wait_split import lanes_for
 from tracelens.analyze.wait_transfer import to_table, wait_transfer
 from tracelens.findings import finding
@@ -308,8 +308,7 @@ def _slow_links(
     n_word = nexp.iloc[np.maximum(f_n, 0)].astype(str).to_numpy(dtype=object)
     # hosts per instance: its distinct (instance, host) pairs
     host_of = hosts or {}
-    u_rank, r_inv = np.unique(rk, return_inverse=True)
-    r_inv = r_inv.reshape(-1)
+    u_rank, r_inv = unique_inverse(rk)
     host_names = pd.Series([host_of.get(int(r), "") for r in u_rank], dtype=object)
     host_code = np.asarray(pd.factorize(host_names)[0], dtype=np.int64)[r_inv]
     hc = host_code[o]  # (more than one host: its lowest and highest host codes differ)
@@ -373,7 +372,7 @@ def _slow_links(
     row_pos = row_inst[rows] if dense else np.searchsorted(inst_ids, row_inst[rows])
     sel = rows[kept_inst[row_pos]]
     width, r0 = int(pair.max()) + 1, int(rk.min())
-    rg = np.unique((rk[sel] - r0) * width + pair[sel])  # (ascending rank, then group)
+    rg = unique_inverse((rk[sel] - r0) * width + pair[sel])[0]  # (ascending rank, then group)
     rank_groups: dict[int, list[int]] = {}
     members: dict[int, set[int]] = {}
     for r, g in zip((rg // width + r0).tolist(), (rg % width).tolist()):

@@ -12,7 +12,7 @@ import pandas as pd
 import pyarrow as pa
 
 from tracelens.analyze.collectives import busbw_factor, matched_table
-from tracelens.analyze.frame_cells import per_distinct
+from tracelens.analyze.frame_cells import per_distinct, unique_inverse
 
 
 def wait_transfer(df: pd.DataFrame, offsets_ns: dict[int, int]) -> pd.DataFrame:
@@ -27,7 +27,7 @@ def wait_transfer(df: pd.DataFrame, offsets_ns: dict[int, int]) -> pd.DataFrame:
             df[c] = pd.Series([], dtype="float64")
         return df
     rk = df["rank"].astype(int).to_numpy()
-    u_rank, r_inv = np.unique(rk, return_inverse=True)
+    u_rank, r_inv = unique_inverse(rk)
     off = np.array([offsets_ns.get(int(r), 0) for r in u_rank], dtype=np.int64)[r_inv.reshape(-1)]
     start = df["start_ns"].astype("int64").to_numpy()
     end = df["end_ns"].astype("int64").to_numpy()
