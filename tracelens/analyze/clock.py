@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from tracelens.analyze.frame_cells import unique_inverse
 from tracelens.findings import finding
 
 
@@ -54,47 +55,65 @@ def clock_offsets(df: pd.DataFrame, metadata: pa.Table | None = None) -> ClockRe
     units = sorted(set(unit_of.values()), key=lambda u: min(r for r in ranks if unit_of[r] == u))
     if len(units) == 1:
         return ClockResult(offsets, unit_of, 0, 0.0, {units[0]: 0})
-    d = df[~df["end_ns"].isna() & ~df["instance"].isna()][["instance", "rank", "end_ns"]].copy()
-    d["unit"] = d["rank"].astype(int).map(unit_of)
-    nunits = d.groupby("instance")["unit"].nunique()
-    d = d[d["instance"].isin(nunits[nunits > 1].index)]
-    if d.empty:
-        return ClockResult(offsets, unit_of, 0, 0.0, {u: 0 for u in units})
     n = len(units)
     uidx = {u: i for i, u in enumerate(units)}
-    end = d["end_ns"].astype("int64").to_numpy()
-    d = pd.DataFrame(
-        {
-            "instance": d["instance"].astype("int64").to_numpy(),
-            "u": d["unit"].map(uidx).to_numpy(),
-            "e": (end - end.min()).astype(np.float64),
-        }
-    )
+    keep = (~df["end_ns"].isna() & ~df["instance"].isna()).to_numpy(dtype=bool)
+    rank_all = df["rank"].astype(int).to_numpy()[keep]
+    inst_all = df["instance"].astype("Int64").to_numpy(dtype=np.int64, na_value=-1)[keep]
+    u_rank, r_inv = unique_inverse(rank_all)
+    u_all = np.array([uidx[unit_of[int(r)]] for r in u_rank], dtype=np.int64)[r_inv.reshape(-1)]
+    # instances seen from more than one domain (their distinct (instance, domain) pairs)
+    i_code, i_inv = unique_inverse(inst_all)
+    i_inv = i_inv.reshape(-1)
+    nunits = np.bincount(unique_inverse(i_inv * n + u_all)[0] // n, minlength=i_code.size)
+    sel = nunits[i_inv] > 1
+    if not sel.any():
+        return ClockResult(offsets, unit_of, 0, 0.0, {u: 0 for u in units})
+    end = df["end_ns"].astype("Int64").to_numpy(dtype=np.int64, na_value=0)[keep][sel]
+    inst, u = inst_all[sel], u_all[sel]
+    e = (end - end.min()).astype(np.float64)
+    inst_idx = unique_inverse(inst)[1]
     # one end per (instance, domain): the median of its ranks' ends; anchored on the instance's first domain
-    g = d.groupby(["instance", "u"])["e"].median().reset_index()
-    g["anchor"] = g.groupby("instance")["u"].transform("min")
-    anchor_end = g[g["u"] == g["anchor"]].set_index("instance")["e"]
-    g["diff"] = g["e"] - g["instance"].map(anchor_end)
-    pairs = g[g["u"] != g["anchor"]].groupby(["u", "anchor"])["diff"].agg(["median", "size"]).reset_index()
-    rows = np.arange(len(pairs))
-    a = np.zeros((len(pairs), n))
-    a[rows, pairs["u"].to_numpy()] = 1.0
-    a[rows, pairs["anchor"].to_numpy()] = -1.0
-    w = np.sqrt(pairs["size"].to_numpy(dtype=float))
-    o = np.linalg.lstsq(a * w[:, None], pairs["median"].to_numpy(dtype=float) * w, rcond=None)[0]
-    inst_idx = np.unique(d["instance"].to_numpy(), return_inverse=True)[1]
-    u = d["u"].to_numpy()
+    g_inst, g_u, g_e = _group_median(inst_idx * n + u, e, n)
+    first = np.r_[True, g_inst[1:] != g_inst[:-1]]  # (pairs in (instance, domain) order: the lowest first)
+    anchor = g_u[np.flatnonzero(first)][np.cumsum(first) - 1]
+    anchor_e = g_e[np.flatnonzero(first)][np.cumsum(first) - 1]
+    other = ~first
+    p_key, p_med, p_size = _group_median_size(g_u[other] * n + anchor[other], (g_e - anchor_e)[other])
+    p_u, p_anchor = p_key // n, p_key % n
+    rows = np.arange(p_key.size)
+    a = np.zeros((p_key.size, n))
+    a[rows, p_u] = 1.0
+    a[rows, p_anchor] = -1.0
+    w = np.sqrt(p_size.astype(float))
+    o = np.linalg.lstsq(a * w[:, None], p_med * w, rcond=None)[0]
     comp = _components(u, inst_idx, n)
     ref: dict[int, int] = {}
     for i in range(n):  # reference domain of each component: the first (lowest rank) one
         ref.setdefault(comp[i], i)
     o = o - np.array([o[ref[comp[i]]] for i in range(n)])
-    e = d["e"].to_numpy()
-    common = pd.Series(e - o[u]).groupby(inst_idx).median().to_numpy()
+    _, _, common = _group_median(inst_idx, e - o[u], 1)
     residual = float(np.median(np.abs(e - o[u] - common[inst_idx])))
     unit_off = {units[i]: round(float(o[i])) for i in range(n)}
     offsets = {r: unit_off[unit_of[r]] for r in ranks}
     return ClockResult(offsets, unit_of, int(inst_idx.max()) + 1, residual, unit_off)
+
+
+def _group_median(key: np.ndarray, v: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per distinct key (ascending), as pandas' groupby median: key // n, key % n and the median of v."""
+    k, med, _ = _group_median_size(key, v)
+    return k // n, k % n, med
+
+
+def _group_median_size(key: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Distinct keys (ascending), the median of v over each (the mean of the two middle values when even,
+    as pandas takes it) and the number of values."""
+    o = np.lexsort((v, key))
+    ks, vs = key[o], v[o]
+    start = np.flatnonzero(np.r_[True, ks[1:] != ks[:-1]])
+    size = np.diff(np.r_[start, ks.size])
+    med = (vs[start + (size - 1) // 2] + vs[start + size // 2]) / 2
+    return ks[start], med, size
 
 
 def _components(u: np.ndarray, inst_idx: np.ndarray, n_units: int) -> list[int]:
@@ -107,14 +126,13 @@ def _components(u: np.ndarray, inst_idx: np.ndarray, n_units: int) -> list[int]:
             x = parent[x]
         return x
 
-    first: dict[int, int] = {}
-    for a, i in zip(u.tolist(), inst_idx.tolist()):
-        if i in first:
-            ra, rb = find(a), find(first[i])
-            if ra != rb:
-                parent[max(ra, rb)] = min(ra, rb)
-        else:
-            first[i] = a
+    # each instance's domains joined to its lowest one: the distinct (lowest, domain) pairs, once
+    low = np.full(int(inst_idx.max(initial=-1)) + 1, n_units, dtype=np.int64)
+    np.minimum.at(low, inst_idx, u)
+    for code in unique_inverse(low[inst_idx] * n_units + u)[0].tolist():
+        ra, rb = find(code // n_units), find(code % n_units)
+        if ra != rb:
+            parent[max(ra, rb)] = min(ra, rb)
     return [find(i) for i in range(n_units)]
 
 

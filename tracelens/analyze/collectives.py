@@ -25,7 +25,18 @@ from tracelens.analyze.clock import ClockResult as ClockResult
 from tracelens.analyze.clock import clock_domains as clock_domains
 from tracelens.analyze.clock import clock_findings as clock_findings
 from tracelens.analyze.clock import clock_offsets as clock_offsets
+from tracelens.analyze.coll_order import _cumcount as _cumcount
+from tracelens.analyze.coll_order import _group_key as _group_key
+from tracelens.analyze.coll_order import _order as _order
+from tracelens.analyze.coll_order import _order_base as _order_base
+from tracelens.analyze.coll_order import _order_cols as _order_cols
 from tracelens.analyze.dictcol import columns, sharing
+from tracelens.analyze.frame_cells import (
+    factorize_objects as _factorize_objects,
+)
+from tracelens.analyze.frame_cells import (
+    first_rows as _first_rows,
+)
 from tracelens.analyze.frame_cells import (
     int64_array as _int64_array,
 )
@@ -43,6 +54,9 @@ from tracelens.analyze.frame_cells import (
 )
 from tracelens.analyze.frame_cells import (
     per_distinct as _per_distinct,
+)
+from tracelens.analyze.frame_cells import (
+    per_distinct_codes as _per_distinct_codes,
 )
 from tracelens.analyze.frame_cells import (
     ranks_list_array as _ranks_list_array,
@@ -153,7 +167,10 @@ def _to_coll_table(df: pd.DataFrame) -> pa.Table:
             # once per distinct value (the column repeats a few names over every call): codes in order of
             # first appearance, as Arrow's dictionary_encode gives them; missing values null, never "nan"
             # (a pandas string column as it is: the same codes and values as its Python str objects get)
-            codes, uniq = pd.factorize(vals if _string_series(vals) else vals.astype(object).to_numpy())
+            if _string_series(vals):
+                codes, uniq = pd.factorize(vals)
+            else:  # (grouped by object first: cells of one value mostly share one str object)
+                codes, uniq = _factorize_objects(vals.astype(object).to_numpy())
             uniq = np.asarray(uniq, dtype=object)
             codes = np.asarray(codes, dtype=np.int32)
             null = codes < 0
@@ -432,85 +449,6 @@ def _from_events(events: pa.Table) -> pa.Table:
     return _to_coll_table(df)
 
 
-def _group_key(df: pd.DataFrame) -> pd.Series:
-    """Process-group identity: pg name when known, else its ranks, else "" (unknown: the default group)."""
-
-    def key(name: Any, ranks: Any) -> str:
-        if not _isnull(name) and str(name) != "":
-            return "pg:" + str(name)
-        text = ",".join(map(str, ranks)) if ranks is not None else ""
-        return "r:" + text if text != "" else ""
-
-    # once per distinct (name, ranks), not a string operation over every row
-    keys = _per_distinct(key, df["pg_name"].astype(object), df["pg_ranks"])
-    return pd.Series(keys.astype(str), index=df.index)
-
-
-def _order_cols(df: pd.DataFrame) -> list[str]:
-    """The columns whose values make `_order`'s key (its step aside)."""
-    return ["is_p2p", "op", "peer"] + (["group_key"] if "group_key" in df else ["pg_name", "pg_ranks"])
-
-
-def _order_base(df: pd.DataFrame) -> np.ndarray:
-    """`_order`'s key codes without the step (what both of its variants start from)."""
-    return _row_codes(*(df[c] for c in _order_cols(df)))
-
-
-def _order(df: pd.DataFrame, by_step: bool = False, base: np.ndarray | None = None) -> np.ndarray:
-    """0-based position among this rank's calls of the same op in the same group (p2p: with the same peer);
-    `by_step`: counted within each profiler step, so a call missing from one rank's trace (cut at the edge
-    of the profiling window) shifts the matching of that step only. `base`: `_order_base(df)`, when the
-    caller has it (codes of the same tuples: the rows fall into the same keys, in the same order)."""
-    # the key strings once per distinct tuple of their parts (first row of each), not for every row
-    if base is None:
-        base = _order_base(df)
-    parts = _row_codes(base, df["step"]) if by_step else base
-    _, f = np.unique(parts, return_index=True)
-    rep = df[_order_cols(df) + (["step"] if by_step else [])].iloc[f]  # (only the key's columns)
-    key = rep["group_key"].astype(str) if "group_key" in rep else _group_key(rep)
-    peer = rep["peer"].astype("Float64").fillna(-1).astype(int).astype(str)
-    k = np.where(
-        rep["is_p2p"].astype(bool),
-        "p2p|" + rep["op"].astype(str) + "|" + peer,
-        key + "|" + rep["op"].astype(str),
-    )
-    if by_step:
-        k = np.char.add(
-            np.char.add(k.astype(str), "|step|"), rep["step"].astype("Int64").fillna(-1).astype(str)
-        )
-    k = np.asarray(pd.factorize(pd.Series(k))[0])[parts]
-    rank = df["rank"].astype("Int64")
-    t = df["start_ns"].astype("Int64")
-    if rank.isna().any() or not df.index.is_unique:  # (groupby leaves null ranks out: the general path)
-        tmp = pd.DataFrame({"rank": df["rank"].to_numpy(), "k": k, "t": t.to_numpy()})
-        tmp = tmp.sort_values(["rank", "t"], kind="stable")
-        out: np.ndarray = tmp.groupby(["rank", "k"]).cumcount().reindex(df.index).to_numpy()
-        return out
-    return _cumcount(rank.to_numpy(dtype=np.int64), k.astype(np.int64), t)
-
-
-def _cumcount(rank: np.ndarray, k: np.ndarray, t: pd.Series) -> np.ndarray:
-    """Per row: how many rows of the same (rank, k) come before it in (rank, t) order (stable; null t
-    last), as pandas' sort_values + groupby(...).cumcount() count them."""
-    n = rank.size
-    if n == 0:
-        return np.zeros(0, dtype=np.int64)
-    na = t.isna().to_numpy(dtype=bool)
-    tv = t.to_numpy(dtype=np.int64, na_value=0)
-    o = np.lexsort((tv, na, rank))  # (stable)
-    key = (rank - rank.min()) * (int(k.max()) + 1) + k
-    s = key[o]
-    o2 = np.argsort(s, kind="stable")
-    s2 = s[o2]
-    pos = np.arange(n)
-    first = np.maximum.accumulate(np.where(np.r_[True, s2[1:] != s2[:-1]], pos, 0))
-    within = np.empty(n, dtype=np.int64)
-    within[o2] = pos - first
-    out = np.empty(n, dtype=np.int64)
-    out[o] = within
-    return out
-
-
 # ----------------------------------------------------------------------------------------------------
 # matching
 # ----------------------------------------------------------------------------------------------------
@@ -518,18 +456,21 @@ MATCHED_EXTRA = ("instance", "group_key", "n_expected")
 
 
 def coll_frame(coll: pa.Table) -> pd.DataFrame:
-    """COLLECTIVES table -> DataFrame with plain values (strings, Int64, tuples for pg_ranks)."""
+    """COLLECTIVES table -> DataFrame with plain values (strings, Int64, tuples for pg_ranks). (Every
+    column is a new array made here: the frame takes them as they are, without copying them again.)"""
     out = {}
     for f in coll.schema:
         col = coll.column(f.name)
         if pa.types.is_dictionary(col.type) and _is_strings(col.type):
-            out[f.name] = pd.Series(_str_objects(col), dtype=object)
+            out[f.name] = pd.Series(_str_objects(col), dtype=object, copy=False)
         elif pa.types.is_dictionary(col.type):
-            out[f.name] = pd.Series(col.cast(pa.string()).to_numpy(zero_copy_only=False), dtype=object)
+            out[f.name] = pd.Series(
+                col.cast(pa.string()).to_numpy(zero_copy_only=False), dtype=object, copy=False
+            )
         elif pa.types.is_list(col.type):
-            out[f.name] = pd.Series(_list_tuples(col), dtype=object)
+            out[f.name] = pd.Series(_list_tuples(col), dtype=object, copy=False)
         elif pa.types.is_string(col.type):
-            out[f.name] = pd.Series(col.to_numpy(zero_copy_only=False), dtype=object)
+            out[f.name] = pd.Series(col.to_numpy(zero_copy_only=False), dtype=object, copy=False)
         elif pa.types.is_boolean(col.type):
             b = col.combine_chunks()
             out[f.name] = pd.Series(
@@ -539,24 +480,33 @@ def coll_frame(coll: pa.Table) -> pd.DataFrame:
                 )
             )
         elif pa.types.is_floating(col.type):
-            out[f.name] = pd.Series(col.to_numpy(zero_copy_only=False))
+            out[f.name] = pd.Series(np.array(col.to_numpy(zero_copy_only=False)))  # (a writable copy)
         elif pa.types.is_integer(col.type):
             out[f.name] = pd.Series(_int64_array(col))
         else:
             out[f.name] = pd.Series(col.to_pylist(), dtype="Int64")
-    return pd.DataFrame(out)
+    return pd.DataFrame(out, copy=False)
 
 
 def _pg_candidates(metadata: pa.Table | None) -> list[tuple[int, ...]]:
     """Distinct process-group rank lists that the traces' distributedInfo.pg_config declare."""
     seen: set[tuple[int, ...]] = set()
+    taken: set[Any] = set()  # raw values already taken (every rank declares the default group again)
     for g in pg_config_entries(metadata):
         ranks: Any = g.get("ranks")  # JSON: a list of ints, a string of them, or damaged
+        raw = tuple(ranks) if isinstance(ranks, list) else ranks
+        try:  # (a value equal to a taken one is taken already, or damaged: skipped either way)
+            if raw in taken:
+                continue
+        except TypeError:  # (an unhashable element: judged below)
+            raw = None
         if isinstance(ranks, str):
             ranks = [int(x) for x in re.findall(r"-?\d+", ranks)]
-        plain = isinstance(ranks, list) and all(type(x) is int for x in ranks)  # else: damaged, skipped
+        plain = isinstance(ranks, list) and set(map(type, ranks)) <= {int}  # else: damaged, skipped
         if plain and len(ranks) >= 2:
             seen.add(tuple(sorted(ranks)))
+            if raw is not None:
+                taken.add(raw)
     return sorted(seen, key=lambda t: (len(t), t))
 
 
@@ -647,10 +597,14 @@ def match_with_findings(
     df["peer"] = _infer_peers(df, candidates).astype("Int64")
     if not _sorted_by_rank_start(df):  # (the extraction's tables are: no copy then)
         df = df.sort_values(["rank", "start_ns"], kind="stable").reset_index(drop=True)
-    base = _order_base(df)  # (both orders below group the rows by these columns)
+    # op and group as codes (in order of first appearance; their words once per code)
+    op_c, op_words = _per_distinct_codes(lambda v: v, df["op"])
+    gk_c, gk_words = _per_distinct_codes(lambda v: v, df["group_key"].astype(str))
+    # `_order_base(df)` from those codes (the same tuples: the same codes); both orders below start from it
+    base = _row_codes(df["is_p2p"], op_c, df["peer"], gk_c)
     df["order"] = _order(df, base=base)
     p2p = df["is_p2p"].astype(bool).to_numpy()
-    is_send = (df["op"] == "send").to_numpy()
+    is_send = (op_words == "send")[op_c]
     rank = df["rank"].astype("int64").to_numpy()
     peer = df["peer"].fillna(-1).astype("int64").to_numpy()
     src = np.where(is_send, rank, peer)
@@ -659,9 +613,7 @@ def match_with_findings(
     seq_v = df["seq"].fillna(-1).astype("int64").to_numpy()
     step_v = df["step"].astype("Int64").fillna(-1).to_numpy(dtype=np.int64)
     by_step = _order(df, by_step=True, base=base)
-    gk_s, op_s = df["group_key"].astype(str), df["op"].astype(str)  # (factorized as they are below)
-    gk, op = gk_s.to_numpy(), op_s.to_numpy()
-    unmatched_p2p = p2p & ((peer < 0) | ~np.isin(op, ("send", "recv")))
+    unmatched_p2p = p2p & ((peer < 0) | ~np.isin(op_words, ("send", "recv"))[op_c])
     solo = np.where(unmatched_p2p, np.arange(len(df)), -1)
     # the key strings once per distinct tuple of their parts (first row of each), not for every row
     # (parts a row's key does not use are left out, -1, so that rows of one key share their tuple: a collective's
@@ -675,36 +627,31 @@ def match_with_findings(
         np.where(by_seq, -1, by_step),
         has_seq,
         seq_v,
-        gk_s,
-        op_s,
+        gk_c,
+        op_c,
         solo,
     )
-    _, f = np.unique(parts, return_index=True)
-    seq = seq_v[f].astype(str)
-    order = np.char.add(np.char.add(step_v[f].astype(str), "#"), by_step[f].astype(str))
-    key = np.where(
-        p2p[f],
-        np.char.add(
-            np.char.add(np.char.add("p2p|", src[f].astype(str)), "|" + np.char.add(dst[f].astype(str), "|")),
-            order,
-        ),
-        np.where(
-            has_seq[f],
-            np.char.add(np.char.add(gk[f], "|seq|"), seq),
-            np.char.add(np.char.add(gk[f], "|" + op[f] + "|"), order),
-        ),
+    f = _first_rows(parts)
+    # the instance key of each distinct tuple, "p2p|src|dst|step#order", "group|seq|N", "group|op|step#order"
+    # or "solo|row", as codes of its parts (one-to-one with the strings: op names hold no "|", group keys
+    # start with "pg:" or "r:" or are empty, never with "p2p|" or "solo|"; the last part is a number)
+    kind = np.where(unmatched_p2p[f], 3, np.where(p2p[f], 0, np.where(has_seq[f], 1, 2)))
+    p2p_f, seq_f, solo_f = kind == 0, kind == 1, kind == 3
+    key = _row_codes(
+        kind,
+        np.where(p2p_f, src[f], np.where(solo_f, f, gk_c[f])),
+        np.where(p2p_f, dst[f], np.where(seq_f, seq_v[f], np.where(solo_f, 0, op_c[f]))),
+        np.where(seq_f | solo_f, 0, step_v[f]),
+        np.where(seq_f | solo_f, 0, by_step[f]),
     )
-    key = np.where(unmatched_p2p[f], np.char.add("solo|", f.astype(str)), key)
-    codes = np.asarray(pd.factorize(pd.Series(key), sort=False)[0])[parts]
+    codes = key[parts]
     df["instance"] = pd.Series(codes, dtype="Int64")
     expected = df["group_size"].astype("Float64")
     # (a one-rank key is what inference leaves for a rank without traced peers: no evidence of the size)
-    from_key = pd.Series(
-        _per_distinct(
-            lambda k: n if k.startswith("r:") and (n := len(k[2:].split(","))) > 1 else None, gk
-        ).tolist(),
-        dtype="Float64",
-    )
+    size_of = [n if k.startswith("r:") and (n := len(k[2:].split(","))) > 1 else None for k in gk_words]
+    known = np.array([v is not None for v in size_of], dtype=bool)
+    sizes = np.array([v if v is not None else 0 for v in size_of], dtype=np.float64)
+    from_key = pd.Series(pd.arrays.FloatingArray(sizes[gk_c], ~known[gk_c]))
     expected = expected.fillna(from_key)
     expected = expected.where(~pd.Series(p2p), 2.0)
     df["n_expected"] = expected.round().astype("Int64")
@@ -779,15 +726,18 @@ def _agree(coll: pd.DataFrame) -> bool:
     if op.isna().any() or rank.isna().any() or gk.isna().any() or coll["instance"].isna().any():
         return False
     inst = coll["instance"].astype("int64").to_numpy()
-    op_c = _row_codes(op)
+    op_c, op_words = _per_distinct_codes(str, op)
     pair = _row_codes(inst, op_c)  # (instance, op) pairs: one per instance when every instance has one op
     if np.unique(pair).size != np.unique(inst).size:
         return False
-    kind = op.astype(str).where(coll["seq"].isna(), "collectives")  # (as below)
+    # the kind below: the op's text without Seq, else "collectives" (codes of those texts)
+    kind = np.where(coll["seq"].isna().to_numpy(dtype=bool), _row_codes(op_words)[op_c], -1)
+    if (op_words == "collectives").any():  # (an op of that name: the texts themselves)
+        kind = _row_codes(op.astype(str).where(coll["seq"].isna(), "collectives"))
     cell = _row_codes(gk, kind)  # (group, kind)
     grc = _row_codes(cell, rank.astype("int64").to_numpy())  # (group, kind, rank)
     n = np.bincount(grc)
-    _, first = np.unique(grc, return_index=True)
+    first = _first_rows(grc)
     per_cell = _row_codes(cell[first], n)  # (cell, count) pairs: one per cell when its ranks agree
     return bool(np.unique(per_cell).size == np.unique(cell).size)
 
@@ -800,9 +750,13 @@ def match(coll: pa.Table, metadata: pa.Table | None = None) -> pa.Table:
     return matched_table(df)
 
 
-def matched_table(df: pd.DataFrame) -> pa.Table:
-    """Matched rows -> Arrow (COLLECTIVES columns, then instance, group_key, n_expected)."""
-    base = _to_coll_table(df)
+def matched_table(df: pd.DataFrame, source: pa.Table | None = None) -> pa.Table:
+    """Matched rows -> Arrow (COLLECTIVES columns, then instance, group_key, n_expected).
+
+    `source`: the COLLECTIVES table `df` was matched from (`match_with_findings`, which changes only `peer`
+    and `order` among its columns): its columns are taken as they are where they are exactly what converting
+    the frame's would give (see `_reusable`), when the frame's rows are the source's, in its order."""
+    base = _to_coll_table(df) if source is None else _from_source(df, source)
     return (
         base.append_column(
             "instance", pa.array(df["instance"].astype("Int64").to_numpy(na_value=-1), pa.int64())
@@ -812,10 +766,77 @@ def matched_table(df: pd.DataFrame) -> pa.Table:
     )
 
 
+#: The COLLECTIVES columns `match_with_findings` sets itself (the others are its input's).
+_MATCH_SETS = ("peer", "order")
+
+
+def _from_source(df: pd.DataFrame, source: pa.Table) -> pa.Table:
+    """`_to_coll_table(df)` with the unchanged columns taken from `source` where that gives the same."""
+    if source.schema != schema.COLLECTIVES or source.num_rows != len(df) or not _same_rows(df, source):
+        return _to_coll_table(df)
+    cols = {}
+    convert = [f.name for f in schema.COLLECTIVES if f.name in _MATCH_SETS]
+    for f in schema.COLLECTIVES:
+        if f.name in _MATCH_SETS:
+            continue
+        col = source.column(f.name)
+        arr = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
+        if _reusable(arr):
+            cols[f.name] = arr
+        else:
+            convert.append(f.name)
+    done = _to_coll_table(df[convert]) if convert else None
+    return pa.table(
+        {f.name: cols[f.name] if f.name in cols else done.column(f.name) for f in schema.COLLECTIVES},  # type: ignore[union-attr]
+        schema=schema.COLLECTIVES,
+    )
+
+
+def _same_rows(df: pd.DataFrame, source: pa.Table) -> bool:
+    """The frame's ranks and starts are the source's, row by row (nulls as nulls): its rows are the source's
+    in their order (the matching sorts only rows out of (rank, start) order, and sorting them changes that
+    sequence)."""
+    for name in ("rank", "start_ns"):
+        a = df[name].astype("Int64")
+        b = _int64_array(source.column(name))
+        na, nb = a.isna().to_numpy(dtype=bool), np.asarray(b.isna(), dtype=bool)
+        if not np.array_equal(na, nb):
+            return False
+        if not np.array_equal(a.to_numpy(dtype=np.int64, na_value=0), b.to_numpy(dtype=np.int64, na_value=0)):
+            return False
+    return True
+
+
+def _reusable(arr: pa.Array) -> bool:
+    """What `_to_coll_table` makes of this column's values read into a frame (`coll_frame`) is the column
+    itself: any integer, boolean or list column (equal values, equal arrays), and a dictionary column whose
+    distinct strings appear in its dictionary once each, all used, in order of first appearance, with its
+    nulls in the indices (what that conversion builds)."""
+    if not pa.types.is_dictionary(arr.type):
+        return True
+    words = arr.dictionary
+    if words.null_count or not pa.types.is_string(words.type):
+        return False
+    idx = arr.indices.to_numpy(zero_copy_only=False)
+    if arr.indices.null_count:
+        idx = idx[arr.indices.is_valid().to_numpy(zero_copy_only=False)]
+    if idx.size == 0:
+        return len(words) == 0
+    idx = idx.astype(np.int64)
+    seen = np.maximum.accumulate(idx)  # (each new index the next one: first appearances in order, all used)
+    if idx[0] != 0 or (idx[1:] > seen[:-1] + 1).any() or int(seen[-1]) != len(words) - 1:
+        return False
+    return bool(pd.Series(words.to_pylist(), dtype=object).is_unique)
+
+
 def _dict_strings(vals: pd.Series) -> pa.Array:
     """A column of strings -> a dictionary array (in order of first appearance, as `dictionary_encode`),
     encoded once per distinct value."""
-    codes, uniq = pd.factorize(vals.to_numpy(dtype=object))
+    if _string_series(vals):  # (as it is: the codes and values its str objects would get)
+        codes, uniq = pd.factorize(vals)
+        uniq = np.asarray(uniq, dtype=object)
+    else:
+        codes, uniq = _factorize_objects(vals.to_numpy(dtype=object))
     codes = np.asarray(codes, dtype=np.int32)
     if (codes < 0).any() or pd.api.types.infer_dtype(uniq, skipna=False) not in ("string", "empty"):
         return pa.array(vals.tolist(), pa.string()).dictionary_encode()  # (not plain strings: as before)

@@ -89,10 +89,35 @@ def distinct(vals: Any) -> tuple[np.ndarray, np.ndarray] | None:
     """pd.factorize of the cells (codes -1 for null / NaN), None when a cell is unhashable (a list)."""
     obj = vals.to_numpy(dtype=object) if isinstance(vals, pd.Series) else objects(vals)
     try:
-        codes, uniq = pd.factorize(obj)
+        codes, uniq = factorize_objects(obj)
     except TypeError:
         return None
     return np.asarray(codes, dtype=np.int64), np.asarray(uniq, dtype=object)
+
+
+def _addresses(obj: np.ndarray) -> np.ndarray:
+    """The object pointers of a 1-D object array (`id` of every cell), read from its buffer when it has one."""
+    if obj.flags.c_contiguous:
+        try:
+            return np.frombuffer(obj.data, dtype=np.uintp)
+        except (TypeError, ValueError):  # (a numpy that exports no buffer of objects)
+            pass
+    return np.fromiter(map(id, obj), dtype=np.uintp, count=obj.size)
+
+
+def factorize_objects(obj: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """pd.factorize of a 1-D object array (codes in order of first appearance, -1 for null / NaN, the first
+    cell of each value as its unique), hashing each distinct *object* once: cells that hold the same object
+    (the one tuple or str per distinct value that Arrow columns are read into here) are grouped by address
+    first, then their first cells by value. Raises TypeError for unhashable cells, as pd.factorize does."""
+    if obj.size == 0:
+        codes, uniq = pd.factorize(obj)
+        return np.asarray(codes, dtype=np.int64), np.asarray(uniq, dtype=object)
+    by_obj = np.asarray(pd.factorize(_addresses(obj))[0], dtype=np.int64)
+    first = pd.Series(by_obj).drop_duplicates().index.to_numpy()  # first cell of each object, in order
+    codes, uniq = pd.factorize(obj[first])
+    out: np.ndarray = np.asarray(codes, dtype=np.int64)[by_obj]
+    return out, np.asarray(uniq, dtype=object)
 
 
 def objects(vals: Any) -> np.ndarray:
@@ -130,6 +155,21 @@ def string_series(c: Any) -> bool:
     return isinstance(c, pd.Series) and isinstance(c.dtype, pd.StringDtype)
 
 
+def _small_ints(c: Any) -> tuple[np.ndarray, int] | None:
+    """(value - min, max - min + 2) of a numpy integer or boolean array whose values span little more than
+    its length (ranks, steps, counters): a one-to-one code without hashing; None for anything else."""
+    if not isinstance(c, np.ndarray) or c.ndim != 1 or c.size == 0:
+        return None
+    if c.dtype == bool:
+        return c.astype(np.int64), 3
+    if not np.issubdtype(c.dtype, np.integer) or c.dtype == np.uint64:
+        return None
+    lo, hi = int(c.min()), int(c.max())
+    if hi - lo > 2 * c.size + 1024:
+        return None
+    return c.astype(np.int64) - lo, hi - lo + 2
+
+
 def row_codes(*cols: Any) -> np.ndarray:
     """Dense codes (in order of first appearance) of the rows' tuples of values; null is one value."""
     n = len(cols[0])
@@ -137,14 +177,50 @@ def row_codes(*cols: Any) -> np.ndarray:
     bound = 1  # acc < bound: the columns so far in mixed radix, exact (re-coded densely before overflowing)
     for c in cols:
         plain = not isinstance(c, pd.Series) or native(c) or string_series(c)
-        codes, uniq = pd.factorize(c if plain else c.to_numpy(dtype=object))
-        radix = len(uniq) + 1
+        c = c if plain else c.to_numpy(dtype=object)
+        small = _small_ints(c)
+        if small is not None:  # (any one-to-one coding of a column will do: the last factorize orders them)
+            codes, radix = small
+        elif isinstance(c, np.ndarray) and c.dtype == object and c.ndim == 1:
+            codes, uniq = factorize_objects(c)
+            radix = len(uniq) + 1
+        else:
+            codes, uniq = pd.factorize(c)
+            radix = len(uniq) + 1
         if bound * radix >= 1 << 62:
             acc = np.asarray(pd.factorize(acc)[0], dtype=np.int64)
             bound = int(acc.max(initial=-1)) + 1
         acc = acc * radix + (np.asarray(codes, dtype=np.int64) + 1)
         bound *= radix
     return np.asarray(pd.factorize(acc)[0], dtype=np.int64)
+
+
+def unique_inverse(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`np.unique(x, return_inverse=True)` of a 1-D integer array; by a table of its span (no sort, no
+    hash) when the values span little more than their number (ranks, instance ids, small codes)."""
+    x = np.asarray(x)
+    if x.size and x.dtype.kind in "iu" and x.dtype != np.uint64:
+        lo, hi = int(x.min()), int(x.max())
+        if hi - lo <= 2 * x.size + 1024:
+            off = x.astype(np.int64) - lo
+            present = np.zeros(hi - lo + 1, dtype=bool)
+            present[off] = True
+            uniq = (np.flatnonzero(present) + lo).astype(x.dtype)
+            inverse: np.ndarray = (np.cumsum(present) - 1)[off]
+            return uniq, inverse
+    u, inv = np.unique(x, return_inverse=True)
+    return u, np.asarray(inv).reshape(-1)
+
+
+def first_rows(codes: np.ndarray) -> np.ndarray:
+    """`np.unique(codes, return_index=True)[1]` of dense codes in order of first appearance (0, 1, 2, ...,
+    as `row_codes` and pd.factorize give them): where each code appears first, without a sort."""
+    codes = np.asarray(codes)
+    if codes.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    seen = np.maximum.accumulate(codes)
+    out: np.ndarray = np.flatnonzero(np.r_[True, codes[1:] > seen[:-1]])
+    return out
 
 
 def as_objects(c: Any) -> np.ndarray:
@@ -155,17 +231,37 @@ def as_objects(c: Any) -> np.ndarray:
 def per_distinct(fn: Any, *cols: Any) -> np.ndarray:
     """fn(*row) for every row (an object array), called once per distinct tuple of values (the
     function must give equal results for equal values; null cells are passed as the first such row's)."""
+    codes, vals = per_distinct_codes(fn, *cols)
+    out: np.ndarray = vals[codes]
+    return out
+
+
+def per_distinct_codes(fn: Any, *cols: Any) -> tuple[np.ndarray, np.ndarray]:
+    """`per_distinct` as (code of each row, fn's value of each code): the codes are `row_codes`'."""
     n = len(cols[0])
     if n == 0:
-        return np.empty(0, dtype=object)
+        return np.zeros(0, dtype=np.int64), np.empty(0, dtype=object)
     coded = [c if native(c) or string_series(c) else as_objects(c) for c in cols]
     codes = row_codes(*coded)
-    _, first = np.unique(codes, return_index=True)
+    first = first_rows(codes)
     # the first row of each tuple as Python objects (what converting every row would give at those rows)
     arrs = [as_objects(c.iloc[first] if isinstance(c, pd.Series) else np.asarray(c)[first]) for c in coded]
     vals = objects(fn(*(a[j] for a in arrs)) for j in range(first.size))
-    out: np.ndarray = vals[codes]
-    return out
+    return codes, vals
+
+
+#: The dtype pandas gives a column of Python (or numpy) strings.
+STR_DTYPE = pd.Series(np.array([""])).dtype
+
+
+def str_series(codes: np.ndarray, words: Any, index: Any = None) -> pd.Series:
+    """pd.Series(np.asarray(words)[codes].astype(str)) (all words str), without a string object a row when
+    pandas keeps its strings in Arrow: the distinct words taken by code."""
+    words = list(words)
+    if getattr(STR_DTYPE, "storage", None) != "pyarrow" or not all(type(w) is str for w in words):
+        return pd.Series(objects(words)[codes].astype(str), index=index)
+    arr = pa.array(words, pa.large_string()).take(pa.array(np.asarray(codes, dtype=np.int64)))
+    return pd.Series(pd.array(arr, dtype=STR_DTYPE), index=index)
 
 
 def list_tuples(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
@@ -216,7 +312,7 @@ def list_codes(pr: pa.ListArray) -> tuple[np.ndarray, np.ndarray] | None:
             h[full] = np.add.reduceat(term, (np.cumsum(length) - length)[full])
     code_h = pd.factorize(h)[0].astype(np.int64) * (int(length.max(initial=0)) + 1) + length
     codes = np.asarray(pd.factorize(code_h)[0], dtype=np.int64)
-    _, first = np.unique(codes, return_index=True)
+    first = first_rows(codes)
     rep = first[codes]
     if not np.array_equal(v[elem], v[lo[rep][row] + pos]):  # a hash collision: not one list after all
         return None
@@ -228,6 +324,9 @@ def int64_array(col: pa.ChunkedArray | pa.Array) -> pd.api.extensions.ExtensionA
     arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
     if pa.types.is_dictionary(arr.type) or not pa.types.is_integer(arr.type):
         return pd.array(arr.to_pylist(), dtype="Int64")
+    if arr.null_count == 0:  # (no mask to read, nothing to fill)
+        vals = np.array(arr.to_numpy(zero_copy_only=False), dtype=np.int64)
+        return pd.arrays.IntegerArray(vals, np.zeros(len(arr), dtype=bool))
     mask = arr.is_null().to_numpy(zero_copy_only=False)
     vals = arr.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
     return pd.arrays.IntegerArray(vals, mask.astype(bool))
@@ -244,6 +343,9 @@ def nullable_ints(arr: pa.Array) -> Any:
 __all__ = [
     "as_objects",
     "distinct",
+    "factorize_objects",
+    "first_rows",
+    "unique_inverse",
     "int64_array",
     "is_strings",
     "isnull",
@@ -253,11 +355,13 @@ __all__ = [
     "nullable_ints",
     "objects",
     "per_distinct",
+    "per_distinct_codes",
     "ranks_list_array",
     "ranks_tuple",
     "ranks_tuples",
     "row_codes",
     "rows_frame",
     "str_objects",
+    "str_series",
     "string_series",
 ]

@@ -28,7 +28,8 @@ from tracelens.analyze import collectives as C
 from tracelens.analyze import intervals as iv
 from tracelens.analyze.breakdown import RankSets, class_sets
 from tracelens.analyze.breakdown import breakdown as _breakdown
-from tracelens.analyze.frame_cells import per_distinct
+from tracelens.analyze.frame_cells import first_rows, per_distinct, row_codes, unique_inverse
+from tracelens.analyze.wait_split import lanes_for
 from tracelens.analyze.wait_transfer import to_table, wait_transfer
 from tracelens.findings import finding
 
@@ -141,6 +142,44 @@ def arrival_lag(df: pd.DataFrame) -> pa.Table:
         coll = df
     if coll.empty:
         return ARRIVAL_LAG.empty_table()
+    if not all(pd.api.types.is_integer_dtype(coll[c]) for c in ("lag_ns", "blame_ns")):
+        return _arrival_lag_grouped(coll)
+    # per (rank, step), ascending as groupby gives them: integer sums (exact in any order) by one sort
+    rank = coll["rank"].astype("Int64")
+    if rank.isna().any():  # (groupby leaves rows without a rank out)
+        coll = coll[rank.notna().to_numpy()]
+        if coll.empty:
+            return ARRIVAL_LAG.empty_table()
+    rank_v = coll["rank"].astype("int64").to_numpy()
+    step_v = coll["step"].astype("Int64").fillna(-1).to_numpy(dtype=np.int64)
+    s0 = int(step_v.min())
+    key = (rank_v - int(rank_v.min())) * (int(step_v.max()) - s0 + 1) + (step_v - s0)
+    o = np.argsort(key, kind="stable")
+    ks = key[o]
+    start = np.flatnonzero(np.r_[True, ks[1:] != ks[:-1]])
+
+    def sums(col: str) -> np.ndarray:
+        out: np.ndarray = np.add.reduceat(coll[col].astype("int64").to_numpy()[o], start)
+        return out
+
+    step = step_v[o][start]
+    return pa.table(
+        {
+            "rank": pa.array(rank_v[o][start], pa.int32()),
+            "step": pa.array(step, pa.int32(), mask=step < 0),
+            "lag_ns": pa.array(sums("lag_ns"), pa.int64()),
+            "blame_ns": pa.array(sums("blame_ns"), pa.int64()),
+            "last_count": pa.array(
+                np.add.reduceat(coll["is_last"].astype(int).to_numpy()[o], start), pa.int32()
+            ),
+            "collectives": pa.array(np.diff(np.r_[start, ks.size]), pa.int32()),
+        },
+        schema=ARRIVAL_LAG,
+    )
+
+
+def _arrival_lag_grouped(coll: pd.DataFrame) -> pa.Table:
+    """`arrival_lag` by pandas' group-by (sums of non-integer columns: summed before they are truncated)."""
     g = (
         coll.assign(
             step=coll["step"].astype("Int64").fillna(-1).astype(int), last=coll["is_last"].astype(int)
@@ -200,75 +239,145 @@ def _slow_links(
     """rank -> slowness of its link: the smallest, over its groups that can be compared, of the group's
     transfer ratio (time per byte / the reference of the same kind: op, size bucket, group size, intra- or
     inter-host). Every group of a rank slow means its own link is slow; a rank sharing only some slow groups
-    is a bystander. Also returns the rows with their excess transfer time (`excess`)."""
+    is a bystander. Also returns the rows (rank, step, instance, transfer_ns) with their excess transfer
+    time (`excess`).
+
+    Computed on integer codes (one sort per grouping), with pandas' groupby semantics: a "first" value is
+    the first non-null one of the instance in row order, medians and quantiles as pandas takes them."""
     if df.empty:
         return {}, df
-    cols = [
-        "rank",
-        "step",
-        "op",
-        "bytes",
-        "is_p2p",
-        "peer",
-        "group_key",
-        "instance",
-        "n_expected",
-        "transfer_ns",
-    ]
-    d = df.loc[df["n_participants"] >= 2, cols].copy()  # (the columns used here and by `detect`)
+    d = df.loc[df["n_participants"] >= 2, ["rank", "step", "instance", "transfer_ns"]]
     if d.empty:
         return {}, d
-    d["bytes_k"] = d["bytes"].astype("Float64").fillna(-1).astype("int64")
-    d["host"] = d["rank"].astype(int).map(hosts or {}).astype(object).fillna("")
-    # the link: "p2p|low|high" of a send/recv pair, else the group (one string per distinct link)
+    keep = (df["n_participants"] >= 2).to_numpy(dtype=bool)
     rk = d["rank"].astype("int64").to_numpy()
-    pe = d["peer"].fillna(-1).astype("int64").to_numpy()
-    p2p = d["is_p2p"].astype(bool).to_numpy()
+    transfer = d["transfer_ns"].astype(float).to_numpy()
+    inst_s = d["instance"].astype("Int64")
+    has_inst = inst_s.notna().to_numpy(dtype=bool)  # (groupby leaves rows without an instance out)
+    row_inst = inst_s.to_numpy(dtype=np.int64, na_value=-1)
+    # the link: "p2p|low|high" of a send/recv pair, else the group (one string per distinct link)
+    pe = df["peer"][keep].fillna(-1).astype("int64").to_numpy()
+    p2p = df["is_p2p"][keep].astype(bool).to_numpy()
     lo, hi = np.where(p2p, np.minimum(rk, pe), -1), np.where(p2p, np.maximum(rk, pe), -1)
-    d["pair"] = per_distinct(
-        lambda p, a, b, g: f"p2p|{a}|{b}" if p else str(g), p2p, lo, hi, d["group_key"].astype(str)
-    ).astype(str)
-    inst = d.groupby("instance").agg(
-        transfer=("transfer_ns", "median"),
-        op=("op", "first"),
-        nbytes=("bytes_k", "first"),
-        n=("n_expected", "first"),
-        grp=("pair", "first"),
-        p2p=("is_p2p", "first"),
-        hosts=("host", "nunique"),
+    gk = df["group_key"][keep].astype(str)
+    pair_tuple = row_codes(p2p, lo, hi, gk)
+    tf = first_rows(pair_tuple)
+    pair_text = [
+        f"p2p|{a}|{b}" if p else str(g)
+        for p, a, b, g in zip(p2p[tf].tolist(), lo[tf].tolist(), hi[tf].tolist(), gk.iloc[tf].tolist())
+    ]
+    pair_of_tuple = pd.factorize(pd.Series(pair_text, dtype=object))[0]
+    pair = np.asarray(pair_of_tuple, dtype=np.int64)[pair_tuple]  # (equal strings: one code)
+    # per instance (ascending, as groupby orders them): rows sorted by (instance, transfer)
+    rows = np.flatnonzero(has_inst)
+    o = rows[_sort_by(row_inst[rows], d["transfer_ns"].to_numpy()[rows], transfer[rows])]
+    si = row_inst[o]
+    start = np.flatnonzero(np.r_[True, si[1:] != si[:-1]]) if o.size else np.zeros(0, dtype=np.int64)
+    end = np.r_[start[1:], o.size]
+    inst_ids = si[start]
+    n_inst = inst_ids.size
+    if n_inst == 0:
+        return {}, d.assign(excess=transfer * 0.0)
+    ts = transfer[o]
+    inst_transfer = (ts[start + (end - start - 1) // 2] + ts[start + (end - start) // 2]) / 2  # median
+
+    by_inst = rows[np.argsort(row_inst[rows], kind="stable")]  # (row order within an instance)
+    first_row = by_inst[start]
+
+    def first_valid(null: np.ndarray) -> np.ndarray:
+        """Per instance: the row of its first non-null value (in row order), -1 when it has none."""
+        if not null.any():
+            return first_row
+        ob = by_inst[~null[by_inst]]
+        out = np.full(n_inst, -1, dtype=np.int64)
+        if ob.size:
+            u, f = np.unique(row_inst[ob], return_index=True)
+            out[np.searchsorted(inst_ids, u)] = ob[f]
+        return out
+
+    op_obj = df["op"][keep].to_numpy(dtype=object)
+    f_op = first_valid(pd.isna(op_obj))
+    nexp = df["n_expected"][keep]
+    f_n = first_valid(nexp.isna().to_numpy(dtype=bool))
+    inst_nbytes = df["bytes"][keep].astype("Float64").fillna(-1).astype("int64").to_numpy()[first_row]
+    inst_pair = pair[first_row]
+    # the op with recv as send, and the group size, as the strings the kind is made of
+    op_word = per_distinct(
+        lambda v: str(v).replace("recv", "send"), np.where(f_op >= 0, op_obj[np.maximum(f_op, 0)], None)
     )
+    n_word = nexp.iloc[np.maximum(f_n, 0)].astype(str).to_numpy(dtype=object)
+    # hosts per instance: its distinct (instance, host) pairs
+    host_of = hosts or {}
+    u_rank, r_inv = unique_inverse(rk)
+    host_names = pd.Series([host_of.get(int(r), "") for r in u_rank], dtype=object)
+    host_code = np.asarray(pd.factorize(host_names)[0], dtype=np.int64)[r_inv]
+    hc = host_code[o]  # (more than one host: its lowest and highest host codes differ)
+    inter = np.minimum.reduceat(hc, start) != np.maximum.reduceat(hc, start)
     # time per byte when sizes are known (bytes bucketed by powers of two), else the transfer time itself
-    sized = inst["nbytes"] > 0
-    nbytes = inst["nbytes"].where(sized, 1).astype(float)
-    inst["unit"] = inst["transfer"].astype(float) / nbytes
-    bucket = np.where(sized, np.floor(np.log2(nbytes)).astype(int).astype(str), "na")
-    inst["sig"] = (
-        inst["op"].astype(str).str.replace("recv", "send") + "|" + bucket + "|" + inst["n"].astype(str)
-        + np.where(inst["hosts"] > 1, "|inter-host", "|intra-host")
-    )  # fmt: skip
+    sized = inst_nbytes > 0
+    nbytes = np.where(sized, inst_nbytes, 1).astype(float)
+    unit = inst_transfer / nbytes
+    bucket = np.where(sized, np.floor(np.log2(nbytes)).astype(int), np.iinfo(np.int64).min)
+    sig = row_codes(op_word, bucket, n_word, inter)
+    has_sig = (f_op >= 0) & (f_n >= 0)  # (an unknown op or size makes the kind null: no kind, no reference)
     # reference: the lower quartile (an actual group's value) of the per-group medians of the same kind:
     # a healthy group, even when a slow rank slows several groups of that kind
-    per_group = inst.groupby(["sig", "grp"])["unit"].median()
-    ref = per_group.groupby(level="sig").quantile(0.25, interpolation="lower")
-    ngroups = per_group.groupby(level="sig").size()
-    inst = inst[inst["sig"].map(ngroups) >= 2]  # the reference needs another group to compare with
-    inst = inst[inst["sig"].map(ref) > 0]
-    if inst.empty:
-        return {}, inst
-    ref_unit = inst["sig"].map(ref)
-    inst["ratio"] = inst["unit"] / ref_unit
-    inst["excess"] = ((inst["unit"] - ref_unit) * nbytes.loc[inst.index]).clip(lower=0)
+    sg = row_codes(sig, inst_pair)
+    og = np.flatnonzero(has_sig)
+    og = og[np.lexsort((unit[og], sg[og]))]
+    if not og.size:
+        return {}, d.iloc[0:0].assign(excess=np.zeros(0))
+    sgs = sg[og]
+    g0 = np.flatnonzero(np.r_[True, sgs[1:] != sgs[:-1]])
+    g1 = np.r_[g0[1:], og.size]
+    us = unit[og]
+    g_med = (us[g0 + (g1 - g0 - 1) // 2] + us[g0 + (g1 - g0) // 2]) / 2
+    g_sig = sig[og[g0]]
+    os_ = np.lexsort((g_med, g_sig))
+    gs_sorted = g_sig[os_]
+    s0 = np.flatnonzero(np.r_[True, gs_sorted[1:] != gs_sorted[:-1]])
+    s1 = np.r_[s0[1:], os_.size]
+    m = s1 - s0
+    ref_of_sig = np.full(int(sig.max()) + 1, np.nan)
+    ngroups = np.zeros(int(sig.max()) + 1, dtype=np.int64)
+    ref_of_sig[gs_sorted[s0]] = g_med[os_][s0 + (0.25 * (m - 1)).astype(np.int64)]
+    ngroups[gs_sorted[s0]] = m
+    ref_unit = ref_of_sig[sig]
+    ok = has_sig & (ngroups[sig] >= 2) & (ref_unit > 0)  # the reference needs another group to compare with
+    if not ok.any():
+        return {}, d.iloc[0:0].assign(excess=np.zeros(0))
+    ratio = unit / ref_unit
+    excess = (unit - ref_unit) * nbytes
+    excess = np.where(excess < 0, 0.0, excess)  # (as clip(lower=0): NaN and -0.0 stay)
     # a group is slow when most of its calls are: its lower-quartile ratio, over enough calls to tell
-    by_grp = inst.groupby("grp")["ratio"]
-    grp_ratio = by_grp.quantile(0.25)
-    grp_ratio = grp_ratio[by_grp.size() >= cfg.min_link_calls]
-    d_all = d
-    d = d[d["instance"].isin(inst.index)]
-    # the distinct (rank, group) pairs once, not a Python pass over every call
-    rg = d[["rank", "pair"]].drop_duplicates()
-    rank_groups = {int(r): sorted(set(s)) for r, s in rg.groupby("rank")["pair"]}
-    members = {g: {int(x) for x in s} for g, s in rg.groupby("pair")["rank"]}
-    gr = {g: float(v) for g, v in grp_ratio.items()}
+    kept = np.flatnonzero(ok)
+    ob = kept[np.lexsort((ratio[kept], inst_pair[kept]))]
+    ps = inst_pair[ob]
+    p0 = np.flatnonzero(np.r_[True, ps[1:] != ps[:-1]])
+    p1 = np.r_[p0[1:], ob.size]
+    cnt = p1 - p0
+    q = 0.25 * (cnt - 1)
+    qi = q.astype(np.int64)
+    frac = q % 1
+    rs = ratio[ob]
+    lo_v = rs[p0 + qi]
+    hi_v = rs[np.minimum(p0 + qi + 1, p1 - 1)]
+    q_val = np.where(frac == 0.0, lo_v, lo_v + (hi_v - lo_v) * frac)
+    enough = cnt >= cfg.min_link_calls
+    gr = {int(g): float(v) for g, v in zip(ps[p0][enough], q_val[enough])}
+    # the distinct (rank, group) pairs of the rows of kept instances, once
+    kept_inst = np.zeros(n_inst, dtype=bool)
+    kept_inst[kept] = True
+    dense = inst_ids[0] == 0 and inst_ids[-1] == n_inst - 1  # (ids 0 .. n-1: an id is its position)
+    row_pos = row_inst[rows] if dense else np.searchsorted(inst_ids, row_inst[rows])
+    sel = rows[kept_inst[row_pos]]
+    width, r0 = int(pair.max()) + 1, int(rk.min())
+    rg = unique_inverse((rk[sel] - r0) * width + pair[sel])[0]  # (ascending rank, then group)
+    rank_groups: dict[int, list[int]] = {}
+    members: dict[int, set[int]] = {}
+    for r, g in zip((rg // width + r0).tolist(), (rg % width).tolist()):
+        rank_groups.setdefault(r, []).append(g)
+        members.setdefault(g, set()).add(r)
     ratios = {r: [gr[g] for g in gs if g in gr] for r, gs in rank_groups.items()}
     cleared = {r for r, v in ratios.items() if v and min(v) < cfg.slow_link_ratio}  # has a healthy group
     out = {}
@@ -278,15 +387,28 @@ def _slow_links(
             out[r] = min(vals)
         elif len(vals) == 1:
             # one slow group names its slow member only when every other member has a healthy group
-            g = next(g for g in groups if g in grp_ratio.index)
-            if all(m in cleared for m in members[g] - {r}):
+            g = next(g for g in groups if g in gr)
+            if all(x in cleared for x in members[g] - {r}):
                 out[r] = vals[0]
     # excess transfer: measured against the reference where there is one; elsewhere (a group of a kind
     # nothing else does) what the rank's own slowness factor k predicts: transfer x (1 - 1/k)
-    k = d_all["rank"].astype(int).map(out).fillna(1.0).clip(lower=1.0)
-    predicted = d_all["transfer_ns"].astype(float) * (1.0 - 1.0 / k)
-    d_all = d_all.assign(excess=d_all["instance"].map(inst["excess"]).fillna(predicted))
-    return out, d_all
+    k_of = np.array([max(out.get(int(r), 1.0), 1.0) for r in u_rank], dtype=float)
+    predicted = transfer * (1.0 - 1.0 / k_of[r_inv])
+    row_excess = np.full(len(d), np.nan)
+    measured = rows[kept_inst[row_pos]]
+    row_excess[measured] = excess[row_pos[kept_inst[row_pos]]]
+    row_excess = np.where(np.isnan(row_excess), predicted, row_excess)
+    return out, d.assign(excess=row_excess)
+
+
+def _sort_by(key: np.ndarray, raw: np.ndarray, value: np.ndarray) -> np.ndarray:
+    """np.lexsort((value, key)) (`value`: `raw` as floats); one sort of key x (max + 1) + raw when both are
+    non-negative integers that fit (the order of equal pairs does not matter to the callers' medians)."""
+    if raw.dtype.kind in "iu" and key.size and key.min() >= 0 and raw.min() >= 0:
+        width = int(raw.max()) + 1
+        if (int(key.max()) + 1) * width < 1 << 62:
+            return np.argsort(key.astype(np.int64) * width + raw.astype(np.int64), kind="stable")
+    return np.lexsort((value, key))
 
 
 def pre_arrival_idle(breakdown: pa.Table, sets: dict[int, RankSets], df: pd.DataFrame) -> pd.DataFrame:
@@ -313,7 +435,22 @@ def pre_arrival_idle(breakdown: pa.Table, sets: dict[int, RankSets], df: pd.Data
     # each rank's rows once: one stable sort, then slices (a mask per rank is quadratic in the ranks)
     order = np.argsort(ranks, kind="stable")
     u_rank, first = np.unique(ranks[order], return_index=True)
-    for r, i0, i1 in zip(u_rank, first, np.r_[first[1:], order.size]):
+    todo = list(zip(u_rank, first, np.r_[first[1:], order.size]))
+    known = [(int(r), sets[int(r)]) for r, _, _ in todo if sets.get(int(r)) is not None]
+    if known:  # every rank at once, on lanes of one line (wait_split.RankLanes)
+        parts = [p for _, rs in known for p in (rs.compute, rs.comm, rs.memory)]
+        lane_ranks = np.array([r for r, _ in known], dtype=np.int64)
+        on = np.isin(ranks, lane_ranks)
+        lanes = lanes_for(lane_ranks, parts, lo[on], hi[on])
+        if lanes.ok:
+            sets3 = [lanes.sets([rs.compute for _, rs in known]), lanes.sets([rs.comm for _, rs in known])]
+            sets3.append(lanes.sets([rs.memory for _, rs in known]))
+            busy = iv.union(np.concatenate([x[0] for x in sets3]), np.concatenate([x[1] for x in sets3]))
+            shift = lanes.of(ranks[on])
+            idle[on] = (hi[on] - lo[on]) - iv.measure_in_windows(busy, lo[on] + shift, hi[on] + shift)
+            idle[~on] = hi[~on] - lo[~on]
+            todo = []
+    for r, i0, i1 in todo:  # (rank by rank: times too far apart for lanes)
         rs = sets.get(int(r))
         m = order[i0:i1]
         if rs is None:
@@ -381,11 +518,17 @@ def detect(
     if shared is not None and len(shared):  # one host's ranks share no link: transfer times are descheduling
         slow = {r: v for r, v in slow.items() if r not in set(shared["rank"].astype(int))}
     if slow:
-        ex = d.assign(step=d["step"].astype("Int64").fillna(-1).astype(int)).groupby(["rank", "step"])
-        xfer = ex["excess"].sum().rename("xfer_excess")
-        tot = ex["transfer_ns"].sum().rename("xfer_total")
-        per = per.merge(pd.concat([xfer, tot], axis=1).reset_index(), on=["rank", "step"], how="left")
-        per[["xfer_excess", "xfer_total"]] = per[["xfer_excess", "xfer_total"]].fillna(0.0)
+        # per (rank, step) sums (pandas' sums, in row order), looked up by one integer key
+        d_rank = d["rank"].astype("int64").to_numpy()
+        d_step = d["step"].astype("Int64").fillna(-1).to_numpy(dtype=np.int64)
+        p_rank = per["rank"].astype("int64").to_numpy()
+        p_step = per["step"].astype("int64").to_numpy()
+        r0, s0 = min(d_rank.min(), p_rank.min()), min(d_step.min(), p_step.min())
+        width = int(max(d_step.max(), p_step.max()) - s0) + 1
+        d_key, p_key = (d_rank - r0) * width + (d_step - s0), (p_rank - r0) * width + (p_step - s0)
+        for col, name in (("excess", "xfer_excess"), ("transfer_ns", "xfer_total")):
+            sums = pd.Series(d[col].to_numpy()).groupby(d_key).sum()
+            per[name] = sums.reindex(p_key).fillna(0.0).to_numpy()
         exposed_frac = np.where(
             per["xfer_total"] > 0, (per["exposed_transfer_ns"] / per["xfer_total"]).clip(0, 1), 0
         )
@@ -636,7 +779,7 @@ def analyze_cross_rank(
     stragglers, group_findings = group_verdicts(stragglers, df)
     findings += group_findings + _straggler_findings(stragglers)
     return CrossRankResult(
-        collectives=to_table(df),
+        collectives=to_table(df, source=coll),
         offsets_ns=dict(clock.offsets_ns),
         exposed_split=split,
         arrival_lag=lag,

@@ -38,6 +38,40 @@ def _incomplete(rows: pd.DataFrame) -> np.ndarray:
     return out
 
 
+class RankLanes:
+    """Every rank's times moved onto its own lane of one line, so that an interval operation runs once for
+    all ranks: rank i's times t become t - lo + i * width, lanes apart by more than any rank's span (nothing
+    of two ranks touches or overlaps), which leaves each rank's own results exactly as they were (the
+    algebra of tracelens.analyze.intervals only compares and subtracts times)."""
+
+    def __init__(self, ranks: np.ndarray, lo: int, hi: int) -> None:
+        self.ranks = np.asarray(ranks, dtype=np.int64)  # (ascending)
+        width = int(hi) - int(lo) + 2
+        self.ok = self.ranks.size * width < 1 << 62 and abs(int(lo)) < 1 << 62  # (else int64 would overflow)
+        self.shift = np.zeros(0, dtype=np.int64)  # (not ok: callers go rank by rank)
+        if self.ok:
+            self.shift = np.arange(self.ranks.size, dtype=np.int64) * width - int(lo)
+
+    def of(self, rank: np.ndarray) -> np.ndarray:
+        """The shift of each of these ranks (all of them among `ranks`)."""
+        return self.shift[np.searchsorted(self.ranks, rank)]
+
+    def sets(self, parts: list[iv.Intervals]) -> iv.Intervals:
+        """The canonical sets of `ranks` (in that order), moved and joined: one canonical set."""
+        if not parts:
+            return iv.empty()
+        s = np.concatenate([p[0] + d for p, d in zip(parts, self.shift.tolist())])
+        e = np.concatenate([p[1] + d for p, d in zip(parts, self.shift.tolist())])
+        return s.astype(np.int64), e.astype(np.int64)
+
+
+def lanes_for(ranks: np.ndarray, sets: list[iv.Intervals], *times: np.ndarray) -> RankLanes:
+    """RankLanes spanning the given sets and times."""
+    lo = [int(t.min()) for t in times if t.size] + [int(p[0][0]) for p in sets if p[0].size]
+    hi = [int(t.max()) for t in times if t.size] + [int(p[1][-1]) for p in sets if p[1].size]
+    return RankLanes(ranks, min(lo, default=0), max(hi, default=0))
+
+
 def exposed_split(df: pd.DataFrame, breakdown: pa.Table, sets: dict[int, RankSets]) -> pa.Table:
     """Per (rank, step): exposed communication (breakdown's K − C) split into the part inside the wait head
     [start, start + wait) of a collective on that rank and the rest (transfer). The two add up exactly.
@@ -63,10 +97,37 @@ def exposed_split(df: pd.DataFrame, breakdown: pa.Table, sets: dict[int, RankSet
         e_col = df["end_ns"]
     u_rank, b_first = np.unique(b_sorted, return_index=True)
     b_last = np.r_[b_first[1:], b_sorted.size]
-    for r, b0, b1 in zip(u_rank, b_first, b_last):
-        rs = sets.get(int(r))
-        if rs is None or df.empty:
-            continue
+    todo = [(int(r), b0, b1) for r, b0, b1 in zip(u_rank, b_first, b_last) if sets.get(int(r)) is not None]
+    if df.empty:
+        todo = []
+    if todo:
+        lane_ranks = np.array([r for r, _, _ in todo], dtype=np.int64)
+        comm = [sets[r].comm for r, _, _ in todo]
+        compute = [sets[r].compute for r, _, _ in todo]
+        in_lane = np.isin(d_sorted, lane_ranks)
+        inc_in = inc_all & in_lane
+        e_inc = e_col.iloc[d_order[inc_in]].astype("int64").to_numpy()  # (only where they are needed)
+        s_in, wt_in = s_all[in_lane], wt_all[in_lane]
+        b_rows = np.concatenate([np.arange(b0, b1) for _, b0, b1 in todo])
+        lanes = lanes_for(
+            lane_ranks, comm + compute, s_in, s_in + wt_in, e_inc, lo_all[b_rows], hi_all[b_rows]
+        )
+        if lanes.ok:
+            k = iv.subtract(lanes.sets(comm), lanes.sets(compute))  # every rank's exposed_comm
+            shift_d = lanes.of(d_sorted[in_lane])
+            shift_b = lanes.of(b_sorted[b_rows])
+            lo, hi = lo_all[b_rows] + shift_b, hi_all[b_rows] + shift_b
+            s = s_in + shift_d
+            wait_set = iv.union(s, s + wt_in)
+            waited_all[b_rows] = iv.measure_in_windows(iv.intersect(k, wait_set), lo, hi)
+            # a collective whose other participants are not in the traces: its wait cannot be measured
+            inc = inc_all[in_lane]
+            if inc.any():
+                blind = iv.union(s[inc], e_inc + shift_d[inc])
+                unknown_all[b_rows] = iv.measure_in_windows(iv.intersect(k, blind), lo, hi) > 0
+            todo = []
+    for r, b0, b1 in todo:  # (rank by rank: times too far apart for lanes)
+        rs = sets[r]
         lo, hi = lo_all[b0:b1], hi_all[b0:b1]
         d0, d1 = np.searchsorted(d_sorted, r, "left"), np.searchsorted(d_sorted, r, "right")
         s, wt = s_all[d0:d1], wt_all[d0:d1]

@@ -12,7 +12,7 @@ import pandas as pd
 import pyarrow as pa
 
 from tracelens.analyze.collectives import busbw_factor, matched_table
-from tracelens.analyze.frame_cells import per_distinct
+from tracelens.analyze.frame_cells import per_distinct, unique_inverse
 
 
 def wait_transfer(df: pd.DataFrame, offsets_ns: dict[int, int]) -> pd.DataFrame:
@@ -27,7 +27,7 @@ def wait_transfer(df: pd.DataFrame, offsets_ns: dict[int, int]) -> pd.DataFrame:
             df[c] = pd.Series([], dtype="float64")
         return df
     rk = df["rank"].astype(int).to_numpy()
-    u_rank, r_inv = np.unique(rk, return_inverse=True)
+    u_rank, r_inv = unique_inverse(rk)
     off = np.array([offsets_ns.get(int(r), 0) for r in u_rank], dtype=np.int64)[r_inv.reshape(-1)]
     start = df["start_ns"].astype("int64").to_numpy()
     end = df["end_ns"].astype("int64").to_numpy()
@@ -35,7 +35,7 @@ def wait_transfer(df: pd.DataFrame, offsets_ns: dict[int, int]) -> pd.DataFrame:
     a_end = end - off
     inst = df["instance"].astype("int64").to_numpy()
     # per instance, sorted by aligned start: latest, second latest, earliest, size, and one last arriver
-    order = np.lexsort((np.arange(inst.size), a_start, inst))
+    order = _by_instance_then_start(inst, a_start)
     si, ss = inst[order], a_start[order]
     first = np.flatnonzero(np.r_[True, si[1:] != si[:-1]])
     last = np.r_[first[1:] - 1, si.size - 1]
@@ -76,6 +76,17 @@ def wait_transfer(df: pd.DataFrame, offsets_ns: dict[int, int]) -> pd.DataFrame:
     return df
 
 
+def _by_instance_then_start(inst: np.ndarray, start: np.ndarray) -> np.ndarray:
+    """np.lexsort((np.arange(n), start, inst)): one stable sort of instance x span + start when that fits."""
+    if inst.size and inst.min() >= 0:
+        lo = int(start.min())
+        width = int(start.max()) - lo + 1
+        if (int(inst.max()) + 1) * width < 1 << 62:
+            out: np.ndarray = np.argsort(inst * width + (start - lo), kind="stable")
+            return out
+    return np.lexsort((np.arange(inst.size), start, inst))
+
+
 WT_COLUMNS = (
     ("start_aligned_ns", pa.int64()),
     ("end_aligned_ns", pa.int64()),
@@ -92,9 +103,10 @@ WT_COLUMNS = (
 )
 
 
-def to_table(df: pd.DataFrame) -> pa.Table:
-    """Matched rows with wait/transfer columns -> Arrow (COLLECTIVES columns first, then the extras)."""
-    t = matched_table(df)
+def to_table(df: pd.DataFrame, source: pa.Table | None = None) -> pa.Table:
+    """Matched rows with wait/transfer columns -> Arrow (COLLECTIVES columns first, then the extras).
+    `source`: the COLLECTIVES table the rows were matched from (`collectives.matched_table`)."""
+    t = matched_table(df, source)
     for name, typ in WT_COLUMNS:
         vals = df[name] if name in df else pd.Series([None] * len(df))
         if pa.types.is_floating(typ):
