@@ -143,8 +143,9 @@ def pg_rows(events: pa.Table) -> pa.Table:
     for c in ("kind", "pg_name", "pg_desc", "collective"):  # equal values share a code, null is -1
         col = sub.column(c).combine_chunks()
         vals = pd.factorize(pd.Series(col.dictionary.to_pylist(), dtype=object))[0]
-        idx = col.indices.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
-        codes.append(np.where(col.is_valid().to_numpy(zero_copy_only=False), vals[idx], -1))
+        vals = np.append(vals, -1)  # (the null's code; a column of nulls only has an empty dictionary)
+        idx = col.indices.fill_null(vals.size - 1).to_numpy(zero_copy_only=False).astype(np.int64)
+        codes.append(vals[idx])
     size = sub.column("group_size")
     codes.append(size.is_valid().to_numpy(zero_copy_only=False).astype(np.int64))
     codes.append(size.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64))

@@ -201,3 +201,26 @@ def test_collectives_that_fail_are_left_out_of_the_memo(tmp_path: Path, monkeypa
     assert an.cross is not None
     assert an.run.stages.collectives is not None
     assert an.run.stages.collectives.equals(C.collectives_from_events(an.run.events))
+
+
+def test_process_group_rows_with_a_column_of_nulls_only(cached):
+    """A column `pg_rows` codes that holds no value at all (an empty dictionary: hta/ns_resolution_trace has
+    no pg_desc) codes its nulls as one value, and the grid inferred from the rows is the events' one."""
+    import pyarrow as pa
+
+    from tracelens.layout_structure import collect_groups, pg_rows
+    from tracelens.topology import infer_grid
+
+    run, opts = cached
+    loaded = load_run(run, opts)
+    x = loaded.stages.xevents
+    for c in ("pg_desc", "pg_name", "collective"):
+        i = x.column_names.index(c)
+        empty = pa.DictionaryArray.from_arrays(
+            pa.nulls(x.num_rows, pa.int32()), pa.array([], x.schema.field(c).type.value_type)
+        )
+        x = x.set_column(i, x.schema.field(c), empty)
+    pg = pg_rows(x)
+    assert pg.num_rows <= x.column("pg_ranks").is_valid().to_numpy(zero_copy_only=False).sum()
+    assert collect_groups([], None, None, pg) == collect_groups([], x, None)
+    assert repr(infer_grid(x, loaded.metadata, None, pg)) == repr(infer_grid(x, loaded.metadata))
