@@ -466,6 +466,7 @@ class Analysis:
     def _critical(self):
         from tracelens.analyze import critical_path as cp
         from tracelens.analyze.critical_nodes import relabel, select_nodes
+        from tracelens.store import pages
 
         # the per-rank stage computed the nodes (labelled with the built-in layer rules) and sync calls
         st = self.run.stages
@@ -484,6 +485,7 @@ class Analysis:
                 cross.offsets_ns if cross is not None else None,
                 stage_of,
                 syncs,
+                nodes_read=lambda: pages.release(nodes),  # (memory-mapped from the run memo: give it back)
             )
             if res is not None and res.graph.dropped_instances:
                 self.warnings.append(

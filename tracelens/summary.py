@@ -152,6 +152,10 @@ def build_summary(a: Analysis) -> dict:
         + (wait_split_warnings(ranks) if cross is not None else []),
         "analysis_path": sorted(set(a.breakdown.column("path").to_pylist())),
     }
+    # the what-if replays now, before the communication and op tables below are built: the replays are the
+    # analysis' last memory peak, and those tables would add to it (its failure warning, as theirs, comes
+    # after the run's warnings above)
+    what_if = a.what_if(findings)
     out = {
         "schema": SCHEMA,
         "tracelens_version": __version__,
@@ -172,7 +176,7 @@ def build_summary(a: Analysis) -> dict:
         "audit": audit.to_dict() if audit is not None else None,
     }
     out["ops"] = a.ops_view.summary_rows() if a.ops_view is not None else []
-    out["what_if"] = a.what_if(findings)
+    out["what_if"] = what_if
     out["critical_path"] = a.critical.to_dict() if a.critical is not None else None
     if a.options.compat == "hta":
         out["compat"] = a.hta_compat()

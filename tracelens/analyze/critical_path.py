@@ -33,6 +33,7 @@ as a constant); `whatif.py` changes durations, releases or transfers and replays
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -135,8 +136,10 @@ def build_graph(
     offsets_ns: dict[int, int] | None = None,
     stage_of: dict[int, int] | None = None,
     syncs: pa.Table | None = None,
+    nodes_read: Callable[[], object] | None = None,
 ) -> Graph | None:
     """The step-bounded dependency graph (see module docstring); None when there is no device work.
+    `nodes_read`: see `analyze_critical_path`.
 
     Collective instances whose matching the ranks' stream order contradicts (a cycle through their arrival,
     instance and finish nodes: rank 0 runs A then B, rank 1 runs B then A) are left out of the graph as
@@ -144,7 +147,7 @@ def build_graph(
     """
     excluded = np.empty(0, dtype=np.int64)
     for _ in range(MAX_CYCLE_ROUNDS):
-        g = _build_graph(nodes, collectives, offsets_ns, stage_of, excluded, syncs)
+        g = _build_graph(nodes, collectives, offsets_ns, stage_of, excluded, syncs, nodes_read)
         if g is None:
             return None
         try:
@@ -183,6 +186,7 @@ def _build_graph(
     stage_of: dict[int, int] | None,
     excluded: np.ndarray,
     syncs: pa.Table | None = None,
+    nodes_read: Callable[[], object] | None = None,
 ) -> Graph | None:
     if nodes.num_rows == 0:
         return None
@@ -229,6 +233,8 @@ def _build_graph(
     else:
         tid = np.full(order.size, np.nan)
     del order
+    if nodes_read is not None:  # (nothing below reads `nodes`)
+        nodes_read()
     n = rank.size
 
     # collectives: instance, transfer per participant (op, group and bytes from the matched rows)
@@ -858,12 +864,14 @@ def analyze_critical_path(
     offsets_ns: dict[int, int] | None = None,
     stage_of: dict[int, int] | None = None,
     syncs: pa.Table | None = None,
+    nodes_read: Callable[[], object] | None = None,
 ) -> CriticalPath | None:
     """Graph, observed replay and critical path of every step; None without device work.
 
     `syncs` (schema SYNCS, from `sync_calls`): the CPU calls that may have blocked on the GPU; without them
-    every release is fixed on the CPU clock."""
-    g = build_graph(nodes, collectives, offsets_ns, stage_of, syncs)
+    every release is fixed on the CPU clock. `nodes_read`: called once the build has taken what it needs of
+    `nodes` (the caller may then give the table's memory back: it is read again only to rebuild)."""
+    g = build_graph(nodes, collectives, offsets_ns, stage_of, syncs, nodes_read)
     if g is None:
         return None
     plan = replay_plan(g)
