@@ -368,6 +368,7 @@ def analyze(
         if plain is not None:
             plain.set_phase("analyzing")
         summary = analysis.summary()
+        analysis.forget("critical")  # (in summary.json; the report and the tables below do not use it)
     usable_input_or_error(summary, run_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     write_summary(summary, summary_path)
