@@ -224,3 +224,27 @@ def test_process_group_rows_with_a_column_of_nulls_only(cached):
     assert pg.num_rows <= x.column("pg_ranks").is_valid().to_numpy(zero_copy_only=False).sum()
     assert collect_groups([], None, None, pg) == collect_groups([], x, None)
     assert repr(infer_grid(x, loaded.metadata, None, pg)) == repr(infer_grid(x, loaded.metadata))
+
+
+@pytest.mark.parametrize("rows", [1, 500, 5_000])
+def test_per_rank_derivations_over_rank_slices_equal_the_whole(cached, rows):
+    """The memo's derived tables computed over slices of whole ranks (store.stages.by_rank_chunks, what bounds
+    their memory at scale) equal the whole table's, dictionaries and all; the launch flags too."""
+    import numpy as np
+
+    from tracelens.layout_structure import pg_rows
+    from tracelens.store.stages import by_rank_chunks, rank_slices
+
+    run, opts = cached
+    x = load_run(run, opts).stages.xevents
+    parts = rank_slices(x, rows)
+    assert parts is not None and len(parts) > 1
+    assert sum(p.num_rows for p in parts) == x.num_rows
+    assert all(len(set(p.column("rank").to_pylist())) >= 1 for p in parts)
+    for fn in (C.collectives_from_events, pg_rows):
+        whole = fn(x)
+        got = by_rank_chunks(fn, x, rows)
+        assert got.equals(whole.combine_chunks()), fn.__name__
+    fresh = x.select(x.column_names)  # (no memo of this table's launch flags)
+    flags = np.concatenate([K.comm_launched(p.select(p.column_names)) for p in rank_slices(fresh, rows)])
+    assert (flags == K.comm_launched(fresh)).all()

@@ -28,7 +28,16 @@ from tracelens.analyze.classify import comm_launched, keep_comm_launched
 from tracelens.layout_structure import pg_rows_schema
 from tracelens.store.atomic import write_ipc, write_text
 from tracelens.store.cache import RankParquet, ipc_schema, read_ipc
-from tracelens.store.stages import OPS, SETS, STAGE_VERSION, STORED_NODES, Staged, rank_sets, sets_rows
+from tracelens.store.stages import (
+    OPS,
+    SETS,
+    STAGE_VERSION,
+    STORED_NODES,
+    Staged,
+    rank_sets,
+    rank_slices,
+    sets_rows,
+)
 
 #: Bump when what a memo holds changes (with STAGE_VERSION it is part of the key).
 RUN_MEMO_VERSION = "4"
@@ -175,7 +184,8 @@ def _xflags(xevents: pa.Table) -> pa.Table | None:
     """`_XFLAGS` of the cross-rank events (computed once per table: the collectives above computed them
     already), or None when that fails on odd events (then the analysis computes them where needed)."""
     try:
-        flags = comm_launched(xevents)
+        parts = rank_slices(xevents)  # (per rank: over slices of whole ranks, at a slice's memory)
+        flags = comm_launched(xevents) if parts is None else np.concatenate([comm_launched(p) for p in parts])
     except Exception:
         return None
     return pa.table({"comm_launched": pa.array(flags, pa.bool_())}, schema=_XFLAGS)

@@ -104,7 +104,7 @@ class Staged:
         if self.collectives is None:
             from tracelens.analyze.collectives import collectives_from_events
 
-            self.collectives = collectives_from_events(self.xevents)
+            self.collectives = by_rank_chunks(collectives_from_events, self.xevents)
         return self.collectives
 
     def grid_rows(self) -> pa.Table:
@@ -113,7 +113,7 @@ class Staged:
         if self.pg is None:
             from tracelens.layout_structure import pg_rows
 
-            self.pg = pg_rows(self.xevents)
+            self.pg = by_rank_chunks(pg_rows, self.xevents)
         return self.pg
 
     def release_pages(self) -> None:
@@ -133,6 +133,41 @@ class Staged:
         if self.load_critical is not None:
             return self.load_critical()
         return STORED_NODES.empty_table(), SYNCS.empty_table()
+
+
+#: Rows of the cross-rank events a per-rank derivation takes at once (`by_rank_chunks`).
+CHUNK_ROWS = 250_000
+
+
+def rank_slices(events: pa.Table, rows: int = CHUNK_ROWS) -> list[pa.Table] | None:
+    """`events` cut into slices of whole ranks of about `rows` rows each (zero-copy), in order; None when the
+    table is small enough as it is or its ranks are not in blocks in ascending order."""
+    n = events.num_rows
+    if n <= rows:
+        return None
+    r = events.column("rank").to_numpy(zero_copy_only=False)
+    if (r[1:] < r[:-1]).any():
+        return None
+    bounds = [0]
+    for s in np.flatnonzero(r[1:] != r[:-1]) + 1:  # (each rank's first row)
+        if s - bounds[-1] >= rows:
+            bounds.append(int(s))
+    bounds.append(n)
+    return [events.slice(a, b - a) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def by_rank_chunks(fn: Callable[[pa.Table], pa.Table], events: pa.Table, rows: int = CHUNK_ROWS) -> pa.Table:
+    """`fn(events)` for an `fn` whose rows of each rank come from that rank's events alone (the cross-rank
+    events' collectives, process-group rows), computed over slices of whole ranks (`rank_slices`) and put
+    together (dictionaries unified, chunks combined): the same table, at the memory of one slice's work
+    (at 1,024 ranks the whole table's took ~1 GB)."""
+    parts = rank_slices(events, rows)
+    if parts is None:
+        return fn(events)
+    got = [fn(p) for p in parts]
+    if any(not g.schema.equals(got[0].schema) for g in got):  # (an empty part's schema differs: as one)
+        return fn(events)
+    return pa.concat_tables(got).unify_dictionaries().combine_chunks()
 
 
 def stored_nodes(nodes: pa.Table) -> pa.Table:
@@ -265,6 +300,7 @@ def stage_complete(events_parquet: Path, rank: int) -> bool:
 
 
 __all__ = [
+    "CHUNK_ROWS",
     "OPS",
     "SETS",
     "SET_CLASSES",
@@ -272,7 +308,9 @@ __all__ = [
     "STORED_NODES",
     "RankStage",
     "Staged",
+    "by_rank_chunks",
     "rank_sets",
+    "rank_slices",
     "read_stage",
     "sets_rows",
     "stage_complete",
