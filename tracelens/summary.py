@@ -82,15 +82,25 @@ def rank_rows(per_step: list[dict], stage_of: dict[int, int] | None) -> list[dic
     by_rank: dict[int, list[dict]] = {}
     for row in per_step:
         by_rank.setdefault(row["rank"], []).append(row)
-    out = []
-    for rank in sorted(by_rank):
-        rows = by_rank[rank]
-        rec: dict[str, Any] = {"rank": rank, "stage": (stage_of or {}).get(rank)}
-        for f in fields:
-            vals = [v for v in (r.get(f) for r in rows) if v is not None]
+    ranks = sorted(by_rank)
+    out: list[dict[str, Any]] = [{"rank": rank, "stage": (stage_of or {}).get(rank)} for rank in ranks]
+    n_rows = {len(by_rank[r]) for r in ranks}
+    for f in fields:
+        col = [r.get(f) for rank in ranks for r in by_rank[rank]]
+        if len(n_rows) == 1 and col and None not in col:
+            # every rank has as many steps, all with a value: the per-rank means of one (ranks x steps)
+            # array, its rows summed as np.mean sums each rank's list (one reduction per contiguous row)
+            n = n_rows.pop()
+            n_rows.add(n)
+            means = np.add.reduce(np.array(col, np.float64).reshape(len(ranks), n), axis=1) / n
+            for rec, m in zip(out, means.tolist()):
+                rec[f] = round(m, 6)
+            continue
+        for rec, rank in zip(out, ranks):
+            vals = [v for v in (r.get(f) for r in by_rank[rank]) if v is not None]
             rec[f] = round(float(np.mean(vals)), 6) if vals else None
-        rec["steps"] = len(rows)
-        out.append(rec)
+    for rec, rank in zip(out, ranks):
+        rec["steps"] = len(by_rank[rank])
     return out
 
 

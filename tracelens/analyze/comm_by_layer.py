@@ -309,5 +309,6 @@ def _per_type_op_rank(c: pd.DataFrame) -> tuple[Any, ...]:
     dur = np.add.reduceat(np.nan_to_num(c["dur"].to_numpy(np.float64), nan=0.0)[o], st)  # (sum skips NaN)
     inspan = np.add.reduceat(c["in_span"].to_numpy(bool)[o].astype(np.int64), st)
     sized = np.logical_and.reduceat(c["sized"].to_numpy(bool)[o], st)
-    typ_op = [(t_names[a], o_names[b]) for a, b in zip(t[st].tolist(), op[st].tolist())]
+    o_list = list(o_names)  # (the categories as plain values once: no Index lookup per group)
+    typ_op = [(t_names[a], o_list[b]) for a, b in zip(t[st].tolist(), op[st].tolist())]
     return r[st], t[st], op[st], typ_op, calls, byt, dur, inspan, sized
