@@ -293,7 +293,8 @@ def _sig(inst: pd.DataFrame) -> pd.Series:
 
 def _all_instances(g: Graph) -> tuple[_Kernels, pd.DataFrame]:
     """`_Kernels` of every collective kernel and its `per_instance` frame, computed once per graph (one
-    what-if per communication straggler asks for them); callers get a copy of the frame."""
+    what-if per communication straggler asks for them; `what_if` drops them when done); callers get a
+    copy of the frame."""
     memo = per_object(g)
     got = memo.get("coll_instances")
     if got is None:
@@ -532,6 +533,7 @@ def what_if(
                 )
         if ent is not None:
             f["saving_ms"] = ent["saving_ms"]
+    per_object(g).pop("coll_instances", None)  # (the straggler changes' instances: not kept past here)
     out = sorted(entries.values(), key=lambda e: -e["saving_ms"])
     if fixed:
         # (durations compose as factors: a split can lengthen a stage; min() is right for cuts only)
