@@ -37,31 +37,25 @@ def _ms(x) -> float | None:
 
 
 def per_step_rows(bd: pa.Table, extra: dict[str, pa.Table] | None = None) -> list[dict]:
-    """Per (rank, step) samples in ms: the breakdown plus any extra per (rank, step) columns (bubble, wait...)."""
-    rows = bd.to_pylist()
+    """Per (rank, step) samples in ms: the breakdown plus any extra per (rank, step) columns (bubble, wait...).
+    Read column by column (the columns used only: no dict per table row; a later row of an extra table
+    overrides an earlier one of the same (rank, step), as row by row)."""
     lookups: dict[str, dict] = {}
     for col, tab in (extra or {}).items():
         if tab is None:
             continue
-        d = {}
-        for r in tab.to_pylist():
-            d[(r["rank"], r["step"])] = r[col]
-        lookups[col] = d
+        d = tab.select(["rank", "step", col]).to_pydict()
+        lookups[col] = dict(zip(zip(d["rank"], d["step"]), d[col]))
+    names = ["step_time", "compute", "exposed_comm", "overlapped_comm", "memcpy", "idle"]
+    cols = bd.select(["rank", "step"] + [f"{n}_ns" for n in names]).to_pydict()
+    ms = {n: [_ms(v) for v in cols[f"{n}_ns"]] for n in names}
     out = []
-    for r in rows:
-        row = {
-            "rank": r["rank"],
-            "step": r["step"],
-            "step_time_ms": _ms(r["step_time_ns"]),
-            "compute_ms": _ms(r["compute_ns"]),
-            "exposed_comm_ms": _ms(r["exposed_comm_ns"]),
-            "overlapped_comm_ms": _ms(r["overlapped_comm_ns"]),
-            "memcpy_ms": _ms(r["memcpy_ns"]),
-            "idle_ms": _ms(r["idle_ns"]),
-        }
+    for i, (rank, step) in enumerate(zip(cols["rank"], cols["step"])):
+        row = {"rank": rank, "step": step}
+        for n in names:
+            row[f"{n}_ms"] = ms[n][i]
         for col, d in lookups.items():
-            v = d.get((r["rank"], r["step"]))
-            row[col.replace("_ns", "_ms")] = _ms(v)
+            row[col.replace("_ns", "_ms")] = _ms(d.get((rank, step)))
         out.append(row)
     return out
 
@@ -82,15 +76,25 @@ def rank_rows(per_step: list[dict], stage_of: dict[int, int] | None) -> list[dic
     by_rank: dict[int, list[dict]] = {}
     for row in per_step:
         by_rank.setdefault(row["rank"], []).append(row)
-    out = []
-    for rank in sorted(by_rank):
-        rows = by_rank[rank]
-        rec: dict[str, Any] = {"rank": rank, "stage": (stage_of or {}).get(rank)}
-        for f in fields:
-            vals = [v for v in (r.get(f) for r in rows) if v is not None]
+    ranks = sorted(by_rank)
+    out: list[dict[str, Any]] = [{"rank": rank, "stage": (stage_of or {}).get(rank)} for rank in ranks]
+    n_rows = {len(by_rank[r]) for r in ranks}
+    for f in fields:
+        col = [r.get(f) for rank in ranks for r in by_rank[rank]]
+        if len(n_rows) == 1 and col and None not in col:
+            # every rank has as many steps, all with a value: the per-rank means of one (ranks x steps)
+            # array, its rows summed as np.mean sums each rank's list (one reduction per contiguous row)
+            n = n_rows.pop()
+            n_rows.add(n)
+            means = np.add.reduce(np.array(col, np.float64).reshape(len(ranks), n), axis=1) / n
+            for rec, m in zip(out, means.tolist()):
+                rec[f] = round(m, 6)
+            continue
+        for rec, rank in zip(out, ranks):
+            vals = [v for v in (r.get(f) for r in by_rank[rank]) if v is not None]
             rec[f] = round(float(np.mean(vals)), 6) if vals else None
-        rec["steps"] = len(rows)
-        out.append(rec)
+    for rec, rank in zip(out, ranks):
+        rec["steps"] = len(by_rank[rank])
     return out
 
 

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 
 #: Largest gap between a profiled call and the Flight Recorder record matched to it.
 TOLERANCE_NS = 2_000_000
@@ -54,7 +55,7 @@ def sizes_from_flight_recorder(coll: pd.DataFrame, fr: pa.Table | None) -> pd.Da
     """`coll` (collectives rows: rank, op, enqueue_ns, bytes...) with null sizes, dtype and group filled
     from the nearest Flight Recorder record of the same rank and op; a `size_source` column says which."""
     out = coll.copy(deep=False)  # (copy-on-write: the columns set here do not touch `coll`)
-    out["size_source"] = np.where(out["bytes"].notna(), "trace", np.array(None)) if len(out) else []
+    out["size_source"] = _trace_or_null(out["bytes"].notna().to_numpy(bool)) if len(out) else []
     if fr is None or fr.num_rows == 0 or not len(out):
         return out
     f = fr.select(
@@ -116,6 +117,19 @@ def sizes_from_flight_recorder(coll: pd.DataFrame, fr: pa.Table | None) -> pd.Da
             out[c] = col
     out.loc[m.index, "size_source"] = "flight_recorder"
     return out
+
+
+def _trace_or_null(known: np.ndarray) -> Any:
+    """The size sources before the Flight Recorder: "trace" where `known`, else null, as the column that
+    `np.where(known, "trace", None)` becomes (pandas' default string dtype, object before pandas 3), built
+    from an Arrow array where that dtype is Arrow's (no Python string per row: ~0.18 s for the 590 k calls
+    of 1,024 ranks)."""
+    dtype = pd.Series(["trace"]).dtype
+    if not isinstance(dtype, pd.StringDtype) or dtype.storage != "pyarrow":
+        return np.where(known, "trace", np.array(None))
+    return pd.array(
+        pc.if_else(pa.array(known), pa.scalar("trace"), pa.scalar(None, pa.string())), dtype=dtype
+    )
 
 
 def _enclosing_type(
@@ -309,5 +323,6 @@ def _per_type_op_rank(c: pd.DataFrame) -> tuple[Any, ...]:
     dur = np.add.reduceat(np.nan_to_num(c["dur"].to_numpy(np.float64), nan=0.0)[o], st)  # (sum skips NaN)
     inspan = np.add.reduceat(c["in_span"].to_numpy(bool)[o].astype(np.int64), st)
     sized = np.logical_and.reduceat(c["sized"].to_numpy(bool)[o], st)
-    typ_op = [(t_names[a], o_names[b]) for a, b in zip(t[st].tolist(), op[st].tolist())]
+    o_list = list(o_names)  # (the categories as plain values once: no Index lookup per group)
+    typ_op = [(t_names[a], o_list[b]) for a, b in zip(t[st].tolist(), op[st].tolist())]
     return r[st], t[st], op[st], typ_op, calls, byt, dur, inspan, sized

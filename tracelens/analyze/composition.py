@@ -558,12 +558,15 @@ def _microbatches_from_spans(sp: pd.DataFrame) -> int | None:
     order), counted per step (a span outside every step, null or -1, is a step of its own); the rank's
     count is the median over its steps (truncated), the result the median over ranks (truncated).
     Vectorised over all ranks at once (a group-by on (rank, step) codes)."""
-    fwd = sp[~sp["backward"].to_numpy(bool) & (sp["layer"].to_numpy() >= 0)]
+    keep_rows = ~sp["backward"].to_numpy(bool) & (sp["layer"].to_numpy() >= 0)
+    fwd = sp[["rank", "layer", "module", "step"]][keep_rows]  # (the columns read: no copy of the others)
     if not len(fwd):
         return None
     ranks, rid = np.unique(fwd["rank"].to_numpy(np.int64), return_inverse=True)
     layer = fwd["layer"].to_numpy(np.int64)
-    mod = pd.factorize(fwd["module"].to_numpy(object))[0]  # -1: no module (never equal, as NaN == NaN)
+    # module codes: equal for equal modules, -1 for no module (never equal, as NaN == NaN); factorized in
+    # the column's own dtype (no Python object per row)
+    mod = np.asarray(pd.factorize(fwd["module"])[0], np.int64)
     step = pd.to_numeric(fwd["step"]).to_numpy(np.float64)
     step_k = np.where(np.isnan(step), np.iinfo(np.int64).min, np.nan_to_num(step)).astype(np.int64)
     min_layer = np.full(ranks.size, np.iinfo(np.int64).max, np.int64)

@@ -144,11 +144,11 @@ def _joined_cmp(a: np.ndarray, b: np.ndarray, found: np.ndarray, op: np.ufunc) -
 
 def _virtual_stages(sp: pd.DataFrame) -> int:
     """Separate layer ranges held by one rank (interleaved model chunks), median over ranks."""
-    layered = sp[sp["layer"].to_numpy() >= 0]
-    if not len(layered):
+    rows = np.flatnonzero(sp["layer"].to_numpy() >= 0)  # (two columns taken: no copy of the frame)
+    if not rows.size:
         return 1
-    rank = layered["rank"].to_numpy(np.int64)
-    layer = layered["layer"].to_numpy(np.int64)
+    rank = sp["rank"].to_numpy()[rows].astype(np.int64)
+    layer = sp["layer"].to_numpy()[rows].astype(np.int64)
     o, first = _runs(rank, layer)  # the distinct (rank, layer) pairs, in order
     r, ls = rank[o][first], layer[o][first]
     gap = np.zeros(r.size, bool)
@@ -168,14 +168,17 @@ def _detect_schedule(sp: pd.DataFrame, bwd: pd.DataFrame, grid: Grid, m: int | N
     if not len(sp) or not m or not len(bwd):
         return None
     p = grid.pp or 1
-    s0 = sp[(sp["stage"].to_numpy() == 0) & (sp["layer"].to_numpy() >= 0) & ~sp["backward"].to_numpy(bool)]
-    if not len(s0) or m <= p:
+    s0_rows = np.flatnonzero(
+        (sp["stage"].to_numpy() == 0) & (sp["layer"].to_numpy() >= 0) & ~sp["backward"].to_numpy(bool)
+    )  # (stage 0's forward layer spans: the columns read taken at these rows, no copy of the frame)
+    if not s0_rows.size or m <= p:
         return "1f1b"  # GPipe and 1F1B coincide when m <= p; same expected bubble
-    rank = s0["rank"].to_numpy(np.int64)
-    step = s0["step"].to_numpy(np.int64)
-    layer = s0["layer"].to_numpy(np.int64)
-    start = s0["gpu_start_ns"].to_numpy(np.int64)
-    mod = pd.factorize(s0["module"].to_numpy(object))[0]
+    rank = sp["rank"].to_numpy()[s0_rows].astype(np.int64)
+    step = sp["step"].to_numpy()[s0_rows].astype(np.int64)
+    layer = sp["layer"].to_numpy()[s0_rows].astype(np.int64)
+    start = sp["gpu_start_ns"].to_numpy()[s0_rows].astype(np.int64)
+    # module codes: equal for equal modules, -1 for none; factorized in the column's own dtype
+    mod = np.asarray(pd.factorize(sp["module"].iloc[s0_rows])[0], np.int64)
     o, first = _runs(rank, step)
     ng = first.size
     mark = np.zeros(o.size, np.int64)
@@ -205,7 +208,7 @@ def _detect_schedule(sp: pd.DataFrame, bwd: pd.DataFrame, grid: Grid, m: int | N
     sel = at_first & (mod == first_mod[gid]) & (mod >= 0) & (start < b_start[gid])
     counts = np.bincount(gid[sel], minlength=ng)
     for g in np.flatnonzero(has & (n_mods > 1)):
-        f = s0.iloc[np.flatnonzero(gid == g)].sort_values("gpu_start_ns")
+        f = sp.iloc[s0_rows[np.flatnonzero(gid == g)]].sort_values("gpu_start_ns")
         fl = f["layer"].min()
         fm = f.loc[f["layer"] == fl, "module"].iloc[0]
         fwd = f[(f["layer"] == fl) & (f["module"] == fm)]

@@ -128,10 +128,18 @@ def scale_compute(g: Graph, factor_of: dict[tuple[int, int], float]) -> Change:
     return ch
 
 
+def _compute_steps(comp: pd.Series) -> np.ndarray:
+    """The steps with compute (sorted): the only steps of np.unique(g.k_step) where a (rank, step) lookup in
+    `comp` can hit, taken from its few pairs instead of every kernel."""
+    out: np.ndarray = np.unique(comp.index.get_level_values(1).to_numpy())
+    return out
+
+
 def straggler_compute(g: Graph, rank: int, peers: list[int]) -> Change:
-    comp = _per_rank_step_compute(g).to_dict()  # (rank, step) -> ns: plain dict lookups below
+    comp_s = _per_rank_step_compute(g)
+    comp = comp_s.to_dict()  # (rank, step) -> ns: plain dict lookups below
     out = {}
-    for st in np.unique(g.k_step):
+    for st in _compute_steps(comp_s):
         own = comp.get((rank, int(st)))
         vals = [comp.get((p, int(st))) for p in peers if (p, int(st)) in comp]
         if own and vals:
@@ -155,9 +163,10 @@ def stage_excess(g: Graph, ranks: list[int], others: list[int]) -> float:
 
 
 def stage_compute(g: Graph, ranks: list[int], others: list[int]) -> Change:
-    comp = _per_rank_step_compute(g).to_dict()  # (rank, step) -> ns: plain dict lookups below
+    comp_s = _per_rank_step_compute(g)
+    comp = comp_s.to_dict()  # (rank, step) -> ns: plain dict lookups below
     out = {}
-    for st in np.unique(g.k_step):
+    for st in _compute_steps(comp_s):
         mine = [comp[(r, int(st))] for r in ranks if (r, int(st)) in comp]
         oth = [comp[(r, int(st))] for r in others if (r, int(st)) in comp]
         if mine and oth and np.mean(mine) > 0:
@@ -213,26 +222,67 @@ def per_layer_ns(
     return float(np.mean(vals)) * 1e6 if vals else None
 
 
-def _instances(g: Graph) -> pd.DataFrame:
-    ck = np.flatnonzero(g.k_instance >= 0)
-    df = pd.DataFrame(
-        {
-            "k": ck,
-            "inst": g.k_instance[ck],
-            "rank": g.k_rank[ck],
-            "op": _send_ops(g.k_op)[g.k_op.codes[ck]],
-            "bytes": g.ck_bytes,  # (per collective kernel, in kernel order: these)
-            "transfer": g.k_transfer[ck],
-            "group": g.k_group[ck],
-        }
-    )
-    return df
-
-
 def _send_ops(ops: Cells) -> np.ndarray:
     """Per distinct op cell: its text with "recv" read as "send" (a send and its recv are one transfer), as
     `astype(str).str.replace("recv", "send")` gives it (a null as "None"); taken per kernel by its code."""
     return np.array([str(v).replace("recv", "send") for v in ops.values], dtype=object)
+
+
+class _Kernels:
+    """The collective kernels of the graph (all, or those of `sel`: positions among them, in kernel order)
+    with their instances: `ids` the distinct instance ids (sorted), `inv` each kernel's position in `ids`
+    (what a group-by on the instance id gives, by integer codes instead of a frame of every kernel)."""
+
+    def __init__(self, g: Graph, sel: np.ndarray | None = None):
+        ck = np.flatnonzero(g.k_instance >= 0)
+        pos = np.arange(ck.size) if sel is None else sel
+        self.k = ck[pos]
+        self.bytes = g.ck_bytes[pos]
+        self.rank = g.k_rank[self.k]
+        self.op_code = g.k_op.codes[self.k]
+        self.ops = _send_ops(g.k_op)
+        self.transfer = g.k_transfer[self.k]
+        ids, first, inv = np.unique(g.k_instance[self.k], return_index=True, return_inverse=True)
+        self.ids, self.first, self.inv = ids, first, inv.ravel()
+        self.size = np.bincount(self.inv, minlength=ids.size)
+
+    def per_instance(self) -> pd.DataFrame:
+        """Per instance id (index `inst`, sorted): the median transfer of its kernels, the first bytes that
+        are not null, the first kernel's op, the number of kernels (rank), as
+        `groupby("inst").agg(transfer=median, bytes=first, op=first, n=size)` of the kernels' frame."""
+        n = self.ids.size
+        t = self.transfer
+        o = np.argsort(t, kind="stable")  # per instance, its transfers ascending (NaN last): two stable sorts
+        o = o[np.argsort(self.inv[o], kind="stable")]
+        ts = t[o]
+        valid = np.bincount(self.inv, weights=~np.isnan(t), minlength=n).astype(np.int64)
+        start = np.zeros(n, np.int64)
+        np.cumsum(self.size[:-1], out=start[1:])
+        has = valid > 0  # (the middle one, or the mean of the middle two, of each instance's valid values)
+        med = np.full(n, np.nan)
+        v, s0 = valid[has], start[has]
+        med[has] = (ts[s0 + v // 2] + ts[s0 + (v - 1) // 2]) / 2
+        b = np.full(n, np.nan)
+        nn = np.flatnonzero(~np.isnan(self.bytes))
+        if nn.size:
+            u, fi = np.unique(self.inv[nn], return_index=True)
+            b[u] = self.bytes[nn[fi]]
+        return pd.DataFrame(
+            {
+                "transfer": med,
+                "bytes": b,
+                "op": self.ops[self.op_code[self.first]],
+                "n": self.size.astype(np.int64),
+            },
+            index=pd.Index(self.ids, name="inst"),
+        )
+
+    def scaled(self, g: Graph, ratio: pd.Series) -> Change:
+        """The change: each kernel's transfer times ratio[its instance] (1 where the instance has none)."""
+        ch = Change(g)
+        r = ratio.reindex(self.ids).fillna(1.0).to_numpy(np.float64)[self.inv]
+        ch.set("transfer", self.k, g.k_transfer[self.k] * r)
+        return ch
 
 
 def _sig(inst: pd.DataFrame) -> pd.Series:
@@ -241,47 +291,52 @@ def _sig(inst: pd.DataFrame) -> pd.Series:
     return inst["op"].astype(str) + "|" + bucket + "|" + inst["n"].astype(str)
 
 
+def _all_instances(g: Graph) -> tuple[_Kernels, pd.DataFrame]:
+    """`_Kernels` of every collective kernel and its `per_instance` frame, computed once per graph (one
+    what-if per communication straggler asks for them; `what_if` drops them when done); callers get a
+    copy of the frame."""
+    memo = per_object(g)
+    got = memo.get("coll_instances")
+    if got is None:
+        kn = _Kernels(g)
+        got = memo["coll_instances"] = (kn, kn.per_instance())
+    assert isinstance(got, tuple)
+    kns: _Kernels = got[0]
+    frame: pd.DataFrame = got[1]
+    return kns, frame.copy()
+
+
 def transfer_to_reference(g: Graph, ranks: list[int]) -> Change:
     """Instances with any of `ranks` at the median time per byte of same-kind instances without them."""
-    ch = Change(g)
-    df = _instances(g)
-    if df.empty:
-        return ch
-    inst = df.groupby("inst").agg(
-        transfer=("transfer", "median"), bytes=("bytes", "first"), op=("op", "first"), n=("rank", "size")
-    )
-    inst["has"] = df.assign(has=np.isin(df["rank"].to_numpy(), ranks)).groupby("inst")["has"].any()
+    kn, inst = _all_instances(g)
+    if not kn.k.size:
+        return Change(g)
+    inst["has"] = np.bincount(kn.inv, weights=np.isin(kn.rank, ranks), minlength=kn.ids.size) > 0
     sized = inst["bytes"].fillna(0) > 0
     inst["unit"] = inst["transfer"] / inst["bytes"].where(sized, 1.0)
     inst["sig"] = _sig(inst)
     ref = inst[~inst["has"]].groupby("sig")["unit"].median()
     target = inst[inst["has"] & inst["sig"].isin(ref.index)]
     if target.empty:
-        return ch
+        return Change(g)
     ratio = (target["sig"].map(ref) / target["unit"].where(target["unit"] > 0)).clip(upper=1.0).fillna(1.0)
-    r = df["inst"].map(ratio).fillna(1.0).to_numpy()
-    ch.set("transfer", df["k"].to_numpy(), g.k_transfer[df["k"].to_numpy()] * r)
-    return ch
+    return kn.scaled(g, ratio)
 
 
 def group_median_bandwidth(g: Graph, group: str) -> Change:
     """Every call of one group at the group's median time per byte (its slow calls brought to the median)."""
-    ch = Change(g)
-    df = _instances(g)
-    df = df[df["group"] == group]
-    if df.empty:
-        return ch
-    inst = df.groupby("inst").agg(
-        transfer=("transfer", "median"), bytes=("bytes", "first"), op=("op", "first"), n=("rank", "size")
-    )
+    ck = np.flatnonzero(g.k_instance >= 0)
+    sel = np.flatnonzero(g.k_group.mask(group)[ck])
+    if not sel.size:
+        return Change(g)
+    kn = _Kernels(g, sel)
+    inst = kn.per_instance()
     sized = inst["bytes"].fillna(0) > 0
     inst["unit"] = inst["transfer"] / inst["bytes"].where(sized, 1.0)
     inst["sig"] = _sig(inst)
     med = inst.groupby("sig")["unit"].transform("median")
     ratio = (med / inst["unit"].where(inst["unit"] > 0)).clip(upper=1.0).fillna(1.0)
-    r = df["inst"].map(ratio).fillna(1.0).to_numpy()
-    ch.set("transfer", df["k"].to_numpy(), g.k_transfer[df["k"].to_numpy()] * r)
-    return ch
+    return kn.scaled(g, ratio)
 
 
 def host_gaps_removed(g: Graph, rank: int, peers: list[int]) -> Change:
@@ -478,6 +533,7 @@ def what_if(
                 )
         if ent is not None:
             f["saving_ms"] = ent["saving_ms"]
+    per_object(g).pop("coll_instances", None)  # (the straggler changes' instances: not kept past here)
     out = sorted(entries.values(), key=lambda e: -e["saving_ms"])
     if fixed:
         # (durations compose as factors: a split can lengthen a stage; min() is right for cuts only)
