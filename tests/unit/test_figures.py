@@ -603,3 +603,50 @@ def test_collectives_from_a_stored_summary():
     assert "<td>allreduce</td><td>8</td><td>4,096</td><td>120.5</td><td>0.250</td>" in page.replace(
         ' class="name"', ""
     )
+
+
+def test_collective_rows_groups_nulls_and_chunks():
+    """Groups by (op, group size, bytes) with missing keys last, over chunks whose dictionaries differ;
+    calls count distinct instances plus each unmatched (negative instance) row; null durations add 0."""
+    import pyarrow as pa
+
+    def chunk(ops, nbytes, starts, ends, inst, skew):
+        return pa.table(
+            {
+                "op": pa.array(ops, pa.string()).dictionary_encode(),
+                "bytes": pa.array(nbytes, pa.int64()),
+                "start_ns": pa.array(starts, pa.int64()),
+                "end_ns": pa.array(ends, pa.int64()),
+                "instance": pa.array(inst, pa.int64()),
+                "arrival_skew_ns": pa.array(skew, pa.int64()),
+            }
+        )
+
+    a = chunk(
+        ["send", "allreduce", "allreduce"],
+        [8, None, 64],
+        [0, 0, 0],
+        [MS, 2 * MS, 3 * MS],
+        [0, 1, 2],
+        [0, MS, None],
+    )
+    b = chunk(
+        ["allreduce", "allreduce", "send"],
+        [64, 64, 8],
+        [MS, 0, None],
+        [2 * MS, 5 * MS, 9],
+        [2, -1, -1],
+        [3 * MS, None, 0],
+    )
+    rows = F.collective_rows(pa.concat_tables([a, b]), top=10)
+    by = {(r["op"], r["bytes"]): r for r in rows}
+    assert set(by) == {("allreduce", 64), ("allreduce", None), ("send", 8)}
+    ar = by[("allreduce", 64)]
+    assert (ar["rows"], ar["calls"], ar["group_size"]) == (3, 2, None)  # instance 2 twice, one unmatched
+    assert ar["total_ms"] == 3 + 1 + 5 and ar["median_ms"] == 3.0
+    assert ar["median_skew_ms"] == 3.0 and ar["max_skew_ms"] == 3.0  # the nulls left out
+    assert "wait_ms" in ar and ar["wait_ms"] is None and ar["transfer_ms"] is None
+    assert by[("allreduce", None)]["total_ms"] == 2.0
+    snd = by[("send", 8)]
+    assert (snd["rows"], snd["calls"], snd["total_ms"], snd["median_ms"]) == (2, 2, 1.0, 1.0)  # null start: 0
+    assert [r["op"] for r in rows] == ["allreduce", "allreduce", "send"]  # heaviest first
