@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -42,9 +43,8 @@ def _walk(root: Path) -> list[Path]:
     out: list[Path] = []
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and d not in SKIP_DIRS)
-        for f in sorted(filenames):
-            if not f.startswith("."):
-                out.append(Path(dirpath) / f)
+        base = Path(dirpath)  # (parsed once per folder, not per file)
+        out += [base / f for f in sorted(filenames) if not f.startswith(".")]
     return out
 
 
@@ -125,7 +125,7 @@ def discover(
             continue
         if single_file and st.st_size == 0:
             raise BadTraceError(f"{p}: empty file")
-        if st.st_size == 0 or not p.is_file():
+        if st.st_size == 0 or not stat.S_ISREG(st.st_mode):  # (p.is_file() would stat it again)
             continue
         key = keys[p] = _memo_key(p, st) if memo is not None else ""
         known = memo.get(key) if memo is not None else None

@@ -579,7 +579,7 @@ def collective_rows(coll: pa.Table | None, top: int = 30) -> list[dict]:
     def total(v: np.ndarray) -> float:
         return float(np.where(np.isnan(v), 0.0, v).sum())
 
-    out = []
+    out: list[dict] = []
     for idx in slices:
         first = idx[0]
         if inst is not None:
