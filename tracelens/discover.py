@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -42,9 +43,8 @@ def _walk(root: Path) -> list[Path]:
     out: list[Path] = []
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and d not in SKIP_DIRS)
-        for f in sorted(filenames):
-            if not f.startswith("."):
-                out.append(Path(dirpath) / f)
+        base = Path(dirpath)  # (parsed once per folder, not per file)
+        out += [base / f for f in sorted(filenames) if not f.startswith(".")]
     return out
 
 
@@ -117,6 +117,7 @@ def discover(
     single_file = root.is_file()
     candidates = [root] if single_file else _walk(root)
     found: list[tuple[Path, str, os.stat_result]] = []
+    keys: dict[Path, str] = {}  # each file's memo key, made once (it resolves the file's real path)
     for p in candidates:
         try:
             st = p.stat()
@@ -124,16 +125,17 @@ def discover(
             continue
         if single_file and st.st_size == 0:
             raise BadTraceError(f"{p}: empty file")
-        if st.st_size == 0 or not p.is_file():
+        if st.st_size == 0 or not stat.S_ISREG(st.st_mode):  # (p.is_file() would stat it again)
             continue
-        known = memo.get(_memo_key(p, st)) if memo is not None else None
+        key = keys[p] = _memo_key(p, st) if memo is not None else ""
+        known = memo.get(key) if memo is not None else None
         if isinstance(known, list) and len(known) == 4:
             if known[0] is not None:
                 found.append((p, known[0], st))
             continue
         fmt = detect_format(p)
         if memo is not None and fmt is not None and fmt != KINETO:
-            memo[_memo_key(p, st)] = [fmt, None, None, None]
+            memo[key] = [fmt, None, None, None]
         if fmt is None and _corrupt_gzip(p):
             raise BadTraceError(f"{p}: corrupt gzip data (not a readable trace)")
         if fmt is None and single_file:
@@ -150,13 +152,13 @@ def discover(
     single = len(kin) == 1
     out: list[TraceFile] = []
     for p, st in kin:
-        known = memo.get(_memo_key(p, st)) if memo is not None else None
+        known = memo.get(keys[p]) if memo is not None else None
         if isinstance(known, list) and len(known) == 4 and known[0] == KINETO:
             info = {"rank": known[1], "world_size": known[2]}
         else:
             info = kineto.peek(p)
             if memo is not None:
-                memo[_memo_key(p, st)] = [KINETO, info["rank"], info["world_size"], None]
+                memo[keys[p]] = [KINETO, info["rank"], info["world_size"], None]
         rank, source = info["rank"], "distributedInfo"
         if rank is None:
             rank, source = kineto.rank_from_name(p), "filename"

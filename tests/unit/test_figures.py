@@ -603,3 +603,80 @@ def test_collectives_from_a_stored_summary():
     assert "<td>allreduce</td><td>8</td><td>4,096</td><td>120.5</td><td>0.250</td>" in page.replace(
         ' class="name"', ""
     )
+
+
+def test_collective_rows_groups_nulls_and_chunks():
+    """Groups by (op, group size, bytes) with missing keys last, over chunks whose dictionaries differ;
+    calls count distinct instances plus each unmatched (negative instance) row; null durations add 0."""
+    import pyarrow as pa
+
+    def chunk(ops, nbytes, starts, ends, inst, skew):
+        return pa.table(
+            {
+                "op": pa.array(ops, pa.string()).dictionary_encode(),
+                "bytes": pa.array(nbytes, pa.int64()),
+                "start_ns": pa.array(starts, pa.int64()),
+                "end_ns": pa.array(ends, pa.int64()),
+                "instance": pa.array(inst, pa.int64()),
+                "arrival_skew_ns": pa.array(skew, pa.int64()),
+            }
+        )
+
+    a = chunk(
+        ["send", "allreduce", "allreduce"],
+        [8, None, 64],
+        [0, 0, 0],
+        [MS, 2 * MS, 3 * MS],
+        [0, 1, 2],
+        [0, MS, None],
+    )
+    b = chunk(
+        ["allreduce", "allreduce", "send"],
+        [64, 64, 8],
+        [MS, 0, None],
+        [2 * MS, 5 * MS, 9],
+        [2, -1, -1],
+        [3 * MS, None, 0],
+    )
+    rows = F.collective_rows(pa.concat_tables([a, b]), top=10)
+    by = {(r["op"], r["bytes"]): r for r in rows}
+    assert set(by) == {("allreduce", 64), ("allreduce", None), ("send", 8)}
+    ar = by[("allreduce", 64)]
+    assert (ar["rows"], ar["calls"], ar["group_size"]) == (3, 2, None)  # instance 2 twice, one unmatched
+    assert ar["total_ms"] == 3 + 1 + 5 and ar["median_ms"] == 3.0
+    assert ar["median_skew_ms"] == 3.0 and ar["max_skew_ms"] == 3.0  # the nulls left out
+    assert "wait_ms" in ar and ar["wait_ms"] is None and ar["transfer_ms"] is None
+    assert by[("allreduce", None)]["total_ms"] == 2.0
+    snd = by[("send", 8)]
+    assert (snd["rows"], snd["calls"], snd["total_ms"], snd["median_ms"]) == (2, 2, 1.0, 1.0)  # null start: 0
+    assert [r["op"] for r in rows] == ["allreduce", "allreduce", "send"]  # heaviest first
+
+
+def test_memory_peaks_op_from_the_shown_ranks_only():
+    """The memory timeline's peak table: every rank's peak; the op at the peak for the first 16 ranks and
+    for each stage's highest rank (rank 19 tops stage 1), read from those ranks' events only."""
+    mem_rows, ev_rows = [], []
+    for r in range(20):
+        peak = (2 if r == 19 else 1) * 2**30 + r  # rank 19 highest
+        for t, a in ((0, 10), (1_000 + r, peak), (5_000, 20)):
+            mem_rows.append(
+                dict(rank=r, ts_ns=t, device=0, bytes=1, total_allocated=a, total_reserved=2 * peak)
+            )
+        ev_rows.append(dict(rank=r, kind="cpu_op", name=f"op{r}", ts_ns=900, dur_ns=500))
+    mem = table_from_rows(mem_rows, schema.MEMORY)
+    events = events_table(ev_rows)
+    read: list[list[int]] = []
+
+    def events_of(ranks, columns=None):
+        read.append(list(ranks))
+        return events.filter(pa.compute.is_in(events.column("rank"), pa.array(list(ranks), pa.int32())))
+
+    an = types.SimpleNamespace(run=types.SimpleNamespace(memory=mem, events_of=events_of))
+    summary = {"ranks": [{"rank": r, "stage": 0 if r < 10 else 1} for r in range(20)]}
+    pk = H._memory_peaks_of(an, summary)
+    assert read == [list(range(16)) + [19]]
+    assert list(pk["rank"]) == list(range(20))
+    ops = [None if not isinstance(o, str) else o for o in pk["op_at_peak"]]  # (pandas may give NaN)
+    assert ops == [f"op{r}" for r in range(16)] + [None, None, None, "op19"]
+    assert list(pk["peak_ts_ns"]) == [1_000 + r for r in range(20)]
+    assert pk["peak_allocated"].iloc[19] == 2 * 2**30 + 19 and list(pk["stage"][:11]) == [0] * 10 + [1]

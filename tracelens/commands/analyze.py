@@ -317,7 +317,7 @@ def analyze(
     ),
 ) -> None:
     """Analyze a run: per-rank breakdown, stragglers, pipeline bubbles, MFU; writes report.html and summary.json."""
-    from rich.progress import Progress
+    from rich.console import Console
 
     from tracelens.errors import BadInputError
     from tracelens.run_analysis import Options, analyze_run
@@ -337,11 +337,19 @@ def analyze(
     from tracelens.progress import PlainProgress
 
     plain = PlainProgress() if PlainProgress.wanted() else None  # CI logs: periodic plain lines
-    with Progress(transient=True) as progress, plain or nullcontext():
-        task = progress.add_task("reading traces", total=None)
+    # the live bar only on a terminal: elsewhere it shows nothing, yet its refresh thread redraws the
+    # task table ten times a second for the whole run
+    progress = None
+    if Console().is_terminal:
+        from rich.progress import Progress
+
+        progress = Progress(transient=True)
+    with progress or nullcontext(), plain or nullcontext():
+        task = progress.add_task("reading traces", total=None) if progress is not None else None
 
         def tick(done: int, total: int) -> None:
-            progress.update(task, completed=done, total=total)
+            if progress is not None and task is not None:
+                progress.update(task, completed=done, total=total)
             if plain is not None:
                 plain.update(done, total)
 
@@ -364,7 +372,8 @@ def analyze(
             force_layout=force_layout,
         )
         analysis = analyze_run(run_dir, opts)
-        progress.update(task, description="analyzing")
+        if progress is not None and task is not None:
+            progress.update(task, description="analyzing")
         if plain is not None:
             plain.set_phase("analyzing")
         summary = analysis.summary()

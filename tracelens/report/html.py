@@ -615,6 +615,9 @@ def _ops_section(analysis, summary: dict) -> object:
 
 def _memory_peaks_of(analysis, summary: dict):
     """Per rank: peak allocated / reserved, and the CPU op running at the peak (tracelens.analyze.ops)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
     from tracelens.analyze.ops import memory_peaks
 
     mem = analysis.run.memory if analysis is not None else None
@@ -629,7 +632,25 @@ def _memory_peaks_of(analysis, summary: dict):
         top = first.dropna(subset=["stage"]).sort_values("peak_allocated", ascending=False)
         want |= set(top.drop_duplicates("stage")["rank"])
     cols = ["rank", "kind", "name", "ts_ns", "dur_ns"]  # (what memory_peaks reads of the events)
-    return memory_peaks(mem, analysis.run.events_of(sorted(int(r) for r in want), cols), stage_of)
+    ranks = sorted(int(r) for r in want)
+    events = analysis.run.events_of(ranks, cols)
+    # the op at the peak from these ranks' samples only (their peaks are the same in a table of their own
+    # rows, as long as it keeps the same choice of GPU or CPU samples), not from every rank's again
+    sub = mem.filter(pc.is_in(mem.column("rank"), value_set=pa.array(ranks, mem.column("rank").type)))
+    if _gpu_samples(sub) != _gpu_samples(mem):
+        return memory_peaks(mem, events, stage_of)
+    at = memory_peaks(sub, events, stage_of)
+    ops_at = dict(zip(at["rank"], at["op_at_peak"]))
+    first["op_at_peak"] = [ops_at.get(int(r)) for r in first["rank"]]
+    return first
+
+
+def _gpu_samples(mem) -> bool:
+    """Whether `ops._device_samples` takes the GPUs' allocator samples of `mem` (else the CPU's)."""
+    import pyarrow.compute as pc
+
+    m = mem.filter(mem.column("total_allocated").is_valid())
+    return bool(pc.any(pc.greater_equal(m.column("device").fill_null(-1), 0)).as_py())
 
 
 def _first_sampled_ranks(mem, n: int):
