@@ -179,6 +179,7 @@ def build_summary(a: Analysis) -> dict:
         ),
         "audit": audit.to_dict() if audit is not None else None,
     }
+    a.forget("sized_collectives")  # (read above only: its frame, ~80 MB at 1,024 ranks, goes before the ops)
     out["ops"] = a.ops_view.summary_rows() if a.ops_view is not None else []
     out["what_if"] = what_if
     out["critical_path"] = a.critical.to_dict() if a.critical is not None else None
