@@ -346,7 +346,8 @@ def _slow_links(
     ok = has_sig & (ngroups[sig] >= 2) & (ref_unit > 0)  # the reference needs another group to compare with
     if not ok.any():
         return {}, d.iloc[0:0].assign(excess=np.zeros(0))
-    ratio = unit / ref_unit
+    with np.errstate(divide="ignore", invalid="ignore"):  # (rows outside `ok` divide by 0 or NaN, unused)
+        ratio = unit / ref_unit
     excess = (unit - ref_unit) * nbytes
     excess = np.where(excess < 0, 0.0, excess)  # (as clip(lower=0): NaN and -0.0 stay)
     # a group is slow when most of its calls are: its lower-quartile ratio, over enough calls to tell
