@@ -640,12 +640,30 @@ def launch_stats(events: pa.Table, steps: list[int] | None = None) -> pd.DataFra
 
 
 # ------------------------------------------------------------------------------------------- memory
+def _valid_and_gpu(memory: pa.Table) -> tuple[np.ndarray, np.ndarray]:
+    valid: np.ndarray = memory.column("total_allocated").is_valid().to_numpy(zero_copy_only=False)
+    gpu: np.ndarray = memory.column("device").fill_null(-1).to_numpy(zero_copy_only=False) >= 0
+    return valid, gpu
+
+
+def uses_gpu_samples(memory: pa.Table) -> bool:
+    """Whether the allocator samples read here are the GPUs' (some sample with a total on device >= 0), else
+    the CPU's (-1)."""
+    valid, gpu = _valid_and_gpu(memory)
+    return bool((valid & gpu).any())
+
+
+def device_sample_mask(memory: pa.Table) -> np.ndarray:
+    """Per row of `memory`: an allocator sample that `memory_timeline` and `memory_peaks` read (a total, on the
+    GPUs, or on the CPU when no GPU sample has one)."""
+    valid, gpu = _valid_and_gpu(memory)
+    out: np.ndarray = valid & (gpu if (valid & gpu).any() else ~gpu)
+    return out
+
+
 def _device_samples(memory: pa.Table) -> pd.DataFrame:
     """Allocator samples of the GPUs (device >= 0), or of the CPU (-1) when the trace has no GPU ones."""
-    m = memory.to_pandas()
-    m = m[m["total_allocated"].notna()]
-    dev = m["device"].fillna(-1)
-    return m[dev >= 0] if (dev >= 0).any() else m[dev < 0]
+    return memory.to_pandas()[device_sample_mask(memory)]
 
 
 def memory_timeline(memory: pa.Table, max_points: int = 2000) -> pd.DataFrame:

@@ -618,7 +618,7 @@ def _memory_peaks_of(analysis, summary: dict):
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from tracelens.analyze.ops import memory_peaks
+    from tracelens.analyze.ops import memory_peaks, uses_gpu_samples
 
     mem = analysis.run.memory if analysis is not None else None
     stage_of = {int(r["rank"]): r.get("stage") for r in summary.get("ranks") or []}
@@ -637,20 +637,12 @@ def _memory_peaks_of(analysis, summary: dict):
     # the op at the peak from these ranks' samples only (their peaks are the same in a table of their own
     # rows, as long as it keeps the same choice of GPU or CPU samples), not from every rank's again
     sub = mem.filter(pc.is_in(mem.column("rank"), value_set=pa.array(ranks, mem.column("rank").type)))
-    if _gpu_samples(sub) != _gpu_samples(mem):
+    if uses_gpu_samples(sub) != uses_gpu_samples(mem):
         return memory_peaks(mem, events, stage_of)
     at = memory_peaks(sub, events, stage_of)
     ops_at = dict(zip(at["rank"], at["op_at_peak"]))
     first["op_at_peak"] = [ops_at.get(int(r)) for r in first["rank"]]
     return first
-
-
-def _gpu_samples(mem) -> bool:
-    """Whether `ops._device_samples` takes the GPUs' allocator samples of `mem` (else the CPU's)."""
-    import pyarrow.compute as pc
-
-    m = mem.filter(mem.column("total_allocated").is_valid())
-    return bool(pc.any(pc.greater_equal(m.column("device").fill_null(-1), 0)).as_py())
 
 
 def _first_sampled_ranks(mem, n: int):
@@ -661,11 +653,11 @@ def _first_sampled_ranks(mem, n: int):
     import pyarrow as pa
     import pyarrow.compute as pc
 
+    from tracelens.analyze.ops import device_sample_mask
+
     if mem is None or mem.num_rows == 0:
         return mem, 0, None
-    m = mem.filter(mem.column("total_allocated").is_valid())
-    gpu = pc.greater_equal(m.column("device").fill_null(-1), 0)
-    m = m.filter(gpu if pc.any(gpu).as_py() else pc.invert(gpu))  # (ops._device_samples' choice)
+    m = mem.filter(pa.array(device_sample_mask(mem)))
     ranks = np.unique(m.column("rank").to_numpy(zero_copy_only=False))
     t0 = pc.min(m.column("ts_ns")).as_py() if m.num_rows else None
     if ranks.size > n:
