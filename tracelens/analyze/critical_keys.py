@@ -13,6 +13,7 @@ import pandas as pd
 import pyarrow as pa
 
 from tracelens.analyze.critical_nodes import SYNC_TOL_NS
+from tracelens.analyze.frame_cells import unique_inverse  # (re-exported: critical_path uses it from here)
 
 
 def code_type(n: int) -> type[np.signedinteger[Any]]:
@@ -71,20 +72,6 @@ def as_pandas_ints(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
         return vals
     out: np.ndarray = col.to_numpy(zero_copy_only=False).astype(np.int64)
     return out
-
-
-def unique_inverse(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """`np.unique(a, return_inverse=True)` (the inverse flat), by a count over the value range when `a` holds
-    integers of a small range (ranks, streams: no sort)."""
-    if a.size and a.dtype.kind in "iu":
-        lo, hi = int(a.min()), int(a.max())
-        if hi - lo < 4 * a.size + (1 << 20):
-            d = a.astype(np.int64) - lo
-            present = np.bincount(d, minlength=hi - lo + 1) > 0
-            lut = np.cumsum(present) - 1
-            return (np.flatnonzero(present) + lo).astype(a.dtype), lut[d]
-    u, inv = np.unique(a, return_inverse=True)
-    return u, inv.reshape(-1)
 
 
 def per_rank(rank: np.ndarray, table: dict[int, int]) -> np.ndarray:
