@@ -14,6 +14,7 @@ Runs are deleted afterwards (`--keep` keeps them).
 from __future__ import annotations
 
 import argparse
+import compileall
 import gzip
 import json
 import os
@@ -153,6 +154,10 @@ def main() -> None:
         "'--tp 8 --pp 8 --dp 16 --steps 2 --microbatches 8' (1,024 ranks of the default model, 4.5 GB of JSON)",
     )
     args = ap.parse_args()
+    # Measure tracelens as an installed package runs: with its bytecode compiled (an installer compiles it;
+    # an editable checkout under PYTHONDONTWRITEBYTECODE would otherwise compile every module it imports,
+    # ~0.45 s, inside each measured run), as benchmarks/ingest.py does.
+    compileall.compile_dir(str(REPO / "tracelens"), quiet=1)
     work = Path(args.workdir or tempfile.mkdtemp(prefix="tracelens-scale-"))
     work.mkdir(parents=True, exist_ok=True)
     exe = [sys.executable, "-m", "tracelens", "analyze"]
