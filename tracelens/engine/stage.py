@@ -230,29 +230,48 @@ def _idle(events: pa.Table, bd: pa.Table, rs: RankSets | None) -> tuple[pa.Table
 
 def op_totals(events: pa.Table) -> pa.Table:
     """OPS rows of one rank: per kernel / cpu op name, calls and summed duration (null duration = 0),
-    groups in the order Arrow's hash group-by gives them."""
+    groups in the order of their first row (the order Arrow's single-threaded hash group-by gives them).
+
+    On the shared dictionary codes (`dictcol.columns`): one integer key a row and one sort, no string
+    columns built for a hash group-by."""
     if events.num_rows == 0:
         return OPS.empty_table()
-    sel = events.select(["kind", "name", "dur_ns"]).filter(
-        pa.array(columns(events).kinds("kernel", "cpu_op"))
-    )
-    t = pa.table(
-        {
-            "kind": sel.column("kind").cast(pa.string()),
-            "name": sel.column("name").cast(pa.string()),
-            "dur_ns": sel.column("dur_ns").fill_null(0),
-        }
-    )
-    agg = t.group_by(["kind", "name"], use_threads=False).aggregate([("dur_ns", "count"), ("dur_ns", "sum")])
+    cols = columns(events)
+    sel = np.flatnonzero(cols.kinds("kernel", "cpu_op"))
+    kinds, kind_idx = cols.codes("kind")
+    names, name_idx = cols.codes("name")
+    # a value's canonical id (a dictionary may repeat a value; null -> its own id), then one key a row
+    kind_id = _canonical_ids(kinds)[kind_idx[sel]]
+    name_id = _canonical_ids(names)[name_idx[sel]]
+    key = kind_id * np.int64(len(names) + 1) + name_id
+    order = np.argsort(key, kind="stable")
+    sk = key[order]
+    starts = np.flatnonzero(np.r_[True, sk[1:] != sk[:-1]]) if sk.size else np.zeros(0, np.int64)
+    first = order[starts]  # (stable: each group's first row)
+    calls = np.diff(np.r_[starts, sk.size])
+    dur = cols.int64("dur_ns", 0)[sel][order]
+    total = np.add.reduceat(dur, starts) if sk.size else np.zeros(0, np.int64)
+    by_first = np.argsort(first, kind="stable")
+    rows = sel[first[by_first]]
+    kind_of = np.array([*kinds, None], dtype=object)
+    name_of = np.array([*names, None], dtype=object)
     return pa.table(
         {
-            "kind": agg.column("kind"),
-            "name": agg.column("name"),
-            "calls": agg.column("dur_ns_count").cast(pa.int64()),
-            "dur_ns": agg.column("dur_ns_sum").cast(pa.int64()),
+            "kind": pa.array(kind_of[kind_idx[rows]], pa.string()),
+            "name": pa.array(name_of[name_idx[rows]], pa.string()),
+            "calls": pa.array(calls[by_first], pa.int64()),
+            "dur_ns": pa.array(total[by_first], pa.int64()),
         },
         schema=OPS,
     )
+
+
+def _canonical_ids(values: list[str | None]) -> np.ndarray:
+    """Per dictionary entry (and the null slot after them) the index of the first entry of equal value."""
+    first: dict[str | None, int] = {}
+    ids = [first.setdefault(v, i) for i, v in enumerate(values)]
+    ids.append(first.setdefault(None, len(values)))
+    return np.array(ids, dtype=np.int64)
 
 
 def _time_range(events: pa.Table) -> tuple[int, int] | None:

@@ -670,7 +670,8 @@ def top_operations(events: pa.Table | None, top: int = 15) -> tuple[str, list[di
         return "", []
     t = pa.table({"name": sel.column("name").cast(pa.string()), "dur_ns": sel.column("dur_ns").fill_null(0)})
     agg = t.group_by("name").aggregate([("dur_ns", "sum"), ("dur_ns", "count")])
-    agg = agg.sort_by([("dur_ns_sum", "descending")]).slice(0, top)
+    # (equal totals by name: the order does not hang on the group-by's)
+    agg = agg.sort_by([("dur_ns_sum", "descending"), ("name", "ascending")]).slice(0, top)
     n_ranks = len(pc.unique(sel.column("rank")))
     return ("kernel" if k == "kernel" else "CPU op"), [
         {
@@ -730,7 +731,8 @@ def top_operations_of_stages(ops: pa.Table | None, top: int = 15) -> tuple[str, 
     else:
         return "", []
     agg = sel.group_by("name", use_threads=False).aggregate([("dur_ns", "sum"), ("calls", "sum")])
-    agg = agg.sort_by([("dur_ns_sum", "descending")]).slice(0, top)
+    # (equal totals by name: the order does not hang on the group-by's)
+    agg = agg.sort_by([("dur_ns_sum", "descending"), ("name", "ascending")]).slice(0, top)
     n_ranks = len(pc.unique(sel.column("rank")))
     return ("kernel" if k == "kernel" else "CPU op"), [
         {
