@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from tracelens.analyze.blas import one_blas_thread
 from tracelens.analyze.frame_cells import unique_inverse
 from tracelens.findings import finding
 
@@ -86,7 +87,8 @@ def clock_offsets(df: pd.DataFrame, metadata: pa.Table | None = None) -> ClockRe
     a[rows, p_u] = 1.0
     a[rows, p_anchor] = -1.0
     w = np.sqrt(p_size.astype(float))
-    o = np.linalg.lstsq(a * w[:, None], p_med * w, rcond=None)[0]
+    with one_blas_thread():  # (threaded OpenBLAS spins for 0.05-1.3 s on this small fit: analyze/blas.py)
+        o = np.linalg.lstsq(a * w[:, None], p_med * w, rcond=None)[0]
     comp = _components(u, inst_idx, n)
     ref: dict[int, int] = {}
     for i in range(n):  # reference domain of each component: the first (lowest rank) one
