@@ -264,7 +264,9 @@ def collect_groups(
     key: tuple[int, ...] | None  # None below: ranks that do not parse
     for name, desc, ranks in declared:
         key = tuple(sorted(ranks))
-        gi = groups.setdefault(key, GroupInfo(key))
+        gi = groups.get(key)
+        if gi is None:  # (not setdefault: a GroupInfo built per declared entry costs ~15 µs)
+            gi = groups[key] = GroupInfo(key)
         if desc:
             gi.names.add(str(desc))
         if name is not None:

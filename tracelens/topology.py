@@ -275,35 +275,84 @@ def pg_config_entries(metadata: pa.Table | None) -> Iterable[dict]:
     """Every process-group entry (a dict) of every rank's `distributedInfo.pg_config` (metadata column
     `pg_config_json`; a dict keyed by group or a list); unreadable JSON and non-dict entries are skipped.
     Ranks that declare the same text (usually every rank: PyTorch writes the whole world's groups) give their
-    entries once: callers collect sets of groups."""
+    entries once: callers collect sets of groups. Entries equal in their JSON text are one shared dict
+    (`pg_config_distinct`): read them, never change them."""
+    entries, seq = pg_config_distinct(metadata)
+    for i in seq:
+        yield entries[i]
+
+
+def pg_config_distinct(metadata: pa.Table | None) -> tuple[tuple[dict, ...], tuple[int, ...]]:
+    """(the distinct entries, in order of first appearance; the index into them of every entry that
+    `pg_config_entries` gives, in its order): parsed once per metadata table and shared, so that callers that
+    collect sets of groups read each distinct entry once. At 1,024 ranks each rank declares its own groups and
+    the world group (1,024 ranks listed 1,024 times): ~321 distinct entries of 4,096."""
     if metadata is None or "pg_config_json" not in metadata.column_names:
-        return
+        return (), ()
     from tracelens.analyze.dictcol import per_object
 
     memo = per_object(metadata)  # (parsed once per metadata table: the grid and the matching both read it)
-    got = memo.get("pg_config_entries")
+    got = memo.get("pg_config_distinct")
     if got is None:
-        got = memo["pg_config_entries"] = tuple(_parse_pg_configs(metadata.column("pg_config_json")))
-    yield from got  # type: ignore[misc]
+        got = memo["pg_config_distinct"] = _parse_pg_configs(metadata.column("pg_config_json"))
+    return got  # type: ignore[return-value]
 
 
-def _parse_pg_configs(texts: pa.ChunkedArray) -> Iterable[dict]:
+def _parse_pg_configs(texts: pa.ChunkedArray) -> tuple[tuple[dict, ...], tuple[int, ...]]:
+    """`pg_config_distinct` of the texts: each distinct text once; an entry's JSON text (msgspec.Raw: the
+    entries are cut without being parsed) parsed by json.loads once however many texts hold it. A text
+    msgspec does not cut (NaN, a top-level scalar, odd bytes) is read whole by json.loads as before."""
+    import msgspec
+
+    cut = msgspec.json.Decoder(list[msgspec.Raw] | dict[str, msgspec.Raw])
+    index: dict[object, int] = {}  # an entry's raw bytes (or id of a dict parsed whole) -> its index
+    entries: list[dict] = []
+    seq: list[int] = []
+
+    def take(key: object, e: object) -> None:
+        i = index.get(key)
+        if i is None:
+            i = index[key] = len(entries)
+            entries.append(e)  # type: ignore[arg-type]
+        seq.append(i)
+
     seen: set[str] = set()
     for text in texts.to_pylist():
         if not text or text in seen:
             continue
         seen.add(text)
+        got: list[tuple[bytes, object]] | None = None
         try:
-            cfg = json.loads(text)
+            cfg = cut.decode(text.encode())
+            raws = cfg.values() if isinstance(cfg, dict) else cfg
+            got = []
+            for r in raws:
+                b = bytes(r)
+                if b[:1] != b"{":
+                    continue  # (not an object: skipped, as a parsed non-dict entry is)
+                i = index.get(b)
+                got.append((b, None if i is not None else json.loads(b.decode())))
+        except Exception:  # noqa: BLE001  (anything msgspec or json refuses here: the whole text as before)
+            got = None
+        if got is not None:
+            for b, e in got:
+                if isinstance(e, dict) or b in index:
+                    take(b, e)
+            continue
+        try:
+            whole = json.loads(text)
         except ValueError:
             continue
-        entries = cfg.values() if isinstance(cfg, dict) else cfg if isinstance(cfg, list) else ()
-        yield from (e for e in entries if isinstance(e, dict))
+        items = whole.values() if isinstance(whole, dict) else whole if isinstance(whole, list) else ()
+        for e in items:
+            if isinstance(e, dict):
+                take(("parsed", id(e)), e)
+    return tuple(entries), tuple(seq)
 
 
 def _groups_from_metadata(metadata: pa.Table | None) -> list[tuple[str | None, tuple[int, ...]]]:
     out: list[tuple[str | None, tuple[int, ...]]] = []
-    for e in pg_config_entries(metadata):
+    for e in pg_config_distinct(metadata)[0]:  # (each distinct entry once: the callers collect sets)
         ranks = _parse_ranks(e.get("ranks"))
         size = e.get("pg_size")
         if ranks is None or (isinstance(size, int) and size != len(ranks)):
@@ -364,31 +413,19 @@ def _p2p_edges(events: pa.Table | None) -> tuple[np.ndarray, np.ndarray, np.ndar
     empty = np.empty(0, np.int64)
     if events is None or events.num_rows == 0:
         return empty, empty, empty, False
-    names = events.column("name").combine_chunks()
-    if not pa.types.is_dictionary(names.type):
-        names = names.dictionary_encode()
-    vals = names.dictionary.to_pylist()
-    is_p2p_name = np.array([bool(v and P2P_NAMES.search(v)) for v in vals] + [False])
-    idx = names.indices.fill_null(len(vals)).to_numpy(zero_copy_only=False)
-    coll = events.column("collective").combine_chunks()
-    has_coll = coll.is_valid().to_numpy(zero_copy_only=False)
-    if pa.types.is_dictionary(coll.type):  # the pattern once per distinct value
-        words = coll.dictionary.cast(pa.string())
-        hit = pc.fill_null(pc.match_substring_regex(words, r"^(send|recv|isend|irecv)$"), False)
-        used = np.unique(coll.indices.drop_null().to_numpy(zero_copy_only=False))
-        any_coll = bool(hit.to_numpy(zero_copy_only=False)[used].any()) if used.size else False
-    else:
-        is_p2p_coll = pc.fill_null(pc.match_substring_regex(coll, r"^(send|recv|isend|irecv)$"), False)
-        any_coll = bool(pc.any(is_p2p_coll).as_py())
-    any_p2p = bool((is_p2p_name[idx] & ~has_coll).any()) or any_coll
-    rank = events.column("rank").to_numpy(zero_copy_only=False).astype(np.int64)
-    ts = events.column("ts_ns").to_numpy(zero_copy_only=False).astype(np.int64)
+    any_p2p = _any_p2p_collective(events) or _any_p2p_name(events)
     dst = events.column("dst_rank")
     src = events.column("src_rank")
     dv = dst.is_valid().to_numpy(zero_copy_only=False)
     sv = src.is_valid().to_numpy(zero_copy_only=False)
-    d = dst.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
-    s = src.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+    # only the rows with a peer (a few per rank and step): the columns of those rows, in row order
+    rows = np.flatnonzero(dv | sv)
+    sub = events.select(["rank", "ts_ns", "dst_rank", "src_rank"]).take(pa.array(rows))
+    dv, sv = dv[rows], sv[rows]
+    rank = sub.column("rank").to_numpy(zero_copy_only=False).astype(np.int64)
+    ts = sub.column("ts_ns").to_numpy(zero_copy_only=False).astype(np.int64)
+    d = sub.column("dst_rank").fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+    s = sub.column("src_rank").fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
     a_src = np.concatenate([rank[dv], s[sv]])
     a_dst = np.concatenate([d[dv], rank[sv]])
     # a receive is observed after the matching send started: only sends date an edge's first use
@@ -404,6 +441,38 @@ def _p2p_edges(events: pa.Table | None) -> tuple[np.ndarray, np.ndarray, np.ndar
     return uk >> 32, uk & 0xFFFFFFFF, first, True
 
 
+_P2P_OPS = r"^(send|recv|isend|irecv)$"
+
+
+def _any_p2p_collective(events: pa.Table) -> bool:
+    """Any row whose `collective` is send/recv/isend/irecv (the pattern once per distinct value)."""
+    coll = events.column("collective").combine_chunks()
+    if not pa.types.is_dictionary(coll.type):
+        return bool(pc.any(pc.fill_null(pc.match_substring_regex(coll, _P2P_OPS), False)).as_py())
+    words = coll.dictionary.cast(pa.string())
+    hit = np.flatnonzero(
+        pc.fill_null(pc.match_substring_regex(words, _P2P_OPS), False).to_numpy(zero_copy_only=False)
+    )
+    if not hit.size:
+        return False
+    used = pc.is_in(coll.indices, value_set=pa.array(hit, coll.indices.type))
+    return bool(pc.any(pc.fill_null(used, False)).as_py())
+
+
+def _any_p2p_name(events: pa.Table) -> bool:
+    """Any row named as a P2P op (P2P_NAMES) that carries no `collective` (the pattern once per name)."""
+    names = events.column("name").combine_chunks()
+    if not pa.types.is_dictionary(names.type):
+        names = names.dictionary_encode()
+    vals = names.dictionary.to_pylist()
+    hit = np.flatnonzero([bool(v and P2P_NAMES.search(v)) for v in vals])
+    if not hit.size:
+        return False
+    named = pc.fill_null(pc.is_in(names.indices, value_set=pa.array(hit, names.indices.type)), False)
+    bare = pc.and_(named, events.column("collective").combine_chunks().is_null())
+    return bool(pc.any(bare).as_py())
+
+
 def _chains(src: np.ndarray, dst: np.ndarray, first: np.ndarray) -> tuple[list[list[int]], list[str]]:
     """Pipelines from the P2P graph: connected components walked from stage 0; problems as messages."""
     adj: dict[int, set[int]] = {}
@@ -413,6 +482,10 @@ def _chains(src: np.ndarray, dst: np.ndarray, first: np.ndarray) -> tuple[list[l
     first_send: dict[tuple[int, int], int] = {
         (a, b): t for a, b, t in zip(src.tolist(), dst.tolist(), first.tolist())
     }
+    never = int(np.iinfo(np.int64).max)
+    first_out: dict[int, int] = {}  # node -> its earliest send
+    for (a, _), t in first_send.items():
+        first_out[a] = min(first_out.get(a, never), t)
     seen: set[int] = set()
     chains, problems = [], []
     for start in sorted(adj):
@@ -437,20 +510,16 @@ def _chains(src: np.ndarray, dst: np.ndarray, first: np.ndarray) -> tuple[list[l
         if not (is_path or is_ring):
             problems.append(f"P2P peers of ranks {comp} do not form a chain or ring")
             continue
-        sends = [(t, a, b) for (a, b), t in first_send.items() if a in deg]
-        sends.sort()
         if is_path:
             # stage 0 is the end whose earliest send comes first (the first forward activation)
-            def first_out(n: int) -> int:
-                return min((t for (a, _), t in first_send.items() if a == n), default=np.iinfo(np.int64).max)
-
-            head = min(ends, key=lambda n: (first_out(n), n))
+            head = min(ends, key=lambda n: (first_out.get(n, never), n))
             order, prev = [head], None
             while len(order) < len(comp):
                 nxt = [m for m in adj[order[-1]] if m != prev]
                 prev = order[-1]
                 order.append(nxt[0])
         else:
+            sends = sorted((t, a, b) for (a, b), t in first_send.items() if a in deg)
             _t0, head, second = sends[0] if sends else (0, comp[0], min(adj[comp[0]]))
             order = [head, second]
             while len(order) < len(comp):
@@ -470,6 +539,16 @@ def _uniform_stride(groups: Sequence[Sequence[int]]) -> int | None:
             return None
         strides.add(int(d[0]))
     return strides.pop() if len(strides) == 1 else None
+
+
+def _distinct_ints(v: np.ndarray) -> np.ndarray:
+    """np.unique of an integer array; by counting (no sort) when its values span a small range (ranks)."""
+    if v.size == 0:
+        return np.unique(v)
+    lo, hi = int(v.min()), int(v.max())
+    if hi - lo > 4 * v.size + (1 << 16):
+        return np.unique(v)
+    return np.flatnonzero(np.bincount((v - lo).astype(np.intp, copy=False))) + lo
 
 
 def infer_grid(
@@ -496,7 +575,7 @@ def infer_grid(
             inconsistent(f"ranks report different world sizes {sorted(ws)}")
         world = max(ws) if ws else None
     if events is not None and events.num_rows:
-        ranks_seen |= {int(r) for r in np.unique(events.column("rank").to_numpy(zero_copy_only=False))}
+        ranks_seen |= set(_distinct_ints(events.column("rank").to_numpy(zero_copy_only=False)).tolist())
     if world is None and ranks_seen:
         world = max(ranks_seen) + 1
     if world == 1:
@@ -659,11 +738,14 @@ def _structure(events, metadata, collectives, world, any_p2p: bool, pg=None) -> 
     """Axis -> evidence (with its groups under `_groups`) from the groups' structure and traffic."""
     from tracelens.layout_structure import collect_groups, structural_axes
 
-    declared = [
-        (e.get("pg_name"), e.get("pg_desc", e.get("desc")), r)
-        for e in pg_config_entries(metadata)
-        if (r := _parse_ranks(e.get("ranks"))) is not None
+    entries, seq = pg_config_distinct(metadata)
+    once = [  # (each distinct entry read once, then every entry in order: names map to groups, last wins)
+        None
+        if (r := _parse_ranks(e.get("ranks"))) is None
+        else (e.get("pg_name"), e.get("pg_desc", e.get("desc")), r)
+        for e in entries
     ]
+    declared = [d for i in seq if (d := once[i]) is not None]
     groups = collect_groups(declared, events, collectives, pg)
     by_axis, evidence = structural_axes(groups, world, any_p2p)
     for a, g in by_axis.items():

@@ -80,7 +80,7 @@ from tracelens.analyze.wait_split import EXPOSED_SPLIT as EXPOSED_SPLIT
 from tracelens.analyze.wait_split import exposed_split as exposed_split
 from tracelens.findings import finding
 from tracelens.ingest.comm_families import family_of_kernel, is_comm_cpu_op
-from tracelens.topology import pg_config_entries
+from tracelens.topology import pg_config_distinct
 
 if TYPE_CHECKING:
     pass
@@ -492,7 +492,7 @@ def _pg_candidates(metadata: pa.Table | None) -> list[tuple[int, ...]]:
     """Distinct process-group rank lists that the traces' distributedInfo.pg_config declare."""
     seen: set[tuple[int, ...]] = set()
     taken: set[Any] = set()  # raw values already taken (every rank declares the default group again)
-    for g in pg_config_entries(metadata):
+    for g in pg_config_distinct(metadata)[0]:  # (each distinct entry once: a set is collected)
         ranks: Any = g.get("ranks")  # JSON: a list of ints, a string of them, or damaged
         raw = tuple(ranks) if isinstance(ranks, list) else ranks
         try:  # (a value equal to a taken one is taken already, or damaged: skipped either way)
