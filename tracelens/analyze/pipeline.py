@@ -35,7 +35,7 @@ import pyarrow as pa
 from tracelens.analyze import intervals as iv
 from tracelens.analyze.breakdown import RankSets, class_sets
 from tracelens.analyze.breakdown import breakdown as compute_breakdown
-from tracelens.analyze.classify import COMM, COMPUTE, classify
+from tracelens.analyze.classify import COMM, COMPUTE, classify, rank_mask
 from tracelens.analyze.composition import _runs, module_spans
 from tracelens.analyze.dictcol import columns, sharing
 from tracelens.analyze.schedule_infer import pair_reduce, schedule_from_p2p, send_mask
@@ -339,9 +339,14 @@ def _analyze_pipeline(
         )
         marks = marks.join(fwd["f"], how="left")
         marks["first"] = marks["f"].fillna(marks["first"]).astype(np.int64)
-    fallback = _fallback_last(rank, step, ts, end, is_comp, p2p, coll, marks)
     marks = marks.join(bwd["b_end"], how="left")
-    marks["last"] = marks["b_end"].fillna(fallback).astype(np.int64)
+    if (
+        marks["b_end"].isna().any()
+    ):  # (a backward annotation's end for every (rank, step): no fallback needed)
+        fallback = _fallback_last(rank, step, ts, end, is_comp, p2p, coll, marks)
+        marks["last"] = marks["b_end"].fillna(fallback).astype(np.int64)
+    else:
+        marks["last"] = marks["b_end"].astype(np.int64)
     marks = marks[["first", "last"]]
     if not len(marks):
         return res
@@ -480,7 +485,7 @@ def _waits(
     if not m_rank.size:
         return wait
     ranks, q = np.unique(m_rank, return_inverse=True)
-    cidx = np.flatnonzero(coll & np.isin(rank, ranks))
+    cidx = np.flatnonzero(coll & rank_mask(rank, ranks))
     starts, ends, owner = [ts[cidx]], [end[cidx]], [np.searchsorted(ranks, rank[cidx])]
     for i, r in enumerate(ranks.tolist()):
         rs = sets.get(int(r))
@@ -570,8 +575,8 @@ def _microbatches_from_sends(
     if grid.pp is None or grid.pp < 2:
         return None
     is_send = send_mask(events)
-    stage = grid.stage_lookup(rank)
-    sel = p2p & is_send & (stage == 0) & (step >= 0)
+    sel = p2p & is_send & (step >= 0)
+    sel[sel] = grid.stage_lookup(rank[sel]) == 0  # (the stage of those rows only)
     # one op may be recorded several times (kernel, c10d cpu op, gloo annotation): count one kind
     for kind in ("kernel", "cpu_op", "user_annotation"):
         k = columns(events).kinds(kind)

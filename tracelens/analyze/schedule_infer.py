@@ -90,8 +90,10 @@ def schedule_from_p2p(events: pa.Table, grid: Grid, p2p: np.ndarray) -> dict[str
             break
     if not sel.any():
         return None
-    stage = grid.stage_lookup(rank)
-    sends = pd.DataFrame({"rank": rank[sel], "step": step[sel], "stage": stage[sel], "ts": ts[sel]})
+    s_rank = rank[sel]
+    sends = pd.DataFrame(
+        {"rank": s_rank, "step": step[sel], "stage": grid.stage_lookup(s_rank), "ts": ts[sel]}
+    )
     per = sends.groupby(["stage", "rank", "step"]).size().groupby("stage").median()
     if 0 not in per.index or not any(1 <= s <= p - 2 for s in per.index):
         return None
