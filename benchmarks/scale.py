@@ -9,6 +9,7 @@ Runs are deleted afterwards (`--keep` keeps them).
 
     .venv/bin/python benchmarks/scale.py [--ranks 8,64,256,1024] [--engine local|dask] [--no-report]
     .venv/bin/python benchmarks/scale.py --simulate-args "--tp 8 --pp 8 --dp 16 --steps 2 --microbatches 8"
+    .venv/bin/python benchmarks/scale.py --run /path/to/sim1024 --workdir /tmp/scale   # an existing run
 """
 
 from __future__ import annotations
@@ -153,6 +154,12 @@ def main() -> None:
         help="simulate one run with `tracelens simulate ARGS` instead of the --ranks runs, e.g. issue 15's "
         "'--tp 8 --pp 8 --dp 16 --steps 2 --microbatches 8' (1,024 ranks of the default model, 4.5 GB of JSON)",
     )
+    ap.add_argument(
+        "--run",
+        default=None,
+        help="measure this existing run folder (never deleted) instead of simulating one, e.g. a run kept "
+        "by an earlier --keep; its cache and output go to --workdir",
+    )
     args = ap.parse_args()
     # Measure tracelens as an installed package runs: with its bytecode compiled (an installer compiles it;
     # an editable checkout under PYTHONDONTWRITEBYTECODE would otherwise compile every module it imports,
@@ -163,14 +170,16 @@ def main() -> None:
     exe = [sys.executable, "-m", "tracelens", "analyze"]
     rows = []
     try:
-        sizes = (
-            [int(v) for v in args.ranks.split(",")]
-            if not args.simulate_args
-            else [_world(args.simulate_args)]
-        )
+        given = Path(args.run).resolve() if args.run else None
+        if given is not None:
+            sizes = [sum(1 for f in given.iterdir() if f.name.endswith((".trace.json", ".trace.json.gz")))]
+        elif args.simulate_args:
+            sizes = [_world(args.simulate_args)]
+        else:
+            sizes = [int(v) for v in args.ranks.split(",")]
         for n in sizes:
-            run = work / (f"r{n}" if not args.simulate_args else f"sim{n}")
-            if not run.exists():
+            run = given or work / (f"r{n}" if not args.simulate_args else f"sim{n}")
+            if given is None and not run.exists():
                 t = time.perf_counter()
                 if args.simulate_args:
                     cmd = [
@@ -215,7 +224,8 @@ def main() -> None:
                 flush=True,
             )
             if not args.keep:
-                shutil.rmtree(run, ignore_errors=True)
+                if given is None:
+                    shutil.rmtree(run, ignore_errors=True)
                 shutil.rmtree(out, ignore_errors=True)
     finally:
         if not args.keep and not args.workdir:
