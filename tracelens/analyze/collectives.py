@@ -76,6 +76,9 @@ from tracelens.analyze.frame_cells import (
 from tracelens.analyze.frame_cells import (
     string_series as _string_series,
 )
+from tracelens.analyze.frame_cells import (
+    unique_inverse as _unique_inverse,
+)
 from tracelens.analyze.wait_split import EXPOSED_SPLIT as EXPOSED_SPLIT
 from tracelens.analyze.wait_split import exposed_split as exposed_split
 from tracelens.findings import finding
@@ -728,7 +731,7 @@ def _agree(coll: pd.DataFrame) -> bool:
     inst = coll["instance"].astype("int64").to_numpy()
     op_c, op_words = _per_distinct_codes(str, op)
     pair = _row_codes(inst, op_c)  # (instance, op) pairs: one per instance when every instance has one op
-    if np.unique(pair).size != np.unique(inst).size:
+    if _n_codes(pair) != _unique_inverse(inst)[0].size:
         return False
     # the kind below: the op's text without Seq, else "collectives" (codes of those texts)
     kind = np.where(coll["seq"].isna().to_numpy(dtype=bool), _row_codes(op_words)[op_c], -1)
@@ -739,7 +742,12 @@ def _agree(coll: pd.DataFrame) -> bool:
     n = np.bincount(grc)
     first = _first_rows(grc)
     per_cell = _row_codes(cell[first], n)  # (cell, count) pairs: one per cell when its ranks agree
-    return bool(np.unique(per_cell).size == np.unique(cell).size)
+    return bool(_n_codes(per_cell) == _n_codes(cell))
+
+
+def _n_codes(codes: np.ndarray) -> int:
+    """np.unique(codes).size of dense codes 0 .. k - 1 (row_codes'): every code appears, so k."""
+    return int(codes.max()) + 1 if codes.size else 0
 
 
 def match(coll: pa.Table, metadata: pa.Table | None = None) -> pa.Table:
