@@ -15,6 +15,7 @@ import pytest
 from tracelens.analyze import critical_path as CP
 from tracelens.analyze import critical_replay as R
 from tracelens.analyze import whatif as W
+from tracelens.analyze.dictcol import per_object
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE = REPO / "sample_traces" / "qwen35-27b-seq4k-tp2pp2dp2-straggler-skew"
@@ -197,13 +198,15 @@ def test_hand_built_graph_replays_as_the_reference():
     assert (g.n_type == CP.SEG).sum() > 4
     _check_graph(g)
     # a level's nodes with an in-edge come first in the plan's order; every node has one place
-    plan = cp.baseline.plan
-    assert sorted(plan.perm.tolist()) == list(range(g.n_nodes))
-    assert (plan.perm[plan.pos] == np.arange(g.n_nodes)).all()
+    plan = R.replay_plan(g)
+    assert sorted(plan.pos.tolist()) == list(range(g.n_nodes))
+    perm = np.empty(g.n_nodes, dtype=np.int64)
+    perm[plan.pos] = np.arange(g.n_nodes)
     into = set(g.e_dst.tolist())
-    for a, m, b, _, _, _ in plan.levels:
-        assert all(v in into for v in plan.perm[a:m].tolist())
-        assert not any(v in into for v in plan.perm[m:b].tolist())
+    for i, (a, m, b, _, _, _) in enumerate(plan.levels):
+        assert sorted(perm[a:b].tolist()) == sorted(g.levels[i].tolist())
+        assert all(v in into for v in perm[a:m].tolist())
+        assert not any(v in into for v in perm[m:b].tolist())
 
 
 def test_hand_built_sync_graph_replays_as_the_reference():
@@ -228,7 +231,7 @@ def test_hand_built_sync_graph_replays_as_the_reference():
     cp = CP.analyze_critical_path(nodes, None, syncs=sy)
     g = cp.graph
     assert g.n_sync_src.size == g.n_nodes and (g.n_sync_src >= 0).any()
-    assert any(s is not None for s in cp.baseline.plan.sync)
+    assert any(s is not None for s in R.replay_plan(g).sync)
     _check_graph(g, 1)
 
 
@@ -293,8 +296,40 @@ def test_what_if_savings_as_the_reference_replays_give_them(sample_cp):
         {"code": "STRAGGLER", "ranks": [ranks[2]], "cause": "communication"},
         {"code": "EXPOSED_COMM_HIGH"},
     ]
+    memo = per_object(g)
+    assert isinstance(memo.get("replay_plan"), R.ReplayPlan)  # (the baseline's, kept for what_if)
     got = W.what_if(sample_cp, copy.deepcopy(findings))
+    assert "replay_plan" not in memo  # (taken and dropped)
     want = _reference_what_if(sample_cp, copy.deepcopy(findings))
     assert got == want
+    assert W.what_if(sample_cp, copy.deepcopy(findings)) == want  # (again, with a plan of its own)
     assert {e["kind"] for e in got} >= {"transfer", "all"}
     assert grp  # (a collective group: the EXPOSED_COMM_HIGH change has one to set)
+
+
+def test_graph_level_of_is_each_nodes_level():
+    nodes, coll = _hand_built()
+    g = CP.analyze_critical_path(nodes, coll).graph
+    want = np.full(g.n_nodes, -1)
+    for i, lv in enumerate(g.levels):
+        want[lv] = i
+    assert (want >= 0).all()
+    assert g.level_of.tolist() == want.tolist()
+
+
+@pytest.mark.parametrize("kind", ["dense", "sparse", "unsigned", "wide"])
+def test_per_rank_is_a_lookup_per_row(kind):
+    from tracelens.analyze.critical_keys import per_rank
+
+    rng = np.random.default_rng(4)
+    ranks = {
+        "dense": rng.integers(0, 64, 5000).astype(np.int32),
+        "sparse": rng.choice(np.array([3, 900, 4000], np.int64), 5000),
+        "unsigned": rng.integers(5, 20, 300).astype(np.uint16),
+        "wide": rng.choice(np.array([-7, 0, 10**9], np.int64), 2000),  # (a span too wide for a table)
+    }[kind]
+    table = {int(r): int(r) * 1000 + 7 for r in np.unique(ranks)[::2]}  # every other rank has an offset
+    got = per_rank(ranks, table)
+    assert got.dtype == np.int64
+    assert got.tolist() == [table.get(int(r), 0) for r in ranks]
+    assert per_rank(ranks[:0], table).size == 0

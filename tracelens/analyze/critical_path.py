@@ -64,6 +64,7 @@ from tracelens.analyze.critical_replay import Replay as Replay
 from tracelens.analyze.critical_replay import ReplayPlan as ReplayPlan
 from tracelens.analyze.critical_replay import replay as replay
 from tracelens.analyze.critical_replay import replay_plan as replay_plan
+from tracelens.analyze.dictcol import per_object
 
 #: A kernel starting this soon after another stream's kernel ends (and not explained otherwise) waited for it.
 CROSS_TOL_NS = 5_000
@@ -105,6 +106,7 @@ class Graph:
     e_dst: np.ndarray
     levels: list[np.ndarray] = field(default_factory=list)  # node ids per topological level
     level_edges: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
+    level_of: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int8))  # each node's level
     step_origin: dict[int, float] = field(default_factory=dict)  # step -> earliest release/start (ns)
     stage_of: dict[int, int] | None = None
     dropped_instances: int = 0  # collective instances left out: their matching formed a cycle
@@ -212,14 +214,18 @@ def _build_graph(
     raw_start, raw_end = ints("start_ns"), ints("end_ns")
     o = per_rank(rank, off)
     origin = int((raw_start - o).min())
-    s = (raw_start - o - origin).astype(float)
-    e = (raw_end - o - origin).astype(float)
+    o += origin  # (whole ns: x - o - origin as x - (o + origin))
+    s = (raw_start - o).astype(float)
+    e = (raw_end - o).astype(float)
     launch = as_pandas_ints(nodes.column("launch_ns"))
-    has_launch = ~np.isnan(launch) if launch.dtype.kind == "f" else np.ones(launch.size, dtype=bool)
-    L = np.where(has_launch, np.where(has_launch, launch, 0).astype(np.int64) - o - origin, np.nan).astype(
-        float
-    )
-    del launch, o, has_launch
+    no_launch = np.isnan(launch) if launch.dtype.kind == "f" else None
+    li = launch - o if no_launch is None else np.where(no_launch, 0, launch).astype(np.int64)
+    if no_launch is not None:
+        li -= o
+    L = li.astype(float)
+    if no_launch is not None:
+        L[no_launch] = np.nan
+    del launch, o, no_launch, li
     # kernels sorted by (step, rank, stream, start), stably (each array reordered in turn: one copy at a time)
     order = sort_order(step, rank, stream, s)
     rank = rank[order]
@@ -528,6 +534,7 @@ def _levels(g: Graph) -> None:
     byl = np.argsort(level, kind="stable").astype(g.n_first_k.dtype)
     bounds = np.r_[0, np.cumsum(np.bincount(level, minlength=n_lv))]
     g.levels = [byl[bounds[i] : bounds[i + 1]] for i in range(n_lv)]
+    g.level_of = level
     # the edges themselves in order of their target's level (stable: a node's in-edges keep their order), so
     # that each level's in-edges are views of them, not copies
     elev = level[g.e_dst]
@@ -556,13 +563,11 @@ def critical_segments(g: Graph, rp: Replay, plan: ReplayPlan | None = None) -> p
     launch), or the fixed release (a "host" segment from the step's start, where the walk ends). A node's
     predecessors are the sources of its in-edges among its level's (in edge order)."""
     p = replay_plan(g) if plan is None else plan
-    level_of = np.empty(g.n_nodes, dtype=code_type(max(len(g.levels), 1)))
-    for i, lv in enumerate(g.levels):
-        level_of[lv] = i
+    level_of = g.level_of
     named = _named(g.k_label)
     rows: list[Row] = []
     # (the replay's own level-ordered arrays, read at each node's place: no copy in node order)
-    pos = rp.plan.pos
+    pos = rp.pos
     fin = rp.level_finish
     D, Q, _, qk, qs = rp.terms
     S = rp.level_S if rp.level_S.size == g.n_nodes else np.full(g.n_nodes, NEG)
@@ -715,4 +720,5 @@ def analyze_critical_path(
         return None
     plan = replay_plan(g)
     rp = replay(g, plan=plan)
+    per_object(g)["replay_plan"] = plan  # (for `whatif.what_if`'s replays, which drops it)
     return CriticalPath(g, rp, critical_segments(g, rp, plan))

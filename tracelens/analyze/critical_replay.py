@@ -5,7 +5,7 @@ node terms D, Q (and the sync term's Qs) from the per-kernel durations, releases
 levels in topological order. `replay_plan` prepares what every replay of one graph shares, once:
 
 - the plain kernels by segment and the collective kernels (for the node terms);
-- the nodes in level order (`perm`; `pos` is each node's place in it), within a level those with an in-edge
+- the nodes in level order (`pos`: each node's place in it), within a level those with an in-edge
   first, so that a level is a slice of the level-ordered arrays and its entries one `maximum.reduceat` over
   its in-edges' sources (the edges sorted by target: no scattered `maximum.at`, no gathers of the level's
   nodes);
@@ -53,14 +53,13 @@ def _release_terms(
 @dataclass
 class ReplayPlan:
     """What every replay of one graph shares: the plain kernels (`ks`) by segment (`starts`, `seg_idx`, the
-    segments' nodes `nodes_u`), the collective kernels (`ck`), which of them launch after a sync, the nodes
+    segments' places `u_pos`), the collective kernels (`ck`), which of them launch after a sync, the nodes
     by step, and the level order (module docstring). `replay` builds one when not given one;
     `whatif.what_if` builds one for all its replays."""
 
     ks: np.ndarray
     starts: np.ndarray
     seg_idx: np.ndarray
-    nodes_u: np.ndarray
     ck: np.ndarray
     sy_ks: np.ndarray | None  # per plain kernel: launched after a sync (None: no kernel is)
     sy_ck: np.ndarray | None
@@ -68,15 +67,13 @@ class ReplayPlan:
     step_bounds: np.ndarray  # start of each step's run in `by_step`
     steps: np.ndarray  # the steps, ascending
     # level order
-    perm: np.ndarray  # node ids in level order
-    pos: np.ndarray  # node id -> its place in `perm`
-    u_pos: np.ndarray  # places of `nodes_u`
+    pos: np.ndarray  # node id -> its place in level order
+    u_pos: np.ndarray  # places of the segments' nodes
     arr_pos: np.ndarray  # places of the collective kernels' ARR nodes
     fin_pos: np.ndarray  # places of their FIN nodes
     e_src: np.ndarray  # places of the entry edges' sources, by level and target place
     levels: list[tuple[int, int, int, int, int, np.ndarray]]  # a, a + with in-edges, b, edges e0, e1, starts
     sync: list[tuple[np.ndarray, np.ndarray, np.ndarray] | None]  # per level: slots, X's place, X's end
-    by_step_pos: np.ndarray  # places of `by_step`
 
 
 def replay_plan(g: Graph) -> ReplayPlan:
@@ -110,12 +107,11 @@ def replay_plan(g: Graph) -> ReplayPlan:
     n = g.n_nodes
     n_lv = len(g.levels)
     sizes = np.array([lv.size for lv in g.levels], dtype=np.int64)
-    level = np.empty(n, dtype=np.int64)
-    if n_lv:
-        level[np.concatenate(g.levels)] = np.repeat(np.arange(n_lv), sizes)
+    level = g.level_of.astype(code_type(2 * n_lv + 2))  # (small: a radix sort below)
     has_in = np.zeros(n, dtype=bool)
     has_in[g.e_dst] = True
-    key = (level * 2 + ~has_in).astype(code_type(2 * n_lv + 2))  # (small: a radix sort)
+    key = level * 2
+    key += ~has_in
     perm = np.argsort(key, kind="stable").astype(kx)
     del key
     pos = np.empty(n, dtype=kx)
@@ -132,11 +128,14 @@ def replay_plan(g: Graph) -> ReplayPlan:
     eb = np.asarray(np.searchsorted(dst, lb))
     first_e = np.flatnonzero(np.r_[True, dst[1:] != dst[:-1]]) if dst.size else dst
     fb = np.asarray(np.searchsorted(first_e, eb))
+    # each level's reduceat starts (within its edges): views of one array of the edge id type
+    first_e -= np.repeat(eb[:-1], np.diff(fb))
+    first_e = first_e.astype(code_type(int(e_src.size) + 1))
     del dst
     levels = []
     for i in range(n_lv):
         a, e0, e1 = int(lb[i]), int(eb[i]), int(eb[i + 1])
-        levels.append((a, a + int(n_in[i]), int(lb[i + 1]), e0, e1, first_e[fb[i] : fb[i + 1]] - e0))
+        levels.append((a, a + int(n_in[i]), int(lb[i + 1]), e0, e1, first_e[fb[i] : fb[i + 1]]))
     # sync terms: per level, the slots (within the level) of the nodes with one, their X's place and end
     sync: list[tuple[np.ndarray, np.ndarray, np.ndarray] | None] = [None] * n_lv
     if g.n_sync_src.size == n:
@@ -153,14 +152,12 @@ def replay_plan(g: Graph) -> ReplayPlan:
         ks,
         starts,
         seg_idx,
-        nodes_u,
         ck,
         sy_ks,
         sy_ck,
         by_step,
         step_bounds,
         steps,
-        perm,
         pos,
         pos[nodes_u],
         pos[fin - ck.size],  # (ARR nodes precede their FIN nodes by the number of collective kernels)
@@ -168,7 +165,6 @@ def replay_plan(g: Graph) -> ReplayPlan:
         e_src,
         levels,
         sync,
-        pos[by_step],
     )
 
 
@@ -178,7 +174,7 @@ class Replay:
 
     def __init__(
         self,
-        plan: ReplayPlan,
+        pos: np.ndarray,
         terms: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray],
         finish: np.ndarray,
         entry: np.ndarray,
@@ -188,13 +184,16 @@ class Replay:
         release: np.ndarray,
         transfer: np.ndarray,
     ):
-        self.plan, self.terms = plan, terms  # (D, Q, Qs, qk, qs), level order
+        self.pos, self.terms = (
+            pos,
+            terms,
+        )  # the plan's `pos` (not the plan: it is not kept); (D, Q, Qs, qk, qs)
         self.level_finish, self.level_entry, self.level_S = finish, entry, S
         self.step_time = step_time
         self.dur, self.release, self.transfer = dur, release, transfer
 
     def _node_order(self, a: np.ndarray) -> np.ndarray:
-        out: np.ndarray = a[self.plan.pos] if a.size else a
+        out: np.ndarray = a[self.pos] if a.size else a
         return out
 
     @cached_property
@@ -294,13 +293,13 @@ def replay(
 
     A kernel launched after a blocking sync is released at `release + finish[X] - end_X` (X: the device work
     the sync waited for), so its launch moves with X. `plan`: `replay_plan(g)`, for several replays. `base`:
-    a replay of the same plan; when `dur` and `release` are the very arrays it replayed, its node terms are
+    a replay with the same plan; when `dur` and `release` are the very arrays it replayed, its node terms are
     reused and only the transfers are set (a change of transfers alone)."""
     dur = g.k_dur if dur is None else dur
     release = g.k_release if release is None else release
     transfer = g.k_transfer if transfer is None else transfer
     p = replay_plan(g) if plan is None else plan
-    if base is not None and base.plan is p and base.dur is dur and base.release is release:
+    if base is not None and base.pos is p.pos and base.dur is dur and base.release is release:
         D0, Q, Qs, qk, qs = base.terms
         D = D0.copy()
         if p.ck.size:
@@ -326,12 +325,12 @@ def replay(
             S[a + slot] = t
             f[slot] = np.maximum(f[slot], t)
     # the latest finish per step (fmax: NaN is skipped, as a group-by's max skips it)
-    fin_step = np.fmax.reduceat(finish[p.by_step_pos], p.step_bounds) if p.steps.size else p.steps
+    fin_step = np.fmax.reduceat(finish[p.pos[p.by_step]], p.step_bounds) if p.steps.size else p.steps
     steps = {}
     for st, v in zip(p.steps.tolist(), fin_step):
         if st >= 0:
             steps[st] = float(v - g.step_origin.get(st, 0.0))
-    return Replay(p, terms, finish, entry, S, steps, dur, release, transfer)
+    return Replay(p.pos, terms, finish, entry, S, steps, dur, release, transfer)
 
 
 def step_times(

@@ -26,7 +26,7 @@ import pandas as pd
 
 from tracelens.analyze.critical_keys import Cells
 from tracelens.analyze.critical_path import NEG, CriticalPath, Graph
-from tracelens.analyze.critical_replay import step_times
+from tracelens.analyze.critical_replay import ReplayPlan, replay_plan, step_times
 from tracelens.analyze.dictcol import per_object
 
 
@@ -416,8 +416,12 @@ def what_if(
     # every change so far folded into the "all fixed" one as it comes (a change is ~24 bytes per kernel:
     # none is kept): releases and transfers by min, durations by composing each change's factor
     fixed: list[np.ndarray] = []  # [dur, release, transfer] once there is a change
-    # every replay below shares the baseline's plan; one that changes transfers alone also its node terms
-    plan, baseline = cp.baseline.plan, cp.baseline
+    # every replay below shares the baseline's plan (kept by `analyze_critical_path` for this: taken out, so
+    # that it is dropped when done); one that changes transfers alone also the baseline's node terms
+    plan = per_object(g).pop("replay_plan", None)
+    if not isinstance(plan, ReplayPlan) or plan.pos is not cp.baseline.pos:
+        plan = replay_plan(g)
+    baseline = cp.baseline
 
     def add(
         key: tuple[str | int, ...],
@@ -443,11 +447,13 @@ def what_if(
                 fixed.extend([g.k_dur, g.k_release, g.k_transfer])  # (each step below makes a new array)
             # (an array the change left as observed folds to itself: x * 1.0 and min(x, observed) with x at
             # most the observed are x)
-            if ch.dur is not g.k_dur:
+            if ch.dur is not g.k_dur:  # (in place: one array a kernel, not four at once)
+                ratio = np.ones(g.k_dur.size)
                 with np.errstate(divide="ignore", invalid="ignore"):
-                    fixed[0] = fixed[0] * np.where(
-                        g.k_dur > 0, ch.dur / np.where(g.k_dur > 0, g.k_dur, 1), 1.0
-                    )
+                    np.divide(ch.dur, g.k_dur, out=ratio, where=g.k_dur > 0)
+                ratio *= fixed[0]
+                fixed[0] = ratio
+                del ratio
             if ch.release is not g.k_release:
                 fixed[1] = np.minimum(fixed[1], ch.release)
             if ch.transfer is not g.k_transfer:
