@@ -38,9 +38,9 @@ class Cells:
         return int(self.codes.size)
 
     def mask(self, value: str) -> np.ndarray:
-        """Per row: the cell equals `value` (compared once per distinct cell)."""
-        hit = np.flatnonzero(np.array([v == value for v in self.values], dtype=bool))
-        out: np.ndarray = np.isin(self.codes, hit)
+        """Per row: the cell equals `value` (compared once per distinct cell, looked up per row by its code)."""
+        hit = np.array([v == value for v in self.values], dtype=bool)
+        out: np.ndarray = hit[self.codes]
         return out
 
 
@@ -75,7 +75,14 @@ def as_pandas_ints(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
 
 
 def per_rank(rank: np.ndarray, table: dict[int, int]) -> np.ndarray:
-    """table[rank] per row (0 for ranks not in it), looked up once per distinct rank."""
+    """table[rank] per row (0 for ranks not in it), looked up once per distinct rank (per rank of their span,
+    by a table, when the span is small)."""
+    if rank.size and rank.dtype.kind in "iu":
+        lo, hi = int(rank.min()), int(rank.max())
+        if hi - lo < 1 << 16:
+            lut = np.array([table.get(r, 0) for r in range(lo, hi + 1)], dtype=np.int64)
+            looked: np.ndarray = lut[rank - lo]
+            return looked
     u, inv = unique_inverse(rank)
     out: np.ndarray = np.array([table.get(int(r), 0) for r in u], dtype=np.int64)[inv]
     return out

@@ -59,13 +59,18 @@ from tracelens.analyze.critical_nodes import SYNC_TOL_NS as SYNC_TOL_NS
 from tracelens.analyze.critical_nodes import SYNCS as SYNCS
 from tracelens.analyze.critical_nodes import device_nodes as device_nodes
 from tracelens.analyze.critical_nodes import sync_calls as sync_calls
+from tracelens.analyze.critical_replay import NEG as NEG
+from tracelens.analyze.critical_replay import Replay as Replay
+from tracelens.analyze.critical_replay import ReplayPlan as ReplayPlan
+from tracelens.analyze.critical_replay import replay as replay
+from tracelens.analyze.critical_replay import replay_plan as replay_plan
+from tracelens.analyze.dictcol import per_object
 
 #: A kernel starting this soon after another stream's kernel ends (and not explained otherwise) waited for it.
 CROSS_TOL_NS = 5_000
 #: At most this many critical-path segments in summary.json (the longest first).
 MAX_SEGMENTS = 200
 SEG, ARR, INST, FIN = 0, 1, 2, 3
-NEG = -1e30
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -101,6 +106,7 @@ class Graph:
     e_dst: np.ndarray
     levels: list[np.ndarray] = field(default_factory=list)  # node ids per topological level
     level_edges: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
+    level_of: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int8))  # each node's level
     step_origin: dict[int, float] = field(default_factory=dict)  # step -> earliest release/start (ns)
     stage_of: dict[int, int] | None = None
     dropped_instances: int = 0  # collective instances left out: their matching formed a cycle
@@ -208,14 +214,18 @@ def _build_graph(
     raw_start, raw_end = ints("start_ns"), ints("end_ns")
     o = per_rank(rank, off)
     origin = int((raw_start - o).min())
-    s = (raw_start - o - origin).astype(float)
-    e = (raw_end - o - origin).astype(float)
+    o += origin  # (whole ns: x - o - origin as x - (o + origin))
+    s = (raw_start - o).astype(float)
+    e = (raw_end - o).astype(float)
     launch = as_pandas_ints(nodes.column("launch_ns"))
-    has_launch = ~np.isnan(launch) if launch.dtype.kind == "f" else np.ones(launch.size, dtype=bool)
-    L = np.where(has_launch, np.where(has_launch, launch, 0).astype(np.int64) - o - origin, np.nan).astype(
-        float
-    )
-    del launch, o, has_launch
+    no_launch = np.isnan(launch) if launch.dtype.kind == "f" else None
+    li = launch - o if no_launch is None else np.where(no_launch, 0, launch).astype(np.int64)
+    if no_launch is not None:
+        li -= o
+    L = li.astype(float)
+    if no_launch is not None:
+        L[no_launch] = np.nan
+    del launch, o, no_launch, li
     # kernels sorted by (step, rank, stream, start), stably (each array reordered in turn: one copy at a time)
     order = sort_order(step, rank, stream, s)
     rank = rank[order]
@@ -524,6 +534,7 @@ def _levels(g: Graph) -> None:
     byl = np.argsort(level, kind="stable").astype(g.n_first_k.dtype)
     bounds = np.r_[0, np.cumsum(np.bincount(level, minlength=n_lv))]
     g.levels = [byl[bounds[i] : bounds[i + 1]] for i in range(n_lv)]
+    g.level_of = level
     # the edges themselves in order of their target's level (stable: a node's in-edges keep their order), so
     # that each level's in-edges are views of them, not copies
     elev = level[g.e_dst]
@@ -532,177 +543,6 @@ def _levels(g: Graph) -> None:
     del elev
     g.e_src, g.e_dst = g.e_src[eo], g.e_dst[eo]
     g.level_edges = [(g.e_src[eb[i] : eb[i + 1]], g.e_dst[eb[i] : eb[i + 1]]) for i in range(n_lv)]
-
-
-# ----------------------------------------------------------------------------------------------------
-# replay
-# ----------------------------------------------------------------------------------------------------
-@dataclass
-class Replay:
-    finish: np.ndarray  # per node
-    entry: np.ndarray  # per node: latest predecessor finish (NEG when none)
-    D: np.ndarray
-    Q: np.ndarray  # fixed release term
-    q_kernel: np.ndarray  # SEG: the kernel whose release gives Q
-    step_time: dict[int, float]  # step -> ns
-    dur: np.ndarray
-    release: np.ndarray
-    transfer: np.ndarray
-    S: np.ndarray = field(default_factory=lambda: np.empty(0))  # sync term: Q_sync + finish[X] - end_X
-    s_kernel: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))  # its kernel
-
-
-def _release_terms(
-    val: np.ndarray, starts: np.ndarray, seg_idx: np.ndarray, ks: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """Per segment the max of `val` over its kernels and the first kernel attaining it (-1: none)."""
-    qmax = np.maximum.reduceat(val, starts)
-    hit = val == qmax[seg_idx]
-    hit &= val > NEG / 2
-    cand = np.arange(
-        ks.size, dtype=ks.dtype
-    )  # (in place, one array a kernel: this runs over every kernel per replay)
-    cand[~hit] = ks.size
-    del hit
-    amin = np.minimum.reduceat(cand, starts)
-    return qmax, np.where(amin < ks.size, ks[np.minimum(amin, ks.size - 1)], -1)
-
-
-@dataclass
-class ReplayPlan:
-    """What every replay of one graph shares: the plain kernels (`ks`) by segment (`starts`, `seg_idx`, the
-    segments' nodes `nodes_u`), the collective kernels (`ck`), which of them launch after a sync, and the
-    nodes by step. `replay` builds one when not given one; `whatif.what_if` builds one for all its replays."""
-
-    ks: np.ndarray
-    starts: np.ndarray
-    seg_idx: np.ndarray
-    nodes_u: np.ndarray
-    ck: np.ndarray
-    sy_ks: np.ndarray | None  # per plain kernel: launched after a sync (None: no kernel is)
-    sy_ck: np.ndarray | None
-    by_step: np.ndarray  # node ids by step (ascending within a step)
-    step_bounds: np.ndarray  # start of each step's run in `by_step`
-    steps: np.ndarray  # the steps, ascending
-
-
-def replay_plan(g: Graph) -> ReplayPlan:
-    kx = g.n_first_k.dtype  # (kernel and node ids: the graph's id type)
-    plain = ~g.k_comm | (g.k_instance < 0)
-    ks = np.flatnonzero(plain).astype(kx)
-    ck = np.flatnonzero(~plain).astype(kx)
-    del plain
-    node = g.k_node[ks]
-    first = np.empty(ks.size, dtype=bool)
-    if ks.size:
-        first[0] = True
-    np.not_equal(node[1:], node[:-1], out=first[1:])
-    starts = np.flatnonzero(first).astype(kx)
-    nodes_u = node[starts]
-    del node
-    seg_idx = np.cumsum(first, dtype=kx)
-    seg_idx -= 1
-    del first
-    synced = g.k_sync_x >= 0 if g.k_sync_x.size == g.k_dur.size else None
-    sy_ks = sy_ck = None
-    if synced is not None and synced.any():
-        sy_ks, sy_ck = synced[ks], synced[ck]
-    # nodes by step: every node's step is a kernel's, and kernels are sorted by step (`step_origin` has them)
-    steps = np.array(sorted(g.step_origin), dtype=np.int64)
-    code = np.searchsorted(steps, g.n_step).astype(code_type(max(steps.size, 1)))
-    by_step = np.argsort(code, kind="stable").astype(kx)
-    step_bounds = np.r_[0, np.cumsum(np.bincount(code, minlength=steps.size))[:-1]]
-    return ReplayPlan(ks, starts, seg_idx, nodes_u, ck, sy_ks, sy_ck, by_step, step_bounds, steps)
-
-
-def replay(
-    g: Graph,
-    dur: np.ndarray | None = None,
-    release: np.ndarray | None = None,
-    transfer: np.ndarray | None = None,
-    plan: ReplayPlan | None = None,
-) -> Replay:
-    """Replay the graph with per-kernel durations, releases and collective transfers (default: observed).
-
-    A kernel launched after a blocking sync is released at `release + finish[X] - end_X` (X: the device work
-    the sync waited for), so its launch moves with X. `plan`: `replay_plan(g)`, for several replays."""
-    dur = g.k_dur if dur is None else dur
-    release = g.k_release if release is None else release
-    transfer = g.k_transfer if transfer is None else transfer
-    p = replay_plan(g) if plan is None else plan
-    n = g.n_nodes
-    has_sync = p.sy_ks is not None
-    D = np.zeros(n)
-    Q = np.full(n, NEG)
-    Qs = np.full(n, NEG) if has_sync else Q[:0]
-    qk = np.full(n, -1, dtype=g.n_first_k.dtype)  # kernel ids: the graph's id type
-    qs = np.full(n, -1, dtype=g.n_first_k.dtype) if has_sync else qk[:0]
-    # segments: c = res + dur, suffix sums within segment, Q = max(release + suffix)
-    ks, starts, seg_idx, nodes_u = p.ks, p.starts, p.seg_idx, p.nodes_u
-    if ks.size:
-        # (the per-kernel arrays are built in place and dropped early: a replay's peak is these temporaries)
-        c = g.k_res[ks]
-        c += dur[ks]  # c = res + dur
-        tot = np.add.reduceat(c, starts)
-        before = np.cumsum(c)
-        before -= c  # the segment's sum before the kernel
-        del c
-        t = before[starts][seg_idx]
-        np.subtract(before, t, out=t)
-        del before
-        suffix = tot[seg_idx]
-        suffix -= t  # from the kernel to its segment's end
-        del t
-        rel = release[ks]
-        val = np.add(rel, suffix, out=suffix)
-        val[~(rel > NEG / 2)] = NEG
-        del rel, suffix
-        D[nodes_u] = tot
-        del tot
-        if p.sy_ks is None or not p.sy_ks.any():
-            Q[nodes_u], qk[nodes_u] = _release_terms(val, starts, seg_idx, ks)
-        else:
-            Q[nodes_u], qk[nodes_u] = _release_terms(np.where(p.sy_ks, NEG, val), starts, seg_idx, ks)
-            Qs[nodes_u], qs[nodes_u] = _release_terms(np.where(p.sy_ks, val, NEG), starts, seg_idx, ks)
-        del val
-    ck = p.ck
-    if ck.size:
-        fin = g.k_node[ck]
-        arr = fin - ck.size  # ARR nodes precede their FIN nodes by the number of collective kernels
-        D[arr] = g.k_res[ck]
-        q = np.where(release[ck] > NEG / 2, release[ck] + g.k_res[ck], NEG)
-        if p.sy_ck is None:
-            Q[arr] = q
-        else:
-            Q[arr] = np.where(p.sy_ck, NEG, q)
-            Qs[arr] = np.where(p.sy_ck, q, NEG)
-            qs[arr] = ck
-        qk[arr] = ck
-        D[fin] = transfer[ck]
-        del fin, arr, q
-    sx = g.n_sync_src
-    finish = np.full(n, NEG)
-    entry = np.full(n, NEG)
-    S = np.full(n, NEG) if has_sync else finish[:0]
-    for lv, (es, ed) in zip(g.levels, g.level_edges):  # (the graph's compact id type, cast per level)
-        if ed.size:
-            np.maximum.at(entry, ed, finish[es])
-        f = np.maximum(entry[lv] + D[lv], Q[lv])
-        if has_sync:
-            x = sx[lv]
-            on = x >= 0
-            if on.any():
-                t = np.where(on, Qs[lv] + finish[np.maximum(x, 0)] - g.n_sync_end[lv], NEG)
-                S[lv] = t
-                f = np.maximum(f, t)
-        finish[lv] = f
-    # the latest finish per step (fmax: NaN is skipped, as a group-by's max skips it)
-    fin_step = np.fmax.reduceat(finish[p.by_step], p.step_bounds) if p.steps.size else p.steps
-    steps = {}
-    for st, v in zip(p.steps.tolist(), fin_step):
-        if st >= 0:
-            steps[st] = float(v - g.step_origin.get(st, 0.0))
-    return Replay(finish, entry, D, Q, qk, steps, dur, release, transfer, S, qs)
 
 
 def mean_step_ns(rp: Replay) -> float:
@@ -723,21 +563,23 @@ def critical_segments(g: Graph, rp: Replay, plan: ReplayPlan | None = None) -> p
     launch), or the fixed release (a "host" segment from the step's start, where the walk ends). A node's
     predecessors are the sources of its in-edges among its level's (in edge order)."""
     p = replay_plan(g) if plan is None else plan
-    level_of = np.empty(g.n_nodes, dtype=code_type(max(len(g.levels), 1)))
-    for i, lv in enumerate(g.levels):
-        level_of[lv] = i
+    level_of = g.level_of
     named = _named(g.k_label)
     rows: list[Row] = []
-    fin = rp.finish
-    S = rp.S if rp.S.size == g.n_nodes else np.full(g.n_nodes, NEG)
+    # (the replay's own level-ordered arrays, read at each node's place: no copy in node order)
+    pos = rp.pos
+    fin = rp.level_finish
+    D, Q, _, qk, qs = rp.terms
+    S = rp.level_S if rp.level_S.size == g.n_nodes else np.full(g.n_nodes, NEG)
     sx = g.n_sync_src if g.n_sync_src.size == g.n_nodes else np.full(g.n_nodes, -1, dtype=np.int64)
+    entry = rp.level_entry
     for i, st in enumerate(p.steps.tolist()):
         if st < 0:
             continue
         b0 = int(p.step_bounds[i])
         b1 = int(p.step_bounds[i + 1]) if i + 1 < p.steps.size else g.n_nodes
         idx = p.by_step[b0:b1]
-        node = int(idx[np.argmax(fin[idx])])
+        node = int(idx[np.argmax(fin[pos[idx]])])
         origin = g.step_origin.get(st, 0.0)
         guard = 0
         while node >= 0 and guard < 10_000_000:
@@ -745,22 +587,24 @@ def critical_segments(g: Graph, rp: Replay, plan: ReplayPlan | None = None) -> p
             t = int(g.n_type[node])
             es, ed = g.level_edges[level_of[node]]
             ps = es[ed == node]
-            via_pred = ps.size > 0 and rp.entry[node] + rp.D[node] >= max(rp.Q[node], S[node])
-            via_sync = not via_pred and sx[node] >= 0 and S[node] >= rp.Q[node]
-            nxt = int(ps[np.argmax(fin[ps])]) if via_pred else int(sx[node]) if via_sync else -1
-            end = fin[node]
+            j = int(pos[node])
+            d = D[j]
+            via_pred = ps.size > 0 and entry[j] + d >= max(Q[j], S[j])
+            via_sync = not via_pred and sx[node] >= 0 and S[j] >= Q[j]
+            nxt = int(ps[np.argmax(fin[pos[ps]])]) if via_pred else int(sx[node]) if via_sync else -1
+            end = fin[j]
             if t == INST:
                 node = nxt
                 continue
             k0 = int(g.n_first_k[node])
             r = int(g.n_rank[node])
             # the kernel whose release bound the node, and the CPU before it
-            kq = int(rp.s_kernel[node]) if via_sync else int(rp.q_kernel[node])
+            kq = int(qs[j]) if via_sync else int(qk[j])
             if t == FIN:
-                rows.append((st, r, "transfer", _op(g, k0), end - rp.D[node], rp.D[node]))
+                rows.append((st, r, "transfer", _op(g, k0), end - d, d))
             elif t == ARR:
-                if rp.D[node] > 0:
-                    rows.append((st, r, "wait", _op(g, k0), end - rp.D[node], rp.D[node]))
+                if d > 0:
+                    rows.append((st, r, "wait", _op(g, k0), end - d, d))
                 kq = k0
             else:  # SEG
                 k1 = int(g.n_last_k[node])
@@ -774,7 +618,7 @@ def critical_segments(g: Graph, rp: Replay, plan: ReplayPlan | None = None) -> p
                 if wait > 0:
                     rows.append((st, r, "wait", "gap", end - comp - wait, wait))
             if via_sync:  # the CPU between the end of the work it waited for and this launch
-                xf = float(fin[int(sx[node])])
+                xf = float(fin[pos[sx[node]]])
                 rows.append((st, r, "host", "after sync", xf, max(rp.release[kq] - g.n_sync_end[node], 0.0)))
             elif not via_pred and t != FIN:
                 rows.append((st, r, "host", "launch", origin, max(rp.release[kq] - origin, 0.0)))
@@ -876,4 +720,5 @@ def analyze_critical_path(
         return None
     plan = replay_plan(g)
     rp = replay(g, plan=plan)
+    per_object(g)["replay_plan"] = plan  # (for `whatif.what_if`'s replays, which drops it)
     return CriticalPath(g, rp, critical_segments(g, rp, plan))

@@ -25,7 +25,8 @@ import numpy as np
 import pandas as pd
 
 from tracelens.analyze.critical_keys import Cells
-from tracelens.analyze.critical_path import NEG, CriticalPath, Graph, mean_step_ns, replay, replay_plan
+from tracelens.analyze.critical_path import NEG, CriticalPath, Graph
+from tracelens.analyze.critical_replay import ReplayPlan, replay_plan, step_times
 from tracelens.analyze.dictcol import per_object
 
 
@@ -405,7 +406,7 @@ def what_if(
 ) -> list[dict[str, Any]]:
     """The summary's `what_if` list (largest saving first); sets `saving_ms` on the findings it fixes."""
     g = cp.graph
-    base = mean_step_ns(cp.baseline)
+    base = _mean(cp.baseline.step_time)
     ranks = sorted({int(r) for r in np.unique(g.k_rank)})
     stage_ranks: dict[int, list[int]] = {}
     for r in ranks:
@@ -415,7 +416,12 @@ def what_if(
     # every change so far folded into the "all fixed" one as it comes (a change is ~24 bytes per kernel:
     # none is kept): releases and transfers by min, durations by composing each change's factor
     fixed: list[np.ndarray] = []  # [dur, release, transfer] once there is a change
-    plan = replay_plan(g)  # (what every replay below shares)
+    # every replay below shares the baseline's plan (kept by `analyze_critical_path` for this: taken out, so
+    # that it is dropped when done); one that changes transfers alone also the baseline's node terms
+    plan = per_object(g).pop("replay_plan", None)
+    if not isinstance(plan, ReplayPlan) or plan.pos is not cp.baseline.pos:
+        plan = replay_plan(g)
+    baseline = cp.baseline
 
     def add(
         key: tuple[str | int, ...],
@@ -427,8 +433,7 @@ def what_if(
     ) -> dict[str, Any]:
         if key not in entries:
             ch = make()
-            rp = replay(g, ch.dur, ch.release, ch.transfer, plan)
-            after = mean_step_ns(rp)
+            after = _mean(step_times(g, plan, ch.dur, ch.release, ch.transfer, baseline))
             entries[key] = {
                 "change": text,
                 "kind": kind,
@@ -438,16 +443,17 @@ def what_if(
                 "step_time_ms_after": round(after / 1e6, 6),
                 "saving_ms": round((base - after) / 1e6, 6),
             }
-            del rp
             if not fixed:
                 fixed.extend([g.k_dur, g.k_release, g.k_transfer])  # (each step below makes a new array)
             # (an array the change left as observed folds to itself: x * 1.0 and min(x, observed) with x at
             # most the observed are x)
-            if ch.dur is not g.k_dur:
+            if ch.dur is not g.k_dur:  # (in place: one array a kernel, not four at once)
+                ratio = np.ones(g.k_dur.size)
                 with np.errstate(divide="ignore", invalid="ignore"):
-                    fixed[0] = fixed[0] * np.where(
-                        g.k_dur > 0, ch.dur / np.where(g.k_dur > 0, g.k_dur, 1), 1.0
-                    )
+                    np.divide(ch.dur, g.k_dur, out=ratio, where=g.k_dur > 0)
+                ratio *= fixed[0]
+                fixed[0] = ratio
+                del ratio
             if ch.release is not g.k_release:
                 fixed[1] = np.minimum(fixed[1], ch.release)
             if ch.transfer is not g.k_transfer:
@@ -537,8 +543,7 @@ def what_if(
     out = sorted(entries.values(), key=lambda e: -e["saving_ms"])
     if fixed:
         # (durations compose as factors: a split can lengthen a stage; min() is right for cuts only)
-        rp = replay(g, fixed[0], fixed[1], fixed[2], plan)
-        after = mean_step_ns(rp)
+        after = _mean(step_times(g, plan, fixed[0], fixed[1], fixed[2], baseline))
         out.append(
             {
                 "change": "all fixed",
@@ -552,6 +557,11 @@ def what_if(
         )
         out.sort(key=lambda e: -e["saving_ms"])
     return out
+
+
+def _mean(step_time: dict[int, float]) -> float:
+    """`critical_path.mean_step_ns` of a replay with these step times."""
+    return float(np.mean(list(step_time.values()))) if step_time else float("nan")
 
 
 def _worst_group(cp: CriticalPath) -> str | None:
