@@ -118,11 +118,11 @@ class Staged:
         return self.pg
 
     def release_pages(self) -> None:
-        """Give back the resident pages of the memory-mapped cross-rank events and their collectives (a run
-        memo's: `store.pages`) while a phase that reads neither runs; they are read again from the file when
-        next used. Freed heap memory is given back too (`pages.trim_heap`)."""
-        pages.release(self.xevents)
-        pages.release(self.collectives)
+        """Give back the resident pages of the memory-mapped cross-rank events, their collectives and the
+        other tables of a run memo (`store.pages`) while a phase that reads none of them runs; they are read
+        again from the file when next used. Freed heap memory is given back too (`pages.trim_heap`)."""
+        for t in (self.xevents, self.collectives, self.pg, self.spans, self.breakdown, self.ops, self.idle):
+            pages.release(t)
         pages.trim_heap()  # (and the heap freed by the phase before)
 
     def critical_inputs(self) -> tuple[pa.Table, pa.Table]:
