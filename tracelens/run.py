@@ -14,12 +14,13 @@ removed with the `Run`.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import tempfile
 import uuid
 import weakref
 from collections.abc import Callable, Iterable
-from concurrent.futures import Executor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -31,12 +32,18 @@ import pyarrow as pa
 from tracelens import errors, schema
 from tracelens.discover import TraceFile, discover
 from tracelens.engine.executor import SMALL_RUN_GZIP_FACTOR, local_executor, run_all
-from tracelens.engine.reduce import Staged, reduce_stages
+from tracelens.engine.reduce import (
+    Staged,
+    collect_memory,
+    gather_memory,
+    read_stages,
+    reduce_stages,
+    write_memo,
+)
 from tracelens.engine.tasks import needs_work, process_rank, stage_rank
 from tracelens.ingest.sniff import KINETO
-from tracelens.store import cache, runs
+from tracelens.store import cache, pages, runs
 from tracelens.store.cache import RankParquet
-from tracelens.store.stages import read_stage
 
 Progress = Callable[[int, int], None]
 
@@ -88,8 +95,10 @@ class Run:
 
     @cached_property
     def memory(self) -> pa.Table:
-        """Every `[memory]` record of every rank (schema.MEMORY)."""
-        return cache.read_part(self.entries, "memory")
+        """Every `[memory]` record of every rank (schema.MEMORY): the run memo's (one memory-mapped file), else
+        read from the entries."""
+        got = runs.read_memory(self.entries) if self.cache_root is not None else None
+        return got if got is not None else cache.read_part(self.entries, "memory")
 
     def events_of(self, ranks: Iterable[int], columns: list[str] | None = None) -> pa.Table:
         """Events of only these ranks (each read from its own cache file; nothing else is read), only
@@ -121,22 +130,20 @@ def _scratch_dir(root: Path | None) -> Path:
 
 
 def _read_metadata(entries: list[RankParquet]) -> pa.Table:
-    """Metadata of all ranks from the entries; OSError when one is missing or damaged."""
+    """Metadata of all ranks from the entries; OSError when one is missing or damaged. The files are read
+    by a few threads (the Parquet reader releases the GIL: at 1,024 ranks ~3 s of opening files becomes ~2)."""
     try:
-        meta = cache.concat([cache.read_parquet(e.meta) for e in entries], schema.METADATA)
+        if len(entries) > 1:
+            with ThreadPoolExecutor(4) as ex:
+                tabs = list(ex.map(cache.read_parquet, [e.meta for e in entries]))
+        else:
+            tabs = [cache.read_parquet(e.meta) for e in entries]
+        meta = cache.concat(tabs, schema.METADATA)
     except (pa.ArrowException, ValueError) as err:
         raise OSError(f"cache entries vanished or are corrupt: {err}") from err
     if not meta.schema.equals(schema.METADATA):
         raise OSError("cached metadata has another schema")
     return meta
-
-
-def _read_stages(entries: list[RankParquet]) -> Staged:
-    """The reduced stages of the entries; OSError when a stage file is missing or damaged."""
-    try:
-        return reduce_stages([read_stage(e.events, e.rank) for e in entries])
-    except (pa.ArrowException, ValueError) as err:
-        raise OSError(f"stage files vanished or are corrupt: {err}") from err
 
 
 def load_run(path: str | Path, options: LoadOptions | None = None, executor: Executor | None = None) -> Run:
@@ -192,6 +199,8 @@ def _load(
     entries = [cache.entry(work, f.path, int(f.rank or 0), o.salvage) for f in kin]
     defer = o.defer_stages and executor is None
 
+    pools: list[Executor] = []  # (the local pool, started for the tasks, kept until the memo is written)
+
     def on_executor(
         fn: Callable[..., Any], todo: list[tuple[TraceFile, RankParquet]], calls: list[tuple[Any, ...]]
     ) -> None:
@@ -199,65 +208,113 @@ def _load(
         if o.progress:
             o.progress(done, total)
         if todo:
-            est = sum(f.size * (SMALL_RUN_GZIP_FACTOR if f.path.name.endswith(".gz") else 1) for f, _ in todo)
-            ex = executor or local_executor(len(todo), o.workers, est)
-            try:
-                run_all(ex, fn, calls, o.progress, done, total)
-            finally:
-                if executor is None:
-                    ex.shutdown(wait=True)
+            ex = executor or (pools[0] if pools else None)
+            if ex is None:
+                est = sum(
+                    f.size * (SMALL_RUN_GZIP_FACTOR if f.path.name.endswith(".gz") else 1) for f, _ in todo
+                )
+                ex = local_executor(len(todo), o.workers, est)
+                pools.append(ex)
+            run_all(ex, fn, calls, o.progress, done, total)
 
     def run_tasks(cached: bool, stage: bool) -> int:
         todo = [(f, e) for f, e in zip(kin, entries) if needs_work(e, cached, stage)]
         on_executor(process_rank, todo, [(str(f.path), e.rank, e, o.salvage, cached, stage) for f, e in todo])
         return len(todo)
 
+    def close_pool() -> None:
+        while pools:
+            pools.pop().shutdown(wait=True)
+
     # a run opened before: its metadata and reduced stages in one place (store.runs), no per-rank checks
     memo = runs.read_run(entries) if use_cache else None
-    if memo is not None:
-        if o.progress:
-            o.progress(len(entries), len(entries))
-        meta = memo[0]
-        cache.touch(entries)
-    else:
-        wrote = run_tasks(use_cache, not defer)
-        try:
-            meta = _read_metadata(entries)
-        except OSError:  # an entry was removed or damaged between the check and the read: rebuild once
-            wrote += run_tasks(False, not defer)
-            meta = _read_metadata(entries)
-        if use_cache:
-            cache.touch(entries)
-            if wrote:
-                cache.evict(work, keep=[e.folder for e in entries])
-
-    def stages() -> Staged:
+    try:
         if memo is not None:
-            staged = memo[1]
+            if o.progress:
+                o.progress(len(entries), len(entries))
+            meta = memo[0]
+            cache.touch(entries)
         else:
-            if defer:  # the stages of the ranks that have none yet, from their cached events
-                todo = [(f, e) for f, e in zip(kin, entries) if needs_work(e, True)]
-                on_executor(stage_rank, todo, [(e,) for _, e in todo])
+            wrote = run_tasks(use_cache, not defer)
             try:
-                staged = _read_stages(entries)
-            except OSError:  # removed or damaged since: ingest and stage every rank again
-                run_tasks(False, True)
-                staged = _read_stages(entries)
+                meta = _read_metadata(entries)
+            except OSError:  # an entry was removed or damaged between the check and the read: rebuild once
+                wrote += run_tasks(False, not defer)
+                meta = _read_metadata(entries)
             if use_cache:
-                runs.write_run(entries, meta, staged)
-                # the memo just written, memory-mapped, instead of the concatenated copy: what a later open
-                # reads, and its pages can be given back between phases (Staged.release_pages)
-                reopened = runs.read_run(entries)
-                if reopened is not None:
-                    staged = reopened[1]
-        if staged.time_ranges is not None:
-            check_time_ranges(staged.time_ranges, meta)
-        return staged
+                cache.touch(entries)
+                if wrote:
+                    cache.evict(work, keep=[e.folder for e in entries])
 
-    run = Run(p, run_dir, files, meta, entries, work if use_cache else None, stages)
-    if not defer:
-        run.stages  # computed now: a run of mixed traces fails at load  # noqa: B018
+        def stages() -> Staged:
+            if memo is not None:
+                staged = memo[1]
+            else:
+                try:
+                    if defer:  # the stages of the ranks that have none yet, from their cached events
+                        todo = [(f, e) for f, e in zip(kin, entries) if needs_work(e, True)]
+                        on_executor(stage_rank, todo, [(e,) for _, e in todo])
+                    pool = pools.pop() if pools else None
+                    staged = _reduce(entries, meta, use_cache, executor, pool, run_tasks)
+                finally:
+                    close_pool()  # (a deferred load's pool: started and closed here)
+            if staged.time_ranges is not None:
+                check_time_ranges(staged.time_ranges, meta)
+            return staged
+
+        run = Run(p, run_dir, files, meta, entries, work if use_cache else None, stages)
+        if not defer:
+            run.stages  # computed now: a run of mixed traces fails at load  # noqa: B018
+    finally:
+        close_pool()
     return run
+
+
+def _reduce(
+    entries: list[RankParquet],
+    meta: pa.Table,
+    use_cache: bool,
+    executor: Executor | None,
+    pool: Executor | None,
+    run_tasks: Callable[[bool, bool], int],
+) -> Staged:
+    """The reduced stages of the entries: written into the run memo part by part (`reduce.write_memo`) and
+    read back from it, memory-mapped (what a later open reads; its pages can be given back between phases:
+    Staged.release_pages); in memory when there is no cache or it cannot take the memo. A stage file removed
+    or damaged since: every rank is ingested and staged again.
+
+    The load's local `pool` gathers the allocator samples while this process reads the stages, and is shut
+    down before the tables are made: its idle workers (~130 MB each) would otherwise count beside the
+    largest of them (the cross-rank events: ~0.4 GB at 1,024 ranks). The derived tables are computed on a
+    caller's `executor` (a cluster), else here over slices of whole ranks."""
+    mem: list[Any] = []
+    ex = executor or pool
+    try:
+        if use_cache and ex is not None and entries:
+            with contextlib.suppress(OSError):
+                mem_dir = runs.memo_dir(entries)
+                mem_dir.mkdir(exist_ok=True)
+                mem = gather_memory(ex, entries, mem_dir)
+        try:
+            stages = read_stages(entries)
+        except OSError:
+            run_tasks(False, True)
+            stages = read_stages(entries)
+        memory = collect_memory(mem) if mem else None
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=True)
+    if use_cache and write_memo(entries, meta, stages, executor, memory=memory):
+        del stages, memory
+        reopened = runs.read_run(entries)
+        pages.trim_heap()  # (what reading and writing the stages left in the heap: ~90 MB at 1,024 ranks)
+        if reopened is not None:
+            return reopened[1]
+        stages = read_stages(entries)
+    try:
+        return reduce_stages(stages)
+    except (pa.ArrowException, ValueError) as err:
+        raise OSError(f"stage files vanished or are corrupt: {err}") from err
 
 
 def load_tables(

@@ -294,6 +294,7 @@ def _same_staged(a, b) -> None:
 def test_run_memo_reopens_a_run_without_its_per_rank_files(tmp_path: Path, monkeypatch):
     """The second open of a cached run reads its memo (store.runs): no per-rank stage file or metadata
     is read, and what it gives equals the first open's."""
+    import tracelens.engine.reduce as RD
     import tracelens.run as R
     from tracelens.store import runs
 
@@ -305,7 +306,7 @@ def test_run_memo_reopens_a_run_without_its_per_rank_files(tmp_path: Path, monke
     def refuse(*a):
         raise AssertionError("per-rank files read although the run memo is there")
 
-    monkeypatch.setattr(R, "read_stage", refuse)
+    monkeypatch.setattr(RD, "read_stage", refuse)
     monkeypatch.setattr(R, "_read_metadata", refuse)
     again = load_run(run, opts)
     assert again.metadata.equals(first.metadata)

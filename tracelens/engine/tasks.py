@@ -7,12 +7,15 @@ stage alone, for a run loaded with its stages deferred (`tracelens.run.LoadOptio
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pyarrow as pa
 
 from tracelens.engine.stage import compute_and_write, rank_stage
 from tracelens.ingest import kineto
-from tracelens.store.atomic import write_parquet
-from tracelens.store.cache import EVENTS_WRITE_OPTIONS, RankParquet, valid_entry
+from tracelens.store import pages, runs
+from tracelens.store.atomic import write_ipc, write_parquet
+from tracelens.store.cache import EVENTS_WRITE_OPTIONS, RankParquet, read_ipc, read_part, valid_entry
 from tracelens.store.stages import stage_complete, write_stage
 
 
@@ -40,7 +43,7 @@ def process_rank(
         else:
             write_stage(rank_stage(events, rank), entry.events)
     del events
-    pa.default_memory_pool().release_unused()  # hand freed Arrow memory back before the next rank
+    pages.trim_heap()  # hand freed memory back before the next rank (Arrow's pool and malloc's)
     return rank
 
 
@@ -48,8 +51,42 @@ def stage_rank(entry: RankParquet) -> int:
     """The per-rank stage of an ingested rank, unless complete stage files exist; returns the rank."""
     if not stage_complete(entry.events, entry.rank):
         compute_and_write(str(entry.events), entry.rank)
-        pa.default_memory_pool().release_unused()
+        pages.trim_heap()
     return entry.rank
+
+
+def derive_rows(memo: str, lo: int, n: int, tag: str) -> dict[str, str | None]:
+    """The run memo's derived tables (`store.runs.DERIVED`) of rows [lo, lo + n) of its cross-rank events (a
+    slice of whole ranks), each written to `<memo>/<tag>.<name>.arrow`; name -> that path, or None for a table
+    whose computation failed on these events (the memo then goes without it)."""
+    x = read_ipc(Path(memo) / "xevents.arrow").slice(lo, n)
+    out: dict[str, str | None] = {}
+    for name in runs.DERIVED:
+        try:
+            t = runs.derive(name, x)
+        except Exception:  # noqa: BLE001 (the memo goes without it; the analysis reports it)
+            out[name] = None
+            continue
+        path = Path(memo) / f"{tag}.{name}.arrow"
+        write_ipc(path, t)
+        out[name] = str(path)
+        del t
+    del x
+    pages.trim_heap()
+    return out
+
+
+def gather_memory(entries: list[RankParquet], out: str) -> str | None:
+    """The allocator samples of these entries (schema.MEMORY, in their order) written to `out` (an Arrow IPC
+    file); `out`, or None when one cannot be read."""
+    try:
+        t = read_part(entries, "memory")
+    except (OSError, pa.ArrowException, ValueError):
+        return None
+    write_ipc(out, t)
+    del t
+    pages.trim_heap()
+    return out
 
 
 def needs_work(entry: RankParquet, use_cache: bool, stage: bool = True) -> bool:
@@ -59,4 +96,4 @@ def needs_work(entry: RankParquet, use_cache: bool, stage: bool = True) -> bool:
     return stage and not stage_complete(entry.events, entry.rank)
 
 
-__all__ = ["ingest_rank", "needs_work", "process_rank", "stage_rank"]
+__all__ = ["derive_rows", "gather_memory", "ingest_rank", "needs_work", "process_rank", "stage_rank"]

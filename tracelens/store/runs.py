@@ -34,8 +34,8 @@ from tracelens.store.stages import (
     STAGE_VERSION,
     STORED_NODES,
     Staged,
+    by_rank_chunks,
     rank_sets,
-    rank_slices,
     sets_rows,
 )
 
@@ -76,10 +76,11 @@ def _schemas() -> dict[str, pa.Schema]:
         "collectives": schema.COLLECTIVES,
         "xflags": _XFLAGS,
         "pg": pg_rows_schema(),
+        "memory": schema.MEMORY,
     }
 
 
-def _sets_table(sets: dict[int, RankSets]) -> pa.Table:
+def sets_table(sets: dict[int, RankSets]) -> pa.Table:
     """All ranks' interval sets as SETS rows, in rank order."""
     if not sets:
         return SETS.empty_table()
@@ -98,41 +99,95 @@ def _stamps(entries: Sequence[RankParquet]) -> list[list[int]]:
     return out
 
 
-def write_run(entries: Sequence[RankParquet], meta: pa.Table, staged: Staged) -> None:
-    """Write the memo of these entries (a cache that cannot take it: the next open reads the entries)."""
+class MemoWriter:
+    """Writes the memo of these entries part by part (`put`: each table written as soon as it is made, then
+    dropped by the caller; at 1,024 ranks the parts are ~0.8 GB, no longer all held at once), `finish` last
+    (the manifest: the memo is complete). A previous manifest is removed first, so a half-rewritten memo is
+    never taken for a complete one. OSError / ArrowException when the cache cannot take it."""
+
+    def __init__(self, entries: Sequence[RankParquet]):
+        self.entries = list(entries)
+        self.dir = memo_dir(self.entries)
+        self.parts: list[str] = []
+        self.dir.mkdir(exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            (self.dir / "manifest.json").unlink()
+
+    def path(self, name: str) -> Path:
+        return self.dir / f"{name}.arrow"
+
+    def put(self, name: str, table: pa.Table | None) -> None:
+        """Write one part (None: the part is left out, e.g. a derived table whose computation failed)."""
+        if table is not None:
+            write_ipc(self.path(name), table)
+            self.parts.append(name)
+
+    def finish(
+        self,
+        paths: dict[int, str],
+        spans_error: str | None,
+        idle_error: str | None,
+        nodes_stepped: Sequence[int],
+    ) -> None:
+        manifest = {
+            "ranks": [e.rank for e in self.entries],
+            "files": _stamps(self.entries),
+            "paths": {str(r): path for r, path in paths.items()},
+            "parts": sorted(self.parts),
+            "spans_error": spans_error,
+            "idle_error": idle_error,
+            "nodes_stepped": list(nodes_stepped),
+        }
+        write_text(self.dir / "manifest.json", json.dumps(manifest))  # last: the memo is complete
+
+
+def write_run(
+    entries: Sequence[RankParquet], meta: pa.Table, staged: Staged, memory: pa.Table | None = None
+) -> None:
+    """Write the memo of these entries from a reduced run in memory (a cache that cannot take it: the next
+    open reads the entries); `memory`: the run's allocator samples (schema.MEMORY), when read."""
     if not entries:
         return
-    d = memo_dir(entries)
-    tables = {
-        "meta": meta,
-        "xevents": staged.xevents,
-        "breakdown": staged.breakdown,
-        "ops": staged.ops,
-        "idle": staged.idle,
-        "time_ranges": staged.time_ranges,
-        "sets": _sets_table(staged.sets),
-    }
-    tables["nodes"], tables["syncs"] = staged.critical_inputs()
-    if staged.spans is not None:
-        tables["spans"] = staged.spans
-    tables["collectives"] = _derived(staged.cross_collectives)
-    tables["xflags"] = _xflags(staged.xevents)
-    tables["pg"] = _derived(staged.grid_rows)
     with contextlib.suppress(OSError, pa.ArrowException):
-        manifest = {
-            "ranks": [e.rank for e in entries],
-            "files": _stamps(entries),
-            "paths": {str(r): rs.path for r, rs in staged.sets.items()},
-            "parts": sorted(k for k, t in tables.items() if t is not None),
-            "spans_error": staged.spans_error,
-            "idle_error": staged.idle_error,
-            "nodes_stepped": list(staged.nodes_stepped),
-        }
-        d.mkdir(exist_ok=True)
-        for name, t in tables.items():
-            if t is not None:
-                write_ipc(d / f"{name}.arrow", t)
-        write_text(d / "manifest.json", json.dumps(manifest))  # last: the memo is complete
+        w = MemoWriter(entries)
+        w.put("meta", meta)
+        w.put("xevents", staged.xevents)
+        w.put("breakdown", staged.breakdown)
+        w.put("ops", staged.ops)
+        w.put("idle", staged.idle)
+        w.put("time_ranges", staged.time_ranges)
+        w.put("sets", sets_table(staged.sets))
+        nodes, syncs = staged.critical_inputs()
+        w.put("nodes", nodes)
+        w.put("syncs", syncs)
+        w.put("spans", staged.spans)
+        for name in DERIVED:
+            w.put(name, derive_or_none(name, staged.xevents))
+        w.put("memory", memory)
+        w.finish(
+            {r: rs.path for r, rs in staged.sets.items()},
+            staged.spans_error,
+            staged.idle_error,
+            staged.nodes_stepped,
+        )
+
+
+def read_memory(entries: Sequence[RankParquet]) -> pa.Table | None:
+    """The allocator samples of these entries (schema.MEMORY) from their run memo, memory-mapped (one file
+    instead of one Parquet file per rank), or None when the memo has none, is incomplete or is stale."""
+    if not entries:
+        return None
+    d = memo_dir(entries)
+    try:
+        manifest = json.loads((d / "manifest.json").read_bytes())
+        if "memory" not in manifest.get("parts", ()) or manifest.get("ranks") != [e.rank for e in entries]:
+            return None
+        if manifest.get("files") != _stamps(entries):
+            return None
+        t = read_ipc(d / "memory.arrow")
+    except (OSError, ValueError, KeyError, TypeError, pa.ArrowException):
+        return None
+    return t if t.schema.equals(schema.MEMORY) else None
 
 
 def read_run(entries: Sequence[RankParquet]) -> tuple[pa.Table, Staged] | None:
@@ -150,6 +205,8 @@ def read_run(entries: Sequence[RankParquet]) -> tuple[pa.Table, Staged] | None:
         sch = _schemas()
         t = {}
         for name in manifest["parts"]:
+            if name in _LAZY:
+                continue
             if name in _ON_DEMAND:  # (only their schemas now: `_critical_loader`)
                 if not ipc_schema(d / f"{name}.arrow").equals(sch[name]):
                     return None
@@ -180,30 +237,42 @@ def read_run(entries: Sequence[RankParquet]) -> tuple[pa.Table, Staged] | None:
     )
 
 
-def _xflags(xevents: pa.Table) -> pa.Table | None:
-    """`_XFLAGS` of the cross-rank events (computed once per table: the collectives above computed them
-    already), or None when that fails on odd events (then the analysis computes them where needed)."""
-    try:
-        parts = rank_slices(xevents)  # (per rank: over slices of whole ranks, at a slice's memory)
-        flags = comm_launched(xevents) if parts is None else np.concatenate([comm_launched(p) for p in parts])
-    except Exception:
-        return None
-    return pa.table({"comm_launched": pa.array(flags, pa.bool_())}, schema=_XFLAGS)
+#: The tables derived from the cross-rank events that the memo keeps (`derive`).
+DERIVED = ("collectives", "xflags", "pg")
 
 
-def _derived(compute: Callable[[], pa.Table]) -> pa.Table | None:
-    """A table derived from the run's cross-rank events (`Staged.cross_collectives`, `Staged.grid_rows`),
-    computed now (the analysis takes it from the `Staged`), or None when that fails on odd events: then the
-    memo goes without it and the analysis computes it itself, where the failure is reported as it would be
-    without a memo."""
+def derive(name: str, xevents: pa.Table) -> pa.Table:
+    """One derived table (`DERIVED`) of cross-rank events whose rows of each rank come from that rank's events
+    alone: `collectives_from_events` (`Staged.cross_collectives`), `_XFLAGS` (`classify.comm_launched`, the
+    launch links' verdict per row) or `layout_structure.pg_rows` (`Staged.grid_rows`). Raises what those
+    raise on odd events."""
+    if name == "collectives":
+        from tracelens.analyze.collectives import collectives_from_events
+
+        return collectives_from_events(xevents)
+    if name == "pg":
+        from tracelens.layout_structure import pg_rows
+
+        return pg_rows(xevents)
+    if name == "xflags":
+        return pa.table({"comm_launched": pa.array(comm_launched(xevents), pa.bool_())}, schema=_XFLAGS)
+    raise KeyError(name)
+
+
+def derive_or_none(name: str, xevents: pa.Table) -> pa.Table | None:
+    """`derive` over slices of whole ranks (`stages.by_rank_chunks`, at the memory of one slice's work), or
+    None when that fails on odd events: then the memo goes without it and the analysis computes it itself,
+    where the failure is reported as it would be without a memo."""
     try:
-        return compute()
+        return by_rank_chunks(lambda part: derive(name, part), xevents)
     except Exception:
         return None
 
 
 #: Parts read when asked for, not when the memo is opened (`Staged.critical_inputs`).
 _ON_DEMAND = ("nodes", "syncs")
+#: Optional parts read when asked for (`read_memory`), their schemas checked then.
+_LAZY = ("memory",)
 
 
 def _critical_loader(d: Path) -> Callable[[], tuple[pa.Table, pa.Table]]:
@@ -227,4 +296,16 @@ def _rank_sets(sets: pa.Table, paths: dict[int, str]) -> dict[int, RankSets]:
     }
 
 
-__all__ = ["RUN_MEMO_VERSION", "memo_dir", "read_run", "run_key", "write_run"]
+__all__ = [
+    "DERIVED",
+    "RUN_MEMO_VERSION",
+    "MemoWriter",
+    "derive",
+    "derive_or_none",
+    "sets_table",
+    "memo_dir",
+    "read_memory",
+    "read_run",
+    "run_key",
+    "write_run",
+]

@@ -18,6 +18,7 @@ import pyarrow as pa
 from tracelens import schema
 from tracelens.analyze.breakdown import BREAKDOWN, RankSets
 from tracelens.analyze.critical_nodes import NODES, SYNCS
+from tracelens.store import pages
 from tracelens.store.atomic import write_ipc
 from tracelens.store.cache import ipc_schema, read_ipc
 
@@ -117,13 +118,12 @@ class Staged:
         return self.pg
 
     def release_pages(self) -> None:
-        """Give back the resident pages of the memory-mapped cross-rank events and their collectives (a run
-        memo's: `store.pages`) while a phase that reads neither runs; they are read again from the file when
-        next used."""
-        from tracelens.store import pages
-
-        pages.release(self.xevents)
-        pages.release(self.collectives)
+        """Give back the resident pages of the memory-mapped cross-rank events, their collectives and the
+        other tables of a run memo (`store.pages`) while a phase that reads none of them runs; they are read
+        again from the file when next used. Freed heap memory is given back too (`pages.trim_heap`)."""
+        for t in (self.xevents, self.collectives, self.pg, self.spans, self.breakdown, self.ops, self.idle):
+            pages.release(t)
+        pages.trim_heap()  # (and the heap freed by the phase before)
 
     def critical_inputs(self) -> tuple[pa.Table, pa.Table]:
         """(nodes, syncs): kept in memory, or read from the run memo at each call (memory-mapped and not kept:
@@ -139,9 +139,8 @@ class Staged:
 CHUNK_ROWS = 250_000
 
 
-def rank_slices(events: pa.Table, rows: int = CHUNK_ROWS) -> list[pa.Table] | None:
-    """`events` cut into slices of whole ranks of about `rows` rows each (zero-copy), in order; None when the
-    table is small enough as it is or its ranks are not in blocks in ascending order."""
+def rank_bounds(events: pa.Table, rows: int = CHUNK_ROWS) -> list[tuple[int, int]] | None:
+    """(first row, row count) of the slices of whole ranks `rank_slices` cuts `events` into."""
     n = events.num_rows
     if n <= rows:
         return None
@@ -153,7 +152,14 @@ def rank_slices(events: pa.Table, rows: int = CHUNK_ROWS) -> list[pa.Table] | No
         if s - bounds[-1] >= rows:
             bounds.append(int(s))
     bounds.append(n)
-    return [events.slice(a, b - a) for a, b in zip(bounds[:-1], bounds[1:])]
+    return [(a, b - a) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def rank_slices(events: pa.Table, rows: int = CHUNK_ROWS) -> list[pa.Table] | None:
+    """`events` cut into slices of whole ranks of about `rows` rows each (zero-copy), in order; None when the
+    table is small enough as it is or its ranks are not in blocks in ascending order."""
+    bounds = rank_bounds(events, rows)
+    return None if bounds is None else [events.slice(a, n) for a, n in bounds]
 
 
 def by_rank_chunks(fn: Callable[[pa.Table], pa.Table], events: pa.Table, rows: int = CHUNK_ROWS) -> pa.Table:
@@ -252,9 +258,9 @@ def read_stage(events_parquet: Path, rank: int) -> RankStage:
     from tracelens.analyze.idle import IDLE
 
     paths = stage_paths(events_parquet, rank)
-    sets_t = read_ipc(paths["sets"])
-    meta = sets_t.schema.metadata or {}
-    sets_t = sets_t.replace_schema_metadata(None)
+    sets_raw = read_ipc(paths["sets"])
+    meta = sets_raw.schema.metadata or {}
+    sets_t = sets_raw.replace_schema_metadata(None)
     xev = read_ipc(paths["xevents"])
     spans = read_ipc(paths["spans"])
     bd = read_ipc(paths["breakdown"])
@@ -270,6 +276,17 @@ def read_stage(events_parquet: Path, rank: int) -> RankStage:
         raise OSError(f"stage files of rank {rank} have another schema")
     path = meta.get(b"path", b"").decode()
     rs = rank_sets(rank, path, sets_t) if path else None
+    for t in (
+        sets_raw,
+        xev,
+        spans,
+        bd,
+        ops,
+        idle,
+        nodes,
+        syncs,
+    ):  # (reading them faulted their pages in: given back
+        pages.release(t)  # until the tables are read; at 1,024 ranks ~0.3 GB of the 8,192 files' pages)
     err = meta.get(b"spans_error", b"").decode() or None
     tr = meta.get(b"time_range", b"").decode()
     lo_hi = tuple(int(v) for v in tr.split(",")) if tr else None
@@ -309,6 +326,7 @@ __all__ = [
     "RankStage",
     "Staged",
     "by_rank_chunks",
+    "rank_bounds",
     "rank_sets",
     "rank_slices",
     "read_stage",
