@@ -503,6 +503,30 @@ def time_share_bar(
 # ----------------------------------------------------------------------------------------------------
 # collectives
 # ----------------------------------------------------------------------------------------------------
+def _group_slices(op_code: np.ndarray, gs_of: np.ndarray, nb_of: np.ndarray) -> list[np.ndarray]:
+    """Row numbers of each (op, group size, bytes) group, groups in sorted order with missing (NaN) sizes
+    last, each group's rows in their order: what a stable `np.lexsort` of the three keys cut at each change
+    gives, from hashed group codes (a run has few groups) and a stable sort of small integers instead of a
+    sort of every row by three keys (~0.08 s at 1,024 ranks)."""
+    import pandas as pd
+
+    c_gs, _ = pd.factorize(gs_of)  # NaN: -1 (equal values one code, as the sorted cut compares them)
+    c_nb, _ = pd.factorize(nb_of)
+    key = (op_code.astype(np.int64) * (int(c_gs.max(initial=-1)) + 2) + (c_gs + 1)) * (
+        int(c_nb.max(initial=-1)) + 2
+    ) + (c_nb + 1)
+    group, uniq = pd.factorize(key)
+    n = len(uniq)
+    # each group's rows in their order (a stable sort of small codes), the group's first row first
+    order = np.argsort(group.astype(np.int16) if n < 2**15 else group, kind="stable")
+    counts = np.bincount(group, minlength=n)
+    slices = np.split(order, np.cumsum(counts)[:-1])
+    first = np.array([int(x[0]) for x in slices], dtype=np.int64)
+    gs, nb = gs_of[first], nb_of[first]
+    place = np.lexsort((np.nan_to_num(nb), np.isnan(nb), np.nan_to_num(gs), np.isnan(gs), op_code[first]))
+    return [slices[i] for i in place]
+
+
 def collective_rows(coll: pa.Table | None, top: int = 30) -> list[dict]:
     """Collectives grouped by (op, group size, bytes): calls, time, median bus bandwidth and arrival skew.
 
@@ -510,6 +534,8 @@ def collective_rows(coll: pa.Table | None, top: int = 30) -> list[dict]:
     Sorted by total time on all ranks, the `top` heaviest first."""
     if coll is None or coll.num_rows == 0:
         return []
+    import pandas as pd
+
     names = set(coll.column_names)
 
     def col(name: str) -> np.ndarray | None:  # float64 values, NaN for null (None: no such column)
@@ -537,15 +563,7 @@ def collective_rows(coll: pa.Table | None, top: int = 30) -> list[dict]:
     # groups by (op, group size, bytes) in sorted order, missing sizes last (as pandas' sorted group-by),
     # then numpy over each group's slice of the sorted rows: no per-group pandas objects (~0.3 s at 1,024
     # ranks)
-    order = np.lexsort((nb_of, gs_of, op_code))
-    k_op, k_gs, k_nb = op_code[order], gs_of[order], nb_of[order]
-
-    def changed(a: np.ndarray) -> np.ndarray:
-        x, y = a[1:], a[:-1]
-        return ~((x == y) | (np.isnan(x) & np.isnan(y)))
-
-    bounds = np.flatnonzero((k_op[1:] != k_op[:-1]) | changed(k_gs) | changed(k_nb)) + 1
-    slices = np.split(order, bounds)
+    slices = _group_slices(op_code, gs_of, nb_of)
     if "start_ns" in names and "end_ns" in names:
         s, e = coll.column("start_ns"), coll.column("end_ns")
         if s.null_count or e.null_count:  # (as pandas did: nulls make both float first)
@@ -584,7 +602,7 @@ def collective_rows(coll: pa.Table | None, top: int = 30) -> list[dict]:
         first = idx[0]
         if inst is not None:
             iv = inst[idx]
-            calls = int(np.unique(iv[iv >= 0]).size + (iv < 0).sum())
+            calls = int(pd.unique(iv[iv >= 0]).size + (iv < 0).sum())  # (hashed: no sort per group)
         else:
             calls = len(idx)
         gs, nb = gs_of[first], nb_of[first]
