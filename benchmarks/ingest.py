@@ -245,8 +245,14 @@ def _machine() -> dict:
     except OSError:
         pass
     import msgspec
-    import orjson
     import pyarrow
+
+    try:
+        import orjson
+
+        orjson_version = orjson.__version__
+    except ImportError:  # (an optional comparison: its row fails on its own)
+        orjson_version = None
 
     try:
         import isal
@@ -262,7 +268,7 @@ def _machine() -> dict:
         "python": platform.python_version(),
         "pyarrow": pyarrow.__version__,
         "msgspec": msgspec.__version__,
-        "orjson": orjson.__version__,
+        "orjson": orjson_version,
         "inflate": inflate,
     }
 

@@ -7,6 +7,7 @@ Part of tracelens.ingest.kineto (see its docstring).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from itertools import compress, repeat
@@ -251,7 +252,7 @@ def _rank_int(v: Any, lo: int = 0) -> int | None:
     return i if i is not None and lo <= i < 2**31 else None
 
 
-def _int_array(values: list, type_: pa.DataType) -> pa.Array:
+def _int_array(values: Sequence, type_: pa.DataType) -> pa.Array:
     """Python values -> Arrow integer array; the fast path is pa.array, odd values are coerced one by one."""
     try:
         arr = pa.array(values, type=pa.int64())
@@ -351,6 +352,23 @@ _I_TYPES = frozenset({_Instant, _InstantOld, _InstantInt, _InstantOldInt})
 _INT_TS_TYPES = frozenset({_EventInt, _EventIntLean, _InstantInt, _InstantOldInt})
 
 
+#: The fields of a complete event (every X struct, typed or loose, has them) and of its args that _columns
+#: reads for every row.
+_EV_FIELDS = ("cat", "name", "pid", "tid", "ts", "dur", "args")
+_ARG_FIELDS = ("external_id", "sequence_nr", "device", "stream", "correlation", "collective")
+_ARG_GETS = tuple(map(attrgetter, _ARG_FIELDS))
+_astuple = msgspec.structs.astuple
+
+
+def _struct_columns(objs: Sequence, fields: tuple[str, ...]) -> list[Any]:
+    """`fields` of msgspec structs that are all of one type, as one tuple of values per field: each struct's
+    values as a tuple (msgspec.structs.astuple), transposed by zip: two C-level passes instead of one
+    attribute lookup per field and struct (~2.4x fewer instructions for the 7 fields of an event)."""
+    order = type(objs[0]).__struct_fields__
+    cols = list(zip(*map(_astuple, objs)))
+    return [cols[order.index(f)] for f in fields]
+
+
 class _NeedFullArgs(Exception):
     """A chunk decoded with _ArgsLean holds a collective: it must be decoded with _Args."""
 
@@ -375,20 +393,29 @@ def _columns(evs: list) -> _Chunk:
             mem = _memory_columns(list(compress(inst, is_mem.tolist())))
     n = len(xs)
     loose = bool(n) and type(xs[0]) is _LooseEvent
-    kind = _kind_codes_of(xs) if not loose else _kind_codes(list(map(_get["cat"], xs)))
-    names = _dict_encode(_str_array(list(map(_get["name"], xs))))
-    args = list(map(_get["args"], xs))
-    if loose and None in args:  # only the loose decoder lets `args: null` through
-        args = [_EMPTY_LOOSE_ARGS if a is None else a for a in args]
-    ts, ts_valid = _times_ns(xs, "ts")
-    dur, dur_valid = _times_ns(xs, "dur")
+    if n and not loose and len(set(map(type, xs))) == 1:
+        # one typed struct for every event (one decoder per chunk): its fields in one pass (_struct_columns)
+        cats, name_vals, pids, tids, ts_vals, dur_vals, args = _struct_columns(xs, _EV_FIELDS)
+        arg_cols = _struct_columns(args, _ARG_FIELDS)
+        int_ts = type(xs[0]) in _INT_TS_TYPES
+    else:
+        cats, name_vals, pids, tids, ts_vals, dur_vals, args = (list(map(_get[f], xs)) for f in _EV_FIELDS)
+        if loose and None in args:  # only the loose decoder lets `args: null` through
+            args = [_EMPTY_LOOSE_ARGS if a is None else a for a in args]
+        arg_cols = [list(map(g, args)) for g in _ARG_GETS]
+        int_ts = bool(n) and type(xs[0]) in _INT_TS_TYPES
+    ext_vals, seqnr_vals, device_vals, stream_vals, corr_vals, coll_vals = arg_cols
+    kind = _kind_codes_from(cats) if not loose else _kind_codes(list(cats))
+    names = _dict_encode(_str_array(name_vals))
+    ts, ts_valid = _int_us_to_ns(ts_vals) if int_ts else parse_us_to_ns(ts_vals)
+    dur, dur_valid = _int_us_to_ns(dur_vals) if int_ts else parse_us_to_ns(dur_vals)
     coll_rows = np.zeros(0, dtype=np.int64)
     coll: dict = {}
     comm_op = _comm_op_rows(names) if n else None
-    if n and (loose or comm_op is not None or set(map(_get_coll, args)) != {None}):  # (a set of Nones: cheap)
+    if n and (loose or comm_op is not None or set(coll_vals) != {None}):  # (a set of Nones: cheap)
         if type(args[0]) is _ArgsLean:
             raise _NeedFullArgs()
-        has_coll = np.fromiter(map(is_not, map(_get_coll, args), repeat(None)), dtype=bool, count=n)
+        has_coll = np.fromiter(map(is_not, coll_vals, repeat(None)), dtype=bool, count=n)
         if comm_op is not None:
             has_coll |= comm_op
         coll_rows = np.flatnonzero(has_coll)
@@ -401,23 +428,23 @@ def _columns(evs: list) -> _Chunk:
     # device/stream matter only for device events (elsewhere _assemble nulls them)
     gpu = _IS_GPU[kind]
     gpu_rows = np.flatnonzero(gpu)
-    gpu_args = args if gpu_rows.size == n else list(compress(args, gpu.tolist()))
+    gpu_devices = device_vals if gpu_rows.size == n else list(compress(device_vals, gpu.tolist()))
     return _Chunk(
         n=n,
         kind=kind,
         name=names,
-        pid=_ints(_get["pid"], xs, pa.int64(), loose, lowcard=True),
-        tid=_ints(_get["tid"], xs, pa.int64(), loose, lowcard=True),
-        device=_scatter(_ints(_get_device, gpu_args, pa.int32(), loose), n, gpu_rows),
+        pid=_int_values(pids, pa.int64(), loose, lowcard=True),
+        tid=_int_values(tids, pa.int64(), loose, lowcard=True),
+        device=_scatter(_int_values(gpu_devices, pa.int32(), loose), n, gpu_rows),
         # (all rows: a Triton launch cpu_op carries `args.stream`, which HTA counts as a GPU kernel)
-        stream=_ints(_get_stream, args, pa.int32(), loose),
+        stream=_int_values(stream_vals, pa.int32(), loose),
         ts=ts,
         ts_valid=ts_valid,
         dur=dur,
         dur_valid=dur_valid,
-        correlation=_ints(_get_corr, args, pa.int64(), loose),
-        external_id=_ints(_get_ext, args, pa.int64(), loose),
-        sequence_nr=_ints(_get_seqnr, args, pa.int64(), loose),
+        correlation=_int_values(corr_vals, pa.int64(), loose),
+        external_id=_int_values(ext_vals, pa.int64(), loose),
+        sequence_nr=_int_values(seqnr_vals, pa.int64(), loose),
         coll_rows=coll_rows,
         coll=coll,
         mem=mem,
@@ -478,28 +505,22 @@ def _sizes_from_shapes(coll: dict, args: list, names: list) -> None:
             coll["dtype"][i] = dtype
 
 
-_get_coll = attrgetter("collective")
-_get_device = attrgetter("device")
-_get_stream = attrgetter("stream")
-_get_corr = attrgetter("correlation")
-_get_ext = attrgetter("external_id")
-_get_seqnr = attrgetter("sequence_nr")
 #: `cat` string -> kind code, filled as new categories are seen (bounded; misses are computed per chunk).
 _CAT_CODES: dict = {None: _OTHER}
 _CAT_CACHE_MAX = 4096
 
 
-def _kind_codes_of(xs: list) -> np.ndarray:
-    """Kind codes of typed events (`cat` is str or None) via a dict lookup per event; only categories not
-    seen before go through normalise_kind."""
-    n = len(xs)
-    codes = np.fromiter(map(_CAT_CODES.get, map(_get["cat"], xs), repeat(-1)), dtype=np.int8, count=n)
+def _kind_codes_from(cats: Sequence) -> np.ndarray:
+    """Kind codes of typed events' `cat` values (str or None) via a dict lookup per event; only categories
+    not seen before go through normalise_kind."""
+    n = len(cats)
+    codes = np.fromiter(map(_CAT_CODES.get, cats, repeat(-1)), dtype=np.int8, count=n)
     miss = codes < 0
     if miss.any():
         rows = np.flatnonzero(miss)
-        cats = list(map(_get["cat"], (xs[i] for i in rows.tolist())))
-        lut = {c: _KIND_INDEX[normalise_kind(c)] for c in set(cats)}
-        codes[rows] = np.fromiter(map(lut.__getitem__, cats), dtype=np.int8, count=len(cats))
+        missed = [cats[i] for i in rows.tolist()]
+        lut = {c: _KIND_INDEX[normalise_kind(c)] for c in set(missed)}
+        codes[rows] = np.fromiter(map(lut.__getitem__, missed), dtype=np.int8, count=len(missed))
         if len(_CAT_CODES) + len(lut) <= _CAT_CACHE_MAX:
             _CAT_CODES.update(lut)
     return codes
@@ -551,13 +572,26 @@ def _int_us_to_ns(vals: list) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _ints(get: Any, objs: list, type_: pa.DataType, loose: bool, lowcard: bool = False) -> pa.Array:
-    """An integer column from one attribute of decoded structs. Typed structs hold int, str or None there
-    (never a float, which numpy would truncate), so numpy reads a column without None at once; anything
-    else (None, "0x1f", "Spans") goes through _int_array / _lowcard_int_array. (The values are taken into a
-    list first: when numpy fails, on a None or a string that may be the last value, they are not taken
-    again.)"""
-    vals = list(map(get, objs))
+    """An integer column from one attribute of decoded structs (_int_values)."""
+    return _int_values(list(map(get, objs)), type_, loose, lowcard)
+
+
+def _int_values(vals: Sequence, type_: pa.DataType, loose: bool, lowcard: bool = False) -> pa.Array:
+    """An integer column from the values of one field of decoded structs. Typed structs hold int, str or
+    None there (never a float, which numpy would truncate), so numpy reads a column without None at once;
+    anything else (None, "0x1f", "Spans") goes through _int_array / _lowcard_int_array. A `lowcard` column
+    (pid, tid: few distinct values, where a string such as "Spans" is usually the last value) is first
+    checked by its distinct values, so that numpy does not read it only to fail at its end."""
     if not loose:
+        if lowcard:
+            try:
+                uniq = dict.fromkeys(vals)
+            except TypeError:
+                uniq = None
+            if uniq is not None and not (
+                len(uniq) * 4 <= len(vals) + 64 and all(type(v) is int for v in uniq)
+            ):
+                return _lowcard_int_array(vals)
         try:
             arr = pa.array(np.fromiter(vals, dtype=np.int64, count=len(vals)))
             return arr if type_ == pa.int64() else pc.cast(arr, type_, safe=False)
@@ -566,7 +600,7 @@ def _ints(get: Any, objs: list, type_: pa.DataType, loose: bool, lowcard: bool =
     return _lowcard_int_array(vals) if lowcard else _int_array(vals, type_)
 
 
-def _lowcard_int_array(values: list) -> pa.Array:
+def _lowcard_int_array(values: Sequence) -> pa.Array:
     """Like _int_array(values, int64) for columns with few distinct values (pid, tid): each distinct value
     is coerced once (strings such as "Spans" become null, "0x1f" 31) and the column is taken from them by
     its codes (two C-level passes: the distinct values, the codes)."""
