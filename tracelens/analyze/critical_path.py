@@ -260,7 +260,8 @@ def _build_graph(
     group = coll_cells(collectives, "group_key", c_hit, c_row, n)
     # an instance seen by one participant only is no rendezvous
     on = inst >= 0
-    u_inst, i_inv, i_cnt = np.unique(inst[on], return_inverse=True, return_counts=True)
+    u_inst, i_inv = unique_inverse(inst[on])  # (np.unique's: by a table when the ids are dense)
+    i_cnt = np.bincount(i_inv, minlength=u_inst.size)
     lone = np.zeros(n, dtype=bool)
     lone[on] = i_cnt[i_inv.reshape(-1)] < 2
     # nor is one where a participant ended before the last one arrived (aligned): a wrong match, or a send
@@ -364,7 +365,7 @@ def _build_graph(
     ck = np.flatnonzero(coll).astype(ix)
     arr_node = (plain.size + np.arange(ck.size)).astype(ix)
     fin_node = (plain.size + ck.size + np.arange(ck.size)).astype(ix)
-    inst_ids, inst_row = np.unique(inst[ck], return_inverse=True)
+    inst_ids, inst_row = unique_inverse(inst[ck])
     inst_row = inst_row.reshape(-1).astype(ix)
     inst_node = (plain.size + 2 * ck.size + np.arange(inst_ids.size)).astype(ix)
     n_nodes = plain.size + 2 * ck.size + inst_ids.size
