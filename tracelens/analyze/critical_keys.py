@@ -70,7 +70,7 @@ def as_pandas_ints(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
         vals: np.ndarray = col.fill_null(0).to_numpy(zero_copy_only=False).astype(np.float64)
         vals[col.is_null().to_numpy(zero_copy_only=False)] = np.nan
         return vals
-    out: np.ndarray = col.to_numpy(zero_copy_only=False).astype(np.int64)
+    out: np.ndarray = col.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
     return out
 
 
@@ -99,12 +99,13 @@ def coll_lookup(
     names = collectives.column_names
     c_start = as_pandas_ints(collectives.column("start_ns"))
     c_inst = as_pandas_ints(collectives.column("instance"))
-    keep = ~np.isnan(c_start.astype(float)) & (c_inst >= 0)
+    keep = (c_inst >= 0) if c_start.dtype.kind != "f" else ~np.isnan(c_start) & (c_inst >= 0)
     if "n_participants" in names:
         npart = as_pandas_ints(collectives.column("n_participants")).astype(float)
         keep &= np.where(np.isnan(npart), 1.0, npart) >= 2
     c_end = as_pandas_ints(collectives.column("end_ns"))
-    keep &= ~np.isnan(c_end.astype(float))
+    if c_end.dtype.kind == "f":
+        keep &= ~np.isnan(c_end)
     rows = np.flatnonzero(keep)
     if rows.size == 0 or q.size == 0:
         return none, none
@@ -112,7 +113,7 @@ def coll_lookup(
     ls = as_pandas_ints(collectives.column("latest_start_ns"))[rows]
     tr = np.clip(ea - ls, 0, None).astype(float)
     c_rank = collectives.column("rank").to_numpy(zero_copy_only=False)[rows].astype(np.int64)
-    r_start, r_end = c_start[rows].astype(np.int64), c_end[rows].astype(np.int64)
+    r_start, r_end = c_start[rows].astype(np.int64, copy=False), c_end[rows].astype(np.int64, copy=False)
     # (rank, start) as one int64 key when it fits; when that key is unique no row repeats (rank, start, end)
     # and a kernel matches the row of its (rank, start) whose end is its end
     lo = min(int(r_start.min()), int(raw_start[q].min()))
@@ -161,7 +162,7 @@ def coll_bytes(collectives: pa.Table | None, hit: np.ndarray, src: np.ndarray, k
     """The bytes of the matched collective row of each kernel `k` (a subset of `hit`; NaN without a column)."""
     if collectives is None or "bytes" not in collectives.column_names or k.size == 0:
         return np.full(k.size, np.nan)
-    vals: np.ndarray = as_pandas_ints(collectives.column("bytes")).astype(float)[src[np.searchsorted(hit, k)]]
+    vals: np.ndarray = as_pandas_ints(collectives.column("bytes"))[src[np.searchsorted(hit, k)]].astype(float)
     return vals
 
 

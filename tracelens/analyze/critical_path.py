@@ -199,7 +199,7 @@ def _build_graph(
     off = {int(k): int(v) for k, v in (offsets_ns or {}).items()}
 
     def ints(name: str) -> np.ndarray:
-        out: np.ndarray = nodes.column(name).to_numpy(zero_copy_only=False).astype(np.int64)
+        out: np.ndarray = nodes.column(name).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
         return out
 
     def key_col(name: str) -> np.ndarray:
@@ -208,7 +208,7 @@ def _build_graph(
         small = (a.dtype.kind == "i" and a.dtype.itemsize <= 4) or (
             a.dtype.kind == "u" and a.dtype.itemsize < 4
         )
-        return a.astype(np.int32 if small else np.int64)
+        return a.astype(np.int32 if small else np.int64, copy=False)
 
     rank, step, stream = key_col("rank"), key_col("step"), key_col("stream")
     raw_start, raw_end = ints("start_ns"), ints("end_ns")
@@ -236,10 +236,10 @@ def _build_graph(
     s = s[order]
     e = e[order]
     L = L[order]
-    is_comm = nodes.column("is_comm").to_numpy(zero_copy_only=False).astype(bool)[order]
+    is_comm = nodes.column("is_comm").to_numpy(zero_copy_only=False).astype(bool, copy=False)[order]
     label = cells(nodes.column("label"), order)
     if "launch_tid" in nodes.column_names:
-        tid = as_pandas_ints(nodes.column("launch_tid")).astype(float)[order]
+        tid = as_pandas_ints(nodes.column("launch_tid"))[order].astype(float, copy=False)
     else:
         tid = np.full(order.size, np.nan)
     del order
@@ -260,7 +260,8 @@ def _build_graph(
     group = coll_cells(collectives, "group_key", c_hit, c_row, n)
     # an instance seen by one participant only is no rendezvous
     on = inst >= 0
-    u_inst, i_inv, i_cnt = np.unique(inst[on], return_inverse=True, return_counts=True)
+    u_inst, i_inv = unique_inverse(inst[on])  # (np.unique's: by a table when the ids are dense)
+    i_cnt = np.bincount(i_inv, minlength=u_inst.size)
     lone = np.zeros(n, dtype=bool)
     lone[on] = i_cnt[i_inv.reshape(-1)] < 2
     # nor is one where a participant ended before the last one arrived (aligned): a wrong match, or a send
@@ -314,42 +315,14 @@ def _build_graph(
     # cross-stream predecessor: the latest end on another stream of the same (step, rank) at or before start
     sp = np.where(same_stream, np.arange(n) - 1, -1).astype(ix)
     explained = np.maximum(np.where(sp >= 0, e[np.maximum(sp, 0)], NEG), release)
-    SH = float(2**40)
     # with exact keys (whole ns below 2**40, (step, rank) ids below 2**13: below 2**53) a predecessor ends at or
     # before the start, so a kernel whose start its stream or release explains has none (one ending later than
     # `explained` is needed): only the others are looked up
     exact = int(grp_rs.min()) >= 0 and int(grp_rs.max()) < 2**13 and float(e.max()) < 2**40
     need = explained < s if exact else np.ones(n, dtype=bool)
-    best_end = np.full(n, NEG)
-    best_score = np.full(n, NEG)
-    best_idx = np.full(n, -1, dtype=ix)
     # on a tie (a batched send/recv pair ends together) the receive is what the next kernel waits for
-    score = e - 0.5 * op.mask("send")
-    for st in unique_inverse(stream)[0]:
-        # (step, rank) above the start / the end: one sorted search per stream (keys of the rows it needs)
-        is_st = stream == st
-        mine = np.flatnonzero(is_st)
-        keys = grp_rs[mine].astype(float) * SH + e[mine]
-        if keys.size > 1 and not bool((keys[1:] >= keys[:-1]).all()):  # (in stream order already: as is)
-            order = np.argsort(keys, kind="stable")
-            keys, mine = keys[order], mine[order]
-            del order
-        other = np.flatnonzero(~is_st & need)
-        del is_st
-        if other.size == 0 or mine.size == 0:
-            continue
-        j = np.searchsorted(keys, grp_rs[other].astype(float) * SH + s[other], side="right") - 1
-        cand = mine[np.maximum(j, 0)]
-        ok = (j >= 0) & (grp_rs[cand] == grp_rs[other])
-        del j
-        sc = score[cand]
-        better = ok & (sc > best_score[other])
-        o, c = other[better], cand[better]
-        best_score[o] = sc[better]
-        best_end[o] = e[c]
-        best_idx[o] = c
-        del mine, keys, other, cand, ok, sc, better, o, c
-    del stream, best_score, score, grp_rs, need
+    best_end, best_idx = cross_candidates(stream, grp_rs, s, e, need, e - 0.5 * op.mask("send"), ix)
+    del stream, grp_rs, need
     cross_ok = (best_idx >= 0) & (s - best_end <= CROSS_TOL_NS) & (best_end > explained)
     cp = np.where(cross_ok, best_idx, -1).astype(ix)
     del cross_ok, best_idx
@@ -392,7 +365,7 @@ def _build_graph(
     ck = np.flatnonzero(coll).astype(ix)
     arr_node = (plain.size + np.arange(ck.size)).astype(ix)
     fin_node = (plain.size + ck.size + np.arange(ck.size)).astype(ix)
-    inst_ids, inst_row = np.unique(inst[ck], return_inverse=True)
+    inst_ids, inst_row = unique_inverse(inst[ck])
     inst_row = inst_row.reshape(-1).astype(ix)
     inst_node = (plain.size + 2 * ck.size + np.arange(inst_ids.size)).astype(ix)
     n_nodes = plain.size + 2 * ck.size + inst_ids.size
@@ -494,6 +467,59 @@ def _build_graph(
     return g
 
 
+def cross_candidates(
+    stream: np.ndarray,
+    grp_rs: np.ndarray,
+    s: np.ndarray,
+    e: np.ndarray,
+    need: np.ndarray,
+    score: np.ndarray,
+    ix: type[np.signedinteger[Any]],
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per kernel with `need`: of the kernels of its (step, rank) group `grp_rs` on each other stream, the
+    last ending at or before its start (by end, stably), and of those the one of highest `score` (the first
+    stream in ascending order on a tie); returns its end (NEG: none) and index (-1: none)."""
+    n = s.size
+    SH = float(2**40)
+    best_end = np.full(n, NEG)
+    best_score = np.full(n, NEG)
+    best_idx = np.full(n, -1, dtype=ix)
+    # the rows that need a look-up, their stream and (step, rank) above the start: once for all streams
+    need_k = np.flatnonzero(need)
+    need_st = stream[need_k]
+    need_key = grp_rs[need_k].astype(float) * SH + s[need_k]
+    end_key = grp_rs.astype(float) * SH + e  # (step, rank) above the end
+    st_lo, st_hi = int(stream.min()), int(stream.max())
+    streams = (
+        np.flatnonzero(np.bincount(stream - st_lo)) + st_lo if st_hi - st_lo < 2**20 else np.unique(stream)
+    )
+    for st in streams:
+        # one sorted search per stream (keys of the rows it needs)
+        mine = np.flatnonzero(stream == st)
+        keys = end_key[mine]
+        if keys.size > 1 and not bool((keys[1:] >= keys[:-1]).all()):  # (in stream order already: as is)
+            order = np.argsort(keys, kind="stable")
+            keys, mine = keys[order], mine[order]
+            del order
+        at = np.flatnonzero(need_st != st)
+        other = need_k[at]
+        if other.size == 0 or mine.size == 0:
+            continue
+        j = np.searchsorted(keys, need_key[at], side="right") - 1
+        del at
+        cand = mine[np.maximum(j, 0)]
+        ok = (j >= 0) & (grp_rs[cand] == grp_rs[other])
+        del j
+        sc = score[cand]
+        better = ok & (sc > best_score[other])
+        o, c = other[better], cand[better]
+        best_score[o] = sc[better]
+        best_end[o] = e[c]
+        best_idx[o] = c
+        del mine, keys, other, cand, ok, sc, better, o, c
+    return best_end, best_idx
+
+
 class GraphCycleError(RuntimeError):
     """The cross-rank dependency graph has a cycle: collective instances or P2P pairs were matched in an
     order that the ranks' stream order contradicts, so no longest path exists."""
@@ -506,20 +532,23 @@ def _levels(g: Graph) -> None:
     indeg = np.bincount(all_dst, minlength=n)
     order = np.argsort(all_src, kind="stable")
     dst_by_src = all_dst[order]
-    starts = np.r_[0, np.cumsum(np.bincount(all_src, minlength=n))]  # (CSR by source: counts, not a search)
+    out_deg = np.bincount(all_src, minlength=n)
+    starts = np.cumsum(out_deg) - out_deg  # (CSR by source: counts, not a search)
     del order, all_src, all_dst
     level = np.full(n, -1, dtype=np.int64)
     slot = np.zeros(n, dtype=np.int64)  # (to take each node once from a list that may repeat it)
     frontier = np.flatnonzero(indeg == 0)
     lv = 0
+    # (each level: a few whole-array calls on its frontier and edges; their per-call overhead is the cost)
     while frontier.size:
         level[frontier] = lv
-        lo = starts[frontier]
-        cnt = starts[frontier + 1] - lo
-        tot = int(cnt.sum())
+        cnt = out_deg[frontier]
+        cs = np.cumsum(cnt)
+        tot = int(cs[-1])
         if tot == 0:
             break
-        idx = np.repeat(lo - np.cumsum(np.r_[0, cnt[:-1]]), cnt) + np.arange(tot)
+        idx = np.repeat(starts[frontier] - (cs - cnt), cnt) + np.arange(tot)
+        del cs
         d = dst_by_src[idx]  # (work per level: its edges, not n)
         np.subtract.at(indeg, d, 1)
         z = d[indeg[d] == 0]
@@ -528,7 +557,7 @@ def _levels(g: Graph) -> None:
         lv += 1
     if (level < 0).any():
         raise GraphCycleError(f"dependency graph has a cycle ({int((level < 0).sum())} nodes unreached)")
-    del slot, indeg, dst_by_src, starts
+    del slot, indeg, dst_by_src, starts, out_deg
     n_lv = int(level.max()) + 1
     level = level.astype(code_type(n_lv))  # (a small type: the stable sorts below are radix sorts)
     byl = np.argsort(level, kind="stable").astype(g.n_first_k.dtype)

@@ -1,0 +1,183 @@
+"""The critical path's graph build against its previous implementation (kept here as the reference): the
+cross-stream predecessor search (`cross_candidates`, once a loop inside `_build_graph`) and the topological
+levels (`_levels`); every array of the Graph built from real traces is the same with either."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tracelens.analyze import critical_path as CP
+from tracelens.analyze.critical_replay import NEG
+from tracelens.analyze.frame_cells import unique_inverse
+
+REPO = Path(__file__).resolve().parents[2]
+TRACES = [
+    *sorted((REPO.parent / "shared" / "traces" / "hta" / "critical_path").glob("*")),
+    REPO / "sample_traces" / "qwen35-27b-seq4k-tp2pp2dp2-straggler-skew",
+    REPO / "sample_traces" / "qwen35-27b-seq4k-tp2pp3-split22-21-21",
+    REPO / "sample_traces" / "qwen35-27b-seq4k-tp4pp4",
+]
+TRACES = [p for p in TRACES if p.is_dir()]
+
+
+def cross_candidates_old(stream, grp_rs, s, e, need, score, ix):
+    """The previous loop of `_build_graph` (one sorted search per stream, keys built per stream)."""
+    n = s.size
+    SH = float(2**40)
+    best_end = np.full(n, NEG)
+    best_score = np.full(n, NEG)
+    best_idx = np.full(n, -1, dtype=ix)
+    for st in unique_inverse(stream)[0]:
+        is_st = stream == st
+        mine = np.flatnonzero(is_st)
+        keys = grp_rs[mine].astype(float) * SH + e[mine]
+        if keys.size > 1 and not bool((keys[1:] >= keys[:-1]).all()):
+            order = np.argsort(keys, kind="stable")
+            keys, mine = keys[order], mine[order]
+        other = np.flatnonzero(~is_st & need)
+        if other.size == 0 or mine.size == 0:
+            continue
+        j = np.searchsorted(keys, grp_rs[other].astype(float) * SH + s[other], side="right") - 1
+        cand = mine[np.maximum(j, 0)]
+        ok = (j >= 0) & (grp_rs[cand] == grp_rs[other])
+        sc = score[cand]
+        better = ok & (sc > best_score[other])
+        o, c = other[better], cand[better]
+        best_score[o] = sc[better]
+        best_end[o] = e[c]
+        best_idx[o] = c
+    return best_end, best_idx
+
+
+def levels_old(g) -> None:
+    """The previous `_levels` (frontier offsets by `np.r_` and a sum per level)."""
+    n = g.n_nodes
+    all_src, all_dst = np.r_[g.e_src, g.s_src], np.r_[g.e_dst, g.s_dst]
+    indeg = np.bincount(all_dst, minlength=n)
+    order = np.argsort(all_src, kind="stable")
+    dst_by_src = all_dst[order]
+    starts = np.r_[0, np.cumsum(np.bincount(all_src, minlength=n))]
+    level = np.full(n, -1, dtype=np.int64)
+    slot = np.zeros(n, dtype=np.int64)
+    frontier = np.flatnonzero(indeg == 0)
+    lv = 0
+    while frontier.size:
+        level[frontier] = lv
+        lo = starts[frontier]
+        cnt = starts[frontier + 1] - lo
+        tot = int(cnt.sum())
+        if tot == 0:
+            break
+        idx = np.repeat(lo - np.cumsum(np.r_[0, cnt[:-1]]), cnt) + np.arange(tot)
+        d = dst_by_src[idx]
+        np.subtract.at(indeg, d, 1)
+        z = d[indeg[d] == 0]
+        slot[z] = np.arange(z.size)
+        frontier = z[slot[z] == np.arange(z.size)]
+        lv += 1
+    if (level < 0).any():
+        raise CP.GraphCycleError("cycle")
+    n_lv = int(level.max()) + 1
+    level = level.astype(CP.code_type(n_lv))
+    byl = np.argsort(level, kind="stable").astype(g.n_first_k.dtype)
+    bounds = np.r_[0, np.cumsum(np.bincount(level, minlength=n_lv))]
+    g.levels = [byl[bounds[i] : bounds[i + 1]] for i in range(n_lv)]
+    g.level_of = level
+    elev = level[g.e_dst]
+    eo = np.argsort(elev, kind="stable")
+    eb = np.r_[0, np.cumsum(np.bincount(elev, minlength=n_lv))]
+    g.e_src, g.e_dst = g.e_src[eo], g.e_dst[eo]
+    g.level_edges = [(g.e_src[eb[i] : eb[i + 1]], g.e_dst[eb[i] : eb[i + 1]]) for i in range(n_lv)]
+
+
+def _same(a, b, name):
+    if isinstance(a, np.ndarray):
+        assert a.dtype == b.dtype and a.shape == b.shape, name
+        assert np.array_equal(a, b, equal_nan=a.dtype.kind == "f"), name
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), name
+        for i, (u, v) in enumerate(zip(a, b)):
+            _same(u, v, f"{name}[{i}]")
+    elif isinstance(a, CP.Cells):
+        _same(a.codes, b.codes, name + ".codes")
+        _same(a.values, b.values, name + ".values")
+    else:
+        assert a == b, name
+
+
+def _inputs(trace: Path, tmp: Path):
+    """The arguments the analysis passes to `analyze_critical_path` for `trace`."""
+    from tracelens.run_analysis import Options, analyze_run
+
+    got = {}
+
+    def grab(*args, **kw):
+        got["args"] = args
+        return None
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(CP, "analyze_critical_path", grab)
+    try:
+        _ = analyze_run(trace, Options(cache_dir=str(tmp))).critical
+    finally:
+        mp.undo()
+    return got.get("args")
+
+
+@pytest.mark.parametrize("trace", TRACES, ids=[p.name for p in TRACES])
+def test_graph_is_the_previous_builds_on_real_traces(trace, tmp_path, monkeypatch):
+    args = _inputs(trace, tmp_path)
+    if args is None:
+        pytest.skip("no device work")
+    new = CP.build_graph(*args)
+    monkeypatch.setattr(CP, "cross_candidates", cross_candidates_old)
+    monkeypatch.setattr(CP, "_levels", levels_old)
+    old = CP.build_graph(*args)
+    assert (new is None) == (old is None)
+    if new is None:
+        return
+    assert new.n_nodes > 0
+    for f in dataclasses.fields(new):
+        _same(getattr(new, f.name), getattr(old, f.name), f.name)
+
+
+def _brute(stream, grp, s, e, need, score):
+    """Per needing kernel: over the other streams in ascending order, the last (by end, stably) kernel of the
+    same group ending at or before the start; the first of highest score among them."""
+    n = s.size
+    best_end, best_idx = np.full(n, NEG), np.full(n, -1)
+    for k in np.flatnonzero(need):
+        best = NEG
+        for st in sorted(set(stream.tolist()) - {int(stream[k])}):
+            rows = [i for i in range(n) if stream[i] == st and grp[i] == grp[k] and e[i] <= s[k]]
+            if not rows:
+                continue
+            c = sorted(rows, key=lambda i: e[i])[-1]  # (stable: the last of equal ends)
+            if score[c] > best:
+                best, best_end[k], best_idx[k] = score[c], e[c], c
+    return best_end, best_idx
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_cross_candidates_against_brute_force_and_previous(seed):
+    rng = np.random.default_rng(seed)
+    n = 300
+    grp = np.sort(rng.integers(0, 4, n)).astype(np.int32)
+    stream = rng.choice(np.array([7, 20, 24, 31], dtype=np.int32), n)
+    s = rng.integers(0, 50, n).astype(float) * 10
+    e = s + rng.integers(0, 6, n) * 10
+    order = np.lexsort((s, stream, grp))  # (the graph's kernel order)
+    grp, stream, s, e = grp[order], stream[order], s[order], e[order]
+    need = rng.random(n) < 0.7
+    score = e - 0.5 * (rng.random(n) < 0.3)
+    got = CP.cross_candidates(stream, grp, s, e, need, score, np.int32)
+    old = cross_candidates_old(stream, grp, s, e, need, score, np.int32)
+    want = _brute(stream, grp, s, e, need, score)
+    for g_, o_, w_ in zip(got, old, want):
+        assert np.array_equal(g_, o_)
+        assert np.array_equal(g_, w_)
+    assert got[1].dtype == np.int32 and (got[1] >= 0).sum() > 50
