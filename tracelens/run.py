@@ -199,7 +199,7 @@ def _load(
     entries = [cache.entry(work, f.path, int(f.rank or 0), o.salvage) for f in kin]
     defer = o.defer_stages and executor is None
 
-    pools: list[Executor] = []  # (the local pool, started for the tasks, kept until the memo is written)
+    pools: list[Executor] = []  # (the local pool, started for the tasks, kept while the stages are read)
 
     def on_executor(
         fn: Callable[..., Any], todo: list[tuple[TraceFile, RankParquet]], calls: list[tuple[Any, ...]]
