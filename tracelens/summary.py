@@ -146,19 +146,11 @@ def build_summary(a: Analysis) -> dict:
         "gpu": a.gpu_name,
         "seq_len": a.options.seq_len,
         "layout": a.grid.to_dict(),
-        "warnings": a.run.warnings
-        + a.rank_warnings()
-        + left_out(a.path, a.run.files)
-        + (list(a.nccl_sources.notes) if a.nccl_sources is not None else [])
-        + list(a.warnings)
-        + (a.mfu_warnings if a.model is not None else [])
-        + list(getattr(a.grid, "notes", []) or [])
-        + (wait_split_warnings(ranks) if cross is not None else []),
+        "warnings": [],  # (filled last: what fails in any part below is one of them)
         "analysis_path": sorted(set(a.breakdown.column("path").to_pylist())),
     }
     # the what-if replays now, before the communication and op tables below are built: the replays are the
-    # analysis' last memory peak, and those tables would add to it (its failure warning, as theirs, comes
-    # after the run's warnings above)
+    # analysis' last memory peak, and those tables would add to it
     what_if = a.what_if(findings)
     out = {
         "schema": SCHEMA,
@@ -185,6 +177,18 @@ def build_summary(a: Analysis) -> dict:
     out["critical_path"] = a.critical.to_dict() if a.critical is not None else None
     if a.options.compat == "hta":
         out["compat"] = a.hta_compat()
+    # the run's warnings once every part is built: an optional part that failed on odd input (tracelens.policy)
+    # is in `a.warnings` by now, the what-if replays, the op view and the communication tables included
+    run["warnings"] = (
+        a.run.warnings
+        + a.rank_warnings()
+        + left_out(a.path, a.run.files)
+        + (list(a.nccl_sources.notes) if a.nccl_sources is not None else [])
+        + list(a.warnings)
+        + (a.mfu_warnings if a.model is not None else [])
+        + list(getattr(a.grid, "notes", []) or [])
+        + (wait_split_warnings(ranks) if cross is not None else [])
+    )
     return out
 
 

@@ -3,6 +3,8 @@ always reach the user."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tracelens.errors import BadInputError
@@ -36,3 +38,36 @@ def test_user_errors_always_propagate(monkeypatch):
     with pytest.raises(BadInputError):
         contained("x", bad, warnings)
     assert warnings == []
+
+
+SAMPLE = Path(__file__).resolve().parents[2] / "sample_traces" / "qwen35-27b-seq4k-tp2pp2dp2-straggler-skew"
+
+
+@pytest.mark.parametrize(
+    ("module", "name", "line"),
+    [
+        ("tracelens.analyze.whatif", "what_if", "what-if skipped: RuntimeError: planted"),
+        ("tracelens.ops_view", "ops_view", "per-op view skipped: RuntimeError: planted"),
+    ],
+)
+def test_a_late_part_failing_is_in_the_summarys_warnings(monkeypatch, module, name, line):
+    """The what-if replays and the op view are built after the rest of summary.json: a failure of theirs is
+    still one line of run.warnings (it was appended after the list was copied, and lost)."""
+    import importlib
+
+    from tracelens.run_analysis import Options, analyze_run
+
+    monkeypatch.delenv("TRACELENS_STRICT", raising=False)
+    monkeypatch.delenv("TRACELENS_DEBUG", raising=False)
+
+    def planted(*args, **kwargs):
+        raise RuntimeError("planted")
+
+    monkeypatch.setattr(importlib.import_module(module), name, planted)
+    s = analyze_run(SAMPLE, Options(no_cache=True)).summary()
+    assert line in s["run"]["warnings"]
+    assert s["run"]["warnings"].count(line) == 1
+    if name == "what_if":
+        assert s["what_if"] == [] and s["critical_path"] is not None  # the rest of the summary is there
+    else:
+        assert s["ops"] == [] and s["what_if"]
