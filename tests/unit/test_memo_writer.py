@@ -17,7 +17,7 @@ from tracelens import schema
 from tracelens.analyze import classify as K
 from tracelens.analyze.collectives import collectives_from_events
 from tracelens.engine import reduce as RD
-from tracelens.engine.executor import LocalPool
+from tracelens.engine.executor import InlineExecutor, LocalPool
 from tracelens.layout_structure import pg_rows
 from tracelens.run import LoadOptions, load_run
 from tracelens.store import cache, pages, runs
@@ -159,3 +159,24 @@ def test_cold_load_on_a_pool_keeps_the_samples_in_the_memo(tmp_path):
     for name_ in TABLES:
         assert getattr(r.stages, name_).equals(getattr(plain.stages, name_)), name_
     assert not list(runs.memo_dir(r.entries).glob(".*"))
+
+
+def test_two_gathers_into_one_memo_folder_keep_their_own_parts(loaded, tmp_path):
+    """Two analyses of one run at once gather the allocator samples into the same memo folder: each reads back
+    and removes its own part files (their names were the same in both: the first to finish removed the other's,
+    which then failed to map it: tests/reliability/test_security.py's two analyses at once)."""
+    run, opts, r = loaded
+    want = cache.read_part(r.entries, "memory")
+    folder = tmp_path / "memo"
+    folder.mkdir()
+    ex = InlineExecutor()
+    first = RD.gather_memory(ex, r.entries, folder)
+    second = RD.gather_memory(ex, r.entries, folder)
+    assert RD.collect_memory(second).equals(want)
+    assert RD.collect_memory(first).equals(want)
+    assert list(folder.iterdir()) == []  # (each removed its own parts)
+    # a part removed by someone else before it is read: no samples from the gather (Run.memory reads the entries)
+    third = RD.gather_memory(ex, r.entries, folder)
+    for p in folder.iterdir():
+        p.unlink()
+    assert RD.collect_memory(third) is None

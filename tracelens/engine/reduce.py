@@ -4,6 +4,8 @@ memory (`reduce_stages`) or straight into the run memo, one table at a time (`wr
 from __future__ import annotations
 
 import contextlib
+import os
+import uuid
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -192,10 +194,19 @@ def gather_memory(ex: Executor, entries: list[RankParquet], folder: Path) -> lis
     files in `folder` (`collect_memory` puts them together)."""
     from tracelens.engine import tasks
 
+    tag = _scratch_tag()
     return [
-        ex.submit(tasks.gather_memory, entries[i : i + MEMORY_SLICE], str(folder / f".memory-{i}.arrow"))
+        ex.submit(
+            tasks.gather_memory, entries[i : i + MEMORY_SLICE], str(folder / f".memory-{tag}-{i}.arrow")
+        )
         for i in range(0, len(entries), MEMORY_SLICE)
     ]
+
+
+def _scratch_tag() -> str:
+    """A name part of this call's own for the scratch files it leaves in a memo folder: two analyses of one run
+    at once write the same memo folder, and each must read back (and remove) its own parts, not the other's."""
+    return f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
 
 
 def _submit_derived(ex: Executor, w: runs.MemoWriter, rows: int) -> list[Future[Any]]:
@@ -204,7 +215,10 @@ def _submit_derived(ex: Executor, w: runs.MemoWriter, rows: int) -> list[Future[
     x = read_ipc(w.path("xevents"))
     bounds = rank_bounds(x, rows) or [(0, x.num_rows)]
     pages.release(x)
-    return [ex.submit(derive_rows, str(w.dir), lo, n, f".derived-{i}") for i, (lo, n) in enumerate(bounds)]
+    tag = _scratch_tag()
+    return [
+        ex.submit(derive_rows, str(w.dir), lo, n, f".derived-{tag}-{i}") for i, (lo, n) in enumerate(bounds)
+    ]
 
 
 def collect_memory(futures: list[Future[Any]]) -> pa.Table | None:
@@ -221,6 +235,8 @@ def collect_memory(futures: list[Future[Any]]) -> pa.Table | None:
         if any(p is None for p in paths):
             return None
         return concat([read_ipc(Path(p)) for p in paths], schema.MEMORY)
+    except (OSError, pa.ArrowException):  # (a part removed or damaged since it was written)
+        return None
     finally:
         for p in paths:
             if p is not None:
@@ -244,7 +260,11 @@ def _collect_derived(futures: list[Future[Any]], w: runs.MemoWriter) -> list[pa.
             if not paths or any(p is None for p in paths):
                 out.append(None)
                 continue
-            parts = [read_ipc(Path(p)) for p in paths if p is not None]
+            try:
+                parts = [read_ipc(Path(p)) for p in paths if p is not None]
+            except (OSError, pa.ArrowException):  # (a part removed or damaged since it was written)
+                out.append(None)
+                continue
             if len(parts) == 1:
                 out.append(parts[0])
             elif any(not p.schema.equals(parts[0].schema) for p in parts):  # (as by_rank_chunks: whole)
