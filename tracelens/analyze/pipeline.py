@@ -340,12 +340,10 @@ def _analyze_pipeline(
         marks = marks.join(fwd["f"], how="left")
         marks["first"] = marks["f"].fillna(marks["first"]).astype(np.int64)
     marks = marks.join(bwd["b_end"], how="left")
-    if (
-        marks["b_end"].isna().any()
-    ):  # (a backward annotation's end for every (rank, step): no fallback needed)
+    if marks["b_end"].isna().any():  # a (rank, step) without a backward annotation's end: the fallback
         fallback = _fallback_last(rank, step, ts, end, is_comp, p2p, coll, marks)
         marks["last"] = marks["b_end"].fillna(fallback).astype(np.int64)
-    else:
+    else:  # (every one has it: the fallback, a pass over the events, is not computed)
         marks["last"] = marks["b_end"].astype(np.int64)
     marks = marks[["first", "last"]]
     if not len(marks):
