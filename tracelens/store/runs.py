@@ -141,37 +141,6 @@ class MemoWriter:
         write_text(self.dir / "manifest.json", json.dumps(manifest))  # last: the memo is complete
 
 
-def write_run(
-    entries: Sequence[RankParquet], meta: pa.Table, staged: Staged, memory: pa.Table | None = None
-) -> None:
-    """Write the memo of these entries from a reduced run in memory (a cache that cannot take it: the next
-    open reads the entries); `memory`: the run's allocator samples (schema.MEMORY), when read."""
-    if not entries:
-        return
-    with contextlib.suppress(OSError, pa.ArrowException):
-        w = MemoWriter(entries)
-        w.put("meta", meta)
-        w.put("xevents", staged.xevents)
-        w.put("breakdown", staged.breakdown)
-        w.put("ops", staged.ops)
-        w.put("idle", staged.idle)
-        w.put("time_ranges", staged.time_ranges)
-        w.put("sets", sets_table(staged.sets))
-        nodes, syncs = staged.critical_inputs()
-        w.put("nodes", nodes)
-        w.put("syncs", syncs)
-        w.put("spans", staged.spans)
-        for name in DERIVED:
-            w.put(name, derive_or_none(name, staged.xevents))
-        w.put("memory", memory)
-        w.finish(
-            {r: rs.path for r, rs in staged.sets.items()},
-            staged.spans_error,
-            staged.idle_error,
-            staged.nodes_stepped,
-        )
-
-
 def read_memory(entries: Sequence[RankParquet]) -> pa.Table | None:
     """The allocator samples of these entries (schema.MEMORY) from their run memo, memory-mapped (one file
     instead of one Parquet file per rank), or None when the memo has none, is incomplete or is stale."""
@@ -307,5 +276,4 @@ __all__ = [
     "read_memory",
     "read_run",
     "run_key",
-    "write_run",
 ]
