@@ -62,6 +62,7 @@ from tracelens.analyze.critical_nodes import sync_calls as sync_calls
 from tracelens.analyze.critical_replay import NEG as NEG
 from tracelens.analyze.critical_replay import Replay as Replay
 from tracelens.analyze.critical_replay import ReplayPlan as ReplayPlan
+from tracelens.analyze.critical_replay import mean_step_time_ns
 from tracelens.analyze.critical_replay import replay as replay
 from tracelens.analyze.critical_replay import replay_plan as replay_plan
 from tracelens.analyze.dictcol import per_object
@@ -575,7 +576,7 @@ def _levels(g: Graph) -> None:
 
 
 def mean_step_ns(rp: Replay) -> float:
-    return float(np.mean(list(rp.step_time.values()))) if rp.step_time else float("nan")
+    return mean_step_time_ns(rp.step_time)
 
 
 # ----------------------------------------------------------------------------------------------------

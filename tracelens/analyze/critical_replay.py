@@ -343,3 +343,8 @@ def step_times(
 ) -> dict[int, float]:
     """The step times (step -> ns) of a replay (`replay`'s arguments); what a what-if reads of it."""
     return replay(g, dur, release, transfer, plan, base).step_time
+
+
+def mean_step_time_ns(step_time: dict[int, float]) -> float:
+    """The mean of a replay's step times (`Replay.step_time`, `step_times`); NaN without a step."""
+    return float(np.mean(list(step_time.values()))) if step_time else float("nan")

@@ -26,7 +26,7 @@ import pandas as pd
 
 from tracelens.analyze.critical_keys import Cells
 from tracelens.analyze.critical_path import NEG, CriticalPath, Graph
-from tracelens.analyze.critical_replay import ReplayPlan, replay_plan, step_times
+from tracelens.analyze.critical_replay import ReplayPlan, mean_step_time_ns, replay_plan, step_times
 from tracelens.analyze.dictcol import per_object
 
 
@@ -406,7 +406,7 @@ def what_if(
 ) -> list[dict[str, Any]]:
     """The summary's `what_if` list (largest saving first); sets `saving_ms` on the findings it fixes."""
     g = cp.graph
-    base = _mean(cp.baseline.step_time)
+    base = mean_step_time_ns(cp.baseline.step_time)
     ranks = sorted({int(r) for r in np.unique(g.k_rank)})
     stage_ranks: dict[int, list[int]] = {}
     for r in ranks:
@@ -433,7 +433,7 @@ def what_if(
     ) -> dict[str, Any]:
         if key not in entries:
             ch = make()
-            after = _mean(step_times(g, plan, ch.dur, ch.release, ch.transfer, baseline))
+            after = mean_step_time_ns(step_times(g, plan, ch.dur, ch.release, ch.transfer, baseline))
             entries[key] = {
                 "change": text,
                 "kind": kind,
@@ -543,7 +543,7 @@ def what_if(
     out = sorted(entries.values(), key=lambda e: -e["saving_ms"])
     if fixed:
         # (durations compose as factors: a split can lengthen a stage; min() is right for cuts only)
-        after = _mean(step_times(g, plan, fixed[0], fixed[1], fixed[2], baseline))
+        after = mean_step_time_ns(step_times(g, plan, fixed[0], fixed[1], fixed[2], baseline))
         out.append(
             {
                 "change": "all fixed",
@@ -557,11 +557,6 @@ def what_if(
         )
         out.sort(key=lambda e: -e["saving_ms"])
     return out
-
-
-def _mean(step_time: dict[int, float]) -> float:
-    """`critical_path.mean_step_ns` of a replay with these step times."""
-    return float(np.mean(list(step_time.values()))) if step_time else float("nan")
 
 
 def _worst_group(cp: CriticalPath) -> str | None:
