@@ -276,17 +276,10 @@ def read_stage(events_parquet: Path, rank: int) -> RankStage:
         raise OSError(f"stage files of rank {rank} have another schema")
     path = meta.get(b"path", b"").decode()
     rs = rank_sets(rank, path, sets_t) if path else None
-    for t in (
-        sets_raw,
-        xev,
-        spans,
-        bd,
-        ops,
-        idle,
-        nodes,
-        syncs,
-    ):  # (reading them faulted their pages in: given back
-        pages.release(t)  # until the tables are read; at 1,024 ranks ~0.3 GB of the 8,192 files' pages)
+    # reading them faulted their pages in: given back until the tables are read (at 1,024 ranks ~0.3 GB of the
+    # 8,192 files' pages)
+    for t in (sets_raw, xev, spans, bd, ops, idle, nodes, syncs):
+        pages.release(t)
     err = meta.get(b"spans_error", b"").decode() or None
     tr = meta.get(b"time_range", b"").decode()
     lo_hi = tuple(int(v) for v in tr.split(",")) if tr else None
