@@ -12,6 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from tests.critical_graphs import colls
 from tracelens.analyze import critical_path as CP
 from tracelens.analyze import critical_replay as R
 from tracelens.analyze import whatif as W
@@ -150,25 +151,6 @@ def _nodes(rows):
     return pa.table(cols, schema=CP.NODES)
 
 
-def _colls(rows):
-    """rows: (rank, start, end, instance)."""
-    latest = {i: max(r[1] for r in rows if r[3] == i) for i in {r[3] for r in rows}}
-    return pa.table(
-        {
-            "rank": pa.array([r[0] for r in rows], pa.int32()),
-            "start_ns": pa.array([r[1] for r in rows], pa.int64()),
-            "end_ns": pa.array([r[2] for r in rows], pa.int64()),
-            "instance": pa.array([r[3] for r in rows], pa.int64()),
-            "op": pa.array(["allreduce"] * len(rows)),
-            "group_key": pa.array(["pg:0"] * len(rows)),
-            "bytes": pa.array([1000] * len(rows), pa.int64()),
-            "n_participants": pa.array([sum(1 for q in rows if q[3] == r[3]) for r in rows], pa.int32()),
-            "latest_start_ns": pa.array([latest[r[3]] for r in rows], pa.int64()),
-            "end_aligned_ns": pa.array([r[2] for r in rows], pa.int64()),
-        }
-    )
-
-
 B = 10**12
 
 
@@ -187,7 +169,7 @@ def _hand_built():
                 (r, 7, B + t0 + 2100 + late, B + t0 + 2300 + late, False, None, st),
             ]
             coll.append((r, B + t0 + 1000 + late, B + t0 + 2000 + late, st))
-    return _nodes(rows), _colls(coll)
+    return _nodes(rows), colls(coll)
 
 
 def test_hand_built_graph_replays_as_the_reference():
