@@ -358,9 +358,8 @@ def test_unknown_phases_and_odd_types_fall_back_to_the_loose_decoder(tmp_path):
 
 
 def test_reference_cycle_holding_decoded_events_does_not_break_the_read(tmp_path, monkeypatch):
-    """Raw timestamps reference the decode buffer; if a reference cycle still holds a chunk's decoded events
-    when the buffer is released (the cyclic collector is paused while reading), the read frees it instead of
-    failing with "memoryview has N exported buffers" (seen once under Dask with two threads per worker)."""
+    """Raw timestamps reference the text they were decoded from; a reference cycle still holding a chunk's
+    decoded events (the cyclic collector is paused while reading) does not break the read."""
     events = [kt.x("cpu_op", f"op{i}", f"{100 + i}.125", "0.500") for i in range(300)]
     p = kt.write(tmp_path / "rank0.json", kt.doc(rank=0, world_size=1, events=events))
     want = kineto.read(p, chunk_bytes=2048).events
@@ -374,3 +373,26 @@ def test_reference_cycle_holding_decoded_events_does_not_break_the_read(tmp_path
     monkeypatch.setattr(kscan, "_columns", leaky)  # (scan decodes the chunks)
     got = kineto.read(p, chunk_bytes=2048).events
     assert got.equals(want) and got.num_rows == 300
+
+
+def test_decoded_events_held_from_outside_do_not_break_the_read(tmp_path, monkeypatch):
+    """Something outside tracelens may hold a chunk's decoded events after the chunk is done: Dask's sampling
+    profiler keeps the frames of a running task, with their locals, for a moment. The read went on resizing
+    a buffer those raw timestamps were views of, and failed with "BufferError: memoryview has 4421 exported
+    buffers" (CI, tests/integration/test_dask_engine.py); no garbage collection frees a live reference."""
+    events = [kt.x("cpu_op", f"op{i}", f"{100 + i}.125", "0.500") for i in range(300)]
+    p = kt.write(tmp_path / "rank0.json", kt.doc(rank=0, world_size=1, events=events))
+    want = kineto.read(p, chunk_bytes=2048).events
+    real = kscan._columns
+    held: list = []
+
+    def holding(evs):
+        held.append(evs)  # a live reference, as a profiler's saved frame has
+        return real(evs)
+
+    monkeypatch.setattr(kscan, "_columns", holding)
+    got = kineto.read(p, chunk_bytes=2048).events
+    assert got.equals(want) and got.num_rows == 300
+    assert len(held) > 5  # many chunks, each still held while the next were decoded
+    raw_ts = held[0][0].ts
+    assert isinstance(raw_ts, msgspec.Raw) and bytes(raw_ts) == b"100.125"  # still readable after the read
