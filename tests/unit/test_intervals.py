@@ -80,3 +80,58 @@ def test_assign_windows():
     hi = np.array([10, 20, 40])
     got = iv.assign_windows(np.array([-1, 0, 9, 10, 25, 39, 40]), lo, hi)
     assert got.tolist() == [-1, 0, 0, 1, -1, 2, -1]
+
+
+def _sweep_intersect(a, b):
+    """The previous `intersect` (a sweep over all boundaries, then `union`): the reference."""
+    if a[0].size == 0 or b[0].size == 0:
+        return iv.empty()
+    pts = np.concatenate([a[0], a[1], b[0], b[1]])
+    delta = np.concatenate(
+        [np.ones(a[0].size, np.int64), -np.ones(a[1].size, np.int64)]
+        + [np.ones(b[0].size, np.int64), -np.ones(b[1].size, np.int64)]
+    )
+    order = np.lexsort((delta, pts))
+    pts, level = pts[order], np.cumsum(delta[order])
+    inside = level >= 2
+    was = np.concatenate([[False], inside[:-1]])
+    return iv.union(pts[inside & ~was], pts[~inside & was])
+
+
+def _same(got, want):
+    assert got[0].dtype == want[0].dtype == np.int64 and got[1].dtype == want[1].dtype == np.int64
+    assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+
+
+big = st.lists(st.tuples(st.integers(-(1 << 61), 1 << 61), st.integers(0, 1 << 40)), max_size=30).map(
+    lambda xs: iv.union(np.array([a for a, _ in xs], np.int64), np.array([a + d for a, d in xs], np.int64))
+)
+
+
+@settings(max_examples=300)
+@given(st.one_of(ivs.map(lambda a: iv.union(*a)), big), st.one_of(ivs.map(lambda a: iv.union(*a)), big))
+def test_intersect_equals_sweep(a, b):
+    """The pairwise intersect gives exactly the sweep's arrays (touching, nested, equal and far intervals)."""
+    _same(iv.intersect(a, b), _sweep_intersect(a, b))
+    _same(iv.intersect(b, a), _sweep_intersect(b, a))
+    c = iv.complement(b, -(1 << 62), 1 << 62)
+    _same(iv.intersect(a, c), _sweep_intersect(a, c))
+
+
+def test_intersect_equals_sweep_on_real_ranks():
+    """Exposed / overlapped communication sets of real traces: the same arrays as the sweep."""
+    from pathlib import Path
+
+    from tracelens.analyze.breakdown import class_sets
+    from tracelens.ingest.kineto import read
+
+    run = Path(__file__).parents[2] / "sample_traces" / "qwen35-27b-seq4k-tp2pp2dp2-straggler-skew"
+    traces = sorted(run.glob("*.pt.trace.json*"))[:3]
+    assert traces
+    seen = 0
+    for p in traces:
+        for rs in class_sets(read(p).events).values():
+            for x, y in ((rs.comm, rs.compute), (rs.compute, rs.memory), (rs.comm, rs.memory)):
+                _same(iv.intersect(x, y), _sweep_intersect(x, y))
+                seen += int(x[0].size > 0 and y[0].size > 0)
+    assert seen
