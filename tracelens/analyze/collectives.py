@@ -658,7 +658,7 @@ def match_with_findings(
     expected = expected.fillna(from_key)
     expected = expected.where(~pd.Series(p2p), 2.0)
     df["n_expected"] = expected.round().astype("Int64")
-    return df, _mismatches(df)
+    return df, _mismatches(df, (op_c, op_words, gk_c))
 
 
 def _sorted_by_rank_start(df: pd.DataFrame) -> bool:
@@ -674,12 +674,18 @@ def _sorted_by_rank_start(df: pd.DataFrame) -> bool:
     return bool(((r[1:] > r[:-1]) | (same & (t[1:] >= t[:-1]))).all())
 
 
-def _mismatches(df: pd.DataFrame) -> list[dict[str, Any]]:
+def _mismatches(df: pd.DataFrame, codes: tuple[Any, ...] | None = None) -> list[dict[str, Any]]:
     """COLLECTIVE_MISMATCH: an instance whose participants disagree on the op, or ranks of one group that
-    issued different numbers of the same collective."""
+    issued different numbers of the same collective. `codes`: (op codes, op words, group_key codes) of the
+    rows of `df` (match_with_findings' `per_distinct_codes`), to decide the usual case without coding the
+    op and group strings again."""
     out: list[dict[str, Any]] = []
-    coll = df.loc[~df["is_p2p"].astype(bool), ["instance", "op", "rank", "seq", "group_key"]]
-    if coll.empty or _agree(coll):
+    keep = ~df["is_p2p"].astype(bool)
+    coll = df.loc[keep, ["instance", "op", "rank", "seq", "group_key"]]
+    if codes is not None:
+        sel = keep.to_numpy(dtype=bool)
+        codes = (codes[0][sel], codes[1], codes[2][sel])
+    if coll.empty or _agree(coll, codes):
         return out
     nops = coll.groupby("instance")["op"].nunique()
     bad = nops[nops > 1].index
@@ -721,15 +727,22 @@ def _mismatches(df: pd.DataFrame) -> list[dict[str, Any]]:
     return out
 
 
-def _agree(coll: pd.DataFrame) -> bool:
+def _agree(coll: pd.DataFrame, codes: tuple[Any, ...] | None = None) -> bool:
     """True when `_mismatches` has nothing to report, decided on integer codes (the usual case, without
     pandas' groupby over the string keys): every instance has one op, and in every (group, kind) cell all
-    ranks issued the same number of calls. False (look with pandas) when some key is null."""
+    ranks issued the same number of calls. False (look with pandas) when some key is null.
+
+    `codes`: (op codes, op words, group_key codes) of these rows, codes of the op values themselves and of
+    the group keys' text (only the partitions of the rows they make matter below: the op's words are
+    used when they are all str, equal to their text, and the group keys are str); None: coded here."""
     op, rank, gk = coll["op"], coll["rank"], coll["group_key"]
     if op.isna().any() or rank.isna().any() or gk.isna().any() or coll["instance"].isna().any():
         return False
     inst = coll["instance"].astype("int64").to_numpy()
-    op_c, op_words = _per_distinct_codes(str, op)
+    if codes is not None and all(type(w) is str for w in codes[1]):
+        op_c, op_words, gk = codes[0], codes[1], codes[2]
+    else:
+        op_c, op_words = _per_distinct_codes(str, op)
     pair = _row_codes(inst, op_c)  # (instance, op) pairs: one per instance when every instance has one op
     if _n_codes(pair) != _unique_inverse(inst)[0].size:
         return False
