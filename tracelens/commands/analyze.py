@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from tracelens._app import app
+from tracelens.gc_pause import frozen_heap
 from tracelens.outputs import guard_outputs, guard_overwrite
 
 
@@ -344,7 +345,7 @@ def analyze(
         from rich.progress import Progress
 
         progress = Progress(transient=True)
-    with progress or nullcontext(), plain or nullcontext():
+    with progress or nullcontext(), plain or nullcontext(), frozen_heap():
         task = progress.add_task("reading traces", total=None) if progress is not None else None
 
         def tick(done: int, total: int) -> None:
@@ -386,7 +387,8 @@ def analyze(
     if not no_report:
         from tracelens.report.html import write_report
 
-        write_report(analysis, summary, report_path)
+        with frozen_heap():
+            write_report(analysis, summary, report_path)
     nccl_ranks = (
         sorted({r for t in analysis.nccl.values() for r in t.column("rank").to_pylist() if r is not None})
         if not summary["ranks"]
