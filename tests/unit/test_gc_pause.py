@@ -39,3 +39,14 @@ def test_cycles_made_before_are_collected_after():
         assert alive[0] == 0  # (frozen: not looked at)
     gc.collect()
     assert alive[0] == 1
+
+
+def test_refreeze_inside_is_handed_back_too():
+    from tracelens.gc_pause import refreeze
+
+    with frozen_heap():
+        n = gc.get_freeze_count()
+        made = [[i] for i in range(1000)]  # (tracked objects made inside the block)
+        refreeze()
+        assert gc.get_freeze_count() >= n + len(made)
+    assert gc.get_freeze_count() == 0

@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from tracelens._app import app
-from tracelens.gc_pause import frozen_heap
+from tracelens.gc_pause import frozen_heap, refreeze
 from tracelens.outputs import guard_outputs, guard_overwrite
 
 
@@ -373,6 +373,7 @@ def analyze(
             force_layout=force_layout,
         )
         analysis = analyze_run(run_dir, opts)
+        refreeze()  # (and the modules the loading imported, the run's tables: all live until exit)
         if progress is not None and task is not None:
             progress.update(task, description="analyzing")
         if plain is not None:
