@@ -322,7 +322,10 @@ def _build_graph(
     exact = int(grp_rs.min()) >= 0 and int(grp_rs.max()) < 2**13 and float(e.max()) < 2**40
     need = explained < s if exact else np.ones(n, dtype=bool)
     # on a tie (a batched send/recv pair ends together) the receive is what the next kernel waits for
-    best_end, best_idx = cross_candidates(stream, grp_rs, s, e, need, e - 0.5 * op.mask("send"), ix)
+    send = op.mask("send")
+    got = cross_candidates_exact(stream, grp_rs, s, e, need, send, ix) if exact else None
+    best_end, best_idx = got or cross_candidates(stream, grp_rs, s, e, need, e - 0.5 * send, ix)
+    del got, send
     del stream, grp_rs, need
     cross_ok = (best_idx >= 0) & (s - best_end <= CROSS_TOL_NS) & (best_end > explained)
     cp = np.where(cross_ok, best_idx, -1).astype(ix)
@@ -518,6 +521,95 @@ def cross_candidates(
         best_end[o] = e[c]
         best_idx[o] = c
         del mine, keys, other, cand, ok, sc, better, o, c
+    return best_end, best_idx
+
+
+def cross_candidates_exact(
+    stream: np.ndarray,
+    grp_rs: np.ndarray,
+    s: np.ndarray,
+    e: np.ndarray,
+    need: np.ndarray,
+    send: np.ndarray,
+    ix: type[np.signedinteger[Any]],
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """`cross_candidates` with score `e - 0.5 * send`, by one sort of all kernels instead of a search per
+    stream; None when its keys do not fit (the caller then takes `cross_candidates`).
+
+    Starts and ends are whole ns, so a score orders as (end, not a send): a stream's kernel ending earlier than
+    its candidate (the last ending at or before the start, stably) never scores higher, and the best of the
+    other streams' candidates is the best kernel of the (step, rank) by (end, not a send, lowest stream)
+    among those ending at or before the start on another stream, counting of the kernels sharing a stream
+    and an end only the last. Sorted by that priority, it is the last before the start (p) if its stream is
+    not the kernel's own, else the last before the run of one stream that ends at p."""
+    n = s.size
+    if n == 0 or not need.any():
+        return None
+    st_lo, st_hi = int(stream.min()), int(stream.max())
+    g_lo, g_hi = int(grp_rs.min()), int(grp_rs.max())
+    if st_hi - st_lo >= 2**20 or g_lo < 0 or g_hi >= 2**13 or float(s.min()) < 0 or float(e.max()) >= 2**40:
+        return None
+    present = np.bincount(stream - st_lo) > 0
+    if int(present.sum()) > 2**9:
+        return None
+    # per stream code 511 - (its place among the streams): the lower stream ranks higher
+    code = (2**9 - 1) - (np.cumsum(present) - 1)
+    del present
+    # of the kernels sharing (step, rank, stream) and end, only the last (kernels are by stream and start)
+    same = grp_rs[1:] == grp_rs[:-1]
+    same &= stream[1:] == stream[:-1]
+    if bool((e[1:] >= e[:-1])[same].all()):  # ends in order within each stream: ties are neighbours
+        same &= e[1:] == e[:-1]
+        cand = np.flatnonzero(np.r_[~same, True]) if same.any() else None
+    else:  # (overlapping kernels on a stream: ties by a stable sort of (step, rank, stream, end))
+        k2 = grp_rs.astype(np.int64) << 49
+        k2 |= code[stream - st_lo] << 40
+        k2 |= e.astype(np.int64)
+        o2 = np.argsort(k2, kind="stable")
+        k2 = k2[o2]
+        cand = np.sort(o2[np.r_[k2[1:] != k2[:-1], True]])
+        del k2, o2
+    del same
+    # priority key: (step, rank) above the end above "not a send" above the stream code
+    rows = slice(None) if cand is None else cand
+    key = grp_rs[rows].astype(np.int64) << 50
+    key |= e[rows].astype(np.int64) << 10
+    key |= np.where(send[rows], 0, 2**9)
+    key |= code[stream[rows] - st_lo]
+    o = np.argsort(key, kind="stable")  # (kernel order is by stream first: a merge of sorted runs)
+    key = key[o]
+    if cand is not None:
+        o = cand[o]
+    q = np.flatnonzero(need)
+    qkey = grp_rs[q].astype(np.int64) << 50
+    qkey |= s[q].astype(np.int64) << 10
+    qkey |= 2**10 - 1
+    p = np.searchsorted(key, qkey, side="right")
+    del qkey
+    p -= 1
+    none = p < 0
+    np.maximum(p, 0, out=p)
+    low = key & (2**9 - 1)  # each sorted kernel's stream code
+    del key
+    own = low[p] == code[stream[q] - st_lo]
+    # the last before the run of the own stream that ends at p
+    # (the last of each run but the final one, after a -1 for "none before the first run")
+    runs = np.r_[-1, np.flatnonzero(low[1:] != low[:-1])]
+    del low
+    po = p[own]
+    po = runs[np.searchsorted(runs, po, side="left") - 1]  # the last run end before p's run
+    none[own] |= po < 0
+    p[own] = np.maximum(po, 0)
+    del po, own, runs
+    c = o[p]
+    del o, p
+    ok = ~none
+    ok &= grp_rs[c] == grp_rs[q]
+    q, c = q[ok], c[ok]
+    best_end = np.full(n, NEG)
+    best_idx = np.full(n, -1, dtype=ix)
+    best_end[q] = e[c]
+    best_idx[q] = c
     return best_end, best_idx
 
 

@@ -313,12 +313,15 @@ def replay(
     entry = np.full(n, NEG)
     S = np.full(n, NEG) if Qs.size else finish[:0]
     e_src = p.e_src
+    # (per level a few calls on a few thousand nodes: their overhead is the cost, so the reduction writes
+    # into `entry` itself and the functions are looked up once)
+    take, reduce_max, add, maximum = np.take, np.maximum.reduceat, np.add, np.maximum
     for (a, m, b, e0, e1, rs), sy in zip(p.levels, p.sync):
         if m > a:
-            entry[a:m] = np.maximum.reduceat(finish[e_src[e0:e1]], rs)
+            reduce_max(take(finish, e_src[e0:e1]), rs, out=entry[a:m])
         f = finish[a:b]
-        np.add(entry[a:b], D[a:b], out=f)
-        np.maximum(f, Q[a:b], out=f)
+        add(entry[a:b], D[a:b], out=f)
+        maximum(f, Q[a:b], out=f)
         if sy is not None and S.size:
             slot, x, x_end = sy
             t = Qs[a + slot] + finish[x] - x_end
