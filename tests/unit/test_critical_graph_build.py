@@ -237,3 +237,40 @@ def test_cross_candidates_exact_declines_keys_that_do_not_fit():
     assert CP.cross_candidates_exact(stream, grp + 2**13, s, e, need, send, np.int32) is None
     assert CP.cross_candidates_exact(stream, grp, s, e + 2.0**40, need, send, np.int32) is None
     assert CP.cross_candidates_exact(stream, grp, s, e, ~need, send, np.int32) is None
+
+
+def _pair_lookup_old(ka, kb, qa, qb):
+    """The previous `critical_keys.pair_lookup` (rows in `np.lexsort((kb, ka))` order)."""
+    o = np.lexsort((kb, ka))
+    sa, sb = ka[o], kb[o]
+    starts = np.flatnonzero(np.r_[True, sa[1:] != sa[:-1]])
+    run = int(np.diff(np.r_[starts, sa.size]).max()) if sa.size else 0
+    if run > 8:
+        return None
+    lo = np.searchsorted(sa, qa, side="left")
+    out = np.full(qa.size, -1, dtype=np.int64)
+    for d in range(run):
+        i = np.minimum(lo + d, sa.size - 1)
+        hit = (out < 0) & (lo + d < sa.size) & (sa[i] == qa) & (sb[i] == qb)
+        out[hit] = o[i[hit]]
+    return out
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_pair_lookup_is_the_previous_and_finds_the_first_row(seed):
+    from tracelens.analyze.critical_keys import pair_lookup
+
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(0, 60))
+    ka, kb = rng.integers(0, 20, n), rng.integers(0, 4, n)
+    m = int(rng.integers(0, 40))
+    qa, qb = rng.integers(0, 22, m), rng.integers(0, 5, m)
+    got = pair_lookup(ka, kb, qa, qb)
+    old = _pair_lookup_old(ka, kb, qa, qb)
+    assert (got is None) == (old is None)
+    if got is None:
+        return
+    assert np.array_equal(got, old)
+    for j in range(m):  # the first row (in row order) equal in both keys, else -1
+        rows = [i for i in range(n) if ka[i] == qa[j] and kb[i] == qb[j]]
+        assert got[j] == (rows[0] if rows else -1)

@@ -239,7 +239,9 @@ def _build_graph(
     L = L[order]
     is_comm = nodes.column("is_comm").to_numpy(zero_copy_only=False).astype(bool, copy=False)[order]
     label = cells(nodes.column("label"), order)
-    if "launch_tid" in nodes.column_names:
+    if syncs is None or syncs.num_rows == 0:
+        tid = np.empty(0)  # (read by `sync_epochs` only when there are sync calls)
+    elif "launch_tid" in nodes.column_names:
         tid = as_pandas_ints(nodes.column("launch_tid"))[order].astype(float, copy=False)
     else:
         tid = np.full(order.size, np.nan)
@@ -315,7 +317,11 @@ def _build_graph(
 
     # cross-stream predecessor: the latest end on another stream of the same (step, rank) at or before start
     sp = np.where(same_stream, np.arange(n) - 1, -1).astype(ix)
-    explained = np.maximum(np.where(sp >= 0, e[np.maximum(sp, 0)], NEG), release)
+    prev_e = np.empty(n)  # (the end before each kernel: a shifted copy, not a gather by `sp`)
+    prev_e[:1] = NEG
+    prev_e[1:] = e[:-1]
+    explained = np.maximum(np.where(same_stream, prev_e, NEG), release)
+    del prev_e
     # with exact keys (whole ns below 2**40, (step, rank) ids below 2**13: below 2**53) a predecessor ends at or
     # before the start, so a kernel whose start its stream or release explains has none (one ending later than
     # `explained` is needed): only the others are looked up
