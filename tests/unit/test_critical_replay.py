@@ -332,16 +332,17 @@ def _check_tail(g, seed, taken=True):
         dur = np.where(later, g.k_dur * rng.uniform(0.3, 1.2, n), g.k_dur)
         moved = later & (g.k_release > NEG / 2)
         rel = np.where(moved, g.k_release - rng.uniform(0, 2000, n), g.k_release)
-        for d, r in ((dur, g.k_release), (g.k_dur, rel), (dur, rel)):
-            got = R._tail_terms(g, plan, d, r, g.k_transfer, base)
+        tr = g.k_transfer * rng.uniform(0.2, 1.0, n)
+        for d, r, x in ((dur, g.k_release, g.k_transfer), (g.k_dur, rel, g.k_transfer), (dur, rel, tr)):
+            got = R._tail_terms(g, plan, d, r, x, base)
             if taken and i < 3:
                 assert got is not None
             if got is not None:
-                full = R._terms(g, plan, d, r, g.k_transfer)
+                full = R._terms(g, plan, d, r, x)
                 for a, b in zip(got, full):
                     assert a.dtype == b.dtype
                     np.testing.assert_array_equal(a, b)
-            _assert_same(g, R.replay(g, d, r, None, plan, base), d, r, None)
+            _assert_same(g, R.replay(g, d, r, x, plan, base), d, r, x)
     # nothing changed, or a base that is not the observed replay: all terms computed
     assert R._tail_terms(g, plan, g.k_dur, g.k_release, g.k_transfer, base) is None
     other = R.replay(g, g.k_dur * 0.5, plan=plan)

@@ -627,20 +627,21 @@ class GraphCycleError(RuntimeError):
 def _levels(g: Graph) -> None:
     """Topological levels (Kahn's algorithm, one vectorised round per level) and each level's in-edges."""
     n = g.n_nodes
-    all_src, all_dst = np.r_[g.e_src, g.s_src], np.r_[g.e_dst, g.s_dst]  # sync edges order, do not enter
+    all_src, all_dst = g.e_src, g.e_dst  # (read only)
+    if g.s_src.size:  # sync edges order, do not enter
+        all_src, all_dst = np.r_[g.e_src, g.s_src], np.r_[g.e_dst, g.s_dst]
     indeg = np.bincount(all_dst, minlength=n)
     order = np.argsort(all_src, kind="stable")
     dst_by_src = all_dst[order]
     out_deg = np.bincount(all_src, minlength=n)
     starts = np.cumsum(out_deg) - out_deg  # (CSR by source: counts, not a search)
     del order, all_src, all_dst
-    level = np.full(n, -1, dtype=np.int64)
     slot = np.zeros(n, dtype=np.int64)  # (to take each node once from a list that may repeat it)
     frontier = np.flatnonzero(indeg == 0)
-    lv = 0
+    fronts: list[np.ndarray] = []  # (each level's nodes: their levels set at the end, in one call)
     # (each level: a few whole-array calls on its frontier and edges; their per-call overhead is the cost)
     while frontier.size:
-        level[frontier] = lv
+        fronts.append(frontier)
         cnt = out_deg[frontier]
         cs = np.cumsum(cnt)
         tot = int(cs[-1])
@@ -653,7 +654,10 @@ def _levels(g: Graph) -> None:
         z = d[indeg[d] == 0]
         slot[z] = np.arange(z.size)
         frontier = z[slot[z] == np.arange(z.size)]  # each node once (the order within a level is not used)
-        lv += 1
+    level = np.full(n, -1, dtype=np.int64)
+    if fronts:
+        level[np.concatenate(fronts)] = np.repeat(np.arange(len(fronts)), [f.size for f in fronts])
+    del fronts
     if (level < 0).any():
         raise GraphCycleError(f"dependency graph has a cycle ({int((level < 0).sum())} nodes unreached)")
     del slot, indeg, dst_by_src, starts, out_deg

@@ -314,14 +314,17 @@ def _tail_terms(
         return None
     if p.sy_ks is not None or not ks.size:
         return None
-    changed = np.zeros(0, dtype=np.int64)
+    changed = []
     for new, old in ((dur, base.dur), (release, base.release)):
         if new is not old:
-            first = np.flatnonzero(new != old)[:1]  # (NaN != NaN: a NaN counts as changed)
-            changed = np.r_[changed, first]
-    if not changed.size:
+            neq = new != old  # (NaN != NaN: a NaN counts as changed)
+            first = int(neq.argmax())  # (the first True)
+            if neq[first]:
+                changed.append(first)
+            del neq
+    if not changed:
         return None
-    j0 = int(np.searchsorted(ks, int(changed.min())))  # the first plain kernel at or after the first change
+    j0 = int(np.searchsorted(ks, min(changed)))  # the first plain kernel at or after the first change
     if j0 >= ks.size:
         return None
     s0 = int(p.seg_idx[j0])
@@ -358,11 +361,12 @@ def _tail_terms(
     Q[u], qk[u] = _release_terms(val, st, si, kt)
     del val
     ck = p.ck
-    if ck.size:
+    if ck.size and release is not base.release:  # (the arrivals' terms: the observed ones otherwise)
         arr = p.arr_pos
         D[arr] = g.k_res[ck]
         Q[arr] = np.where(release[ck] > NEG / 2, release[ck] + g.k_res[ck], NEG)
         qk[arr] = ck
+    if ck.size and transfer is not base.transfer:
         D[p.fin_pos] = transfer[ck]
     return D, Q, Q[:0], qk, qk[:0]
 
