@@ -274,3 +274,34 @@ def test_pair_lookup_is_the_previous_and_finds_the_first_row(seed):
     for j in range(m):  # the first row (in row order) equal in both keys, else -1
         rows = [i for i in range(n) if ka[i] == qa[j] and kb[i] == qb[j]]
         assert got[j] == (rows[0] if rows else -1)
+
+
+def _launch_latency_old(rank, s, L):
+    """The previous per-rank latency of `_build_graph` (np.minimum.at over the kernels with a launch)."""
+    u_rank, r_inv = unique_inverse(rank)
+    lat_r = np.full(u_rank.size, np.inf)
+    has_l = ~np.isnan(L)
+    np.minimum.at(lat_r, r_inv[has_l], (s - L)[has_l])
+    lat_r = np.where(np.isinf(lat_r), 0.0, np.maximum(lat_r, 0.0))
+    return lat_r[r_inv]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_launch_latency_is_the_previous(seed):
+    from tracelens.analyze.critical_keys import launch_latency
+
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 300))
+    rank = rng.integers(0, 6, n).astype(np.int32)
+    step = rng.integers(0, 3, n).astype(np.int32)
+    if seed % 2:  # (the graph's order: by step and rank)
+        o = np.lexsort((rank, step))
+        rank, step = rank[o], step[o]
+    s = rng.integers(0, 10_000, n).astype(float)
+    L = s - rng.integers(-50, 500, n)  # (a launch after the start too: a latency of 0)
+    L[rng.random(n) < 0.3] = np.nan
+    L[rank == 5] = np.nan  # a rank without any launch
+    got = launch_latency(rank, step, s, L)
+    want = _launch_latency_old(rank, s, L)
+    assert got.dtype == want.dtype and np.array_equal(got, want)
+    assert launch_latency(rank[:0], step[:0], s[:0], L[:0]).size == 0

@@ -144,6 +144,22 @@ def coll_lookup(
     return hit, src
 
 
+def launch_latency(rank: np.ndarray, step: np.ndarray, s: np.ndarray, L: np.ndarray) -> np.ndarray:
+    """Per kernel, its rank's launch latency: the smallest start - launch over the rank's kernels with a launch
+    (`L` not NaN), at least 0; 0 for a rank without one. The smallest of each run of one (step, rank) first
+    (one reduction, NaN skipped: few runs when the kernels are sorted by step and rank, as the graph's are),
+    then of each rank's runs: what `np.minimum.at` over the kernels with a launch gives (a min is exact in
+    any order)."""
+    u_rank, r_inv = unique_inverse(rank)
+    lat_r = np.full(u_rank.size, np.inf)
+    if rank.size:
+        runs = np.flatnonzero(np.r_[True, (rank[1:] != rank[:-1]) | (step[1:] != step[:-1])])
+        np.fmin.at(lat_r, r_inv[runs], np.fmin.reduceat(s - L, runs))
+    lat_r = np.where(np.isinf(lat_r) | np.isnan(lat_r), 0.0, np.maximum(lat_r, 0.0))
+    out: np.ndarray = lat_r[r_inv]
+    return out
+
+
 def coll_cells(collectives: pa.Table | None, name: str, hit: np.ndarray, src: np.ndarray, n: int) -> Cells:
     """Per kernel: the `name` cell of its matched collective row (`coll_lookup`'s hit, src), "" for the
     kernels without one, "nan" for all matched ones when the table has no such column."""
@@ -286,6 +302,7 @@ __all__ = [
     "coll_bytes",
     "coll_cells",
     "coll_lookup",
+    "launch_latency",
     "pair_lookup",
     "per_rank",
     "sort_order",

@@ -49,6 +49,7 @@ from tracelens.analyze.critical_keys import (
     coll_bytes,
     coll_cells,
     coll_lookup,
+    launch_latency,
     per_rank,
     sort_order,
     sync_epochs,
@@ -284,13 +285,7 @@ def _build_graph(
     np.maximum(e, s, out=e)
 
     # launch latency per rank: the smallest launch -> start seen on that rank
-    u_rank, r_inv = unique_inverse(rank)
-    lat_r = np.full(u_rank.size, np.inf)
-    has_l = ~np.isnan(L)
-    np.minimum.at(lat_r, r_inv[has_l], (s - L)[has_l])
-    lat_r = np.where(np.isinf(lat_r), 0.0, np.maximum(lat_r, 0.0))
-    lat_k = lat_r[r_inv]
-    del r_inv, has_l
+    lat_k = launch_latency(rank, step, s, L)
     release = np.where(np.isnan(L), NEG, L + lat_k)
     np.minimum(release, s, out=release)
 
