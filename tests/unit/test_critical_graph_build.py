@@ -135,6 +135,7 @@ def test_graph_is_the_previous_builds_on_real_traces(trace, tmp_path, monkeypatc
         pytest.skip("no device work")
     new = CP.build_graph(*args)
     monkeypatch.setattr(CP, "cross_candidates", cross_candidates_old)
+    monkeypatch.setattr(CP, "cross_candidates_exact", lambda *a: None)
     monkeypatch.setattr(CP, "_levels", levels_old)
     old = CP.build_graph(*args)
     assert (new is None) == (old is None)
@@ -181,3 +182,126 @@ def test_cross_candidates_against_brute_force_and_previous(seed):
         assert np.array_equal(g_, o_)
         assert np.array_equal(g_, w_)
     assert got[1].dtype == np.int32 and (got[1] >= 0).sum() > 50
+
+
+def _kernels(rng, n, streams, overlap):
+    """Random kernels in the graph's order (step-rank group, stream, start), whole ns; `overlap`: kernels of one
+    stream may overlap (ends out of order), else each starts at or after the previous end of its stream."""
+    grp = np.sort(rng.integers(0, 4, n)).astype(np.int32)
+    stream = rng.choice(np.array(streams, dtype=np.int32), n)
+    s = rng.integers(0, 40, n).astype(float) * 10
+    o = np.lexsort((s, stream, grp))
+    grp, stream, s = grp[o], stream[o], s[o]
+    dur = rng.integers(0, 4, n) * 10.0
+    if overlap:
+        return grp, stream, s, s + dur
+    # back to back (with gaps) per stream: starts are the running sum of the durations and gaps
+    run = np.r_[True, (grp[1:] != grp[:-1]) | (stream[1:] != stream[:-1])]
+    step = dur + rng.integers(0, 3, n) * 10.0
+    cum = np.cumsum(step)
+    first = np.flatnonzero(run)
+    base = np.repeat(cum[first] - step[first], np.diff(np.r_[first, n]))
+    s = cum - step - base
+    return grp, stream, s, s + dur
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_cross_candidates_exact_is_cross_candidates(seed):
+    # one sort of all kernels by (group, end, not a send, stream) gives each kernel's candidate of the search per
+    # stream, with the send/recv tie rule, ties of ends on one stream and overlapping kernels alike
+    rng = np.random.default_rng(seed)
+    n = 300
+    streams = [7, 20, 24, 31] if seed % 3 else [3, 9]
+    grp, stream, s, e = _kernels(rng, n, streams, overlap=seed % 2 == 0)
+    need = rng.random(n) < 0.7
+    send = rng.random(n) < 0.3
+    got = CP.cross_candidates_exact(stream, grp, s, e, need, send, np.int32)
+    assert got is not None
+    score = e - 0.5 * send
+    old = cross_candidates_old(stream, grp, s, e, need, score, np.int32)
+    want = _brute(stream, grp, s, e, need, score)
+    for g_, o_, w_ in zip(got, old, want):
+        assert np.array_equal(g_, o_)
+        assert np.array_equal(g_, w_)
+    assert got[1].dtype == np.int32 and (got[1] >= 0).sum() > 30
+
+
+def test_cross_candidates_exact_declines_keys_that_do_not_fit():
+    s = np.array([0.0, 10.0, 20.0])
+    e = s + 5
+    stream = np.array([1, 2, 1], dtype=np.int32)
+    grp = np.zeros(3, dtype=np.int32)
+    need = np.ones(3, dtype=bool)
+    send = np.zeros(3, dtype=bool)
+    assert CP.cross_candidates_exact(stream, grp, s, e, need, send, np.int32) is not None
+    assert CP.cross_candidates_exact(stream, grp + 2**13, s, e, need, send, np.int32) is None
+    assert CP.cross_candidates_exact(stream, grp, s, e + 2.0**40, need, send, np.int32) is None
+    assert CP.cross_candidates_exact(stream, grp, s, e, ~need, send, np.int32) is None
+
+
+def _pair_lookup_old(ka, kb, qa, qb):
+    """The previous `critical_keys.pair_lookup` (rows in `np.lexsort((kb, ka))` order)."""
+    o = np.lexsort((kb, ka))
+    sa, sb = ka[o], kb[o]
+    starts = np.flatnonzero(np.r_[True, sa[1:] != sa[:-1]])
+    run = int(np.diff(np.r_[starts, sa.size]).max()) if sa.size else 0
+    if run > 8:
+        return None
+    lo = np.searchsorted(sa, qa, side="left")
+    out = np.full(qa.size, -1, dtype=np.int64)
+    for d in range(run):
+        i = np.minimum(lo + d, sa.size - 1)
+        hit = (out < 0) & (lo + d < sa.size) & (sa[i] == qa) & (sb[i] == qb)
+        out[hit] = o[i[hit]]
+    return out
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_pair_lookup_is_the_previous_and_finds_the_first_row(seed):
+    from tracelens.analyze.critical_keys import pair_lookup
+
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(0, 60))
+    ka, kb = rng.integers(0, 20, n), rng.integers(0, 4, n)
+    m = int(rng.integers(0, 40))
+    qa, qb = rng.integers(0, 22, m), rng.integers(0, 5, m)
+    got = pair_lookup(ka, kb, qa, qb)
+    old = _pair_lookup_old(ka, kb, qa, qb)
+    assert (got is None) == (old is None)
+    if got is None:
+        return
+    assert np.array_equal(got, old)
+    for j in range(m):  # the first row (in row order) equal in both keys, else -1
+        rows = [i for i in range(n) if ka[i] == qa[j] and kb[i] == qb[j]]
+        assert got[j] == (rows[0] if rows else -1)
+
+
+def _launch_latency_old(rank, s, L):
+    """The previous per-rank latency of `_build_graph` (np.minimum.at over the kernels with a launch)."""
+    u_rank, r_inv = unique_inverse(rank)
+    lat_r = np.full(u_rank.size, np.inf)
+    has_l = ~np.isnan(L)
+    np.minimum.at(lat_r, r_inv[has_l], (s - L)[has_l])
+    lat_r = np.where(np.isinf(lat_r), 0.0, np.maximum(lat_r, 0.0))
+    return lat_r[r_inv]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_launch_latency_is_the_previous(seed):
+    from tracelens.analyze.critical_keys import launch_latency
+
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 300))
+    rank = rng.integers(0, 6, n).astype(np.int32)
+    step = rng.integers(0, 3, n).astype(np.int32)
+    if seed % 2:  # (the graph's order: by step and rank)
+        o = np.lexsort((rank, step))
+        rank, step = rank[o], step[o]
+    s = rng.integers(0, 10_000, n).astype(float)
+    L = s - rng.integers(-50, 500, n)  # (a launch after the start too: a latency of 0)
+    L[rng.random(n) < 0.3] = np.nan
+    L[rank == 5] = np.nan  # a rank without any launch
+    got = launch_latency(rank, step, s, L)
+    want = _launch_latency_old(rank, s, L)
+    assert got.dtype == want.dtype and np.array_equal(got, want)
+    assert launch_latency(rank[:0], step[:0], s[:0], L[:0]).size == 0

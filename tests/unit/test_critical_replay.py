@@ -251,6 +251,7 @@ def test_real_traces_replay_as_the_reference(trace):
     cp = analyze_run(path, Options(no_cache=True)).critical
     assert cp is not None
     _check_graph(cp.graph, 3)
+    _check_tail(cp.graph, 3, taken=False)
 
 
 def _reference_what_if(cp, findings, **kw):
@@ -315,3 +316,71 @@ def test_per_rank_is_a_lookup_per_row(kind):
     assert got.dtype == np.int64
     assert got.tolist() == [table.get(int(r), 0) for r in ranks]
     assert per_rank(ranks[:0], table).size == 0
+
+
+def _check_tail(g, seed, taken=True):
+    """Changes from a kernel on (durations, releases, both), replayed from the observed replay: node terms
+    bit-identical to computing them all (`_tail_terms` keeps the observed ones before the change), and the
+    replay the reference's."""
+    plan = R.replay_plan(g)
+    base = R.replay(g, plan=plan)
+    rng = np.random.default_rng(seed)
+    n = g.k_dur.size
+    for i, frac in enumerate((0.3, 0.6, 0.9, 0.99)):
+        k0 = int(n * frac)
+        later = np.arange(n) >= k0
+        dur = np.where(later, g.k_dur * rng.uniform(0.3, 1.2, n), g.k_dur)
+        moved = later & (g.k_release > NEG / 2)
+        rel = np.where(moved, g.k_release - rng.uniform(0, 2000, n), g.k_release)
+        tr = g.k_transfer * rng.uniform(0.2, 1.0, n)
+        for d, r, x in ((dur, g.k_release, g.k_transfer), (g.k_dur, rel, g.k_transfer), (dur, rel, tr)):
+            got = R._tail_terms(g, plan, d, r, x, base)
+            if taken and i < 3:
+                assert got is not None
+            if got is not None:
+                full = R._terms(g, plan, d, r, x)
+                for a, b in zip(got, full):
+                    assert a.dtype == b.dtype
+                    np.testing.assert_array_equal(a, b)
+            _assert_same(g, R.replay(g, d, r, x, plan, base), d, r, x)
+    # nothing changed, or a base that is not the observed replay: all terms computed
+    assert R._tail_terms(g, plan, g.k_dur, g.k_release, g.k_transfer, base) is None
+    other = R.replay(g, g.k_dur * 0.5, plan=plan)
+    assert R._tail_terms(g, plan, g.k_dur * 0.25, g.k_release, g.k_transfer, other) is None
+
+
+def test_tail_terms_are_the_terms_on_the_sample_run(sample_cp):
+    _check_tail(sample_cp.graph, 4)
+
+
+def test_tail_terms_are_the_terms_on_a_hand_built_graph():
+    nodes, coll = _hand_built()
+    _check_tail(CP.analyze_critical_path(nodes, coll).graph, 5, taken=False)
+
+
+def test_tail_terms_are_not_taken_with_sync_terms():
+    nodes = _nodes(
+        [
+            (0, 7, B, B + 1000, False, B - 4),
+            (0, 7, B + 1104, B + 1204, False, B + 1100),
+            (0, 9, B + 1110, B + 1300, False, B + 1101),
+        ]
+    )
+    sy = pa.table(
+        {
+            "rank": pa.array([0], pa.int32()),
+            "tid": pa.array([1], pa.int64()),
+            "start_ns": pa.array([B + 10], pa.int64()),
+            "end_ns": pa.array([B + 1005], pa.int64()),
+            "name": pa.array(["cudaStreamSynchronize"]),
+        },
+        schema=CP.SYNCS,
+    )
+    g = CP.analyze_critical_path(nodes, None, syncs=sy).graph
+    plan = R.replay_plan(g)
+    base = R.replay(g, plan=plan)
+    assert plan.prefix is None
+    dur = g.k_dur.copy()
+    dur[-1] *= 0.5
+    assert R._tail_terms(g, plan, dur, g.k_release, g.k_transfer, base) is None
+    _assert_same(g, R.replay(g, dur, None, None, plan, base), dur, None, None)

@@ -144,6 +144,22 @@ def coll_lookup(
     return hit, src
 
 
+def launch_latency(rank: np.ndarray, step: np.ndarray, s: np.ndarray, L: np.ndarray) -> np.ndarray:
+    """Per kernel, its rank's launch latency: the smallest start - launch over the rank's kernels with a launch
+    (`L` not NaN), at least 0; 0 for a rank without one. The smallest of each run of one (step, rank) first
+    (one reduction, NaN skipped: few runs when the kernels are sorted by step and rank, as the graph's are),
+    then of each rank's runs: what `np.minimum.at` over the kernels with a launch gives (a min is exact in
+    any order)."""
+    u_rank, r_inv = unique_inverse(rank)
+    lat_r = np.full(u_rank.size, np.inf)
+    if rank.size:
+        runs = np.flatnonzero(np.r_[True, (rank[1:] != rank[:-1]) | (step[1:] != step[:-1])])
+        np.fmin.at(lat_r, r_inv[runs], np.fmin.reduceat(s - L, runs))
+    lat_r = np.where(np.isinf(lat_r) | np.isnan(lat_r), 0.0, np.maximum(lat_r, 0.0))
+    out: np.ndarray = lat_r[r_inv]
+    return out
+
+
 def coll_cells(collectives: pa.Table | None, name: str, hit: np.ndarray, src: np.ndarray, n: int) -> Cells:
     """Per kernel: the `name` cell of its matched collective row (`coll_lookup`'s hit, src), "" for the
     kernels without one, "nan" for all matched ones when the table has no such column."""
@@ -169,8 +185,18 @@ def coll_bytes(collectives: pa.Table | None, hit: np.ndarray, src: np.ndarray, k
 def pair_lookup(ka: np.ndarray, kb: np.ndarray, qa: np.ndarray, qb: np.ndarray) -> np.ndarray | None:
     """For each query (qa, qb): the first row i (in row order) with (ka[i], kb[i]) == (qa, qb), else -1; None
     when some ka value repeats more than 8 times (the caller then takes the general path)."""
-    o = np.lexsort((kb, ka))  # stable: rows equal in both keys stay in row order, the first leads
-    sa, sb = ka[o], kb[o]
+    # stable: rows equal in both keys stay in row order, the first leads (`np.lexsort((kb, ka))`'s order: by ka,
+    # a timsort of runs, then by kb within the runs of a repeated ka value only)
+    o = np.argsort(ka, kind="stable")
+    sa = ka[o]
+    rep = np.flatnonzero(sa[1:] == sa[:-1])
+    if rep.size:
+        at = np.unique(np.r_[rep, rep + 1])  # the places of every row of a repeated ka value
+        sub = o[at]
+        o[at] = sub[np.lexsort((kb[sub], sa[at]))]
+        del at, sub
+    del rep
+    sb = kb[o]
     starts = np.flatnonzero(np.r_[True, sa[1:] != sa[:-1]])
     run = int(np.diff(np.r_[starts, sa.size]).max()) if sa.size else 0
     if run > 8:
@@ -216,7 +242,8 @@ def sync_epochs(
     (NaN: none), and the number of blocking sync calls found.
 
     A call blocked when some device work of its rank ended inside it and the call returned at most
-    SYNC_TOL_NS after the latest such end; X is the work with that end."""
+    SYNC_TOL_NS after the latest such end; X is the work with that end. (`tid` is not read without sync calls:
+    the caller may pass an empty array then.)"""
     n = rank.size
     x_of = np.full(n, -1, dtype=np.int64)
     ret = np.full(n, np.nan)
@@ -275,6 +302,7 @@ __all__ = [
     "coll_bytes",
     "coll_cells",
     "coll_lookup",
+    "launch_latency",
     "pair_lookup",
     "per_rank",
     "sort_order",

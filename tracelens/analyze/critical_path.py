@@ -49,6 +49,7 @@ from tracelens.analyze.critical_keys import (
     coll_bytes,
     coll_cells,
     coll_lookup,
+    launch_latency,
     per_rank,
     sort_order,
     sync_epochs,
@@ -239,7 +240,9 @@ def _build_graph(
     L = L[order]
     is_comm = nodes.column("is_comm").to_numpy(zero_copy_only=False).astype(bool, copy=False)[order]
     label = cells(nodes.column("label"), order)
-    if "launch_tid" in nodes.column_names:
+    if syncs is None or syncs.num_rows == 0:
+        tid = np.empty(0)  # (read by `sync_epochs` only when there are sync calls)
+    elif "launch_tid" in nodes.column_names:
         tid = as_pandas_ints(nodes.column("launch_tid"))[order].astype(float, copy=False)
     else:
         tid = np.full(order.size, np.nan)
@@ -282,13 +285,7 @@ def _build_graph(
     np.maximum(e, s, out=e)
 
     # launch latency per rank: the smallest launch -> start seen on that rank
-    u_rank, r_inv = unique_inverse(rank)
-    lat_r = np.full(u_rank.size, np.inf)
-    has_l = ~np.isnan(L)
-    np.minimum.at(lat_r, r_inv[has_l], (s - L)[has_l])
-    lat_r = np.where(np.isinf(lat_r), 0.0, np.maximum(lat_r, 0.0))
-    lat_k = lat_r[r_inv]
-    del r_inv, has_l
+    lat_k = launch_latency(rank, step, s, L)
     release = np.where(np.isnan(L), NEG, L + lat_k)
     np.minimum(release, s, out=release)
 
@@ -315,14 +312,21 @@ def _build_graph(
 
     # cross-stream predecessor: the latest end on another stream of the same (step, rank) at or before start
     sp = np.where(same_stream, np.arange(n) - 1, -1).astype(ix)
-    explained = np.maximum(np.where(sp >= 0, e[np.maximum(sp, 0)], NEG), release)
+    prev_e = np.empty(n)  # (the end before each kernel: a shifted copy, not a gather by `sp`)
+    prev_e[:1] = NEG
+    prev_e[1:] = e[:-1]
+    explained = np.maximum(np.where(same_stream, prev_e, NEG), release)
+    del prev_e
     # with exact keys (whole ns below 2**40, (step, rank) ids below 2**13: below 2**53) a predecessor ends at or
     # before the start, so a kernel whose start its stream or release explains has none (one ending later than
     # `explained` is needed): only the others are looked up
     exact = int(grp_rs.min()) >= 0 and int(grp_rs.max()) < 2**13 and float(e.max()) < 2**40
     need = explained < s if exact else np.ones(n, dtype=bool)
     # on a tie (a batched send/recv pair ends together) the receive is what the next kernel waits for
-    best_end, best_idx = cross_candidates(stream, grp_rs, s, e, need, e - 0.5 * op.mask("send"), ix)
+    send = op.mask("send")
+    got = cross_candidates_exact(stream, grp_rs, s, e, need, send, ix) if exact else None
+    best_end, best_idx = got or cross_candidates(stream, grp_rs, s, e, need, e - 0.5 * send, ix)
+    del got, send
     del stream, grp_rs, need
     cross_ok = (best_idx >= 0) & (s - best_end <= CROSS_TOL_NS) & (best_end > explained)
     cp = np.where(cross_ok, best_idx, -1).astype(ix)
@@ -521,6 +525,95 @@ def cross_candidates(
     return best_end, best_idx
 
 
+def cross_candidates_exact(
+    stream: np.ndarray,
+    grp_rs: np.ndarray,
+    s: np.ndarray,
+    e: np.ndarray,
+    need: np.ndarray,
+    send: np.ndarray,
+    ix: type[np.signedinteger[Any]],
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """`cross_candidates` with score `e - 0.5 * send`, by one sort of all kernels instead of a search per
+    stream; None when its keys do not fit (the caller then takes `cross_candidates`).
+
+    Starts and ends are whole ns, so a score orders as (end, not a send): a stream's kernel ending earlier than
+    its candidate (the last ending at or before the start, stably) never scores higher, and the best of the
+    other streams' candidates is the best kernel of the (step, rank) by (end, not a send, lowest stream)
+    among those ending at or before the start on another stream, counting of the kernels sharing a stream
+    and an end only the last. Sorted by that priority, it is the last before the start (p) if its stream is
+    not the kernel's own, else the last before the run of one stream that ends at p."""
+    n = s.size
+    if n == 0 or not need.any():
+        return None
+    st_lo, st_hi = int(stream.min()), int(stream.max())
+    g_lo, g_hi = int(grp_rs.min()), int(grp_rs.max())
+    if st_hi - st_lo >= 2**20 or g_lo < 0 or g_hi >= 2**13 or float(s.min()) < 0 or float(e.max()) >= 2**40:
+        return None
+    present = np.bincount(stream - st_lo) > 0
+    if int(present.sum()) > 2**9:
+        return None
+    # per stream code 511 - (its place among the streams): the lower stream ranks higher
+    code = (2**9 - 1) - (np.cumsum(present) - 1)
+    del present
+    # of the kernels sharing (step, rank, stream) and end, only the last (kernels are by stream and start)
+    same = grp_rs[1:] == grp_rs[:-1]
+    same &= stream[1:] == stream[:-1]
+    if bool((e[1:] >= e[:-1])[same].all()):  # ends in order within each stream: ties are neighbours
+        same &= e[1:] == e[:-1]
+        cand = np.flatnonzero(np.r_[~same, True]) if same.any() else None
+    else:  # (overlapping kernels on a stream: ties by a stable sort of (step, rank, stream, end))
+        k2 = grp_rs.astype(np.int64) << 49
+        k2 |= code[stream - st_lo] << 40
+        k2 |= e.astype(np.int64)
+        o2 = np.argsort(k2, kind="stable")
+        k2 = k2[o2]
+        cand = np.sort(o2[np.r_[k2[1:] != k2[:-1], True]])
+        del k2, o2
+    del same
+    # priority key: (step, rank) above the end above "not a send" above the stream code
+    rows = slice(None) if cand is None else cand
+    key = grp_rs[rows].astype(np.int64) << 50
+    key |= e[rows].astype(np.int64) << 10
+    key |= np.where(send[rows], 0, 2**9)
+    key |= code[stream[rows] - st_lo]
+    o = np.argsort(key, kind="stable")  # (kernel order is by stream first: a merge of sorted runs)
+    key = key[o]
+    if cand is not None:
+        o = cand[o]
+    q = np.flatnonzero(need)
+    qkey = grp_rs[q].astype(np.int64) << 50
+    qkey |= s[q].astype(np.int64) << 10
+    qkey |= 2**10 - 1
+    p = np.searchsorted(key, qkey, side="right")
+    del qkey
+    p -= 1
+    none = p < 0
+    np.maximum(p, 0, out=p)
+    low = key & (2**9 - 1)  # each sorted kernel's stream code
+    del key
+    own = low[p] == code[stream[q] - st_lo]
+    # the last before the run of the own stream that ends at p
+    # (the last of each run but the final one, after a -1 for "none before the first run")
+    runs = np.r_[-1, np.flatnonzero(low[1:] != low[:-1])]
+    del low
+    po = p[own]
+    po = runs[np.searchsorted(runs, po, side="left") - 1]  # the last run end before p's run
+    none[own] |= po < 0
+    p[own] = np.maximum(po, 0)
+    del po, own, runs
+    c = o[p]
+    del o, p
+    ok = ~none
+    ok &= grp_rs[c] == grp_rs[q]
+    q, c = q[ok], c[ok]
+    best_end = np.full(n, NEG)
+    best_idx = np.full(n, -1, dtype=ix)
+    best_end[q] = e[c]
+    best_idx[q] = c
+    return best_end, best_idx
+
+
 class GraphCycleError(RuntimeError):
     """The cross-rank dependency graph has a cycle: collective instances or P2P pairs were matched in an
     order that the ranks' stream order contradicts, so no longest path exists."""
@@ -529,20 +622,21 @@ class GraphCycleError(RuntimeError):
 def _levels(g: Graph) -> None:
     """Topological levels (Kahn's algorithm, one vectorised round per level) and each level's in-edges."""
     n = g.n_nodes
-    all_src, all_dst = np.r_[g.e_src, g.s_src], np.r_[g.e_dst, g.s_dst]  # sync edges order, do not enter
+    all_src, all_dst = g.e_src, g.e_dst  # (read only)
+    if g.s_src.size:  # sync edges order, do not enter
+        all_src, all_dst = np.r_[g.e_src, g.s_src], np.r_[g.e_dst, g.s_dst]
     indeg = np.bincount(all_dst, minlength=n)
     order = np.argsort(all_src, kind="stable")
     dst_by_src = all_dst[order]
     out_deg = np.bincount(all_src, minlength=n)
     starts = np.cumsum(out_deg) - out_deg  # (CSR by source: counts, not a search)
     del order, all_src, all_dst
-    level = np.full(n, -1, dtype=np.int64)
     slot = np.zeros(n, dtype=np.int64)  # (to take each node once from a list that may repeat it)
     frontier = np.flatnonzero(indeg == 0)
-    lv = 0
+    fronts: list[np.ndarray] = []  # (each level's nodes: their levels set at the end, in one call)
     # (each level: a few whole-array calls on its frontier and edges; their per-call overhead is the cost)
     while frontier.size:
-        level[frontier] = lv
+        fronts.append(frontier)
         cnt = out_deg[frontier]
         cs = np.cumsum(cnt)
         tot = int(cs[-1])
@@ -555,7 +649,10 @@ def _levels(g: Graph) -> None:
         z = d[indeg[d] == 0]
         slot[z] = np.arange(z.size)
         frontier = z[slot[z] == np.arange(z.size)]  # each node once (the order within a level is not used)
-        lv += 1
+    level = np.full(n, -1, dtype=np.int64)
+    if fronts:
+        level[np.concatenate(fronts)] = np.repeat(np.arange(len(fronts)), [f.size for f in fronts])
+    del fronts
     if (level < 0).any():
         raise GraphCycleError(f"dependency graph has a cycle ({int((level < 0).sum())} nodes unreached)")
     del slot, indeg, dst_by_src, starts, out_deg

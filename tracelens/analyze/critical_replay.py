@@ -74,6 +74,9 @@ class ReplayPlan:
     e_src: np.ndarray  # places of the entry edges' sources, by level and target place
     levels: list[tuple[int, int, int, int, int, np.ndarray]]  # a, a + with in-edges, b, edges e0, e1, starts
     sync: list[tuple[np.ndarray, np.ndarray, np.ndarray] | None]  # per level: slots, X's place, X's end
+    # the observed replay's sums of res + dur before each segment, when exact (`_tail_terms`): its durations
+    # and releases (the very arrays) and the sums
+    prefix: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
 
 def replay_plan(g: Graph) -> ReplayPlan:
@@ -245,8 +248,12 @@ def _terms(
         tot = np.add.reduceat(c, starts)
         before = np.cumsum(c)
         before -= c  # the segment's sum before the kernel
+        at_start = before[starts]
+        if dur is g.k_dur and release is g.k_release and p.sy_ks is None and _whole(c, before):
+            p.prefix = (dur, release, at_start)  # (exact sums: `_tail_terms` starts from them)
         del c
-        t = before[starts][seg_idx]
+        t = at_start[seg_idx]
+        del at_start
         np.subtract(before, t, out=t)
         del before
         suffix = tot[seg_idx]
@@ -281,6 +288,89 @@ def _terms(
     return D, Q, Qs, qk, qs
 
 
+def _whole(c: np.ndarray, before: np.ndarray) -> bool:
+    """Every `c` a whole number >= 0 and their sum below 2**53: every running sum is exact, whatever came before."""
+    if not c.size:
+        return False
+    if not (float(c.min()) >= 0 and float(before[-1]) + float(c[-1]) < 2**52):
+        return False
+    return bool(np.array_equal(np.floor(c), c))
+
+
+def _tail_terms(
+    g: Graph, p: ReplayPlan, dur: np.ndarray, release: np.ndarray, transfer: np.ndarray, base: Replay
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+    """`_terms` of a replay that changes durations or releases only from some kernel on, from the observed
+    replay `base`: the segments before that kernel's keep its node terms, the others are computed as `_terms`
+    computes them. None when that cannot be exact (the caller computes them all).
+
+    The running sum `_terms` takes over every plain kernel is the only term reaching across segments; over the
+    observed kernels (whole ns, below 2**53: `ReplayPlan.prefix`) it is exact, so at the first changed
+    segment it is the observed sum before it, and the sums from there on are the same float operations on the
+    same operands (the sum at the segment plus each kernel in turn)."""
+    pre = p.prefix
+    ks, starts = p.ks, p.starts
+    if pre is None or pre[0] is not base.dur or pre[1] is not base.release or base.pos is not p.pos:
+        return None
+    if p.sy_ks is not None or not ks.size:
+        return None
+    changed = []
+    for new, old in ((dur, base.dur), (release, base.release)):
+        if new is not old:
+            neq = new != old  # (NaN != NaN: a NaN counts as changed)
+            first = int(neq.argmax())  # (the first True)
+            if neq[first]:
+                changed.append(first)
+            del neq
+    if not changed:
+        return None
+    j0 = int(np.searchsorted(ks, min(changed)))  # the first plain kernel at or after the first change
+    if j0 >= ks.size:
+        return None
+    s0 = int(p.seg_idx[j0])
+    k0 = int(starts[s0])
+    B = float(pre[2][s0])
+    if k0 < ks.size // 8 or not B > 0:  # (little to keep; or signed zeros: all of them)
+        return None
+    D0, Q0, _, qk0, _ = base.terms
+    D, Q, qk = D0.copy(), Q0.copy(), qk0.copy()
+    kt = ks[k0:]
+    st = starts[s0:] - starts[s0]
+    si = p.seg_idx[k0:] - p.seg_idx[k0]
+    u = p.u_pos[s0:]
+    c = g.k_res[kt]
+    c += dur[kt]
+    tot = np.add.reduceat(c, st)
+    before = c.copy()
+    before[0] += B  # (the observed running sum before the segment plus its first kernel, as `np.cumsum` adds)
+    np.cumsum(before, out=before)
+    before -= c
+    del c
+    t = before[st][si]
+    np.subtract(before, t, out=t)
+    del before
+    suffix = tot[si]
+    suffix -= t
+    del t
+    rel = release[kt]
+    val = np.add(rel, suffix, out=suffix)
+    val[~(rel > NEG / 2)] = NEG
+    del rel, suffix
+    D[u] = tot
+    del tot
+    Q[u], qk[u] = _release_terms(val, st, si, kt)
+    del val
+    ck = p.ck
+    if ck.size and release is not base.release:  # (the arrivals' terms: the observed ones otherwise)
+        arr = p.arr_pos
+        D[arr] = g.k_res[ck]
+        Q[arr] = np.where(release[ck] > NEG / 2, release[ck] + g.k_res[ck], NEG)
+        qk[arr] = ck
+    if ck.size and transfer is not base.transfer:
+        D[p.fin_pos] = transfer[ck]
+    return D, Q, Q[:0], qk, qk[:0]
+
+
 def replay(
     g: Graph,
     dur: np.ndarray | None = None,
@@ -306,19 +396,23 @@ def replay(
             D[p.fin_pos] = transfer[p.ck]
         terms = (D, Q, Qs, qk, qs)
     else:
-        terms = _terms(g, p, dur, release, transfer)
+        got = _tail_terms(g, p, dur, release, transfer, base) if base is not None else None
+        terms = got or _terms(g, p, dur, release, transfer)
         D, Q, Qs = terms[0], terms[1], terms[2]
     n = g.n_nodes
     finish = np.full(n, NEG)
     entry = np.full(n, NEG)
     S = np.full(n, NEG) if Qs.size else finish[:0]
     e_src = p.e_src
+    # (per level a few calls on a few thousand nodes: their overhead is the cost, so the reduction writes
+    # into `entry` itself and the functions are looked up once)
+    take, reduce_max, add, maximum = np.take, np.maximum.reduceat, np.add, np.maximum
     for (a, m, b, e0, e1, rs), sy in zip(p.levels, p.sync):
         if m > a:
-            entry[a:m] = np.maximum.reduceat(finish[e_src[e0:e1]], rs)
+            reduce_max(take(finish, e_src[e0:e1]), rs, out=entry[a:m])
         f = finish[a:b]
-        np.add(entry[a:b], D[a:b], out=f)
-        np.maximum(f, Q[a:b], out=f)
+        add(entry[a:b], D[a:b], out=f)
+        maximum(f, Q[a:b], out=f)
         if sy is not None and S.size:
             slot, x, x_end = sy
             t = Qs[a + slot] + finish[x] - x_end

@@ -407,7 +407,7 @@ def what_if(
     """The summary's `what_if` list (largest saving first); sets `saving_ms` on the findings it fixes."""
     g = cp.graph
     base = mean_step_time_ns(cp.baseline.step_time)
-    ranks = sorted({int(r) for r in np.unique(g.k_rank)})
+    ranks = _distinct(g.k_rank)
     stage_ranks: dict[int, list[int]] = {}
     for r in ranks:
         if stage_of and stage_of.get(r) is not None:
@@ -575,4 +575,16 @@ def _worst_group(cp: CriticalPath) -> str | None:
 
 
 def _group_ranks(g: Graph, grp: str) -> list[int]:
-    return sorted({int(r) for r in np.unique(g.k_rank[g.k_group.mask(grp)])})
+    return _distinct(g.k_rank[g.k_group.mask(grp)])
+
+
+def _distinct(a: np.ndarray) -> list[int]:
+    """The distinct values of an integer array, ascending (by a count per value when their span is small:
+    no sort of every kernel)."""
+    if not a.size:
+        return []
+    lo, hi = int(a.min()), int(a.max())
+    if hi - lo < 1 << 20:
+        out: list[int] = (np.flatnonzero(np.bincount(a - lo)) + lo).tolist()
+        return out
+    return [int(x) for x in np.unique(a)]
