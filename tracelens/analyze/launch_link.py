@@ -15,6 +15,7 @@ import numpy as np
 import pyarrow as pa
 
 from tracelens.analyze.dictcol import columns, per_object
+from tracelens.analyze.intset import member
 from tracelens.ingest.comm_families import is_comm_cpu_op
 
 
@@ -33,7 +34,7 @@ def innermost_enclosing(
     # J: last op of the query's group with start <= t
     seg_lo = np.searchsorted(g, q_group, side="left")
     seg_hi = np.searchsorted(g, q_group, side="right")
-    uniq = np.unique(g)
+    uniq = g[np.r_[True, g[1:] != g[:-1]]]  # (np.unique of the sorted groups)
     qcode = np.searchsorted(uniq, q_group)
     qcode_ok = (qcode < uniq.size) & (uniq[np.minimum(qcode, uniq.size - 1)] == q_group)
     # lexicographic search: within [seg_lo, seg_hi) find the last start <= t
@@ -175,7 +176,7 @@ def _enclosing(q: _Queries, mask: np.ndarray, only: np.ndarray | None = None) ->
     op_rows = np.flatnonzero(mask & q.ops)
     if not rows.size or not op_rows.size:
         return out
-    op_rows = op_rows[np.isin(q.group[op_rows], np.unique(q_g))]  # only threads that launch
+    op_rows = op_rows[member(q.group[op_rows], q_g)]  # only threads that launch
     inner = innermost_enclosing(q.group[op_rows], q.ts[op_rows], q.end[op_rows], q_g, q_t)
     out[rows[inner >= 0]] = op_rows[inner[inner >= 0]]
     return out

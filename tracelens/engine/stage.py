@@ -30,6 +30,7 @@ from tracelens.analyze.breakdown import BREAKDOWN, RankSets, breakdown, class_se
 from tracelens.analyze.classify import COMM, COMPUTE, DEVICE_KINDS, classify, is_step_name
 from tracelens.analyze.critical_nodes import rank_nodes, sync_calls
 from tracelens.analyze.dictcol import columns, sharing
+from tracelens.analyze.intset import member
 from tracelens.store.stages import OPS, RankStage, stored_nodes, write_stage
 
 _ANNOTATION_KINDS = ("user_annotation", "gpu_user_annotation")
@@ -82,9 +83,9 @@ def _comm_launch_rows(events: pa.Table, classes: np.ndarray) -> np.ndarray:
     cols = columns(events)
     keep = cols.flag("name", is_comm_cpu_op) & cols.kinds("cpu_op", "user_annotation")
     corr = cols.int64("correlation", -1)
-    comm_corr = np.unique(corr[(classes == COMM) & (corr >= 0)])
+    comm_corr = corr[(classes == COMM) & (corr >= 0)]
     if comm_corr.size:
-        keep |= cols.kinds("cuda_runtime", "cuda_driver") & np.isin(corr, comm_corr)
+        keep |= cols.kinds("cuda_runtime", "cuda_driver") & member(corr, comm_corr)
     out: np.ndarray = keep
     return out
 
