@@ -95,8 +95,12 @@ class Columns:
             memo = _FLAGS.setdefault(fn, {})
             if len(memo) > _FLAGS_MAX:
                 memo.clear()
-            table = np.array([_flag_of(fn, memo, v) for v in values] + [False], dtype=bool)
-            got = self._put(key, table[idx])
+            get = memo.get
+            known = [get(v) for v in values]  # type: ignore[arg-type]  # (None: not asked yet, or a null value)
+            if None in known:
+                known = [_flag_of(fn, memo, v) if k is None else k for k, v in zip(known, values)]
+            known.append(False)
+            got = self._put(key, np.array(known, dtype=bool)[idx])
         return got  # type: ignore[return-value]
 
     def kinds(self, *names: str) -> np.ndarray:
@@ -127,7 +131,12 @@ class Columns:
         key = ("valid", col)
         got = self._cache.get(key)
         if got is None:
-            got = self._put(key, self.events.column(col).is_valid().to_numpy(zero_copy_only=False))
+            c = self.events.column(col)
+            nulls = c.null_count
+            if nulls == 0 or nulls == len(c):  # (no bitmap to read: all valid, or all null)
+                got = self._put(key, np.full(len(c), nulls == 0, dtype=bool))
+            else:
+                got = self._put(key, c.is_valid().to_numpy(zero_copy_only=False))
         return got  # type: ignore[return-value]
 
     def end(self) -> np.ndarray:
