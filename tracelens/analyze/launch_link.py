@@ -40,7 +40,16 @@ def innermost_enclosing(
     # lexicographic search: within [seg_lo, seg_hi) find the last start <= t
     j = seg_lo + _count_at_most(np.searchsorted(uniq, g), s, seg_lo, seg_hi, qcode, q_t) - 1
     valid = qcode_ok & (j >= seg_lo)
-    # sparse table: m[k][i] = max(e[i - 2^k + 1 .. i])
+    # the latest-starting op holds the query (the usual case: the launch is inside the op that started last)
+    jc = np.where(valid, j, 0)
+    direct = valid & (e[jc] >= q_t)
+    out[direct] = order[jc[direct]]
+    rest = np.flatnonzero(valid & ~direct)
+    if rest.size == 0:
+        return out
+    q_t, seg_lo, j = q_t[rest], seg_lo[rest], j[rest]
+    # the others: the latest op before j still running at t, by binary lifting over a sparse table of the
+    # running maximum of the ends, m[k][i] = max(e[i - 2^k + 1 .. i])
     levels = [e]
     k = 1
     while (1 << k) <= n:
@@ -50,17 +59,17 @@ def innermost_enclosing(
         cur[half:] = np.maximum(prev[half:], prev[:-half])
         levels.append(cur)
         k += 1
-    pos = np.where(valid, j, -1)
+    pos = j
     for k in range(len(levels) - 1, -1, -1):
         step = 1 << k
         can = (pos - step + 1 >= 0) & (pos >= 0)
         idx = np.where(can, pos, 0)
         move = can & (levels[k][idx] < q_t)
         pos = np.where(move, pos - step, pos)
-    ok = valid & (pos >= seg_lo) & (pos >= 0)
+    ok = (pos >= seg_lo) & (pos >= 0)
     pos_c = np.where(ok, pos, 0)
     ok &= e[pos_c] >= q_t
-    out[ok] = order[pos_c[ok]]
+    out[rest[ok]] = order[pos_c[ok]]
     return out
 
 
