@@ -82,6 +82,22 @@ class Columns:
             self._cache[key] = got
         return got  # type: ignore[return-value]
 
+    def canonical(self, col: str) -> np.ndarray:
+        """Per entry of `codes(col)`'s values and the null slot after them: the index of the first entry of equal
+        value (a dictionary may repeat a value; the null slot -> the first null entry, else itself)."""
+        key = ("canonical", col)
+        got = self._cache.get(key)
+        if got is None:
+            values, _ = self.codes(col)
+            if None not in values and len(set(values)) == len(values):  # (the usual dictionary: all distinct)
+                got = self._put(key, np.arange(len(values) + 1, dtype=np.int64))
+            else:
+                first: dict[str | None, int] = {}
+                ids = [first.setdefault(v, i) for i, v in enumerate(values)]
+                ids.append(first.setdefault(None, len(values)))
+                got = self._put(key, np.array(ids, dtype=np.int64))
+        return got  # type: ignore[return-value]
+
     def flag(self, col: str, fn: ValueFn) -> np.ndarray:
         """bool per row: `fn(value) != 0` of the row's value (False for null), i.e.
         `dict_lookup(col, fn).astype(bool)`. Cached per (column, function object), and `fn`'s answers per

@@ -190,8 +190,7 @@ def _idle_rows(events: pa.Table, breakdown: pa.Table, top: int) -> list[tuple[An
     tid = ec.int64("tid", -1)
     values, name_idx = ec.codes("name")
     name_of = np.array([*values, None], dtype=object)
-    first: dict[str | None, int] = {}
-    canon = np.array([first.setdefault(v, i) for i, v in enumerate(name_of.tolist())], np.int64)
+    canon = ec.canonical("name")
     rows = []
     # each rank's rows once (a stable sort by rank), not a mask over every event per rank: O(events); one
     # rank's table (the per-rank stage) is its own rows in order
@@ -203,21 +202,22 @@ def _idle_rows(events: pa.Table, breakdown: pa.Table, top: int) -> list[tuple[An
         r = int(r)
         w = bd_order[bd_rank[bd_order] == r]
         mine = by_rank[np.searchsorted(sorted_rank, r, "left") : np.searchsorted(sorted_rank, r, "right")]
-        dev = mine[is_dev[mine]]
+        whole = mine.size == rank.size  # (every row is r's, in order: the masks' rows directly)
+        dev = np.flatnonzero(is_dev) if whole else mine[is_dev[mine]]
         if dev.size == 0:
             continue
         busy = iv.union(ts[dev], end[dev])
         n_streams = len(distinct(stream[dev]))
         dorder = dev[np.argsort(ts[dev], kind="stable")]
         dstart = ts[dorder]  # (the sorted starts)
-        rt = mine[is_rt[mine] & (corr[mine] >= 0)]
+        rt = np.flatnonzero(is_rt & (corr >= 0)) if whole else mine[is_rt[mine] & (corr[mine] >= 0)]
         rt_sorted = rt[np.argsort(corr[rt], kind="stable")]
         rt_corr = corr[rt_sorted]
-        sync = mine[is_rt[mine] & is_sync[mine]]
+        sync = np.flatnonzero(is_rt & is_sync) if whole else mine[is_rt[mine] & is_sync[mine]]
         sync_set = iv.union(ts[sync], end[sync])
         # top-level cpu ops of the launching threads (threads that issued runtime calls)
         threads = distinct(tid[rt]) if rt.size else np.array([], np.int64)
-        op_rows = mine[is_op[mine]]
+        op_rows = np.flatnonzero(is_op) if whole else mine[is_op[mine]]
         ops = op_rows[member(tid[op_rows], threads)]
         ops = ops[np.lexsort((-end[ops], ts[ops]))]
         if ops.size:

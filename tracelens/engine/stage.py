@@ -242,8 +242,8 @@ def op_totals(events: pa.Table) -> pa.Table:
     kinds, kind_idx = cols.codes("kind")
     names, name_idx = cols.codes("name")
     # a value's canonical id (a dictionary may repeat a value; null -> its own id), then one key a row
-    kind_id = _canonical_ids(kinds)[kind_idx[sel]]
-    name_id = _canonical_ids(names)[name_idx[sel]]
+    kind_id = cols.canonical("kind")[kind_idx[sel]]
+    name_id = cols.canonical("name")[name_idx[sel]]
     key = kind_id * np.int64(len(names) + 1) + name_id
     order = np.argsort(key, kind="stable")
     sk = key[order]
@@ -265,14 +265,6 @@ def op_totals(events: pa.Table) -> pa.Table:
         },
         schema=OPS,
     )
-
-
-def _canonical_ids(values: list[str | None]) -> np.ndarray:
-    """Per dictionary entry (and the null slot after them) the index of the first entry of equal value."""
-    first: dict[str | None, int] = {}
-    ids = [first.setdefault(v, i) for i, v in enumerate(values)]
-    ids.append(first.setdefault(None, len(values)))
-    return np.array(ids, dtype=np.int64)
 
 
 def _time_range(events: pa.Table) -> tuple[int, int] | None:
