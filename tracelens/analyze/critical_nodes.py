@@ -111,7 +111,7 @@ def rank_nodes(events: pa.Table, spans: pa.Table | None = None) -> tuple[pa.Tabl
         # (as a float, as the frame it came through held it: ns since the epoch rounded to float64)
         launch_ns[hit] = c.int64("ts_ns", -1)[rt][rows].astype(np.float64)
         # (as pandas held the column: float64, NaN where null)
-        tid = c.int64("tid", 0)[rt].astype(np.float64)
+        tid = c.int64("tid", -1)[rt].astype(np.float64)
         tid[~c.valid("tid")[rt]] = np.nan
         launch_tid[hit] = tid[rows]
     step = c.int64("step", -1)[d_idx] if stepped else np.zeros(d_idx.size, np.int64)
@@ -167,7 +167,10 @@ def _first_of_keys(
         return pos >= 0, np.flatnonzero(first)[pos[pos >= 0]]
     # (rank, value) as one int64: the rank's position times the values' span, plus the value
     ki = np.searchsorted(ranks, k_rank) * span + k_val
-    uniq, first = np.unique(ki, return_index=True)  # (return_index: the first occurrence of each)
+    if ki.size and bool((ki[1:] > ki[:-1]).all()):  # (one rank's launches in correlation order: all distinct)
+        uniq, first = ki, np.arange(ki.size)
+    else:
+        uniq, first = np.unique(ki, return_index=True)  # (return_index: the first occurrence of each)
     qr = np.minimum(np.searchsorted(ranks, q_rank), ranks.size - 1)
     q_ok &= (ranks[qr] == q_rank) & (q_val < span)
     qk = qr * span + np.where(q_ok, q_val, 0)
@@ -261,16 +264,20 @@ def _label_at(d: Mapping[str, Any], spans: pa.Table | None) -> tuple[pa.Array, n
     if spans is None or spans.num_rows == 0 or not need <= set(spans.column_names) or not len(rank):
         return none
     sp = spans.select(["rank", "gpu_start_ns", "gpu_end_ns", "module"])
-    sp = sp.filter(sp.column("gpu_start_ns").is_valid())
+    if sp.column("gpu_start_ns").null_count:
+        sp = sp.filter(sp.column("gpu_start_ns").is_valid())
     s_rank = sp.column("rank").to_numpy(zero_copy_only=False).astype(np.int64)
     keep = member(s_rank, rank)
     if not keep.any():
         return none
-    sp = sp.filter(pa.array(keep))
-    s_rank = s_rank[keep]
+    if not keep.all():
+        sp = sp.filter(pa.array(keep))
+        s_rank = s_rank[keep]
     s_start = sp.column("gpu_start_ns").to_numpy(zero_copy_only=False).astype(np.int64)
     s_end = sp.column("gpu_end_ns").fill_null(np.iinfo(np.int64).min).to_numpy(zero_copy_only=False)
-    order = np.lexsort((s_start, s_rank))  # stable: spans starting together keep their listed order
+    # stable: spans starting together keep their listed order (one rank's spans: by start alone)
+    one = s_rank.size > 0 and s_rank.min() == s_rank.max()
+    order = np.argsort(s_start, kind="stable") if one else np.lexsort((s_start, s_rank))
     s_rank, s_start, s_end = s_rank[order], s_start[order], s_end[order]
     s_mod = sp.column("module").combine_chunks().take(pa.array(order))
     # (rank, time) as one sortable int64: the rank's position above 40 bits of time since its earliest instant
