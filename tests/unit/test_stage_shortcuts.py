@@ -190,3 +190,44 @@ def test_rank_nodes_labels_are_the_labels_of_relabel():
     assert any(v is not None for v in want) and None in want
     assert nodes.column("label").to_pylist() == want
     assert rank_nodes(events, None)[0].column("label").null_count == nodes.num_rows
+
+
+def test_innermost_enclosing_against_brute_force():
+    """The op of the query's group with start <= t <= end and the latest start (ties: the later in the sort
+    by (group, start), which is stable), on nested and overlapping ops; -1 when none."""
+    from tracelens.analyze.launch_link import innermost_enclosing
+
+    rng = np.random.default_rng(13)
+    for _ in range(200):
+        n = int(rng.integers(0, 40))
+        g = rng.integers(0, 3, n).astype(np.int64)
+        s = rng.integers(0, 1000, n).astype(np.int64)
+        e = s + rng.integers(0, 400, n)
+        nq = int(rng.integers(0, 30))
+        qg = rng.integers(0, 4, nq).astype(np.int64)
+        qt = rng.integers(-10, 1500, nq).astype(np.int64)
+        got = innermost_enclosing(g, s, e, qg, qt)
+        order = np.lexsort((s, g))
+        for i in range(nq):
+            best = -1
+            for k in order:  # the last in sort order of the ops holding the query
+                if g[k] == qg[i] and s[k] <= qt[i] <= e[k]:
+                    best = int(k)
+            assert got[i] == best
+
+
+@pytest.mark.parametrize(
+    "values",
+    [["a", "b", "c"], ["a", "b", "a", "c", "b"], ["x", None, "y"], [None, "x", None], [], ["only"]],
+)
+def test_canonical_ids_are_the_first_entry_of_each_value(values: list[str | None]):
+    """Columns.canonical: per dictionary entry and the null slot after them, the first entry of equal value
+    (a dictionary may repeat a value or hold a null)."""
+    dictionary = pa.array(values, pa.string())
+    indices = pa.array([0, None] if values else [None], pa.int32())
+    t = pa.table({"name": pa.DictionaryArray.from_arrays(indices, dictionary)})
+    first: dict[str | None, int] = {}
+    want = [first.setdefault(v, i) for i, v in enumerate(values)]
+    want.append(first.setdefault(None, len(values)))
+    got = Columns(t).canonical("name")
+    assert got.dtype == np.int64 and got.tolist() == want
