@@ -231,3 +231,20 @@ def test_canonical_ids_are_the_first_entry_of_each_value(values: list[str | None
     want.append(first.setdefault(None, len(values)))
     got = Columns(t).canonical("name")
     assert got.dtype == np.int64 and got.tolist() == want
+
+
+def test_int64_of_an_all_null_column_is_the_fill():
+    t = pa.table(
+        {
+            "a": pa.array([None, None], pa.int64()),
+            "b": pa.array([None, None], pa.int32()),
+            "d": pa.array([None, 5], pa.int32()),
+        }
+    )
+    empty = pa.table({"c": pa.array([], pa.int64())})
+    assert Columns(empty).int64("c", -1).dtype == np.int64 and Columns(empty).int64("c", -1).size == 0
+    for name in t.column_names:
+        for fill in (-1, 0):
+            got = Columns(t).int64(name, fill)
+            want = t.column(name).fill_null(fill).to_numpy(zero_copy_only=False).astype(np.int64)
+            assert got.dtype == np.int64 and got.tolist() == want.tolist()

@@ -136,6 +136,8 @@ class Columns:
         got = self._cache.get(key)
         if got is None:
             c = self.events.column(col)
+            if fill is not None and c.null_count == len(c) and pa.types.is_integer(c.type):  # (all null)
+                return self._put(key, np.full(len(c), fill, dtype=np.int64))
             if fill is not None and c.null_count:
                 c = c.fill_null(fill)
             # (an int64 column without nulls is the table's own buffer, read-only as every cached array)
