@@ -76,7 +76,8 @@ class Columns:
             if not pa.types.is_dictionary(arr.type):
                 arr = pc.dictionary_encode(arr)
             values = arr.dictionary.to_pylist()
-            idx = arr.indices.fill_null(len(values)).to_numpy(zero_copy_only=False).astype(np.int64)
+            ind = arr.indices.fill_null(len(values)) if arr.indices.null_count else arr.indices
+            idx = ind.to_numpy(zero_copy_only=False).astype(np.int64)
             idx.flags.writeable = False
             got = (values, idx)
             self._cache[key] = got
@@ -112,7 +113,7 @@ class Columns:
             if len(memo) > _FLAGS_MAX:
                 memo.clear()
             get = memo.get
-            known = [get(v) for v in values]  # type: ignore[arg-type]  # (None: not asked yet, or a null value)
+            known = list(map(get, values))  # type: ignore[arg-type]  # (None: not asked yet, or a null value)
             if None in known:
                 known = [_flag_of(fn, memo, v) if k is None else k for k, v in zip(known, values)]
             known.append(False)
