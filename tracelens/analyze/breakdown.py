@@ -32,6 +32,7 @@ from tracelens.analyze.classify import (
     main_threads,
 )
 from tracelens.analyze.dictcol import columns
+from tracelens.analyze.intset import distinct
 
 BREAKDOWN = pa.schema(
     [
@@ -69,8 +70,11 @@ class RankSets:
 def _by_rank(events: pa.Table) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Sorting permutation by rank and the [lo, hi) slice of each rank in it."""
     rank = events.column("rank").to_numpy(zero_copy_only=False)
+    if rank.size and rank.min() == rank.max():  # one rank's table (the per-rank stage): already in order
+        order = np.arange(rank.size)
+        return order, rank[:1].copy(), np.array([[0, rank.size]], dtype=np.int64)
     order = np.argsort(rank, kind="stable")
-    ranks = np.unique(rank)
+    ranks = distinct(rank)
     lo = np.searchsorted(rank[order], ranks, side="left")
     hi = np.searchsorted(rank[order], ranks, side="right")
     return order, ranks, np.stack([lo, hi], axis=1)
@@ -100,7 +104,7 @@ def class_sets(events: pa.Table, classes: np.ndarray | None = None) -> dict[int,
     end = cols.end()
     tid = cols.int64("tid", -1)
     gpu = gpu_ranks(events)
-    mains = main_threads(events) if len(gpu) < len(np.unique(cols.int64("rank"))) else {}
+    mains = main_threads(events) if len(gpu) < len(distinct(cols.int64("rank"))) else {}
     order, ranks, bounds = _by_rank(events)
     is_ann = cols.kinds("user_annotation")
     out: dict[int, RankSets] = {}
@@ -163,7 +167,7 @@ def breakdown(
             windows = _whole_trace_window(events, sets)
     w_rank = windows.column("rank").to_numpy(zero_copy_only=False)
     cols: dict[str, list[Any]] = {f.name: [] for f in BREAKDOWN}
-    for r in np.unique(w_rank):
+    for r in distinct(w_rank):
         rs = sets.get(int(r))
         w = windows.filter(pa.array(w_rank == r))
         lo = w.column("start_ns").to_numpy(zero_copy_only=False)
@@ -177,10 +181,14 @@ def breakdown(
         span = hi - lo
         compute = iv.measure_in_windows(rs.compute, lo, hi)
         comm = iv.measure_in_windows(rs.comm, lo, hi)
-        overlapped = iv.measure_in_windows(iv.intersect(rs.comm, rs.compute), lo, hi)
-        exposed = iv.measure_in_windows(iv.subtract(rs.comm, rs.compute), lo, hi)
-        memcpy = iv.measure_in_windows(iv.subtract(rs.memory, c_k), lo, hi)
-        idle = span - iv.measure_in_windows(busy, lo, hi)
+        # the other parts by inclusion-exclusion of these exact integer lengths (a window never ends before it
+        # starts): |K ∩ C| = |C| + |K| - |C ∪ K|, |K − C| = |C ∪ K| - |C|, |M − (C ∪ K)| = |busy| - |C ∪ K|
+        in_ck = iv.measure_in_windows(c_k, lo, hi)
+        in_busy = iv.measure_in_windows(busy, lo, hi)
+        overlapped = compute + comm - in_ck
+        exposed = in_ck - compute
+        memcpy = in_busy - in_ck
+        idle = span - in_busy
         cols["rank"] += [int(r)] * n
         cols["step"] += step
         cols["window_start_ns"] += lo.tolist()

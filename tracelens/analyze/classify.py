@@ -20,6 +20,7 @@ import numpy as np
 import pyarrow as pa
 
 from tracelens.analyze.dictcol import columns, dict_lookup, per_object
+from tracelens.analyze.intset import distinct
 from tracelens.ingest import comm_families
 
 # Other analyzers import the lookup from here: an assignment, so that it is exported (no_implicit_reexport).
@@ -59,7 +60,7 @@ def main_threads(events: pa.Table) -> dict[int, int]:
     dur = cols.int64("dur_ns", 0)
     cpu_op = cols.kinds("cpu_op")
     out: dict[int, int] = {}
-    for r in np.unique(rank):
+    for r in distinct(rank):
         m = rank == r
         sm = m & is_step
         if sm.any():
@@ -78,7 +79,7 @@ def gpu_ranks(events: pa.Table) -> set[int]:
     cols = columns(events)
     dev = cols.kinds(*DEVICE_KINDS)
     rank = cols.int64("rank")
-    return {int(r) for r in np.unique(rank[dev])}
+    return {int(r) for r in distinct(rank[dev])}
 
 
 def rank_mask(rank: np.ndarray, ranks: set[int] | np.ndarray) -> np.ndarray:

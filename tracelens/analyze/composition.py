@@ -25,6 +25,7 @@ from tracelens.analyze import intervals as iv
 from tracelens.analyze import layers as _layers
 from tracelens.analyze.breakdown import class_sets
 from tracelens.analyze.dictcol import columns
+from tracelens.analyze.intset import distinct, member
 from tracelens.errors import TracelensError
 from tracelens.findings import finding
 from tracelens.topology import Grid
@@ -62,9 +63,9 @@ def _compile(patterns: Sequence[str] | None) -> list[re.Pattern[str]]:
     return [re.compile(p) for p in (patterns or DEFAULT_PATTERNS)]
 
 
-#: (patterns, name) -> (layer, module type, backward?) of the first pattern matching, None for no match:
+#: patterns -> name -> (layer, module type, backward?) of the first pattern matching, None for no match:
 #: the names of a run repeat on every rank, so each is matched once per process (bounded).
-_MATCHED: dict[tuple[tuple[tuple[str, int], ...], str], tuple[int, str, bool] | None] = {}
+_MATCHED: dict[tuple[tuple[str, int], ...], dict[str, tuple[int, str, bool] | None]] = {}
 _MATCHED_MAX = 1 << 16
 
 
@@ -88,16 +89,21 @@ def _match_names(
     bwd = np.zeros(n + 1, bool)
     mod: list[str | None] = [None] * (n + 1)
     key = tuple((p.pattern, p.flags) for p in pats)  # (the same text with other flags matches otherwise)
+    memo = _MATCHED.get(key)
+    if memo is None:
+        if len(_MATCHED) >= 64:
+            _MATCHED.clear()
+        memo = _MATCHED[key] = {}
     for i, v in enumerate(values):
         if not v:
             continue
-        if (key, v) in _MATCHED:
-            got = _MATCHED[(key, v)]
+        if v in memo:  # (a string's hash is kept: two cheap lookups)
+            got = memo[v]
         else:
             got = _match_one(v, pats)
-            if len(_MATCHED) >= _MATCHED_MAX:
-                _MATCHED.clear()
-            _MATCHED[(key, v)] = got
+            if len(memo) >= _MATCHED_MAX:
+                memo.clear()
+            memo[v] = got
         if got is not None:
             ok[i] = True
             layer[i], mod[i], bwd[i] = got
@@ -126,19 +132,19 @@ def module_spans(
     if sets is None:
         sets = class_sets(events)
 
-    cpu_path_rank = {int(r): getattr(sets.get(int(r)), "path", "gpu") == "cpu" for r in np.unique(rank)}
+    cpu_path_rank = {int(r): getattr(sets.get(int(r)), "path", "gpu") == "cpu" for r in distinct(rank)}
     # backward passes: real PyTorch runs them outside the module annotations; follow each autograd node
     # back to the forward op that created it (same sequence number) and that op's annotation. Where this
     # works it replaces backward annotations (e.g. from module backward hooks, which close early for a
     # module whose input needs no gradient and miss nodes that run after the input gradient is ready).
     fwd_ann = np.flatnonzero(hit & is_cpu_ann & ~bwd_of[idx])
     bw = _backward_by_sequence(events, fwd_ann, rank, ts, end, cpu_path_rank) if fwd_ann.size else None
-    seq_ranks = list(np.unique(rank[bw[0]]).tolist()) if bw is not None else []
-    use = hit & ~(bwd_of[idx] & np.isin(rank, seq_ranks))
+    seq_ranks = distinct(rank[bw[0]]) if bw is not None else np.zeros(0, np.int64)
+    use = hit & ~(bwd_of[idx] & member(rank, seq_ranks))
     gpu_rows = np.flatnonzero(use & is_gpu_ann)
-    gpu_ranks = set(np.unique(rank[gpu_rows]).tolist())
+    gpu_ranks = distinct(rank[gpu_rows])
     # CPU annotations only for ranks without GPU annotations (else the same instance counts twice)
-    cpu_rows = np.flatnonzero(use & is_cpu_ann & ~np.isin(rank, list(gpu_ranks)))
+    cpu_rows = np.flatnonzero(use & is_cpu_ann & ~member(rank, gpu_ranks))
     # (rows, gpu start, gpu end, layer, module, backward)
     parts: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, list[str | None], np.ndarray]] = []
 
@@ -179,7 +185,7 @@ def module_spans(
         bwds[keep],
     )
     busy = np.zeros(rows.size, np.int64)
-    for r in np.unique(rank[rows]):
+    for r in distinct(rank[rows]):
         m = rank[rows] == r
         rs = sets.get(int(r))
         if rs is not None:
@@ -221,10 +227,10 @@ def _nested_in_same(
     same = np.zeros(n, bool)
     if n < 2:
         return same
-    known = np.array([m is not None for m in mods], bool)
-    m_code = np.full(n, -1, np.int64)
-    if known.any():
-        _, m_code[known] = np.unique(mods[known].astype(str), return_inverse=True)
+    # one code per distinct module (only equality matters: a group's rows keep their order by start), -1 null
+    seen: dict[str, int] = {}
+    m_code = np.array([-1 if m is None else seen.setdefault(m, len(seen)) for m in mods.tolist()], np.int64)
+    known = m_code >= 0
     o = np.lexsort((s, bwd, m_code, lay, r))
     new = np.zeros(n, bool)
     new[0] = True
@@ -274,7 +280,7 @@ def _backward_by_sequence(
     is_op = cols.kinds("cpu_op")
     is_eval = cols.flag("name", _is_eval_name)
     tid = cols.int64("tid", -1)
-    fwd_ops = np.flatnonzero(is_op & ~is_eval & (seq >= 0) & np.isin(rank, np.unique(rank[fwd_ann])))
+    fwd_ops = np.flatnonzero(is_op & ~is_eval & (seq >= 0) & member(rank, rank[fwd_ann]))
     if fwd_ops.size == 0:
         return None
     owner = _owners(fwd_ann, fwd_ops, rank, tid, ts, end)

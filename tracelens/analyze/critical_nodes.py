@@ -16,6 +16,7 @@ import pyarrow as pa
 
 from tracelens.analyze.classify import COMM_KERNEL, DEVICE_KINDS
 from tracelens.analyze.dictcol import columns
+from tracelens.analyze.intset import distinct, member
 
 #: A sync-type runtime call blocked on the GPU when device work of its rank ended inside the call and the call
 #: returned at most this long after the latest such end (the runtime's return and, for a device-to-host copy
@@ -109,10 +110,13 @@ def rank_nodes(events: pa.Table, spans: pa.Table | None = None) -> tuple[pa.Tabl
         rows = ok[first]
         # (as a float, as the frame it came through held it: ns since the epoch rounded to float64)
         launch_ns[hit] = c.int64("ts_ns", -1)[rt][rows].astype(np.float64)
-        tid = events.column("tid").filter(pa.array(rt)).to_pandas().astype("float64").to_numpy()
+        # (as pandas held the column: float64, NaN where null)
+        tid = c.int64("tid", -1)[rt].astype(np.float64)
+        tid[~c.valid("tid")[rt]] = np.nan
         launch_tid[hit] = tid[rows]
     step = c.int64("step", -1)[d_idx] if stepped else np.zeros(d_idx.size, np.int64)
-    label = _labels({"rank": rank, "start_ns": start}, spans)
+    mods, at = _label_at({"rank": rank, "start_ns": start}, spans)
+    label = mods.take(pa.array(at, mask=at < 0)).cast(pa.string())
     nodes = pa.table(
         {
             "rank": pa.array(rank, pa.int32()),
@@ -123,7 +127,7 @@ def rank_nodes(events: pa.Table, spans: pa.Table | None = None) -> tuple[pa.Tabl
             "launch_ns": pa.array(launch_ns, pa.float64(), from_pandas=True).cast(pa.int64()),
             "launch_tid": pa.array(launch_tid, pa.float64(), from_pandas=True).cast(pa.int64()),
             "is_comm": pa.array(is_comm, pa.bool_()),
-            "label": pa.array(label, pa.string()),
+            "label": label,
         },
         schema=NODES,
     )
@@ -153,7 +157,7 @@ def _first_of_keys(
     """(found?, position in the keys of the first (rank, value) pair equal to it) of each query pair whose
     value is >= 0; keys' values are >= 0."""
     q_ok = q_val >= 0
-    ranks = np.unique(k_rank)
+    ranks = distinct(k_rank)
     span = int(k_val.max()) + 1 if k_val.size else 1
     if ranks.size == 0 or ranks.size * span >= 2**62:  # (correlations are far below that: a fallback)
         key = pd.MultiIndex.from_arrays([k_rank, k_val])
@@ -163,7 +167,10 @@ def _first_of_keys(
         return pos >= 0, np.flatnonzero(first)[pos[pos >= 0]]
     # (rank, value) as one int64: the rank's position times the values' span, plus the value
     ki = np.searchsorted(ranks, k_rank) * span + k_val
-    uniq, first = np.unique(ki, return_index=True)  # (return_index: the first occurrence of each)
+    if ki.size and bool((ki[1:] > ki[:-1]).all()):  # (one rank's launches in correlation order: all distinct)
+        uniq, first = ki, np.arange(ki.size)
+    else:
+        uniq, first = np.unique(ki, return_index=True)  # (return_index: the first occurrence of each)
     qr = np.minimum(np.searchsorted(ranks, q_rank), ranks.size - 1)
     q_ok &= (ranks[qr] == q_rank) & (q_val < span)
     qk = qr * span + np.where(q_ok, q_val, 0)
@@ -188,6 +195,18 @@ def sync_calls(events: pa.Table) -> pa.Table:
     cand = (is_sync | is_copy) & cols.valid("tid")
     if not cand.any():
         return SYNCS.empty_table()
+    if not (is_copy[cand] & ~is_sync[cand]).any():  # synchronize calls only: all of them, no join
+        start = cols.int64("ts_ns", -1)[cand]
+        return pa.table(
+            {
+                "rank": pa.array(cols.int64("rank", -1)[cand], pa.int32()),
+                "tid": pa.array(cols.int64("tid", -1)[cand], pa.int64()),
+                "start_ns": pa.array(start, pa.int64()),
+                "end_ns": pa.array(start + np.maximum(cols.int64("dur_ns", 0)[cand], 0), pa.int64()),
+                "name": events.column("name").filter(pa.array(cand)).cast(pa.string()).combine_chunks(),
+            },
+            schema=SYNCS,
+        )
     c = pd.DataFrame(
         {
             "rank": cols.int64("rank", -1)[cand],
@@ -229,31 +248,47 @@ def _labels(d: Mapping[str, Any], spans: pa.Table | None) -> list[str | None]:
     """Layer type (`layers.N.<type>` annotation) around each kernel's start, when module spans are known: the
     span of the kernel's rank with the latest GPU start at or before the kernel's start (the last listed of
     spans starting together), if it has not ended before it. One sorted search over all ranks at once."""
+    mods, at = _label_at(d, spans)
+    res = np.full(at.size, None, dtype=object)
+    res[at >= 0] = np.asarray(mods.to_pylist(), dtype=object)[at[at >= 0]]
+    labels: list[str | None] = res.tolist()
+    return labels
+
+
+def _label_at(d: Mapping[str, Any], spans: pa.Table | None) -> tuple[pa.Array, np.ndarray]:
+    """`_labels` as (the module of each candidate span, per kernel the position of its label there or -1)."""
     rank = np.asarray(d["rank"]).astype(np.int64)  # d: a frame or a dict of arrays, "rank" and "start_ns"
     start = np.asarray(d["start_ns"]).astype(np.int64)
-    out: list[str | None] = [None] * len(rank)
+    none = (pa.array([], pa.string()), np.full(len(rank), -1, np.int64))
     need = {"rank", "gpu_start_ns", "gpu_end_ns", "module"}
     if spans is None or spans.num_rows == 0 or not need <= set(spans.column_names) or not len(rank):
-        return out
+        return none
     sp = spans.select(["rank", "gpu_start_ns", "gpu_end_ns", "module"])
-    sp = sp.filter(sp.column("gpu_start_ns").is_valid())
+    if sp.column("gpu_start_ns").null_count:
+        sp = sp.filter(sp.column("gpu_start_ns").is_valid())
     s_rank = sp.column("rank").to_numpy(zero_copy_only=False).astype(np.int64)
-    keep = np.isin(s_rank, np.unique(rank))
+    keep = member(s_rank, rank)
     if not keep.any():
-        return out
-    sp = sp.filter(pa.array(keep))
-    s_rank = s_rank[keep]
+        return none
+    if not keep.all():
+        sp = sp.filter(pa.array(keep))
+        s_rank = s_rank[keep]
     s_start = sp.column("gpu_start_ns").to_numpy(zero_copy_only=False).astype(np.int64)
     s_end = sp.column("gpu_end_ns").fill_null(np.iinfo(np.int64).min).to_numpy(zero_copy_only=False)
-    s_mod = np.asarray(sp.column("module").to_pylist(), dtype=object)
-    order = np.lexsort((s_start, s_rank))  # stable: spans starting together keep their listed order
-    s_rank, s_start, s_end, s_mod = s_rank[order], s_start[order], s_end[order], s_mod[order]
+    # stable: spans starting together keep their listed order (one rank's spans: by start alone)
+    one = s_rank.size > 0 and s_rank.min() == s_rank.max()
+    order = np.argsort(s_start, kind="stable") if one else np.lexsort((s_start, s_rank))
+    s_rank, s_start, s_end = s_rank[order], s_start[order], s_end[order]
+    s_mod = sp.column("module").combine_chunks().take(pa.array(order))
     # (rank, time) as one sortable int64: the rank's position above 40 bits of time since its earliest instant
-    ranks = np.unique(np.concatenate([s_rank, rank]))
+    ranks = distinct(np.concatenate([s_rank, rank]))
     ri_s, ri_d = np.searchsorted(ranks, s_rank), np.searchsorted(ranks, rank)
-    base = np.full(ranks.size, np.iinfo(np.int64).max)
-    np.minimum.at(base, ri_s, s_start)
-    np.minimum.at(base, ri_d, start)
+    if ranks.size == 1:  # (one rank's kernels, the per-rank stage: its earliest instant, one reduction each)
+        base = np.array([min(int(s_start.min()), int(start.min()))], np.int64)
+    else:
+        base = np.full(ranks.size, np.iinfo(np.int64).max)
+        np.minimum.at(base, ri_s, s_start)
+        np.minimum.at(base, ri_d, start)
     rel_s, rel_d = s_start - base[ri_s], start - base[ri_d]
     if max(int(rel_s.max()), int(rel_d.max())) < 2**40 and ranks.size < 2**22:
         idx = np.searchsorted((ri_s << 40) + rel_s, (ri_d << 40) + rel_d, side="right") - 1
@@ -267,7 +302,4 @@ def _labels(d: Mapping[str, Any], spans: pa.Table | None) -> list[str | None]:
                 idx[m] = lo[k] + np.searchsorted(s_start[lo[k] : hi[k]], start[m], side="right") - 1
     jj = np.maximum(idx, 0)
     hit = (idx >= 0) & (s_rank[jj] == rank) & (s_end[jj] >= start)
-    res = np.full(start.size, None, dtype=object)
-    res[hit] = s_mod[jj[hit]]
-    labels: list[str | None] = res.tolist()
-    return labels
+    return s_mod, np.where(hit, jj, -1)

@@ -76,10 +76,27 @@ class Columns:
             if not pa.types.is_dictionary(arr.type):
                 arr = pc.dictionary_encode(arr)
             values = arr.dictionary.to_pylist()
-            idx = arr.indices.fill_null(len(values)).to_numpy(zero_copy_only=False).astype(np.int64)
+            ind = arr.indices.fill_null(len(values)) if arr.indices.null_count else arr.indices
+            idx = ind.to_numpy(zero_copy_only=False).astype(np.int64)
             idx.flags.writeable = False
             got = (values, idx)
             self._cache[key] = got
+        return got  # type: ignore[return-value]
+
+    def canonical(self, col: str) -> np.ndarray:
+        """Per entry of `codes(col)`'s values and the null slot after them: the index of the first entry of equal
+        value (a dictionary may repeat a value; the null slot -> the first null entry, else itself)."""
+        key = ("canonical", col)
+        got = self._cache.get(key)
+        if got is None:
+            values, _ = self.codes(col)
+            if None not in values and len(set(values)) == len(values):  # (the usual dictionary: all distinct)
+                got = self._put(key, np.arange(len(values) + 1, dtype=np.int64))
+            else:
+                first: dict[str | None, int] = {}
+                ids = [first.setdefault(v, i) for i, v in enumerate(values)]
+                ids.append(first.setdefault(None, len(values)))
+                got = self._put(key, np.array(ids, dtype=np.int64))
         return got  # type: ignore[return-value]
 
     def flag(self, col: str, fn: ValueFn) -> np.ndarray:
@@ -95,8 +112,12 @@ class Columns:
             memo = _FLAGS.setdefault(fn, {})
             if len(memo) > _FLAGS_MAX:
                 memo.clear()
-            table = np.array([_flag_of(fn, memo, v) for v in values] + [False], dtype=bool)
-            got = self._put(key, table[idx])
+            get = memo.get
+            known = list(map(get, values))  # type: ignore[arg-type]  # (None: not asked yet, or a null value)
+            if None in known:
+                known = [_flag_of(fn, memo, v) if k is None else k for k, v in zip(known, values)]
+            known.append(False)
+            got = self._put(key, np.array(known, dtype=bool)[idx])
         return got  # type: ignore[return-value]
 
     def kinds(self, *names: str) -> np.ndarray:
@@ -116,6 +137,8 @@ class Columns:
         got = self._cache.get(key)
         if got is None:
             c = self.events.column(col)
+            if fill is not None and c.null_count == len(c) and pa.types.is_integer(c.type):  # (all null)
+                return self._put(key, np.full(len(c), fill, dtype=np.int64))
             if fill is not None and c.null_count:
                 c = c.fill_null(fill)
             # (an int64 column without nulls is the table's own buffer, read-only as every cached array)
@@ -127,7 +150,12 @@ class Columns:
         key = ("valid", col)
         got = self._cache.get(key)
         if got is None:
-            got = self._put(key, self.events.column(col).is_valid().to_numpy(zero_copy_only=False))
+            c = self.events.column(col)
+            nulls = c.null_count
+            if nulls == 0 or nulls == len(c):  # (no bitmap to read: all valid, or all null)
+                got = self._put(key, np.full(len(c), nulls == 0, dtype=bool))
+            else:
+                got = self._put(key, c.is_valid().to_numpy(zero_copy_only=False))
         return got  # type: ignore[return-value]
 
     def end(self) -> np.ndarray:

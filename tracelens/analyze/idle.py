@@ -29,6 +29,7 @@ import pyarrow as pa
 
 from tracelens.analyze import intervals as iv
 from tracelens.analyze.dictcol import columns
+from tracelens.analyze.intset import distinct, member
 from tracelens.findings import finding
 
 IDLE_THRESHOLD = 0.20
@@ -107,11 +108,21 @@ class _ByName:
     them), positive sums only: `pd.Series(v, index=names).groupby(level=0).sum().sort_values(ascending=False)
     .head(top)` with its zero sums dropped, without building a Series per call."""
 
-    def __init__(self, names: np.ndarray) -> None:
+    def __init__(self, name_of: np.ndarray, canon: np.ndarray, idx: np.ndarray) -> None:
+        """The rows' names are `name_of[idx]`; `canon`: per slot of `name_of`, the first slot of equal value.
+
+        Grouped on the integer codes, the groups ordered by name as `np.unique` of the names orders them."""
+        code, inv = np.unique(canon[idx], return_inverse=True)
+        names = name_of[code]
         self.pandas = any(n is None for n in names)  # null names: pandas' dropna rules, done by pandas
-        self.names = names
-        if not self.pandas:
-            self.keys, self.inv = np.unique(names, return_inverse=True)
+        if self.pandas:
+            self.names = name_of[idx]
+            return
+        by_name = sorted(range(names.size), key=names.__getitem__)  # (distinct strings: no ties)
+        place = np.empty(names.size, np.int64)
+        place[by_name] = np.arange(names.size)
+        self.keys = names[by_name]
+        self.inv = place[inv.reshape(-1)]
 
     def top(self, values: np.ndarray, top: int) -> dict[str, int]:
         if self.pandas:
@@ -179,6 +190,7 @@ def _idle_rows(events: pa.Table, breakdown: pa.Table, top: int) -> list[tuple[An
     tid = ec.int64("tid", -1)
     values, name_idx = ec.codes("name")
     name_of = np.array([*values, None], dtype=object)
+    canon = ec.canonical("name")
     rows = []
     # each rank's rows once (a stable sort by rank), not a mask over every event per rank: O(events); one
     # rank's table (the per-rank stage) is its own rows in order
@@ -186,34 +198,35 @@ def _idle_rows(events: pa.Table, breakdown: pa.Table, top: int) -> list[tuple[An
     by_rank = np.arange(rank.size) if one_rank else np.argsort(rank, kind="stable")
     sorted_rank = rank if one_rank else rank[by_rank]
     bd_order = np.argsort(bd_rank, kind="stable")  # the breakdown's GPU rows grouped by rank, in order
-    for r in np.unique(bd_rank):
+    for r in distinct(bd_rank):
         r = int(r)
         w = bd_order[bd_rank[bd_order] == r]
         mine = by_rank[np.searchsorted(sorted_rank, r, "left") : np.searchsorted(sorted_rank, r, "right")]
-        dev = mine[is_dev[mine]]
+        whole = mine.size == rank.size  # (every row is r's, in order: the masks' rows directly)
+        dev = np.flatnonzero(is_dev) if whole else mine[is_dev[mine]]
         if dev.size == 0:
             continue
         busy = iv.union(ts[dev], end[dev])
-        n_streams = len(np.unique(stream[dev]))
+        n_streams = len(distinct(stream[dev]))
         dorder = dev[np.argsort(ts[dev], kind="stable")]
         dstart = ts[dorder]  # (the sorted starts)
-        rt = mine[is_rt[mine] & (corr[mine] >= 0)]
+        rt = np.flatnonzero(is_rt & (corr >= 0)) if whole else mine[is_rt[mine] & (corr[mine] >= 0)]
         rt_sorted = rt[np.argsort(corr[rt], kind="stable")]
         rt_corr = corr[rt_sorted]
-        sync = mine[is_rt[mine] & is_sync[mine]]
+        sync = np.flatnonzero(is_rt & is_sync) if whole else mine[is_rt[mine] & is_sync[mine]]
         sync_set = iv.union(ts[sync], end[sync])
         # top-level cpu ops of the launching threads (threads that issued runtime calls)
-        threads = np.unique(tid[rt]) if rt.size else np.array([], np.int64)
-        op_rows = mine[is_op[mine]]
-        ops = op_rows[np.isin(tid[op_rows], threads)]
+        threads = distinct(tid[rt]) if rt.size else np.array([], np.int64)
+        op_rows = np.flatnonzero(is_op) if whole else mine[is_op[mine]]
+        ops = op_rows[member(tid[op_rows], threads)]
         ops = ops[np.lexsort((-end[ops], ts[ops]))]
         if ops.size:
             prev_max = np.maximum.accumulate(np.concatenate([[np.iinfo(np.int64).min], end[ops][:-1]]))
             ops = ops[ts[ops] >= prev_max]
-        op_names = _ByName(name_of[name_idx[ops]]) if ops.size else None
+        op_names = _ByName(name_of, canon, name_idx[ops]) if ops.size else None
         for b in w:
             lo, hi = int(bd_lo[b]), int(bd_hi[b])
-            gaps = iv.subtract((np.array([lo]), np.array([hi])), iv.clip(busy, lo, hi))
+            gaps = _gaps(busy, lo, hi)
             g0, g1 = gaps
             parts = dict.fromkeys(CAUSES, 0)
             host_iv = iv.empty()
@@ -253,12 +266,24 @@ def _idle_rows(events: pa.Table, breakdown: pa.Table, top: int) -> list[tuple[An
                 sync_ops = op_names.top(iv.measure_in_windows(sync_iv, ts[ops], end[ops]), top)
                 if not sync_ops and sync.size:
                     ov = iv.measure_in_windows(sync_iv, ts[sync], end[sync])
-                    sync_ops = _ByName(name_of[name_idx[sync]]).top(ov, top)
+                    sync_ops = _ByName(name_of, canon, name_idx[sync]).top(ov, top)
             idle = int((g1 - g0).sum()) if g0.size else 0
             rows.append(
                 (r, bd_step[b], int(bd_len[b]), idle, *(parts[c] for c in CAUSES), host_ops, sync_ops)
             )
     return rows
+
+
+def _gaps(busy: iv.Intervals, lo: int, hi: int) -> iv.Intervals:
+    """`iv.subtract(([lo], [hi]), iv.clip(busy, lo, hi))` of a canonical set: the non-empty stretches of
+    [lo, hi) between its clipped intervals (sorted, disjoint, non-touching), read off their bounds."""
+    bs, be = iv.clip(busy, lo, hi)
+    if bs.size == 0:  # (subtract returns the window itself, even an empty one)
+        return np.array([lo]), np.array([hi])
+    g0 = np.concatenate([[lo], be]).astype(np.int64)
+    g1 = np.concatenate([bs, [hi]]).astype(np.int64)
+    keep = g1 > g0
+    return g0[keep], g1[keep]
 
 
 def idle_findings(table: pd.DataFrame, threshold: float = IDLE_THRESHOLD) -> list[dict[str, Any]]:

@@ -15,6 +15,7 @@ import numpy as np
 import pyarrow as pa
 
 from tracelens.analyze.dictcol import columns, per_object
+from tracelens.analyze.intset import member
 from tracelens.ingest.comm_families import is_comm_cpu_op
 
 
@@ -33,13 +34,22 @@ def innermost_enclosing(
     # J: last op of the query's group with start <= t
     seg_lo = np.searchsorted(g, q_group, side="left")
     seg_hi = np.searchsorted(g, q_group, side="right")
-    uniq = np.unique(g)
+    uniq = g[np.r_[True, g[1:] != g[:-1]]]  # (np.unique of the sorted groups)
     qcode = np.searchsorted(uniq, q_group)
     qcode_ok = (qcode < uniq.size) & (uniq[np.minimum(qcode, uniq.size - 1)] == q_group)
     # lexicographic search: within [seg_lo, seg_hi) find the last start <= t
     j = seg_lo + _count_at_most(np.searchsorted(uniq, g), s, seg_lo, seg_hi, qcode, q_t) - 1
     valid = qcode_ok & (j >= seg_lo)
-    # sparse table: m[k][i] = max(e[i - 2^k + 1 .. i])
+    # the latest-starting op holds the query (the usual case: the launch is inside the op that started last)
+    jc = np.where(valid, j, 0)
+    direct = valid & (e[jc] >= q_t)
+    out[direct] = order[jc[direct]]
+    rest = np.flatnonzero(valid & ~direct)
+    if rest.size == 0:
+        return out
+    q_t, seg_lo, j = q_t[rest], seg_lo[rest], j[rest]
+    # the others: the latest op before j still running at t, by binary lifting over a sparse table of the
+    # running maximum of the ends, m[k][i] = max(e[i - 2^k + 1 .. i])
     levels = [e]
     k = 1
     while (1 << k) <= n:
@@ -49,17 +59,17 @@ def innermost_enclosing(
         cur[half:] = np.maximum(prev[half:], prev[:-half])
         levels.append(cur)
         k += 1
-    pos = np.where(valid, j, -1)
+    pos = j
     for k in range(len(levels) - 1, -1, -1):
         step = 1 << k
         can = (pos - step + 1 >= 0) & (pos >= 0)
         idx = np.where(can, pos, 0)
         move = can & (levels[k][idx] < q_t)
         pos = np.where(move, pos - step, pos)
-    ok = valid & (pos >= seg_lo) & (pos >= 0)
+    ok = (pos >= seg_lo) & (pos >= 0)
     pos_c = np.where(ok, pos, 0)
     ok &= e[pos_c] >= q_t
-    out[ok] = order[pos_c[ok]]
+    out[rest[ok]] = order[pos_c[ok]]
     return out
 
 
@@ -175,7 +185,7 @@ def _enclosing(q: _Queries, mask: np.ndarray, only: np.ndarray | None = None) ->
     op_rows = np.flatnonzero(mask & q.ops)
     if not rows.size or not op_rows.size:
         return out
-    op_rows = op_rows[np.isin(q.group[op_rows], np.unique(q_g))]  # only threads that launch
+    op_rows = op_rows[member(q.group[op_rows], q_g)]  # only threads that launch
     inner = innermost_enclosing(q.group[op_rows], q.ts[op_rows], q.end[op_rows], q_g, q_t)
     out[rows[inner >= 0]] = op_rows[inner[inner >= 0]]
     return out

@@ -36,6 +36,7 @@ import pyarrow as pa
 
 from tracelens.analyze.classify import STEP, _dict_lookup, is_step_name
 from tracelens.analyze.dictcol import columns
+from tracelens.analyze.intset import distinct, member
 
 DEVICE = ("kernel", "gpu_memcpy", "gpu_memset")
 LAUNCH_KINDS = ("cuda_runtime", "cuda_driver")
@@ -91,10 +92,15 @@ def step_windows_noted(events: pa.Table) -> StepWindows:
     nums[step_rows] = [int(STEP.match(v).group(1)) for v in step_names]  # type: ignore[union-attr]  # is_step: all match
     out: dict[str, list[int]] = {"rank": [], "step": [], "start_ns": [], "end_ns": []}
     notes: list[dict[str, Any]] = []
-    order = np.argsort(rank, kind="stable")
+    one = int(rank.min()) == int(rank.max())  # one rank's table (the per-rank stage): its rows as they are
+    order = np.zeros(0, np.int64) if one else np.argsort(rank, kind="stable")
     rs = rank[order]
-    for r in np.unique(rank[step_rows]):
-        sl = order[np.searchsorted(rs, r, side="left") : np.searchsorted(rs, r, side="right")]
+    for r in distinct(rank[step_rows]):
+        sl: slice | np.ndarray = (
+            slice(None)
+            if one
+            else order[np.searchsorted(rs, r, side="left") : np.searchsorted(rs, r, side="right")]
+        )
         got = _rank_windows(
             int(r), ts[sl], end[sl], is_step[sl], cpu_kind[sl], gpu_ann[sl], device[sl],
             ev_step[sl], nums[sl], notes, left_out[sl], launch[sl], corr[sl],
@@ -153,7 +159,7 @@ def _rank_windows(
     np.maximum.at(c_end, inv, end[src])
     order = np.argsort(c_start, kind="stable")
     uniq, c_start, c_end = uniq[order], c_start[order], c_end[order]
-    gone = np.isin(uniq, np.unique(nums[left_out]))  # left-out steps: neighbours only
+    gone = member(uniq, nums[left_out])  # left-out steps: neighbours only
     # the step of each event: the step column (CPU events by their enclosing window, device events by
     # their launch), else (tables built without it) the CPU window holding the event's start
     o_rows = np.flatnonzero(others)
@@ -165,7 +171,7 @@ def _rank_windows(
         _give_back_device_work(o_rows, o_step, ev_step, device | gpu_ann, launch, corr, uniq[gone])
     ev_step = ev_step.copy()
     ev_step[o_rows] = o_step
-    members = np.isin(uniq, np.unique(o_step[o_step >= 0]))
+    members = member(uniq, o_step[o_step >= 0])
     keep = np.ones(uniq.size, dtype=bool)
     for i, n in enumerate(uniq):
         outside = c_start[i] >= hi_ext or c_end[i] <= lo_ext

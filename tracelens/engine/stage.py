@@ -30,6 +30,7 @@ from tracelens.analyze.breakdown import BREAKDOWN, RankSets, breakdown, class_se
 from tracelens.analyze.classify import COMM, COMPUTE, DEVICE_KINDS, classify, is_step_name
 from tracelens.analyze.critical_nodes import rank_nodes, sync_calls
 from tracelens.analyze.dictcol import columns, sharing
+from tracelens.analyze.intset import member
 from tracelens.store.stages import OPS, RankStage, stored_nodes, write_stage
 
 _ANNOTATION_KINDS = ("user_annotation", "gpu_user_annotation")
@@ -82,9 +83,9 @@ def _comm_launch_rows(events: pa.Table, classes: np.ndarray) -> np.ndarray:
     cols = columns(events)
     keep = cols.flag("name", is_comm_cpu_op) & cols.kinds("cpu_op", "user_annotation")
     corr = cols.int64("correlation", -1)
-    comm_corr = np.unique(corr[(classes == COMM) & (corr >= 0)])
+    comm_corr = corr[(classes == COMM) & (corr >= 0)]
     if comm_corr.size:
-        keep |= cols.kinds("cuda_runtime", "cuda_driver") & np.isin(corr, comm_corr)
+        keep |= cols.kinds("cuda_runtime", "cuda_driver") & member(corr, comm_corr)
     out: np.ndarray = keep
     return out
 
@@ -241,8 +242,8 @@ def op_totals(events: pa.Table) -> pa.Table:
     kinds, kind_idx = cols.codes("kind")
     names, name_idx = cols.codes("name")
     # a value's canonical id (a dictionary may repeat a value; null -> its own id), then one key a row
-    kind_id = _canonical_ids(kinds)[kind_idx[sel]]
-    name_id = _canonical_ids(names)[name_idx[sel]]
+    kind_id = cols.canonical("kind")[kind_idx[sel]]
+    name_id = cols.canonical("name")[name_idx[sel]]
     key = kind_id * np.int64(len(names) + 1) + name_id
     order = np.argsort(key, kind="stable")
     sk = key[order]
@@ -264,14 +265,6 @@ def op_totals(events: pa.Table) -> pa.Table:
         },
         schema=OPS,
     )
-
-
-def _canonical_ids(values: list[str | None]) -> np.ndarray:
-    """Per dictionary entry (and the null slot after them) the index of the first entry of equal value."""
-    first: dict[str | None, int] = {}
-    ids = [first.setdefault(v, i) for i, v in enumerate(values)]
-    ids.append(first.setdefault(None, len(values)))
-    return np.array(ids, dtype=np.int64)
 
 
 def _time_range(events: pa.Table) -> tuple[int, int] | None:
