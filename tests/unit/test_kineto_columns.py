@@ -5,6 +5,8 @@ own gives (hand-written expectations), also through a whole hand-written trace."
 from __future__ import annotations
 
 import kineto_traces as kt
+import msgspec
+import numpy as np
 import pyarrow as pa
 
 from tracelens.ingest import kineto
@@ -92,3 +94,31 @@ def test_trace_with_string_pids_and_sparse_collectives_reads_exactly(tmp_path, m
     others = [r for r in rows if r["collective"] is None]
     fields = ("pg_name", "pg_desc", "pg_ranks", "group_size", "seq", "in_nelems", "out_nelems", "dtype")
     assert all(r[f] is None for r in others for f in fields)
+
+
+def _one_by_one_ns(raw: bytes) -> int | None:
+    """A timestamp text on its own: the reader's exact slow path (Decimal), independent of the vectorised one."""
+    return columns._parse_one(raw)
+
+
+def test_parse_us_to_ns_offsets_from_commas_agree_with_each_text_on_its_own():
+    """parse_us_to_ns finds the texts' lengths by the commas of one join (_joined_offsets); texts holding a
+    comma (a JSON array or object where a number belongs) make it measure each text: either way each value is
+    what parsing its text alone gives, absent ones invalid."""
+    texts = [b"2542974000003.948", b"", b"17.412", b"-0.5", b"1", b'"2.25"', b"1e3", b"0.0005"]
+    with_commas = [*texts[:3], b"[1,2]", *texts[3:], b'{"a":1,"b":2}']
+    for raws in (texts, with_commas, texts[:1], [b""], [b"", b""]):
+        got, ok = kineto.parse_us_to_ns([msgspec.Raw(r) for r in raws])
+        want = [None if not r else _one_by_one_ns(r) for r in raws]
+        assert ok.tolist() == [w is not None for w in want], raws
+        assert got.tolist() == [0 if w is None else w for w in want], raws
+        assert got.dtype == np.int64 and got.flags.c_contiguous and got.flags.writeable
+
+
+def test_joined_offsets_are_arrow_offsets_of_the_texts():
+    raws = [b"1.5", b"", b"22.25", b"3"]
+    off, data = columns._joined_offsets(raws)
+    assert off is not None and off.dtype == np.int32
+    assert off.tolist() == [0, 3, 3, 8, 9] and data == b"1.522.253"
+    off, data = columns._joined_offsets([b"[1,2]", b"4"])  # a comma inside a text: measured one by one
+    assert off is not None and off.tolist() == [0, 5, 6] and data == b"[1,2]4"

@@ -65,6 +65,11 @@ EVENTS_WRITE_OPTIONS: dict[str, Any] = {
         if n not in _EVENTS_DELTA
     ],
     "column_encoding": dict.fromkeys(_EVENTS_DELTA, "DELTA_BINARY_PACKED"),
+    # values handed to the column encoders at a time (Parquet's default: 1,024): a rank's whole column at
+    # once costs ~10% less CPU to write (fewer level-encoder runs and calls). Pages are still cut at the
+    # default data page size, checked per batch: a rank's usual events table is written to the same bytes,
+    # and a larger one may cut its pages at other rows (any Parquet reader reads either)
+    "write_batch_size": 64 * 1024,
 }
 
 

@@ -115,13 +115,12 @@ def parse_us_to_ns(raws: list) -> tuple[np.ndarray, np.ndarray]:
     n = len(raws)
     if n == 0:
         return np.zeros(0, np.int64), np.zeros(0, bool)
-    lens = np.fromiter(map(len, raws), dtype=np.int64, count=n)
-    valid = lens > 0
-    if lens.sum() < 2**31:
-        off = np.zeros(n + 1, dtype=np.int32)
-        np.cumsum(lens, out=off[1:])
-        vbuf = None if valid.all() else pa.py_buffer(np.packbits(valid, bitorder="little"))
-        strs = pa.StringArray.from_buffers(n, pa.py_buffer(off), pa.py_buffer(b"".join(raws)), vbuf)
+    off, data = _joined_offsets(raws)
+    if off is not None:
+        valid = off[1:] > off[:-1]
+        every = bool(valid.all())
+        vbuf = None if every else pa.py_buffer(np.packbits(valid, bitorder="little"))
+        strs = pa.StringArray.from_buffers(n, pa.py_buffer(off), pa.py_buffer(data), vbuf)
         try:
             dec = pc.cast(strs, _DEC_TYPE)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
@@ -129,9 +128,37 @@ def parse_us_to_ns(raws: list) -> tuple[np.ndarray, np.ndarray]:
         if dec is not None:
             words = np.frombuffer(dec.buffers()[1], dtype=np.int64)[2 * dec.offset : 2 * (dec.offset + n)]
             lo, hi = words[0::2], words[1::2]
-            if (hi[valid] == (lo[valid] >> 63)).all():  # every value fits in int64 ns
+            if every:
+                if (hi == (lo >> 63)).all():  # every value fits in int64 ns
+                    return lo.copy(), valid
+            elif (hi[valid] == (lo[valid] >> 63)).all():
                 return np.where(valid, lo, 0), valid
     return parse_us_to_ns_numpy(raws)
+
+
+def _joined_offsets(raws: list) -> tuple[np.ndarray | None, bytes]:
+    """The texts concatenated, with their int32 Arrow offsets (None when they do not fit in int32). The
+    lengths come from one join with a comma between the texts and a vectorised search for the commas (no
+    len() per text); texts that hold a comma themselves (a JSON array or object where a number belongs, never
+    a valid timestamp) make it measure each text instead."""
+    n = len(raws)
+    joined = b",".join(raws)
+    seps = np.flatnonzero(np.frombuffer(joined, dtype=np.uint8) == 44)
+    if seps.size == n - 1:
+        if len(joined) - (n - 1) >= 2**31:
+            return None, b""
+        starts = np.empty(n + 1, dtype=np.int64)
+        starts[0] = 0
+        starts[1:n] = seps + 1
+        starts[n] = len(joined) + 1
+        starts -= np.arange(n + 1)  # (value i starts after the i commas before it)
+        return starts.astype(np.int32), joined.replace(b",", b"")
+    lens = np.fromiter(map(len, raws), dtype=np.int64, count=n)
+    if lens.sum() >= 2**31:
+        return None, b""
+    off = np.zeros(n + 1, dtype=np.int32)
+    np.cumsum(lens, out=off[1:])
+    return off, b"".join(raws)
 
 
 def parse_us_to_ns_numpy(raws: list) -> tuple[np.ndarray, np.ndarray]:
@@ -375,6 +402,7 @@ class _NeedFullArgs(Exception):
 
 def _columns(evs: list) -> _Chunk:
     """Build the columns of one chunk of decoded events (C-level passes; no per-event Python code)."""
+    one_x_type = False  # (set below for the tagged decoders: every complete event is of one struct type)
     if evs and type(evs[0]) is _LooseEvent:  # the loose decoder keeps `ph` as a field
         phs = [p if isinstance(p, str) else None for p in map(_get["ph"], evs)]  # any JSON value here
         ph = np.fromiter(map(_PH_CODE.get, phs, repeat(0)), dtype=np.int8, count=len(phs))
@@ -382,8 +410,10 @@ def _columns(evs: list) -> _Chunk:
         inst = list(compress(evs, (ph == 2).tolist())) if (ph == 2).any() else []
     else:  # the tagged decoders tell phases apart by type
         types = list(map(type, evs))
-        xs = list(compress(evs, map(_X_TYPES.__contains__, types)))
-        inst = list(compress(evs, map(_I_TYPES.__contains__, types))) if len(xs) < len(evs) else []
+        kinds = set(types)  # (few distinct: which phases the chunk has, one pass of cheap hashes)
+        xs = list(compress(evs, map(_X_TYPES.__contains__, types))) if kinds & _X_TYPES else []
+        inst = list(compress(evs, map(_I_TYPES.__contains__, types))) if kinds & _I_TYPES else []
+        one_x_type = len(kinds & _X_TYPES) == 1
         del types
     mem = None
     if inst:
@@ -393,7 +423,7 @@ def _columns(evs: list) -> _Chunk:
             mem = _memory_columns(list(compress(inst, is_mem.tolist())))
     n = len(xs)
     loose = bool(n) and type(xs[0]) is _LooseEvent
-    if n and not loose and len(set(map(type, xs))) == 1:
+    if n and not loose and one_x_type:
         # one typed struct for every event (one decoder per chunk): its fields in one pass (_struct_columns)
         cats, name_vals, pids, tids, ts_vals, dur_vals, args = _struct_columns(xs, _EV_FIELDS)
         arg_cols = _struct_columns(args, _ARG_FIELDS)
@@ -591,7 +621,7 @@ def _int_values(vals: Sequence, type_: pa.DataType, loose: bool, lowcard: bool =
             if uniq is not None and not (
                 len(uniq) * 4 <= len(vals) + 64 and all(type(v) is int for v in uniq)
             ):
-                return _lowcard_int_array(vals)
+                return _lowcard_int_array(vals, uniq)
         try:
             arr = pa.array(np.fromiter(vals, dtype=np.int64, count=len(vals)))
             return arr if type_ == pa.int64() else pc.cast(arr, type_, safe=False)
@@ -600,14 +630,16 @@ def _int_values(vals: Sequence, type_: pa.DataType, loose: bool, lowcard: bool =
     return _lowcard_int_array(vals) if lowcard else _int_array(vals, type_)
 
 
-def _lowcard_int_array(values: Sequence) -> pa.Array:
+def _lowcard_int_array(values: Sequence, uniq: dict | None = None) -> pa.Array:
     """Like _int_array(values, int64) for columns with few distinct values (pid, tid): each distinct value
     is coerced once (strings such as "Spans" become null, "0x1f" 31) and the column is taken from them by
-    its codes (two C-level passes: the distinct values, the codes)."""
-    try:
-        uniq = dict.fromkeys(values)
-    except TypeError:  # unhashable values (loose decoder)
-        return _int_array(values, pa.int64())
+    its codes (two C-level passes: the distinct values, the codes). `uniq`: dict.fromkeys(values), when the
+    caller has it."""
+    if uniq is None:
+        try:
+            uniq = dict.fromkeys(values)
+        except TypeError:  # unhashable values (loose decoder)
+            return _int_array(values, pa.int64())
     if len(uniq) * 4 > len(values) + 64:  # not few distinct values after all
         return _int_array(values, pa.int64())
     # (a dict key compares equal across int / bool / float: 1, True and 1.0 share one entry, so the

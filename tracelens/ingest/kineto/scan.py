@@ -131,7 +131,7 @@ def _scan_blocks(
                 if eof:
                     raise _SplitFailed()
                 continue
-            chunk = _decode_in_place(buf, fb[0], hint)
+            chunk = _decode_in_place(buf, fb[0], hint, view=True)  # (buf is not used after this)
             if chunk is None:
                 raise _SplitFailed()  # not a boundary between whole events
             chunks.append(chunk)
@@ -144,8 +144,11 @@ def _scan_blocks(
                 _bound_event(path, buf, off, chunk_bytes)
                 break
             errs: list[Exception] = []
-            chunk = _decode_in_place(buf, cut[0], hint, errs)
+            chunk = _decode_in_place(buf, cut[0], hint, errs, view=True)
             if chunk is None:
+                # the decode read a view of buf, which the error's frames may still hold: a copy is what
+                # is mended and cut from here on (rare: damaged data, or a cut inside a string)
+                buf = bytearray(buf)
                 p = _salv.error_at(errs[0], bytes(buf[: cut[0]])) if errs else None
                 if p is None or p >= cut[0]:
                     break  # the cut fell inside a string or nested value: read more, retry
@@ -165,7 +168,9 @@ def _scan_blocks(
                 pa.default_memory_pool().release_unused()
                 released = parsed
             off += cut[1] - 1
-            del buf[: cut[1] - 1]
+            # the rest goes on in a new buffer: the decoded chunk's raw timestamps were views of the old one,
+            # which must not be resized while anything holds them (_decode_in_place)
+            buf = buf[cut[1] - 1 :]
             buf[0] = 91  # "["
             break
     if state == "seek" or (stop_at is not None and state != "events"):
@@ -189,7 +194,7 @@ def _scan_blocks(
         return _Scan(meta, chunks, total, total, False)
     # Last piece: the remaining events, the `]` closing the array and the top-level keys after it.
     while True:
-        tail = b'{"traceEvents":' + bytes(buf)
+        tail = b"".join((b'{"traceEvents":', buf))  # (one copy)
         try:
             top = _decode_top(tail)
             break
@@ -334,37 +339,41 @@ def _read_past(
 
 
 def _decode_in_place(
-    buf: bytearray, end: int, hint: _Hint | None = None, errors: list | None = None
+    buf: bytearray, end: int, hint: _Hint | None = None, errors: list | None = None, view: bool = False
 ) -> _Chunk | None:
     """Decode the events in buf[0:end] (buf[0] == "[") as a JSON array: the separator byte at buf[end] is
-    overwritten with "]" for the copy that is decoded and restored at once. None when buf[:end] is not whole
-    events.
+    overwritten with "]" for the decode and restored after it. None when buf[:end] is not whole events.
 
-    The decode reads a copy of the chunk (~1 MiB: ~40 µs, under 1% of its decode), not a view of `buf`:
-    decoded raw timestamps reference the text they were decoded from, and a view with such references
-    cannot be released, so `buf` could not be resized while anything still held one. Something outside
-    tracelens can hold one for a moment (Dask's sampling profiler keeps the frames of a running task, with
-    their locals), which made the read fail with "memoryview has N exported buffers". A copy is freed with
-    the last reference to it, whenever that is."""
+    Decoded raw timestamps reference the text they were decoded from, and something outside tracelens can
+    hold them for a moment after the chunk is done (Dask's sampling profiler keeps the frames of a running
+    task, with their locals): a buffer they are views of cannot be resized meanwhile ("memoryview has N
+    exported buffers"). By default the decode reads a copy of the chunk (freed with the last reference to
+    it). With `view` it reads buf itself, sparing that copy (~1 MiB a chunk, and its fresh pages): the
+    caller then must not resize buf after this call, only drop it (the main loop goes on with a new buffer
+    holding the rest, or a copy of buf after a failed decode)."""
     saved = buf[end]
     buf[end] = 93  # "]"
-    part = bytes(memoryview(buf)[: end + 1])
-    buf[end] = saved
-    # a chunk naming a collective (one search, ~0.1 ms per MiB) needs the full args: decoded so at once
-    lean_ok = hint is None or not hint.lean or buf.find(COLL_KEY, 0, end) < 0
     try:
-        evs = _decode_events(part, hint, lean_ok)
-    except msgspec.DecodeError as err:
-        if errors is not None:
-            errors.append(err)
-        return None
-    try:
-        return _columns(evs)
-    except _NeedFullArgs:  # a collective: this chunk and the rest of the file with the full args
-        assert hint is not None  # (only _decode_events with a hint decodes lean structs)
-        hint.lean = False
-        del evs
-        return _columns(_decode_events(part, hint))
+        part: bytes | memoryview = memoryview(buf)[: end + 1] if view else bytes(memoryview(buf)[: end + 1])
+        if not view:
+            buf[end] = saved
+        # a chunk naming a collective (one search, ~0.1 ms per MiB) needs the full args: decoded so at once
+        lean_ok = hint is None or not hint.lean or buf.find(COLL_KEY, 0, end) < 0
+        try:
+            evs = _decode_events(part, hint, lean_ok)
+        except msgspec.DecodeError as err:
+            if errors is not None:
+                errors.append(err)
+            return None
+        try:
+            return _columns(evs)
+        except _NeedFullArgs:  # a collective: this chunk and the rest of the file with the full args
+            assert hint is not None  # (only _decode_events with a hint decodes lean structs)
+            hint.lean = False
+            del evs
+            return _columns(_decode_events(part, hint))
+    finally:
+        buf[end] = saved
 
 
 def _salvage_tail(buf: bytearray, hi: int) -> tuple[list, int] | None:
