@@ -6,7 +6,9 @@ default elsewhere); HYPOTHESIS_PROFILE=ci|explore picks one explicitly.
 """
 
 import os
+from pathlib import Path
 
+import pytest
 from hypothesis import settings
 
 os.environ["TRACELENS_STRICT"] = "1"
@@ -30,8 +32,6 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.enviro
 if os.environ.get("TRACELENS_TEST_CPU_LOG"):
     import resource
 
-    import pytest
-
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(item, nextitem):
         def cpu() -> float:
@@ -42,3 +42,19 @@ if os.environ.get("TRACELENS_TEST_CPU_LOG"):
         yield
         with open(os.environ["TRACELENS_TEST_CPU_LOG"], "a", encoding="utf-8") as fh:
             fh.write(f"{cpu() - t0:.2f}\t{item.nodeid}\n")
+
+
+_STRAGGLER_SAMPLE = (
+    Path(__file__).resolve().parents[1] / "sample_traces" / "qwen35-27b-seq4k-tp2pp2dp2-straggler-skew"
+)
+
+
+@pytest.fixture(scope="module")
+def sample_cp():
+    """The critical path of the straggler-skew sample run, analysed once per test module (a test may take
+    things out of its graph's memo, such as the stored replay plan, so modules do not share it)."""
+    if not _STRAGGLER_SAMPLE.exists():
+        pytest.skip(f"{_STRAGGLER_SAMPLE} is absent")
+    from tracelens.run_analysis import Options, analyze_run
+
+    return analyze_run(_STRAGGLER_SAMPLE, Options(no_cache=True)).critical

@@ -3,8 +3,6 @@ the path walk's predecessor lookup; each against an independent construction or 
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -12,9 +10,6 @@ import pytest
 from tracelens.analyze import critical_keys as K
 from tracelens.analyze import critical_path as CP
 from tracelens.analyze.frame_cells import str_objects
-
-REPO = Path(__file__).resolve().parents[2]
-SAMPLE = REPO / "sample_traces" / "qwen35-27b-seq4k-tp2pp2dp2-straggler-skew"
 
 
 @pytest.mark.parametrize("dictionary", [False, True])
@@ -197,15 +192,6 @@ def test_label_most_frequent_smallest_on_tie():
     assert CP._label(g, 0, 1) == "attention"  # a tie: the smallest
     assert CP._label(g, 0, 4) == "mlp"  # 2 x mlp
     assert CP._label(g, 1, 8) == "attention"  # attention 2, mlp 1, norm 1
-
-
-@pytest.fixture(scope="module")
-def sample_cp():
-    if not SAMPLE.exists():
-        pytest.skip(f"{SAMPLE} is absent")
-    from tracelens.run_analysis import Options, analyze_run
-
-    return analyze_run(SAMPLE, Options(no_cache=True)).critical
 
 
 def test_level_edges_give_each_nodes_predecessors_in_edge_order(sample_cp):

@@ -19,7 +19,6 @@ from tracelens.analyze import whatif as W
 from tracelens.analyze.dictcol import per_object
 
 REPO = Path(__file__).resolve().parents[2]
-SAMPLE = REPO / "sample_traces" / "qwen35-27b-seq4k-tp2pp2dp2-straggler-skew"
 HTA = REPO.parent / "shared" / "traces" / "hta"
 NEG = CP.NEG
 
@@ -191,8 +190,8 @@ def test_hand_built_graph_replays_as_the_reference():
         assert not any(v in into for v in perm[m:b].tolist())
 
 
-def test_hand_built_sync_graph_replays_as_the_reference():
-    # rank 0: K1 [0, 1000]; a synchronize [10, 1005] waits for it; K2 launched at 1100, K3 on stream 9 after
+def _sync_graph_inputs() -> tuple[pa.Table, pa.Table]:
+    """rank 0: K1 [0, 1000]; a synchronize [10, 1005] waits for it; K2 launched at 1100, K3 on stream 9 after."""
     nodes = _nodes(
         [
             (0, 7, B, B + 1000, False, B - 4),
@@ -210,20 +209,16 @@ def test_hand_built_sync_graph_replays_as_the_reference():
         },
         schema=CP.SYNCS,
     )
+    return nodes, sy
+
+
+def test_hand_built_sync_graph_replays_as_the_reference():
+    nodes, sy = _sync_graph_inputs()
     cp = CP.analyze_critical_path(nodes, None, syncs=sy)
     g = cp.graph
     assert g.n_sync_src.size == g.n_nodes and (g.n_sync_src >= 0).any()
     assert any(s is not None for s in R.replay_plan(g).sync)
     _check_graph(g, 1)
-
-
-@pytest.fixture(scope="module")
-def sample_cp():
-    if not SAMPLE.exists():
-        pytest.skip(f"{SAMPLE} is absent")
-    from tracelens.run_analysis import Options, analyze_run
-
-    return analyze_run(SAMPLE, Options(no_cache=True)).critical
 
 
 def test_sample_run_replays_as_the_reference(sample_cp):
@@ -359,23 +354,7 @@ def test_tail_terms_are_the_terms_on_a_hand_built_graph():
 
 
 def test_tail_terms_are_not_taken_with_sync_terms():
-    nodes = _nodes(
-        [
-            (0, 7, B, B + 1000, False, B - 4),
-            (0, 7, B + 1104, B + 1204, False, B + 1100),
-            (0, 9, B + 1110, B + 1300, False, B + 1101),
-        ]
-    )
-    sy = pa.table(
-        {
-            "rank": pa.array([0], pa.int32()),
-            "tid": pa.array([1], pa.int64()),
-            "start_ns": pa.array([B + 10], pa.int64()),
-            "end_ns": pa.array([B + 1005], pa.int64()),
-            "name": pa.array(["cudaStreamSynchronize"]),
-        },
-        schema=CP.SYNCS,
-    )
+    nodes, sy = _sync_graph_inputs()
     g = CP.analyze_critical_path(nodes, None, syncs=sy).graph
     plan = R.replay_plan(g)
     base = R.replay(g, plan=plan)
