@@ -69,3 +69,42 @@ def test_a_collected_table_is_forgotten(tmp_path):
     assert key in pages._MAPS
     del t
     assert key not in pages._MAPS
+
+
+_MMAP_PROBE = """
+import ctypes, sys
+import numpy as np
+from tracelens.store import pages
+
+class MallInfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+info = ctypes.CDLL(None).mallinfo2
+info.restype = MallInfo2
+capped = pages.cap_mmap_threshold() if sys.argv[1] == "cap" else None
+a = np.ones(20 << 20, np.uint8)
+del a  # a freed 20 MiB mapping: glibc's dynamic threshold rises to 20 MiB
+b = np.ones(18 << 20, np.uint8)
+print(capped, info().hblkhd >> 20)  # MiB in mappings of their own
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt / mallinfo2 (Linux)")
+def test_capped_mmap_threshold_keeps_large_arrays_in_their_own_mappings():
+    """After a large array is freed, glibc's dynamic threshold puts the next array below that size on the heap
+    (its pages stay resident once freed); with the threshold capped at 16 MiB an 18 MiB array gets a mapping
+    of its own. Each case in a fresh interpreter (the setting is process-wide)."""
+    import ctypes
+    import subprocess
+
+    if not hasattr(ctypes.CDLL(None), "mallinfo2"):
+        pytest.skip("glibc older than 2.33 (no mallinfo2)")
+    out = {}
+    for case in ("default", "cap"):
+        res = subprocess.run(
+            [sys.executable, "-c", _MMAP_PROBE, case], capture_output=True, text=True, check=True
+        )
+        out[case] = res.stdout.split()
+    assert out["default"] == ["None", "0"]  # on the heap: the dynamic threshold was raised to 20 MiB
+    assert out["cap"] == ["True", "18"]

@@ -345,6 +345,9 @@ def analyze(
         from rich.progress import Progress
 
         progress = Progress(transient=True)
+    from tracelens.store.pages import cap_mmap_threshold
+
+    cap_mmap_threshold()  # (large arrays handed back when freed: a lower peak RSS on big runs)
     with progress or nullcontext(), plain or nullcontext(), frozen_heap():
         task = progress.add_task("reading traces", total=None) if progress is not None else None
 

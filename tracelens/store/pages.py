@@ -67,6 +67,31 @@ def trim_heap() -> None:
         fn(0)
 
 
+#: `cap_mmap_threshold`'s default: arrays of this size and up get their own mapping, returned when freed.
+MMAP_THRESHOLD = 16 * 1024 * 1024
+_M_MMAP_THRESHOLD = -3  # (glibc's mallopt parameter)
+
+
+def cap_mmap_threshold(nbytes: int = MMAP_THRESHOLD) -> bool:
+    """Fix glibc's mmap threshold at `nbytes` for this process (`mallopt(M_MMAP_THRESHOLD)`): each
+    allocation of at least that size (the large NumPy arrays of a big run's analysis) gets a mapping of its
+    own, handed back to the system when it is freed. glibc's default threshold is dynamic: the first such
+    array freed raises it to that array's size (up to 32 MiB), after which arrays below it come from the heap
+    and their pages stay resident once freed, and the peak resident memory grows with each phase of the
+    analysis. Measured on the cached 1,024-rank analysis: peak RSS ~20-30 MiB lower at no cost in time (a
+    4 MiB threshold saved ~70 MiB but added 1.5-3 s of system time in page faults). For a command's process,
+    not a library call (it changes the allocator for the whole process); False where it is not glibc."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        fn = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    fn.argtypes = [ctypes.c_int, ctypes.c_int]
+    fn.restype = ctypes.c_int
+    return bool(fn(_M_MMAP_THRESHOLD, nbytes))
+
+
 _TRIM: list[Any] = []
 
 
@@ -108,4 +133,4 @@ def _libc_madvise() -> Any:
     return _MADVISE[0]
 
 
-__all__ = ["release", "track", "trim_heap"]
+__all__ = ["MMAP_THRESHOLD", "cap_mmap_threshold", "release", "track", "trim_heap"]
