@@ -178,10 +178,15 @@ def test_cross_candidates_against_brute_force_and_previous(seed):
     got = CP.cross_candidates(stream, grp, s, e, need, score, np.int32)
     old = cross_candidates_old(stream, grp, s, e, need, score, np.int32)
     want = _brute(stream, grp, s, e, need, score)
+    _all_equal(got, old, want)
+    assert got[1].dtype == np.int32 and (got[1] >= 0).sum() > 50
+
+
+def _all_equal(got, old, want):
+    """Each array of `got` equals the previous implementation's (`old`) and the brute force's (`want`)."""
     for g_, o_, w_ in zip(got, old, want):
         assert np.array_equal(g_, o_)
         assert np.array_equal(g_, w_)
-    assert got[1].dtype == np.int32 and (got[1] >= 0).sum() > 50
 
 
 def _kernels(rng, n, streams, overlap):
@@ -220,9 +225,7 @@ def test_cross_candidates_exact_is_cross_candidates(seed):
     score = e - 0.5 * send
     old = cross_candidates_old(stream, grp, s, e, need, score, np.int32)
     want = _brute(stream, grp, s, e, need, score)
-    for g_, o_, w_ in zip(got, old, want):
-        assert np.array_equal(g_, o_)
-        assert np.array_equal(g_, w_)
+    _all_equal(got, old, want)
     assert got[1].dtype == np.int32 and (got[1] >= 0).sum() > 30
 
 
