@@ -54,7 +54,7 @@ def cross_candidates_old(stream, grp_rs, s, e, need, score, ix):
 
 
 def levels_old(g) -> None:
-    """The previous `_levels` (frontier offsets by `np.r_` and a sum per level)."""
+    """The previous `_levels`' Kahn rounds (frontier offsets by `np.r_`, a sum and the levels set per level)."""
     n = g.n_nodes
     all_src, all_dst = np.r_[g.e_src, g.s_src], np.r_[g.e_dst, g.s_dst]
     indeg = np.bincount(all_dst, minlength=n)
@@ -81,17 +81,7 @@ def levels_old(g) -> None:
         lv += 1
     if (level < 0).any():
         raise CP.GraphCycleError("cycle")
-    n_lv = int(level.max()) + 1
-    level = level.astype(CP.code_type(n_lv))
-    byl = np.argsort(level, kind="stable").astype(g.n_first_k.dtype)
-    bounds = np.r_[0, np.cumsum(np.bincount(level, minlength=n_lv))]
-    g.levels = [byl[bounds[i] : bounds[i + 1]] for i in range(n_lv)]
-    g.level_of = level
-    elev = level[g.e_dst]
-    eo = np.argsort(elev, kind="stable")
-    eb = np.r_[0, np.cumsum(np.bincount(elev, minlength=n_lv))]
-    g.e_src, g.e_dst = g.e_src[eo], g.e_dst[eo]
-    g.level_edges = [(g.e_src[eb[i] : eb[i + 1]], g.e_dst[eb[i] : eb[i + 1]]) for i in range(n_lv)]
+    CP._by_level(g, level)  # (the layout by level is not what changed: the same code)
 
 
 def _same(a, b, name):

@@ -656,6 +656,12 @@ def _levels(g: Graph) -> None:
     if (level < 0).any():
         raise GraphCycleError(f"dependency graph has a cycle ({int((level < 0).sum())} nodes unreached)")
     del slot, indeg, dst_by_src, starts, out_deg
+    _by_level(g, level)
+
+
+def _by_level(g: Graph, level: np.ndarray) -> None:
+    """Lay the graph out by its nodes' topological `level` (int64, every node reached): `levels` (each level's
+    nodes), `level_of`, and the edges in order of their target's level with each level's in-edges."""
     n_lv = int(level.max()) + 1
     level = level.astype(code_type(n_lv))  # (a small type: the stable sorts below are radix sorts)
     byl = np.argsort(level, kind="stable").astype(g.n_first_k.dtype)
