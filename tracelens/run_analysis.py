@@ -6,7 +6,9 @@ Analyzers stay pure; this module decides what runs (given the options and what t
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import json
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -465,6 +467,38 @@ class Analysis:
 
     def _critical(self):
         from tracelens.analyze import critical_path as cp
+        from tracelens.store import runs
+
+        st = self.run.stages
+        cross = self.cross
+        stage_of = self.stage_of
+        st.release_pages()  # (the graph's build, the analysis' memory peak, reads no event)
+        key = self._graph_key(cross, stage_of)
+        g = runs.read_graph(st.memo, key) if st.memo is not None and key else None
+        try:
+            if g is None:
+                g = self._build_graph(cross, stage_of)
+                if g is not None and st.memo is not None and key:
+                    with contextlib.suppress(OSError):  # (a cache that cannot take it: built again next time)
+                        runs.write_graph(st.memo, key, g)
+            if g is None:
+                return None
+            if g.dropped_instances:
+                self.warnings.append(
+                    f"critical path: {g.dropped_instances} collective instances left out as "
+                    "rendezvous (matched in an order the ranks' stream order contradicts; their kernels "
+                    "count as plain stream work)"
+                )
+            return cp.critical_path_of(g)
+        except cp.GraphCycleError as err:  # not a bug in the input: matched instances the streams contradict
+            self.warnings.append(
+                f"critical path and what-if left out: {err} (collective instances matched in an order the "
+                "ranks' stream order contradicts)"
+            )
+            return None
+
+    def _build_graph(self, cross, stage_of):
+        from tracelens.analyze import critical_path as cp
         from tracelens.analyze.critical_nodes import relabel, select_nodes
         from tracelens.store import pages
 
@@ -475,31 +509,39 @@ class Analysis:
         del all_nodes
         if self.options.layer_pattern or st.spans_error:  # labels from the spans this analysis uses
             nodes = relabel(nodes, self.spans)
-        cross = self.cross
-        stage_of = self.stage_of
-        st.release_pages()  # (the graph's build, the analysis' memory peak, reads no event)
-        try:
-            res = cp.analyze_critical_path(
-                nodes,
-                cross.collectives if cross is not None else None,
-                cross.offsets_ns if cross is not None else None,
-                stage_of,
-                syncs,
-                nodes_read=lambda: pages.release(nodes),  # (memory-mapped from the run memo: give it back)
-            )
-            if res is not None and res.graph.dropped_instances:
-                self.warnings.append(
-                    f"critical path: {res.graph.dropped_instances} collective instances left out as "
-                    "rendezvous (matched in an order the ranks' stream order contradicts; their kernels "
-                    "count as plain stream work)"
-                )
-            return res
-        except cp.GraphCycleError as err:  # not a bug in the input: matched instances the streams contradict
-            self.warnings.append(
-                f"critical path and what-if left out: {err} (collective instances matched in an order the "
-                "ranks' stream order contradicts)"
-            )
+        return cp.build_graph(
+            nodes,
+            cross.collectives if cross is not None else None,
+            cross.offsets_ns if cross is not None else None,
+            stage_of,
+            syncs,
+            nodes_read=lambda: pages.release(nodes),  # (memory-mapped from the run memo: give it back)
+        )
+
+    def _graph_key(self, cross, stage_of) -> str | None:
+        """Key of the graph `_build_graph` gives, kept in the run memo (`store.runs.read_graph`): the memo's
+        tables and every other input of the build (None: the stages are not a memo's)."""
+        st = self.run.stages
+        if st.memo is None:
             return None
+        from tracelens.analyze.critical_keys import COLL_COLUMNS
+        from tracelens.store import runs
+        from tracelens.store.arrays import table_digest
+
+        def pairs(d: dict[int, int] | None) -> str:
+            return json.dumps(None if d is None else sorted((int(k), int(v)) for k, v in d.items()))
+
+        coll = cross.collectives if cross is not None else None
+        return runs.graph_key(
+            st.memo_id,
+            json.dumps([int(r) for r in self.ranks]),
+            json.dumps([self.options.layer_pattern, st.spans_error]),
+            pairs(stage_of),
+            pairs(cross.offsets_ns if cross is not None else None),
+            table_digest(
+                None if coll is None else coll.select([c for c in COLL_COLUMNS if c in coll.column_names])
+            ),
+        )
 
     def what_if(self, findings: list[dict]) -> list[dict]:
         """The summary's `what_if` list; sets `saving_ms` on the findings it has a fix for."""

@@ -88,6 +88,14 @@ def per_rank(rank: np.ndarray, table: dict[int, int]) -> np.ndarray:
     return out
 
 
+#: The columns of the matched collectives that the graph's build reads (`coll_lookup`, `coll_cells`,
+#: `coll_bytes`): what the key of a kept graph digests of them (`Analysis._graph_key`).
+COLL_COLUMNS = (
+    "rank", "start_ns", "end_ns", "instance", "n_participants", "end_aligned_ns", "latest_start_ns", "bytes",
+    "op", "group_key",
+)  # fmt: skip
+
+
 def coll_lookup(
     collectives: pa.Table, rank: np.ndarray, raw_start: np.ndarray, raw_end: np.ndarray, s: np.ndarray,
     e: np.ndarray, q: np.ndarray, inst: np.ndarray, transfer: np.ndarray,

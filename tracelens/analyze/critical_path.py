@@ -849,8 +849,11 @@ def analyze_critical_path(
     every release is fixed on the CPU clock. `nodes_read`: called once the build has taken what it needs of
     `nodes` (the caller may then give the table's memory back: it is read again only to rebuild)."""
     g = build_graph(nodes, collectives, offsets_ns, stage_of, syncs, nodes_read)
-    if g is None:
-        return None
+    return None if g is None else critical_path_of(g)
+
+
+def critical_path_of(g: Graph) -> CriticalPath:
+    """Observed replay and critical path of every step of a built graph (`build_graph`)."""
     plan = replay_plan(g)
     rp = replay(g, plan=plan)
     per_object(g)["replay_plan"] = plan  # (for `whatif.what_if`'s replays, which drops it)

@@ -158,6 +158,19 @@ def cache_key(path: Path, rank: int, salvage: bool = False) -> str:
     return hashlib.sha1(text.encode()).hexdigest()[:20]
 
 
+@functools.cache
+def code_digest() -> str:
+    """A digest of the source of every module of this tracelens: part of the key of results the cache keeps
+    of a whole analysis step (`store.runs.read_graph`), so that any change of the code that computed them,
+    released or not, is another key."""
+    root = Path(__file__).resolve().parent.parent
+    h = hashlib.sha1(__version__.encode())
+    for p in sorted(root.rglob("*.py")):
+        h.update(str(p.relative_to(root)).encode() + b"\0")
+        h.update(p.read_bytes())
+    return h.hexdigest()[:20]
+
+
 def entry(root: Path, path: Path, rank: int, salvage: bool = False) -> RankParquet:
     """The cache entry of one rank's trace under `root` (nothing is created)."""
     d = os.path.join(root, "entries", cache_key(path, rank, salvage), f"rank{rank}.")

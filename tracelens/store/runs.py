@@ -18,6 +18,7 @@ import hashlib
 import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
@@ -26,8 +27,9 @@ from tracelens import schema
 from tracelens.analyze.breakdown import BREAKDOWN, RankSets
 from tracelens.analyze.classify import comm_launched, keep_comm_launched
 from tracelens.layout_structure import pg_rows_schema
+from tracelens.store.arrays import read_arrays, text_digest, write_arrays
 from tracelens.store.atomic import write_ipc, write_text
-from tracelens.store.cache import RankParquet, ipc_schema, read_ipc
+from tracelens.store.cache import RankParquet, code_digest, ipc_schema, read_ipc
 from tracelens.store.stages import (
     OPS,
     SETS,
@@ -38,6 +40,9 @@ from tracelens.store.stages import (
     rank_sets,
     sets_rows,
 )
+
+if TYPE_CHECKING:
+    from tracelens.analyze.critical_path import Graph
 
 #: Bump when what a memo holds changes (with STAGE_VERSION it is part of the key).
 RUN_MEMO_VERSION = "4"
@@ -112,6 +117,7 @@ class MemoWriter:
         self.dir.mkdir(exist_ok=True)
         with contextlib.suppress(FileNotFoundError):
             (self.dir / "manifest.json").unlink()
+        _remove_graphs(self.dir)  # (kept of the memo's previous contents: their key can no longer match)
 
     def path(self, name: str) -> Path:
         return self.dir / f"{name}.arrow"
@@ -166,7 +172,8 @@ def read_run(entries: Sequence[RankParquet]) -> tuple[pa.Table, Staged] | None:
         return None
     d = memo_dir(entries)
     try:
-        manifest = json.loads((d / "manifest.json").read_bytes())
+        raw = (d / "manifest.json").read_bytes()
+        manifest = json.loads(raw)
         if manifest.get("ranks") != [e.rank for e in entries]:
             return None
         if manifest.get("files") != _stamps(entries):  # evicted, rebuilt or damaged since
@@ -189,21 +196,68 @@ def read_run(entries: Sequence[RankParquet]) -> tuple[pa.Table, Staged] | None:
             keep_comm_launched(t["xevents"], t["xflags"].column("comm_launched").to_numpy())
     except (OSError, ValueError, KeyError, TypeError, pa.ArrowException):
         return None
-    return t["meta"], Staged(
-        sets=_rank_sets(t["sets"], {int(k): v for k, v in manifest["paths"].items()}),
-        breakdown=t["breakdown"],
-        spans=t.get("spans"),
-        xevents=t["xevents"],
-        spans_error=manifest.get("spans_error"),
-        time_ranges=t.get("time_ranges"),
-        ops=t.get("ops"),
-        idle=t.get("idle"),
-        idle_error=manifest.get("idle_error"),
-        nodes_stepped=tuple(int(r) for r in manifest.get("nodes_stepped", ())),
-        load_critical=_critical_loader(d),
-        collectives=t.get("collectives"),  # (absent: computing them failed; the analysis tries again)
-        pg=t.get("pg"),
+    return (
+        t["meta"],
+        Staged(
+            sets=_rank_sets(t["sets"], {int(k): v for k, v in manifest["paths"].items()}),
+            breakdown=t["breakdown"],
+            spans=t.get("spans"),
+            xevents=t["xevents"],
+            spans_error=manifest.get("spans_error"),
+            time_ranges=t.get("time_ranges"),
+            ops=t.get("ops"),
+            idle=t.get("idle"),
+            idle_error=manifest.get("idle_error"),
+            nodes_stepped=tuple(int(r) for r in manifest.get("nodes_stepped", ())),
+            load_critical=_critical_loader(d),
+            collectives=t.get("collectives"),  # (absent: computing them failed; the analysis tries again)
+            pg=t.get("pg"),
+            memo=d,
+            memo_id=hashlib.sha1(raw).hexdigest()[:20],
+        ),
     )
+
+
+# ------------------------------------------------------------------------------- the critical path's graph
+#: The graph a run memo keeps: `graph-<key>.bin` in its folder (`store.arrays`), one at a time.
+_GRAPH_GLOB = "graph-*.bin"
+
+
+def graph_key(memo_id: str, *inputs: str) -> str:
+    """Key of the graph built from a memo's tables (`memo_id`: `Staged.memo_id`) with these other inputs
+    (the analysis' rank selection, layer rule, stage map, clock offsets, matched collectives, as text), by
+    this code (`cache.code_digest`)."""
+    return text_digest([code_digest(), memo_id, *inputs])[:20]
+
+
+def read_graph(memo: Path, key: str) -> Graph | None:
+    """The graph `write_graph` kept under `key` in the run memo `memo`, memory-mapped; None when there is none
+    or it cannot be read (damaged, cut short, of another layout)."""
+    from tracelens.analyze.graph_state import graph_from_state  # (the graph's modules: only for the analysis)
+
+    try:
+        arrays, meta = read_arrays(memo / f"graph-{key}.bin")
+        return graph_from_state(arrays, meta)
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        return None
+
+
+def write_graph(memo: Path, key: str, g: Graph) -> None:
+    """Keep `g` in the run memo `memo` under `key`, in place of any graph kept before. OSError when the cache
+    cannot take it."""
+    from tracelens.analyze.graph_state import graph_state
+
+    dest = memo / f"graph-{key}.bin"
+    arrays, meta = graph_state(g)
+    write_arrays(dest, arrays, meta)
+    _remove_graphs(memo, keep=dest.name)
+
+
+def _remove_graphs(memo: Path, keep: str = "") -> None:
+    for p in memo.glob(_GRAPH_GLOB):
+        if p.name != keep:
+            with contextlib.suppress(OSError):
+                p.unlink()
 
 
 #: The tables derived from the cross-rank events that the memo keeps (`derive`).

@@ -98,6 +98,9 @@ class Staged:
     load_critical: Callable[[], tuple[pa.Table, pa.Table]] | None = field(default=None, repr=False)
     collectives: pa.Table | None = field(default=None, repr=False)
     pg: pa.Table | None = field(default=None, repr=False)  # `grid_rows`
+    # the run memo these stages were read from, and a digest of its manifest (None / "": not from a memo)
+    memo: Path | None = field(default=None, repr=False)
+    memo_id: str = field(default="", repr=False)
 
     def cross_collectives(self) -> pa.Table:
         """`collectives_from_events(self.xevents)` (schema.COLLECTIVES): the run memo's (computed when it was

@@ -1,0 +1,99 @@
+"""Arrays kept in one cache file and read back memory-mapped (store.arrays), and the digests that key them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from tracelens.store.arrays import read_arrays, table_digest, write_arrays
+
+ARRAYS = {
+    "i8": np.array([-3, 0, 7], dtype=np.int8),
+    "i16": np.arange(5, dtype=np.int16) * -300,
+    "i32": np.array([2**31 - 1, -(2**31)], dtype=np.int32),
+    "f8": np.array([0.5, np.nan, -np.inf, 1e300]),
+    "b": np.array([True, False, True]),
+    "empty": np.empty(0, dtype=np.int64),
+    "grid": np.arange(12, dtype=np.int64).reshape(3, 4),
+    "strided": np.arange(20, dtype=np.int32)[::3],  # (not contiguous: written as its values)
+    "last_empty": np.empty(0, dtype=np.float64),
+}
+
+
+def test_round_trip_keeps_values_dtypes_shapes_and_meta(tmp_path: Path):
+    meta = {"version": 1, "cells": {"op": ["allreduce", None, "nan"]}, "x": [[1, 2.5]]}
+    write_arrays(tmp_path / "a.bin", ARRAYS, meta)
+    got, got_meta = read_arrays(tmp_path / "a.bin")
+    assert list(got) == list(ARRAYS)
+    for name, a in ARRAYS.items():
+        assert got[name].dtype == a.dtype and got[name].shape == a.shape, name
+        np.testing.assert_array_equal(got[name], a)
+    assert got_meta == meta
+
+
+def test_arrays_start_aligned_and_writes_stay_out_of_the_file(tmp_path: Path):
+    p = tmp_path / "a.bin"
+    write_arrays(p, ARRAYS)
+    before = p.read_bytes()
+    got, _ = read_arrays(p)
+    for a in got.values():
+        if a.size:
+            assert a.ctypes.data % 64 == 0
+    got["i32"][:] = 0  # (copy-on-write: the arrays are writable, the file does not change)
+    assert p.read_bytes() == before
+    assert read_arrays(p)[0]["i32"].tolist() == ARRAYS["i32"].tolist()
+
+
+@pytest.mark.parametrize("damage", ["cut", "magic", "header", "empty"])
+def test_a_damaged_file_is_an_error_not_wrong_arrays(tmp_path: Path, damage: str):
+    p = tmp_path / "a.bin"
+    write_arrays(p, {"x": np.arange(1000, dtype=np.int64)})
+    raw = p.read_bytes()
+    if damage == "cut":
+        p.write_bytes(raw[: len(raw) - 8])
+    elif damage == "magic":
+        p.write_bytes(b"X" + raw[1:])
+    elif damage == "header":
+        p.write_bytes(raw[:20] + b"{{{" + raw[23:])
+    else:
+        p.write_bytes(b"")
+    with pytest.raises(ValueError):
+        read_arrays(p)
+    with pytest.raises(OSError):
+        read_arrays(tmp_path / "missing.bin")
+
+
+def test_object_arrays_are_refused(tmp_path: Path):
+    with pytest.raises(TypeError):
+        write_arrays(tmp_path / "a.bin", {"o": np.array(["a", None], dtype=object)})
+    assert not (tmp_path / "a.bin").exists()
+
+
+def _table(ranks: list[list[int] | None], op: list[str]) -> pa.Table:
+    return pa.table(
+        {
+            "n": pa.array(range(len(op)), pa.int64()),
+            "pg_ranks": pa.array(ranks, pa.list_(pa.int32())),
+            "op": pa.array(op).dictionary_encode(),
+        }
+    )
+
+
+def test_table_digest_follows_every_value():
+    t = _table([[0, 1], [2, 3], None], ["allreduce", "send", "allreduce"])
+    d = table_digest(t)
+    assert d == table_digest(_table([[0, 1], [2, 3], None], ["allreduce", "send", "allreduce"]))
+    assert d != table_digest(_table([[0, 1], [2, 4], None], ["allreduce", "send", "allreduce"]))
+    assert d != table_digest(_table([[0, 1], [2, 3], []], ["allreduce", "send", "allreduce"]))
+    assert d != table_digest(_table([[0, 1], [2, 3], None], ["allreduce", "recv", "allreduce"]))
+    assert d != table_digest(t.slice(1))
+    # a list column sliced inside its values: the same buffers, other rows
+    vals = pa.array([0, 1, 2, 3, 4, 5], pa.int32())
+    a = pa.ListArray.from_arrays(pa.array([0, 2, 4], pa.int32()), vals)
+    b = pa.ListArray.from_arrays(pa.array([0, 2, 4], pa.int32()), vals.slice(1, 4))
+    assert a.to_pylist() != b.to_pylist()
+    assert table_digest(pa.table({"l": a})) != table_digest(pa.table({"l": b}))
+    assert table_digest(None) != table_digest(t)

@@ -1,0 +1,129 @@
+"""The critical path's dependency graph kept in the run memo (store.runs.read_graph / write_graph,
+analyze.graph_state): read back, it is the graph that was built, field by field; a warm analysis replays it
+instead of building it again and gives the summary an uncached analysis gives; any other input of the build
+(an option, the code, the memo) is another key; a damaged graph file is built again."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import fields
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tracelens.analyze import critical_path as cp
+from tracelens.analyze.critical_keys import Cells
+from tracelens.run_analysis import Analysis, Options, analyze_run
+from tracelens.store import runs
+
+SAMPLES = Path(__file__).resolve().parents[2] / "sample_traces"
+RUN = "qwen35-27b-seq4k-tp2pp3-split22-21-21"
+
+
+def _same_graph(a: cp.Graph, b: cp.Graph) -> None:
+    for f in fields(cp.Graph):
+        x, y = getattr(a, f.name), getattr(b, f.name)
+        if isinstance(x, np.ndarray):
+            assert x.dtype == y.dtype, f.name
+            np.testing.assert_array_equal(x, y, err_msg=f.name)
+        elif isinstance(x, Cells):
+            np.testing.assert_array_equal(x.codes, y.codes, err_msg=f.name)
+            assert x.codes.dtype == y.codes.dtype
+            assert [v if v == v else "NaN" for v in x.values] == [v if v == v else "NaN" for v in y.values]
+        elif f.name == "levels":
+            assert len(x) == len(y) and all(np.array_equal(p, q) for p, q in zip(x, y))
+        elif f.name == "level_edges":
+            assert len(x) == len(y)
+            assert all(np.array_equal(p[0], q[0]) and np.array_equal(p[1], q[1]) for p, q in zip(x, y))
+        else:
+            assert x == y, f.name
+
+
+def test_kept_graph_reads_back_as_built(sample_cp, tmp_path: Path):
+    g = sample_cp.graph
+    assert g.n_nodes > 1000 and len(g.levels) > 10 and g.stage_of
+    runs.write_graph(tmp_path, "k1", g)
+    back = runs.read_graph(tmp_path, "k1")
+    assert back is not None
+    _same_graph(g, back)
+    # its replay and critical path are the built graph's
+    assert cp.critical_path_of(back).to_dict() == cp.critical_path_of(g).to_dict()
+    # one graph a memo: keeping another drops the first
+    runs.write_graph(tmp_path, "k2", g)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["graph-k2.bin"]
+    assert runs.read_graph(tmp_path, "k1") is None
+
+
+def _summary(a: Analysis) -> str:
+    return json.dumps(a.summary(), sort_keys=True, default=str)
+
+
+@pytest.fixture()
+def run_dir(tmp_path: Path) -> Path:
+    dst = tmp_path / RUN
+    shutil.copytree(SAMPLES / RUN, dst, ignore=shutil.ignore_patterns(".tracelens"))
+    return dst
+
+
+def _builds(monkeypatch) -> list[int]:
+    """Counts `Analysis._build_graph` calls (each still builds)."""
+    calls: list[int] = []
+    build = Analysis._build_graph
+
+    def counted(self, cross, stage_of):
+        calls.append(1)
+        return build(self, cross, stage_of)
+
+    monkeypatch.setattr(Analysis, "_build_graph", counted)
+    return calls
+
+
+def _graphs(cache: Path) -> list[Path]:
+    return sorted(cache.rglob("graph-*.bin"))
+
+
+def test_warm_analysis_replays_the_kept_graph(run_dir: Path, tmp_path: Path, monkeypatch):
+    plain = _summary(analyze_run(run_dir, Options(no_cache=True)))
+    cache = tmp_path / "cache"
+    builds = _builds(monkeypatch)
+    cold = analyze_run(run_dir, Options(cache_dir=str(cache)))
+    assert _summary(cold) == plain and len(builds) == 1
+    kept = _graphs(cache)
+    assert len(kept) == 1 and kept[0].parent == cold.run.stages.memo
+    warm = analyze_run(run_dir, Options(cache_dir=str(cache)))
+    assert _summary(warm) == plain
+    assert len(builds) == 1  # (replayed from the memo: not built again)
+    assert warm.critical is not None and warm.critical.graph.k_end.base is not None  # (a view of the file)
+    # another input of the build, another key: built with it, and kept in place of the first
+    pattern = r"layers\.(?P<layer>\d+)\.(?P<module>[a-z_]+)"
+    other = analyze_run(run_dir, Options(cache_dir=str(cache), layer_pattern=pattern))
+    assert _summary(other) == _summary(analyze_run(run_dir, Options(no_cache=True, layer_pattern=pattern)))
+    assert len(builds) == 3 and _graphs(cache) != kept and len(_graphs(cache)) == 1
+
+
+@pytest.mark.parametrize("damage", ["cut", "garbage"])
+def test_damaged_kept_graph_is_built_again(run_dir: Path, tmp_path: Path, monkeypatch, damage: str):
+    cache = tmp_path / "cache"
+    first = _summary(analyze_run(run_dir, Options(cache_dir=str(cache))))
+    (kept,) = _graphs(cache)
+    raw = kept.read_bytes()
+    kept.write_bytes(raw[: len(raw) // 2] if damage == "cut" else raw[:100] + b"\xff" * 64 + raw[164:])
+    builds = _builds(monkeypatch)
+    again = analyze_run(run_dir, Options(cache_dir=str(cache)))
+    assert _summary(again) == first and len(builds) == 1 and not again.warnings
+    assert kept.read_bytes() == raw  # (written again whole)
+
+
+def test_a_rewritten_memo_drops_its_graph_and_no_cache_keeps_none(run_dir: Path, tmp_path: Path):
+    cache = tmp_path / "cache"
+    a = analyze_run(run_dir, Options(cache_dir=str(cache)))
+    assert a.summary()["critical_path"]
+    (kept,) = _graphs(cache)
+    runs.MemoWriter(a.run.entries)  # (a memo written again: what it held before is gone)
+    assert not kept.exists()
+    other = tmp_path / "nocache"
+    b = analyze_run(run_dir, Options(no_cache=True, cache_dir=str(other)))
+    assert b.summary()["critical_path"] and b.run.stages.memo is None
+    assert not other.exists() or not _graphs(other)
