@@ -9,6 +9,9 @@ entry takes the memos kept in its folder with it, and a memo whose other entries
 `manifest.json`, written last, marks a memo complete and records the size and modification time of every
 entry file; a memo whose entries changed since (rebuilt, damaged, evicted) or that is damaged itself is
 not used (`read_run` returns None): the run is opened from its entries, which writes the memo again.
+
+Beside its tables a memo keeps the critical path's dependency graph of its last analysis (`write_graph`,
+`read_graph`: `graph-<key>.bin`, see `graph_key`), the one analysis result the cache holds.
 """
 
 from __future__ import annotations
