@@ -100,7 +100,7 @@ def _same(a, b, name):
 
 
 def _inputs(trace: Path, tmp: Path):
-    """The arguments the analysis passes to `analyze_critical_path` for `trace`."""
+    """The arguments the analysis passes to `build_graph` for `trace` (a cache of its own: no kept graph)."""
     from tracelens.run_analysis import Options, analyze_run
 
     got = {}
@@ -110,7 +110,7 @@ def _inputs(trace: Path, tmp: Path):
         return None
 
     mp = pytest.MonkeyPatch()
-    mp.setattr(CP, "analyze_critical_path", grab)
+    mp.setattr(CP, "build_graph", grab)
     try:
         _ = analyze_run(trace, Options(cache_dir=str(tmp))).critical
     finally:
