@@ -22,7 +22,7 @@ STATE_VERSION = 1
 # (fields made again from others, or kept in the JSON value)
 _DERIVED = {"levels", "level_edges"}
 _SCALARS = {"origin_ns", "dropped_instances", "n_syncs", "early_instances"}
-_DICTS = {"step_origin", "stage_of"}
+_DICTS = {"step_origin": float, "stage_of": int}  # (their values' type)
 
 
 def graph_state(g: Graph) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
@@ -36,7 +36,8 @@ def graph_state(g: Graph) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         if f.name in _SCALARS:
             meta[f.name] = int(v)
         elif f.name in _DICTS:
-            meta[f.name] = None if v is None else [[int(k), x] for k, x in v.items()]
+            cast = _DICTS[f.name]
+            meta[f.name] = None if v is None else [[int(k), cast(x)] for k, x in v.items()]
         elif isinstance(v, Cells):
             arrays[f.name] = v.codes
             meta["cells"][f.name] = v.values.tolist()  # (str, None; a NaN goes through JSON as NaN)
@@ -61,7 +62,8 @@ def graph_from_state(arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> Gra
             kw[f.name] = int(meta[f.name])
         elif f.name in _DICTS:
             pairs = meta[f.name]
-            kw[f.name] = None if pairs is None else {int(k): x for k, x in pairs}
+            cast = _DICTS[f.name]
+            kw[f.name] = None if pairs is None else {int(k): cast(x) for k, x in pairs}
         elif f.name in meta["cells"]:
             values = np.empty(len(meta["cells"][f.name]), dtype=object)
             values[:] = meta["cells"][f.name]
