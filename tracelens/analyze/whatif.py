@@ -28,6 +28,7 @@ from tracelens.analyze.critical_keys import Cells
 from tracelens.analyze.critical_path import NEG, CriticalPath, Graph
 from tracelens.analyze.critical_replay import ReplayPlan, mean_step_time_ns, replay_plan, step_times
 from tracelens.analyze.dictcol import per_object
+from tracelens.analyze.intset import distinct
 
 
 class Change:
@@ -407,7 +408,7 @@ def what_if(
     """The summary's `what_if` list (largest saving first); sets `saving_ms` on the findings it fixes."""
     g = cp.graph
     base = mean_step_time_ns(cp.baseline.step_time)
-    ranks = _distinct(g.k_rank)
+    ranks: list[int] = distinct(g.k_rank).tolist()
     stage_ranks: dict[int, list[int]] = {}
     for r in ranks:
         if stage_of and stage_of.get(r) is not None:
@@ -575,16 +576,5 @@ def _worst_group(cp: CriticalPath) -> str | None:
 
 
 def _group_ranks(g: Graph, grp: str) -> list[int]:
-    return _distinct(g.k_rank[g.k_group.mask(grp)])
-
-
-def _distinct(a: np.ndarray) -> list[int]:
-    """The distinct values of an integer array, ascending (by a count per value when their span is small:
-    no sort of every kernel)."""
-    if not a.size:
-        return []
-    lo, hi = int(a.min()), int(a.max())
-    if hi - lo < 1 << 20:
-        out: list[int] = (np.flatnonzero(np.bincount(a - lo)) + lo).tolist()
-        return out
-    return [int(x) for x in np.unique(a)]
+    out: list[int] = distinct(g.k_rank[g.k_group.mask(grp)]).tolist()
+    return out
