@@ -17,6 +17,7 @@ from tracelens import schema
 from tracelens.analyze import classify as K
 from tracelens.analyze.collectives import collectives_from_events
 from tracelens.engine import reduce as RD
+from tracelens.engine import tasks as TK
 from tracelens.engine.executor import InlineExecutor, LocalPool
 from tracelens.layout_structure import pg_rows
 from tracelens.run import LoadOptions, load_run
@@ -96,6 +97,50 @@ def test_memo_written_on_a_pool_of_workers(loaded):
     assert runs.read_memory(r.entries).equals(cache.read_part(r.entries, "memory"))
 
 
+@pytest.mark.parametrize("rows", [1, 700, 10**9])
+def test_derived_tables_from_the_stage_files(loaded, rows, monkeypatch):
+    """The derived tables computed from the stage files while they are read (`derive_from_stages`, what the
+    cold load does), down to one rank a slice: the memo equals the whole-table path's, and none is computed
+    again from the written events."""
+    _, _, r = loaded
+    st, derived = _whole(r.entries)
+    shutil.rmtree(runs.memo_dir(r.entries))
+    folder = runs.memo_dir(r.entries)
+    folder.mkdir()
+    parts = RD.derived_parts(RD.derive_from_stages(InlineExecutor(), r.entries, folder, rows))
+    assert parts is not None and len(parts) >= 1
+    if rows == 1:
+        assert len(parts) == len(r.entries)  # (one slice a rank)
+
+    def refuse(*a, **k):
+        raise AssertionError("derived tables computed again from the written events")
+
+    monkeypatch.setattr(TK, "derive_rows", refuse)
+    monkeypatch.setattr(runs, "derive_or_none", refuse)
+    assert RD.write_memo(r.entries, r.metadata, RD.read_stages(r.entries), derived=parts)
+    _check_memo(r.entries, st, derived)
+    assert not list(folder.glob(".*"))  # (the part files removed)
+
+
+def test_derived_tables_from_damaged_stage_files_fall_back(loaded, tmp_path):
+    """A stage file missing when the derivation reads it: its parts are removed and `derived_parts` gives None
+    (the memo's derived tables are then computed from its written events)."""
+    _, _, r = loaded
+    from tracelens.store.stages import stage_paths
+
+    xev = stage_paths(r.entries[-1].events, r.entries[-1].rank)["xevents"]
+    saved = tmp_path / "xevents.arrow"
+    shutil.copy(xev, saved)
+    xev.unlink()
+    folder = tmp_path / "memo"
+    folder.mkdir()
+    try:
+        assert RD.derived_parts(RD.derive_from_stages(InlineExecutor(), r.entries, folder, 1)) is None
+        assert list(folder.iterdir()) == []
+    finally:
+        shutil.copy(saved, xev)
+
+
 def test_memory_from_the_memo_equals_the_parquet_files(loaded, monkeypatch):
     run, opts, r = loaded
     want = cache.read_part(r.entries, "memory")
@@ -146,8 +191,9 @@ def test_trim_heap_is_harmless(loaded):
 
 
 def test_cold_load_on_a_pool_keeps_the_samples_in_the_memo(tmp_path):
-    """A cold load with two workers: the pool gathers the samples while the stages are read, then the memo is
-    written (the pool shut down) and holds them; the load's tables equal an uncached load's."""
+    """A cold load with two workers: the pool gathers the samples and computes the derived tables while the
+    stages are read, then the memo is written (the pool shut down) and holds them; the load's tables equal an
+    uncached load's."""
     name = RUNS[0]
     run = tmp_path / name
     shutil.copytree(SAMPLES / name, run, ignore=shutil.ignore_patterns(".tracelens"))
@@ -158,6 +204,11 @@ def test_cold_load_on_a_pool_keeps_the_samples_in_the_memo(tmp_path):
     assert mem.equals(plain.memory) and r.memory.equals(plain.memory)
     for name_ in TABLES:
         assert getattr(r.stages, name_).equals(getattr(plain.stages, name_)), name_
+    _, derived = _whole(r.entries)  # (the derived tables made by the pool from the stage files)
+    assert r.stages.collectives is not None and r.stages.collectives.equals(
+        derived["collectives"].combine_chunks()
+    )
+    assert r.stages.pg is not None and r.stages.pg.equals(derived["pg"].combine_chunks())
     assert not list(runs.memo_dir(r.entries).glob(".*"))
 
 

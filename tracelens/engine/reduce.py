@@ -144,14 +144,16 @@ def write_memo(
     executor: Executor | None = None,
     rows: int = CHUNK_ROWS,
     memory: pa.Table | None = None,
+    derived: list[dict[str, str | None] | None] | None = None,
 ) -> bool:
     """Write the run memo of these entries (`store.runs`) from their stages, one table at a time: each is
     concatenated (`concat_released`), written and dropped, its memory given back (`pages.trim_heap`), before
     the next. The tables derived from the cross-rank events (collectives, launch flags, process-group rows)
     are computed over slices of whole ranks of the written events, and the allocator samples gathered, as
     tasks on `executor` (default: in this process) while this process writes the rest (`rows`: of the
-    events a task takes, `stages.rank_slices`). False when the cache
-    cannot take the memo (then nothing is complete: the run is reduced in memory)."""
+    events a task takes, `stages.rank_slices`), unless given: `derived` (`derived_parts`, computed from the
+    stage files while they were read) and `memory`. False when the cache cannot take the memo (then nothing
+    is complete: the run is reduced in memory)."""
     if not entries:
         return False
     ex = executor or InlineExecutor()
@@ -160,7 +162,7 @@ def write_memo(
     pages.trim_heap()  # (before the largest tables are made: what reading the metadata and stages left)
     try:
         w = runs.MemoWriter(entries)
-        derived: list[Future[Any]] = []
+        pending: list[Future[Any]] = []
         for name in plan.tables:
             parts, sch = plan.tables[name]
             t = concat_released(parts, sch)
@@ -169,17 +171,18 @@ def write_memo(
             w.put(name, t)
             del t
             pages.trim_heap()
-            if name == "xevents":  # (now on disk: the derived tables are made from it by the executor)
-                derived = _submit_derived(ex, w, rows)
+            if name == "xevents" and derived is None:  # (now on disk: the derived tables are made from it)
+                pending = _submit_derived(ex, w, rows)
         w.put("time_ranges", plan.time_ranges)
         w.put("sets", runs.sets_table(plan.sets))
         w.put("meta", meta)
         if memory is None:
             memory = collect_memory(gather_memory(ex, entries, w.dir))
         w.put("memory", memory)
-        for name, got in zip(runs.DERIVED, _collect_derived(derived, w)):
-            w.put(name, got)
-            del got
+        parts = derived if derived is not None else _results(pending)
+        for name, table in zip(runs.DERIVED, _collect_derived(parts, w)):
+            w.put(name, table)
+            del table
         pages.trim_heap()
         w.finish(
             {r: rs.path for r, rs in plan.sets.items()}, plan.spans_error, plan.idle_error, plan.nodes_stepped
@@ -244,15 +247,64 @@ def collect_memory(futures: list[Future[Any]]) -> pa.Table | None:
                     Path(p).unlink()
 
 
-def _collect_derived(futures: list[Future[Any]], w: runs.MemoWriter) -> list[pa.Table | None]:
-    """Each derived table over all ranks from its per-slice parts, put together as `stages.by_rank_chunks`
-    does; None for one that failed on some slice (the analysis computes it itself, and reports why)."""
+def _results(futures: list[Future[Any]]) -> list[dict[str, str | None] | None]:
+    """Each derivation task's result (None for a task that failed: a dead worker)."""
     got: list[dict[str, str | None] | None] = []
     for f in futures:
         try:
             got.append(f.result())
         except Exception:  # noqa: BLE001 (a dead worker: the derived tables are left out)
             got.append(None)
+    return got
+
+
+def derive_from_stages(
+    ex: Executor, entries: list[RankParquet], folder: Path, rows: int = CHUNK_ROWS
+) -> list[Future[Any]]:
+    """Tasks on `ex` that compute the memo's derived tables of the entries from their stage files,
+    `MEMORY_SLICE` ranks each (`tasks.derive_stages`, `rows` as there), their parts written into `folder`: run by the pool while
+    this process reads the stages, instead of after the cross-rank events are written (`derived_parts`
+    collects them)."""
+    from tracelens.engine import tasks
+
+    tag = _scratch_tag()
+    return [
+        ex.submit(
+            tasks.derive_stages, entries[i : i + MEMORY_SLICE], str(folder), f".derived-{tag}-{i}", rows
+        )
+        for i in range(0, len(entries), MEMORY_SLICE)
+    ]
+
+
+def derived_parts(futures: list[Future[Any]]) -> list[dict[str, str | None] | None] | None:
+    """The parts of `derive_from_stages`' tasks, in rank order (`write_memo`'s `derived`); None when one of
+    them failed (a stage file missing or damaged): its parts are removed, and the memo's derived tables are
+    then computed from its written cross-rank events."""
+    got: list[dict[str, str | None] | None] = []
+    failed = False
+    for f in futures:
+        try:
+            got.extend(f.result())
+        except Exception:  # noqa: BLE001 (computed again from the memo's events)
+            failed = True
+    if failed or not futures:
+        _remove_parts(got)
+        return None
+    return got
+
+
+def _remove_parts(got: list[dict[str, str | None] | None]) -> None:
+    for g in got:
+        for p in (g or {}).values():
+            if p is not None:
+                with contextlib.suppress(OSError):
+                    Path(p).unlink()
+
+
+def _collect_derived(got: list[dict[str, str | None] | None], w: runs.MemoWriter) -> list[pa.Table | None]:
+    """Each derived table over all ranks from its per-slice parts (`got`: each slice's name -> part file, None
+    for a slice whose task failed), put together as `stages.by_rank_chunks` does; None for one that failed
+    on some slice (the analysis computes it itself, and reports why). The part files are removed."""
     out: list[pa.Table | None] = []
     try:
         for name in runs.DERIVED:
@@ -272,11 +324,7 @@ def _collect_derived(futures: list[Future[Any]], w: runs.MemoWriter) -> list[pa.
             else:
                 out.append(pa.concat_tables(parts).unify_dictionaries().combine_chunks())
     finally:
-        for g in got:
-            for p in (g or {}).values():
-                if p is not None:
-                    with contextlib.suppress(OSError):
-                        Path(p).unlink()
+        _remove_parts(got)
     return out
 
 
@@ -284,6 +332,8 @@ __all__ = [
     "Staged",
     "collect_memory",
     "concat_released",
+    "derive_from_stages",
+    "derived_parts",
     "gather_memory",
     "read_stages",
     "reduce_stages",

@@ -11,12 +11,13 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from tracelens import schema
 from tracelens.engine.stage import compute_and_write, rank_stage
 from tracelens.ingest import kineto
 from tracelens.store import pages, runs
 from tracelens.store.atomic import write_ipc, write_parquet
-from tracelens.store.cache import EVENTS_WRITE_OPTIONS, RankParquet, read_ipc, read_part, valid_entry
-from tracelens.store.stages import stage_complete, write_stage
+from tracelens.store.cache import EVENTS_WRITE_OPTIONS, RankParquet, concat, read_ipc, read_part, valid_entry
+from tracelens.store.stages import CHUNK_ROWS, stage_complete, stage_paths, write_stage
 
 
 def ingest_rank(path: str, rank: int, entry: RankParquet, salvage: bool = False) -> pa.Table:
@@ -60,6 +61,56 @@ def derive_rows(memo: str, lo: int, n: int, tag: str) -> dict[str, str | None]:
     slice of whole ranks), each written to `<memo>/<tag>.<name>.arrow`; name -> that path, or None for a table
     whose computation failed on these events (the memo then goes without it)."""
     x = read_ipc(Path(memo) / "xevents.arrow").slice(lo, n)
+    out = _derive_slice(x, memo, tag)
+    del x
+    pages.trim_heap()
+    return out
+
+
+def derive_stages(
+    entries: list[RankParquet], folder: str, tag: str, rows: int = CHUNK_ROWS
+) -> list[dict[str, str | None]]:
+    """The run memo's derived tables (`store.runs.DERIVED`) of these ranks, from their stage files' cross-rank
+    events (what the memo's `xevents` holds of them): the ranks taken in order, in slices of whole ranks of
+    at least `rows` rows (the last one shorter), each slice's tables written as `derive_rows` writes them
+    (`<folder>/<tag>-<k>.<name>.arrow`). One dict a slice, in order. Raises OSError / ArrowException when a
+    stage file is missing or damaged (the parts already written removed)."""
+    out: list[dict[str, str | None]] = []
+    group: list[pa.Table] = []
+    held = 0
+
+    def flush() -> None:
+        x = concat(group, schema.EVENTS)
+        for t in group:
+            pages.release(t)
+        group.clear()
+        out.append(_derive_slice(x, folder, f"{tag}-{len(out)}"))
+
+    try:
+        for e in entries:
+            t = read_ipc(stage_paths(e.events, e.rank)["xevents"])
+            if not t.schema.equals(schema.EVENTS):
+                raise OSError(f"stage files of rank {e.rank} have another schema")
+            group.append(t)
+            held += t.num_rows
+            if held >= rows:
+                flush()
+                held = 0
+        if group or not out:
+            flush()
+    except BaseException:  # (the parts written so far removed: the caller gets none of them)
+        for part in out:
+            for path in part.values():
+                if path is not None:
+                    Path(path).unlink(missing_ok=True)
+        raise
+    pages.trim_heap()
+    return out
+
+
+def _derive_slice(x: pa.Table, folder: str, tag: str) -> dict[str, str | None]:
+    """Each derived table of the cross-rank events `x` (whole ranks) written to `<folder>/<tag>.<name>.arrow`;
+    name -> that path, or None for a table whose computation failed on these events."""
     out: dict[str, str | None] = {}
     for name in runs.DERIVED:
         try:
@@ -67,12 +118,10 @@ def derive_rows(memo: str, lo: int, n: int, tag: str) -> dict[str, str | None]:
         except Exception:  # noqa: BLE001 (the memo goes without it; the analysis reports it)
             out[name] = None
             continue
-        path = Path(memo) / f"{tag}.{name}.arrow"
+        path = Path(folder) / f"{tag}.{name}.arrow"
         write_ipc(path, t)
         out[name] = str(path)
         del t
-    del x
-    pages.trim_heap()
     return out
 
 
@@ -96,4 +145,12 @@ def needs_work(entry: RankParquet, use_cache: bool, stage: bool = True) -> bool:
     return stage and not stage_complete(entry.events, entry.rank)
 
 
-__all__ = ["derive_rows", "gather_memory", "ingest_rank", "needs_work", "process_rank", "stage_rank"]
+__all__ = [
+    "derive_rows",
+    "derive_stages",
+    "gather_memory",
+    "ingest_rank",
+    "needs_work",
+    "process_rank",
+    "stage_rank",
+]
