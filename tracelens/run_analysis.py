@@ -480,7 +480,7 @@ class Analysis:
                 g = self._build_graph(cross, stage_of)
                 if g is not None and st.memo is not None and key:
                     with contextlib.suppress(OSError):  # (a cache that cannot take it: built again next time)
-                        runs.write_graph(st.memo, key, g)
+                        runs.write_graph(st.memo, key, g, cp.plan_of(g))
             if g is None:
                 return None
             if g.dropped_instances:

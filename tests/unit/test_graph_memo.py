@@ -15,12 +15,16 @@ import numpy as np
 import pytest
 
 from tracelens.analyze import critical_path as cp
+from tracelens.analyze import whatif
 from tracelens.analyze.critical_keys import Cells
+from tracelens.analyze.critical_replay import ReplayPlan, replay_plan
+from tracelens.analyze.dictcol import per_object
 from tracelens.run_analysis import Analysis, Options, analyze_run
 from tracelens.store import runs
 
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_traces"
 RUN = "qwen35-27b-seq4k-tp2pp3-split22-21-21"
+SHARED = Path(__file__).resolve().parents[3] / "shared" / "traces"
 
 
 def _same_graph(a: cp.Graph, b: cp.Graph) -> None:
@@ -62,6 +66,60 @@ def test_kept_graph_reads_back_as_built(sample_cp, tmp_path: Path):
     assert runs.read_graph(tmp_path, "k1") is None
 
 
+def _same_plan(a: ReplayPlan, b: ReplayPlan) -> None:
+    for f in fields(ReplayPlan):
+        x, y = getattr(a, f.name), getattr(b, f.name)
+        if isinstance(x, np.ndarray):
+            assert isinstance(y, np.ndarray) and x.dtype == y.dtype, f.name
+            np.testing.assert_array_equal(x, y, err_msg=f.name)
+        elif f.name == "levels":
+            assert len(x) == len(y)
+            for p, q in zip(x, y):
+                assert p[:5] == q[:5] and p[5].dtype == q[5].dtype and np.array_equal(p[5], q[5])
+        elif f.name == "sync":
+            assert len(x) == len(y) and [s is None for s in x] == [s is None for s in y]
+            for p, q in zip(x, y):
+                for u, v in zip(p or (), q or ()):
+                    assert u.dtype == v.dtype and np.array_equal(u, v)
+        else:
+            assert x is None and y is None, f.name  # (sy_ks / sy_ck without syncs; no prefix yet)
+
+
+@pytest.mark.parametrize(
+    "where",
+    [
+        SAMPLES / "qwen35-27b-seq4k-tp2pp2dp2-straggler-skew",  # (~2,500 levels, no sync terms)
+        SAMPLES / "h200-qwen35-block-seq4k",  # (a recorded GPU trace: kernels launched after syncs)
+        SHARED / "hta" / "df_index_resolver",  # (313 levels with sync terms)
+    ],
+    ids=lambda p: p.name,
+)
+def test_kept_plan_reads_back_as_made(where: Path, tmp_path: Path):
+    """The graph's replay plan kept with it: read back field by field as `replay_plan` made it, taken by
+    `plan_of` instead of making it again, with the same critical path."""
+    if not where.exists():
+        pytest.skip(f"{where} is absent")
+    crit = analyze_run(where, Options(no_cache=True)).critical
+    assert crit is not None
+    g = crit.graph
+    plan = replay_plan(g)
+    assert plan.prefix is None
+    runs.write_graph(tmp_path, "k", g, plan)
+    back = runs.read_graph(tmp_path, "k")
+    assert back is not None
+    kept = per_object(back)["replay_plan"]
+    assert isinstance(kept, ReplayPlan)
+    _same_plan(plan, kept)
+    if where.name != "qwen35-27b-seq4k-tp2pp2dp2-straggler-skew":
+        assert any(s is not None for s in kept.sync) and kept.sy_ks is not None
+    assert cp.plan_of(back) is kept
+    assert cp.critical_path_of(back).to_dict() == crit.to_dict()
+    # a graph kept without its plan reads back without one (made when first asked for)
+    runs.write_graph(tmp_path, "k", g)
+    back = runs.read_graph(tmp_path, "k")
+    assert back is not None and "replay_plan" not in per_object(back)
+
+
 def _summary(a: Analysis) -> str:
     return json.dumps(a.summary(), sort_keys=True, default=str)
 
@@ -98,15 +156,25 @@ def test_warm_analysis_replays_the_kept_graph(run_dir: Path, tmp_path: Path, mon
     assert _summary(cold) == plain and len(builds) == 1
     kept = _graphs(cache)
     assert len(kept) == 1 and kept[0].parent == cold.run.stages.memo
+    made: list[int] = []
+
+    def counted_plan(g):
+        made.append(1)
+        return replay_plan(g)
+
+    monkeypatch.setattr(cp, "replay_plan", counted_plan)
+    monkeypatch.setattr(whatif, "replay_plan", counted_plan)
     warm = analyze_run(run_dir, Options(cache_dir=str(cache)))
     assert _summary(warm) == plain
     assert len(builds) == 1  # (replayed from the memo: not built again)
+    assert not made  # (nor its replay plan made again: kept with it)
     assert warm.critical is not None and warm.critical.graph.k_end.base is not None  # (a view of the file)
     # another input of the build, another key: built with it, and kept in place of the first
     pattern = r"layers\.(?P<layer>\d+)\.(?P<module>[a-z_]+)"
     other = analyze_run(run_dir, Options(cache_dir=str(cache), layer_pattern=pattern))
     assert _summary(other) == _summary(analyze_run(run_dir, Options(no_cache=True, layer_pattern=pattern)))
     assert len(builds) == 3 and _graphs(cache) != kept and len(_graphs(cache)) == 1
+    assert len(made) == 2  # (the new graph's plan, and the uncached analysis')
 
 
 @pytest.mark.parametrize("damage", ["cut", "garbage"])

@@ -852,9 +852,18 @@ def analyze_critical_path(
     return None if g is None else critical_path_of(g)
 
 
+def plan_of(g: Graph) -> ReplayPlan:
+    """The replay plan of a built graph: the one kept with it (`per_object`: made before, or read with the
+    graph from the cache), else made (`replay_plan`) and kept."""
+    kept = per_object(g)
+    plan = kept.get("replay_plan")
+    if not isinstance(plan, ReplayPlan):
+        plan = kept["replay_plan"] = replay_plan(g)
+    return plan
+
+
 def critical_path_of(g: Graph) -> CriticalPath:
     """Observed replay and critical path of every step of a built graph (`build_graph`)."""
-    plan = replay_plan(g)
+    plan = plan_of(g)  # (kept for `whatif.what_if`'s replays, which drops it)
     rp = replay(g, plan=plan)
-    per_object(g)["replay_plan"] = plan  # (for `whatif.what_if`'s replays, which drops it)
     return CriticalPath(g, rp, critical_segments(g, rp, plan))

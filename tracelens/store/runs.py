@@ -46,6 +46,7 @@ from tracelens.store.stages import (
 
 if TYPE_CHECKING:
     from tracelens.analyze.critical_path import Graph
+    from tracelens.analyze.critical_replay import ReplayPlan
 
 #: Bump when what a memo holds changes (with STAGE_VERSION it is part of the key).
 RUN_MEMO_VERSION = "4"
@@ -234,24 +235,30 @@ def graph_key(memo_id: str, *inputs: str) -> str:
 
 
 def read_graph(memo: Path, key: str) -> Graph | None:
-    """The graph `write_graph` kept under `key` in the run memo `memo`, memory-mapped; None when there is none
-    or it cannot be read (damaged, cut short, of another layout)."""
-    from tracelens.analyze.graph_state import graph_from_state  # (the graph's modules: only for the analysis)
+    """The graph `write_graph` kept under `key` in the run memo `memo`, memory-mapped, its replay plan kept with
+    it when the file has one (`critical_path.plan_of` takes it); None when there is none or it cannot be read
+    (damaged, cut short, of another layout)."""
+    from tracelens.analyze.dictcol import per_object  # (the graph's modules: only for the analysis)
+    from tracelens.analyze.graph_state import graph_from_state, plan_from_state
 
     try:
         arrays, meta = read_arrays(memo / f"graph-{key}.bin")
-        return graph_from_state(arrays, meta)
+        g = graph_from_state(arrays, meta)
+        plan = plan_from_state(arrays)
     except (OSError, ValueError, KeyError, TypeError, IndexError):
         return None
+    if plan is not None:
+        per_object(g)["replay_plan"] = plan
+    return g
 
 
-def write_graph(memo: Path, key: str, g: Graph) -> None:
-    """Keep `g` in the run memo `memo` under `key`, in place of any graph kept before. OSError when the cache
-    cannot take it."""
+def write_graph(memo: Path, key: str, g: Graph, plan: ReplayPlan | None = None) -> None:
+    """Keep `g` (and its replay plan `plan`, when given) in the run memo `memo` under `key`, in place of any
+    graph kept before. OSError when the cache cannot take it."""
     from tracelens.analyze.graph_state import graph_state
 
     dest = memo / f"graph-{key}.bin"
-    arrays, meta = graph_state(g)
+    arrays, meta = graph_state(g, plan)
     write_arrays(dest, arrays, meta)
     _remove_graphs(memo, keep=dest.name)
 
