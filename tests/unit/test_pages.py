@@ -108,3 +108,49 @@ def test_capped_mmap_threshold_keeps_large_arrays_in_their_own_mappings():
         out[case] = res.stdout.split()
     assert out["default"] == ["None", "0"]  # on the heap: the dynamic threshold was raised to 20 MiB
     assert out["cap"] == ["True", "18"]
+
+
+_WORKER_PROBE = """
+import ctypes, sys
+import numpy as np
+from tracelens.store import pages
+
+class MallInfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+info = ctypes.CDLL(None).mallinfo2
+info.restype = MallInfo2
+set_ = pages.worker_allocator() if sys.argv[1] == "worker" else None
+a = np.ones(40 << 20, np.uint8)
+mapped = info().hblkhd >> 20  # MiB in mappings of their own
+del a
+print(set_, mapped, info().arena >> 20)  # and MiB of heap kept once it is freed
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt / mallinfo2 (Linux)")
+def test_worker_allocator_reuses_the_heap():
+    """A pool worker's allocator (`worker_allocator`): a 40 MiB array comes from the heap and its memory stays
+    there once freed (for the next rank), where glibc's defaults give it a mapping of its own, handed back."""
+    import ctypes
+    import subprocess
+
+    if not hasattr(ctypes.CDLL(None), "mallinfo2"):
+        pytest.skip("glibc older than 2.33 (no mallinfo2)")
+    out = {}
+    for case in ("default", "worker"):
+        res = subprocess.run(
+            [sys.executable, "-c", _WORKER_PROBE, case], capture_output=True, text=True, check=True
+        )
+        out[case] = res.stdout.split()
+    assert out["default"][:2] == ["None", "40"] and int(out["default"][2]) < 40
+    assert out["worker"][:2] == ["True", "0"] and int(out["worker"][2]) >= 40
+
+
+@linux
+def test_trim_heap_over_trims_only_above_its_limit():
+    rss = pages.resident_bytes()
+    assert 10 << 20 < rss < 1 << 40  # (this interpreter, with NumPy and Arrow loaded)
+    assert pages.trim_heap_over(rss + (1 << 30)) is False
+    assert pages.trim_heap_over(0) is True

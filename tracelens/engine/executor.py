@@ -75,6 +75,9 @@ def _recv(fh: IO[bytes]) -> Any:
 
 def worker_main() -> None:
     """Worker loop: one pickled (fn, args, kwargs) per message on stdin -> one ("ok"|"err", value) on stdout."""
+    from tracelens.store.pages import worker_allocator
+
+    worker_allocator()  # (a worker reads rank after rank: freed heap reused, not handed back and faulted in)
     sys.stdout.flush()
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # anything else printed to stdout lands on stderr
