@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import mmap
 from pathlib import Path
 
 import numpy as np
@@ -45,6 +46,28 @@ def test_arrays_start_aligned_and_writes_stay_out_of_the_file(tmp_path: Path):
     got["i32"][:] = 0  # (copy-on-write: the arrays are writable, the file does not change)
     assert p.read_bytes() == before
     assert read_arrays(p)[0]["i32"].tolist() == ARRAYS["i32"].tolist()
+
+
+def test_arrays_read_into_memory_of_their_own(tmp_path: Path):
+    """`own`: those arrays are read (equal values, dtypes and shapes), not views of the mapping."""
+    p = tmp_path / "a.bin"
+    write_arrays(p, ARRAYS)
+    mapped, _ = read_arrays(p)
+    got, _ = read_arrays(p, own=lambda name: name in ("grid", "f8", "empty"))
+    for name, a in ARRAYS.items():
+        assert got[name].dtype == a.dtype and got[name].shape == a.shape, name
+        np.testing.assert_array_equal(got[name], a)
+    for name in ("grid", "f8", "empty"):
+        assert got[name].base is None or got[name].base.base is None  # (its own buffer)
+    for arrays, name in ((got, "i32"), (mapped, "grid")):  # (views of the mapping)
+        assert (
+            isinstance(arrays[name].base.base, memoryview)
+            and arrays[name].base.base.obj.__class__ is mmap.mmap
+        )
+    raw = p.read_bytes()
+    p.write_bytes(raw[: len(raw) - 8])  # (the last array cut short: an error for a read one too)
+    with pytest.raises(ValueError):
+        read_arrays(p, own=lambda name: True)
 
 
 @pytest.mark.parametrize("damage", ["cut", "magic", "header", "empty"])

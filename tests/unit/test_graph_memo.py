@@ -110,6 +110,9 @@ def test_kept_plan_reads_back_as_made(where: Path, tmp_path: Path):
     kept = per_object(back)["replay_plan"]
     assert isinstance(kept, ReplayPlan)
     _same_plan(plan, kept)
+    # its arrays in memory of their own (handed back when the what-if drops it), the graph's mapped
+    assert all(a.base is None or a.base.base is None for a in (kept.pos, kept.ks, kept.e_src))
+    assert back.k_end.base is not None and back.k_end.base.base is not None
     if where.name != "qwen35-27b-seq4k-tp2pp2dp2-straggler-skew":
         assert any(s is not None for s in kept.sync) and kept.sy_ks is not None
     assert cp.plan_of(back) is kept

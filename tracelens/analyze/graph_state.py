@@ -92,6 +92,11 @@ def graph_from_state(arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> Gra
     return g
 
 
+def is_plan_array(name: str) -> bool:
+    """Whether an array of the state is the plan's (`plan_state`)."""
+    return name.startswith(_PLAN)
+
+
 def plan_state(p: ReplayPlan) -> dict[str, np.ndarray]:
     """The arrays of a replay plan (names prefixed `plan.`): its array fields as they are (a None one left
     out), its levels as one row of five bounds each plus their reduceat starts one after the other, its sync
@@ -138,4 +143,11 @@ def plan_from_state(arrays: dict[str, np.ndarray]) -> ReplayPlan | None:
     return ReplayPlan(**kw, levels=levels, sync=sync)
 
 
-__all__ = ["STATE_VERSION", "graph_from_state", "graph_state", "plan_from_state", "plan_state"]
+__all__ = [
+    "STATE_VERSION",
+    "graph_from_state",
+    "graph_state",
+    "is_plan_array",
+    "plan_from_state",
+    "plan_state",
+]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import mmap
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -50,31 +50,43 @@ def write_arrays(dest: str | Path, arrays: dict[str, np.ndarray], meta: Any = No
     write_atomic(dest, write)
 
 
-def read_arrays(path: str | Path) -> tuple[dict[str, np.ndarray], Any]:
+def read_arrays(
+    path: str | Path, own: Callable[[str], bool] | None = None
+) -> tuple[dict[str, np.ndarray], Any]:
     """(arrays, meta) of a file `write_arrays` wrote; the arrays are writable views of a private mapping of
-    it. OSError when the file is missing, ValueError when it is not such a file or is cut short."""
+    it, except those whose name `own` accepts: read into memory of their own (file reads, never through the
+    mapping), for arrays dropped long before the others. Touched pages of the mapping stay resident while
+    any view of it lives; an array of its own is handed back when freed. OSError when the file is missing,
+    ValueError when it is not such a file or is cut short."""
     with open(path, "rb") as f:
         size = f.seek(0, 2)
         if size < len(MAGIC) + 8:
             raise ValueError(f"{path}: not an array file")
         mm = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY)
-    if mm[: len(MAGIC)] != MAGIC:
-        raise ValueError(f"{path}: not an array file")
-    n = int.from_bytes(mm[len(MAGIC) : len(MAGIC) + 8], "little")
-    base = -(-(len(MAGIC) + 8 + n) // _ALIGN) * _ALIGN
-    out: dict[str, np.ndarray] = {}
-    try:
-        head = json.loads(mm[len(MAGIC) + 8 : len(MAGIC) + 8 + n])
-        for name, (dtype, shape, offset) in head["arrays"].items():
-            dt = np.dtype(dtype)
-            count = int(np.prod(shape, dtype=np.int64))
-            start = base + int(offset)
-            if start + count * dt.itemsize > size or start < base:
-                raise ValueError(f"array {name!r} out of the file")
-            out[name] = np.frombuffer(mm, dtype=dt, count=count, offset=start).reshape(shape)
-        meta = head["meta"]
-    except (ValueError, KeyError, TypeError, AttributeError) as err:  # (JSON errors are ValueErrors)
-        raise ValueError(f"{path}: not a whole array file ({err})") from err
+        if mm[: len(MAGIC)] != MAGIC:
+            raise ValueError(f"{path}: not an array file")
+        n = int.from_bytes(mm[len(MAGIC) : len(MAGIC) + 8], "little")
+        base = -(-(len(MAGIC) + 8 + n) // _ALIGN) * _ALIGN
+        out: dict[str, np.ndarray] = {}
+        try:
+            head = json.loads(mm[len(MAGIC) + 8 : len(MAGIC) + 8 + n])
+            for name, (dtype, shape, offset) in head["arrays"].items():
+                dt = np.dtype(dtype)
+                count = int(np.prod(shape, dtype=np.int64))
+                start = base + int(offset)
+                if start + count * dt.itemsize > size or start < base:
+                    raise ValueError(f"array {name!r} out of the file")
+                if own is not None and own(name):
+                    a = np.empty(count, dtype=dt)
+                    f.seek(start)
+                    if f.readinto(a.data.cast("B")) != a.nbytes:
+                        raise ValueError(f"array {name!r} cut short")
+                    out[name] = a.reshape(shape)
+                else:
+                    out[name] = np.frombuffer(mm, dtype=dt, count=count, offset=start).reshape(shape)
+            meta = head["meta"]
+        except (ValueError, KeyError, TypeError, AttributeError) as err:  # (JSON errors are ValueErrors)
+            raise ValueError(f"{path}: not a whole array file ({err})") from err
     return out, meta
 
 

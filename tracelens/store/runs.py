@@ -239,10 +239,12 @@ def read_graph(memo: Path, key: str) -> Graph | None:
     it when the file has one (`critical_path.plan_of` takes it); None when there is none or it cannot be read
     (damaged, cut short, of another layout)."""
     from tracelens.analyze.dictcol import per_object  # (the graph's modules: only for the analysis)
-    from tracelens.analyze.graph_state import graph_from_state, plan_from_state
+    from tracelens.analyze.graph_state import graph_from_state, is_plan_array, plan_from_state
 
     try:
-        arrays, meta = read_arrays(memo / f"graph-{key}.bin")
+        # (the plan's arrays in memory of their own: the what-if drops the plan, and its ~70 MB are handed
+        # back then, where touched pages of the mapping would stay resident as long as the graph)
+        arrays, meta = read_arrays(memo / f"graph-{key}.bin", own=is_plan_array)
         g = graph_from_state(arrays, meta)
         plan = plan_from_state(arrays)
     except (OSError, ValueError, KeyError, TypeError, IndexError):
