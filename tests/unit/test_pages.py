@@ -71,7 +71,8 @@ def test_a_collected_table_is_forgotten(tmp_path):
     assert key not in pages._MAPS
 
 
-_MMAP_PROBE = """
+# (glibc's malloc statistics, in a probe interpreter)
+_MALLINFO = """
 import ctypes, sys
 import numpy as np
 from tracelens.store import pages
@@ -82,12 +83,32 @@ class MallInfo2(ctypes.Structure):
 
 info = ctypes.CDLL(None).mallinfo2
 info.restype = MallInfo2
-capped = pages.cap_mmap_threshold() if sys.argv[1] == "cap" else None
+"""
+
+_MMAP_PROBE = (
+    _MALLINFO
+    + """capped = pages.cap_mmap_threshold() if sys.argv[1] == "cap" else None
 a = np.ones(20 << 20, np.uint8)
 del a  # a freed 20 MiB mapping: glibc's dynamic threshold rises to 20 MiB
 b = np.ones(18 << 20, np.uint8)
 print(capped, info().hblkhd >> 20)  # MiB in mappings of their own
 """
+)
+
+
+def _probe(script: str, cases: tuple[str, ...]) -> dict[str, list[str]]:
+    """The words a probe script prints, per case, each in a fresh interpreter (the allocator's settings are
+    process-wide)."""
+    import ctypes
+    import subprocess
+
+    if not hasattr(ctypes.CDLL(None), "mallinfo2"):
+        pytest.skip("glibc older than 2.33 (no mallinfo2)")
+    out = {}
+    for case in cases:
+        res = subprocess.run([sys.executable, "-c", script, case], capture_output=True, text=True, check=True)
+        out[case] = res.stdout.split()
+    return out
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt / mallinfo2 (Linux)")
@@ -95,55 +116,27 @@ def test_capped_mmap_threshold_keeps_large_arrays_in_their_own_mappings():
     """After a large array is freed, glibc's dynamic threshold puts the next array below that size on the heap
     (its pages stay resident once freed); with the threshold capped at 16 MiB an 18 MiB array gets a mapping
     of its own. Each case in a fresh interpreter (the setting is process-wide)."""
-    import ctypes
-    import subprocess
-
-    if not hasattr(ctypes.CDLL(None), "mallinfo2"):
-        pytest.skip("glibc older than 2.33 (no mallinfo2)")
-    out = {}
-    for case in ("default", "cap"):
-        res = subprocess.run(
-            [sys.executable, "-c", _MMAP_PROBE, case], capture_output=True, text=True, check=True
-        )
-        out[case] = res.stdout.split()
+    out = _probe(_MMAP_PROBE, ("default", "cap"))
     assert out["default"] == ["None", "0"]  # on the heap: the dynamic threshold was raised to 20 MiB
     assert out["cap"] == ["True", "18"]
 
 
-_WORKER_PROBE = """
-import ctypes, sys
-import numpy as np
-from tracelens.store import pages
-
-class MallInfo2(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_size_t) for n in (
-        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
-
-info = ctypes.CDLL(None).mallinfo2
-info.restype = MallInfo2
-set_ = pages.worker_allocator() if sys.argv[1] == "worker" else None
+_WORKER_PROBE = (
+    _MALLINFO
+    + """set_ = pages.worker_allocator() if sys.argv[1] == "worker" else None
 a = np.ones(40 << 20, np.uint8)
 mapped = info().hblkhd >> 20  # MiB in mappings of their own
 del a
 print(set_, mapped, info().arena >> 20)  # and MiB of heap kept once it is freed
 """
+)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt / mallinfo2 (Linux)")
 def test_worker_allocator_reuses_the_heap():
     """A pool worker's allocator (`worker_allocator`): a 40 MiB array comes from the heap and its memory stays
     there once freed (for the next rank), where glibc's defaults give it a mapping of its own, handed back."""
-    import ctypes
-    import subprocess
-
-    if not hasattr(ctypes.CDLL(None), "mallinfo2"):
-        pytest.skip("glibc older than 2.33 (no mallinfo2)")
-    out = {}
-    for case in ("default", "worker"):
-        res = subprocess.run(
-            [sys.executable, "-c", _WORKER_PROBE, case], capture_output=True, text=True, check=True
-        )
-        out[case] = res.stdout.split()
+    out = _probe(_WORKER_PROBE, ("default", "worker"))
     assert out["default"][:2] == ["None", "40"] and int(out["default"][2]) < 40
     assert out["worker"][:2] == ["True", "0"] and int(out["worker"][2]) >= 40
 

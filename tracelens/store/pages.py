@@ -101,6 +101,12 @@ def cap_mmap_threshold(nbytes: int = MMAP_THRESHOLD) -> bool:
     analysis. Measured on the cached 1,024-rank analysis: peak RSS ~20-30 MiB lower at no cost in time (a
     4 MiB threshold saved ~70 MiB but added 1.5-3 s of system time in page faults). For a command's process,
     not a library call (it changes the allocator for the whole process); False where it is not glibc."""
+    return _mallopt((_M_MMAP_THRESHOLD, nbytes))
+
+
+def _mallopt(*settings: tuple[int, int]) -> bool:
+    """glibc's `mallopt(param, value)` for each setting, in order; False where there is none (not Linux, not
+    glibc) or one is refused."""
     if not sys.platform.startswith("linux"):
         return False
     try:
@@ -109,7 +115,7 @@ def cap_mmap_threshold(nbytes: int = MMAP_THRESHOLD) -> bool:
         return False
     fn.argtypes = [ctypes.c_int, ctypes.c_int]
     fn.restype = ctypes.c_int
-    return bool(fn(_M_MMAP_THRESHOLD, nbytes))
+    return all(fn(param, value) for param, value in settings)
 
 
 _M_TRIM_THRESHOLD = -1  # (glibc's mallopt parameter)
@@ -125,15 +131,7 @@ def worker_allocator() -> bool:
     kept (not handed back at each free), so that a rank reuses the pages the previous one freed. With
     `trim_heap_over` between ranks: ~1,700 -> ~250 page faults and ~2.5 ms less CPU a rank of the 1,024-rank
     benchmark run, at the same resident memory (~140 MiB a worker). False where it is not glibc."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        fn = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
-        return False
-    fn.argtypes = [ctypes.c_int, ctypes.c_int]
-    fn.restype = ctypes.c_int
-    return bool(fn(_M_MMAP_THRESHOLD, WORKER_MMAP_THRESHOLD) and fn(_M_TRIM_THRESHOLD, WORKER_TRIM_THRESHOLD))
+    return _mallopt((_M_MMAP_THRESHOLD, WORKER_MMAP_THRESHOLD), (_M_TRIM_THRESHOLD, WORKER_TRIM_THRESHOLD))
 
 
 _TRIM: list[Any] = []
