@@ -262,9 +262,9 @@ def derive_from_stages(
     ex: Executor, entries: list[RankParquet], folder: Path, rows: int = CHUNK_ROWS
 ) -> list[Future[Any]]:
     """Tasks on `ex` that compute the memo's derived tables of the entries from their stage files,
-    `MEMORY_SLICE` ranks each (`tasks.derive_stages`, `rows` as there), their parts written into `folder`: run by the pool while
-    this process reads the stages, instead of after the cross-rank events are written (`derived_parts`
-    collects them)."""
+    `MEMORY_SLICE` ranks each (`tasks.derive_stages`, `rows` as there), their parts written into `folder`:
+    run by the pool while this process reads the stages, instead of after the cross-rank events are written
+    (`derived_parts` collects them)."""
     from tracelens.engine import tasks
 
     tag = _scratch_tag()
