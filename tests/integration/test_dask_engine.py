@@ -48,7 +48,7 @@ def test_dask_summary_identical_to_local(cluster, tmp_path: Path, name: str):
     cache = tmp_path / "shared-cache"
     dask = analyze_run(run, Options(engine="dask", scheduler=cluster.scheduler_address, cache_dir=str(cache)))
     # the workers wrote the per-rank cache and stage files into the given cache folder (shared storage)
-    stage_files = list(cache.rglob("stage-*/rank*.sets.arrow"))
+    stage_files = list(cache.rglob("stage-*/rank*.stage"))
     assert len(stage_files) == len(dask.ranks) > 1
     assert sorted(p.name for p in run.rglob("*")) == listing  # nothing in the run folder
     got = dask.summary()

@@ -36,6 +36,7 @@ from tracelens.run import load_tables
 from tracelens.run_analysis import Options, analyze_run
 from tracelens.store.arrays import read_arrays
 from tracelens.store.cache import default_cache_dir, ipc_schema
+from tracelens.store.stages import read_stage_parts
 
 SCRIPT = "<script>alert(1)</script>"
 IMG = '<img src=x onerror="alert(2)">'
@@ -298,8 +299,10 @@ def test_two_analyses_at_once_do_not_corrupt_the_cache(tmp_path):
         elif f.name == "manifest.json":  # a run memo's manifest (store.runs), written last
             m = json.loads(f.read_text())  # (the cache may hold other runs' memos too)
             assert m["ranks"] and len(m["files"]) == 3 * len(m["ranks"])
-        elif f.suffix == ".arrow":  # a stage or run memo file (Arrow IPC)
+        elif f.suffix == ".arrow":  # a run memo file (Arrow IPC)
             assert ipc_schema(f).names
+        elif f.suffix == ".stage":  # a rank's stage file (store.stages)
+            assert read_stage_parts(f)["sets"].schema.names
         elif f.name.startswith("graph-") and f.suffix == ".bin":  # a run memo's kept graph (store.arrays)
             assert read_arrays(f)[0]
         else:

@@ -9,6 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from tests.damage import WAYS, damage
 from tracelens.store.arrays import read_arrays, table_digest, write_arrays
 
 ARRAYS = {
@@ -70,19 +71,11 @@ def test_arrays_read_into_memory_of_their_own(tmp_path: Path):
         read_arrays(p, own=lambda name: True)
 
 
-@pytest.mark.parametrize("damage", ["cut", "magic", "header", "empty"])
-def test_a_damaged_file_is_an_error_not_wrong_arrays(tmp_path: Path, damage: str):
+@pytest.mark.parametrize("how", WAYS)
+def test_a_damaged_file_is_an_error_not_wrong_arrays(tmp_path: Path, how: str):
     p = tmp_path / "a.bin"
     write_arrays(p, {"x": np.arange(1000, dtype=np.int64)})
-    raw = p.read_bytes()
-    if damage == "cut":
-        p.write_bytes(raw[: len(raw) - 8])
-    elif damage == "magic":
-        p.write_bytes(b"X" + raw[1:])
-    elif damage == "header":
-        p.write_bytes(raw[:20] + b"{{{" + raw[23:])
-    else:
-        p.write_bytes(b"")
+    damage(p, how)
     with pytest.raises(ValueError):
         read_arrays(p)
     with pytest.raises(OSError):

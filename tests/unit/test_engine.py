@@ -14,6 +14,7 @@ import pyarrow.compute as pc
 import pytest
 from pipeline_tables import events_table, pipeline_run
 
+from tests.damage import WAYS, damage
 from tracelens.analyze.breakdown import breakdown, class_sets
 from tracelens.analyze.classify import classify
 from tracelens.analyze.composition import module_spans
@@ -23,6 +24,7 @@ from tracelens.engine.executor import InlineExecutor, LocalPool
 from tracelens.engine.reduce import reduce_stages
 from tracelens.engine.tasks import needs_work
 from tracelens.run import LoadOptions, load_run
+from tracelens.store import pages
 from tracelens.store import stages as ST
 from tracelens.topology import grid_from_layout
 
@@ -106,6 +108,55 @@ def test_stage_files_round_trip(tmp_path: Path):
     assert n["start_ns"] == [100, 160, 205, 300] and n["end_ns"] == [150, 200, 215, 400]
     assert n["is_comm"] == [False, False, False, True] and n["step"] == [2] * 4
     assert n["label"] == ["mlp", "mlp", "mlp", None]
+
+
+def test_two_stage_files_a_rank(tmp_path: Path):
+    """A rank's stage is two files: its cross-rank events (`xevents_file`, Arrow IPC) and the seven other tables
+    in one stage file (`stage_file`), each at an aligned offset, read back as views of one mapping; nothing
+    else is written into the stage folder."""
+    st = S.rank_stage(events_table(_gpu_rank_rows()), 3)
+    events_parquet = tmp_path / "k" / "rank3.events.parquet"
+    ST.write_stage(st, events_parquet)
+    assert sorted(p.name for p in ST.stage_dir(events_parquet).iterdir()) == [
+        "rank3.stage",
+        "rank3.xevents.arrow",
+    ]
+    f = ST.stage_file(events_parquet, 3)
+    parts = ST.read_stage_parts(f)
+    assert list(parts) == ["nodes", "syncs", "spans", "breakdown", "ops", "idle", "sets"]
+    assert parts["breakdown"].equals(st.breakdown) and parts["ops"].equals(st.ops)
+    assert parts["nodes"].equals(st.nodes) and parts["idle"].equals(st.idle)
+    raw = f.read_bytes()
+    spec = json.loads(raw[16 : 16 + int.from_bytes(raw[8:16], "little")])["parts"]
+    starts = [spec[n][0] for n in parts]
+    assert starts == sorted(starts) and all(a % 64 == 0 for a in starts)
+    assert sum(spec["sets"]) == len(raw)  # (the last part ends the file)
+    # one part alone; every table a view of the file's mapping
+    assert list(ST.read_stage_parts(f, ("ops",))) == ["ops"]
+    whole = pages._MAPS[id(parts["nodes"])]
+    for t in parts.values():
+        assert pages._MAPS[id(t)] is whole
+        for col in t.columns:
+            for chunk in col.chunks:
+                for b in chunk.buffers():
+                    if b is not None and b.size:
+                        assert whole.address <= b.address < whole.address + whole.size
+
+
+@pytest.mark.parametrize("how", (*WAYS, "image"))
+def test_a_damaged_stage_file_is_an_error_and_not_complete(tmp_path: Path, how: str):
+    st = S.rank_stage(events_table(_gpu_rank_rows()), 0)
+    events_parquet = tmp_path / "k" / "rank0.events.parquet"
+    ST.write_stage(st, events_parquet)
+    f = ST.stage_file(events_parquet, 0)
+    if how == "image":  # (garbage over the end of the last image, the sets table: its footer)
+        raw = f.read_bytes()
+        f.write_bytes(raw[:-200] + b"\xff" * 200)
+    else:
+        damage(f, how, cut=100)
+    assert not ST.stage_complete(events_parquet, 0)
+    with pytest.raises((OSError, pa.ArrowException)):
+        ST.read_stage(events_parquet, 0)
 
 
 def test_idle_failure_travels_through_the_stage_files(tmp_path: Path, monkeypatch):
@@ -269,8 +320,8 @@ def test_load_run_caches_stages_and_rebuilds_damaged_ones(tmp_path: Path):
     eager = load_tables(run, no_cache=True, workers=1)
     assert loaded.events.equals(eager.events)
     assert not any(needs_work(e, True) for e in loaded.entries)  # everything cached
-    bad = ST.stage_paths(loaded.entries[1].events, 1)["sets"]
-    bad.write_bytes(b"not parquet")
+    bad = ST.stage_file(loaded.entries[1].events, 1)
+    bad.write_bytes(b"not a stage file")
     assert [e.rank for e in loaded.entries if needs_work(e, True)] == [1]
     again = load_run(run, opts).stages
     assert again.breakdown.equals(staged.breakdown)

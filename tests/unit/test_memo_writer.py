@@ -126,9 +126,9 @@ def test_derived_tables_from_damaged_stage_files_fall_back(loaded, tmp_path):
     """A stage file missing when the derivation reads it: its parts are removed and `derived_parts` gives None
     (the memo's derived tables are then computed from its written events)."""
     _, _, r = loaded
-    from tracelens.store.stages import stage_paths
+    from tracelens.store.stages import xevents_file
 
-    xev = stage_paths(r.entries[-1].events, r.entries[-1].rank)["xevents"]
+    xev = xevents_file(r.entries[-1].events, r.entries[-1].rank)
     saved = tmp_path / "xevents.arrow"
     shutil.copy(xev, saved)
     xev.unlink()

@@ -127,7 +127,7 @@ def concat_released(tables: list[pa.Table], sch: pa.Schema) -> pa.Table:
 
 def read_stages(entries: list[RankParquet]) -> list[RankStage]:
     """The stages of the entries (memory-mapped), in their order; OSError when a stage file is missing or
-    damaged. Read by a few threads (at 1,024 ranks 8,192 files: opening them waits on the file system)."""
+    damaged. Read by a few threads (at 1,024 ranks 2,048 files: opening them waits on the file system)."""
     try:
         if len(entries) <= 1:
             return [read_stage(e.events, e.rank) for e in entries]

@@ -13,8 +13,9 @@ in memory per process. The results of a rank (`RankStage`):
   module annotations, point-to-point ops; every row on ranks analysed on the CPU timeline), in the events
   schema and in trace order (see `cross_rank_mask`).
 
-Each is written as an Arrow IPC file next to the rank's ingest cache entry (`<entry>/stage-<STAGE_VERSION>/`), so a
-second analysis of the same run reads only these small files.
+They are written next to the rank's ingest cache entry (`<entry>/stage-<STAGE_VERSION>/`: the cross-rank events
+in one file, the others in one stage file; `store.stages`), so that reducing the run reads two small files a rank
+instead of the events.
 """
 
 from __future__ import annotations

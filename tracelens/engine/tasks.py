@@ -17,7 +17,7 @@ from tracelens.ingest import kineto
 from tracelens.store import pages, runs
 from tracelens.store.atomic import write_ipc, write_parquet
 from tracelens.store.cache import EVENTS_WRITE_OPTIONS, RankParquet, concat, read_ipc, read_part, valid_entry
-from tracelens.store.stages import CHUNK_ROWS, stage_complete, stage_paths, write_stage
+from tracelens.store.stages import CHUNK_ROWS, stage_complete, write_stage, xevents_file
 
 #: Resident memory of a process above which `process_rank` hands freed memory back after a rank (Arrow's pool
 #: and malloc's, `pages.trim_heap`); below it, the next rank reuses it (a worker of the pool is ~140 MiB
@@ -93,7 +93,7 @@ def derive_stages(
 
     try:
         for e in entries:
-            t = read_ipc(stage_paths(e.events, e.rank)["xevents"])
+            t = read_ipc(xevents_file(e.events, e.rank))
             if not t.schema.equals(schema.EVENTS):
                 raise OSError(f"stage files of rank {e.rank} have another schema")
             group.append(t)

@@ -36,10 +36,23 @@ def track(table: pa.Table, src: pa.MemoryMappedFile) -> pa.Table:
         if size >= mmap.PAGESIZE:
             pos = src.tell()
             src.seek(0)
-            _MAPS[id(table)] = src.read_buffer(size)  # zero-copy: the mapping itself, from its first byte
-            weakref.finalize(table, _MAPS.pop, id(table), None)
+            _keep(table, src.read_buffer(size))  # zero-copy: the mapping itself, from its first byte
             src.seek(pos)
     return table
+
+
+def track_mapping(table: pa.Table, whole: pa.Buffer) -> pa.Table:
+    """`track` for a table read from part of a file: `whole` is the whole-file buffer of the file's read-only
+    memory map (`src.read_buffer(src.size())` of a `pa.memory_map` opened for reading), which the table's
+    buffers point into. Releasing the table gives back the pages of the whole file."""
+    if sys.platform.startswith("linux") and whole.size >= mmap.PAGESIZE:
+        _keep(table, whole)
+    return table
+
+
+def _keep(table: pa.Table, whole: pa.Buffer) -> None:
+    _MAPS[id(table)] = whole
+    weakref.finalize(table, _MAPS.pop, id(table), None)
 
 
 def release(table: pa.Table | None) -> int:
@@ -183,6 +196,7 @@ __all__ = [
     "release",
     "resident_bytes",
     "track",
+    "track_mapping",
     "trim_heap",
     "trim_heap_over",
     "worker_allocator",
