@@ -26,6 +26,7 @@ from tracelens.engine.tasks import needs_work
 from tracelens.run import LoadOptions, load_run
 from tracelens.store import pages
 from tracelens.store import stages as ST
+from tracelens.store.arrays import layout
 from tracelens.topology import grid_from_layout
 
 US = 1_000
@@ -127,10 +128,10 @@ def test_two_stage_files_a_rank(tmp_path: Path):
     assert parts["breakdown"].equals(st.breakdown) and parts["ops"].equals(st.ops)
     assert parts["nodes"].equals(st.nodes) and parts["idle"].equals(st.idle)
     raw = f.read_bytes()
-    spec = json.loads(raw[16 : 16 + int.from_bytes(raw[8:16], "little")])["parts"]
-    starts = [spec[n][0] for n in parts]
+    spans, _ = layout(lambda lo, hi: raw[lo:hi], len(raw), f)
+    starts = [spans[n][2] for n in parts]
     assert starts == sorted(starts) and all(a % 64 == 0 for a in starts)
-    assert sum(spec["sets"]) == len(raw)  # (the last part ends the file)
+    assert spans["sets"][2] + spans["sets"][3] == len(raw)  # (the last part ends the file)
     # one part alone; every table a view of the file's mapping
     assert list(ST.read_stage_parts(f, ("ops",))) == ["ops"]
     whole = pages._MAPS[id(parts["nodes"])]

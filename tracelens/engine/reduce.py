@@ -17,6 +17,7 @@ from tracelens.analyze.breakdown import BREAKDOWN
 from tracelens.analyze.composition import SPANS
 from tracelens.analyze.critical_nodes import SYNCS
 from tracelens.analyze.idle import IDLE
+from tracelens.engine import tasks
 from tracelens.engine.executor import InlineExecutor
 from tracelens.store import pages, runs
 from tracelens.store.cache import RankParquet, concat, read_ipc
@@ -195,8 +196,6 @@ def write_memo(
 def gather_memory(ex: Executor, entries: list[RankParquet], folder: Path) -> list[Future[Any]]:
     """Tasks on `ex` that gather the allocator samples of the entries, `MEMORY_SLICE` ranks each, into part
     files in `folder` (`collect_memory` puts them together)."""
-    from tracelens.engine import tasks
-
     tag = _scratch_tag()
     return [
         ex.submit(
@@ -213,14 +212,13 @@ def _scratch_tag() -> str:
 
 
 def _submit_derived(ex: Executor, w: runs.MemoWriter, rows: int) -> list[Future[Any]]:
-    from tracelens.engine.tasks import derive_rows
-
     x = read_ipc(w.path("xevents"))
     bounds = rank_bounds(x, rows) or [(0, x.num_rows)]
     pages.release(x)
     tag = _scratch_tag()
     return [
-        ex.submit(derive_rows, str(w.dir), lo, n, f".derived-{tag}-{i}") for i, (lo, n) in enumerate(bounds)
+        ex.submit(tasks.derive_rows, str(w.dir), lo, n, f".derived-{tag}-{i}")
+        for i, (lo, n) in enumerate(bounds)
     ]
 
 
@@ -265,8 +263,6 @@ def derive_from_stages(
     `MEMORY_SLICE` ranks each (`tasks.derive_stages`, `rows` as there), their parts written into `folder`:
     run by the pool while this process reads the stages, instead of after the cross-rank events are written
     (`derived_parts` collects them)."""
-    from tracelens.engine import tasks
-
     tag = _scratch_tag()
     return [
         ex.submit(
@@ -288,17 +284,9 @@ def derived_parts(futures: list[Future[Any]]) -> list[dict[str, str | None] | No
         except Exception:  # noqa: BLE001 (computed again from the memo's events)
             failed = True
     if failed or not futures:
-        _remove_parts(got)
+        tasks.remove_parts(got)
         return None
     return got
-
-
-def _remove_parts(got: list[dict[str, str | None] | None]) -> None:
-    for g in got:
-        for p in (g or {}).values():
-            if p is not None:
-                with contextlib.suppress(OSError):
-                    Path(p).unlink()
 
 
 def _collect_derived(got: list[dict[str, str | None] | None], w: runs.MemoWriter) -> list[pa.Table | None]:
@@ -324,7 +312,7 @@ def _collect_derived(got: list[dict[str, str | None] | None], w: runs.MemoWriter
             else:
                 out.append(pa.concat_tables(parts).unify_dictionaries().combine_chunks())
     finally:
-        _remove_parts(got)
+        tasks.remove_parts(got)
     return out
 
 

@@ -7,6 +7,8 @@ stage alone, for a run loaded with its stages deferred (`tracelens.run.LoadOptio
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterable
 from pathlib import Path
 
 import pyarrow as pa
@@ -104,10 +106,7 @@ def derive_stages(
         if group or not out:
             flush()
     except BaseException:  # (the parts written so far removed: the caller gets none of them)
-        for part in out:
-            for path in part.values():
-                if path is not None:
-                    Path(path).unlink(missing_ok=True)
+        remove_parts(out)
         raise
     pages.trim_heap()
     return out
@@ -128,6 +127,15 @@ def _derive_slice(x: pa.Table, folder: str, tag: str) -> dict[str, str | None]:
         out[name] = str(path)
         del t
     return out
+
+
+def remove_parts(parts: Iterable[dict[str, str | None] | None]) -> None:
+    """Remove the part files that `derive_rows` / `derive_stages` wrote (name -> path, per slice)."""
+    for part in parts:
+        for path in (part or {}).values():
+            if path is not None:
+                with contextlib.suppress(OSError):
+                    Path(path).unlink()
 
 
 def gather_memory(entries: list[RankParquet], out: str) -> str | None:
@@ -157,5 +165,6 @@ __all__ = [
     "ingest_rank",
     "needs_work",
     "process_rank",
+    "remove_parts",
     "stage_rank",
 ]

@@ -63,30 +63,49 @@ def read_arrays(
         if size < len(MAGIC) + 8:
             raise ValueError(f"{path}: not an array file")
         mm = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY)
-        if mm[: len(MAGIC)] != MAGIC:
-            raise ValueError(f"{path}: not an array file")
-        n = int.from_bytes(mm[len(MAGIC) : len(MAGIC) + 8], "little")
-        base = -(-(len(MAGIC) + 8 + n) // _ALIGN) * _ALIGN
+        spans, meta = layout(lambda lo, hi: mm[lo:hi], size, path)
         out: dict[str, np.ndarray] = {}
-        try:
-            head = json.loads(mm[len(MAGIC) + 8 : len(MAGIC) + 8 + n])
-            for name, (dtype, shape, offset) in head["arrays"].items():
-                dt = np.dtype(dtype)
-                count = int(np.prod(shape, dtype=np.int64))
-                start = base + int(offset)
-                if start + count * dt.itemsize > size or start < base:
-                    raise ValueError(f"array {name!r} out of the file")
-                if own is not None and own(name):
-                    a = np.empty(count, dtype=dt)
-                    f.seek(start)
-                    if f.readinto(a.data.cast("B")) != a.nbytes:
-                        raise ValueError(f"array {name!r} cut short")
-                    out[name] = a.reshape(shape)
-                else:
-                    out[name] = np.frombuffer(mm, dtype=dt, count=count, offset=start).reshape(shape)
-            meta = head["meta"]
-        except (ValueError, KeyError, TypeError, AttributeError) as err:  # (JSON errors are ValueErrors)
-            raise ValueError(f"{path}: not a whole array file ({err})") from err
+        for name, (dt, shape, start, count) in spans.items():
+            if own is not None and own(name):
+                a = np.empty(count, dtype=dt)
+                f.seek(start)
+                if f.readinto(a.data.cast("B")) != a.nbytes:
+                    raise ValueError(f"{path}: array {name!r} cut short")
+                out[name] = a.reshape(shape)
+            else:
+                out[name] = np.frombuffer(mm, dtype=dt, count=count, offset=start).reshape(shape)
+    return out, meta
+
+
+def layout(
+    read: Callable[[int, int], bytes], size: int, path: str | Path
+) -> tuple[dict[str, tuple[np.dtype[Any], tuple[int, ...], int, int]], Any]:
+    """Where the arrays of a file `write_arrays` wrote lie: (name -> (dtype, shape, first byte in the file,
+    element count), meta), from `read(lo, hi)` (the file's bytes lo..hi) and its `size`; for a reader that maps
+    the file its own way (`store.stages` reads Arrow IPC images kept as byte arrays). ValueError when it is not
+    such a file, or is cut short or grown (the last array ends the file)."""
+    head_at = len(MAGIC) + 8
+    if size < head_at or read(0, len(MAGIC)) != MAGIC:
+        raise ValueError(f"{path}: not an array file")
+    n = int.from_bytes(read(len(MAGIC), head_at), "little")
+    base = -(-(head_at + n) // _ALIGN) * _ALIGN
+    out: dict[str, tuple[np.dtype[Any], tuple[int, ...], int, int]] = {}
+    try:
+        head = json.loads(read(head_at, head_at + n))
+        end = base
+        for name, (dtype, shape, offset) in head["arrays"].items():
+            dt = np.dtype(dtype)
+            count = int(np.prod(shape, dtype=np.int64))
+            start = base + int(offset)
+            if start + count * dt.itemsize > size or start < base:
+                raise ValueError(f"array {name!r} out of the file")
+            out[name] = (dt, tuple(int(v) for v in shape), start, count)
+            end = max(end, start + count * dt.itemsize)
+        if end != size:
+            raise ValueError("cut short or grown")
+        meta = head["meta"]
+    except (ValueError, KeyError, TypeError, AttributeError) as err:  # (JSON errors are ValueErrors)
+        raise ValueError(f"{path}: not a whole array file ({err})") from err
     return out, meta
 
 
@@ -128,4 +147,4 @@ def text_digest(parts: Iterable[str]) -> str:
     return h.hexdigest()
 
 
-__all__ = ["MAGIC", "read_arrays", "table_digest", "text_digest", "write_arrays"]
+__all__ = ["MAGIC", "layout", "read_arrays", "table_digest", "text_digest", "write_arrays"]

@@ -2,22 +2,22 @@
 (`<entry>/stage-<STAGE_VERSION>/`), read on every cold run: `rank<r>.xevents.arrow`, the cross-rank events (an
 Arrow IPC file), and `rank<r>.stage`, the seven other tables in one file.
 
-The stage file holds its tables (`_PARTS`) as Arrow IPC file images: the 8 bytes `_MAGIC`, the length of a JSON
-header (8 bytes, little endian), the header (`{"parts": {name: [offset in the file, length]}}`), then each image
-at an offset aligned to 64 bytes. It is read memory-mapped, each table a zero-copy view of its image: two files
-to open a rank instead of eight (at 1,024 ranks 2,048 instead of 8,192; opening a file costs ~0.14 ms, reading a
-table from a mapped image ~0.02 ms). The cross-rank events stay a file of their own: the reduction reads that
-table of every rank at once, and reading a page of a mapped file maps the cached pages around it too (the page
-cache's large folios), so in a shared file the other tables' pages would count as well (at 1,024 ranks ~250 MiB
-more file pages resident while concatenating the events: the cold run's peak 864 -> 972 MiB). Each file is written atomically (`store.atomic`), the stage file last: a
-stage file that exists marks a complete stage; `STAGE_VERSION` in the folder name retires old ones.
+The stage file holds its tables (`_PARTS`) as Arrow IPC file images, each kept as a byte array in the cache's
+array file (`store.arrays`: a JSON header, then each array at an offset aligned to 64 bytes). It is read
+memory-mapped (read only: its pages can be given back, `store.pages`), each table a zero-copy view of its
+image: two files to open a rank instead of eight (at 1,024 ranks 2,048 instead of 8,192; opening a file costs
+~0.14 ms, reading a table from a mapped image ~0.02 ms). The cross-rank events stay a file of their own: the
+reduction reads that table of every rank at once, and reading a page of a mapped file maps the cached pages
+around it too (the page cache's large folios), so in a shared file the other tables' pages would count as well
+(at 1,024 ranks ~250 MiB more file pages resident while concatenating the events: the cold run's peak 864 ->
+972 MiB). Each file is written atomically (`store.atomic`), the stage file last: a stage file that exists marks
+a complete stage; `STAGE_VERSION` in the folder name retires old ones.
 
 Written by the per-rank task (`tracelens.engine.tasks`), read back by `tracelens.run.load_run`.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +29,8 @@ from tracelens import schema
 from tracelens.analyze.breakdown import BREAKDOWN, RankSets
 from tracelens.analyze.critical_nodes import NODES, SYNCS
 from tracelens.store import pages
-from tracelens.store.atomic import write_atomic, write_ipc
+from tracelens.store.arrays import layout, write_arrays
+from tracelens.store.atomic import write_ipc
 from tracelens.store.cache import read_ipc
 
 #: Bump when what a stage file holds changes: old stage files are then ignored (and rebuilt).
@@ -45,8 +46,6 @@ STORED_NODES = pa.schema(
     [f if f.name != "label" else pa.field("label", pa.dictionary(pa.int32(), pa.string())) for f in NODES]
 )
 _PARTS = ("nodes", "syncs", "spans", "breakdown", "ops", "idle", "sets")
-_MAGIC = b"TLSTAGE\n"
-_ALIGN = 64
 
 
 @dataclass
@@ -205,41 +204,11 @@ def xevents_file(events_parquet: Path, rank: int) -> Path:
     return stage_dir(events_parquet) / f"rank{rank}.xevents.arrow"
 
 
-def _ipc_image(t: pa.Table) -> pa.Buffer:
+def _ipc_image(t: pa.Table) -> np.ndarray:
     sink = pa.BufferOutputStream()
     with pa.ipc.new_file(sink, t.schema) as w:
         w.write_table(t)
-    return sink.getvalue()
-
-
-def _write_parts(dest: Path, tables: dict[str, pa.Table]) -> None:
-    images = {name: _ipc_image(tables[name]) for name in _PARTS}
-    base, header, at = 0, b"", 0
-    spec: dict[str, list[int]] = {}
-    for _ in range(4):  # (the header's length moves the parts, whose offsets are in it: a fixed point)
-        spec, at = {}, base
-        for name, img in images.items():
-            at = -(-at // _ALIGN) * _ALIGN
-            spec[name] = [at, img.size]
-            at += img.size
-        header = json.dumps({"parts": spec}).encode()
-        head_end = -(-(len(_MAGIC) + 8 + len(header)) // _ALIGN) * _ALIGN
-        if head_end == base:
-            break
-        base = head_end
-    else:
-        raise AssertionError("stage file header did not settle")
-    size = at
-
-    def write(tmp: Path) -> None:
-        with open(tmp, "wb") as f:
-            f.write(_MAGIC + len(header).to_bytes(8, "little") + header)
-            for name, img in images.items():
-                f.seek(spec[name][0])
-                f.write(memoryview(img))
-            f.truncate(size)
-
-    write_atomic(dest, write)
+    return np.frombuffer(sink.getvalue(), dtype=np.uint8)
 
 
 def read_stage_parts(path: Path, names: Iterable[str] = _PARTS) -> dict[str, pa.Table]:
@@ -249,23 +218,15 @@ def read_stage_parts(path: Path, names: Iterable[str] = _PARTS) -> dict[str, pa.
     with pa.memory_map(str(path)) as src:
         size = src.size()
         whole = src.read_buffer(size)
-    head_at = len(_MAGIC) + 8
-    if size < head_at or whole[: len(_MAGIC)].to_pybytes() != _MAGIC:
-        raise OSError(f"{path}: not a stage file")
-    n = int.from_bytes(whole[len(_MAGIC) : head_at].to_pybytes(), "little")
-    out: dict[str, pa.Table] = {}
     try:
-        spec = json.loads(whole[head_at : head_at + n].to_pybytes())["parts"]
-        if max(int(a) + int(b) for a, b in spec.values()) != size:  # (the last part ends the file)
-            raise ValueError("cut short or grown")
-        for name in names:
-            start, length = (int(v) for v in spec[name])
-            if start < head_at + n or length <= 0 or start + length > size:
-                raise ValueError(f"part {name!r} out of the file")
-            t = pa.ipc.open_file(whole.slice(start, length)).read_all()
-            out[name] = pages.track_mapping(t, whole)
-    except (ValueError, KeyError, TypeError, AttributeError) as err:  # (JSON errors are ValueErrors)
+        spans, _ = layout(lambda lo, hi: whole[lo:hi].to_pybytes(), size, path)
+        where = {name: spans[name] for name in names}
+    except (ValueError, KeyError) as err:
         raise OSError(f"{path}: not a whole stage file ({err})") from err
+    out: dict[str, pa.Table] = {}
+    for name, (_, _, start, length) in where.items():
+        t = pa.ipc.open_file(whole.slice(start, length)).read_all()
+        out[name] = pages.track_mapping(t, whole)
     return out
 
 
@@ -326,7 +287,7 @@ def write_stage(st: RankStage, events_parquet: Path) -> None:
         "idle": st.idle if st.idle is not None else IDLE.empty_table(),
         "sets": _sets_table(st),
     }
-    _write_parts(stage_file(events_parquet, st.rank), tables)
+    write_arrays(stage_file(events_parquet, st.rank), {name: _ipc_image(tables[name]) for name in _PARTS})
 
 
 def read_stage(events_parquet: Path, rank: int) -> RankStage:
