@@ -1,5 +1,5 @@
 """`python -m tracelens` runs the CLI."""
 
-from tracelens.cli import app
+from tracelens.cli import main
 
-app()
+main()

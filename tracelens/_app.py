@@ -5,8 +5,10 @@ Exit codes: 0 success, 1 regression found (`check`), 2 bad input (any TracelensE
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
+import threading
 import traceback
 
 import typer
@@ -74,3 +76,35 @@ def _main(
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks for errors."),
 ) -> None:
     """tracelens: per-rank and per-stage analysis of multi-GPU training traces."""
+
+
+def main() -> None:
+    """The `tracelens` command (console script and `python -m tracelens`): `app()`, then a fast exit.
+
+    A finished command leaves the analysis it made alive (at 1,024 ranks ~0.8 GB of tables, arrays and
+    memory-mapped files); tearing that down object by object at interpreter exit took ~0.16 s of a 5 s
+    cached run. So once the command has returned an exit code, the output streams are flushed and the
+    `atexit` callbacks run (temporary folders, logging, finalizers registered to run at exit), and the
+    process ends with `os._exit`: the kernel releases the memory at once. When a thread other than a
+    daemon one is still running, or the code is not a number, Python's normal exit is kept. Embedded use
+    (`app()` itself, tests) never takes this path."""
+    try:
+        app()
+    except SystemExit as stop:
+        code = stop.code
+        if code is not None and not isinstance(code, int):
+            raise
+        main_thread = threading.main_thread()
+        if any(t is not main_thread and not t.daemon and t.is_alive() for t in threading.enumerate()):
+            raise  # (a thread still working: Python's exit waits for it)
+        _fast_exit(code or 0)
+
+
+def _fast_exit(code: int) -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe (`tracelens ... | head`) or a closed stream
+            code = code or 1
+    atexit._run_exitfuncs()
+    os._exit(code)

@@ -7,7 +7,7 @@ here (the commands never import this module).
 
 from __future__ import annotations
 
-from tracelens._app import app
+from tracelens._app import app, main
 from tracelens.commands import analyze as _analyze  # noqa: F401
 from tracelens.commands import audit_layout as _audit_layout  # noqa: F401
 from tracelens.commands import check as _check  # noqa: F401
@@ -16,4 +16,4 @@ from tracelens.commands import ingest as _ingest  # noqa: F401
 from tracelens.commands import report as _report  # noqa: F401
 from tracelens.commands import simulate as _simulate  # noqa: F401
 
-__all__ = ["app"]
+__all__ = ["app", "main"]

@@ -26,7 +26,7 @@ except ModuleNotFoundError:  # pragma: no cover
 def test_distribution_name_is_ours_and_import_name_stays():
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     assert project["name"] == check_install_docs.DIST_NAME == "tracelens-train"
-    assert project["scripts"] == {"tracelens": "tracelens.cli:app"}
+    assert project["scripts"] == {"tracelens": "tracelens.cli:main"}
 
 
 def test_every_install_instruction_installs_this_project():
