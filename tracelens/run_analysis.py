@@ -6,9 +6,9 @@ Analyzers stay pure; this module decides what runs (given the options and what t
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
+import threading
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -89,6 +89,7 @@ class Analysis:
     run: Run  # tracelens.run.Run: metadata, files, per-rank stage results; events read lazily
     warnings: list[str] = field(default_factory=list)
     mfu_findings: list = field(default_factory=list)  # MFU_IMPOSSIBLE, set when `mfu` is computed
+    _writes: list[threading.Thread] = field(default_factory=list, init=False, repr=False)  # cache files
 
     @property
     def _xevents(self) -> pa.Table:
@@ -478,9 +479,8 @@ class Analysis:
         try:
             if g is None:
                 g = self._build_graph(cross, stage_of)
-                if g is not None and st.memo is not None and key:
-                    with contextlib.suppress(OSError):  # (a cache that cannot take it: built again next time)
-                        runs.write_graph(st.memo, key, g, cp.plan_of(g))
+                if g is not None and st.memo is not None and key:  # (written while the graph is replayed)
+                    self._writes.append(runs.write_graph_later(st.memo, key, g, cp.plan_of(g)))
             if g is None:
                 return None
             if g.dropped_instances:
@@ -819,7 +819,16 @@ class Analysis:
         """The summary.json document of this analysis (built by `tracelens.summary.build_summary`)."""
         from tracelens.summary import build_summary
 
-        return build_summary(self)
+        try:
+            return build_summary(self)
+        finally:
+            self.wait_writes()
+
+    def wait_writes(self) -> None:
+        """Wait for the cache files this analysis is writing in the background (the critical path's graph:
+        `store.runs.write_graph_later`)."""
+        while self._writes:
+            self._writes.pop().join()
 
     def forget(self, *names: str) -> None:
         """Let these computed results go (cached properties, e.g. "critical"); a later use computes them

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
+import threading
 from dataclasses import fields
 from pathlib import Path
 
@@ -204,3 +205,49 @@ def test_a_rewritten_memo_drops_its_graph_and_no_cache_keeps_none(run_dir: Path,
     b = analyze_run(run_dir, Options(no_cache=True, cache_dir=str(other)))
     assert b.summary()["critical_path"] and b.run.stages.memo is None
     assert not other.exists() or not _graphs(other)
+
+
+def test_graph_written_while_it_is_replayed(run_dir: Path, tmp_path: Path, monkeypatch):
+    """A cold analysis writes the graph in a thread of its own (`runs.write_graph_later`) while it replays
+    it; the file, waited for, holds the graph and plan as built, before the replays of the critical path and
+    the what-if (which drop the plan and keep terms of their own): the same as a graph built without a cache."""
+    cache = tmp_path / "cache"
+    gate = threading.Event()
+    write = runs._write_graph_state
+
+    def held(*args):  # (the write waits until the critical path and the what-if have replayed the graph)
+        assert gate.wait(60)
+        write(*args)
+
+    monkeypatch.setattr(runs, "_write_graph_state", held)
+    a = analyze_run(run_dir, Options(cache_dir=str(cache)))
+    crit = a.critical
+    assert crit is not None and len(a._writes) == 1 and a._writes[0].is_alive() and not _graphs(cache)
+    a.what_if(a.base_findings())  # (replays; drops the plan)
+    assert "replay_plan" not in per_object(crit.graph)
+    gate.set()
+    a.wait_writes()
+    assert not a._writes
+    (kept,) = _graphs(cache)
+    back = runs.read_graph(kept.parent, kept.stem[len("graph-") :])
+    assert back is not None
+    fresh = analyze_run(run_dir, Options(no_cache=True)).critical
+    assert fresh is not None
+    _same_graph(back, fresh.graph)
+    _same_plan(per_object(back)["replay_plan"], replay_plan(fresh.graph))
+    # summary() waits for what it started: the file is complete when it returns
+    monkeypatch.setattr(runs, "_write_graph_state", write)
+    shutil.rmtree(cache)
+    b = analyze_run(run_dir, Options(cache_dir=str(cache)))
+    assert _summary(b) == _summary(analyze_run(run_dir, Options(no_cache=True)))
+    assert not b._writes and len(_graphs(cache)) == 1
+
+
+def test_a_cache_that_cannot_take_the_graph_is_no_error(run_dir: Path, tmp_path: Path, monkeypatch):
+    def refuse(*args):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(runs, "write_arrays", refuse)
+    a = analyze_run(run_dir, Options(cache_dir=str(tmp_path / "cache")))
+    assert _summary(a) == _summary(analyze_run(run_dir, Options(no_cache=True)))
+    assert not a.warnings and not _graphs(tmp_path / "cache")
