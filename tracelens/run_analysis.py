@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import threading
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -89,7 +89,7 @@ class Analysis:
     run: Run  # tracelens.run.Run: metadata, files, per-rank stage results; events read lazily
     warnings: list[str] = field(default_factory=list)
     mfu_findings: list = field(default_factory=list)  # MFU_IMPOSSIBLE, set when `mfu` is computed
-    _writes: list[threading.Thread] = field(default_factory=list, init=False, repr=False)  # cache files
+    _writes: list[Future[None]] = field(default_factory=list, init=False, repr=False)  # cache files
 
     @property
     def _xevents(self) -> pa.Table:
@@ -826,9 +826,10 @@ class Analysis:
 
     def wait_writes(self) -> None:
         """Wait for the cache files this analysis is writing in the background (the critical path's graph:
-        `store.runs.write_graph_later`)."""
+        `store.runs.write_graph_later`). A write that failed other than for want of room or rights (OSError:
+        the graph is built again next time) is a warning, or raised in strict mode (tracelens.policy)."""
         while self._writes:
-            self._writes.pop().join()
+            self._guarded("keeping the critical path's graph in the cache", self._writes.pop(0).result)
 
     def forget(self, *names: str) -> None:
         """Let these computed results go (cached properties, e.g. "critical"); a later use computes them

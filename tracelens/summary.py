@@ -178,7 +178,9 @@ def build_summary(a: Analysis) -> dict:
     if a.options.compat == "hta":
         out["compat"] = a.hta_compat()
     # the run's warnings once every part is built: an optional part that failed on odd input (tracelens.policy)
-    # is in `a.warnings` by now, the what-if replays, the op view and the communication tables included
+    # is in `a.warnings` by now, the what-if replays, the op view and the communication tables included, and
+    # a cache file written in the background (the critical path's graph) that could not be
+    a.wait_writes()
     run["warnings"] = (
         a.run.warnings
         + a.rank_warnings()

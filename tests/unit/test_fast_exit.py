@@ -90,7 +90,11 @@ def test_fresh_process_output_and_atexit_complete(tmp_path):
     )
     out = tmp_path / "out"
     r = subprocess.run(
-        [sys.executable, "-c", code, str(GLOO), str(out)], capture_output=True, text=True, cwd=ROOT, check=False
+        [sys.executable, "-c", code, str(GLOO), str(out)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        check=False,
     )
     assert r.returncode == 0, r.stderr
     assert r.stderr.rstrip().endswith("atexit ran")
@@ -104,4 +108,3 @@ def test_fresh_process_output_and_atexit_complete(tmp_path):
         check=False,
     )
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1
-

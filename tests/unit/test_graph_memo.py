@@ -222,7 +222,7 @@ def test_graph_written_while_it_is_replayed(run_dir: Path, tmp_path: Path, monke
     monkeypatch.setattr(runs, "_write_graph_state", held)
     a = analyze_run(run_dir, Options(cache_dir=str(cache)))
     crit = a.critical
-    assert crit is not None and len(a._writes) == 1 and a._writes[0].is_alive() and not _graphs(cache)
+    assert crit is not None and len(a._writes) == 1 and not a._writes[0].done() and not _graphs(cache)
     a.what_if(a.base_findings())  # (replays; drops the plan)
     assert "replay_plan" not in per_object(crit.graph)
     gate.set()
@@ -251,3 +251,26 @@ def test_a_cache_that_cannot_take_the_graph_is_no_error(run_dir: Path, tmp_path:
     a = analyze_run(run_dir, Options(cache_dir=str(tmp_path / "cache")))
     assert _summary(a) == _summary(analyze_run(run_dir, Options(no_cache=True)))
     assert not a.warnings and not _graphs(tmp_path / "cache")
+
+
+def test_a_graph_write_that_fails_otherwise_is_a_warning(run_dir: Path, tmp_path: Path, monkeypatch):
+    """Not an OSError (a bug): one line in the run's warnings of summary.json, the analysis itself whole;
+    raised in strict mode (tracelens.policy)."""
+
+    def broken(*args):
+        raise TypeError("array 'x' holds Python objects: not storable")
+
+    monkeypatch.setattr(runs, "write_arrays", broken)
+    monkeypatch.delenv("TRACELENS_STRICT", raising=False)
+    monkeypatch.delenv("TRACELENS_DEBUG", raising=False)
+    s = analyze_run(run_dir, Options(cache_dir=str(tmp_path / "cache"))).summary()
+    plain = analyze_run(run_dir, Options(no_cache=True)).summary()
+    said = [w for w in s["run"]["warnings"] if w not in plain["run"]["warnings"]]
+    assert said == [
+        "keeping the critical path's graph in the cache skipped: TypeError: array 'x' holds Python objects: not storable"
+    ]
+    assert s["critical_path"] == plain["critical_path"] and s["what_if"] == plain["what_if"]
+    assert not _graphs(tmp_path / "cache")
+    monkeypatch.setenv("TRACELENS_STRICT", "1")
+    with pytest.raises(TypeError):
+        analyze_run(run_dir, Options(cache_dir=str(tmp_path / "cache2"))).summary()

@@ -21,6 +21,7 @@ import hashlib
 import json
 import threading
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -264,25 +265,31 @@ def write_graph(memo: Path, key: str, g: Graph, plan: ReplayPlan | None = None) 
     _write_graph_state(memo, key, arrays, meta)
 
 
-def write_graph_later(memo: Path, key: str, g: Graph, plan: ReplayPlan | None = None) -> threading.Thread:
-    """`write_graph` in a thread of its own, started here; join it before relying on the file. The graph's
-    state is taken now (`graph_state`: the arrays themselves, not copies), so later changes of what `g` holds
-    by reference (its plan dropped, its per-object memo) do not reach the file; nothing the analysis does
-    changes an array in place. The file is written while the caller replays the graph: the writes release
-    the GIL, and at 1,024 ranks they took ~0.95 s of the cold run on this process' core. A cache that
-    cannot take the graph is no error (OSError dropped, as `write_graph`'s callers do): it is built again
-    next time."""
+def write_graph_later(memo: Path, key: str, g: Graph, plan: ReplayPlan | None = None) -> Future[None]:
+    """`write_graph` in a thread of its own, started here: the future is done when the file is (its
+    exception: what went wrong other than an OSError). The graph's state is taken now (`graph_state`: the
+    arrays themselves, not copies), so later changes of what `g` holds by reference (its plan dropped, its
+    per-object memo) do not reach the file; nothing the analysis does changes an array in place. The file is
+    written while the caller replays the graph: the writes release the GIL, and at 1,024 ranks they took
+    ~0.95 s of the cold run on this process' core. A cache that cannot take the graph is no error (OSError:
+    the future's result is None, as `write_graph`'s callers drop it): it is built again next time."""
     from tracelens.analyze.graph_state import graph_state
 
     arrays, meta = graph_state(g, plan)
+    done: Future[None] = Future()
 
     def write() -> None:
-        with contextlib.suppress(OSError):
+        try:
             _write_graph_state(memo, key, arrays, meta)
+        except OSError:
+            pass
+        except BaseException as err:  # noqa: BLE001 (handed to the caller through the future)
+            done.set_exception(err)
+            return
+        done.set_result(None)
 
-    t = threading.Thread(target=write, name="tracelens-graph-write")
-    t.start()
-    return t
+    threading.Thread(target=write, name="tracelens-graph-write").start()
+    return done
 
 
 def _write_graph_state(memo: Path, key: str, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> None:
