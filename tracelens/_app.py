@@ -86,7 +86,8 @@ def main() -> None:
     cached run. So once the command has returned an exit code, the output streams are flushed and the
     `atexit` callbacks run (temporary folders, logging, finalizers registered to run at exit), and the
     process ends with `os._exit`: the kernel releases the memory at once. When a thread other than a
-    daemon one is still running, or the code is not a number, Python's normal exit is kept. Embedded use
+    daemon one is still running, a profiler or tracer is attached, or the code is not a number, Python's
+    normal exit is kept. Embedded use
     (`app()` itself, tests) never takes this path."""
     try:
         app()
@@ -97,7 +98,18 @@ def main() -> None:
         main_thread = threading.main_thread()
         if any(t is not main_thread and not t.daemon and t.is_alive() for t in threading.enumerate()):
             raise  # (a thread still working: Python's exit waits for it)
+        if _observed():
+            raise  # (a profiler or tracer that reports after the program: `python -m cProfile -o ...`)
         _fast_exit(code or 0)
+
+
+def _observed() -> bool:
+    """A profiler or tracer is attached (sys.setprofile / settrace, or a sys.monitoring tool on Python
+    3.12+, as cProfile and coverage use there): it may write its results after the program returns."""
+    if sys.getprofile() is not None or sys.gettrace() is not None:
+        return True
+    mon = getattr(sys, "monitoring", None)
+    return mon is not None and any(mon.get_tool(i) is not None for i in range(6))
 
 
 def _fast_exit(code: int) -> None:

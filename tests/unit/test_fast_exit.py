@@ -108,3 +108,17 @@ def test_fresh_process_output_and_atexit_complete(tmp_path):
         check=False,
     )
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1
+
+
+def test_a_profiler_keeps_the_normal_exit(tmp_path):
+    """`python -m cProfile -o F -m tracelens ...` writes F after the command returns: no fast exit then."""
+    prof = tmp_path / "out.prof"
+    r = subprocess.run(
+        [sys.executable, "-m", "cProfile", "-o", str(prof), "-m", "tracelens", "--version"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        check=False,
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("tracelens ") and prof.stat().st_size > 0
