@@ -819,10 +819,7 @@ class Analysis:
         """The summary.json document of this analysis (built by `tracelens.summary.build_summary`)."""
         from tracelens.summary import build_summary
 
-        try:
-            return build_summary(self)
-        finally:
-            self.wait_writes()
+        return build_summary(self)  # (it waits for the background writes, before it collects the warnings)
 
     def wait_writes(self) -> None:
         """Wait for the cache files this analysis is writing in the background (the critical path's graph:
