@@ -58,3 +58,27 @@ def sample_cp():
     from tracelens.run_analysis import Options, analyze_run
 
     return analyze_run(_STRAGGLER_SAMPLE, Options(no_cache=True)).critical
+
+
+@pytest.fixture(params=["native", "python"])
+def decoder(request, monkeypatch):
+    """Both chunk decoders of tracelens.ingest.kineto, one per test run: the compiled one (`native`; skipped
+    where the extension is not built) and msgspec's (`python`). Modules of reader tests opt in with
+    `pytestmark = pytest.mark.usefixtures("decoder")`."""
+    from tracelens.ingest.kineto import native
+
+    if request.param == "native":
+        if native._native is None:
+            pytest.skip("the compiled decoder is not built (no C compiler at install time)")
+        monkeypatch.setattr(native, "AVAILABLE", True)
+    else:
+        monkeypatch.setattr(native, "AVAILABLE", False)
+    return request.param
+
+
+@pytest.fixture
+def python_decoder(monkeypatch):
+    """msgspec's decoders only (tests of their internals: lean args, views of the buffer)."""
+    from tracelens.ingest.kineto import native
+
+    monkeypatch.setattr(native, "AVAILABLE", False)

@@ -20,6 +20,8 @@ from broken_traces import REPO, cli
 from tracelens.errors import BadTraceError
 from tracelens.ingest import kineto
 
+pytestmark = pytest.mark.usefixtures("decoder")  # each test on both chunk decoders (tests/conftest.py)
+
 SAMPLE = next((REPO / "sample_traces" / "h200-qwen35-block-seq4k").glob("*.json.gz"))
 _EVENT = re.compile(rb'\{\s*"ph": "X", "cat": "kernel", "name": "')
 

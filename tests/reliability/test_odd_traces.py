@@ -12,6 +12,8 @@ from broken_traces import BASE_NS, kineto_doc, step_events, write, x
 from tracelens.ingest import kineto
 from tracelens.run_analysis import Options, analyze_run
 
+pytestmark = pytest.mark.usefixtures("decoder")  # each test on both chunk decoders (tests/conftest.py)
+
 
 def _summary(tmp_path, events, **top) -> dict:
     p = write(tmp_path / "rank0.json", kineto_doc(0, 1, events, **top))

@@ -31,6 +31,8 @@ from tracelens.errors import BadTraceError
 from tracelens.ingest import flight_recorder, kineto, nccl_log, nccl_plugin
 from tracelens.run_analysis import Options, analyze_run
 
+pytestmark = pytest.mark.usefixtures("decoder")  # each test on both chunk decoders (tests/conftest.py)
+
 REAL = HTA / "negative_queue_length_values_check" / "rank0.json.gz"
 
 

@@ -10,8 +10,10 @@ PKG = Path(__file__).resolve().parents[2] / "tracelens"
 
 
 def _modules(root: Path) -> dict[str, Path]:
+    """Module name -> its file: the Python modules, and the compiled ones by their stubs (a `.pyi` without a
+    `.py`: `ingest/kineto/_native`), which import nothing of the package."""
     out = {}
-    for f in root.rglob("*.py"):
+    for f in [*root.rglob("*.py"), *(p for p in root.rglob("*.pyi") if not p.with_suffix(".py").exists())]:
         parts = list(f.relative_to(root.parent).with_suffix("").parts)
         if parts[-1] == "__init__":
             parts = parts[:-1]

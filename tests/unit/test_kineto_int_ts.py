@@ -8,6 +8,8 @@ import pytest
 
 from tracelens.ingest import kineto
 
+pytestmark = pytest.mark.usefixtures("decoder")  # each test on both chunk decoders (tests/conftest.py)
+
 
 def _ev(i: int, ts: str, dur: str) -> dict:
     return kt.x("cpu_op", f"op{i}", ts, dur)

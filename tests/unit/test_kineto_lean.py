@@ -11,6 +11,8 @@ import pytest
 from tracelens.ingest import kineto
 from tracelens.ingest.kineto import decode
 
+pytestmark = pytest.mark.usefixtures("python_decoder")  # msgspec's lean args: the Python decoders' own
+
 
 def _trace(n: int, coll_at: set[int], fractional: bool) -> list:
     """n launch + kernel pairs; at the indices in coll_at the kernel is an NCCL collective with its args."""

@@ -18,6 +18,8 @@ from tracelens.errors import BadTraceError
 from tracelens.ingest import kineto
 from tracelens.ingest.kineto import columns, decode, reader, scan, split, stream
 
+pytestmark = pytest.mark.usefixtures("decoder")  # each test on both chunk decoders (tests/conftest.py)
+
 
 def _events(n: int, fractional: bool) -> list:
     """n steps of a CPU op, a launch and its kernel, a collective kernel, a memory event and flow events;

@@ -18,6 +18,7 @@ from tracelens.errors import BadTraceError
 from tracelens.ingest import salvage as _salv
 from tracelens.ingest.kineto.columns import _Chunk, _columns, _NeedFullArgs
 from tracelens.ingest.kineto.decode import _META_KEYS, COLL_KEY, _decode_events, _decode_top, _Hint
+from tracelens.ingest.kineto.native import scan as _native_scan
 from tracelens.ingest.kineto.stream import (
     _TE_KEY,
     _WS,
@@ -193,6 +194,10 @@ def _scan_blocks(
             chunks.append(_columns(top.traceEvents))
         return _Scan(meta, chunks, total, total, False)
     # Last piece: the remaining events, the `]` closing the array and the top-level keys after it.
+    last = _native_last(buf, meta)
+    if last is not None:
+        chunks.append(last)
+        return _Scan(meta, chunks, total, total, False, damage=dmg)
     while True:
         tail = b"".join((b'{"traceEvents":', buf))  # (one copy)
         try:
@@ -357,6 +362,9 @@ def _decode_in_place(
         part: bytes | memoryview = memoryview(buf)[: end + 1] if view else bytes(memoryview(buf)[: end + 1])
         if not view:
             buf[end] = saved
+        got = _native_scan(part)  # the compiled decoder, when built: None leaves the chunk to msgspec
+        if got is not None and got[1] == end + 1:
+            return got[0]
         # a chunk naming a collective (one search, ~0.1 ms per MiB) needs the full args: decoded so at once
         lean_ok = hint is None or not hint.lean or buf.find(COLL_KEY, 0, end) < 0
         try:
@@ -398,6 +406,26 @@ def _salvage_tail(buf: bytearray, hi: int) -> tuple[list, int] | None:
         except msgspec.DecodeError:
             end = buf.rfind(b"}", 0, end)
     return None
+
+
+def _native_last(buf: bytearray, meta: dict) -> _Chunk | None:
+    """The last piece (buf[0] == "[": the remaining events, the array's `]`, the top-level keys after it)
+    by the compiled decoder: its events' columns, the keys merged into `meta`; None when the decoder is off
+    or leaves the events to msgspec, or when the text after the array is not a whole JSON object's end (the
+    caller decodes the piece as before, with its salvage). An empty array is left to the caller too (it
+    tells an empty trace apart)."""
+    got = _native_scan(buf)
+    if got is None:
+        return None
+    chunk, stop = got
+    if stop < 64 and not bytes(buf[1 : stop - 1]).strip():
+        return None
+    try:
+        top = _decode_top(b"".join((b'{"traceEvents":[', memoryview(buf)[stop - 1 :])))
+    except msgspec.DecodeError:
+        return None
+    _merge_meta(meta, top)
+    return chunk
 
 
 def _merge_meta(meta: dict, top: Any) -> None:

@@ -1,0 +1,164 @@
+"""The compiled chunk decoder (`_native.c`): one chunk of `traceEvents` -> its columns (`_Chunk`) without a
+Python object per event, or None when the chunk needs the Python decoders (decode.py, columns.py).
+
+The C code reads the text once: the complete events' cat and name (distinct strings, codes a row), pid, tid,
+exact ns timestamps, the five integer args, whether a collective is named and where each row's args object
+is; and the `[memory]` instants. Whatever it does not take as is (a string id, a float where an int belongs,
+an exponent in a timestamp, an escaped key, a JSON error) makes it return None, and the chunk goes through
+msgspec as before: the columns are the same whichever path made them. The few rows that carry a collective
+(or are a communication cpu op) have their args decoded by msgspec from the text, with the structs and rules
+of the Python path.
+
+Off when the extension was not built (no C compiler at install time) or `TRACELENS_NATIVE=0`.
+
+Part of tracelens.ingest.kineto (see its docstring).
+"""
+
+from __future__ import annotations
+
+import os
+from operator import attrgetter
+from typing import Any
+
+import msgspec
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from tracelens.ingest.kineto.columns import (
+    _COLL_FIELDS,
+    _IS_GPU,
+    _OTHER,
+    _Chunk,
+    _coerce_int,
+    _columns,
+    _comm_op_rows,
+    _kind_codes_from,
+    _sizes_from_shapes,
+)
+from tracelens.ingest.kineto.decode import _EMPTY_ARGS, _Args
+
+try:
+    from tracelens.ingest.kineto import _native
+except ImportError:  # not compiled: the Python decoders do all the work
+    _native = None  # type: ignore[assignment]
+
+#: Whether the compiled decoder is built and not turned off (`TRACELENS_NATIVE=0`).
+AVAILABLE = _native is not None and os.environ.get("TRACELENS_NATIVE", "1") != "0"
+
+_DEC_ARGS = msgspec.json.Decoder(_Args)
+#: Complete events' int64 columns in the C result (`ints`), the first nine with a validity row (`valid`).
+_PID, _TID, _TS, _DUR, _EXT, _SEQNR, _DEVICE, _STREAM, _CORR, _ALO, _AHI = range(11)
+_NVALID = 9
+
+
+def scan(part: bytes | bytearray | memoryview) -> tuple[_Chunk, int] | None:
+    """The columns of the JSON array of events at the start of `part`, and the offset just after the array's
+    closing `]`; None when the compiled decoder is off or leaves this chunk to the Python decoders."""
+    if not AVAILABLE:
+        return None
+    r = _native.scan(part)
+    if r is None:
+        return None
+    n, cats, cat_idx, names, name_idx, ints, valid, coll_flag, m, mints, mvalid, stop, strs = r
+    iv = np.frombuffer(ints, dtype=np.int64).reshape(11, n)
+    ok = np.frombuffer(valid, dtype=np.uint8).reshape(_NVALID, n)
+    ints_of = _Ints(strs)
+    if n == 0:  # no complete event (a chunk of memory samples, of metadata events): the Python path's columns
+        empty = _columns([])
+        empty.mem = _memory(m, mints, mvalid, ints_of) if m else None
+        return empty, stop
+    ci = np.frombuffer(cat_idx, dtype=np.int32)
+    lut = np.append(_kind_codes_from(cats), np.int8(_OTHER)) if cats else np.array([_OTHER], dtype=np.int8)
+    kind = lut[ci]  # (code -1, no category: the last entry, "other")
+    ni = np.frombuffer(name_idx, dtype=np.int32)
+    codes = pa.array(ni) if (ni >= 0).all() else pa.array(ni, mask=ni < 0)
+    name = pa.DictionaryArray.from_arrays(codes, pa.array(names, type=pa.string()))
+    coll_rows = np.zeros(0, dtype=np.int64)
+    coll: dict[str, list[Any]] = {}
+    comm_op = _comm_op_rows(name)
+    has_coll = np.frombuffer(coll_flag, dtype=np.bool_)
+    if comm_op is not None or has_coll.any():
+        if comm_op is not None:
+            has_coll = has_coll | comm_op
+        coll_rows = np.flatnonzero(has_coll)
+        try:
+            sub = [
+                _DEC_ARGS.decode(part[lo:hi]) if lo >= 0 else _EMPTY_ARGS
+                for lo, hi in zip(iv[_ALO][coll_rows].tolist(), iv[_AHI][coll_rows].tolist())
+            ]
+        except msgspec.ValidationError:  # (a Process Group Ranks list that is not of ints...)
+            return None
+        for f in _COLL_FIELDS:
+            coll[f] = list(map(attrgetter(f), sub))
+        if comm_op is not None:
+            _sizes_from_shapes(coll, sub, name.take(pa.array(coll_rows)).to_pylist())
+    gpu = _IS_GPU[kind]
+    chunk = _Chunk(
+        n=n,
+        kind=kind,
+        name=name,
+        pid=ints_of(iv[_PID], ok[_PID]),
+        tid=ints_of(iv[_TID], ok[_TID]),
+        device=ints_of(iv[_DEVICE], ok[_DEVICE], pa.int32(), gpu),
+        stream=ints_of(iv[_STREAM], ok[_STREAM], pa.int32()),
+        ts=iv[_TS].copy(),
+        ts_valid=ok[_TS] == 1,
+        dur=iv[_DUR].copy(),
+        dur_valid=ok[_DUR] == 1,
+        correlation=ints_of(iv[_CORR], ok[_CORR]),
+        external_id=ints_of(iv[_EXT], ok[_EXT]),
+        sequence_nr=ints_of(iv[_SEQNR], ok[_SEQNR]),
+        coll_rows=coll_rows,
+        coll=coll,
+        mem=_memory(m, mints, mvalid, ints_of) if m else None,
+    )
+    return chunk, stop
+
+
+class _Ints:
+    """Integer columns from the C result: values with a validity byte (0 null, 1 an int, 2 the index of a
+    string in `strs`, coerced as the Python path coerces any value: columns._coerce_int)."""
+
+    def __init__(self, strs: list[str]) -> None:
+        coerced = [_coerce_int(s) for s in strs]
+        self.values = np.array([0 if v is None else v for v in coerced], dtype=np.int64)
+        self.valid = np.array([v is not None for v in coerced], dtype=np.bool_)
+
+    def __call__(
+        self,
+        values: np.ndarray,
+        ok: np.ndarray,
+        type_: pa.DataType | None = None,
+        keep: np.ndarray | None = None,
+    ) -> pa.Array:
+        """The Arrow array of one column, null where not valid (or not `keep`), cast to `type_` as the Python
+        path casts (int32 columns wrap: `safe=False`)."""
+        valid = ok == 1
+        is_str = ok == 2
+        if self.values.size and is_str.any():
+            at = values[is_str]
+            values = values.copy()
+            values[is_str] = self.values[at]
+            valid[is_str] = self.valid[at]
+        if keep is not None:
+            valid &= keep
+        arr = pa.array(values) if valid.all() else pa.array(values, mask=~valid)
+        return arr if type_ is None or type_ == arr.type else pc.cast(arr, type_, safe=False)
+
+
+def _memory(m: int, mints: bytes, mvalid: bytes, ints_of: _Ints) -> dict[str, Any]:
+    """The `[memory]` instants' columns, as columns._memory_columns makes them."""
+    iv = np.frombuffer(mints, dtype=np.int64).reshape(5, m)
+    ok = np.frombuffer(mvalid, dtype=np.uint8).reshape(5, m)
+    return {
+        "ts": iv[0].copy(),
+        "valid": ok[0] == 1,
+        "device": ints_of(iv[1], ok[1], pa.int32()),
+        "bytes": ints_of(iv[2], ok[2]),
+        "total_allocated": ints_of(iv[3], ok[3]),
+        "total_reserved": ints_of(iv[4], ok[4]),
+    }
+
+
+__all__ = ["AVAILABLE", "scan"]
