@@ -13,7 +13,7 @@ setup(
             "tracelens.ingest.kineto._native",
             ["tracelens/ingest/kineto/_native.c"],
             optional=True,
-            extra_compile_args=["-O2"],
+            extra_compile_args=["-O3"],
         )
     ]
 )

@@ -291,9 +291,10 @@ static int args_key(const u8 *a, size_t n) {
     return -1;
 }
 
-/* An object of keys at c->p: the values of the known keys (kf: key text -> slot) into vals[], the others
- * skipped. A known key's second occurrence sets that slot's dup. FAIL on JSON errors or an escaped key. */
-static int scan_object(Cur *c, Val *vals, int (*kf)(const u8 *, size_t)) {
+/* An object of keys at c->p: the values of the known keys (kf: key text -> slot) into vals[], each slot's bit
+ * set in *seen (a slot without its bit holds nothing: see SLOT), the others skipped. A known key's second
+ * occurrence sets that slot's dup. FAIL on JSON errors or an escaped key. */
+static int scan_object(Cur *c, Val *vals, int (*kf)(const u8 *, size_t), uint32_t *seen) {
     if (++c->depth > MAX_DEPTH) return FAIL;
     c->p++;
     ws(c);
@@ -312,9 +313,10 @@ static int scan_object(Cur *c, Val *vals, int (*kf)(const u8 *, size_t)) {
         int k = (key.sflags & S_ESC) ? -2 : kf(key.a, (size_t)(key.b - key.a));
         if (k == -2) return FAIL; /* an escaped key may spell a known one */
         if (k >= 0) {
-            int dup = vals[k].type != T_ABSENT;
+            int dup = (*seen >> k) & 1;
             if (skip_value(c, &vals[k])) return FAIL;
             vals[k].dup = dup;
+            *seen |= 1u << k;
         } else if (skip_value(c, &tmp)) {
             return FAIL;
         }
@@ -333,6 +335,10 @@ static int scan_object(Cur *c, Val *vals, int (*kf)(const u8 *, size_t)) {
         return FAIL;
     }
 }
+
+static const Val ABSENT = {T_ABSENT, NULL, NULL, 0, 0};
+/* Slot k of vals whose keys scan_object marked in seen: the value, or ABSENT. */
+#define SLOT(vals, seen, k) (((seen) >> (k)) & 1 ? &(vals)[k] : &ABSENT)
 
 /* ------------------------------------------------------------------------------------- conversions */
 /* A JSON integer of at most 18 digits -> *out (an int64 without overflow). */
@@ -560,18 +566,64 @@ static inline int scalar_ok(const Val *v) {
     return !v->dup && v->type != T_OBJ && v->type != T_ARR;
 }
 
+/* A collective key's value as the Python object msgspec makes of it (`int | float | str | bool | None`): a
+ * new reference; NULL with *bail set for a value left to the Python path, NULL alone on a Python error. */
+static PyObject *py_scalar(const Val *v, int *bail) {
+    switch (v->type) {
+    case T_ABSENT:
+    case T_NULL: Py_RETURN_NONE;
+    case T_TRUE: Py_RETURN_TRUE;
+    case T_FALSE: Py_RETURN_FALSE;
+    case T_INT: {
+        int64_t x;
+        if (int_of(v, &x)) break;
+        return PyLong_FromLongLong((long long)x);
+    }
+    case T_FRAC:
+    case T_EXP: {
+        char tmp[64];
+        size_t n = (size_t)(v->b - v->a);
+        if (n >= sizeof tmp) break;
+        memcpy(tmp, v->a, n);
+        tmp[n] = 0;
+        char *end = NULL;
+        double d = PyOS_string_to_double(tmp, &end, NULL);
+        if (d == -1.0 && PyErr_Occurred()) return NULL;
+        if (end != tmp + n || d > 1.7976931348623157e308 || d < -1.7976931348623157e308) break;
+        return PyFloat_FromDouble(d);
+    }
+    case T_STR:
+        if (v->sflags & S_ESC) break;
+        if (v->sflags & S_NONASCII) {
+            PyObject *o = PyUnicode_DecodeUTF8((const char *)v->a, (Py_ssize_t)(v->b - v->a), "strict");
+            if (!o && PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
+                PyErr_Clear();
+                break;
+            }
+            return o;
+        }
+        return PyUnicode_FromStringAndSize((const char *)v->a, (Py_ssize_t)(v->b - v->a));
+    }
+    *bail = 1;
+    return NULL;
+}
+
+#define NCOLL (A_DST - A_COLL + 1) /* columns._COLL_FIELDS, in its order */
+
 PyDoc_STRVAR(scan_doc,
 "scan(chunk) -> tuple | None\n\n"
 "The columns of one chunk of traceEvents (a buffer holding a JSON array of events), or None when the\n"
 "chunk needs the Python decoders. The tuple: (n, cats, cat_idx, names, name_idx, ints, valid, coll, m,\n"
-"mem_ints, mem_valid, stop, strs): n complete events; cats / names the distinct strings (first appearance order) and\n"
+"mem_ints, mem_valid, stop, strs, crow, cvals): n complete events; cats / names the distinct strings (first appearance order) and\n"
 "cat_idx / name_idx their int32 codes a row (-1: null); ints the int64 columns pid, tid, ts (ns), dur (ns),\n"
 "External id, Sequence number, device, stream, correlation, args start, args end (11 x n, column after\n"
 "column; args start -1 without args); valid the uint8 validity of the first nine (9 x n); coll a uint8 a\n"
 "row, 1 where `Collective name` is not null; m [memory] events with mem_ints ts (ns), Device Id, Bytes,\n"
 "Total Allocated, Total Reserved (5 x m) and mem_valid (5 x m); stop, the offset just after the array's\n"
 "closing bracket (what follows is not read); strs, the strings found where an integer belongs: a validity\n"
-"byte 2 marks a value that is an index into strs. Offsets are into the buffer.");
+"byte 2 marks a value that is an index into strs; crow, the rows (int64) whose args hold a collective's\n"
+"keys, and a tuple of one list a key (columns._COLL_FIELDS' order) of their values as msgspec decodes\n"
+"them. Offsets are into the buffer.");
 
 static PyObject *scan(PyObject *self, PyObject *arg) {
     (void)self;
@@ -584,12 +636,16 @@ static PyObject *scan(PyObject *self, PyObject *arg) {
     Col ic[NI64], vc[NVALID], coll, cat_idx, name_idx, mc[NMEM], mv[NMEM];
     Intern cats = {0}, names = {0};
     Ctx cx = {{0}, 0};
+    PyObject *cl[NCOLL] = {NULL};
+    Col crow;
     int ok_cols = 1;
     for (int i = 0; i < NI64; i++) ok_cols &= !col_init(&ic[i], 8, est);
     for (int i = 0; i < NVALID; i++) ok_cols &= !col_init(&vc[i], 1, est);
     ok_cols &= !col_init(&coll, 1, est);
     ok_cols &= !col_init(&cat_idx, 4, est);
     ok_cols &= !col_init(&name_idx, 4, est);
+    ok_cols &= !col_init(&crow, 8, 64);
+    for (int i = 0; i < NCOLL; i++) ok_cols &= (cl[i] = PyList_New(0)) != NULL;
     for (int i = 0; i < NMEM; i++) {
         ok_cols &= !col_init(&mc[i], 8, 16);
         ok_cols &= !col_init(&mv[i], 1, 16);
@@ -606,20 +662,21 @@ static PyObject *scan(PyObject *self, PyObject *arg) {
     }
     for (;;) {
         Val ev[NKEYS], ar[NARGS];
-        memset(ev, 0, sizeof ev);
+        uint32_t evs = 0, ars = 0;
+#define EV(k) SLOT(ev, evs, k)
+#define AR(k) SLOT(ar, ars, k)
         if (c.p >= c.e || *c.p != '{') goto bail;
-        if (scan_object(&c, ev, event_key)) goto bail;
-        const Val *ph = &ev[K_PH];
+        if (scan_object(&c, ev, event_key, &evs)) goto bail;
+        const Val *ph = EV(K_PH);
         if (ph->type != T_STR || ph->dup || ph->sflags || ph->b - ph->a != 1) goto bail;
         u8 phc = *ph->a;
         if (phc == 'X') {
-            if (ev[K_CAT].dup || ev[K_NAME].dup || ev[K_ARGS].dup) goto bail;
-            memset(ar, 0, sizeof ar);
-            const Val *av = &ev[K_ARGS];
+            if (EV(K_CAT)->dup || EV(K_NAME)->dup || EV(K_ARGS)->dup) goto bail;
+            const Val *av = EV(K_ARGS);
             int64_t alo = -1, ahi = -1;
             if (av->type == T_OBJ) {
                 Cur ac = {av->a, av->b, base, 0};
-                if (scan_object(&ac, ar, args_key)) goto bail;
+                if (scan_object(&ac, ar, args_key, &ars)) goto bail;
                 alo = av->a - base;
                 ahi = av->b - base;
             } else if (av->type != T_ABSENT) {
@@ -627,20 +684,20 @@ static PyObject *scan(PyObject *self, PyObject *arg) {
             }
             int64_t x[NVALID];
             u8 ok[NVALID];
-            if (int_field(&cx, &ev[K_PID], &x[C_PID], &ok[C_PID]) || int_field(&cx, &ev[K_TID], &x[C_TID], &ok[C_TID]) ||
-                ns_field(&ev[K_TS], &x[C_TS], &ok[C_TS]) || ns_field(&ev[K_DUR], &x[C_DUR], &ok[C_DUR]) ||
-                int_field(&cx, &ar[A_EXT], &x[C_EXT], &ok[C_EXT]) ||
-                int_field(&cx, &ar[A_SEQNR], &x[C_SEQNR], &ok[C_SEQNR]) ||
-                int_field(&cx, &ar[A_DEVICE], &x[C_DEVICE], &ok[C_DEVICE]) ||
-                int_field(&cx, &ar[A_STREAM], &x[C_STREAM], &ok[C_STREAM]) ||
-                int_field(&cx, &ar[A_CORR], &x[C_CORR], &ok[C_CORR]))
+            if (int_field(&cx, EV(K_PID), &x[C_PID], &ok[C_PID]) || int_field(&cx, EV(K_TID), &x[C_TID], &ok[C_TID]) ||
+                ns_field(EV(K_TS), &x[C_TS], &ok[C_TS]) || ns_field(EV(K_DUR), &x[C_DUR], &ok[C_DUR]) ||
+                int_field(&cx, AR(A_EXT), &x[C_EXT], &ok[C_EXT]) ||
+                int_field(&cx, AR(A_SEQNR), &x[C_SEQNR], &ok[C_SEQNR]) ||
+                int_field(&cx, AR(A_DEVICE), &x[C_DEVICE], &ok[C_DEVICE]) ||
+                int_field(&cx, AR(A_STREAM), &x[C_STREAM], &ok[C_STREAM]) ||
+                int_field(&cx, AR(A_CORR), &x[C_CORR], &ok[C_CORR]))
                 goto bail;
             for (int k = A_COLL; k <= A_DST; k++)
-                if (!scalar_ok(&ar[k])) goto bail;
+                if (!scalar_ok(AR(k))) goto bail;
             /* Process Group Ranks may also be a list of ints (msgspec checks it): left to the Python path */
-            if (ar[A_DIMS].dup || ar[A_ITYPE].dup) goto bail;
+            if (AR(A_DIMS)->dup || AR(A_ITYPE)->dup) goto bail;
             int32_t ci = -1, ni = -1;
-            const Val *cv = &ev[K_CAT], *nv = &ev[K_NAME];
+            const Val *cv = EV(K_CAT), *nv = EV(K_NAME);
             if (cv->type == T_STR) {
                 if (cv->sflags & S_ESC) goto bail;
                 ci = intern(&cats, cv);
@@ -663,26 +720,43 @@ static PyObject *scan(PyObject *self, PyObject *arg) {
             }
             COL_PUSH(&ic[C_ALO], int64_t, alo);
             COL_PUSH(&ic[C_AHI], int64_t, ahi);
-            COL_PUSH(&coll, u8, (u8)(ar[A_COLL].type != T_ABSENT && ar[A_COLL].type != T_NULL));
+            COL_PUSH(&coll, u8, (u8)(AR(A_COLL)->type != T_ABSENT && AR(A_COLL)->type != T_NULL));
+            {
+                int carrier = 0; /* a row with a collective's keys: their values, as msgspec makes them */
+                for (int k = A_COLL; k <= A_DST; k++) carrier |= AR(k)->type != T_ABSENT;
+                if (carrier) {
+                    COL_PUSH(&crow, int64_t, (int64_t)(ic[0].n - 1));
+                    for (int k = 0; k < NCOLL; k++) {
+                        int bail = 0;
+                        PyObject *o = py_scalar(AR(A_COLL + k), &bail);
+                        if (!o) {
+                            if (bail) goto bail;
+                            goto error;
+                        }
+                        int rc = PyList_Append(cl[k], o);
+                        Py_DECREF(o);
+                        if (rc) goto error;
+                    }
+                }
+            }
             COL_PUSH(&cat_idx, int32_t, ci);
             COL_PUSH(&name_idx, int32_t, ni);
         } else if (phc == 'i' || phc == 'I') {
-            const Val *nv = &ev[K_NAME], *av = &ev[K_ARGS];
+            const Val *nv = EV(K_NAME), *av = EV(K_ARGS);
             if (nv->dup || av->dup) goto bail;
             if (nv->type != T_STR && nv->type != T_ABSENT && nv->type != T_NULL) goto bail;
-            memset(ar, 0, sizeof ar);
             if (av->type == T_OBJ) {
                 Cur ac = {av->a, av->b, base, 0};
-                if (scan_object(&ac, ar, args_key)) goto bail;
+                if (scan_object(&ac, ar, args_key, &ars)) goto bail;
             } else if (av->type != T_ABSENT) {
                 goto bail;
             }
             int64_t x[NMEM];
             u8 ok[NMEM];
-            if (ns_field(&ev[K_TS], &x[M_TS], &ok[M_TS]) || int_field(&cx, &ar[A_MDEV], &x[M_DEV], &ok[M_DEV]) ||
-                int_field(&cx, &ar[A_MBYTES], &x[M_BYTES], &ok[M_BYTES]) ||
-                int_field(&cx, &ar[A_MALLOC], &x[M_ALLOC], &ok[M_ALLOC]) ||
-                int_field(&cx, &ar[A_MRES], &x[M_RES], &ok[M_RES]))
+            if (ns_field(EV(K_TS), &x[M_TS], &ok[M_TS]) || int_field(&cx, AR(A_MDEV), &x[M_DEV], &ok[M_DEV]) ||
+                int_field(&cx, AR(A_MBYTES), &x[M_BYTES], &ok[M_BYTES]) ||
+                int_field(&cx, AR(A_MALLOC), &x[M_ALLOC], &ok[M_ALLOC]) ||
+                int_field(&cx, AR(A_MRES), &x[M_RES], &ok[M_RES]))
                 goto bail;
             if (nv->type == T_STR) {
                 if (nv->sflags & S_ESC) goto bail; /* "[memory]" is never escaped: the Python path decides */
@@ -727,9 +801,19 @@ end:
             for (int k = 0; k < NMEM; k++) memcpy(d + (size_t)k * m * 8, mc[k].d, m * 8);
             d = PyBytes_AS_STRING(mvalid);
             for (int k = 0; k < NMEM; k++) memcpy(d + (size_t)k * m, mv[k].d, m);
-            result = Py_BuildValue("(nOOOOOOOnOOnO)", (Py_ssize_t)n, cats.list, cib, names.list, nib, ints,
-                                   valid, collb, (Py_ssize_t)m, mints, mvalid, (Py_ssize_t)(c.p - base),
-                                   cx.strs.list);
+            PyObject *crowb = col_bytes(&crow);
+            PyObject *cvals = PyTuple_New(NCOLL);
+            if (crowb && cvals) {
+                for (int k = 0; k < NCOLL; k++) {
+                    Py_INCREF(cl[k]);
+                    PyTuple_SET_ITEM(cvals, k, cl[k]);
+                }
+                result = Py_BuildValue("(nOOOOOOOnOOnOOO)", (Py_ssize_t)n, cats.list, cib, names.list, nib, ints,
+                                       valid, collb, (Py_ssize_t)m, mints, mvalid, (Py_ssize_t)(c.p - base),
+                                       cx.strs.list, crowb, cvals);
+            }
+            Py_XDECREF(crowb);
+            Py_XDECREF(cvals);
         }
         Py_XDECREF(ints);
         Py_XDECREF(valid);
@@ -762,6 +846,8 @@ done:
     intern_free(&cats);
     intern_free(&names);
     intern_free(&cx.strs);
+    col_free(&crow);
+    for (int i = 0; i < NCOLL; i++) Py_XDECREF(cl[i]);
     PyBuffer_Release(&view);
     return result;
 }

@@ -17,7 +17,6 @@ Part of tracelens.ingest.kineto (see its docstring).
 from __future__ import annotations
 
 import os
-from operator import attrgetter
 from typing import Any
 
 import msgspec
@@ -60,7 +59,7 @@ def scan(part: bytes | bytearray | memoryview) -> tuple[_Chunk, int] | None:
     r = _native.scan(part)
     if r is None:
         return None
-    n, cats, cat_idx, names, name_idx, ints, valid, coll_flag, m, mints, mvalid, stop, strs = r
+    n, cats, cat_idx, names, name_idx, ints, valid, coll_flag, m, mints, mvalid, stop, strs, crow, cvals = r
     iv = np.frombuffer(ints, dtype=np.int64).reshape(11, n)
     ok = np.frombuffer(valid, dtype=np.uint8).reshape(_NVALID, n)
     ints_of = _Ints(strs)
@@ -82,17 +81,10 @@ def scan(part: bytes | bytearray | memoryview) -> tuple[_Chunk, int] | None:
         if comm_op is not None:
             has_coll = has_coll | comm_op
         coll_rows = np.flatnonzero(has_coll)
-        try:
-            sub = [
-                _DEC_ARGS.decode(part[lo:hi]) if lo >= 0 else _EMPTY_ARGS
-                for lo, hi in zip(iv[_ALO][coll_rows].tolist(), iv[_AHI][coll_rows].tolist())
-            ]
-        except msgspec.ValidationError:  # (a Process Group Ranks list that is not of ints...)
+        got = _collectives(part, iv, coll_rows, np.frombuffer(crow, dtype=np.int64), cvals, name, comm_op)
+        if got is None:
             return None
-        for f in _COLL_FIELDS:
-            coll[f] = list(map(attrgetter(f), sub))
-        if comm_op is not None:
-            _sizes_from_shapes(coll, sub, name.take(pa.array(coll_rows)).to_pylist())
+        coll = got
     gpu = _IS_GPU[kind]
     chunk = _Chunk(
         n=n,
@@ -114,6 +106,54 @@ def scan(part: bytes | bytearray | memoryview) -> tuple[_Chunk, int] | None:
         mem=_memory(m, mints, mvalid, ints_of) if m else None,
     )
     return chunk, stop
+
+
+def _collectives(
+    part: bytes | bytearray | memoryview,
+    iv: np.ndarray,
+    rows: np.ndarray,
+    crow: np.ndarray,
+    cvals: tuple[list[Any], ...],
+    name: pa.Array,
+    comm_op: np.ndarray | None,
+) -> dict[str, list[Any]] | None:
+    """The collective columns (columns._COLL_FIELDS) of the chunk's rows `rows`, as columns._columns makes
+    them: the values the C code took from the rows whose args hold a collective's keys (`crow`, `cvals`),
+    None for other rows; the sizes of communication cpu ops without any from their `Input Dims` (msgspec
+    decodes those rows' args from the text). None when msgspec refuses one of those args."""
+    if crow.size == rows.size and np.array_equal(crow, rows):
+        coll = {f: list(v) for f, v in zip(_COLL_FIELDS, cvals)}
+    else:
+        at = np.minimum(np.searchsorted(crow, rows), max(crow.size - 1, 0))
+        pos = [
+            p if ok else -1 for p, ok in zip(at.tolist(), (crow[at] == rows).tolist() if crow.size else [])
+        ]
+        if not crow.size:
+            pos = [-1] * rows.size
+        coll = {f: [v[p] if p >= 0 else None for p in pos] for f, v in zip(_COLL_FIELDS, cvals)}
+    if comm_op is None:
+        return coll
+    # rows without message sizes (PyTorch < ~2.3): sizes from their shapes, as the Python path finds them
+    need = [
+        i for i, (a, b) in enumerate(zip(coll["in_nelems"], coll["out_nelems"])) if a is None and b is None
+    ]
+    if not need:
+        return coll
+    words = name.dictionary.to_pylist() + [None]  # (the last: a null name)
+    codes = name.indices.fill_null(len(words) - 1).to_numpy()
+    names: list[Any] = [None] * rows.size  # (None: a row _sizes_from_shapes skips)
+    sub: list[Any] = [None] * rows.size
+    for i in need:
+        r = int(rows[i])
+        if words[codes[r]]:
+            names[i] = words[codes[r]]
+            lo, hi = int(iv[_ALO][r]), int(iv[_AHI][r])
+            try:
+                sub[i] = _DEC_ARGS.decode(part[lo:hi]) if lo >= 0 else _EMPTY_ARGS
+            except msgspec.ValidationError:
+                return None
+    _sizes_from_shapes(coll, sub, names)
+    return coll
 
 
 class _Ints:
