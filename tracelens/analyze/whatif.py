@@ -51,9 +51,13 @@ def _compute_mask(g: Graph) -> np.ndarray:
     return ~g.k_comm
 
 
-def _pair_codes(rank: np.ndarray, step: np.ndarray, lo: int, span: int) -> np.ndarray:
-    """One int64 per (rank, step) pair, ordered as the pairs are (rank major): steps in [lo, lo + span)."""
-    out: np.ndarray = rank.astype(np.int64) * span + (step.astype(np.int64) - lo)
+def _pair_codes(rank: np.ndarray, step: np.ndarray, lo: int, span: int, r0: int = 0) -> np.ndarray:
+    """One int64 per (rank, step) pair, ordered as the pairs are (rank major): ranks from r0, steps in
+    [lo, lo + span). One new array, made in three passes (the inputs may be int32: no int64 copies of them;
+    at 1,024 ranks a what-if makes these codes for millions of kernels, six times)."""
+    out: np.ndarray = np.multiply(rank, span, dtype=np.int64)
+    out += step
+    out -= r0 * span + lo
     return out
 
 
@@ -80,7 +84,7 @@ def _compute_sums(g: Graph) -> pd.Series:
     r0 = int(rank.min())
     if (int(rank.max()) - r0 + 1) * span > 4 * rank.size + (1 << 20):  # sparse pairs (far-apart step numbers)
         return pd.Series(g.k_dur[m]).groupby([rank, step]).sum()
-    pc = _pair_codes(rank - r0, step, lo, span)  # dense: 0 .. (ranks x steps), no sort needed
+    pc = _pair_codes(rank, step, lo, span, r0)  # dense: 0 .. (ranks x steps), no sort needed
     seen = np.bincount(pc) > 0
     sums = np.bincount(pc, weights=g.k_dur[m].astype(np.float64))
     codes = np.flatnonzero(seen)
@@ -103,8 +107,8 @@ def _factor_per_kernel(g: Graph, factor_of: dict[tuple[int, int], float]) -> np.
     span = int(max(g.k_step.max(), ps.max())) - lo + 1
     r0 = int(min(g.k_rank.min(), pr.min()))
     cells = (int(max(g.k_rank.max(), pr.max())) - r0 + 1) * span
-    kk = _pair_codes(g.k_rank - r0, g.k_step, lo, span)
-    pk = _pair_codes(pr - r0, ps, lo, span)
+    kk = _pair_codes(g.k_rank, g.k_step, lo, span, r0)
+    pk = _pair_codes(pr, ps, lo, span, r0)
     if cells <= 4 * g.k_rank.size + (1 << 20):  # a dense table of every (rank, step) cell
         lut = np.full(cells, np.nan)
         lut[pk] = pv  # (dict keys: no pair twice)
