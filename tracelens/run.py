@@ -132,14 +132,14 @@ def _scratch_dir(root: Path | None) -> Path:
 
 
 def _read_metadata(entries: list[RankParquet]) -> pa.Table:
-    """Metadata of all ranks from the entries; OSError when one is missing or damaged. The files are read
-    by a few threads (the Parquet reader releases the GIL: at 1,024 ranks ~3 s of opening files becomes ~2)."""
+    """Metadata of all ranks from the entries; OSError when one is missing or damaged. The files (Arrow IPC,
+    one row each) are read by a few threads (opening them waits on the file system)."""
     try:
         if len(entries) > 1:
             with ThreadPoolExecutor(4) as ex:
-                tabs = list(ex.map(cache.read_parquet, [e.meta for e in entries]))
+                tabs = list(ex.map(cache.read_small, [e.meta for e in entries]))
         else:
-            tabs = [cache.read_parquet(e.meta) for e in entries]
+            tabs = [cache.read_small(e.meta) for e in entries]
         meta = cache.concat(tabs, schema.METADATA)
     except (pa.ArrowException, ValueError) as err:
         raise OSError(f"cache entries vanished or are corrupt: {err}") from err

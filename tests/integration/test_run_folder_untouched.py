@@ -41,7 +41,7 @@ def test_analyze_leaves_the_run_folder_listing_unchanged(tmp_path: Path, name: s
     assert warm.returncode == 0, warm.stderr
     assert _listing(run) == before
     n_ranks = len(json.loads((tmp_path / "out1" / "summary.json").read_text())["run"]["ranks"])
-    assert len(list(cache.glob("entries/*/rank*.meta.parquet"))) == n_ranks > 1  # cached elsewhere
+    assert len(list(cache.glob("entries/*/rank*.meta.arrow"))) == n_ranks > 1  # cached elsewhere
     assert (tmp_path / "out1" / "summary.json").read_bytes() == (
         tmp_path / "out2" / "summary.json"
     ).read_bytes()

@@ -68,8 +68,11 @@ def test_cache_hit_and_invalidation(tmp_path, monkeypatch, cache_dir):
     listing = sorted(p.name for p in run.rglob("*"))
     first = load_tables(run, workers=1)
     assert sorted(p.name for p in run.rglob("*")) == listing  # nothing written into the run folder
-    cached = sorted(p.name for p in (cache_dir / "entries").glob("*/*.parquet"))
-    assert cached == sorted(f"rank{r}.{k}.parquet" for r in (0, 1) for k in ("events", "memory", "meta"))
+    cached = sorted(p.name for p in (cache_dir / "entries").glob("*/rank*.*"))
+    assert cached == sorted(
+        [f"rank{r}.events.parquet" for r in (0, 1)]
+        + [f"rank{r}.{k}.arrow" for r in (0, 1) for k in ("memory", "meta")]
+    )
     monkeypatch.setattr(tasks, "ingest_rank", _no_ingest)
     again = load_tables(run, workers=1)
     assert again.events.equals(first.events) and again.metadata.equals(first.metadata)
