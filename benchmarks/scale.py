@@ -123,11 +123,19 @@ def run_measured(cmd: list[str], interval: float = 0.02) -> dict:
 def events_of(cache: Path) -> int:
     """Complete events of all ranks, from the metadata in the run's cache folder."""
     sys.path.insert(0, str(REPO))
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     n = 0
-    for p in cache.rglob("rank*.meta.parquet"):
-        n += sum(v or 0 for v in pq.read_table(p, columns=["events"]).column("events").to_pylist())
+    for p in cache.rglob("rank*.meta.*"):  # (Arrow IPC since the sixth session of 2026-12-03, Parquet before)
+        if p.suffix == ".arrow":
+            with pa.OSFile(str(p)) as f:
+                t = pa.ipc.open_file(f).read_all().select(["events"])
+        elif p.suffix == ".parquet":
+            t = pq.read_table(p, columns=["events"])
+        else:
+            continue
+        n += sum(v or 0 for v in t.column("events").to_pylist())
     return n
 
 
