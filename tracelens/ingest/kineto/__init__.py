@@ -9,13 +9,15 @@ How and why:
   (Arrow's decimal cast), so 3-decimal microsecond timestamps at epoch scale (1.7e18 ns > 2**53) stay exact.
 - Columns are built per chunk with C-level `map`/`attrgetter` passes and numpy/Arrow, never a Python loop per
   event.
-- Speed (docs/performance.md): gzip is inflated inline into one reused buffer; the garbage collector is paused
+- Speed (docs/performance.md): a chunk is decoded by the compiled decoder when it was built (native.py), by
+  msgspec otherwise or when it hands the chunk back; gzip is inflated inline into one reused buffer; the garbage collector is paused
   while reading; `args` decode into a lean struct in chunks that name no collective; on an idle multi-core machine
   a large file is decoded by two processes (_scan_split), the child's columns coming back as Arrow IPC in
   shared memory. Every fast path falls back to the careful one, with identical results.
 
 Modules (each imports only those above it): `stream` (inflate, block readers, event boundaries), `decode`
-(the msgspec structs and chunk decoders), `columns` (kinds, exact timestamps, a chunk's columns), `steps`
+(the msgspec structs and chunk decoders), `columns` (kinds, exact timestamps, a chunk's columns), `native`
+(the compiled chunk decoder, `_native.c`: a chunk's columns without Python objects, or None), `steps`
 (step assignment, incomplete steps of a salvaged trace), `scan` (the streaming scan with salvage), `split`
 (the two-process read behind `_scan_split`), `peek` (rank metadata without decoding), `reader` (`read`).
 """
