@@ -263,3 +263,14 @@ def _small_chunk() -> bytes:
 
 
 _SMALL_CHUNK = _small_chunk()
+
+
+def test_last_piece_with_a_second_trace_events_key_reads_as_the_python_path(tmp_path, monkeypatch):
+    """The file's last piece is the array, its `]` and the keys after it: a second `traceEvents` key there
+    (msgspec keeps the last value) is left to the Python path, which reads what it always read."""
+    p = tmp_path / "rank0.json"
+    a, b = ('{"ph": "X", "cat": "kernel", "name": "' + n + '", "ts": 1, "dur": 2}' for n in "ab")
+    p.write_text('{"traceEvents": [' + a + '], "traceEvents": [' + b + "]}")
+    got = kineto.read(p).events.column("name").to_pylist()
+    monkeypatch.setattr(native, "AVAILABLE", False)
+    assert got == kineto.read(p).events.column("name").to_pylist() == ["b"]

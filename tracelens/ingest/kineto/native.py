@@ -2,12 +2,13 @@
 Python object per event, or None when the chunk needs the Python decoders (decode.py, columns.py).
 
 The C code reads the text once: the complete events' cat and name (distinct strings, codes a row), pid, tid,
-exact ns timestamps, the five integer args, whether a collective is named and where each row's args object
-is; and the `[memory]` instants. Whatever it does not take as is (a string id, a float where an int belongs,
-an exponent in a timestamp, an escaped key, a JSON error) makes it return None, and the chunk goes through
-msgspec as before: the columns are the same whichever path made them. The few rows that carry a collective
-(or are a communication cpu op) have their args decoded by msgspec from the text, with the structs and rules
-of the Python path.
+exact ns timestamps, the five integer args (strings there are coerced here by the Python path's rule), whether
+a collective is named, the collective keys' values of the rows that have them (the Python objects msgspec
+makes) and where each row's args object is; and the `[memory]` instants. Whatever it does not take as is (a
+float where an int belongs, an exponent in a timestamp, an escaped or repeated key, a JSON error) makes it
+return None, and the chunk goes through msgspec as before: the columns are the same whichever path made
+them. Only communication cpu ops without message sizes (PyTorch < ~2.3) have their args decoded by msgspec,
+from the text, for their shapes.
 
 Off when the extension was not built (no C compiler at install time) or `TRACELENS_NATIVE=0`.
 

@@ -424,6 +424,8 @@ def _native_last(buf: bytearray, meta: dict) -> _Chunk | None:
         top = _decode_top(b"".join((b'{"traceEvents":[', memoryview(buf)[stop - 1 :])))
     except msgspec.DecodeError:
         return None
+    if top.traceEvents:  # a second `traceEvents` key after the array (msgspec keeps the last): as before
+        return None
     _merge_meta(meta, top)
     return chunk
 
