@@ -162,6 +162,24 @@ static int scan_num(Cur *c, Val *v) {
     return 0;
 }
 
+/* After a member of an object or array: 1 and the cursor on the next member after a comma, 0 after the
+ * closing `close` (the container done), FAIL otherwise. */
+static inline int next_member(Cur *c, u8 close) {
+    ws(c);
+    if (c->p >= c->e) return FAIL;
+    if (*c->p == ',') {
+        c->p++;
+        ws(c);
+        return 1;
+    }
+    if (*c->p == close) {
+        c->p++;
+        c->depth--;
+        return 0;
+    }
+    return FAIL;
+}
+
 static int skip_value(Cur *c, Val *v);
 
 static int skip_container(Cur *c, u8 close) {
@@ -183,19 +201,8 @@ static int skip_container(Cur *c, u8 close) {
             ws(c);
         }
         if (skip_value(c, &tmp)) return FAIL;
-        ws(c);
-        if (c->p >= c->e) return FAIL;
-        if (*c->p == ',') {
-            c->p++;
-            ws(c);
-            continue;
-        }
-        if (*c->p == close) {
-            c->p++;
-            c->depth--;
-            return 0;
-        }
-        return FAIL;
+        int more = next_member(c, close);
+        if (more <= 0) return more;
     }
 }
 
@@ -320,19 +327,8 @@ static int scan_object(Cur *c, Val *vals, int (*kf)(const u8 *, size_t), uint32_
         } else if (skip_value(c, &tmp)) {
             return FAIL;
         }
-        ws(c);
-        if (c->p >= c->e) return FAIL;
-        if (*c->p == ',') {
-            c->p++;
-            ws(c);
-            continue;
-        }
-        if (*c->p == '}') {
-            c->p++;
-            c->depth--;
-            return 0;
-        }
-        return FAIL;
+        int more = next_member(c, '}');
+        if (more <= 0) return more;
     }
 }
 
@@ -525,6 +521,20 @@ typedef struct {
 
 #define OK_STR 2 /* validity byte of a value that is the index of a string in Ctx.strs */
 
+/* A string field (str or null/absent): its index in t (-1 for null); 0, FAIL (left to the Python path: an
+ * escape, invalid UTF-8, another type) or PYERR (a Python error is set). */
+#define PYERR (-3)
+static int str_field(Intern *t, const Val *v, int32_t *out) {
+    *out = -1;
+    if (v->type == T_ABSENT || v->type == T_NULL) return 0;
+    if (v->type != T_STR || (v->sflags & S_ESC)) return FAIL;
+    int32_t i = intern(t, v);
+    if (i == -1) return PYERR;
+    if (i == -2) return FAIL;
+    *out = i;
+    return 0;
+}
+
 /* An integer field (int, string or null/absent): value and validity; FAIL on any other type. */
 static inline int int_field(Ctx *cx, const Val *v, int64_t *x, u8 *ok) {
     if (v->dup) return FAIL;
@@ -696,24 +706,11 @@ static PyObject *scan(PyObject *self, PyObject *arg) {
                 if (!scalar_ok(AR(k))) goto bail;
             /* Process Group Ranks may also be a list of ints (msgspec checks it): left to the Python path */
             if (AR(A_DIMS)->dup || AR(A_ITYPE)->dup) goto bail;
-            int32_t ci = -1, ni = -1;
-            const Val *cv = EV(K_CAT), *nv = EV(K_NAME);
-            if (cv->type == T_STR) {
-                if (cv->sflags & S_ESC) goto bail;
-                ci = intern(&cats, cv);
-                if (ci == -1) goto error;
-                if (ci == -2) goto bail;
-            } else if (cv->type != T_ABSENT && cv->type != T_NULL) {
-                goto bail;
-            }
-            if (nv->type == T_STR) {
-                if (nv->sflags & S_ESC) goto bail;
-                ni = intern(&names, nv);
-                if (ni == -1) goto error;
-                if (ni == -2) goto bail;
-            } else if (nv->type != T_ABSENT && nv->type != T_NULL) {
-                goto bail;
-            }
+            int32_t ci, ni;
+            int rc = str_field(&cats, EV(K_CAT), &ci);
+            if (!rc) rc = str_field(&names, EV(K_NAME), &ni);
+            if (rc == FAIL) goto bail;
+            if (rc) goto error;
             for (int k = 0; k < NVALID; k++) {
                 COL_PUSH(&ic[k], int64_t, x[k]);
                 COL_PUSH(&vc[k], u8, ok[k]);
