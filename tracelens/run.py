@@ -198,7 +198,7 @@ def _load(
     use_cache: bool,
 ) -> Run:
     kin = sorted((f for f in files if f.fmt == KINETO and f.rank is not None), key=lambda f: f.rank or 0)
-    entries = [cache.entry(work, f.path, int(f.rank or 0), o.salvage) for f in kin]
+    entries = [cache.entry(work, f.path, int(f.rank or 0), o.salvage, scratch=not use_cache) for f in kin]
     defer = o.defer_stages and executor is None
 
     pools: list[Executor] = []  # (the local pool, started for the tasks, kept while the stages are read)

@@ -32,6 +32,7 @@ from tracelens.analyze.classify import COMM, COMPUTE, DEVICE_KINDS, classify, is
 from tracelens.analyze.critical_nodes import rank_nodes, sync_calls
 from tracelens.analyze.dictcol import columns, sharing
 from tracelens.analyze.intset import member
+from tracelens.store.cache import read_small
 from tracelens.store.stages import OPS, RankStage, stored_nodes, write_stage
 
 _ANNOTATION_KINDS = ("user_annotation", "gpu_user_annotation")
@@ -277,8 +278,11 @@ def _time_range(events: pa.Table) -> tuple[int, int] | None:
 
 def compute_and_write(events_parquet: str, rank: int) -> int:
     """Read one rank's cached events, compute its stage and write it; returns the rank (a worker task)."""
-    with pq.ParquetFile(events_parquet) as f:
-        events = f.read()
+    if events_parquet.endswith(".arrow"):  # (a scratch entry's events: cache.entry)
+        events = read_small(Path(events_parquet))
+    else:
+        with pq.ParquetFile(events_parquet) as f:
+            events = f.read()
     st = rank_stage(events, rank)
     del events
     write_stage(st, Path(events_parquet))

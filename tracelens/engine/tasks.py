@@ -28,10 +28,13 @@ KEEP_BYTES = 384 * 1024 * 1024
 
 
 def ingest_rank(path: str, rank: int, entry: RankParquet, salvage: bool = False) -> pa.Table:
-    """Read one Kineto file and write its three cache files atomically (events Parquet, memory and metadata
-    Arrow IPC); returns the rank's events."""
+    """Read one Kineto file and write its three cache files atomically (events Parquet, or Arrow IPC in a
+    scratch entry; memory and metadata Arrow IPC); returns the rank's events."""
     tr = kineto.read(path, rank=rank, salvage=salvage)
-    write_parquet(entry.events, tr.events, **EVENTS_WRITE_OPTIONS)
+    if entry.events.suffix == ".arrow":  # (a scratch entry: cache.entry)
+        write_ipc(entry.events, tr.events)
+    else:
+        write_parquet(entry.events, tr.events, **EVENTS_WRITE_OPTIONS)
     write_ipc(entry.memory, tr.memory)
     write_ipc(entry.meta, kineto.metadata_table([tr.metadata]))  # last: marks the entry complete
     return tr.events

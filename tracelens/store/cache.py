@@ -172,13 +172,16 @@ def code_digest() -> str:
     return h.hexdigest()[:20]
 
 
-def entry(root: Path, path: Path, rank: int, salvage: bool = False) -> RankParquet:
-    """The cache entry of one rank's trace under `root` (nothing is created)."""
+def entry(root: Path, path: Path, rank: int, salvage: bool = False, scratch: bool = False) -> RankParquet:
+    """The cache entry of one rank's trace under `root` (nothing is created). `scratch`: an entry of a
+    load without cache (a temporary folder, removed with the run): its events are Arrow IPC too."""
     d = os.path.join(root, "entries", cache_key(path, rank, salvage), f"rank{rank}.")
     # (joined as text, one Path each: pathlib's `/` parses both sides, ~4 Paths per rank). The events are
     # Parquet (encoded: ~6% of the JSON); the two small tables are Arrow IPC, which costs a quarter as much to
-    # write and to open as a Parquet file of a few rows (two of each per rank of a 1,024-rank run).
-    return RankParquet(rank, Path(d + "events.parquet"), Path(d + "memory.arrow"), Path(d + "meta.arrow"))
+    # write and to open as a Parquet file of a few rows (two of each per rank of a 1,024-rank run). In a
+    # scratch folder the events are IPC as well: ~4x faster to write, ~20x the bytes, read back memory-mapped.
+    ev = "events.arrow" if scratch else "events.parquet"
+    return RankParquet(rank, Path(d + ev), Path(d + "memory.arrow"), Path(d + "meta.arrow"))
 
 
 def valid_entry(e: RankParquet) -> bool:
@@ -233,9 +236,9 @@ def read_checked(p: Path, part: str, columns: list[str] | None = None) -> pa.Tab
     Columns that the file's statistics say are entirely null (the collective fields of most events) are not
     decoded: they are built as null arrays over one shared zero buffer, which saves decoding them and, in a
     fresh process, faulting in their memory (a quarter of a cached reload)."""
-    if p.suffix == ".arrow":  # (the small parts: Arrow IPC)
+    if p.suffix == ".arrow":  # (the small parts, and a scratch entry's events: Arrow IPC)
         try:
-            t = read_small(p)
+            t = read_ipc(p) if part == "events" else read_small(p)
         except (OSError, pa.ArrowException, ValueError):
             return None
         if not t.schema.equals(SCHEMAS[part]):
