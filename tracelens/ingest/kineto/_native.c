@@ -23,6 +23,12 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(_WIN32)
+#include <process.h>
+#define getpid _getpid
+#else
+#include <unistd.h>
+#endif
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #endif
@@ -441,8 +447,13 @@ static void intern_free(Intern *t) {
     Py_CLEAR(t->list);
 }
 
+/* Set once per process (PyInit__native) from the clock, the process id and where things were loaded (address
+ * randomisation): names crafted to collide under one seed do not collide under another, so a trace cannot
+ * make a chunk's interning quadratic. */
+static uint64_t hash_seed = 1469598103934665603ULL;
+
 static inline uint64_t hash_bytes(const u8 *a, size_t n) {
-    uint64_t h = 1469598103934665603ULL ^ n;
+    uint64_t h = hash_seed ^ n;
     size_t i = 0;
     for (; i + 8 <= n; i += 8) {
         uint64_t w;
@@ -860,4 +871,14 @@ static struct PyModuleDef module = {
     -1, methods, NULL, NULL, NULL, NULL,
 };
 
-PyMODINIT_FUNC PyInit__native(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__native(void) {
+    PyObject *t = PyImport_ImportModule("time"), *ns = t ? PyObject_CallMethod(t, "perf_counter_ns", NULL) : NULL;
+    uint64_t mix = ns ? (uint64_t)PyLong_AsUnsignedLongLongMask(ns) : 0;
+    Py_XDECREF(ns);
+    Py_XDECREF(t);
+    PyErr_Clear();
+    mix ^= (uint64_t)(uintptr_t)&hash_seed ^ ((uint64_t)getpid() << 32);
+    for (int i = 0; i < 3; i++) mix = (mix ^ (mix >> 31)) * 0x9E3779B97F4A7C15ULL; /* spread the bits */
+    hash_seed ^= mix;
+    return PyModule_Create(&module);
+}
