@@ -21,7 +21,7 @@ from tracelens.errors import BadInputError, BadTraceError, NoTracesError, RankEr
 from tracelens.ingest import kineto
 from tracelens.ingest.sniff import KINETO, detect_format
 
-#: Folder names never searched (the Parquet cache and hidden folders are skipped as well).
+#: Folder names never searched (the cache and hidden folders are skipped as well).
 SKIP_DIRS = {"__pycache__", "node_modules"}
 
 
@@ -104,7 +104,7 @@ def discover(
     NoTracesError (nothing recognised) and RankError (a Kineto trace without rank in a multi-trace run, two
     traces with the same rank, or traces whose world sizes disagree).
 
-    `memo` (a dict the caller keeps, e.g. beside the Parquet cache) remembers what the file contents said
+    `memo` (a dict the caller keeps, e.g. beside the cache) remembers what the file contents said
     (format; rank and world size of Kineto files) per (path, size, mtime): an unchanged file is not opened
     again. Entries are added for files read.
     """

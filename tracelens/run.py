@@ -2,7 +2,7 @@
 
 The CLI, the notebook API (`tracelens.load`), the report and the Dask engine all come through here, and a
 one-rank run takes the same path (in this process). For each Kineto rank, one plain task
-(`tracelens.engine.tasks.process_rank`) ingests its trace into the Parquet cache and computes its per-rank
+(`tracelens.engine.tasks.process_rank`) ingests its trace into the cache and computes its per-rank
 stage; the tasks run on an executor (a local pool by default, Dask's `Client.get_executor()` for a cluster).
 This process then reads back only the metadata and the small stage results and reduces them
 (`tracelens.engine.reduce`); the events and memory tables are read lazily, when asked for.
@@ -45,7 +45,7 @@ from tracelens.engine.reduce import (
 from tracelens.engine.tasks import needs_work, process_rank, stage_rank
 from tracelens.ingest.sniff import KINETO
 from tracelens.store import cache, pages, runs
-from tracelens.store.cache import RankParquet
+from tracelens.store.cache import RankEntry
 
 Progress = Callable[[int, int], None]
 
@@ -79,7 +79,7 @@ class Run:
     run_dir: Path
     files: list[TraceFile]
     metadata: pa.Table
-    entries: list[RankParquet]
+    entries: list[RankEntry]
     cache_root: Path | None
     _stages: Callable[[], Staged] = field(repr=False)
     warnings: list[str] = field(default_factory=list)
@@ -131,7 +131,7 @@ def _scratch_dir(root: Path | None) -> Path:
     return Path(tempfile.mkdtemp(prefix="tracelens-"))
 
 
-def _read_metadata(entries: list[RankParquet]) -> pa.Table:
+def _read_metadata(entries: list[RankEntry]) -> pa.Table:
     """Metadata of all ranks from the entries; OSError when one is missing or damaged. The files (Arrow IPC,
     one row each) are read by a few threads (opening them waits on the file system)."""
     try:
@@ -204,7 +204,7 @@ def _load(
     pools: list[Executor] = []  # (the local pool, started for the tasks, kept while the stages are read)
 
     def on_executor(
-        fn: Callable[..., Any], todo: list[tuple[TraceFile, RankParquet]], calls: list[tuple[Any, ...]]
+        fn: Callable[..., Any], todo: list[tuple[TraceFile, RankEntry]], calls: list[tuple[Any, ...]]
     ) -> None:
         done, total = len(entries) - len(todo), len(entries)
         if o.progress:
@@ -273,7 +273,7 @@ def _load(
 
 
 def _reduce(
-    entries: list[RankParquet],
+    entries: list[RankEntry],
     meta: pa.Table,
     use_cache: bool,
     executor: Executor | None,

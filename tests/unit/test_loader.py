@@ -13,7 +13,7 @@ from tracelens import schema
 from tracelens.engine import tasks
 from tracelens.errors import BadTraceError
 from tracelens.run import load_tables
-from tracelens.store import atomic, cache
+from tracelens.store import cache
 
 
 @pytest.fixture(autouse=True)
@@ -70,7 +70,7 @@ def test_cache_hit_and_invalidation(tmp_path, monkeypatch, cache_dir):
     assert sorted(p.name for p in run.rglob("*")) == listing  # nothing written into the run folder
     cached = sorted(p.name for p in (cache_dir / "entries").glob("*/rank*.*"))
     assert cached == sorted(
-        [f"rank{r}.events.parquet" for r in (0, 1)]
+        [f"rank{r}.events.arrow" for r in (0, 1)]
         + [f"rank{r}.{k}.arrow" for r in (0, 1) for k in ("memory", "meta")]
     )
     monkeypatch.setattr(tasks, "ingest_rank", _no_ingest)
@@ -95,15 +95,14 @@ def test_cache_hit_and_invalidation(tmp_path, monkeypatch, cache_dir):
 def test_corrupt_cache_entry_is_rebuilt(tmp_path, damage):
     run = _run(tmp_path)
     first = load_tables(run, workers=1)
-    victim = next((tmp_path / "cache").rglob("rank1.events.parquet"))
+    victim = next((tmp_path / "cache").rglob("rank1.events.arrow"))
     if damage == "garbage":
-        victim.write_bytes(b"not parquet at all")
+        victim.write_bytes(b"not arrow at all")
     elif damage == "truncate":
         victim.write_bytes(victim.read_bytes()[:-100])
     elif damage == "other_schema":
-        import pyarrow.parquet as pq
-
-        pq.write_table(pa.table({"x": [1, 2]}), victim)
+        with pa.OSFile(str(victim), "wb") as sink, pa.ipc.new_file(sink, pa.schema([("x", pa.int64())])) as w:
+            w.write_table(pa.table({"x": [1, 2]}))
     else:
         victim.unlink()
     again = load_tables(run, workers=1)
@@ -121,7 +120,7 @@ def test_read_only_run_dir_uses_user_cache(tmp_path, monkeypatch):
         os.chmod(run, 0o755)
     assert t.events.num_rows == 6
     assert not (run / ".tracelens").exists()
-    assert list((tmp_path / "xdg" / "tracelens").rglob("rank0.events.parquet"))
+    assert list((tmp_path / "xdg" / "tracelens").rglob("rank0.events.arrow"))
 
 
 def test_read_only_run_and_unwritable_cache_fall_back_to_no_cache(tmp_path):
@@ -209,12 +208,20 @@ def test_worker_error_is_raised_in_parent(tmp_path):
         load_tables(run, no_cache=True, workers=2)
 
 
-@pytest.mark.parametrize("options", [{}, cache.EVENTS_WRITE_OPTIONS])
-def test_all_null_columns_are_synthesized_identically(tmp_path, options):
-    """Cached columns the Parquet statistics call entirely null are built without decoding; the table must
-    equal a full read, and a list column of empty lists (its leaf statistics count them as nulls) is read."""
-    import pyarrow.parquet as pq
+def _entry(tmp_path, scratch: bool) -> cache.RankEntry:
+    trace = tmp_path / "trace.json"
+    trace.parent.mkdir(parents=True, exist_ok=True)
+    trace.write_text("{}")
+    e = cache.entry(tmp_path, trace, 0, scratch=scratch)
+    e.folder.mkdir(parents=True)
+    return e
 
+
+@pytest.mark.parametrize("scratch", [False, True])
+def test_all_null_columns_are_synthesized_identically(tmp_path, scratch):
+    """Cached columns that are entirely null when written are noted in the file and built without
+    decompressing them; the table must equal the one written, whole or some columns, and a list column of
+    empty lists is read (never taken for nulls)."""
     n = 5
     cols = {}
     for f in schema.EVENTS:
@@ -227,22 +234,21 @@ def test_all_null_columns_are_synthesized_identically(tmp_path, options):
         else:
             cols[f.name] = pa.nulls(n, f.type)
     t = pa.table(cols, schema=schema.EVENTS)
-    p = tmp_path / "rank0.events.parquet"
-    atomic.write_parquet(p, t, **options)
-    with pq.ParquetFile(p) as f:
-        empty = cache._all_null_columns(f.metadata)
-    assert "collective" in empty and "seq" in empty and "step" in empty
-    assert not {"name", "ts_ns", "pg_ranks"} & empty
-    got = cache.read_checked(p, "events")
-    assert got.equals(pq.read_table(p)) and got.equals(t)
+    e = _entry(tmp_path, scratch)
+    cache.write_events(e, t)
+    noted = cache.ipc_schema(e.events).metadata[cache._ALL_NULL].decode().split(",")
+    assert "collective" in noted and "seq" in noted and "step" in noted
+    assert not {"name", "ts_ns", "pg_ranks"} & set(noted)
+    got = cache.read_checked(e.events, "events", mapped=not e.compressed)
+    assert got.equals(t) and got.schema.metadata is None
     assert got.column("pg_ranks").to_pylist() == [[], None, [], None, None]
+    some = ["seq", "name", "collective", "ts_ns"]
+    assert cache.read_checked(e.events, "events", some, mapped=not e.compressed).equals(t.select(some))
 
 
-def test_events_write_options_round_trip_exactly(tmp_path):
-    """The cache's events encodings (dictionaries for few-valued columns, delta for times and ids) give back
-    exactly the table written, int64 extremes and nulls included, and are the encodings the file holds."""
-    import pyarrow.parquet as pq
-
+def test_cached_events_round_trip_exactly(tmp_path):
+    """A cached events file gives back exactly the table written, int64 extremes and nulls included, and its
+    buffers are compressed (a scratch entry's are not)."""
     big = [-(2**63), 2**63 - 1, 0, None, -1, 2**62, 5]
     cols = {}
     for f in schema.EVENTS:
@@ -255,15 +261,18 @@ def test_events_write_options_round_trip_exactly(tmp_path):
         else:
             cols[f.name] = pa.array([3, None, -(2**31), 2**31 - 1, 3, 3, 0], f.type)
     t = pa.table(cols, schema=schema.EVENTS)
-    p = tmp_path / "rank0.events.parquet"
-    atomic.write_parquet(p, t, **cache.EVENTS_WRITE_OPTIONS)
-    got = cache.read_checked(p, "events")
+    e = _entry(tmp_path, scratch=False)
+    cache.write_events(e, t)
+    got = cache.read_checked(e.events, "events")
     assert got.schema.equals(schema.EVENTS) and got.equals(t) and got.to_pylist() == t.to_pylist()
-    rg = pq.ParquetFile(p).metadata.row_group(0)
-    enc = {rg.column(j).path_in_schema: rg.column(j).encodings for j in range(rg.num_columns)}
-    assert "DELTA_BINARY_PACKED" in enc["ts_ns"] and "DELTA_BINARY_PACKED" in enc["correlation"]
-    assert "RLE_DICTIONARY" in enc["name"] and "RLE_DICTIONARY" in enc["pid"]
-    assert "RLE_DICTIONARY" in enc["pg_ranks.list.element"]
+    # compressed: a table of many repeated rows takes a fraction of the scratch entry's bytes
+    many = pa.concat_tables([t] * 2000).combine_chunks()
+    cache.write_events(e, many)
+    s = _entry(tmp_path / "s", scratch=True)
+    cache.write_events(s, many)
+    assert e.events.stat().st_size * 5 < s.events.stat().st_size
+    assert cache.read_checked(e.events, "events").equals(many)
+    assert cache.read_checked(s.events, "events", mapped=True).equals(many)
 
 
 def test_discovery_memo_skips_reading_unchanged_traces(tmp_path, monkeypatch):

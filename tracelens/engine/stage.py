@@ -25,7 +25,6 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from tracelens.analyze.breakdown import BREAKDOWN, RankSets, breakdown, class_sets, step_windows
 from tracelens.analyze.classify import COMM, COMPUTE, DEVICE_KINDS, classify, is_step_name
@@ -276,16 +275,12 @@ def _time_range(events: pa.Table) -> tuple[int, int] | None:
     return int(cols.int64("ts_ns").min()), int(cols.end().max())
 
 
-def compute_and_write(events_parquet: str, rank: int) -> int:
+def compute_and_write(events_file: str, rank: int) -> int:
     """Read one rank's cached events, compute its stage and write it; returns the rank (a worker task)."""
-    if events_parquet.endswith(".arrow"):  # (a scratch entry's events: cache.entry)
-        events = read_small(Path(events_parquet))
-    else:
-        with pq.ParquetFile(events_parquet) as f:
-            events = f.read()
+    events = read_small(Path(events_file))
     st = rank_stage(events, rank)
     del events
-    write_stage(st, Path(events_parquet))
+    write_stage(st, Path(events_file))
     pa.default_memory_pool().release_unused()
     return rank
 

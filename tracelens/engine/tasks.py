@@ -17,8 +17,8 @@ from tracelens import schema
 from tracelens.engine.stage import compute_and_write, rank_stage
 from tracelens.ingest import kineto
 from tracelens.store import pages, runs
-from tracelens.store.atomic import write_ipc, write_parquet
-from tracelens.store.cache import EVENTS_WRITE_OPTIONS, RankParquet, concat, read_ipc, read_part, valid_entry
+from tracelens.store.atomic import write_ipc
+from tracelens.store.cache import RankEntry, concat, read_ipc, read_part, valid_entry, write_events
 from tracelens.store.stages import CHUNK_ROWS, stage_complete, write_stage, xevents_file
 
 #: Resident memory of a process above which `process_rank` hands freed memory back after a rank (Arrow's pool
@@ -27,21 +27,18 @@ from tracelens.store.stages import CHUNK_ROWS, stage_complete, write_stage, xeve
 KEEP_BYTES = 384 * 1024 * 1024
 
 
-def ingest_rank(path: str, rank: int, entry: RankParquet, salvage: bool = False) -> pa.Table:
-    """Read one Kineto file and write its three cache files atomically (events Parquet, or Arrow IPC in a
-    scratch entry; memory and metadata Arrow IPC); returns the rank's events."""
+def ingest_rank(path: str, rank: int, entry: RankEntry, salvage: bool = False) -> pa.Table:
+    """Read one Kineto file and write its three cache files atomically (events, allocator samples, metadata:
+    Arrow IPC); returns the rank's events."""
     tr = kineto.read(path, rank=rank, salvage=salvage)
-    if entry.events.suffix == ".arrow":  # (a scratch entry: cache.entry)
-        write_ipc(entry.events, tr.events)
-    else:
-        write_parquet(entry.events, tr.events, **EVENTS_WRITE_OPTIONS)
+    write_events(entry, tr.events)
     write_ipc(entry.memory, tr.memory)
     write_ipc(entry.meta, kineto.metadata_table([tr.metadata]))  # last: marks the entry complete
     return tr.events
 
 
 def process_rank(
-    path: str, rank: int, entry: RankParquet, salvage: bool, use_cache: bool, stage: bool = True
+    path: str, rank: int, entry: RankEntry, salvage: bool, use_cache: bool, stage: bool = True
 ) -> int:
     """One rank's task: ingest (unless cached) and, with `stage`, the per-rank stage (unless cached);
     returns the rank. After a fresh ingest the stage is computed from the events just read."""
@@ -59,7 +56,7 @@ def process_rank(
     return rank
 
 
-def stage_rank(entry: RankParquet) -> int:
+def stage_rank(entry: RankEntry) -> int:
     """The per-rank stage of an ingested rank, unless complete stage files exist; returns the rank."""
     if not stage_complete(entry.events, entry.rank):
         compute_and_write(str(entry.events), entry.rank)
@@ -79,7 +76,7 @@ def derive_rows(memo: str, lo: int, n: int, tag: str) -> dict[str, str | None]:
 
 
 def derive_stages(
-    entries: list[RankParquet], folder: str, tag: str, rows: int = CHUNK_ROWS
+    entries: list[RankEntry], folder: str, tag: str, rows: int = CHUNK_ROWS
 ) -> list[dict[str, str | None]]:
     """The run memo's derived tables (`store.runs.DERIVED`) of these ranks, from their stage files' cross-rank
     events (what the memo's `xevents` holds of them): the ranks taken in order, in slices of whole ranks of
@@ -142,7 +139,7 @@ def remove_parts(parts: Iterable[dict[str, str | None] | None]) -> None:
                     Path(path).unlink()
 
 
-def gather_memory(entries: list[RankParquet], out: str) -> str | None:
+def gather_memory(entries: list[RankEntry], out: str) -> str | None:
     """The allocator samples of these entries (schema.MEMORY, in their order) written to `out` (an Arrow IPC
     file); `out`, or None when one cannot be read."""
     try:
@@ -155,7 +152,7 @@ def gather_memory(entries: list[RankParquet], out: str) -> str | None:
     return out
 
 
-def needs_work(entry: RankParquet, use_cache: bool, stage: bool = True) -> bool:
+def needs_work(entry: RankEntry, use_cache: bool, stage: bool = True) -> bool:
     """True when `process_rank` (with this `stage`) has something to do for this entry."""
     if not (use_cache and valid_entry(entry)):
         return True

@@ -4,7 +4,7 @@ Default place: the user cache directory (`$TRACELENS_CACHE_DIR`, else `$XDG_CACH
 `~/.cache/tracelens`), never the run folder; `--cache-dir` chooses another (shared storage for a Dask
 cluster). Layout under the cache root:
 
-    entries/<key>/rank<r>.events.parquet                  one rank's ingested events
+    entries/<key>/rank<r>.events.arrow                    one rank's ingested events (Arrow IPC, LZ4 frames)
     entries/<key>/rank<r>.{memory,meta}.arrow              its allocator samples and metadata row (Arrow IPC)
     entries/<key>/stage-<v>/rank<r>.<part>.arrow           its per-rank stage (tracelens.store.stages)
     memo/<run id>.json                                     what discovery read from each trace of a run
@@ -33,55 +33,33 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from tracelens import schema
 from tracelens._version import __version__
-from tracelens.store.atomic import write_text
+from tracelens.store.atomic import write_ipc, write_text
 
 PARTS = ("events", "memory", "meta")
 SCHEMAS = {"events": schema.EVENTS, "memory": schema.MEMORY, "meta": schema.METADATA}
 #: Default bound on the cache's size in bytes (override with $TRACELENS_CACHE_MAX_BYTES).
 DEFAULT_MAX_BYTES = 10 * 2**30
-#: Columns of the events table with nearly one value per event (times, durations, ids): written with
-#: Parquet's delta encoding instead of a dictionary (which hashes every value to find few repeats).
-_EVENTS_DELTA = (
-    "ts_ns",
-    "dur_ns",
-    "correlation",
-    "external_id",
-    "sequence_nr",
-    "seq",
-    "in_nelems",
-    "out_nelems",
-)
-#: pq.write_table options of a cached events table: dictionaries for the columns with few distinct values,
-#: delta encoding for _EVENTS_DELTA, uncompressed (docs/performance.md). Against Parquet's defaults (a
-#: dictionary for every column) on a 9,100-event rank: ~20% less CPU to write, 40% smaller, as fast to read.
-EVENTS_WRITE_OPTIONS: dict[str, Any] = {
-    "compression": "none",
-    "use_dictionary": [
-        n if n != "pg_ranks" else "pg_ranks.list.element"
-        for n in schema.EVENTS.names
-        if n not in _EVENTS_DELTA
-    ],
-    "column_encoding": dict.fromkeys(_EVENTS_DELTA, "DELTA_BINARY_PACKED"),
-    # values handed to the column encoders at a time (Parquet's default: 1,024): a rank's whole column at
-    # once costs ~10% less CPU to write (fewer level-encoder runs and calls). Pages are still cut at the
-    # default data page size, checked per batch: a rank's usual events table is written to the same bytes,
-    # and a larger one may cut its pages at other rows (any Parquet reader reads either)
-    "write_batch_size": 64 * 1024,
-}
+#: Buffer compression of a cached events table (Arrow IPC). LZ4 frames against Parquet with dictionary and
+#: delta encodings (the cache's format until 2026-12-03): a 9,100-event rank ~1.1 ms to write instead of
+#: ~3.1 ms and ~1.1 ms to read instead of ~2.7 ms, 169 KB instead of 130 KB; a 123,000-event trace 7-8 ms to
+#: write instead of 20-26 ms, as fast to read, 1.7 MB instead of 0.9 MB (docs/performance.md).
+EVENTS_COMPRESSION = "lz4"
 
 
 @dataclass(frozen=True)
-class RankParquet:
-    """Where one rank's cached tables are."""
+class RankEntry:
+    """Where one rank's cached tables are (all Arrow IPC files). `compressed`: the events are written with
+    EVENTS_COMPRESSION (a cache entry); a scratch entry's are not (written once, read back memory-mapped,
+    removed with the run)."""
 
     rank: int
     events: Path
     memory: Path
     meta: Path
+    compressed: bool = True
 
     @property
     def folder(self) -> Path:
@@ -172,19 +150,20 @@ def code_digest() -> str:
     return h.hexdigest()[:20]
 
 
-def entry(root: Path, path: Path, rank: int, salvage: bool = False, scratch: bool = False) -> RankParquet:
+def entry(root: Path, path: Path, rank: int, salvage: bool = False, scratch: bool = False) -> RankEntry:
     """The cache entry of one rank's trace under `root` (nothing is created). `scratch`: an entry of a
-    load without cache (a temporary folder, removed with the run): its events are Arrow IPC too."""
+    load without cache (a temporary folder, removed with the run): its events are not compressed."""
     d = os.path.join(root, "entries", cache_key(path, rank, salvage), f"rank{rank}.")
-    # (joined as text, one Path each: pathlib's `/` parses both sides, ~4 Paths per rank). The events are
-    # Parquet (encoded: ~6% of the JSON); the two small tables are Arrow IPC, which costs a quarter as much to
-    # write and to open as a Parquet file of a few rows (two of each per rank of a 1,024-rank run). In a
-    # scratch folder the events are IPC as well: ~4x faster to write, ~20x the bytes, read back memory-mapped.
-    ev = "events.arrow" if scratch else "events.parquet"
-    return RankParquet(rank, Path(d + ev), Path(d + "memory.arrow"), Path(d + "meta.arrow"))
+    # (joined as text, one Path each: pathlib's `/` parses both sides, ~4 Paths per rank). Arrow IPC: a
+    # quarter of the cost of a Parquet file to write and to open for the small tables (two per rank of a
+    # 1,024-rank run), a third for the events (compressed: ~4% of the JSON; uncompressed in a scratch folder,
+    # ~30%, read back memory-mapped).
+    return RankEntry(
+        rank, Path(d + "events.arrow"), Path(d + "memory.arrow"), Path(d + "meta.arrow"), not scratch
+    )
 
 
-def valid_entry(e: RankParquet) -> bool:
+def valid_entry(e: RankEntry) -> bool:
     """Cheap check (footers only): all three files exist and carry the expected schemas."""
     for part in PARTS:
         try:
@@ -196,17 +175,31 @@ def valid_entry(e: RankParquet) -> bool:
 
 
 def _schema_of(p: Path) -> pa.Schema:
-    """The schema in a cached file's footer (Parquet or Arrow IPC, by its suffix)."""
-    return ipc_schema(p) if p.suffix == ".arrow" else pq.read_schema(p)
+    """The schema in a cached file's footer."""
+    return ipc_schema(p)
+
+
+# ------------------------------------------------------------------------------------------ writing
+#: Key of a cached events file's schema metadata: its columns that are entirely null (comma-separated).
+_ALL_NULL = b"tracelens.all_null"
+
+
+def write_events(e: RankEntry, events: pa.Table) -> None:
+    """Write a rank's events into its entry atomically (compressed unless a scratch entry), noting in the
+    file's schema metadata the flat columns that are entirely null (the collective fields of most events):
+    `read_checked` builds those instead of decompressing them."""
+    n = events.num_rows
+    empty = [
+        f.name
+        for f, col in zip(events.schema, events.columns)
+        if n and col.null_count == n and not pa.types.is_nested(f.type)
+    ]
+    if empty:
+        events = events.replace_schema_metadata({_ALL_NULL: ",".join(empty).encode()})
+    write_ipc(e.events, events, EVENTS_COMPRESSION if e.compressed else None)
 
 
 # ------------------------------------------------------------------------------------------ reading
-def read_parquet(p: Path) -> pa.Table:
-    """A whole Parquet file (raises OSError / ArrowException when missing or damaged)."""
-    with pq.ParquetFile(p) as f:
-        return f.read()
-
-
 def read_small(p: Path) -> pa.Table:
     """A whole small Arrow IPC file, read into memory (no mapping kept: a 1,024-rank run has a metadata
     file per rank); raises OSError / ArrowException when missing or damaged."""
@@ -229,57 +222,47 @@ def ipc_schema(p: Path) -> pa.Schema:
         return pa.ipc.open_file(src).schema
 
 
-def read_checked(p: Path, part: str, columns: list[str] | None = None) -> pa.Table | None:
+def read_checked(
+    p: Path, part: str, columns: list[str] | None = None, mapped: bool = False
+) -> pa.Table | None:
     """A cached table (only `columns`, in that order, when given), or None when missing, unreadable or of
-    another schema (then it is rebuilt).
+    another schema (then it is rebuilt). `mapped`: an uncompressed events file (a scratch entry's), read
+    memory-mapped.
 
-    Columns that the file's statistics say are entirely null (the collective fields of most events) are not
-    decoded: they are built as null arrays over one shared zero buffer, which saves decoding them and, in a
-    fresh process, faulting in their memory (a quarter of a cached reload)."""
-    if p.suffix == ".arrow":  # (the small parts, and a scratch entry's events: Arrow IPC)
-        try:
-            t = read_ipc(p) if part == "events" else read_small(p)
-        except (OSError, pa.ArrowException, ValueError):
-            return None
-        if not t.schema.equals(SCHEMAS[part]):
-            return None
-        return t if columns is None else t.select(columns)
+    Of a compressed events file only the wanted columns are decompressed, and not those that `write_events`
+    noted entirely null (the collective fields of most events): they are built as null arrays over one
+    shared zero buffer, which saves decompressing them and, in a fresh process, faulting in their memory."""
     try:
-        # a memory-mapped source: no read() copies of the pages, and steadier than a path in a fresh process
-        with pa.memory_map(str(p)) as src, pq.ParquetFile(src) as f:  # lighter than pq.read_table
-            if not f.schema_arrow.equals(SCHEMAS[part]):
+        if part != "events":
+            t = read_small(p)
+            if not t.schema.equals(SCHEMAS[part]):
                 return None
-            sch = f.schema_arrow if columns is None else pa.schema([f.schema_arrow.field(c) for c in columns])
-            empty = _all_null_columns(f.metadata) & set(sch.names)
-            if not empty:
-                return f.read(columns=columns)
-            t = f.read(columns=[c for c in sch.names if c not in empty])
-    except (OSError, pa.ArrowException, ValueError):
+            return t if columns is None else t.select(columns)
+        if mapped:
+            t = read_ipc(p)
+            if not t.schema.equals(SCHEMAS[part]):
+                return None
+            t = t.replace_schema_metadata(None)
+            return t if columns is None else t.select(columns)
+        with pa.OSFile(str(p)) as f:
+            full = pa.ipc.open_file(f).schema
+            if not full.equals(SCHEMAS[part]):
+                return None
+            names = full.names if columns is None else columns
+            empty = set((full.metadata or {}).get(_ALL_NULL, b"").decode().split(",")) & set(names)
+            if not empty and columns is None:
+                f.seek(0)
+                return pa.ipc.open_file(f).read_all().replace_schema_metadata(None)
+            keep = [full.get_field_index(c) for c in names if c not in empty]
+            f.seek(0)
+            t = pa.ipc.open_file(f, options=pa.ipc.IpcReadOptions(included_fields=keep)).read_all()
+    except (OSError, pa.ArrowException, ValueError, KeyError):
         return None
+    sch = pa.schema([full.field(c) for c in names])
     n = t.num_rows
     zero = pa.py_buffer(bytes(8 * (n + 1)))  # zero-filled lazily by the OS: no page is touched
-    cols = [t.column(c) if c not in empty else _null_array(sch.field(c).type, n, zero) for c in sch.names]
+    cols = [t.column(c) if c not in empty else _null_array(sch.field(c).type, n, zero) for c in names]
     return pa.Table.from_arrays(cols, schema=sch)
-
-
-def _all_null_columns(md: pq.FileMetaData) -> set[str]:
-    """Flat (non-nested) columns whose every value is null by the writer's statistics (one row group only).
-    Nested columns are never skipped: a list's leaf statistics count an empty list as a null element."""
-    if md.num_row_groups != 1 or md.num_rows == 0:
-        return set()
-    rg = md.row_group(0)
-    out = set()
-    for j in range(rg.num_columns):
-        c = rg.column(j)
-        st = c.statistics
-        if (
-            "." not in c.path_in_schema
-            and st is not None
-            and st.has_null_count
-            and st.null_count == md.num_rows
-        ):
-            out.add(c.path_in_schema)
-    return out
 
 
 def _null_array(tp: pa.DataType, n: int, zero: pa.Buffer) -> pa.Array:
@@ -287,10 +270,6 @@ def _null_array(tp: pa.DataType, n: int, zero: pa.Buffer) -> pa.Array:
     if pa.types.is_dictionary(tp):
         idx = pa.Array.from_buffers(tp.index_type, n, [zero, zero], null_count=n)
         return pa.DictionaryArray.from_arrays(idx, pa.array([], tp.value_type))
-    if pa.types.is_list(tp):
-        return pa.Array.from_buffers(
-            tp, n, [zero, zero], null_count=n, children=[pa.array([], tp.value_type)]
-        )
     if pa.types.is_primitive(tp) and tp.bit_width <= 64:
         return pa.Array.from_buffers(tp, n, [zero, zero], null_count=n)
     return pa.nulls(n, tp)
@@ -304,16 +283,18 @@ def concat(tables: list[pa.Table], sch: pa.Schema) -> pa.Table:
     return t.unify_dictionaries().combine_chunks()
 
 
-def read_part(entries: Iterable[RankParquet], part: str, columns: list[str] | None = None) -> pa.Table:
+def read_part(entries: Iterable[RankEntry], part: str, columns: list[str] | None = None) -> pa.Table:
     """One part ("events", "memory" or "meta") of these entries as one table (only `columns`, when given);
-    several files are read concurrently (the Parquet reader releases the GIL). OSError when one is missing
-    or corrupt."""
+    several files are read concurrently (decompression releases the GIL). OSError when one is missing or
+    corrupt."""
+    entries = list(entries)
     paths = [getattr(e, part) for e in entries]
+    mapped = [part == "events" and not e.compressed for e in entries]
     if len(paths) <= 1:
-        tabs = [read_checked(p, part, columns) for p in paths]
+        tabs = [read_checked(p, part, columns, m) for p, m in zip(paths, mapped)]
     else:
         with ThreadPoolExecutor(min(4, len(paths))) as ex:
-            tabs = list(ex.map(lambda p: read_checked(p, part, columns), paths))
+            tabs = list(ex.map(lambda pm: read_checked(pm[0], part, columns, pm[1]), zip(paths, mapped)))
     for p, t in zip(paths, tabs):
         if t is None:
             raise OSError(f"cache entry {p} vanished or is corrupt")
@@ -347,7 +328,7 @@ def save_memo(root: Path, run_dir: Path, memo: dict[str, Any]) -> None:
 
 
 # ------------------------------------------------------------------------------------------ LRU
-def touch(entries: Iterable[RankParquet]) -> None:
+def touch(entries: Iterable[RankEntry]) -> None:
     """Stamp entries as just used (their folder's mtime: what eviction orders by)."""
     now = time.time()
     for e in entries:
@@ -405,7 +386,7 @@ __all__ = [
     "DEFAULT_MAX_BYTES",
     "PARTS",
     "SCHEMAS",
-    "RankParquet",
+    "RankEntry",
     "cache_key",
     "concat",
     "default_cache_dir",
@@ -419,7 +400,6 @@ __all__ = [
     "ipc_schema",
     "read_checked",
     "read_ipc",
-    "read_parquet",
     "read_small",
     "read_part",
     "real_path",

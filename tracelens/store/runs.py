@@ -34,7 +34,7 @@ from tracelens.analyze.classify import comm_launched, keep_comm_launched
 from tracelens.layout_structure import pg_rows_schema
 from tracelens.store.arrays import read_arrays, text_digest, write_arrays
 from tracelens.store.atomic import write_ipc, write_text
-from tracelens.store.cache import RankParquet, code_digest, ipc_schema, read_ipc
+from tracelens.store.cache import RankEntry, code_digest, ipc_schema, read_ipc
 from tracelens.store.stages import (
     OPS,
     SETS,
@@ -57,14 +57,14 @@ _TIME_RANGES = pa.schema([("rank", pa.int32()), ("ts_ns", pa.int64()), ("dur_ns"
 _XFLAGS = pa.schema([("comm_launched", pa.bool_())])
 
 
-def run_key(entries: Sequence[RankParquet]) -> str:
+def run_key(entries: Sequence[RankEntry]) -> str:
     text = "\n".join(
         [f"v{STAGE_VERSION}.{RUN_MEMO_VERSION}"] + [f"{e.rank} {e.folder.name}" for e in entries]
     )
     return hashlib.sha1(text.encode()).hexdigest()[:20]
 
 
-def memo_dir(entries: Sequence[RankParquet]) -> Path:
+def memo_dir(entries: Sequence[RankEntry]) -> Path:
     return entries[0].folder / f"run-{run_key(entries)}"
 
 
@@ -98,7 +98,7 @@ def sets_table(sets: dict[int, RankSets]) -> pa.Table:
     return pa.concat_tables([sets_rows(rs) for _, rs in sorted(sets.items())])
 
 
-def _stamps(entries: Sequence[RankParquet]) -> list[list[int]]:
+def _stamps(entries: Sequence[RankEntry]) -> list[list[int]]:
     """(size, mtime_ns) of every entry's three files: what tells that an entry was not changed since
     (an entry is written once, atomically; any rewrite or damage changes its stamps). OSError when one
     is gone."""
@@ -116,7 +116,7 @@ class MemoWriter:
     (the manifest: the memo is complete). A previous manifest is removed first, so a half-rewritten memo is
     never taken for a complete one. OSError / ArrowException when the cache cannot take it."""
 
-    def __init__(self, entries: Sequence[RankParquet]):
+    def __init__(self, entries: Sequence[RankEntry]):
         self.entries = list(entries)
         self.dir = memo_dir(self.entries)
         self.parts: list[str] = []
@@ -153,9 +153,9 @@ class MemoWriter:
         write_text(self.dir / "manifest.json", json.dumps(manifest))  # last: the memo is complete
 
 
-def read_memory(entries: Sequence[RankParquet]) -> pa.Table | None:
+def read_memory(entries: Sequence[RankEntry]) -> pa.Table | None:
     """The allocator samples of these entries (schema.MEMORY) from their run memo, memory-mapped (one file
-    instead of one Parquet file per rank), or None when the memo has none, is incomplete or is stale."""
+    instead of one file per rank), or None when the memo has none, is incomplete or is stale."""
     if not entries:
         return None
     d = memo_dir(entries)
@@ -171,7 +171,7 @@ def read_memory(entries: Sequence[RankParquet]) -> pa.Table | None:
     return t if t.schema.equals(schema.MEMORY) else None
 
 
-def read_run(entries: Sequence[RankParquet]) -> tuple[pa.Table, Staged] | None:
+def read_run(entries: Sequence[RankEntry]) -> tuple[pa.Table, Staged] | None:
     """(metadata, reduced stages) of these entries from their memo, or None when there is no complete,
     readable memo of them or an entry file changed since it was written."""
     if not entries:

@@ -189,19 +189,19 @@ def stored_nodes(nodes: pa.Table) -> pa.Table:
 
 
 # ------------------------------------------------------------------------------------------- files
-def stage_dir(events_parquet: Path) -> Path:
+def stage_dir(events_file: Path) -> Path:
     """Folder of a rank's stage files: beside its ingest cache entry."""
-    return Path(events_parquet).parent / f"stage-{STAGE_VERSION}"
+    return Path(events_file).parent / f"stage-{STAGE_VERSION}"
 
 
-def stage_file(events_parquet: Path, rank: int) -> Path:
+def stage_file(events_file: Path, rank: int) -> Path:
     """A rank's stage file (module docstring): all its stage tables but the cross-rank events."""
-    return stage_dir(events_parquet) / f"rank{rank}.stage"
+    return stage_dir(events_file) / f"rank{rank}.stage"
 
 
-def xevents_file(events_parquet: Path, rank: int) -> Path:
+def xevents_file(events_file: Path, rank: int) -> Path:
     """A rank's cross-rank events (module docstring)."""
-    return stage_dir(events_parquet) / f"rank{rank}.xevents.arrow"
+    return stage_dir(events_file) / f"rank{rank}.xevents.arrow"
 
 
 def _ipc_image(t: pa.Table) -> np.ndarray:
@@ -272,12 +272,12 @@ def rank_sets(rank: int, path: str, rows: pa.Table) -> RankSets:
     return RankSets(rank, path, part["compute"], part["comm"], part["memory"])
 
 
-def write_stage(st: RankStage, events_parquet: Path) -> None:
+def write_stage(st: RankStage, events_file: Path) -> None:
     """Write a rank's stage files atomically, the stage file (the completion mark) last."""
     from tracelens.analyze.composition import SPANS
     from tracelens.analyze.idle import IDLE
 
-    write_ipc(xevents_file(events_parquet, st.rank), st.xevents)
+    write_ipc(xevents_file(events_file, st.rank), st.xevents)
     tables = {
         "nodes": st.nodes if st.nodes is not None else STORED_NODES.empty_table(),
         "syncs": st.syncs if st.syncs is not None else SYNCS.empty_table(),
@@ -287,16 +287,16 @@ def write_stage(st: RankStage, events_parquet: Path) -> None:
         "idle": st.idle if st.idle is not None else IDLE.empty_table(),
         "sets": _sets_table(st),
     }
-    write_arrays(stage_file(events_parquet, st.rank), {name: _ipc_image(tables[name]) for name in _PARTS})
+    write_arrays(stage_file(events_file, st.rank), {name: _ipc_image(tables[name]) for name in _PARTS})
 
 
-def read_stage(events_parquet: Path, rank: int) -> RankStage:
+def read_stage(events_file: Path, rank: int) -> RankStage:
     """Read a rank's stage files back (raises OSError / ArrowException when missing or damaged)."""
     from tracelens.analyze.composition import SPANS
     from tracelens.analyze.idle import IDLE
 
-    parts = read_stage_parts(stage_file(events_parquet, rank))
-    xev = read_ipc(xevents_file(events_parquet, rank))
+    parts = read_stage_parts(stage_file(events_file, rank))
+    xev = read_ipc(xevents_file(events_file, rank))
     sets_raw = parts["sets"]
     meta = sets_raw.schema.metadata or {}
     sets_t = sets_raw.replace_schema_metadata(None)
@@ -335,10 +335,10 @@ def read_stage(events_parquet: Path, rank: int) -> RankStage:
     )
 
 
-def stage_complete(events_parquet: Path, rank: int) -> bool:
+def stage_complete(events_file: Path, rank: int) -> bool:
     """Cheap check (the header and one part): the rank's stage files were written by this STAGE_VERSION."""
     try:
-        sets = read_stage_parts(stage_file(events_parquet, rank), ("sets",))["sets"]
+        sets = read_stage_parts(stage_file(events_file, rank), ("sets",))["sets"]
         return bool(sets.schema.remove_metadata().equals(SETS))
     except (OSError, pa.ArrowException, ValueError):
         return False
