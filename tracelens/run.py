@@ -295,6 +295,7 @@ def _reduce(
     deriving: list[Any] = []
     derived = None
     ex = executor or pool
+    threads = 4 if executor is not None else 1  # (a caller's executor: a cluster's workers wrote the files)
     try:
         if use_cache and ex is not None and entries:
             with contextlib.suppress(OSError):
@@ -303,12 +304,12 @@ def _reduce(
                 mem = gather_memory(ex, entries, mem_dir)
                 deriving = derive_from_stages(ex, entries, mem_dir)
         try:
-            stages = read_stages(entries)
+            stages = read_stages(entries, threads)
         except OSError:
             derived_parts(deriving)  # (made from the files now replaced: dropped)
             deriving = []
             run_tasks(False, True)
-            stages = read_stages(entries)
+            stages = read_stages(entries, threads)
         memory = collect_memory(mem) if mem else None
         derived = derived_parts(deriving) if deriving else None
     finally:
@@ -320,7 +321,7 @@ def _reduce(
         pages.trim_heap()  # (what reading and writing the stages left in the heap: ~90 MB at 1,024 ranks)
         if reopened is not None:
             return reopened[1]
-        stages = read_stages(entries)
+        stages = read_stages(entries, threads)
     try:
         return reduce_stages(stages)
     except (pa.ArrowException, ValueError) as err:

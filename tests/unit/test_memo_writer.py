@@ -231,3 +231,12 @@ def test_two_gathers_into_one_memo_folder_keep_their_own_parts(loaded, tmp_path)
     for p in folder.iterdir():
         p.unlink()
     assert RD.collect_memory(third) is None
+
+
+def test_stages_read_by_threads_equal_the_serial_read(loaded):
+    """The threaded read (files a cluster wrote to shared storage) gives the serial read's stages, in order."""
+    _, _, r = loaded
+    one = RD.reduce_stages(RD.read_stages(r.entries))
+    four = RD.reduce_stages(RD.read_stages(r.entries, 4))
+    assert one.xevents.equals(four.xevents) and one.breakdown.equals(four.breakdown)
+    assert one.spans is not None and four.spans is not None and one.spans.equals(four.spans)

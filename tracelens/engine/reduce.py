@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import uuid
-from concurrent.futures import Executor, Future
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -126,13 +126,17 @@ def concat_released(tables: list[pa.Table], sch: pa.Schema) -> pa.Table:
     return pa.Table.from_arrays(cols, schema=tables[0].schema)
 
 
-def read_stages(entries: list[RankEntry]) -> list[RankStage]:
+def read_stages(entries: list[RankEntry], threads: int = 1) -> list[RankStage]:
     """The stages of the entries (memory-mapped), in their order; OSError when a stage file is missing or
-    damaged. Read one after the other: reading a rank's files is ~1 ms of Python and Arrow calls (the files
-    were just written, their pages cached), and threads only contend for the interpreter: at 1,024 ranks
-    0.75-0.9 s serially against 1.2-1.6 s with four threads (docs/performance.md)."""
+    damaged. By default read one after the other: files this machine's pool has just written are in the page
+    cache, reading a rank's is ~1 ms of Python and Arrow calls, and threads only contend for the interpreter
+    (at 1,024 ranks 0.75-0.9 s serially against 1.2-1.6 s with four threads, docs/performance.md). `threads`
+    > 1 for files that opening waits on (written by a cluster's workers to shared storage)."""
     try:
-        return [read_stage(e.events, e.rank) for e in entries]
+        if threads <= 1 or len(entries) <= 1:
+            return [read_stage(e.events, e.rank) for e in entries]
+        with ThreadPoolExecutor(threads) as ex:
+            return list(ex.map(lambda e: read_stage(e.events, e.rank), entries))
     except (pa.ArrowException, ValueError) as err:
         raise OSError(f"stage files vanished or are corrupt: {err}") from err
 
