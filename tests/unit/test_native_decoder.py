@@ -141,6 +141,10 @@ def test_lone_values_the_python_path_coerces():
         b'[{"ph":"X","name":"record_param_comms","ts":1,"args":{"Input Dims":[[4, 8]],"Input type":["float"]}}]',
         # (found by the generated events below: a null name beside a communication op's)
         b'[{"ph":"X"},{"ph":"X","name":"record_param_comms"}]',
+        # args read once with the event (scan_event): an escaped key in the args of a phase not read is only
+        # JSON to check, as a repeated args key there is
+        b'[{"ph":"M","name":"thread_name","args":{"na\\u006de":"x"}},{"ph":"X","ts":1,"args":{"grid":[1]}}]',
+        b'[{"ph":"s","args":{"a":1},"args":{"b":[2]}},{"ph":"X","ts":1,"args":{"stream":7}}]',
     ]
     for c in cases:
         assert _agree(c), c
@@ -158,6 +162,11 @@ def test_lone_values_the_python_path_coerces():
         b'[{"ph":"X","name":"a\x01","ts":1}]',  # a control character
         b'[{"ph":"X","name":"\xff","ts":1}]',  # not UTF-8
         b'[{"ph":"X","ts":1},]',
+        b'[{"ph":"X","ts":1,"args":{"Exter\\u006eal id":3}}]',  # an escaped args key of a complete event
+        b'[{"ph":"i","name":"[memory]","ts":1,"args":{"B\\u0079tes":3}}]',  # ... of an instant event
+        b'[{"ph":"X","ts":1,"args":{},"args":{"stream":1}}]',  # args twice
+        b'[{"ph":"X","ts":1,"args":{"stream":1,"stream":2}}]',  # an args key twice
+        b'[{"ph":"M","args":{"a":[1,}}]',  # broken JSON in the args of a phase not read
     ]
     for c in left:
         assert native.scan(c) is None, c
