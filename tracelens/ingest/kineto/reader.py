@@ -31,6 +31,7 @@ from tracelens.ingest.kineto.columns import (
     _scatter,
     _scatter_index,
 )
+from tracelens.ingest.kineto.native import AVAILABLE as _NATIVE
 from tracelens.ingest.kineto.peek import rank_from_name
 from tracelens.ingest.kineto.scan import _Scan, _scan_blocks
 from tracelens.ingest.kineto.split import _reap, _scan_split
@@ -45,8 +46,13 @@ from tracelens.ingest.kineto.stream import (
     _utf8_replaced,
 )
 
-#: Target size (bytes of JSON) of one decoded chunk of `traceEvents`.
-CHUNK_BYTES = 1024 * 1024
+#: Target size (bytes of JSON) of one decoded chunk of `traceEvents`: 4 MiB with the compiled decoder, which
+#: makes no Python object per event, so a chunk's memory is its text and columns, and what a chunk costs
+#: besides (the wrapper's NumPy and Arrow calls, the merge, the names interned again) is paid a quarter as
+#: often (one rank of the 1,024-rank benchmark run, 4.4 MB of JSON: 30.1 -> 26.4 ms a read, four alternated
+#: runs, docs/performance.md); 1 MiB with msgspec's structs alone, which hold a Python object per event
+#: while the chunk is decoded.
+CHUNK_BYTES = (4 if _NATIVE else 1) * 1024 * 1024
 
 
 @dataclass
