@@ -815,11 +815,13 @@ class Analysis:
 
         return self._guarded("per-op view", lambda: ops_view(self))
 
-    def summary(self) -> dict:
-        """The summary.json document of this analysis (built by `tracelens.summary.build_summary`)."""
+    def summary(self, release: bool = False) -> dict:
+        """The summary.json document of this analysis (built by `tracelens.summary.build_summary`; `release`:
+        the critical path is let go once its part is built, as `tracelens analyze` does)."""
         from tracelens.summary import build_summary
 
-        return build_summary(self)  # (it waits for the background writes, before it collects the warnings)
+        # (it waits for the background writes, before it collects the warnings)
+        return build_summary(self, release=release)
 
     def wait_writes(self) -> None:
         """Wait for the cache files this analysis is writing in the background (the critical path's graph:

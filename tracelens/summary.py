@@ -98,8 +98,11 @@ def rank_rows(per_step: list[dict], stage_of: dict[int, int] | None) -> list[dic
     return out
 
 
-def build_summary(a: Analysis) -> dict:
-    """summary.json of an analysis (`a`: the typed analysis result, `tracelens.run_analysis.Analysis`)."""
+def build_summary(a: Analysis, release: bool = False) -> dict:
+    """summary.json of an analysis (`a`: the typed analysis result, `tracelens.run_analysis.Analysis`).
+    `release`: let the critical path (its graph: ~0.4 GB at 1,024 ranks) go once its part is built, after the
+    what-if, before the communication and op tables (`tracelens analyze`, which does not use it again; a
+    later `a.critical` computes it again)."""
     cross, pipe, comp = a.cross, a.pipeline, a.composition
     extra = {}
     if cross is not None:
@@ -152,6 +155,9 @@ def build_summary(a: Analysis) -> dict:
     # the what-if replays now, before the communication and op tables below are built: the replays are the
     # analysis' last memory peak, and those tables would add to it
     what_if = a.what_if(findings)
+    critical_path = a.critical.to_dict() if a.critical is not None else None
+    if release:
+        a.forget("critical")
     out = {
         "schema": SCHEMA,
         "tracelens_version": __version__,
@@ -174,7 +180,7 @@ def build_summary(a: Analysis) -> dict:
     a.forget("sized_collectives")  # (read above only: its frame, ~80 MB at 1,024 ranks, goes before the ops)
     out["ops"] = a.ops_view.summary_rows() if a.ops_view is not None else []
     out["what_if"] = what_if
-    out["critical_path"] = a.critical.to_dict() if a.critical is not None else None
+    out["critical_path"] = critical_path
     if a.options.compat == "hta":
         out["compat"] = a.hta_compat()
     # the run's warnings once every part is built: an optional part that failed on odd input (tracelens.policy)

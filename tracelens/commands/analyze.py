@@ -381,8 +381,9 @@ def analyze(
             progress.update(task, description="analyzing")
         if plain is not None:
             plain.set_phase("analyzing")
-        summary = analysis.summary()
-        analysis.forget("critical")  # (in summary.json; the report and the tables below do not use it)
+        # (the critical path let go once its part of summary.json is built: the report and the communication
+        # and op tables do not use it, and these tables would otherwise add to its memory)
+        summary = analysis.summary(release=True)
     usable_input_or_error(summary, run_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     write_summary(summary, summary_path)
