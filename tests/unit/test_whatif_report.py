@@ -54,3 +54,30 @@ def test_critical_path_on_pipeline_timeline():
     xs = [x for x in tr[0].x if x is not None]
     assert xs == [0.2, 0.7, 1.0, 1.25]  # step 3 only, relative to the timeline's zero
     assert all(y is None or y.startswith("stage ") for y in tr[0].y)
+
+
+def test_summary_releasing_the_critical_path_is_the_same_summary(tmp_path):
+    """`tracelens analyze` lets the critical path go once its part of summary.json is built
+    (`build_summary(release=True)`): the same document as keeping it, and the analysis no longer holds it (a
+    later use computes it again, the same)."""
+    import json
+    from pathlib import Path
+
+    from tracelens.run_analysis import Options, analyze_run
+
+    run = Path(__file__).resolve().parents[2] / "sample_traces" / "qwen35-27b-seq4k-tp2pp2dp2-straggler-skew"
+    kept = analyze_run(run, Options(cache_dir=tmp_path / "a"))
+    want = kept.summary()
+    assert "critical" in kept.__dict__  # (kept: the notebook API's default)
+    released = analyze_run(run, Options(cache_dir=tmp_path / "b"))
+    got = released.summary(release=True)
+    assert "critical" not in released.__dict__
+    assert want["critical_path"] and want["what_if"]  # (a run whose summary has both)
+
+    def same(d: dict) -> str:
+        d = json.loads(json.dumps(d, default=str))
+        d["run"].pop("path", None)
+        return json.dumps(d, sort_keys=True)
+
+    assert same(got) == same(want)
+    assert released.critical.to_dict() == want["critical_path"]
