@@ -141,7 +141,7 @@ def test_lone_values_the_python_path_coerces():
         b'[{"ph":"X","name":"record_param_comms","ts":1,"args":{"Input Dims":[[4, 8]],"Input type":["float"]}}]',
         # (found by the generated events below: a null name beside a communication op's)
         b'[{"ph":"X"},{"ph":"X","name":"record_param_comms"}]',
-        # args read once with the event (scan_event): an escaped key in the args of a phase not read is only
+        # args read once with the event (scan_object): an escaped key in the args of a phase not read is only
         # JSON to check, as a repeated args key there is
         b'[{"ph":"M","name":"thread_name","args":{"na\\u006de":"x"}},{"ph":"X","ts":1,"args":{"grid":[1]}}]',
         b'[{"ph":"s","args":{"a":1},"args":{"b":[2]}},{"ph":"X","ts":1,"args":{"stream":7}}]',

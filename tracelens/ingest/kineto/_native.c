@@ -304,11 +304,16 @@ static int args_key(const u8 *a, size_t n) {
     return -1;
 }
 
-/* An args object at c->p (scan_event): the values of its known keys (args_key: key text -> slot) into vals[],
- * each slot's bit set in *seen (a slot without its bit holds nothing: see SLOT), the others skipped. A known
- * key's second occurrence sets that slot's dup. An escaped key (it may spell a known one) is skipped with its
- * value and noted in *esc. FAIL on JSON errors. */
-static int scan_args(Cur *c, Val *vals, uint32_t *seen, int *esc) {
+/* An object of keys at c->p: the values of its known keys (kf: key text -> slot) into vals[], each slot's bit
+ * set in *seen (a slot without its bit holds nothing: see SLOT), the others skipped; a known key's second
+ * occurrence sets that slot's dup. An escaped key (it may spell a known one) FAILs, or, with `esc`, is skipped
+ * with its value and noted in *esc. With `args` (an event: kf is event_key), an `args` object is read here,
+ * once, with args_key (into args[] and *aseen, its escaped keys noted in *args_esc; vals[K_ARGS] holds its
+ * span), not skipped and read again: the args are most of a kernel event's text. A complete or instant
+ * event's args with an escaped key are left to the Python path; those of other phases are only checked as
+ * JSON. FAIL on JSON errors. */
+static int scan_object(Cur *c, Val *vals, int (*kf)(const u8 *, size_t), uint32_t *seen, int *esc, Val *args,
+                       uint32_t *aseen, int *args_esc) {
     if (++c->depth > MAX_DEPTH) return FAIL;
     c->p++;
     ws(c);
@@ -325,60 +330,25 @@ static int scan_args(Cur *c, Val *vals, uint32_t *seen, int *esc) {
         c->p++;
         ws(c);
         int k = -1;
-        if (key.sflags & S_ESC)
+        if (!(key.sflags & S_ESC))
+            k = kf(key.a, (size_t)(key.b - key.a));
+        else if (esc)
             *esc = 1;
         else
-            k = args_key(key.a, (size_t)(key.b - key.a));
+            return FAIL;
         if (k >= 0) {
             int dup = (*seen >> k) & 1;
-            if (skip_value(c, &vals[k])) return FAIL;
-            vals[k].dup = dup;
-            *seen |= 1u << k;
-        } else if (skip_value(c, &tmp)) {
-            return FAIL;
-        }
-        int more = next_member(c, '}');
-        if (more <= 0) return more;
-    }
-}
-
-/* An event object at c->p: the values of its known keys (event_key) into ev[], as scan_args does, and its
- * `args` object read here, once, by scan_args (into args[] and *aseen; ev[K_ARGS] holds its span), not skipped
- * and read again: the args are most of a kernel event's text. An escaped event key FAILs; an escaped key
- * inside args sets *args_esc (a complete or instant event's args are then left to the Python path; those of
- * other phases are only checked as JSON). */
-static int scan_event(Cur *c, Val *ev, uint32_t *seen, Val *args, uint32_t *aseen, int *args_esc) {
-    if (++c->depth > MAX_DEPTH) return FAIL;
-    c->p++;
-    ws(c);
-    if (c->p < c->e && *c->p == '}') {
-        c->p++;
-        c->depth--;
-        return 0;
-    }
-    Val key, tmp;
-    for (;;) {
-        if (c->p >= c->e || *c->p != '"' || scan_str(c, &key)) return FAIL;
-        ws(c);
-        if (c->p >= c->e || *c->p != ':') return FAIL;
-        c->p++;
-        ws(c);
-        int k = (key.sflags & S_ESC) ? -2 : event_key(key.a, (size_t)(key.b - key.a));
-        if (k == -2) return FAIL; /* an escaped key may spell a known one */
-        if (k == K_ARGS && c->p < c->e && *c->p == '{') {
-            Val *v = &ev[K_ARGS];
-            int dup = (*seen >> k) & 1;
-            v->a = c->p;
-            if (scan_args(c, args, aseen, args_esc)) return FAIL;
-            v->b = c->p;
-            v->type = T_OBJ;
-            v->sflags = 0;
+            Val *v = &vals[k];
+            if (args && k == K_ARGS && c->p < c->e && *c->p == '{') {
+                v->a = c->p;
+                if (scan_object(c, args, args_key, aseen, args_esc, NULL, NULL, NULL)) return FAIL;
+                v->b = c->p;
+                v->type = T_OBJ;
+                v->sflags = 0;
+            } else if (skip_value(c, v)) {
+                return FAIL;
+            }
             v->dup = dup;
-            *seen |= 1u << k;
-        } else if (k >= 0) {
-            int dup = (*seen >> k) & 1;
-            if (skip_value(c, &ev[k])) return FAIL;
-            ev[k].dup = dup;
             *seen |= 1u << k;
         } else if (skip_value(c, &tmp)) {
             return FAIL;
@@ -389,7 +359,7 @@ static int scan_event(Cur *c, Val *ev, uint32_t *seen, Val *args, uint32_t *asee
 }
 
 static const Val ABSENT = {T_ABSENT, NULL, NULL, 0, 0};
-/* Slot k of vals whose keys scan_event / scan_args marked in seen: the value, or ABSENT. */
+/* Slot k of vals whose keys scan_object marked in seen: the value, or ABSENT. */
 #define SLOT(vals, seen, k) (((seen) >> (k)) & 1 ? &(vals)[k] : &ABSENT)
 
 /* ------------------------------------------------------------------------------------- conversions */
@@ -738,7 +708,7 @@ static PyObject *scan(PyObject *self, PyObject *arg) {
 #define EV(k) SLOT(ev, evs, k)
 #define AR(k) SLOT(ar, ars, k)
         if (c.p >= c.e || *c.p != '{') goto bail;
-        if (scan_event(&c, ev, &evs, ar, &ars, &args_esc)) goto bail;
+        if (scan_object(&c, ev, event_key, &evs, NULL, ar, &ars, &args_esc)) goto bail;
         const Val *ph = EV(K_PH);
         if (ph->type != T_STR || ph->dup || ph->sflags || ph->b - ph->a != 1) goto bail;
         u8 phc = *ph->a;
@@ -746,7 +716,7 @@ static PyObject *scan(PyObject *self, PyObject *arg) {
             if (EV(K_CAT)->dup || EV(K_NAME)->dup || EV(K_ARGS)->dup) goto bail;
             const Val *av = EV(K_ARGS);
             int64_t alo = -1, ahi = -1;
-            if (av->type == T_OBJ) { /* (read by scan_event) */
+            if (av->type == T_OBJ) { /* (read by scan_object) */
                 if (args_esc) goto bail;
                 alo = av->a - base;
                 ahi = av->b - base;
@@ -803,7 +773,7 @@ static PyObject *scan(PyObject *self, PyObject *arg) {
             const Val *nv = EV(K_NAME), *av = EV(K_ARGS);
             if (nv->dup || av->dup) goto bail;
             if (nv->type != T_STR && nv->type != T_ABSENT && nv->type != T_NULL) goto bail;
-            if (av->type == T_OBJ) { /* (read by scan_event) */
+            if (av->type == T_OBJ) { /* (read by scan_object) */
                 if (args_esc) goto bail;
             } else if (av->type != T_ABSENT) {
                 goto bail;
