@@ -20,6 +20,7 @@ operations on the same operands (a max is exact whatever the order of its operan
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING
@@ -27,11 +28,19 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from tracelens.analyze.critical_keys import code_type
+from tracelens.analyze.dictcol import per_object
+
+try:  # the level loop compiled (_replay.c); the Python loop below where it is not built
+    from tracelens.analyze import _replay
+except ImportError:  # pragma: no cover (depends on the install)
+    _replay = None  # type: ignore[assignment]
 
 if TYPE_CHECKING:
     from tracelens.analyze.critical_path import Graph
 
 NEG = -1e30
+#: Whether `replay` runs its level loop compiled (built, and not turned off with TRACELENS_NATIVE=0).
+NATIVE = _replay is not None and os.environ.get("TRACELENS_NATIVE", "1") != "0"
 
 
 def _release_terms(
@@ -378,13 +387,15 @@ def replay(
     transfer: np.ndarray | None = None,
     plan: ReplayPlan | None = None,
     base: Replay | None = None,
+    native: bool = True,
 ) -> Replay:
     """Replay the graph with per-kernel durations, releases and collective transfers (default: observed).
 
     A kernel launched after a blocking sync is released at `release + finish[X] - end_X` (X: the device work
     the sync waited for), so its launch moves with X. `plan`: `replay_plan(g)`, for several replays. `base`:
     a replay with the same plan; when `dur` and `release` are the very arrays it replayed, its node terms are
-    reused and only the transfers are set (a change of transfers alone)."""
+    reused and only the transfers are set (a change of transfers alone). `native`: False runs the level loop
+    in Python even where it is compiled (the reference the compiled one is tested against)."""
     dur = g.k_dur if dur is None else dur
     release = g.k_release if release is None else release
     transfer = g.k_transfer if transfer is None else transfer
@@ -403,6 +414,30 @@ def replay(
     finish = np.full(n, NEG)
     entry = np.full(n, NEG)
     S = np.full(n, NEG) if Qs.size else finish[:0]
+    if NATIVE and native:
+        lv, rs, sync = flat_levels(p)
+        _replay.levels(finish, entry, D, Q, p.e_src, lv, rs, (S, Qs, *sync) if sync and S.size else None)
+    else:
+        _levels(p, finish, entry, D, Q, S, Qs)
+    # the latest finish per step (fmax: NaN is skipped, as a group-by's max skips it)
+    fin_step = np.fmax.reduceat(finish[p.pos[p.by_step]], p.step_bounds) if p.steps.size else p.steps
+    steps = {}
+    for st, v in zip(p.steps.tolist(), fin_step):
+        if st >= 0:
+            steps[st] = float(v - g.step_origin.get(st, 0.0))
+    return Replay(p.pos, terms, finish, entry, S, steps, dur, release, transfer)
+
+
+def _levels(
+    p: ReplayPlan,
+    finish: np.ndarray,
+    entry: np.ndarray,
+    D: np.ndarray,
+    Q: np.ndarray,
+    S: np.ndarray,
+    Qs: np.ndarray,
+) -> None:
+    """The level loop in Python (`_replay.levels` compiled): `finish`, `entry` and `S` filled in place."""
     e_src = p.e_src
     # (per level a few calls on a few thousand nodes: their overhead is the cost, so the reduction writes
     # into `entry` itself and the functions are looked up once)
@@ -418,13 +453,34 @@ def replay(
             t = Qs[a + slot] + finish[x] - x_end
             S[a + slot] = t
             f[slot] = np.maximum(f[slot], t)
-    # the latest finish per step (fmax: NaN is skipped, as a group-by's max skips it)
-    fin_step = np.fmax.reduceat(finish[p.pos[p.by_step]], p.step_bounds) if p.steps.size else p.steps
-    steps = {}
-    for st, v in zip(p.steps.tolist(), fin_step):
-        if st >= 0:
-            steps[st] = float(v - g.step_origin.get(st, 0.0))
-    return Replay(p.pos, terms, finish, entry, S, steps, dur, release, transfer)
+
+
+def flat_levels(
+    p: ReplayPlan,
+) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None]:
+    """The plan's levels as flat arrays (made once a plan, kept with it): a row (a, m, b, e0, e1, r0) a level
+    in one int64 array, every level's reduceat starts one after the other (the level's at r0), and its sync
+    terms (None: none) as (starts: the first entry of each level and the end, slots, X's places, X's ends)."""
+    memo = per_object(p)
+    got = memo.get("flat_levels")
+    if got is not None:
+        return got  # type: ignore[return-value]
+    n_lv = len(p.levels)
+    lv = np.empty((n_lv, 6), dtype=np.int64)
+    if n_lv:
+        lv[:, :5] = [t[:5] for t in p.levels]
+        sizes = lv[:, 1] - lv[:, 0]
+        lv[:, 5] = np.cumsum(sizes) - sizes
+    rs = np.concatenate([t[5] for t in p.levels]) if n_lv else np.empty(0, np.int64)
+    sync = None
+    if any(sy is not None for sy in p.sync):
+        parts = [sy if sy is not None else (np.empty(0, np.int64),) * 2 + (np.empty(0),) for sy in p.sync]
+        cut = np.r_[0, np.cumsum([sy[0].size for sy in parts])].astype(np.int64)
+        slot, x, x_end = (np.concatenate([sy[j] for sy in parts]) for j in range(3))
+        sync = (cut, slot, x, np.ascontiguousarray(x_end, dtype=np.float64))
+    flat = (lv.reshape(-1), rs, sync)
+    memo["flat_levels"] = flat
+    return flat
 
 
 def step_times(
