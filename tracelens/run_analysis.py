@@ -89,7 +89,9 @@ class Analysis:
     run: Run  # tracelens.run.Run: metadata, files, per-rank stage results; events read lazily
     warnings: list[str] = field(default_factory=list)
     mfu_findings: list = field(default_factory=list)  # MFU_IMPOSSIBLE, set when `mfu` is computed
-    _writes: list[Future[None]] = field(default_factory=list, init=False, repr=False)  # cache files
+    # cache files written in the background: (what they keep, done when they are written)
+    _writes: list[tuple[str, Future[None]]] = field(default_factory=list, init=False, repr=False)
+    _cross_key: str | None = field(default=None, init=False, repr=False)  # (store.results.cross_key)
 
     @property
     def _xevents(self) -> pa.Table:
@@ -304,19 +306,31 @@ class Analysis:
         """Collectives, clock offsets, wait vs transfer and stragglers (tracelens.analyze.stragglers)."""
         if self._xevents.num_rows == 0:
             return None
-        from tracelens.analyze.stragglers import analyze_cross_rank
+        return self._guarded("cross-rank analysis", self._cross)
 
-        return self._guarded(
-            "cross-rank analysis",
-            lambda: analyze_cross_rank(
+    def _cross(self):
+        from tracelens.analyze.stragglers import analyze_cross_rank
+        from tracelens.store import results
+
+        st = self.run.stages
+        stage_of, breakdown = self.stage_of, self.breakdown
+        key = (
+            results.cross_key(st.memo_id, self.metadata, breakdown, stage_of) if st.memo is not None else None
+        )
+        res = results.read_cross(st.memo, key) if st.memo is not None and key else None
+        if res is None:
+            res = analyze_cross_rank(
                 self._xevents,
                 self.metadata,
-                self.breakdown,
-                stage_of=self.stage_of,
+                breakdown,
+                stage_of=stage_of,
                 sets=self.sets,
-                collectives=self.run.stages.cross_collectives(),  # (the run memo's: not recomputed)
-            ),
-        )
+                collectives=st.cross_collectives(),  # (the run memo's: not recomputed)
+            )
+            if st.memo is not None and key:  # (written while the analysis goes on)
+                self._writes.append(("the cross-rank analysis", results.write_cross_later(st.memo, key, res)))
+        self._cross_key = key
+        return res
 
     @cached_property
     def spans(self):
@@ -480,7 +494,8 @@ class Analysis:
             if g is None:
                 g = self._build_graph(cross, stage_of)
                 if g is not None and st.memo is not None and key:  # (written while the graph is replayed)
-                    self._writes.append(runs.write_graph_later(st.memo, key, g, cp.plan_of(g)))
+                    done = runs.write_graph_later(st.memo, key, g, cp.plan_of(g))
+                    self._writes.append(("the critical path's graph", done))
             if g is None:
                 return None
             if g.dropped_instances:
@@ -531,16 +546,19 @@ class Analysis:
         def pairs(d: dict[int, int] | None) -> str:
             return json.dumps(None if d is None else sorted((int(k), int(v)) for k, v in d.items()))
 
-        coll = cross.collectives if cross is not None else None
+        if cross is not None and self._cross_key:  # (the key of all the cross-rank result holds)
+            of_cross = f"cross {self._cross_key}"
+        else:
+            coll = cross.collectives if cross is not None else None
+            of_cross = pairs(cross.offsets_ns if cross is not None else None) + table_digest(
+                None if coll is None else coll.select([c for c in COLL_COLUMNS if c in coll.column_names])
+            )
         return runs.graph_key(
             st.memo_id,
             json.dumps([int(r) for r in self.ranks]),
             json.dumps([self.options.layer_pattern, st.spans_error]),
             pairs(stage_of),
-            pairs(cross.offsets_ns if cross is not None else None),
-            table_digest(
-                None if coll is None else coll.select([c for c in COLL_COLUMNS if c in coll.column_names])
-            ),
+            of_cross,
         )
 
     def what_if(self, findings: list[dict]) -> list[dict]:
@@ -825,10 +843,12 @@ class Analysis:
 
     def wait_writes(self) -> None:
         """Wait for the cache files this analysis is writing in the background (the critical path's graph:
-        `store.runs.write_graph_later`). A write that failed other than for want of room or rights (OSError:
-        the graph is built again next time) is a warning, or raised in strict mode (tracelens.policy)."""
+        `store.runs.write_graph_later`; the cross-rank result: `store.results.write_cross_later`). A write that
+        failed other than for want of room or rights (OSError: the result is computed again next time) is a
+        warning, or raised in strict mode (tracelens.policy)."""
         while self._writes:
-            self._guarded("keeping the critical path's graph in the cache", self._writes.pop(0).result)
+            what, done = self._writes.pop(0)
+            self._guarded(f"keeping {what} in the cache", done.result)
 
     def forget(self, *names: str) -> None:
         """Let these computed results go (cached properties, e.g. "critical"); a later use computes them

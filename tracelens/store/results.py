@@ -1,0 +1,194 @@
+"""Analysis results a run memo keeps beside its tables, so that a cached re-analysis does not compute them
+again: the cross-rank analysis (`analyze.stragglers.CrossRankResult`: matched collectives, clock offsets,
+wait / transfer split, stragglers and their findings), ~2.2 s of a 1,024-rank re-analysis on a 2-core machine.
+
+A result is kept under a key of everything it was computed from (`cross_key`: the memo's identity, the
+inputs the analysis derives beside it, and `cache.code_digest`, so any change of the code is another key),
+one at a time per memo (`cross-<key>.json` with its tables in `cross-<key>.<table>.arrow`; the JSON, written
+last, marks it whole). Its tables are Arrow IPC files read back memory-mapped; the rest is JSON written so
+that it reads back exactly as it was (`exact_dumps`): a result with a value that JSON would change (a tuple,
+an int key, a NumPy scalar it cannot tag) is not kept. A kept result that cannot be read (damaged, cut
+short, of another layout) is computed again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+import threading
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from tracelens.analyze.clock import ClockResult
+from tracelens.analyze.stragglers import CrossRankResult
+from tracelens.store.arrays import table_digest, text_digest
+from tracelens.store.atomic import write_ipc, write_text
+from tracelens.store.cache import code_digest, read_ipc
+
+#: The tables of a CrossRankResult, each in a file of its own.
+_CROSS_TABLES = ("collectives", "exposed_split", "arrival_lag")
+_CROSS_GLOB = "cross-*"
+
+
+# -------------------------------------------------------------------------------- JSON that reads back exactly
+class NotExact(TypeError):
+    """A value `exact_dumps` cannot write so that it reads back the same."""
+
+
+def _enc(x: Any) -> Any:
+    if x is None or type(x) in (bool, int, float, str):
+        return x
+    if type(x) is list:
+        return [_enc(v) for v in x]
+    if type(x) is tuple:
+        return {"~t": [_enc(v) for v in x]}
+    if type(x) is dict:
+        if all(type(k) is str for k in x) and not any(k in ("~t", "~d", "~n") for k in x):
+            return {k: _enc(v) for k, v in x.items()}
+        return {"~d": [[_enc(k), _enc(v)] for k, v in x.items()]}
+    if isinstance(x, (np.integer, np.floating, np.bool_)):
+        return {"~n": [x.dtype.str, x.item()]}
+    raise NotExact(f"{type(x).__name__} is not kept as JSON")
+
+
+def _dec(x: Any) -> Any:
+    if type(x) is list:
+        return [_dec(v) for v in x]
+    if type(x) is dict:
+        if len(x) == 1:
+            ((k, v),) = x.items()
+            if k == "~t":
+                return tuple(_dec(i) for i in v)
+            if k == "~d":
+                return {_dec(a): _dec(b) for a, b in v}
+            if k == "~n":
+                return np.dtype(v[0]).type(v[1])
+        return {k: _dec(v) for k, v in x.items()}
+    return x
+
+
+def same(a: Any, b: Any) -> bool:
+    """Equal and of the same types all the way down (NaN equals NaN): what a round trip must give."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict):
+        return (
+            list(a) == list(b)
+            and all(same(a[k], b[k]) for k in a)
+            and all(type(x) is type(y) for x, y in zip(a, b))
+        )
+    if isinstance(a, (float, np.floating)) and math.isnan(a):
+        return bool(math.isnan(b))
+    return bool(a == b)
+
+
+def exact_dumps(x: Any) -> str:
+    """JSON text of `x` that `exact_loads` turns back into a value `same` as `x` (tuples, dicts with other
+    keys than strings and NumPy scalars tagged). Raises NotExact when that cannot be promised."""
+    text = json.dumps(_enc(x), separators=(",", ":"))
+    if not same(exact_loads(text), x):  # (e.g. a subclass of int or str, which JSON would not keep)
+        raise NotExact("the value does not read back the same")
+    return text
+
+
+def exact_loads(text: str) -> Any:
+    return _dec(json.loads(text))
+
+
+# ------------------------------------------------------------------------------------- the cross-rank analysis
+def cross_key(
+    memo_id: str, metadata: pa.Table | None, breakdown: pa.Table, stage_of: dict[int, int] | None
+) -> str:
+    """Key of the cross-rank analysis of a memo's tables (`memo_id`: `Staged.memo_id`; its cross-rank events,
+    rank sets and collectives) with this metadata, breakdown (steps that hung left out) and stage map, by
+    this code."""
+    stages = json.dumps(None if stage_of is None else sorted((int(k), int(v)) for k, v in stage_of.items()))
+    parts = [code_digest(), "cross", memo_id, table_digest(metadata), table_digest(breakdown), stages]
+    return text_digest(parts)[:20]
+
+
+def read_cross(memo: Path, key: str) -> CrossRankResult | None:
+    """The cross-rank result `write_cross` kept under `key` in the run memo `memo` (its tables memory-mapped),
+    or None when there is none or it cannot be read."""
+    try:
+        rest = exact_loads((memo / f"cross-{key}.json").read_text(encoding="utf-8"))
+        tables = {name: read_ipc(memo / f"cross-{key}.{name}.arrow") for name in _CROSS_TABLES}
+        clock = rest.pop("clock")
+        return CrossRankResult(**tables, **rest, clock=None if clock is None else ClockResult(**clock))
+    except (OSError, ValueError, KeyError, TypeError, pa.ArrowException):
+        return None
+
+
+def _rest_text(res: CrossRankResult) -> str:
+    """The JSON of what `res` holds beside its tables (NotExact when it would not read back the same)."""
+    rest = {f.name: getattr(res, f.name) for f in dataclasses.fields(res) if f.name not in _CROSS_TABLES}
+    if res.clock is not None:
+        rest["clock"] = {f.name: getattr(res.clock, f.name) for f in dataclasses.fields(res.clock)}
+    return exact_dumps(rest)
+
+
+def _write_cross(memo: Path, key: str, res: CrossRankResult, text: str) -> None:
+    _remove(memo, _CROSS_GLOB, keep=f"cross-{key}.")
+    for name in _CROSS_TABLES:
+        write_ipc(memo / f"cross-{key}.{name}.arrow", getattr(res, name))
+    write_text(memo / f"cross-{key}.json", text)  # (last: the mark of a whole result)
+
+
+def write_cross(memo: Path, key: str, res: CrossRankResult) -> None:
+    """Keep `res` in the run memo `memo` under `key`, in place of any kept before. OSError when the cache
+    cannot take it; NotExact when a value of it would not read back the same (then nothing is kept)."""
+    _write_cross(memo, key, res, _rest_text(res))
+
+
+def write_cross_later(memo: Path, key: str, res: CrossRankResult) -> Future[None]:
+    """`write_cross` with its files written in a thread of its own (the writes release the GIL while the
+    analysis goes on): the future is done when they are. What `res` holds beside its tables is taken now,
+    as text, so that later changes of its findings (the what-if sets their `saving_ms`) do not reach the
+    files; its Arrow tables do not change. A cache that cannot take them, or a result that JSON would
+    change, is no error (it is computed again next time); any other exception is the future's."""
+    done: Future[None] = Future()
+    try:
+        text = _rest_text(res)
+    except NotExact:
+        done.set_result(None)
+        return done
+
+    def write() -> None:
+        try:
+            _write_cross(memo, key, res, text)
+        except OSError:
+            pass
+        except BaseException as err:  # noqa: BLE001 (handed to the caller through the future)
+            done.set_exception(err)
+            return
+        done.set_result(None)
+
+    threading.Thread(target=write, name="tracelens-cross-write").start()
+    return done
+
+
+def _remove(memo: Path, pattern: str, keep: str) -> None:
+    for p in memo.glob(pattern):
+        if not p.name.startswith(keep):
+            with contextlib.suppress(OSError):
+                p.unlink()
+
+
+__all__ = [
+    "NotExact",
+    "cross_key",
+    "exact_dumps",
+    "exact_loads",
+    "read_cross",
+    "same",
+    "write_cross",
+    "write_cross_later",
+]
