@@ -8,8 +8,10 @@ same file do not trample each other's temporary files.
 from __future__ import annotations
 
 import os
+import threading
 import uuid
 from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
 
 import pyarrow as pa
@@ -52,4 +54,24 @@ def write_ipc(dest: str | Path, table: pa.Table, compression: str | None = None)
     write_atomic(dest, write)
 
 
-__all__ = ["write_atomic", "write_bytes", "write_ipc", "write_text"]
+def write_later(name: str, write: Callable[[], object]) -> Future[None]:
+    """Call `write()` in a thread of its own (named `name`), started here: the future is done when it
+    returns. An OSError (a cache that cannot take the files) is no error: the future's result is None, as
+    for a write that succeeded. Any other exception is the future's."""
+    done: Future[None] = Future()
+
+    def run() -> None:
+        try:
+            write()
+        except OSError:
+            pass
+        except BaseException as err:  # noqa: BLE001 (handed to the caller through the future)
+            done.set_exception(err)
+            return
+        done.set_result(None)
+
+    threading.Thread(target=run, name=name).start()
+    return done
+
+
+__all__ = ["write_atomic", "write_bytes", "write_ipc", "write_later", "write_text"]

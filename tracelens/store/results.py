@@ -17,7 +17,6 @@ import contextlib
 import dataclasses
 import json
 import math
-import threading
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -28,7 +27,7 @@ import pyarrow as pa
 from tracelens.analyze.clock import ClockResult
 from tracelens.analyze.stragglers import CrossRankResult
 from tracelens.store.arrays import table_digest, text_digest
-from tracelens.store.atomic import write_ipc, write_text
+from tracelens.store.atomic import write_ipc, write_later, write_text
 from tracelens.store.cache import code_digest, read_ipc
 
 #: The tables of a CrossRankResult, each in a file of its own.
@@ -154,25 +153,13 @@ def write_cross_later(memo: Path, key: str, res: CrossRankResult) -> Future[None
     as text, so that later changes of its findings (the what-if sets their `saving_ms`) do not reach the
     files; its Arrow tables do not change. A cache that cannot take them, or a result that JSON would
     change, is no error (it is computed again next time); any other exception is the future's."""
-    done: Future[None] = Future()
     try:
         text = _rest_text(res)
     except NotExact:
+        done: Future[None] = Future()
         done.set_result(None)
         return done
-
-    def write() -> None:
-        try:
-            _write_cross(memo, key, res, text)
-        except OSError:
-            pass
-        except BaseException as err:  # noqa: BLE001 (handed to the caller through the future)
-            done.set_exception(err)
-            return
-        done.set_result(None)
-
-    threading.Thread(target=write, name="tracelens-cross-write").start()
-    return done
+    return write_later("tracelens-cross-write", lambda: _write_cross(memo, key, res, text))
 
 
 def _remove(memo: Path, pattern: str, keep: str) -> None:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from pathlib import Path
@@ -33,7 +32,7 @@ from tracelens.analyze.breakdown import BREAKDOWN, RankSets
 from tracelens.analyze.classify import comm_launched, keep_comm_launched
 from tracelens.layout_structure import pg_rows_schema
 from tracelens.store.arrays import read_arrays, text_digest, write_arrays
-from tracelens.store.atomic import write_ipc, write_text
+from tracelens.store.atomic import write_ipc, write_later, write_text
 from tracelens.store.cache import RankEntry, code_digest, ipc_schema, read_ipc
 from tracelens.store.stages import (
     OPS,
@@ -276,20 +275,7 @@ def write_graph_later(memo: Path, key: str, g: Graph, plan: ReplayPlan | None = 
     from tracelens.analyze.graph_state import graph_state
 
     arrays, meta = graph_state(g, plan)
-    done: Future[None] = Future()
-
-    def write() -> None:
-        try:
-            _write_graph_state(memo, key, arrays, meta)
-        except OSError:
-            pass
-        except BaseException as err:  # noqa: BLE001 (handed to the caller through the future)
-            done.set_exception(err)
-            return
-        done.set_result(None)
-
-    threading.Thread(target=write, name="tracelens-graph-write").start()
-    return done
+    return write_later("tracelens-graph-write", lambda: _write_graph_state(memo, key, arrays, meta))
 
 
 def _write_graph_state(memo: Path, key: str, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> None:
