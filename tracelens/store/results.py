@@ -6,8 +6,9 @@ A result is kept under a key of everything it was computed from (`cross_key`: th
 inputs the analysis derives beside it, and `cache.code_digest`, so any change of the code is another key),
 one at a time per memo (`cross-<key>.json` with its tables in `cross-<key>.<table>.arrow`; the JSON, written
 last, marks it whole). Its tables are Arrow IPC files read back memory-mapped; the rest is JSON written so
-that it reads back exactly as it was (`exact_dumps`): a result with a value that JSON would change (a tuple,
-an int key, a NumPy scalar it cannot tag) is not kept. A kept result that cannot be read (damaged, cut
+that it reads back exactly as it was (`exact_dumps`: tuples, dicts with keys other than strings and NumPy
+scalars are tagged); a result with a value it cannot promise to read back (a set, a subclass of int or str)
+is not kept. A kept result that cannot be read (damaged, cut
 short, of another layout) is computed again.
 """
 
