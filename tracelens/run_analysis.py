@@ -11,7 +11,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -41,6 +41,7 @@ class Analysis:
     # cache files written in the background: (what they keep, done when they are written)
     _writes: list[tuple[str, Future[None]]] = field(default_factory=list, init=False, repr=False)
     _cross_key: str | None = field(default=None, init=False, repr=False)  # (store.results.cross_key)
+    failures: int = field(default=0, init=False)  # optional parts that failed so far (warnings, `_guarded`)
 
     @property
     def _xevents(self) -> pa.Table:
@@ -220,7 +221,10 @@ class Analysis:
 
     # ---- optional analyzers: a failure becomes a warning (tracelens.policy) ---------------------
     def _guarded(self, what: str, fn):
-        return contained(f"{what} skipped", fn, self.warnings)
+        n = len(self.warnings)
+        out = contained(f"{what} skipped", fn, self.warnings)
+        self.failures += len(self.warnings) > n
+        return out
 
     @cached_property
     def _grid_and_findings(self):
@@ -277,7 +281,7 @@ class Analysis:
                 collectives=st.cross_collectives(),  # (the run memo's: not recomputed)
             )
             if st.memo is not None and key:  # (written while the analysis goes on)
-                self._writes.append(("the cross-rank analysis", results.write_cross_later(st.memo, key, res)))
+                self.keep_writing("the cross-rank analysis", results.write_cross_later(st.memo, key, res))
         self._cross_key = key
         return res
 
@@ -444,7 +448,7 @@ class Analysis:
                 g = self._build_graph(cross, stage_of)
                 if g is not None and st.memo is not None and key:  # (written while the graph is replayed)
                     done = runs.write_graph_later(st.memo, key, g, cp.plan_of(g))
-                    self._writes.append(("the critical path's graph", done))
+                    self.keep_writing("the critical path's graph", done)
             if g is None:
                 return None
             if g.dropped_instances:
@@ -510,36 +514,47 @@ class Analysis:
             of_cross,
         )
 
-    def what_if(self, findings: list[dict]) -> list[dict]:
-        """The summary's `what_if` list; sets `saving_ms` on the findings it has a fix for."""
-        crit = self.critical
-        if crit is None:
-            return []
-        from tracelens.analyze.whatif import per_layer_ns, what_if
+    def what_if_inputs(self) -> dict[str, Any]:
+        """What `analyze.whatif.what_if` reads beside the critical path and the findings."""
+        from tracelens.analyze.whatif import per_layer_ns
 
         comp = self.composition
         layer_ns = None
         if comp is not None and comp.layer_split:
             m = self.pipeline.microbatches if self.pipeline is not None else self.options.microbatches
             layer_ns = per_layer_ns(comp.per_stage_type_ms, list(comp.layer_split), m)
-        peers, stage_of = (self.cross.peers if self.cross is not None else None), self.stage_of
+        return {
+            "peers_of": self.cross.peers if self.cross is not None else None,
+            "stage_of": self.stage_of,
+            "heavy_stage": comp.heavy_stage if comp is not None else None,
+            "layer_split": comp.layer_split if comp is not None else None,
+            "suggested_split": comp.suggested_split if comp is not None else None,
+            "layer_ns": layer_ns,
+        }
+
+    def what_if(self, findings: list[dict]) -> list[dict]:
+        """The summary's `what_if` list; sets `saving_ms` on the findings it has a fix for."""
+        crit = self.critical
+        if crit is None:
+            return []
+        from tracelens.analyze.whatif import what_if
+
+        inputs = self.what_if_inputs()
         self.run.stages.release_pages()  # (the replays read no event)
-        return (
-            self._guarded(
-                "what-if",
-                lambda: what_if(
-                    crit,
-                    findings,
-                    peers_of=peers,
-                    stage_of=stage_of,
-                    heavy_stage=comp.heavy_stage if comp is not None else None,
-                    layer_split=comp.layer_split if comp is not None else None,
-                    suggested_split=comp.suggested_split if comp is not None else None,
-                    layer_ns=layer_ns,
-                ),
-            )
-            or []
-        )
+        return self._guarded("what-if", lambda: what_if(crit, findings, **inputs)) or []
+
+    def what_if_key(self, findings: list[dict]) -> tuple[Path, str] | None:
+        """Where the run memo keeps the critical path's part of summary.json and the what-if computed from
+        these findings (`store.results.read_tail`), and its key; None without a memo or with inputs it
+        cannot key."""
+        st = self.run.stages
+        if st.memo is None or self._xevents.num_rows == 0:
+            return None
+        from tracelens.store import results
+
+        graph = self._graph_key(self.cross, self.stage_of)
+        key = results.tail_key(graph, {"findings": findings, **self.what_if_inputs()}) if graph else None
+        return (st.memo, key) if key else None
 
     @cached_property
     def layer_composition(self):
@@ -790,9 +805,15 @@ class Analysis:
         # (it waits for the background writes, before it collects the warnings)
         return build_summary(self, release=release)
 
+    def keep_writing(self, what: str, done: Future[None]) -> None:
+        """A cache file this analysis writes in the background (`done`: its writer's future); `wait_writes`
+        waits for it."""
+        self._writes.append((what, done))
+
     def wait_writes(self) -> None:
         """Wait for the cache files this analysis is writing in the background (the critical path's graph:
-        `store.runs.write_graph_later`; the cross-rank result: `store.results.write_cross_later`). A write that
+        `store.runs.write_graph_later`; the cross-rank result: `store.results.write_cross_later`; the critical
+        path's summary and the what-if: `store.results.write_tail_later`). A write that
         failed other than for want of room or rights (OSError: the result is computed again next time) is a
         warning, or raised in strict mode (tracelens.policy)."""
         while self._writes:

@@ -124,7 +124,6 @@ def build_summary(a: Analysis, release: bool = False) -> dict:
     findings += a.idle_findings()
     findings += a.p2p.findings if a.p2p is not None else []
     findings = a.time_shared_filter(findings)
-    _ = a.critical  # its warnings (a graph it cannot order) belong in run.warnings below
     _ = a.mfu  # computes MFU, and its MFU_IMPOSSIBLE finding when the inputs are wrong
     findings += a.mfu_findings
     stages = []
@@ -154,10 +153,7 @@ def build_summary(a: Analysis, release: bool = False) -> dict:
     }
     # the what-if replays now, before the communication and op tables below are built: the replays are the
     # analysis' last memory peak, and those tables would add to it
-    what_if = a.what_if(findings)
-    critical_path = a.critical.to_dict() if a.critical is not None else None
-    if release:
-        a.forget("critical")
+    what_if, critical_path = critical_and_what_if(a, findings, release)
     out = {
         "schema": SCHEMA,
         "tracelens_version": __version__,
@@ -198,6 +194,50 @@ def build_summary(a: Analysis, release: bool = False) -> dict:
         + (wait_split_warnings(ranks) if cross is not None else [])
     )
     return out
+
+
+def critical_and_what_if(
+    a: Analysis, findings: list[dict], release: bool = False
+) -> tuple[list[dict], dict | None]:
+    """summary.json's `what_if` list (its `saving_ms` set on the findings it has a fix for) and its
+    `critical_path` object. The run memo keeps them under a key of the graph's inputs and the what-if's
+    (`store.results.tail_key`: the findings as they are now among them): a re-analysis that would replay the
+    same graph for the same findings reads them back, with the warnings their computation gave, instead of
+    replaying it. Not kept when a part failed (a warning of `tracelens.policy`: perhaps for want of memory)
+    or the critical path was computed before (its warnings are then already in `a.warnings`). `release`: let
+    the critical path go once its part is built (see `build_summary`)."""
+    from tracelens.store import results
+
+    where = a.what_if_key(findings)
+    kept = results.read_tail(*where) if where is not None else None
+    if kept is not None:
+        for i, saving in kept["savings"]:
+            findings[i]["saving_ms"] = saving
+        a.warnings.extend(kept["warnings"])
+        return kept["what_if"], kept["critical_path"]
+    n, failures, before = len(a.warnings), a.failures, [f.get("saving_ms", _UNSET) for f in findings]
+    keep = where is not None and "critical" not in a.__dict__
+    what_if = a.what_if(findings)  # (the critical path's warnings, a graph it cannot order, come first)
+    critical_path = a.critical.to_dict() if a.critical is not None else None
+    if release:
+        a.forget("critical")
+    if where is not None and keep and a.failures == failures:
+        savings = [
+            [i, f["saving_ms"]]
+            for i, (f, was) in enumerate(zip(findings, before))
+            if "saving_ms" in f and (was is _UNSET or not results.same(was, f["saving_ms"]))
+        ]
+        tail = {
+            "what_if": what_if,
+            "critical_path": critical_path,
+            "savings": savings,
+            "warnings": a.warnings[n:],
+        }
+        a.keep_writing("the critical path and what-if", results.write_tail_later(where[0], where[1], tail))
+    return what_if, critical_path
+
+
+_UNSET = object()
 
 
 def composition_dict(comp) -> dict | None:

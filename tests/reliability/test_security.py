@@ -35,7 +35,7 @@ from tracelens.run import load_tables
 from tracelens.run_analysis import Options, analyze_run
 from tracelens.store.arrays import read_arrays
 from tracelens.store.cache import default_cache_dir, ipc_schema
-from tracelens.store.results import exact_loads
+from tracelens.store.results import exact_loads, read_tail
 from tracelens.store.stages import read_stage_parts
 
 SCRIPT = "<script>alert(1)</script>"
@@ -307,6 +307,8 @@ def test_two_analyses_at_once_do_not_corrupt_the_cache(tmp_path):
             assert read_arrays(f)[0]
         elif f.name.startswith("cross-") and f.suffix == ".json":  # its kept cross-rank result
             assert "findings" in exact_loads(f.read_text())
+        elif f.name.startswith("whatif-") and f.suffix == ".json":  # its kept critical path and what-if
+            assert read_tail(f.parent, f.stem[len("whatif-") :]) is not None
         else:
             raise AssertionError(f"unexpected file in the cache: {f}")
     assert load_tables(run).events.equals(ref.events)

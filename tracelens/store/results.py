@@ -1,11 +1,12 @@
 """Analysis results a run memo keeps beside its tables, so that a cached re-analysis does not compute them
 again: the cross-rank analysis (`analyze.stragglers.CrossRankResult`: matched collectives, clock offsets,
-wait / transfer split, stragglers and their findings), ~2.2 s of a 1,024-rank re-analysis on a 2-core machine.
+wait / transfer split, stragglers and their findings), ~2.2 s of a 1,024-rank re-analysis on a 2-core machine;
+and the critical path's part of summary.json with the what-if (`read_tail`: the graph's replays, ~2-3 s).
 
 A result is kept under a key of everything it was computed from (`cross_key`: the memo's identity, the
 inputs the analysis derives beside it, and `cache.code_digest`, so any change of the code is another key),
 one at a time per memo (`cross-<key>.json` with its tables in `cross-<key>.<table>.arrow`; the JSON, written
-last, marks it whole). Its tables are Arrow IPC files read back memory-mapped; the rest is JSON written so
+last, marks it whole; `whatif-<key>.json`). Its tables are Arrow IPC files read back memory-mapped; the rest is JSON written so
 that it reads back exactly as it was (`exact_dumps`: tuples, dicts with keys other than strings and NumPy
 scalars are tagged); a result with a value it cannot promise to read back (a set, a subclass of int or str)
 is not kept. A kept result that cannot be read (damaged, cut
@@ -157,10 +158,67 @@ def write_cross_later(memo: Path, key: str, res: CrossRankResult) -> Future[None
     try:
         text = _rest_text(res)
     except NotExact:
-        done: Future[None] = Future()
-        done.set_result(None)
-        return done
+        return _nothing_written()
     return write_later("tracelens-cross-write", lambda: _write_cross(memo, key, res, text))
+
+
+# ---------------------------------------------------------------- the critical path's summary and the what-if
+_TAIL_GLOB = "whatif-*"
+#: What a kept tail holds: summary.json's `what_if` list and `critical_path` object, the `saving_ms` the
+#: what-if set on the findings ([index, value] pairs) and the warnings their computation gave.
+_TAIL_PARTS = ("what_if", "critical_path", "savings", "warnings")
+
+
+def tail_key(graph_key: str, inputs: dict[str, Any]) -> str | None:
+    """Key of the critical path's summary and the what-if computed on the graph kept under `graph_key`
+    (`store.runs.graph_key`: all it was built from) with these other inputs (the findings as they are before
+    the what-if, and the rest of what it reads), by this code; None when the inputs cannot be written exactly
+    (nothing is kept then)."""
+    try:
+        text = exact_dumps(inputs)
+    except NotExact:
+        return None
+    return text_digest([code_digest(), "whatif", graph_key, text])[:20]
+
+
+def read_tail(memo: Path, key: str) -> dict[str, Any] | None:
+    """What `write_tail_later` kept under `key` in the run memo `memo` (a dict of `_TAIL_PARTS`), or None
+    when there is none or it cannot be read."""
+    try:
+        kept = exact_loads((memo / f"whatif-{key}.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if type(kept) is not dict or tuple(kept) != _TAIL_PARTS:
+        return None
+    if type(kept["what_if"]) is not list or type(kept["warnings"]) is not list:
+        return None
+    if type(kept["savings"]) is not list or not all(type(p) is list and len(p) == 2 for p in kept["savings"]):
+        return None
+    return kept
+
+
+def write_tail_later(memo: Path, key: str, tail: dict[str, Any]) -> Future[None]:
+    """Keep `tail` (a dict of `_TAIL_PARTS`) in the run memo `memo` under `key`, in place of any kept before,
+    written in a thread of its own; its text is taken now. A cache that cannot take it, or a value JSON would
+    change, is no error (it is computed again next time)."""
+    try:
+        if tuple(tail) != _TAIL_PARTS:
+            raise NotExact(f"a kept tail holds {', '.join(_TAIL_PARTS)}")
+        text = exact_dumps(tail)
+    except NotExact:
+        return _nothing_written()
+
+    def write() -> None:
+        _remove(memo, _TAIL_GLOB, keep=f"whatif-{key}.")
+        write_text(memo / f"whatif-{key}.json", text)
+
+    return write_later("tracelens-whatif-write", write)
+
+
+def _nothing_written() -> Future[None]:
+    done: Future[None] = Future()
+    done.set_result(None)
+    return done
 
 
 def _remove(memo: Path, pattern: str, keep: str) -> None:
@@ -176,7 +234,10 @@ __all__ = [
     "exact_dumps",
     "exact_loads",
     "read_cross",
+    "read_tail",
     "same",
+    "tail_key",
     "write_cross",
     "write_cross_later",
+    "write_tail_later",
 ]
