@@ -209,7 +209,7 @@ def critical_and_what_if(
     from tracelens.store import results
 
     where = a.what_if_key(findings)
-    kept = results.read_tail(*where) if where is not None else None
+    kept = results.read_tail(*where, findings=len(findings)) if where is not None else None
     if kept is not None:
         for i, saving in kept["savings"]:
             findings[i]["saving_ms"] = saving

@@ -106,7 +106,10 @@ def test_tail_key_follows_every_input():
     assert results.tail_key("g" * 20, {**inputs, "odd": {1, 2}}) is None  # (a set: not keyed, not kept)
 
 
-@pytest.mark.parametrize("damage", ["cut", "other layout", "not json"])
+@pytest.mark.parametrize(
+    "damage",
+    ["cut", "other layout", "not json", "saving of no finding", "warning not text", "path not object"],
+)
 def test_damaged_tail_is_computed_again(run_dir: Path, tmp_path: Path, monkeypatch, damage: str):
     cache = tmp_path / "cache"
     first = _text(_analysis(run_dir, cache).summary())
@@ -114,12 +117,19 @@ def test_damaged_tail_is_computed_again(run_dir: Path, tmp_path: Path, monkeypat
     text = kept.read_text()
     if damage == "cut":
         kept.write_text(text[:-20])
-    elif damage == "other layout":
-        body = json.loads(text)
-        body["savings"] = [[0]]
-        kept.write_text(json.dumps(body))
-    else:
+    elif damage == "not json":
         kept.write_bytes(b"\xff\x00")
+    else:
+        body = json.loads(text)
+        if damage == "other layout":
+            body["savings"] = [[0]]
+        elif damage == "saving of no finding":  # (an index past the findings: never set, never raised)
+            body["savings"].append([10_000, 1.0])
+        elif damage == "warning not text":
+            body["warnings"] = [1]
+        else:
+            body["critical_path"] = [1]
+        kept.write_text(json.dumps(body))
     replays = _count(monkeypatch, whatif, "what_if")
     again = _analysis(run_dir, cache)
     assert _text(again.summary()) == first and len(replays) == 1 and not again.warnings

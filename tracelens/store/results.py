@@ -6,11 +6,11 @@ and the critical path's part of summary.json with the what-if (`read_tail`: the 
 A result is kept under a key of everything it was computed from (`cross_key`: the memo's identity, the
 inputs the analysis derives beside it, and `cache.code_digest`, so any change of the code is another key),
 one at a time per memo (`cross-<key>.json` with its tables in `cross-<key>.<table>.arrow`; the JSON, written
-last, marks it whole; `whatif-<key>.json`). Its tables are Arrow IPC files read back memory-mapped; the rest is JSON written so
-that it reads back exactly as it was (`exact_dumps`: tuples, dicts with keys other than strings and NumPy
-scalars are tagged); a result with a value it cannot promise to read back (a set, a subclass of int or str)
-is not kept. A kept result that cannot be read (damaged, cut
-short, of another layout) is computed again.
+last, marks it whole; `whatif-<key>.json`). Tables are Arrow IPC files read back memory-mapped; the rest is
+JSON written so that it reads back exactly as it was (`exact_dumps`: tuples, dicts with keys other than
+strings and NumPy scalars are tagged); a result with a value it cannot promise to read back (a set, a
+subclass of int or str) is not kept. A kept result that cannot be read (damaged, cut short, of another
+layout) is computed again.
 """
 
 from __future__ import annotations
@@ -181,9 +181,10 @@ def tail_key(graph_key: str, inputs: dict[str, Any]) -> str | None:
     return text_digest([code_digest(), "whatif", graph_key, text])[:20]
 
 
-def read_tail(memo: Path, key: str) -> dict[str, Any] | None:
+def read_tail(memo: Path, key: str, findings: int | None = None) -> dict[str, Any] | None:
     """What `write_tail_later` kept under `key` in the run memo `memo` (a dict of `_TAIL_PARTS`), or None
-    when there is none or it cannot be read."""
+    when there is none, it cannot be read, or (`findings`: how many findings it was kept for) its savings
+    name a finding there is not."""
     try:
         kept = exact_loads((memo / f"whatif-{key}.json").read_text(encoding="utf-8"))
     except (OSError, ValueError, KeyError, TypeError):
@@ -192,7 +193,17 @@ def read_tail(memo: Path, key: str) -> dict[str, Any] | None:
         return None
     if type(kept["what_if"]) is not list or type(kept["warnings"]) is not list:
         return None
-    if type(kept["savings"]) is not list or not all(type(p) is list and len(p) == 2 for p in kept["savings"]):
+    if not all(type(w) is str for w in kept["warnings"]) or type(kept["critical_path"]) not in (
+        dict,
+        type(None),
+    ):
+        return None
+    savings = kept["savings"]
+    if type(savings) is not list or not all(
+        type(p) is list and len(p) == 2 and type(p[0]) is int for p in savings
+    ):
+        return None
+    if findings is not None and not all(0 <= p[0] < findings for p in savings):
         return None
     return kept
 
