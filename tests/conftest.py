@@ -49,6 +49,17 @@ _STRAGGLER_SAMPLE = (
 )
 
 
+@pytest.fixture()
+def straggler_run(tmp_path: Path) -> Path:
+    """A copy of the straggler-skew sample run (a straggler and a clock skew: findings, fixes with a saving)
+    in the test's own folder, for tests whose cache is theirs to damage."""
+    import shutil
+
+    dst = tmp_path / _STRAGGLER_SAMPLE.name
+    shutil.copytree(_STRAGGLER_SAMPLE, dst, ignore=shutil.ignore_patterns(".tracelens"))
+    return dst
+
+
 @pytest.fixture(scope="module")
 def sample_cp():
     """The critical path of the straggler-skew sample run, analysed once per test module (a test may take

@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -16,9 +15,6 @@ import pytest
 from tracelens.analyze import stragglers
 from tracelens.run_analysis import Analysis, Options, analyze_run
 from tracelens.store import results
-
-SAMPLES = Path(__file__).resolve().parents[2] / "sample_traces"
-RUN = "qwen35-27b-seq4k-tp2pp2dp2-straggler-skew"  # (a straggler and a clock skew: findings to keep)
 
 
 # ------------------------------------------------------------------------------------------------ exact JSON
@@ -64,10 +60,8 @@ def test_subclasses_are_refused():
 
 # ------------------------------------------------------------------------------------- the kept cross result
 @pytest.fixture()
-def run_dir(tmp_path: Path) -> Path:
-    dst = tmp_path / RUN
-    shutil.copytree(SAMPLES / RUN, dst, ignore=shutil.ignore_patterns(".tracelens"))
-    return dst
+def run_dir(straggler_run: Path) -> Path:
+    return straggler_run
 
 
 def _summary(a: Analysis) -> str:

@@ -6,7 +6,6 @@ a what-if that failed is not kept."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -15,15 +14,10 @@ from tracelens.analyze import critical_path, whatif
 from tracelens.run_analysis import Analysis, Options, analyze_run
 from tracelens.store import results
 
-SAMPLES = Path(__file__).resolve().parents[2] / "sample_traces"
-RUN = "qwen35-27b-seq4k-tp2pp2dp2-straggler-skew"  # (a straggler and a clock skew: fixes with a saving)
-
 
 @pytest.fixture()
-def run_dir(tmp_path: Path) -> Path:
-    dst = tmp_path / RUN
-    shutil.copytree(SAMPLES / RUN, dst, ignore=shutil.ignore_patterns(".tracelens"))
-    return dst
+def run_dir(straggler_run: Path) -> Path:
+    return straggler_run
 
 
 def _text(summary: dict) -> str:
