@@ -514,8 +514,9 @@ class Analysis:
             of_cross,
         )
 
+    @cached_property
     def what_if_inputs(self) -> dict[str, Any]:
-        """What `analyze.whatif.what_if` reads beside the critical path and the findings."""
+        """What `analyze.whatif.what_if` reads beside the critical path and the findings (and its key)."""
         from tracelens.analyze.whatif import per_layer_ns
 
         comp = self.composition
@@ -539,7 +540,7 @@ class Analysis:
             return []
         from tracelens.analyze.whatif import what_if
 
-        inputs = self.what_if_inputs()
+        inputs = self.what_if_inputs
         self.run.stages.release_pages()  # (the replays read no event)
         return self._guarded("what-if", lambda: what_if(crit, findings, **inputs)) or []
 
@@ -553,7 +554,7 @@ class Analysis:
         from tracelens.store import results
 
         graph = self._graph_key(self.cross, self.stage_of)
-        key = results.tail_key(graph, {"findings": findings, **self.what_if_inputs()}) if graph else None
+        key = results.tail_key(graph, {"findings": findings, **self.what_if_inputs}) if graph else None
         return (st.memo, key) if key else None
 
     @cached_property
