@@ -228,7 +228,7 @@ class Analysis:
 
     @cached_property
     def _grid_and_findings(self):
-        from tracelens.topology import grid_for_run, parse_layout
+        from tracelens.analyze.layout import grid_for_run, parse_layout
 
         layout = parse_layout(self.options.layout) if self.options.layout else None
         fr = self.nccl.get("flight_recorder") if self._xevents.num_rows else None  # group traffic (gloo)
@@ -244,7 +244,7 @@ class Analysis:
 
     @property
     def grid(self):
-        """Rank grid (tracelens.topology.Grid): from --layout / tracelens.toml, else inferred."""
+        """Rank grid (tracelens.analyze.layout.Grid): from --layout / tracelens.toml, else inferred."""
         return self._grid_and_findings[0]
 
     @cached_property

@@ -12,8 +12,8 @@ from hypothesis import strategies as hst
 from pipeline_tables import events_table
 
 from tracelens.analyze.composition import _microbatches_from_spans, analyze_composition, module_spans
+from tracelens.analyze.layout import grid_from_layout
 from tracelens.models import get_model
-from tracelens.topology import grid_from_layout
 
 # stage 0: layers 0,1,2 DeltaNet (10 us each) ; stage 1: layer 3 attention (40 us) + layer 4 DeltaNet
 LAYERS = {
@@ -198,7 +198,7 @@ def test_from_model_config_and_suggested_split():
 
 def test_audit_for_run_reuses_the_layout_audit():
     from tracelens.analyze.composition import audit_for_run
-    from tracelens.topology import Grid
+    from tracelens.analyze.layout import Grid
 
     model = get_model("qwen3.5-27b")
     audit, findings = audit_for_run(grid_from_layout(32, tp=8, pp=4), model, seq_len=4096)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from tracelens.analyze.layout import parse_layout
 from tracelens.config import RunConfig, load_run_config, parse_config, read_run_config
 from tracelens.errors import BadConfigError
-from tracelens.topology import parse_layout
 
 FULL = """
 [parallel]

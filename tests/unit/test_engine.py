@@ -18,6 +18,7 @@ from tests.damage import WAYS, damage
 from tracelens.analyze.breakdown import breakdown, class_sets
 from tracelens.analyze.classify import classify
 from tracelens.analyze.composition import module_spans
+from tracelens.analyze.layout import grid_from_layout
 from tracelens.analyze.pipeline import analyze_pipeline
 from tracelens.engine import stage as S
 from tracelens.engine.executor import InlineExecutor, LocalPool
@@ -27,7 +28,6 @@ from tracelens.run import LoadOptions, load_run
 from tracelens.store import pages
 from tracelens.store import stages as ST
 from tracelens.store.arrays import layout
-from tracelens.topology import grid_from_layout
 
 US = 1_000
 

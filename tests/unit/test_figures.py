@@ -583,7 +583,7 @@ def test_stage_type_ms_and_straggler_table():
 
 
 def test_pp1_run_has_no_timeline():
-    from tracelens.topology import Grid
+    from tracelens.analyze.layout import Grid
 
     s = make_summary(2)
     s["stages"] = [{"stage": 0, "layers": {"mlp": 4}}]

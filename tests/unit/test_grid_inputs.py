@@ -1,4 +1,4 @@
-"""The grid inference's inputs (topology.py): pg_config parsed once with shared entries, P2P edges from the
+"""The grid inference's inputs (tracelens/analyze/layout): pg_config parsed once with shared entries, P2P edges from the
 rows with a peer, chains with precomputed first sends. Checked against the implementations they replaced
 (kept here as the truth) on hand-built tables and real runs."""
 
@@ -13,9 +13,10 @@ import pyarrow.compute as pc
 import pytest
 from pipeline_tables import events_table, megatron_groups, metadata_table, pipeline_run
 
-from tracelens import schema, topology
+from tracelens import schema
 from tracelens._testing import table_from_rows
 from tracelens.analyze.collectives import _pg_candidates
+from tracelens.analyze.layout import groups, infer, p2p
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -47,7 +48,7 @@ def old_p2p_edges(events: pa.Table) -> tuple[np.ndarray, np.ndarray, np.ndarray,
     if not pa.types.is_dictionary(names.type):
         names = names.dictionary_encode()
     vals = names.dictionary.to_pylist()
-    is_p2p_name = np.array([bool(v and topology.P2P_NAMES.search(v)) for v in vals] + [False])
+    is_p2p_name = np.array([bool(v and p2p.P2P_NAMES.search(v)) for v in vals] + [False])
     idx = names.indices.fill_null(len(vals)).to_numpy(zero_copy_only=False)
     coll = events.column("collective").combine_chunks()
     has_coll = coll.is_valid().to_numpy(zero_copy_only=False)
@@ -156,9 +157,9 @@ def _metadata(texts: list[str | None]) -> pa.Table:
 def _same_entries(texts: list[str | None]) -> None:
     md = _metadata(texts)
     want = old_pg_entries(texts)
-    got = list(topology.pg_config_entries(md))
+    got = list(groups.pg_config_entries(md))
     assert [_typed(e) for e in got] == [_typed(e) for e in want]
-    entries, seq = topology.pg_config_distinct(md)
+    entries, seq = groups.pg_config_distinct(md)
     assert [entries[i] for i in seq] == got
     assert len({id(e) for e in entries}) == len(entries)
 
@@ -224,16 +225,16 @@ def test_pg_entries_megatron_and_consumers():
     _same_entries(md.column("pg_config_json").to_pylist())
     want_groups = []
     for e in old_pg_entries(md.column("pg_config_json").to_pylist()):
-        ranks = topology._parse_ranks(e.get("ranks"))
+        ranks = groups.parse_ranks(e.get("ranks"))
         if ranks is not None:
             want_groups.append((e.get("pg_desc", e.get("desc")), ranks))
-    assert set(topology._groups_from_metadata(md)) == set(want_groups)
+    assert set(groups.groups_from_metadata(md)) == set(want_groups)
     cands = set()
     for e in old_pg_entries(md.column("pg_config_json").to_pylist()):
         if isinstance(e.get("ranks"), list) and len(e["ranks"]) >= 2:
             cands.add(tuple(sorted(e["ranks"])))
     assert _pg_candidates(md) == sorted(cands, key=lambda t: (len(t), t))
-    grid, findings = topology.infer_grid(None, md)
+    grid, findings = infer.infer_grid(None, md)
     assert (grid.tp, grid.pp, grid.dp, grid.cp) == (2, 4, 4, 1)
 
 
@@ -242,11 +243,11 @@ def test_pg_entries_megatron_and_consumers():
 
 def _same_edges(events: pa.Table) -> None:
     want = old_p2p_edges(events)
-    got = topology._p2p_edges(events)
+    got = p2p.p2p_edges(events)
     for a, b in zip(want[:3], got[:3]):
         assert np.array_equal(a, b) and a.dtype == b.dtype
     assert want[3] == got[3]
-    assert old_chains(*want[:3]) == topology._chains(*got[:3])
+    assert old_chains(*want[:3]) == p2p.chains(*got[:3])
 
 
 def _p2p_rows(pairs, ts0=0, collective="send", name="ncclDevKernel_SendRecv"):
@@ -318,4 +319,4 @@ def test_distinct_ints():
         rng.integers(-3, 3, 50),
         np.array([0, 2**40]),
     ):
-        assert np.array_equal(topology._distinct_ints(v), np.unique(v))
+        assert np.array_equal(infer._distinct_ints(v), np.unique(v))

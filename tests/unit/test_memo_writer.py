@@ -16,10 +16,10 @@ import pytest
 from tracelens import schema
 from tracelens.analyze import classify as K
 from tracelens.analyze.collectives import collectives_from_events
+from tracelens.analyze.layout.groups import pg_rows
 from tracelens.engine import reduce as RD
 from tracelens.engine import tasks as TK
 from tracelens.engine.executor import InlineExecutor, LocalPool
-from tracelens.layout_structure import pg_rows
 from tracelens.run import LoadOptions, load_run
 from tracelens.store import cache, pages, runs
 

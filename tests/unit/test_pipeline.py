@@ -9,13 +9,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as hst
 from pipeline_tables import events_table, pipeline_run
 
+from tracelens.analyze.layout import grid_from_layout
 from tracelens.analyze.pipeline import (
     _detect_schedule,
     _virtual_stages,
     analyze_pipeline,
     expected_bubble_fraction,
 )
-from tracelens.topology import grid_from_layout
 
 US = 1_000
 
@@ -109,7 +109,7 @@ def test_given_microbatches_and_schedule_win():
 
 def test_no_pipeline_info_gives_empty_result():
     ev, _, _ = _run([30] * 2, [60] * 2, 2)
-    from tracelens.topology import Grid
+    from tracelens.analyze.layout import Grid
 
     res = analyze_pipeline(ev, Grid())
     assert res.per_rank_step.num_rows == 0 and res.stages == [] and res.findings == []

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from tracelens.analyze.classify import rank_mask
-from tracelens.topology import Grid, grid_from_layout
+from tracelens.analyze.layout import Grid, grid_from_layout
 
 
 def old_stage_lookup(g: Grid, ranks: np.ndarray) -> np.ndarray:

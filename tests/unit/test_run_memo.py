@@ -106,8 +106,9 @@ def test_stored_launch_flags_equal_recomputed_ones(cached, monkeypatch):
 def test_stored_process_group_rows_give_the_grid_of_the_events(cached):
     """The memo's `pg` rows are `pg_rows` of its cross-rank events, and the grid inferred from them (groups,
     their traffic and names) is the one inferred from the events."""
-    from tracelens.layout_structure import collect_groups, pg_rows
-    from tracelens.topology import _groups_from_events, infer_grid
+    from tracelens.analyze.layout.groups import collect_groups, pg_rows
+    from tracelens.analyze.layout.groups import groups_from_events as _groups_from_events
+    from tracelens.analyze.layout.infer import infer_grid
 
     run, opts = cached
     loaded = load_run(run, opts)
@@ -208,8 +209,8 @@ def test_process_group_rows_with_a_column_of_nulls_only(cached):
     no pg_desc) codes its nulls as one value, and the grid inferred from the rows is the events' one."""
     import pyarrow as pa
 
-    from tracelens.layout_structure import collect_groups, pg_rows
-    from tracelens.topology import infer_grid
+    from tracelens.analyze.layout import infer_grid
+    from tracelens.analyze.layout.groups import collect_groups, pg_rows
 
     run, opts = cached
     loaded = load_run(run, opts)
@@ -232,7 +233,7 @@ def test_per_rank_derivations_over_rank_slices_equal_the_whole(cached, rows):
     their memory at scale) equal the whole table's, dictionaries and all; the launch flags too."""
     import numpy as np
 
-    from tracelens.layout_structure import pg_rows
+    from tracelens.analyze.layout.groups import pg_rows
     from tracelens.store.stages import by_rank_chunks, rank_slices
 
     run, opts = cached

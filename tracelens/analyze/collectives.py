@@ -79,11 +79,11 @@ from tracelens.analyze.frame_cells import (
 from tracelens.analyze.frame_cells import (
     unique_inverse as _unique_inverse,
 )
+from tracelens.analyze.layout.groups import pg_config_distinct
 from tracelens.analyze.wait_split import EXPOSED_SPLIT as EXPOSED_SPLIT
 from tracelens.analyze.wait_split import exposed_split as exposed_split
 from tracelens.findings import finding
 from tracelens.ingest.comm_families import family_of_kernel, is_comm_cpu_op
-from tracelens.topology import pg_config_distinct
 
 if TYPE_CHECKING:
     pass

@@ -26,9 +26,9 @@ from tracelens.analyze import layers as _layers
 from tracelens.analyze.breakdown import class_sets
 from tracelens.analyze.dictcol import columns
 from tracelens.analyze.intset import distinct, member
+from tracelens.analyze.layout import Grid
 from tracelens.errors import TracelensError
 from tracelens.findings import finding
-from tracelens.topology import Grid
 
 if TYPE_CHECKING:
     from tracelens.analyze.breakdown import RankSets

@@ -38,9 +38,9 @@ from tracelens.analyze.breakdown import breakdown as compute_breakdown
 from tracelens.analyze.classify import COMM, COMPUTE, classify, rank_mask
 from tracelens.analyze.composition import _runs, module_spans
 from tracelens.analyze.dictcol import columns, sharing
+from tracelens.analyze.layout import P2P_NAMES, Grid
 from tracelens.analyze.schedule_infer import pair_reduce, schedule_from_p2p, send_mask
 from tracelens.findings import finding
-from tracelens.topology import P2P_NAMES, Grid
 
 #: Excess bubble (fraction of the pipeline window above the expectation) that raises PIPELINE_BUBBLE_EXCESS.
 EXCESS_THRESHOLD = 0.05

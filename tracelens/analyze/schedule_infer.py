@@ -22,7 +22,7 @@ import pandas as pd
 import pyarrow as pa
 
 from tracelens.analyze.dictcol import columns
-from tracelens.topology import Grid
+from tracelens.analyze.layout import Grid
 
 
 def expected_warmup(p: int, s: int, v: int, m: int) -> int:

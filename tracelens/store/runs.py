@@ -30,7 +30,7 @@ import pyarrow as pa
 from tracelens import schema
 from tracelens.analyze.breakdown import BREAKDOWN, RankSets
 from tracelens.analyze.classify import comm_launched, keep_comm_launched
-from tracelens.layout_structure import pg_rows_schema
+from tracelens.analyze.layout.groups import pg_rows_schema
 from tracelens.store.arrays import read_arrays, text_digest, write_arrays
 from tracelens.store.atomic import write_ipc, write_later, write_text
 from tracelens.store.cache import RankEntry, code_digest, ipc_schema, read_ipc
@@ -298,14 +298,14 @@ DERIVED = ("collectives", "xflags", "pg")
 def derive(name: str, xevents: pa.Table) -> pa.Table:
     """One derived table (`DERIVED`) of cross-rank events whose rows of each rank come from that rank's events
     alone: `collectives_from_events` (`Staged.cross_collectives`), `_XFLAGS` (`classify.comm_launched`, the
-    launch links' verdict per row) or `layout_structure.pg_rows` (`Staged.grid_rows`). Raises what those
+    launch links' verdict per row) or `layout.groups.pg_rows` (`Staged.grid_rows`). Raises what those
     raise on odd events."""
     if name == "collectives":
         from tracelens.analyze.collectives import collectives_from_events
 
         return collectives_from_events(xevents)
     if name == "pg":
-        from tracelens.layout_structure import pg_rows
+        from tracelens.analyze.layout.groups import pg_rows
 
         return pg_rows(xevents)
     if name == "xflags":

@@ -114,10 +114,10 @@ class Staged:
         return self.collectives
 
     def grid_rows(self) -> pa.Table:
-        """`layout_structure.pg_rows(self.xevents)`: what the grid inference reads of the cross-rank events
+        """`layout.groups.pg_rows(self.xevents)`: what the grid inference reads of the cross-rank events
         (the run memo's, else computed on the first call and kept)."""
         if self.pg is None:
-            from tracelens.layout_structure import pg_rows
+            from tracelens.analyze.layout.groups import pg_rows
 
             self.pg = by_rank_chunks(pg_rows, self.xevents)
         return self.pg

@@ -1,4 +1,4 @@
-"""Axes of process groups from structure and traffic (tracelens/layout_structure.py), interleaved-schedule
+"""Axes of process groups from structure and traffic (tracelens/analyze/layout/groups.py), interleaved-schedule
 arithmetic (analyze/schedule_infer.py) and communication per layer type (analyze/comm_by_layer.py), on
 hand-built groups, records and spans whose answers are known by construction."""
 
@@ -12,8 +12,8 @@ import pyarrow as pa
 import pytest
 
 from tracelens.analyze.comm_by_layer import comm_by_layer_type, sizes_from_flight_recorder
+from tracelens.analyze.layout.groups import GroupInfo, name_axis, structural_axes
 from tracelens.analyze.schedule_infer import expected_warmup
-from tracelens.layout_structure import GroupInfo, name_axis, structural_axes
 
 
 def _grid_groups(tp: int, dp: int, pp: int) -> dict[str, list[tuple[int, ...]]]:
@@ -192,7 +192,7 @@ def test_expected_bubble_uses_given_virtual_stages():
 def test_group_traffic_from_trace_events_with_list_ranks():
     """record_param_comms rows carry pg_ranks as a list column: each (group, op) counts its calls and the
     ranks that made them (the kernel copies of the same calls are not counted twice)."""
-    from tracelens.layout_structure import collect_groups
+    from tracelens.analyze.layout.groups import collect_groups
 
     rows = []
     for rank in range(4):
@@ -221,7 +221,7 @@ def test_event_groups_group_rows_by_exact_rank_lists_and_names():
     """One record per distinct (pg_ranks, collective, pg_desc) of the cpu ops, with its row count and ranks;
     lists that share a prefix, are a permutation or are empty stay apart; nulls read "nan"."""
     from tracelens.analyze.frame_cells import list_codes, list_tuples
-    from tracelens.layout_structure import _event_groups
+    from tracelens.analyze.layout.groups import _event_groups
 
     lists = [[0, 1], [0, 1], [1, 0], [0, 1, 2], [0], [], [0, 1], [0, 1, 2], [0, 1]]
     table = pa.table(
@@ -274,7 +274,7 @@ def test_pg_rows_merge_equal_rows_into_their_first_with_their_count():
     """`pg_rows`: one row per distinct combination of what the grid inference reads, its first row (in row
     order) with the number of rows; rows without pg_ranks are left out; a null and "" or a null group size
     and a size stay apart; lists holding a null are kept one row each."""
-    from tracelens.layout_structure import pg_rows
+    from tracelens.analyze.layout.groups import pg_rows
 
     tp, pp = [0, 1], [0, 2]
     rows = [
@@ -304,10 +304,10 @@ def test_pg_rows_merge_equal_rows_into_their_first_with_their_count():
 
 
 def test_groups_from_pg_rows_equal_those_from_the_events():
-    """collect_groups and the names read from the events (`topology._groups_from_events`) find the same from
+    """collect_groups and the names read from the events (`groups.groups_from_events`) find the same from
     `pg_rows(events)` as from the events: calls counted once per op (the CPU rows), members, names."""
-    from tracelens.layout_structure import collect_groups, pg_rows
-    from tracelens.topology import _groups_from_events
+    from tracelens.analyze.layout.groups import collect_groups, pg_rows
+    from tracelens.analyze.layout.groups import groups_from_events as _groups_from_events
 
     rows = []
     for rank in range(4):
@@ -332,7 +332,7 @@ def test_groups_from_pg_rows_equal_those_from_the_events():
 def test_matrix_row_codes_group_equal_rows(high: int):
     """Equal rows share a code and unequal ones do not, through both ways (digits of one key, and the
     sort for columns too wide for one), against numpy's unique rows."""
-    from tracelens.layout_structure import _matrix_row_codes
+    from tracelens.analyze.layout.groups import _matrix_row_codes
 
     rng = np.random.default_rng(7)
     for k in (1, 2, 5, 17):

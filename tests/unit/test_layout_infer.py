@@ -7,15 +7,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pipeline_tables import events_table, megatron_groups, metadata_table
 
-from tracelens.errors import BadConfigError
-from tracelens.topology import (
-    axis_of_desc,
+from tracelens.analyze.layout import (
     grid_for_run,
     grid_from_layout,
     infer_grid,
+    name_axis,
     parse_layout,
     parse_order,
 )
+from tracelens.errors import BadConfigError
 
 
 def test_parse_layout_and_errors():
@@ -62,19 +62,20 @@ def test_layout_dp_fills_world_and_mismatch_errors():
         grid_from_layout(16, tp=4, pp=4, dp=2)
 
 
-def test_axis_of_desc_of_a_non_string_description_is_none():
+def test_name_axis_of_a_non_string_description_is_none():
     # `pg_desc: true` in a damaged trace (found by the fuzz test): no axis, no AttributeError
     for v in (True, 5, 2.5, ["tp"], {"tp": 1}):
-        assert axis_of_desc(v) is None
+        assert name_axis(v) is None
 
 
-def test_axis_of_desc():
-    assert axis_of_desc("TENSOR_MODEL_PARALLEL_GROUP") == "tp"
-    assert axis_of_desc("PIPELINE_MODEL_PARALLEL_GROUP") == "pp"
-    assert axis_of_desc("DATA_PARALLEL_GROUP") == "dp"
-    assert axis_of_desc("CONTEXT_PARALLEL_GROUP") == "cp"
-    assert axis_of_desc("mesh_tp") == "tp"
-    assert axis_of_desc("dp_stage0") == "dp"
+def test_name_axis():
+    assert name_axis("TENSOR_MODEL_PARALLEL_GROUP") == "tp"
+    assert name_axis("PIPELINE_MODEL_PARALLEL_GROUP") == "pp"
+    assert name_axis("DATA_PARALLEL_GROUP") == "dp"
+    assert name_axis("CONTEXT_PARALLEL_GROUP") == "cp"
+    assert name_axis("mesh_tp") == "tp"
+    assert name_axis("dp_stage0") == "dp"
+    assert name_axis("dp_shard") == "dp"  # torchtitan's FSDP mesh dimension
     for other in (
         "DATA_PARALLEL_GROUP_WITH_CP",
         "MODEL_PARALLEL_GROUP",
@@ -82,11 +83,10 @@ def test_axis_of_desc():
         "EMBEDDING_GROUP",
         "TENSOR_AND_DATA_PARALLEL_GROUP",
         "EXPERT_MODEL_PARALLEL_GROUP",
-        "dp_shard",
         None,
         "",
     ):
-        assert axis_of_desc(other) is None
+        assert name_axis(other) is None
 
 
 @pytest.mark.parametrize("tp,pp,dp,cp", [(2, 4, 1, 1), (2, 2, 2, 2), (4, 2, 2, 1), (1, 3, 2, 1)])

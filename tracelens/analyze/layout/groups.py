@@ -1,7 +1,9 @@
-"""Parallel axes of process groups from their structure and traffic; names only label and confirm.
+"""Process groups: what the traces declare (`distributedInfo.pg_config`, the `Process Group Ranks` of
+collective records, Flight Recorder entries), what traffic each carries, and the axis a group's *name*
+states (a hint that confirms evidence, never the verdict).
 
 A Megatron-style grid makes every axis a *family* of process groups: disjoint groups of one size whose
-members are a constant stride apart, together covering the world. What each family carries says its axis:
+members are a constant stride apart, together covering the world. What a family carries says its axis:
 
 - all-to-all traffic (Ulysses sequence <-> head exchanges)            -> cp
 - point-to-point traffic (send/recv on the group), or, in a run that sends point-to-point but whose groups
@@ -19,6 +21,7 @@ every axis is kept (docs/pipeline.md, "How the grid is inferred").
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections import Counter
@@ -32,6 +35,160 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracelens.analyze.frame_cells import list_codes
+
+
+def parse_ranks(v: object) -> tuple[int, ...] | None:
+    if isinstance(v, str):
+        if "..." in v:
+            return None
+        try:
+            v = json.loads(v)
+        except ValueError:
+            return None
+    if isinstance(v, (list, tuple)):
+        if set(map(type, v)) <= {int}:  # (the common case, checked at C speed: plain ints)
+            return tuple(v)
+        if all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+            return tuple(int(x) for x in v)
+    return None
+
+
+def pg_config_entries(metadata: pa.Table | None) -> Iterable[dict[str, Any]]:
+    """Every process-group entry (a dict) of every rank's `distributedInfo.pg_config` (metadata column
+    `pg_config_json`; a dict keyed by group or a list); unreadable JSON and non-dict entries are skipped.
+    Ranks that declare the same text (usually every rank: PyTorch writes the whole world's groups) give their
+    entries once: callers collect sets of groups. Entries equal in their JSON text are one shared dict
+    (`pg_config_distinct`): read them, never change them."""
+    entries, seq = pg_config_distinct(metadata)
+    for i in seq:
+        yield entries[i]
+
+
+def pg_config_distinct(metadata: pa.Table | None) -> tuple[tuple[dict[str, Any], ...], tuple[int, ...]]:
+    """(the distinct entries, in order of first appearance; the index into them of every entry that
+    `pg_config_entries` gives, in its order): parsed once per metadata table and shared, so that callers that
+    collect sets of groups read each distinct entry once. At 1,024 ranks each rank declares its own groups and
+    the world group (1,024 ranks listed 1,024 times): ~321 distinct entries of 4,096."""
+    if metadata is None or "pg_config_json" not in metadata.column_names:
+        return (), ()
+    from tracelens.analyze.dictcol import per_object
+
+    memo = per_object(metadata)  # (parsed once per metadata table: the grid and the matching both read it)
+    got = memo.get("pg_config_distinct")
+    if got is None:
+        got = memo["pg_config_distinct"] = _parse_pg_configs(metadata.column("pg_config_json"))
+    return got  # type: ignore[return-value]
+
+
+def _parse_pg_configs(texts: pa.ChunkedArray) -> tuple[tuple[dict[str, Any], ...], tuple[int, ...]]:
+    """`pg_config_distinct` of the texts: each distinct text once; an entry's JSON text (msgspec.Raw: the
+    entries are cut without being parsed) parsed by json.loads once however many texts hold it. A text
+    msgspec does not cut (NaN, a top-level scalar, odd bytes) is read whole by json.loads as before."""
+    import msgspec
+
+    cut = msgspec.json.Decoder(list[msgspec.Raw] | dict[str, msgspec.Raw])
+    index: dict[object, int] = {}  # an entry's raw bytes (or id of a dict parsed whole) -> its index
+    entries: list[dict[str, Any]] = []
+    seq: list[int] = []
+
+    def take(key: object, e: object) -> None:
+        i = index.get(key)
+        if i is None:
+            i = index[key] = len(entries)
+            entries.append(e)  # type: ignore[arg-type]
+        seq.append(i)
+
+    seen: set[str] = set()
+    for text in texts.to_pylist():
+        if not text or text in seen:
+            continue
+        seen.add(text)
+        got: list[tuple[bytes, object]] | None = None
+        try:
+            cfg = cut.decode(text.encode())
+            raws = cfg.values() if isinstance(cfg, dict) else cfg
+            got = []
+            for r in raws:
+                b = bytes(r)
+                if b[:1] != b"{":
+                    continue  # (not an object: skipped, as a parsed non-dict entry is)
+                i = index.get(b)
+                got.append((b, None if i is not None else json.loads(b.decode())))
+        except Exception:  # noqa: BLE001  (anything msgspec or json refuses here: the whole text as before)
+            got = None
+        if got is not None:
+            for b, e in got:
+                if isinstance(e, dict) or b in index:
+                    take(b, e)
+            continue
+        try:
+            whole = json.loads(text)
+        except ValueError:
+            continue
+        items = whole.values() if isinstance(whole, dict) else whole if isinstance(whole, list) else ()
+        for e in items:
+            if isinstance(e, dict):
+                take(("parsed", id(e)), e)
+    return tuple(entries), tuple(seq)
+
+
+def groups_from_metadata(metadata: pa.Table | None) -> list[tuple[str | None, tuple[int, ...]]]:
+    out: list[tuple[str | None, tuple[int, ...]]] = []
+    for e in pg_config_distinct(metadata)[0]:  # (each distinct entry once: the callers collect sets)
+        ranks = parse_ranks(e.get("ranks"))
+        size = e.get("pg_size")
+        if ranks is None or (isinstance(size, int) and size != len(ranks)):
+            continue
+        out.append((e.get("pg_desc", e.get("desc")), ranks))
+    return out
+
+
+def _value_codes(col: pa.ChunkedArray) -> tuple[np.ndarray, int]:
+    """(code per row, number of codes): equal values share a code, null is -1."""
+    arr = col.combine_chunks()
+    if not pa.types.is_dictionary(arr.type):
+        arr = arr.dictionary_encode()
+    canon, uniq = pd.factorize(pd.Series(arr.dictionary.to_pylist(), dtype=object))
+    canon = np.append(np.asarray(canon, dtype=np.int64), -1)
+    idx = arr.indices.fill_null(len(canon) - 1).to_numpy(zero_copy_only=False).astype(np.int64)
+    return canon[idx], len(uniq)
+
+
+def groups_from_events(
+    events: pa.Table | None, pg: pa.Table | None = None
+) -> list[tuple[str | None, tuple[int, ...]]]:
+    """One (desc, ranks) per distinct (rank, pg_name, pg_desc) carrying a rank list (record_param_comms).
+    `pg`: `pg_rows(events)` (its rows in row order, each the first of the rows it stands
+    for: the same first rows), read instead of the events when given."""
+    cols = ["rank", "pg_name", "pg_desc", "pg_ranks", "group_size"]
+    if pg is not None:
+        sub = pg.select(cols)
+    elif events is None or events.num_rows == 0 or "pg_ranks" not in events.column_names:
+        return []
+    else:
+        sub = events.select(cols).filter(events.column("pg_ranks").is_valid())
+    if sub.num_rows == 0:
+        return []
+    # the first row of each distinct (rank, pg_name, pg_desc), in row order (codes, not a frame)
+    key = sub.column("rank").to_numpy().astype(np.int64)
+    key = key - (key.min() if key.size else 0)
+    for c in ("pg_name", "pg_desc"):
+        codes, n = _value_codes(sub.column(c))
+        key = key * (n + 1) + (codes + 1)
+    first = np.sort(np.unique(key, return_index=True)[1])
+    picked = sub.take(pa.array(first))
+    out = []
+    for desc, ranks, size in zip(
+        picked.column("pg_desc").to_pylist(),
+        picked.column("pg_ranks").to_pylist(),
+        picked.column("group_size").to_pylist(),
+    ):
+        ranks = parse_ranks(ranks)
+        if ranks is None or (size is not None and size != len(ranks)):
+            continue
+        out.append((desc, ranks))
+    return out
+
 
 _AXIS_WORDS = {
     "tp": "tp",
@@ -49,17 +206,42 @@ _AXIS_WORDS = {
     "sp": "cp",
     "ulysses": "cp",
 }
-_OTHER_WORDS = {"expert", "experts", "ep", "etp", "edp", "moe", "embedding", "embd", "amax", "mp", "hsdp"}
+#: Words of groups that are no axis of the grid (expert, embedding, position-embedding, amax, model-parallel
+#: or hierarchical groups, intra/inter-node sub-groups): such a name states no axis.
+_OTHER_WORDS = {
+    "expert",
+    "experts",
+    "ep",
+    "etp",
+    "edp",
+    "moe",
+    "embedding",
+    "embd",
+    "pos",
+    "position",
+    "amax",
+    "mp",
+    "hsdp",
+    "intra",
+    "inter",
+}
 _A2A = ("alltoall", "all_to_all", "alltoall_base", "all_to_all_single")
 _REDUCE = ("allreduce", "all_reduce", "reducescatter", "reduce_scatter", "allgather", "all_gather")
 _P2P = ("send", "recv", "isend", "irecv")
 
 
-def name_axis(desc: str | None) -> str | None:
+def name_axis(desc: object) -> str | None:
     """The axis a group name states: its axis word that is not a coordinate (a word followed by digits, or
-    `stage`), e.g. tp_stage0_dp1 -> tp; None when no single axis is named (or an expert/embedding group)."""
-    if not desc:
+    `stage`), e.g. tp_stage0_dp1 -> tp; None when no single axis is named (or an expert/embedding group, or
+    a description that is not a string, e.g. `pg_desc: true` in a damaged trace)."""
+    if not isinstance(desc, str) or not desc:
         return None
+    return _name_axis(desc)
+
+
+@functools.lru_cache(maxsize=4096)
+def _name_axis(desc: str) -> str | None:
+    """`name_axis` of a non-empty string (once per distinct text: asked once per rank and group)."""
     toks = [t for t in re.split(r"[^a-z0-9]+", desc.lower()) if t]
     if any(re.sub(r"\d+$", "", t) in _OTHER_WORDS for t in toks):
         return None
@@ -76,7 +258,7 @@ def name_axis(desc: str | None) -> str | None:
 class GroupInfo:
     ranks: tuple[int, ...]
     names: set[str] = field(default_factory=set)
-    calls: Counter = field(default_factory=Counter)  # op kind (a2a | reduce | p2p | other) -> calls
+    calls: Counter[str] = field(default_factory=Counter)  # op kind (a2a | reduce | p2p | other) -> calls
     members_seen: set[int] = field(default_factory=set)  # ranks whose records count toward `calls`
 
 
@@ -93,7 +275,7 @@ def _kind(op: str | None) -> str | None:
     return "other"
 
 
-def _ranks(v) -> tuple[int, ...] | None:
+def _ranks(v: object) -> tuple[int, ...] | None:
     if isinstance(v, str):
         try:
             v = json.loads(v)
@@ -130,7 +312,7 @@ def pg_rows_schema() -> pa.Schema:
 def pg_rows(events: pa.Table) -> pa.Table:
     """The event rows that carry pg_ranks, only PG_COLUMNS (events of schema.EVENTS): rows equal in all of them
     as one, the first of them, with their number in `rows`, in row order (a few rows per rank and group where
-    the events have one per call). `collect_groups` and `topology.infer_grid` given these (`pg=`) find what
+    the events have one per call). `collect_groups` and `infer.infer_grid` given these (`pg=`) find what
     they find in the events. Rank lists with null elements are kept one row each (`rows` 1)."""
     sub = events.select(list(PG_COLUMNS)).filter(events.column("pg_ranks").is_valid())
     n = sub.num_rows
@@ -315,7 +497,7 @@ def _stride(g: tuple[int, ...]) -> int | None:
 
 def structural_axes(
     groups: dict[tuple[int, ...], GroupInfo], world: int | None, any_p2p: bool
-) -> tuple[dict[str, set[tuple[int, ...]]], dict[str, dict]]:
+) -> tuple[dict[str, set[tuple[int, ...]]], dict[str, dict[str, Any]]]:
     """Axis -> its groups, and axis -> evidence, for the families of `groups` (see the module doc)."""
     fams: dict[tuple[int, int], list[GroupInfo]] = {}
     for key, gi in groups.items():
@@ -333,7 +515,7 @@ def structural_axes(
             continue  # overlapping groups: not one axis of a grid
         if world is not None and len(members) != world:
             continue  # a grid axis partitions the world (ranks not traced: the names decide, as before)
-        calls: Counter = Counter()
+        calls: Counter[str] = Counter()
         seen: set[int] = set()
         for g in gs:
             calls.update(g.calls)
@@ -379,7 +561,7 @@ def structural_axes(
     if any_p2p and traffic_seen and len(silent) == 1 and "pp" not in {a for a, _ in axis_of.values()}:
         axis_of[silent[0]] = ("pp", "no collective traffic while the run sends point-to-point")
     by_axis: dict[str, set[tuple[int, ...]]] = {}
-    evidence: dict[str, dict] = {}
+    evidence: dict[str, dict[str, Any]] = {}
     taken: set[str] = set()
     for i, f in enumerate(families):
         if i in axis_of:
