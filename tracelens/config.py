@@ -11,7 +11,7 @@ order = "tp-cp-dp-pp"   # Megatron order: the first letter varies fastest
 seq_len = 4096
 global_batch = 512
 microbatches = 8
-schedule = "1f1b"        # 1f1b | gpipe | interleaved
+schedule = "1f1b"        # gpipe | 1f1b | interleaved_1f1b | looped_bfs | interleaved_zero_bubble | zbv_zero_bubble | dualpipe_v
 virtual_stages = 2       # model chunks per rank (interleaved); read from layers / P2P when absent
 [model]
 config = "qwen3.5-27b"   # a preset name or a config.json path (relative paths: from run_dir)
@@ -38,7 +38,17 @@ else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
 FILE_NAME = "tracelens.toml"
-SCHEDULES = ("1f1b", "gpipe", "interleaved")
+#: Pipeline schedules `[training] schedule` may name (analyze/schedule.py), and the older spellings it takes.
+SCHEDULES = (
+    "gpipe",
+    "1f1b",
+    "interleaved_1f1b",
+    "looped_bfs",
+    "interleaved_zero_bubble",
+    "zbv_zero_bubble",
+    "dualpipe_v",
+)
+SCHEDULE_ALIASES = {"interleaved": "interleaved_1f1b", "zbv": "zbv_zero_bubble", "dualpipev": "dualpipe_v"}
 
 # section -> key -> (field name, accepted python types)
 _KEYS: dict[str, dict[str, tuple[str, tuple[type, ...]]]] = {
@@ -104,7 +114,7 @@ def _validate(cfg: RunConfig) -> None:
             raise BadConfigError(f"{key} must be a positive integer, got {v}")
     if cfg.peak_tflops is not None and cfg.peak_tflops <= 0:
         raise BadConfigError(f"peak_tflops must be positive, got {cfg.peak_tflops}")
-    if cfg.schedule is not None and cfg.schedule.lower() not in SCHEDULES:
+    if cfg.schedule is not None and cfg.schedule not in SCHEDULES:
         raise BadConfigError(f"unknown schedule '{cfg.schedule}' (known: {', '.join(SCHEDULES)})")
 
 
@@ -130,7 +140,8 @@ def parse_config(text: str, base_dir: Path | None = None, source: str = FILE_NAM
                 raise BadConfigError(f"{source}: [{section}] {key} must be {want}, got {val!r}")
             values[name] = val
     if "schedule" in values:
-        values["schedule"] = values["schedule"].lower()
+        name = values["schedule"].lower().replace("-", "_")
+        values["schedule"] = SCHEDULE_ALIASES.get(name, name)
     if "peak_tflops" in values:
         values["peak_tflops"] = float(values["peak_tflops"])
     if "model" in values and base_dir is not None:

@@ -42,11 +42,33 @@ class Analysis:
     _writes: list[tuple[str, Future[None]]] = field(default_factory=list, init=False, repr=False)
     _cross_key: str | None = field(default=None, init=False, repr=False)  # (store.results.cross_key)
     failures: int = field(default=0, init=False)  # optional parts that failed so far (warnings, `_guarded`)
+    # what resolving group-local P2P peers did (analyze.layout.p2p.resolve_peers), set with `_xevents`
+    p2p_peers: dict[str, int] = field(default_factory=dict, init=False)
 
-    @property
+    @cached_property
     def _xevents(self) -> pa.Table:
-        """The events the cross-rank analyses read: the per-rank stages' few rows per rank."""
-        return self.run.stages.xevents
+        """The events the cross-rank analyses read: the per-rank stages' few rows per rank, with the global
+        peer of every send / receive that recorded only a group-local one (analyze.layout.p2p.resolve_peers)."""
+        from tracelens.analyze.layout.p2p import resolve_peers
+
+        x, self.p2p_peers = resolve_peers(self.run.stages.xevents, self.metadata)
+        if self.p2p_peers["ambiguous"] or self.p2p_peers["unmapped"]:
+            n = self.p2p_peers["ambiguous"] + self.p2p_peers["unmapped"]
+            self.warnings.append(
+                f"the peer of {n} point-to-point op(s) recorded only within its process group could not be "
+                "mapped to a global rank (several groups fit equally well, or none)"
+            )
+        return x
+
+    def _collectives(self) -> pa.Table:
+        """The collectives of the cross-rank events: the run memo's, unless peers were resolved here."""
+        st = self.run.stages
+        if self._xevents is st.xevents:
+            return st.cross_collectives()
+        from tracelens.analyze.collectives import collectives_from_events
+        from tracelens.store.stages import by_rank_chunks
+
+        return by_rank_chunks(collectives_from_events, self._xevents)
 
     # ---- base tables -------------------------------------------------------------------------
     @property
@@ -278,7 +300,7 @@ class Analysis:
                 breakdown,
                 stage_of=stage_of,
                 sets=self.sets,
-                collectives=st.cross_collectives(),  # (the run memo's: not recomputed)
+                collectives=self._collectives(),  # (the run memo's: not recomputed)
             )
             if st.memo is not None and key:  # (written while the analysis goes on)
                 self.keep_writing("the cross-rank analysis", results.write_cross_later(st.memo, key, res))

@@ -57,6 +57,10 @@ EVENTS = pa.schema(
         ("dtype", DICT_STR),
         ("src_rank", pa.int32()),
         ("dst_rank", pa.int32()),
+        # The peer of a point-to-point cpu op as the trace records it when it records no global peer: the
+        # rank *within the op's process group* (gloo `c10d::send` / `c10d::recv_` `Concrete Inputs`; the
+        # group itself is not recorded). `analyze.layout.p2p.resolve_peers` maps it to src_rank / dst_rank.
+        ("peer_local", pa.int32()),
     ]
 )
 

@@ -33,7 +33,8 @@ def test_tp_pp_dp_inferred_from_groups_named_with_several_axes():
     # the axes rest on traffic: per-layer TP all-reduces outnumber the DP gradient buckets
     assert ev["tp"]["basis"] == "traffic" and ev["tp"]["stride"] == 1
     assert ev["dp"]["basis"] == "traffic" and ev["dp"]["stride"] == t["layout"]["tp"]
-    assert ev["pp"]["basis"] == "traffic" and ev["pp"]["stride"] == t["layout"]["tp"] * t["layout"]["dp"]
+    # pp rests on the sends themselves: gloo's group-local peers mapped through the pp groups
+    assert ev["pp"]["basis"] == "p2p"
     assert all(e["names_agree"] for e in ev.values())
     # stages from the grid: ranks 0-3 stage 0, 4-7 stage 1 (order tp-cp-dp-pp)
     for r in s["ranks"]:
@@ -83,7 +84,7 @@ def test_interleaved_v_and_m_from_p2p_and_bubble_expectation():
     sch = t["schedule"]
     p, v, m = sch["pp"], sch["virtual_stages"], sch["microbatches"]
     pipe = s["pipeline"]
-    assert (pipe["schedule"], pipe["virtual_stages"], pipe["microbatches"]) == ("interleaved", v, m)
+    assert (pipe["schedule"], pipe["virtual_stages"], pipe["microbatches"]) == ("interleaved_1f1b", v, m)
     assert pipe["expected_bubble_fraction"] == pytest.approx((p - 1) / (v * m + p - 1))
     # = (p-1)/(v*m) of the ideal time
     e = pipe["expected_bubble_fraction"]

@@ -174,7 +174,7 @@ def test_training_virtual_stages_and_schedule_in_tracelens_toml(tmp_path):
 
     (tmp_path / "tracelens.toml").write_text('[training]\nschedule = "Interleaved"\nvirtual_stages = 2\n')
     opts = read_run_config(tmp_path)
-    assert (opts["schedule"], opts["virtual_stages"]) == ("interleaved", 2)
+    assert (opts["schedule"], opts["virtual_stages"]) == ("interleaved_1f1b", 2)  # the older spelling
     assert Options().merged_with_config(tmp_path).virtual_stages == 2
     with pytest.raises(BadConfigError):
         parse_config("[training]\nvirtual_stages = 0\n")
@@ -185,7 +185,7 @@ def test_training_virtual_stages_and_schedule_in_tracelens_toml(tmp_path):
 def test_expected_bubble_uses_given_virtual_stages():
     from tracelens.analyze.pipeline import expected_bubble_fraction
 
-    assert expected_bubble_fraction(4, 8, "interleaved", 2) == pytest.approx(3 / 19)
+    assert expected_bubble_fraction(4, 8, "interleaved_1f1b", 2) == pytest.approx(3 / 19)
     assert expected_bubble_fraction(4, 8, "1f1b", 1) == pytest.approx(3 / 11)
 
 

@@ -39,6 +39,7 @@ from tracelens.analyze.classify import COMM, COMPUTE, classify, rank_mask
 from tracelens.analyze.composition import _runs, module_spans
 from tracelens.analyze.dictcol import columns, sharing
 from tracelens.analyze.layout import P2P_NAMES, Grid
+from tracelens.analyze.schedule import canonical_orders, replay_bubble, schedule_from_actions
 from tracelens.analyze.schedule_infer import pair_reduce, schedule_from_p2p, send_mask
 from tracelens.findings import finding
 
@@ -82,13 +83,21 @@ class PipelineResult:
 def expected_bubble_fraction(
     pp: int | None, microbatches: int | None, schedule: str | None = None, virtual_stages: int = 1
 ) -> float | None:
-    """Idle share of the pipeline window for uniform stages: (p-1)/(m+p-1); interleaved (p-1)/(v*m+p-1)."""
+    """Idle share of the pipeline window for uniform stages, when the schedule is known: GPipe and 1F1B
+    (p-1)/(m+p-1) (their orders replayed, analyze/schedule.py); interleaved 1F1B and looped BFS with v chunks
+    per rank (p-1)/(v*m+p-1). None for a schedule not recognised, and for the zero-bubble schedules unless
+    their annotated order is replayed (`analyze_pipeline` does that)."""
     if not pp or not microbatches:
         return None
     if pp == 1:
         return 0.0
-    v = virtual_stages if (schedule == "interleaved" or virtual_stages > 1) else 1
-    return (pp - 1) / (max(v, 1) * microbatches + pp - 1)
+    if schedule in ("gpipe", "1f1b"):
+        orders = canonical_orders(schedule, pp, microbatches)
+        got = replay_bubble(orders, pp) if orders is not None else None
+        return got if got is not None else (pp - 1) / (microbatches + pp - 1)
+    if schedule in ("interleaved_1f1b", "looped_bfs"):
+        return (pp - 1) / (max(virtual_stages, 1) * microbatches + pp - 1)
+    return None
 
 
 def _is_p2p_name(v: str) -> bool:
@@ -159,12 +168,12 @@ def _virtual_stages(sp: pd.DataFrame) -> int:
 
 
 def _detect_schedule(sp: pd.DataFrame, bwd: pd.DataFrame, grid: Grid, m: int | None, v: int) -> str | None:
-    """interleaved (v > 1), gpipe (stage 0 runs all m forwards before its first backward, m > p) or 1f1b.
+    """interleaved_1f1b (v > 1), gpipe (stage 0 runs all m forwards before its first backward, m > p) or 1f1b.
 
     Per (rank, step) of stage 0 with a backward pass: the forwards of the first layer's first module
     (the module of the earliest-starting span of that layer) that start before the backward does."""
     if v > 1:
-        return "interleaved"
+        return "interleaved_1f1b"
     if not len(sp) or not m or not len(bwd):
         return None
     p = grid.pp or 1
@@ -411,15 +420,20 @@ def _analyze_pipeline(
     )
 
     # ---- microbatches, schedule, expectation ----
+    found = schedule_from_actions(events, grid)  # the schedule's own annotations (analyze/schedule.py)
     v = _virtual_stages(sp) if len(sp) else 1
     res.schedule_evidence = schedule_from_p2p(events, grid, p2p)
     by_p2p = res.schedule_evidence
     if by_p2p is not None and v == 1 and by_p2p["virtual_stages"] > 1:
         v = by_p2p["virtual_stages"]  # chunks seen in the P2P counts (layer annotations absent or merged)
+    if found is not None:
+        v = found.v
     if virtual_stages is not None:
         v = virtual_stages
     observed = None  # what the trace shows, also when --microbatches is given (checked against it)
-    if len(sp):
+    if found is not None and found.m:
+        observed = found.m
+    if observed is None and len(sp):
         from tracelens.analyze.composition import _microbatches_from_spans
 
         observed = _microbatches_from_spans(sp)
@@ -429,12 +443,26 @@ def _analyze_pipeline(
         observed = _microbatches_from_sends(events, grid, p2p, rank, step)
     m = microbatches if microbatches is not None else observed
     res.microbatches_observed = observed
-    if schedule is None:
+    given = schedule is not None
+    if schedule is None and found is not None:
+        schedule = found.name
+    elif schedule is None:
         schedule = _detect_schedule(sp, bwd, grid, m, v) if len(sp) else None
         if schedule is None and by_p2p is not None:
-            schedule = "interleaved" if v > 1 else "1f1b" if by_p2p["warmup_matches"] else None
+            schedule = "interleaved_1f1b" if v > 1 else "1f1b" if by_p2p["warmup_matches"] else None
     res.microbatches, res.schedule, res.virtual_stages = m, schedule, v
-    res.expected_bubble_fraction = expected_bubble_fraction(grid.pp, m, schedule, v)
+    if (
+        found is not None
+        and found.name is not None
+        and not given
+        and (found.v, found.m) == (v, m)
+        and found.expected_bubble_fraction is not None
+    ):
+        res.expected_bubble_fraction = found.expected_bubble_fraction  # the annotated order, replayed
+    else:
+        res.expected_bubble_fraction = expected_bubble_fraction(grid.pp, m, schedule, v)
+    if found is not None:
+        res.schedule_evidence = {**(by_p2p or {}), **found.evidence()}
 
     # ---- per stage ----
     comp_by_rank = bdf.groupby("rank")["compute_ns"].mean()

@@ -95,7 +95,8 @@ def infer_grid(
     evidence = _structure(events, metadata, collectives, world, any_p2p, pg)
     for axis, ev in evidence.items():
         by_axis[axis] = ev.pop("_groups")
-    for desc, ranks in groups_from_metadata(metadata) + groups_from_events(events, pg):
+    declared = groups_from_metadata(metadata) + groups_from_events(events, pg)
+    for desc, ranks in declared:
         named = name_axis(desc)
         # names add to axes that rest on names only (so their groups are still checked against each other)
         if named is not None and (named not in evidence or evidence[named].get("basis") == "names"):
@@ -152,7 +153,14 @@ def infer_grid(
                     "the P2P direction is used"
                 )
         degree["pp"] = p2p_deg
-        evidence["pp"] = {"basis": "p2p", "traffic": f"send/recv chains of {p2p_deg} ranks"}
+        evidence["pp"] = {
+            "basis": "p2p",
+            "groups": len(chains),
+            "size": p2p_deg,
+            "stride": _uniform_stride(chains),
+            "traffic": f"send/recv chains of {p2p_deg} ranks",
+            **_names_of(chains, declared),
+        }
         coord["pp"] = {r: i for c in chains for i, r in enumerate(c)}
         strides["pp"] = _uniform_stride(chains)
     elif degree["pp"] is None and not any_p2p and events is not None and _has_comm(events):
@@ -270,6 +278,15 @@ def _structure(
     for a, g in by_axis.items():
         evidence[a]["_groups"] = g
     return evidence
+
+
+def _names_of(groups: list[list[int]], declared: list[tuple[str | None, tuple[int, ...]]]) -> dict[str, Any]:
+    """`names` (up to three) of the declared process groups with exactly the ranks of `groups`, and
+    `names_agree`: whether they state the pp axis (None when none states an axis)."""
+    sets = {frozenset(g) for g in groups}
+    names = sorted({str(d) for d, r in declared if d and frozenset(r) in sets})
+    stated = {name_axis(n) for n in names} - {None}
+    return {"names": names[:3], "names_agree": None if not stated else stated == {"pp"}}
 
 
 def _has_comm(events: pa.Table) -> bool:

@@ -15,11 +15,15 @@ Where the peers come from:
 
 from __future__ import annotations
 
+import json
 import re
+from collections import Counter
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+
+from tracelens.analyze.layout.groups import parse_ranks
 
 P2P_NAMES = re.compile(
     r"(^c10d::(send|recv_?)$|^gloo:(send|recv)$|SendRecv|^nccl:(send|recv))", re.IGNORECASE
@@ -145,3 +149,119 @@ def chains(src: np.ndarray, dst: np.ndarray, first: np.ndarray) -> tuple[list[li
                 order.append(nxt[0])
         chains.append(order)
     return chains, problems
+
+
+def _rank_groups(metadata: pa.Table | None, world: int | None) -> dict[int, list[tuple[int, ...]]]:
+    """rank -> the groups it belongs to (its `pg_config`; older PyTorch lists every group of the world, so
+    only those holding the rank count), the world group always among them (the default group is never left
+    out of `pg_config` on purpose, but a trace may not list it)."""
+    out: dict[int, list[tuple[int, ...]]] = {}
+    if metadata is None or metadata.num_rows == 0:
+        return out
+    ranks = metadata.column("rank").to_pylist()
+    texts = (
+        metadata.column("pg_config_json").to_pylist()
+        if "pg_config_json" in metadata.column_names
+        else [None] * len(ranks)
+    )
+    for r, text in zip(ranks, texts):
+        if r is None:
+            continue
+        got: list[tuple[int, ...]] = []
+        if text:
+            try:
+                cfg = json.loads(text)
+            except ValueError:
+                cfg = None
+            items = cfg.values() if isinstance(cfg, dict) else cfg if isinstance(cfg, list) else ()
+            for e in items:
+                g = parse_ranks(e.get("ranks")) if isinstance(e, dict) else None
+                if g and int(r) in g and g not in got:
+                    got.append(g)
+        if world and tuple(range(world)) not in got:
+            got.append(tuple(range(world)))
+        out[int(r)] = got
+    return out
+
+
+def resolve_peers(events: pa.Table, metadata: pa.Table | None) -> tuple[pa.Table, dict[str, int]]:
+    """`events` with the global peer of every send / receive that recorded only a group-local one
+    (`peer_local`) in `dst_rank` / `src_rank` (see the module docstring), and what was done:
+    {"resolved": rows, "ambiguous": rows left unknown because two groups map them equally well,
+    "unmapped": rows no group of the rank can map}. Rows that already carry a global peer are left alone."""
+    none = {"resolved": 0, "ambiguous": 0, "unmapped": 0}
+    if events.num_rows == 0 or "peer_local" not in events.column_names:
+        return events, none
+    local = events.column("peer_local")
+    rows = np.flatnonzero(local.is_valid().to_numpy(zero_copy_only=False))
+    if not rows.size:
+        return events, none
+    world = None
+    if metadata is not None and metadata.num_rows:
+        ws = [w for w in metadata.column("world_size").to_pylist() if w is not None]
+        world = max(ws) if ws else None
+    sub = events.select(["rank", "name", "peer_local"]).take(pa.array(rows))
+    rank = sub.column("rank").to_pylist()
+    names = sub.column("name").cast(pa.string()).to_pylist()
+    peer = sub.column("peer_local").to_pylist()
+    if world is None:
+        world = max(max(rank), max(peer)) + 1
+    groups = _rank_groups(metadata, world)
+    sends = [bool(n) and "send" in n.lower() for n in names]
+    # one key per (rank, direction, local peer): a rank sends to one neighbour through one group
+    count: Counter[tuple[int, bool, int]] = Counter(zip(rank, sends, peer))
+    # the (global peer, group) each key can mean
+    cands: dict[tuple[int, bool, int], set[tuple[int, tuple[int, ...]]]] = {}
+    for r, s, p in count:
+        gs = groups.get(r) or [tuple(range(world))]
+        cands[(r, s, p)] = {(g[p], g) for g in gs if p < len(g) and g[p] != r}
+    # what each rank's ops could mean: (rank, is_send) -> [(their (peer, group) candidates, count)]
+    by_rank: dict[tuple[int, bool], list[tuple[set[tuple[int, tuple[int, ...]]], int]]] = {}
+    for k, c in cands.items():
+        by_rank.setdefault((k[0], k[1]), []).append((c, count[k]))
+    chosen: dict[tuple[int, bool, int], int] = {}
+    stats = dict(none)
+    for k, c in cands.items():
+        r, s, _ = k
+        peers = {g for g, _ in c}
+        if len(peers) == 1:
+            chosen[k] = next(iter(peers))
+            continue
+        if not peers:
+            stats["unmapped"] += count[k]
+            continue
+        # the candidate whose opposite ops map back to this rank through the same group, weighted by how many
+        score: Counter[int] = Counter()
+        for g, grp in c:
+            score[g] += sum(n for cc, n in by_rank.get((g, not s), []) if (r, grp) in cc)
+        best = score.most_common()
+        if best and best[0][1] > 0 and (len(best) == 1 or best[0][1] > best[1][1]):
+            chosen[k] = best[0][0]
+        else:
+            stats["ambiguous"] += count[k]
+    if not chosen:
+        return events, stats
+    dst = events.column("dst_rank").to_numpy(zero_copy_only=False)
+    src = events.column("src_rank").to_numpy(zero_copy_only=False)
+    dst = np.where(events.column("dst_rank").is_valid().to_numpy(zero_copy_only=False), dst, -1).astype(
+        np.int64
+    )
+    src = np.where(events.column("src_rank").is_valid().to_numpy(zero_copy_only=False), src, -1).astype(
+        np.int64
+    )
+    for i, r, s, p in zip(rows.tolist(), rank, sends, peer):
+        g = chosen.get((r, s, p))
+        if g is None:
+            continue
+        stats["resolved"] += 1
+        if s:
+            dst[i] = g
+        else:
+            src[i] = g
+    out = events.set_column(
+        events.schema.get_field_index("dst_rank"), "dst_rank", pa.array(dst.astype(np.int32), mask=dst < 0)
+    )
+    out = out.set_column(
+        out.schema.get_field_index("src_rank"), "src_rank", pa.array(src.astype(np.int32), mask=src < 0)
+    )
+    return out, stats

@@ -32,6 +32,7 @@ from tracelens.ingest.kineto.columns import (
     _scatter_index,
 )
 from tracelens.ingest.kineto.native import AVAILABLE as _NATIVE
+from tracelens.ingest.kineto.p2p_local import peer_local_column
 from tracelens.ingest.kineto.peek import rank_from_name
 from tracelens.ingest.kineto.scan import _Scan, _scan_blocks
 from tracelens.ingest.kineto.split import _reap, _scan_split
@@ -159,6 +160,7 @@ def _assemble(sc: _Scan, rank: int) -> tuple[pa.Table, pa.Table]:
         "dtype": _dict_from_values(coll["dtype"], n, rows, at),
         "src_rank": _scatter(_int_array(coll["src_rank"], pa.int32()), n, rows, at),
         "dst_rank": _scatter(_int_array(coll["dst_rank"], pa.int32()), n, rows, at),
+        "peer_local": pa.nulls(n, pa.int32()),  # (filled by `_read` once the events are known)
     }
     events = pa.Table.from_arrays([cols[f.name] for f in schema.EVENTS], schema=schema.EVENTS)
     if not ts_valid.all():
@@ -288,6 +290,9 @@ def _read(path: Path, rank: int | None, salvage: bool, chunk_bytes: int) -> Kine
     if sc.salvaged:
         device_lost = _salv.uncovered_steps(events)[1]
         events = drop_incomplete_steps(events)
+    events = events.set_column(
+        events.schema.get_field_index("peer_local"), "peer_local", peer_local_column(events, path)
+    )
     meta = _metadata(path, int(rank), sc.meta, events.num_rows, sc)
     meta["device_events_lost"] = device_lost
     return KinetoTrace(events=events, memory=memory, metadata=meta)
