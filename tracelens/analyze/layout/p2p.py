@@ -250,14 +250,14 @@ def resolve_peers(events: pa.Table, metadata: pa.Table | None) -> tuple[pa.Table
         np.int64
     )
     for i, r, s, p in zip(rows.tolist(), rank, sends, peer):
-        g = chosen.get((r, s, p))
-        if g is None:
+        got = chosen.get((r, s, p))
+        if got is None:
             continue
         stats["resolved"] += 1
         if s:
-            dst[i] = g
+            dst[i] = got
         else:
-            src[i] = g
+            src[i] = got
     out = events.set_column(
         events.schema.get_field_index("dst_rank"), "dst_rank", pa.array(dst.astype(np.int32), mask=dst < 0)
     )
