@@ -262,6 +262,37 @@ class Analysis:
             force=self.options.force_layout,
             collectives=fr,
             pg=self.run.stages.grid_rows(),  # (the run memo's: the events' groups not counted again)
+            roles=self.collective_roles,
+        )
+
+    @cached_property
+    def collective_roles(self):
+        """What each collective does, from the shapes of its c10d op (analyze.layout.roles), when the traces
+        do not say which process group ran it (gloo; traces without record_param_comms) and the run has at
+        most ROLES_MAX_RANKS ranks (each rank's trace is decoded again for the shapes); else None."""
+        from tracelens.analyze.layout.roles import ROLES_MAX_RANKS, collective_roles
+
+        if self._xevents.num_rows == 0 or len(self.ranks) > ROLES_MAX_RANKS:
+            return None
+        coll = self._collectives()
+        if coll.num_rows == 0:
+            return None
+        import pyarrow.compute as pc
+
+        unnamed = pc.and_(
+            pc.invert(pc.fill_null(coll.column("is_p2p"), False)),
+            pc.and_(coll.column("pg_ranks").is_null(), coll.column("pg_name").is_null()),
+        )
+        if not pc.any(unnamed).as_py():
+            return None
+        from tracelens.ingest.op_shapes import read as read_shapes
+
+        paths = dict(zip(self.metadata.column("rank").to_pylist(), self.metadata.column("path").to_pylist()))
+        return self._guarded(
+            "collective roles",
+            lambda: collective_roles(
+                coll, self._xevents, lambda r: read_shapes(paths[r]) if paths.get(r) else None
+            ),
         )
 
     @property
@@ -601,7 +632,66 @@ class Analysis:
         from tracelens.analyze.composition import audit_for_run
 
         split = self.composition.layer_split if self.composition is not None else None
-        return audit_for_run(self.grid, self.model, self.options.seq_len, split, existing)
+        audit, found = audit_for_run(self.grid, self.model, self.options.seq_len, split, existing)
+        return audit, self._with_kv_evidence(found, existing)
+
+    @cached_property
+    def kv_widths(self):
+        """The K/V projection widths one tensor-parallel rank computes (analyze.kv_heads), read from its
+        annotated projections and matmul shapes; None without tensor parallelism or without them."""
+        if not self.grid.tp or self.grid.tp < 2 or not self.ranks:
+            return None
+        from tracelens.analyze.kv_heads import projection_widths
+        from tracelens.ops_view import _shapes
+
+        r = min(self.ranks)
+        return self._guarded(
+            "K/V projection widths",
+            lambda: projection_widths(r, self.run.events_of([r]), _shapes(self, [r])),
+        )
+
+    def _with_kv_evidence(self, found: list[dict], existing: list[dict]) -> list[dict]:
+        """KV_HEAD_REPLICATION with what the trace shows (analyze.kv_heads): the audit's finding gains the
+        measured widths; a replication the trace shows and the audit did not predict is reported from the
+        trace alone."""
+        m, tp = self.model, self.grid.tp
+        w = self.kv_widths
+        if m is None or not tp or w is None:
+            return found
+        from tracelens.analyze.kv_heads import kv_evidence
+        from tracelens.findings import finding
+
+        ev = kv_evidence(w, m.num_attention_heads, m.num_key_value_heads, m.head_dim, tp, m.hidden_size)
+        if ev is None:
+            return found
+        seen = (
+            f"the trace shows rank {ev['rank']}'s K/V projections {ev['kv_width']} features wide where the exact "
+            f"split of {m.num_key_value_heads} KV heads x {m.head_dim} over tp={tp} is {ev['exact_width']:g}"
+            + (
+                f" ({ev['extra_kv_weight_elements_per_layer']:,.0f} extra K/V weights and "
+                f"{ev['extra_kv_activation_elements_per_token_per_layer']:,.0f} extra K/V activations per token "
+                "per attention layer on every rank)"
+                if ev["factor"] > 1
+                else ""
+            )
+        )
+        out = []
+        for f in found:
+            if f["code"] == "KV_HEAD_REPLICATION":
+                f = {**f, "message": f"{f['message']}; {seen} ({ev['factor']:.2g}x)", "trace_evidence": ev}
+            out.append(f)
+        codes = {f["code"] for f in out} | {f["code"] for f in existing}
+        if ev["factor"] > 1 + 1e-9 and "KV_HEAD_REPLICATION" not in codes:
+            out.append(
+                finding(
+                    "KV_HEAD_REPLICATION",
+                    "warning",
+                    f"{seen}: each rank computes {ev['factor']:.2g}x its share of K and V (replicated heads)",
+                    factor=ev["factor"],
+                    trace_evidence=ev,
+                )
+            )
+        return out
 
     @cached_property
     def sized_collectives(self):

@@ -34,6 +34,7 @@ from tracelens.analyze.layout.groups import (
 )
 from tracelens.analyze.layout.p2p import chains as p2p_chains
 from tracelens.analyze.layout.p2p import p2p_edges
+from tracelens.analyze.layout.roles import COINCIDENCE_MAX, CollectiveRoles, coincidence
 from tracelens.findings import finding
 
 
@@ -64,10 +65,12 @@ def infer_grid(
     metadata: pa.Table | None,
     collectives: pa.Table | None = None,
     pg: pa.Table | None = None,
+    roles: CollectiveRoles | None = None,
 ) -> tuple[Grid, list[dict[str, Any]]]:
-    """Grid inferred from process groups (structure and traffic first, then names) and P2P peers;
-    (Grid(source='none'), []) when nothing is known. `collectives`: Flight Recorder records, if any; `pg`:
-    `groups.pg_rows(events)` when the caller has it (the run memo's)."""
+    """Grid inferred from process groups (structure and traffic first, then names), P2P peers and what the
+    collectives do; (Grid(source='none'), []) when nothing is known. `collectives`: Flight Recorder records,
+    if any; `pg`: `groups.pg_rows(events)` when the caller has it (the run memo's); `roles`: the collectives'
+    roles from their shapes (roles.py), when the traces do not say which group ran them."""
     findings: list[dict[str, Any]] = []
     notes: list[str] = []
 
@@ -96,10 +99,21 @@ def infer_grid(
     for axis, ev in evidence.items():
         by_axis[axis] = ev.pop("_groups")
     declared = groups_from_metadata(metadata) + groups_from_events(events, pg)
+    # 1b. what the collectives do, where no trace says which group ran them (roles.py)
+    if roles is not None and "tp" not in evidence:
+        chains0, _ = p2p_chains(src, dst, first)
+        tp_ev = _tensor_parallel(roles, declared, world, chains0, by_axis)
+        if tp_ev is not None:
+            by_axis["tp"] = tp_ev.pop("_groups")
+            evidence["tp"] = tp_ev
+    claimed = {frozenset(g) for a in AXES if a in evidence for g in by_axis[a]}
     for desc, ranks in declared:
         named = name_axis(desc)
-        # names add to axes that rest on names only (so their groups are still checked against each other)
-        if named is not None and (named not in evidence or evidence[named].get("basis") == "names"):
+        # names add to axes that rest on names only (so their groups are still checked against each other),
+        # never to a group the evidence already placed on an axis
+        if named is None or frozenset(ranks) in claimed:
+            continue
+        if named not in evidence or evidence[named].get("basis") == "names":
             by_axis[named].add(ranks)
     for axis in AXES:
         if by_axis[axis] and axis not in evidence:
@@ -186,8 +200,22 @@ def infer_grid(
             degree[unknown[0]] = rest
             evidence[unknown[0]] = {"basis": "remainder"}
         else:
-            # several axes without evidence: P2P traffic means a pipeline, otherwise data parallelism
+            # several axes without evidence: P2P traffic means a pipeline, otherwise data parallelism, unless
+            # the collectives reduce activations (tensor parallelism no group could be found for): unknown
             guess = "pp" if "pp" in unknown and any_p2p else "dp" if "dp" in unknown else None
+            act = roles.activation_ranks() if roles is not None else set()
+            if guess == "dp" and act and "tp" in unknown:
+                guess = None
+                notes.append(
+                    f"ranks {sorted(act)[:8]} reduce activations (tensor parallelism) but no process group "
+                    "family shows which ranks share them: tp and dp are left unknown"
+                )
+            elif guess == "dp" and roles is not None and roles.summary().get("flat"):
+                evidence["dp"] = {
+                    "basis": "roles",
+                    "traffic": f"gradient synchronisation on flat buffers ({roles.summary()['flat']:.0f} per rank "
+                    "and step), no all-reduce of activations",
+                }
             if guess is not None:
                 for a in unknown:
                     degree[a] = rest if a == guess else 1
@@ -280,6 +308,72 @@ def _structure(
     return evidence
 
 
+def _families(
+    declared: list[tuple[str | None, tuple[int, ...]]], world: int | None
+) -> list[list[tuple[int, ...]]]:
+    """Families of declared groups (disjoint groups of one size and stride that together cover the world),
+    the world group as a family of one group, largest groups first."""
+    by_shape: dict[tuple[int, int | None], set[tuple[int, ...]]] = {}
+    for _, ranks in declared:
+        g = tuple(sorted(ranks))
+        if len(g) < 2:
+            continue
+        by_shape.setdefault((len(g), _uniform_stride([g])), set()).add(g)
+    out = []
+    if world:
+        by_shape.setdefault((world, 1), set()).add(tuple(range(world)))
+    for (n, _), gs in by_shape.items():
+        members = [r for g in gs for r in g]
+        if len(members) != len(set(members)) or (world is not None and len(members) != world):
+            continue
+        out.append(sorted(gs))
+    return sorted(out, key=lambda f: -len(f[0]))
+
+
+def _tensor_parallel(
+    roles: CollectiveRoles,
+    declared: list[tuple[str | None, tuple[int, ...]]],
+    world: int | None,
+    chains: list[list[int]],
+    by_axis: dict[str, set[tuple[int, ...]]],
+) -> dict[str, Any] | None:
+    """Evidence for the tensor-parallel axis from the collectives' roles: every rank reduces activations in
+    its forward and backward passes, and the largest family of declared groups whose members leave those
+    all-reduces together (roles.coincidence <= COINCIDENCE_MAX) is the tensor-parallel one. Families the
+    evidence already placed (the pipelines' groups, groups with traffic of their own) are not candidates."""
+    act = roles.activation_ranks()
+    if not act or not world or len(act) < max(2, len(roles.ranks_read)):
+        return None  # every rank read must run them: tensor parallelism spans every rank of a grid
+    taken = {frozenset(c) for c in chains} | {frozenset(g) for gs in by_axis.values() for g in gs}
+    best: tuple[list[tuple[int, ...]], float] | None = None
+    tried: dict[str, float | None] = {}
+    for fam in _families(declared, world):
+        if any(frozenset(g) in taken for g in fam):
+            continue
+        score = coincidence(roles, fam)
+        tried[f"size {len(fam[0])}"] = None if score is None else round(score, 3)
+        if score is not None and score <= COINCIDENCE_MAX and (best is None or len(fam[0]) > len(best[0][0])):
+            best = (fam, score)
+    if best is None:
+        return None
+    fam, score = best
+    per = roles.summary()
+    names = sorted({str(d) for d, r in declared if d and tuple(sorted(r)) in set(fam)})
+    stated = {name_axis(n) for n in names} - {None}
+    return {
+        "_groups": set(fam),
+        "basis": "roles",
+        "groups": len(fam),
+        "size": len(fam[0]),
+        "stride": _uniform_stride(fam),
+        "traffic": f"all-reduces of activations ({per.get('activation', 0):.0f} per rank and step) that the "
+        f"group's members leave together (scatter {score:.2f} of the time between two)",
+        "candidates": tried,
+        "names": names[:3],
+        "names_agree": None if not stated else stated == {"tp"},
+    }
+
+
 def _names_of(groups: list[list[int]], declared: list[tuple[str | None, tuple[int, ...]]]) -> dict[str, Any]:
     """`names` (up to three) of the declared process groups with exactly the ranks of `groups`, and
     `names_agree`: whether they state the pp axis (None when none states an axis)."""
@@ -334,13 +428,16 @@ def grid_for_run(
     force: bool = False,
     collectives: pa.Table | None = None,
     pg: pa.Table | None = None,
+    roles: CollectiveRoles | None = None,
 ) -> tuple[Grid, list[dict[str, Any]]]:
-    """Grid from a user layout when given (checked against the traces' groups), else inferred.
+    """Grid from a user layout when given (checked against the traces' evidence), else inferred.
 
-    When the given layout contradicts a complete layout inferred from the process groups, the findings use
-    the inferred one (the evidence) and LAYOUT_INCONSISTENT says so; `force` keeps the given layout.
-    """
-    inferred, findings = infer_grid(events, metadata, collectives, pg)
+    A given layout is used unless direct evidence contradicts one of its degrees (STRONG_BASES: the groups'
+    own traffic, the chains of point-to-point peers); then the findings use the evidence's layout and
+    LAYOUT_INCONSISTENT says so (`force` keeps the given one). Evidence that only suggests (names, what the
+    collectives do, the remainder of the world) never overrules what the user states; a disagreement is
+    still reported. A layout given without an order is placed as the traces place it, when they do."""
+    inferred, findings = infer_grid(events, metadata, collectives, pg, roles)
     if not layout or all(v is None for v in layout.values()):
         return inferred, findings
     world = inferred.world_size
@@ -353,50 +450,67 @@ def grid_for_run(
         order=order or DEFAULT_ORDER,
         source="config",
     )
-    if inferred.source == "inferred":
-        diff = [
-            a for a in AXES if getattr(inferred, a) is not None and getattr(inferred, a) != getattr(grid, a)
-        ]
-        if diff:
-            msg = ", ".join(f"{a}={getattr(grid, a)} (traces say {getattr(inferred, a)})" for a in diff)
-            use_traces = not force and _complete(inferred)
-            findings.append(
-                finding(
-                    "LAYOUT_INCONSISTENT",
-                    "warning",
-                    f"the given layout disagrees with the traces' process groups: {msg}; "
-                    + _which_layout(inferred if use_traces else grid, use_traces),
-                    given=_layout_text(grid),
-                    inferred=_layout_text(inferred),
-                    used="inferred" if use_traces else "given",
-                )
+    if inferred.source != "inferred":
+        return grid, findings
+    diff = [a for a in AXES if getattr(inferred, a) is not None and getattr(inferred, a) != getattr(grid, a)]
+    if diff:
+        msg = ", ".join(f"{a}={getattr(grid, a)} (traces say {getattr(inferred, a)})" for a in diff)
+        strong = all(inferred.evidence.get(a, {}).get("basis") in STRONG_BASES for a in diff)
+        use_traces = not force and strong and _complete(inferred)
+        findings.append(
+            finding(
+                "LAYOUT_INCONSISTENT",
+                "warning",
+                f"the given layout disagrees with the traces: {msg}; "
+                + _which_layout(inferred if use_traces else grid, use_traces),
+                given=_layout_text(grid),
+                inferred=_layout_text(inferred),
+                used="inferred" if use_traces else "given",
             )
-            if use_traces:
-                return inferred, findings
-        else:
-            moved = sorted(
-                r
-                for r, c in inferred.coords.items()
-                if r in grid.coords and any(x is not None and x != y for x, y in zip(c, grid.coords[r]))
-            )
-            if moved:
-                use_traces = not force and _complete(inferred)
-                findings.append(
-                    finding(
-                        "LAYOUT_INCONSISTENT",
-                        "warning",
-                        f"the given order '{grid.order}' places {len(moved)} rank(s) differently "
-                        f"from the traces' process groups (check --order); "
-                        + _which_layout(inferred if use_traces else grid, use_traces),
-                        ranks=moved[:16],
-                        given=_layout_text(grid),
-                        inferred=_layout_text(inferred),
-                        used="inferred" if use_traces else "given",
-                    )
-                )
-                if use_traces:
-                    return inferred, findings
-    return grid, findings
+        )
+        return (inferred if use_traces else grid), findings
+    moved = sorted(
+        r
+        for r, c in inferred.coords.items()
+        if r in grid.coords and any(x is not None and x != y for x, y in zip(c, grid.coords[r]))
+    )
+    if not moved or not _complete(inferred):
+        return grid, findings
+    if order is None and not force:
+        # the user gave degrees, not a placement: the ranks go where the traces put them
+        placed = Grid(
+            tp=grid.tp,
+            pp=grid.pp,
+            dp=grid.dp,
+            cp=grid.cp,
+            order=inferred.order,
+            source="config",
+            coords=dict(inferred.coords),
+            world_size=grid.world_size,
+            chains=[list(c) for c in inferred.chains],
+            notes=[f"the given layout's ranks are placed as the traces place them (order {inferred.order})"],
+        )
+        return placed, findings
+    use_traces = not force
+    findings.append(
+        finding(
+            "LAYOUT_INCONSISTENT",
+            "warning",
+            f"the given order '{grid.order}' places {len(moved)} rank(s) differently "
+            f"from the traces (check --order); "
+            + _which_layout(inferred if use_traces else grid, use_traces),
+            ranks=moved[:16],
+            given=_layout_text(grid),
+            inferred=_layout_text(inferred),
+            used="inferred" if use_traces else "given",
+        )
+    )
+    return (inferred if use_traces else grid), findings
+
+
+#: Evidence bases that may overrule a degree the user gives: a group's own recorded traffic and the
+#: point-to-point chains are the run's communication itself; names, roles and the remainder only suggest.
+STRONG_BASES = ("traffic", "p2p")
 
 
 def _complete(g: Grid) -> bool:
