@@ -322,7 +322,7 @@ def _families(
     out = []
     if world:
         by_shape.setdefault((world, 1), set()).add(tuple(range(world)))
-    for (n, _), gs in by_shape.items():
+    for gs in by_shape.values():
         members = [r for g in gs for r in g]
         if len(members) != len(set(members)) or (world is not None and len(members) != world):
             continue
