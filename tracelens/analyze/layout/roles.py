@@ -6,7 +6,9 @@ The tensors a collective moves tell its job (their shapes are in the c10d op's `
 
 - *activations*: tensor parallelism reduces the partial outputs of a row-parallel matmul (DTensor's
   `RowwiseParallel`, Megatron's `RowParallelLinear`) or gathers / scatters activations along the sequence:
-  the tensor has the activation's shape, two or more dimensions ([batch, seq, hidden] or [tokens, hidden]);
+  the tensor has the activation's shape, two or more dimensions ([batch, seq, hidden] or [tokens, hidden]),
+  and the forward pass issues it (a hand-written data-parallel loop that all-reduces 2-D gradients after the
+  backward is not tensor parallelism);
 - *flat buffers*: gradient synchronisation works on flat 1-D buffers (DDP's buckets, FSDP's sharded
   parameters and gradients, Megatron's grad buffers), whatever the layer shapes;
 - *scalars*: a loss or a norm (one element).
@@ -42,6 +44,9 @@ COINCIDENCE_MAX = 0.5
 #: a row-parallel layer reduces its output once per forward; fewer than two is a loss or metric reduction
 #: of a tensor that happens to be 2-D.
 MIN_ACTIVATION_CALLS = 2
+#: Collectives tensor parallelism runs on activations: all-reduce (row-parallel outputs), and all-gather /
+#: reduce-scatter along the sequence (sequence parallelism).
+TP_OPS = ("allreduce", "allgather", "reducescatter")
 #: Runs of at most this many ranks have their collectives' roles read: each rank's trace is decoded a second
 #: time for the shapes (~0.1 s for a CPU rank). The traces that need it (gloo, no `record_param_comms`) come
 #: from small runs; larger runs record their groups.
@@ -86,10 +91,13 @@ class CollectiveRoles:
     ranks_read: set[int] = field(default_factory=set)
 
     def activation_ranks(self) -> set[int]:
-        """Ranks running at least MIN_ACTIVATION_CALLS all-reduces of activations per step."""
+        """Ranks running at least MIN_ACTIVATION_CALLS collectives of activations per step in their forward
+        passes (`forward`: outside the autograd engine's backward and before the step's last backward op;
+        an all-reduce of 2-D gradients after the backward, a hand-written data parallelism, is not one)."""
         if self.calls.empty:
             return set()
-        a = self.calls[(self.calls["role"] == "activation") & (self.calls["op"] == "allreduce")]
+        c = self.calls
+        a = c[(c["role"] == "activation") & c["op"].isin(TP_OPS) & c["forward"]]
         if a.empty:
             return set()
         per = a.groupby(["rank", "step"]).size().groupby("rank").median()
@@ -142,7 +150,45 @@ def collective_roles(
         return CollectiveRoles()
     calls = pd.concat(out, ignore_index=True)
     calls = calls[calls["role"].notna()].sort_values(["rank", "enqueue_ns"], kind="stable")
-    return CollectiveRoles(calls[["rank", "step", "op", "role", "end_ns"]].reset_index(drop=True), read)
+    calls["forward"] = _in_forward(calls, events)
+    return CollectiveRoles(
+        calls[["rank", "step", "op", "role", "end_ns", "forward"]].reset_index(drop=True), read
+    )
+
+
+def _in_forward(calls: pd.DataFrame, events: pa.Table) -> np.ndarray:
+    """Per call: issued outside the autograd engine's backward ops (`autograd::engine::evaluate_function`)
+    and before the last of them in its step; True for every call of a rank without such ops (no backward
+    recorded: the test cannot apply)."""
+    from tracelens.analyze.dictcol import columns
+
+    cols = columns(events)
+    bwd = np.flatnonzero(
+        cols.flag("name", lambda v: int(v.startswith("autograd::engine::evaluate_function")))
+        & cols.kinds("cpu_op")
+    )
+    out = np.ones(len(calls), bool)
+    if not bwd.size:
+        return out
+    b = events.select(["rank", "ts_ns", "dur_ns", "step"]).take(pa.array(bwd)).to_pandas()
+    b["end"] = b["ts_ns"] + b["dur_ns"]
+    rank = calls["rank"].to_numpy()
+    t = calls["enqueue_ns"].to_numpy(np.int64)
+    step = calls["step"].to_numpy()
+    for r, g in b.groupby("rank"):
+        sel = np.flatnonzero(rank == r)
+        if not sel.size:
+            continue
+        starts = g["ts_ns"].to_numpy(np.int64)
+        ends = g["end"].to_numpy(np.int64)
+        o = np.argsort(starts)
+        starts, ends = starts[o], np.maximum.accumulate(ends[o])
+        i = np.searchsorted(starts, t[sel], side="right") - 1
+        inside = (i >= 0) & (ends[np.maximum(i, 0)] > t[sel])
+        last = g.groupby("step")["end"].max()
+        last_end = np.array([last.get(s, -1) if pd.notna(s) else -1 for s in step[sel]], np.int64)
+        out[sel] = ~inside & (t[sel] < last_end)
+    return out
 
 
 def coincidence(roles: CollectiveRoles, groups: Sequence[Sequence[int]]) -> float | None:
@@ -151,7 +197,7 @@ def coincidence(roles: CollectiveRoles, groups: Sequence[Sequence[int]]) -> floa
     calls = roles.calls
     if calls.empty:
         return None
-    act = calls[(calls["role"] == "activation") & (calls["op"] == "allreduce") & calls["step"].notna()]
+    act = calls[(calls["role"] == "activation") & calls["op"].isin(TP_OPS) & calls["step"].notna()]
     if act.empty:
         return None
     ends: dict[tuple[int, int], np.ndarray] = {
