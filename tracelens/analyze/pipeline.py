@@ -39,7 +39,12 @@ from tracelens.analyze.classify import COMM, COMPUTE, classify, rank_mask
 from tracelens.analyze.composition import _runs, module_spans
 from tracelens.analyze.dictcol import columns, sharing
 from tracelens.analyze.layout import P2P_NAMES, Grid
-from tracelens.analyze.schedule import canonical_orders, replay_bubble, schedule_from_actions
+from tracelens.analyze.schedule import (
+    canonical_orders,
+    replay_bubble,
+    schedule_from_actions,
+    schedule_from_order,
+)
 from tracelens.analyze.schedule_infer import pair_reduce, schedule_from_p2p, send_mask
 from tracelens.findings import finding
 
@@ -449,7 +454,10 @@ def _analyze_pipeline(
     elif schedule is None:
         schedule = _detect_schedule(sp, bwd, grid, m, v) if len(sp) else None
         if schedule is None and by_p2p is not None:
-            schedule = "interleaved_1f1b" if v > 1 else "1f1b" if by_p2p["warmup_matches"] else None
+            if v > 1:
+                schedule = "interleaved_1f1b"
+            else:
+                schedule = schedule_from_order(by_p2p["forwards_before_first_backward"], grid.pp or 1, m)
     res.microbatches, res.schedule, res.virtual_stages = m, schedule, v
     if (
         found is not None

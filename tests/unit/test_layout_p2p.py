@@ -1,0 +1,113 @@
+"""Global peers of gloo's group-local sends and receives (analyze/layout/p2p.resolve_peers), worked by hand."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+from pipeline_tables import metadata_table
+
+from tracelens._testing import events_table
+from tracelens.analyze.layout.p2p import chains, p2p_edges, resolve_peers
+
+
+def _p2p(rank: int, send: bool, local: int, ts: int) -> dict:
+    return {
+        "rank": rank,
+        "kind": "cpu_op",
+        "name": "c10d::send" if send else "c10d::recv_",
+        "ts_ns": ts,
+        "dur_ns": 10,
+        "step": 1,
+        "peer_local": local,
+    }
+
+
+def _mesh_pp_dp() -> dict[int, list[tuple[str, list[int]]]]:
+    """A (pp=2, dp=2) DeviceMesh, rank = dp + 2*pp: mesh_pp [0,2], [1,3]; mesh_dp [0,1], [2,3]; the world."""
+    out = {}
+    for r in range(4):
+        pp_g = [0, 2] if r % 2 == 0 else [1, 3]
+        dp_g = [0, 1] if r < 2 else [2, 3]
+        out[r] = [("default_pg", [0, 1, 2, 3]), ("mesh_pp", pp_g), ("mesh_dp", dp_g)]
+    return out
+
+
+def test_a_local_peer_two_groups_could_mean_is_the_one_the_other_side_confirms():
+    # stage 0 ranks (0, 1) send activations to local peer 1 of their pp group and receive gradients from it;
+    # rank 0's "1" could be rank 1 (world, dp group) or rank 2 (pp group): only rank 2 receives from rank 0
+    # through the same group
+    rows = []
+    for k in range(3):
+        t = 100 * k
+        rows += [
+            _p2p(0, True, 1, t),
+            _p2p(2, False, 0, t + 5),
+            _p2p(2, True, 0, t + 50),
+            _p2p(0, False, 1, t + 60),
+        ]
+        rows += [
+            _p2p(1, True, 1, t + 1),
+            _p2p(3, False, 0, t + 6),
+            _p2p(3, True, 0, t + 51),
+            _p2p(1, False, 1, t + 61),
+        ]
+    ev = events_table(rows)
+    out, stats = resolve_peers(ev, metadata_table(4, _mesh_pp_dp()))
+    assert stats == {"resolved": len(rows), "ambiguous": 0, "unmapped": 0}
+    df = out.to_pandas()
+    sends = df[df["name"] == "c10d::send"].groupby("rank")["dst_rank"].unique()
+    recvs = df[df["name"] == "c10d::recv_"].groupby("rank")["src_rank"].unique()
+    assert {r: list(v) for r, v in sends.items()} == {0: [2], 1: [3], 2: [0], 3: [1]}
+    assert {r: list(v) for r, v in recvs.items()} == {0: [2], 1: [3], 2: [0], 3: [1]}
+    src, dst, first, _ = p2p_edges(out)
+    got, problems = chains(src, dst, first)
+    assert got == [[0, 2], [1, 3]] and not problems  # stage 0 sends first
+
+
+def test_the_world_alone_maps_local_peers_as_they_are():
+    rows = [_p2p(0, True, 1, 0), _p2p(1, False, 0, 5), _p2p(1, True, 2, 10), _p2p(2, False, 1, 15)]
+    md = metadata_table(3, {r: [("default_pg", [0, 1, 2])] for r in range(3)})
+    out, stats = resolve_peers(events_table(rows), md)
+    assert stats["resolved"] == 4
+    assert out.column("dst_rank").to_pylist() == [1, None, 2, None]
+    assert out.column("src_rank").to_pylist() == [None, 0, None, 1]
+
+
+def test_a_tie_is_left_unknown_and_rows_with_a_global_peer_are_kept():
+    # rank 0 sends to local 1 of either of two groups, and both candidates receive from rank 0 through that
+    # same group: nothing tells them apart
+    groups = {0: [("a", [0, 1]), ("b", [0, 2])], 1: [("a", [0, 1])], 2: [("b", [0, 2])]}
+    rows = [_p2p(0, True, 1, 0), _p2p(1, False, 0, 5), _p2p(2, False, 0, 6)]
+    rows.append(
+        {"rank": 0, "kind": "cpu_op", "name": "record_param_comms", "ts_ns": 1, "dur_ns": 1, "dst_rank": 2}
+    )
+    out, stats = resolve_peers(events_table(rows), metadata_table(3, groups))
+    assert stats["ambiguous"] == 1 and stats["resolved"] == 2
+    assert out.column("dst_rank").to_pylist() == [None, None, None, 2]
+
+
+def test_nothing_to_resolve_returns_the_same_table():
+    ev = events_table([{"rank": 0, "kind": "cpu_op", "name": "aten::mm", "ts_ns": 0, "dur_ns": 1}])
+    out, stats = resolve_peers(ev, None)
+    assert out is ev and stats == {"resolved": 0, "ambiguous": 0, "unmapped": 0}
+
+
+def test_peer_local_read_from_concrete_inputs(tmp_path):
+    """The ingester reads gloo's group-local peer from `Concrete Inputs` (dst / src is the third input)."""
+    from tracelens.ingest.kineto import read
+
+    ev = [
+        {"ph": "X", "cat": "cpu_op", "name": "c10d::send", "pid": 1, "tid": 1, "ts": 10.0, "dur": 1.0,
+         "args": {"External id": 7, "Input Dims": [[[2, 3]], [], [], []], "Concrete Inputs": ["", "", "3", "0"]}},
+        {"ph": "X", "cat": "cpu_op", "name": "c10d::recv_", "pid": 1, "tid": 1, "ts": 20.0, "dur": 1.0,
+         "args": {"External id": 8, "Input Dims": [[[2, 3]], [], [], []], "Concrete Inputs": ["", "", "0", "0"]}},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 30.0, "dur": 1.0,
+         "args": {"External id": 9, "Input Dims": [[2, 3], [3, 4]], "Concrete Inputs": ["", ""]}},
+    ]  # fmt: skip
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps({"traceEvents": ev, "distributedInfo": {"rank": 1, "world_size": 4}}))
+    t = read(p).events
+    got = dict(zip(t.column("name").to_pylist(), t.column("peer_local").to_pylist()))
+    assert got == {"c10d::send": 3, "c10d::recv_": 0, "aten::mm": None}
+    assert np.all(t.column("dst_rank").is_null().to_numpy(zero_copy_only=False))
