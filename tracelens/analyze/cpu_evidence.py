@@ -194,3 +194,74 @@ def per_rank_step(events: pa.Table, ranks: set[int] | None = None) -> pd.DataFra
             host = int(iv.measure_in_windows(gaps, np.array([lo]), np.array([hi]))[0])
             out.append((r, int(k), int(np.sum(sel & (c == COMPUTE))), host))
     return pd.DataFrame(out, columns=cols)
+
+
+def longest_gaps(events: pa.Table, ranks: set[int] | None = None) -> pd.DataFrame:
+    """Per (rank, step) of CPU-timeline ranks: the longest interval of the step in which the rank neither ran
+    a cpu op on its main thread nor had communication in flight on any thread (`gap_ns`): it waited for
+    nothing and did nothing the profiler sees (a sleep, data loading in Python, a blocking read; user
+    annotations such as `record_function("dataloader")` do not count as work). A wait for a collective or a
+    receive is communication in flight (gloo's work spans), so it is no gap; descheduling stretches the op
+    that was running far more often than it leaves a gap between two ops."""
+    cols = ["rank", "step", "gap_ns"]
+    if events.num_rows == 0:
+        return pd.DataFrame(columns=cols)
+    classes = classify(events)
+    kind = events.column("kind")
+    is_op = _dict_lookup(kind, lambda v: int(v == "cpu_op")).astype(bool)
+    is_step = _dict_lookup(events.column("name"), lambda v: int(v.startswith("ProfilerStep#"))).astype(bool)
+    rank = events.column("rank").to_numpy(zero_copy_only=False).astype(np.int64)
+    tid = events.column("tid").fill_null(-1).to_numpy(zero_copy_only=False)
+    ts = events.column("ts_ns").to_numpy(zero_copy_only=False).astype(np.int64)
+    end = ts + np.maximum(events.column("dur_ns").fill_null(0).to_numpy(zero_copy_only=False), 0)
+    step = events.column("step").fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+    mains = main_threads(events)
+    out = []
+    for r in np.unique(rank):
+        r = int(r)
+        if ranks is not None and r not in ranks:
+            continue
+        mine = rank == r
+        main = mine & (tid == mains.get(r, -2))
+        windows = np.flatnonzero(main & is_step)
+        if not windows.size:
+            continue
+        busy = np.flatnonzero((main & is_op) | (mine & (classes == COMM)))
+        busy_s, busy_e = iv.union(ts[busy], end[busy])
+        for w in windows:
+            lo, hi, k = int(ts[w]), int(end[w]), int(step[w])
+            if k < 0:
+                continue
+            gs, ge = iv.subtract((np.array([lo]), np.array([hi])), (busy_s, busy_e))
+            out.append((r, k, int((ge - gs).max()) if gs.size else 0))
+    return pd.DataFrame(out, columns=cols)
+
+
+#: The `host_frame` of a stall outside any op (stall_gaps).
+GAP_FRAME = "(no op and no communication in flight)"
+
+
+def stall_gaps(events: pa.Table, ranks: set[int], group_of: dict[int, int]) -> pd.DataFrame:
+    """Per (rank, step): a regular stall outside any op, {rank, step, gap_ns}: the rank's longest gap
+    (`longest_gaps`) minus its peers' median longest gap, kept when the rank's gaps are regular (within
+    STALL_SPREAD of each other in every step, each at least STALL_MIN_NS): a stall the program makes repeats;
+    descheduling's gaps do not. Peers are the ranks of the same group (stage) in `group_of`."""
+    cols = ["rank", "step", "gap_ns"]
+    g = longest_gaps(events, ranks)
+    if g.empty:
+        return pd.DataFrame(columns=cols)
+    g["group"] = g["rank"].map(lambda r: group_of.get(int(r), -1))
+    rows = []
+    for r, mine in g.groupby("rank"):
+        v = mine["gap_ns"].to_numpy(np.float64)
+        if v.min() < STALL_MIN_NS or v.max() > STALL_SPREAD * v.min():
+            continue
+        peers = g[(g["group"] == group_of.get(int(r), -1)) & (g["rank"] != r)]
+        if peers.empty:
+            continue
+        ref = peers.groupby("step")["gap_ns"].median()
+        for st, own in zip(mine["step"], v):
+            excess = own - float(ref.get(st, np.nan))
+            if np.isfinite(excess) and excess > 0:
+                rows.append((int(r), int(st), excess))
+    return pd.DataFrame(rows, columns=cols)

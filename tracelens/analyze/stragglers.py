@@ -642,9 +642,14 @@ def _shared_evidence(events: pa.Table, ranks: set[int], groups: dict[int, int]) 
 
     ops = ce.per_rank_step(events, ranks)[["rank", "step", "ops"]]
     host = ce.stall_frames(events, ranks, groups)[["rank", "step", "host_frame", "host_ns"]]
-    out = ops.merge(host, on=["rank", "step"], how="left")
+    gaps = ce.stall_gaps(events, ranks, groups)
+    out = ops.merge(host, on=["rank", "step"], how="left").merge(gaps, on=["rank", "step"], how="left")
     out["host_ns"] = out["host_ns"].fillna(0.0)
-    return out
+    # a stall outside any op (a sleep, data loading): the larger of the two kinds of host evidence
+    use_gap = out["gap_ns"].fillna(0.0) > out["host_ns"]
+    out.loc[use_gap, "host_frame"] = ce.GAP_FRAME
+    out["host_ns"] = np.maximum(out["host_ns"], out["gap_ns"].fillna(0.0))
+    return out.drop(columns=["gap_ns"])
 
 
 def _apply_shared(

@@ -351,7 +351,9 @@ def _tensor_parallel(
         if any(frozenset(g) in taken for g in fam):
             continue
         score = coincidence(roles, fam)
-        tried[f"size {len(fam[0])} stride {_uniform_stride(fam)}"] = None if score is None else round(score, 3)
+        tried[f"size {len(fam[0])} stride {_uniform_stride(fam)}"] = (
+            None if score is None else round(score, 3)
+        )
         if score is not None and score <= COINCIDENCE_MAX and (best is None or len(fam[0]) > len(best[0][0])):
             best = (fam, score)
     if best is None:
