@@ -336,7 +336,59 @@ class Analysis:
             if st.memo is not None and key:  # (written while the analysis goes on)
                 self.keep_writing("the cross-rank analysis", results.write_cross_later(st.memo, key, res))
         self._cross_key = key
+        if self.layer_work:  # ranks without stage peers: their work per layer against the other stages'
+            from tracelens.analyze.stragglers import with_layer_work
+
+            res = with_layer_work(res, self.layer_work, self.stage_of or {}, self.breakdown)
         return res
+
+    def op_shapes(self, rank: int) -> pa.Table | None:
+        """The recorded op shapes of one rank's trace (ingest.op_shapes), read once per analysis."""
+        memo = self.__dict__.setdefault("_op_shapes", {})
+        if rank not in memo:
+            from tracelens.ingest.op_shapes import read as read_shapes
+            from tracelens.ops_view import _paths
+
+            paths = self.__dict__.setdefault("_trace_paths", _paths(self))
+            memo[rank] = read_shapes(paths[rank]) if rank in paths else None
+        out: pa.Table | None = memo[rank]
+        return out
+
+    @cached_property
+    def layer_work(self) -> dict:
+        """Layers and matmul work per layer of each rank (analyze.layer_work) in a pipeline of at most
+        ROLES_MAX_RANKS ranks analysed on the CPU timeline: the layer census where module annotations are
+        missing or partial, and the work per layer of ranks no data-parallel replica shares a stage with.
+        Empty when not applicable."""
+        from tracelens.analyze.layout.roles import ROLES_MAX_RANKS
+
+        g = self.grid
+        if not g.pp or g.pp < 2 or len(self.ranks) > ROLES_MAX_RANKS or self._xevents.num_rows == 0:
+            return {}
+        cpu = [r for r, rs in self.sets.items() if getattr(rs, "path", None) == "cpu"]
+        if not cpu:
+            return {}
+        return self._guarded("layer census", lambda: self._layer_work(sorted(cpu))) or {}
+
+    def _layer_work(self, ranks: list[int]) -> dict:
+        import pyarrow.compute as pc
+
+        from tracelens.analyze.layer_work import rank_work
+        from tracelens.analyze.pipeline import observed_microbatches
+
+        m = self.options.microbatches or observed_microbatches(self._xevents, self.grid, self.spans)
+        if not m:
+            return {}
+        stage_of = self.stage_of or {}
+        alone = {r for r in ranks if sum(1 for q in stage_of if stage_of[q] == stage_of.get(r)) == 1}
+        out = {}
+        x = self._xevents
+        for r in ranks:
+            ev = x.filter(pc.equal(x.column("rank"), r))
+            w = rank_work(r, ev, self.op_shapes(r) if r in alone else None, m, None)
+            if w is not None:
+                out[r] = w
+        return out
 
     @cached_property
     def spans(self):
@@ -404,11 +456,21 @@ class Analysis:
                 spans=self.spans,
                 sets=self.sets,
                 stage_ops=self.time_shared_stage_ops,
+                census=self.layer_census,
             ),
         )
         if res is not None and res.source == "annotations":
             res.rule = self.layer_rule()
         return res
+
+    @cached_property
+    def layer_census(self) -> dict[int, dict[str, int]] | None:
+        """Layers per stage counted from the ops (analyze.layer_work.stage_layers), None without a census."""
+        if not self.layer_work or not self.stage_of:
+            return None
+        from tracelens.analyze.layer_work import stage_layers
+
+        return stage_layers(self.layer_work, {r: s for r, s in self.stage_of.items() if s is not None})
 
     @cached_property
     def time_shared(self) -> set[int]:
@@ -431,6 +493,26 @@ class Analysis:
         return {
             int(k): float(v) for k, v in d.dropna(subset=["stage"]).groupby("stage")["ops"].mean().items()
         }
+
+    def straggler_stage_filter(self, findings: list[dict]) -> list[dict]:
+        """A stage whose extra work is a straggler's, found by its work per layer (analyze.layer_work), is not
+        a heavy stage unless it also holds more layers than the mean: its STAGE_IMBALANCE is dropped (the
+        STRAGGLER finding names the cause)."""
+        census = self.layer_census
+        if not census or self.cross is None:
+            return findings
+        by_work = {
+            s.get("stage")
+            for s in self.cross.stragglers
+            if s.get("cause") == "compute" and s["evidence"].get("work_per_layer_ratio")
+        }
+        mean = float(np.mean([sum(c.values()) for c in census.values()]))
+        explained = {st for st in by_work if st is not None and sum(census.get(st, {}).values()) <= mean}
+        return [
+            f
+            for f in findings
+            if not (f["code"] == "STAGE_IMBALANCE" and set(f.get("stages") or ()) & explained)
+        ]
 
     def time_shared_filter(self, findings: list[dict]) -> list[dict]:
         """On ranks that time-share a host's CPUs, waits include descheduling: bubble excess and exposed

@@ -371,7 +371,7 @@ class CompositionResult:
     """Layer-type composition and cost per stage, with findings and a suggested split."""
 
     stages: dict[int, dict[str, int]] = field(default_factory=dict)
-    source: str = "none"  # annotations | model | none
+    source: str = "none"  # annotations | ops | model | none
     stage_ops: dict[int, float] | None = None  # compute ops per step per stage (time-shared CPU runs)
     rule: str | None = None  # the layer-annotation rule that matched (tracelens.analyze.layers), if any
     #: stage -> {type -> GPU compute ms per microbatch (forward + backward), mean over the stage's ranks}
@@ -419,6 +419,24 @@ def _stage_layer_counts(
     return {st: dict(sorted(per.items())) for st, per in counts.items()}, pairs
 
 
+def _census_wins(annotated: dict[int, dict[str, int]], census: dict[int, dict[str, int]]) -> bool:
+    """The op census replaces the annotations' counts when they name no layers, or fewer layers on some stage
+    than its ops show (annotations on some layers only)."""
+    if not annotated:
+        return True
+    return any(sum(annotated.get(s, {}).values()) < sum(c.values()) for s, c in census.items())
+
+
+def _named_census(
+    annotated: dict[int, dict[str, int]], census: dict[int, dict[str, int]]
+) -> dict[int, dict[str, int]]:
+    """The census's counts, its "other" layers named by the one other mixer type the annotations name, if
+    they name exactly one (e.g. linear_attention)."""
+    other = {t for c in annotated.values() for t in c if t != "full_attention"}
+    name = other.pop() if len(other) == 1 else "other"
+    return {s: {k if k != "other" else name: v for k, v in c.items()} for s, c in census.items()}
+
+
 def _split_from_layers(stage_layers: dict[int, set[tuple[str, int]]]) -> list[int] | None:
     if not stage_layers:
         return None
@@ -438,6 +456,7 @@ def analyze_composition(
     spans: pa.Table | None = None,
     sets: dict[int, RankSets] | None = None,
     stage_ops: dict[int, float] | None = None,
+    census: dict[int, dict[str, int]] | None = None,
 ) -> CompositionResult:
     """Layer counts by type per stage, per-stage compute per type, run-wide time shares and findings.
 
@@ -460,6 +479,11 @@ def analyze_composition(
         if res.stages:
             res.source = "annotations"
             res.layer_split = _split_from_layers(stage_layers)
+    if census and set(census) == set(stage_ranks) and _census_wins(res.stages, census):
+        # the ops count more layers than the annotations name (some layers annotated, or none): the census
+        res.stages = _named_census(res.stages, census)
+        res.source = "ops"
+        res.layer_split = [sum(census[s].values()) for s in sorted(census)]
     if not res.stages and model is not None and grid.pp:
         from tracelens.models.flops import check_split, default_split
 

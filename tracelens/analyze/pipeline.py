@@ -602,6 +602,31 @@ def _fallback_last(
     return last.reindex(marks.index).fillna(marks["last"]).astype(np.int64)
 
 
+def observed_microbatches(events: pa.Table, grid: Grid, spans: pa.Table | None) -> int | None:
+    """Microbatches per step as `analyze_pipeline` reads them, without the bubble analysis: the schedule's
+    actions, else the layer annotations, else the P2P counts, else the sends of a stage-0 rank."""
+    if grid.pp is None or grid.pp < 2 or events.num_rows == 0:
+        return None
+    found = schedule_from_actions(events, grid)
+    if found is not None and found.m:
+        return found.m
+    if spans is not None and spans.num_rows:
+        from tracelens.analyze.composition import _microbatches_from_spans
+
+        sp = spans.to_pandas()
+        sp["step"] = sp["step"].fillna(-1).astype(np.int64)
+        got = _microbatches_from_spans(sp)
+        if got:
+            return got
+    classes = classify(events)
+    p2p = _p2p_mask(events) & (classes == COMM)
+    by_p2p = schedule_from_p2p(events, grid, p2p)
+    if by_p2p is not None:
+        return int(by_p2p["microbatches"])
+    cols = columns(events)
+    return _microbatches_from_sends(events, grid, p2p, cols.int64("rank"), cols.int64("step", -1))
+
+
 def _microbatches_from_sends(
     events: pa.Table, grid: Grid, p2p: np.ndarray, rank: np.ndarray, step: np.ndarray
 ) -> int | None:

@@ -73,7 +73,9 @@ class CrossRankResult:
 
 def _describe(s: dict[str, Any]) -> str:
     ev = s["evidence"]
-    if s["cause"] == "compute" and ev.get("time_shared_host"):
+    if s["cause"] == "compute" and ev.get("work_per_layer_ratio"):
+        what = f"{ev['work_per_layer_ratio']:.1f}x the matmul work per layer of the other stages"
+    elif s["cause"] == "compute" and ev.get("time_shared_host"):
         what = f"+{100 * (ev['ops_ratio'] - 1):.0f}% compute ops per step vs {ev['peer_kind']} peers"
     elif s["cause"] == "compute":
         what = f"+{100 * (ev['compute_ratio'] - 1):.0f}% compute vs {ev['peer_kind']} peers"
@@ -723,6 +725,52 @@ def group_verdicts(
             )
         )
     return [s for s in stragglers if s["rank"] not in taken], findings
+
+
+def with_layer_work(
+    res: CrossRankResult, work: dict[int, Any], stage_of: dict[int, int], breakdown: pa.Table
+) -> CrossRankResult:
+    """`res` with compute stragglers among ranks that share their stage with no other rank (a pipeline
+    without data-parallel replicas, where `detect` has no peers): a rank whose layers cost more matmul work
+    than the other stages' (analyze.layer_work.heavy_layer_ranks) does work its peers do not. A stage that
+    holds more layers at the same cost per layer is not one (STAGE_IMBALANCE says so). Cost: its compute
+    per step x (1 - 1/ratio), the time its extra work takes."""
+    from tracelens.analyze.layer_work import heavy_layer_ranks
+
+    named = {int(s["rank"]) for s in res.stragglers}
+    heavy = [h for h in heavy_layer_ranks(work, stage_of) if h["rank"] not in named]
+    if not heavy:
+        return res
+    bd = breakdown.select(["rank", "step", "compute_ns", "step_time_ns"]).to_pandas()
+    step_ref = float(bd["step_time_ns"].median()) if len(bd) else 0.0
+    added = []
+    for h in heavy:
+        r, ratio = int(h["rank"]), float(h["ratio"])
+        mine = bd[bd["rank"] == r]
+        n = int(mine["step"].nunique())
+        cost = float(mine["compute_ns"].median()) * (1.0 - 1.0 / ratio) if len(mine) else 0.0
+        s: dict[str, Any] = {
+            "rank": r,
+            "cause": "compute",
+            "steps_flagged": n,
+            "steps_total": n,
+            "score": round(cost / step_ref, 4) if step_ref else None,
+            "evidence": {
+                "work_per_layer_ratio": round(ratio, 4),
+                "flops_per_layer": h["flops_per_layer"],
+                "peer_flops_per_layer": h["peer_flops_per_layer"],
+                "layers": work[r].layers,
+                "peers": h["peers"],
+                "peer_kind": "other stages, per layer",
+            },
+            "cost_ms": round(cost / 1e6, 3),
+        }
+        if stage_of.get(r) is not None:
+            s["stage"] = int(stage_of[r])
+        added.append(s)
+    from dataclasses import replace
+
+    return replace(res, stragglers=res.stragglers + added, findings=res.findings + _straggler_findings(added))
 
 
 def _ranks(rs: Iterable[int]) -> str:
