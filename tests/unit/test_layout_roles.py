@@ -30,7 +30,7 @@ def _roles(ends: dict[int, list[int]], steps: int = 2) -> CollectiveRoles:
     rows = []
     for r, es in ends.items():
         for s in range(steps):
-            for k, e in enumerate(es):
+            for e in es:
                 rows.append({"rank": r, "step": s, "op": "allreduce", "role": "activation",
                              "end_ns": s * 10**6 + e, "forward": True})  # fmt: skip
     return CollectiveRoles(pd.DataFrame(rows), set(ends))

@@ -431,6 +431,7 @@ def _from_events(events: pa.Table) -> pa.Table:
         return _empty_coll()
     df["source"] = "kineto"
     df["state"] = "completed"
+    df["op"] = _directed(df)
     df["is_p2p"] = df["op"].isin(P2P_OPS)
     dst, src = df["dst_rank"], df["src_rank"]
     if isinstance(dst.dtype, pd.Int64Dtype) and isinstance(src.dtype, pd.Int64Dtype):
@@ -450,6 +451,25 @@ def _from_events(events: pa.Table) -> pa.Table:
         df = df.sort_values(["rank", "start_ns"], kind="stable").reset_index(drop=True)
     df["order"] = _order(df)
     return _to_coll_table(df)
+
+
+def _directed(df: pd.DataFrame) -> pd.Series:
+    """`op` with a SendRecv kernel that names no collective read as the send or the receive it is from its
+    peers (`Src Rank` / `Dst Rank` are global): the rank's own rank is the source of a send, the destination
+    of a receive."""
+    op = df["op"]
+    if "src_rank" not in df or "dst_rank" not in df:
+        return op
+    und = (op == "sendrecv").to_numpy(dtype=bool)
+    if not und.any():
+        return op
+    rank = df["rank"].to_numpy(dtype=np.int64)
+    src = pd.to_numeric(df["src_rank"], errors="coerce").to_numpy(dtype=float)
+    dst = pd.to_numeric(df["dst_rank"], errors="coerce").to_numpy(dtype=float)
+    out = op.to_numpy(dtype=object).copy()
+    out[und & (src == rank) & (dst != rank)] = "send"
+    out[und & (dst == rank) & (src != rank)] = "recv"
+    return pd.Series(out, index=df.index, dtype=op.dtype)
 
 
 # ----------------------------------------------------------------------------------------------------

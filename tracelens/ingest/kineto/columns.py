@@ -384,6 +384,7 @@ _INT_TS_TYPES = frozenset({_EventInt, _EventIntLean, _InstantInt, _InstantOldInt
 _EV_FIELDS = ("cat", "name", "pid", "tid", "ts", "dur", "args")
 _ARG_FIELDS = ("external_id", "sequence_nr", "device", "stream", "correlation", "collective")
 _ARG_GETS = tuple(map(attrgetter, _ARG_FIELDS))
+_SRC, _DST = attrgetter("src_rank"), attrgetter("dst_rank")
 _astuple = msgspec.structs.astuple
 
 
@@ -442,10 +443,21 @@ def _columns(evs: list) -> _Chunk:
     coll_rows = np.zeros(0, dtype=np.int64)
     coll: dict = {}
     comm_op = _comm_op_rows(names) if n else None
-    if n and (loose or comm_op is not None or set(coll_vals) != {None}):  # (a set of Nones: cheap)
+    # a row with a peer and no collective name (a P2P kernel's stripped args) carries a collective too, as
+    # the compiled decoder reads it (any collective key makes a collective row); lean args hold no peer (a
+    # chunk whose text holds one is decoded with the full args: decode.PEER_KEY)
+    peers = None
+    if n and type(args[0]) is not _ArgsLean:
+        peers = np.fromiter(map(is_not, map(_SRC, args), repeat(None)), dtype=bool, count=n)
+        peers |= np.fromiter(map(is_not, map(_DST, args), repeat(None)), dtype=bool, count=n)
+        if not peers.any():
+            peers = None
+    if n and (loose or comm_op is not None or peers is not None or set(coll_vals) != {None}):
         if type(args[0]) is _ArgsLean:
             raise _NeedFullArgs()
         has_coll = np.fromiter(map(is_not, coll_vals, repeat(None)), dtype=bool, count=n)
+        if peers is not None:
+            has_coll |= peers
         if comm_op is not None:
             has_coll |= comm_op
         coll_rows = np.flatnonzero(has_coll)

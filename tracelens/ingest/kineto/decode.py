@@ -245,6 +245,9 @@ class _Hint:
 #: The key of a collective's args: a chunk whose text holds it is decoded with the full args struct at once
 #: (with _ArgsLean its _columns would raise _NeedFullArgs, after most of the work, and decode it again).
 COLL_KEY = b'"Collective name"'
+#: A point-to-point kernel may carry its peers without a collective name (older PyTorch, stripped args):
+#: a chunk holding this key is decoded with the full args too, and its rows with a peer are collective rows.
+PEER_KEY = b'"Src Rank"'
 
 
 def _decode_events(piece: bytes | memoryview, hint: _Hint | None = None, lean_ok: bool = True) -> list:

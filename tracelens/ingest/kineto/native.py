@@ -78,11 +78,20 @@ def scan(part: bytes | bytearray | memoryview) -> tuple[_Chunk, int] | None:
     coll: dict[str, list[Any]] = {}
     comm_op = _comm_op_rows(name)
     has_coll = np.frombuffer(coll_flag, dtype=np.bool_)
+    crows = np.frombuffer(crow, dtype=np.int64)
+    if crows.size:  # a row with a peer and no collective name carries a collective too (columns._columns)
+        src, dst = cvals[_COLL_FIELDS.index("src_rank")], cvals[_COLL_FIELDS.index("dst_rank")]
+        peer = np.fromiter(
+            (a is not None or b is not None for a, b in zip(src, dst)), dtype=bool, count=crows.size
+        )
+        if peer.any() and not has_coll[crows[peer]].all():
+            has_coll = has_coll.copy()
+            has_coll[crows[peer]] = True
     if comm_op is not None or has_coll.any():
         if comm_op is not None:
             has_coll = has_coll | comm_op
         coll_rows = np.flatnonzero(has_coll)
-        got = _collectives(part, iv, coll_rows, np.frombuffer(crow, dtype=np.int64), cvals, name, comm_op)
+        got = _collectives(part, iv, coll_rows, crows, cvals, name, comm_op)
         if got is None:
             return None
         coll = got

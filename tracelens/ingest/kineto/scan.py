@@ -17,7 +17,7 @@ import pyarrow as pa
 from tracelens.errors import BadTraceError
 from tracelens.ingest import salvage as _salv
 from tracelens.ingest.kineto.columns import _Chunk, _columns, _NeedFullArgs
-from tracelens.ingest.kineto.decode import _META_KEYS, COLL_KEY, _decode_events, _decode_top, _Hint
+from tracelens.ingest.kineto.decode import _META_KEYS, COLL_KEY, PEER_KEY, _decode_events, _decode_top, _Hint
 from tracelens.ingest.kineto.native import scan as _native_scan
 from tracelens.ingest.kineto.stream import (
     _TE_KEY,
@@ -366,7 +366,11 @@ def _decode_in_place(
         if got is not None and got[1] == end + 1:
             return got[0]
         # a chunk naming a collective (one search, ~0.1 ms per MiB) needs the full args: decoded so at once
-        lean_ok = hint is None or not hint.lean or buf.find(COLL_KEY, 0, end) < 0
+        lean_ok = (
+            hint is None
+            or not hint.lean
+            or (buf.find(COLL_KEY, 0, end) < 0 and buf.find(PEER_KEY, 0, end) < 0)
+        )
         try:
             evs = _decode_events(part, hint, lean_ok)
         except msgspec.DecodeError as err:
