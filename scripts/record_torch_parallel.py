@@ -169,12 +169,17 @@ def worker(rank: int, a: argparse.Namespace, pl: dict, tmp: str, port: int) -> N
             self.gate_proj = nn.Linear(HIDDEN, 2 * HIDDEN, bias=False)
             self.up_proj = nn.Linear(HIDDEN, 2 * HIDDEN, bias=False)
             self.down_proj = nn.Linear(2 * HIDDEN, HIDDEN, bias=False)
-            self.extra = nn.Linear(HIDDEN, 32 * HIDDEN, bias=False) if slow else None
+            # the planted fault: a matmul the other ranks do not run, with a buffer (not a parameter: data
+            # parallelism shards and reduces the same parameters on every replica)
+            if slow:
+                self.register_buffer("extra", torch.randn(32 * HIDDEN, HIDDEN) * 0.01)
+            else:
+                self.extra = None
 
         def forward(self, x):
             y = self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-            if self.extra is not None:  # the planted fault: work the other ranks do not do
-                y = y + 0.0 * self.extra(x).sum(-1, keepdim=True)
+            if self.extra is not None:
+                y = y + 0.0 * F.linear(x, self.extra).sum(-1, keepdim=True)
             return y
 
     class Layer(nn.Module):
@@ -258,7 +263,7 @@ def worker(rank: int, a: argparse.Namespace, pl: dict, tmp: str, port: int) -> N
     elif dp_mesh is not None:
         from torch.nn.parallel import DistributedDataParallel
 
-        chunks = [DistributedDataParallel(ch, process_group=dp_mesh.get_group()) for ch in chunks]
+        chunks = [DistributedDataParallel(ch, process_group=dp_mesh.get_group(), static_graph=True) for ch in chunks]
 
     def loss_fn(logits, target):
         return F.cross_entropy(logits.reshape(-1, VOCAB), target.reshape(-1))

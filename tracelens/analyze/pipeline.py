@@ -39,12 +39,7 @@ from tracelens.analyze.classify import COMM, COMPUTE, classify, rank_mask
 from tracelens.analyze.composition import _runs, module_spans
 from tracelens.analyze.dictcol import columns, sharing
 from tracelens.analyze.layout import P2P_NAMES, Grid
-from tracelens.analyze.schedule import (
-    canonical_orders,
-    replay_bubble,
-    schedule_from_actions,
-    schedule_from_order,
-)
+from tracelens.analyze.schedule import schedule_from_actions, schedule_from_order
 from tracelens.analyze.schedule_infer import pair_reduce, schedule_from_p2p, send_mask
 from tracelens.findings import finding
 
@@ -96,10 +91,8 @@ def expected_bubble_fraction(
         return None
     if pp == 1:
         return 0.0
-    if schedule in ("gpipe", "1f1b"):
-        orders = canonical_orders(schedule, pp, microbatches)
-        got = replay_bubble(orders, pp) if orders is not None else None
-        return got if got is not None else (pp - 1) / (microbatches + pp - 1)
+    if schedule in ("gpipe", "1f1b"):  # (their orders replay to this exactly: tests/unit/test_schedule.py)
+        return (pp - 1) / (microbatches + pp - 1)
     if schedule in ("interleaved_1f1b", "looped_bfs"):
         return (pp - 1) / (max(virtual_stages, 1) * microbatches + pp - 1)
     return None
@@ -459,16 +452,15 @@ def _analyze_pipeline(
             else:
                 schedule = schedule_from_order(by_p2p["forwards_before_first_backward"], grid.pp or 1, m)
     res.microbatches, res.schedule, res.virtual_stages = m, schedule, v
+    res.expected_bubble_fraction = expected_bubble_fraction(grid.pp, m, schedule, v)
     if (
-        found is not None
+        res.expected_bubble_fraction is None
+        and found is not None
         and found.name is not None
         and not given
         and (found.v, found.m) == (v, m)
-        and found.expected_bubble_fraction is not None
     ):
         res.expected_bubble_fraction = found.expected_bubble_fraction  # the annotated order, replayed
-    else:
-        res.expected_bubble_fraction = expected_bubble_fraction(grid.pp, m, schedule, v)
     if found is not None:
         res.schedule_evidence = {**(by_p2p or {}), **found.evidence()}
 
