@@ -81,8 +81,10 @@ def plan(a: argparse.Namespace) -> dict:
     return {
         "v": v,
         "placement": place,
-        "virtual": {k: {"layers": list(range(starts[k], starts[k] + sizes[k])), "pp_rank": _rank_of(k, a.pp, place)}
-                    for k in range(n_virtual)},  # fmt: skip
+        "virtual": {
+            k: {"layers": list(range(starts[k], starts[k] + sizes[k])), "pp_rank": _rank_of(k, a.pp, place)}
+            for k in range(n_virtual)
+        },  # fmt: skip
         "n_layers": sum(sizes),
     }
 
@@ -133,8 +135,14 @@ def worker(rank: int, a: argparse.Namespace, pl: dict, tmp: str, port: int) -> N
     class Linear(nn.Module):  # the linear-attention mixer: gated cumulative sums
         def __init__(self) -> None:
             super().__init__()
-            self.q_proj, self.k_proj = nn.Linear(HIDDEN, HIDDEN, bias=False), nn.Linear(HIDDEN, HIDDEN, bias=False)
-            self.v_proj, self.g_proj = nn.Linear(HIDDEN, HIDDEN, bias=False), nn.Linear(HIDDEN, HIDDEN, bias=False)
+            self.q_proj, self.k_proj = (
+                nn.Linear(HIDDEN, HIDDEN, bias=False),
+                nn.Linear(HIDDEN, HIDDEN, bias=False),
+            )
+            self.v_proj, self.g_proj = (
+                nn.Linear(HIDDEN, HIDDEN, bias=False),
+                nn.Linear(HIDDEN, HIDDEN, bias=False),
+            )
             self.o_proj = nn.Linear(HIDDEN, HIDDEN, bias=False)
 
         def forward(self, x):
@@ -204,7 +212,10 @@ def worker(rank: int, a: argparse.Namespace, pl: dict, tmp: str, port: int) -> N
             self.first, self.last = k == 0, k == len(pl["virtual"]) - 1
             self.embed_tokens = nn.Embedding(VOCAB, HIDDEN) if self.first else None
             self.layers = nn.ModuleDict(
-                {str(i): Layer(t) for i, t in zip(info["layers"], layer_types(len(info["layers"]), info["layers"][0]))}
+                {
+                    str(i): Layer(t)
+                    for i, t in zip(info["layers"], layer_types(len(info["layers"]), info["layers"][0]))
+                }
             )
             self.norm = nn.RMSNorm(HIDDEN) if self.last else None
             self.lm_head = nn.Linear(HIDDEN, VOCAB, bias=False) if self.last else None
@@ -248,7 +259,10 @@ def worker(rank: int, a: argparse.Namespace, pl: dict, tmp: str, port: int) -> N
                     plan_ = {f"self_attn.{p}": ColwiseParallel() for p in ("q_proj", "k_proj", "v_proj")}
                     plan_["self_attn.o_proj"] = RowwiseParallel()
                 else:
-                    plan_ = {f"linear_attn.{p}": ColwiseParallel() for p in ("q_proj", "k_proj", "v_proj", "g_proj")}
+                    plan_ = {
+                        f"linear_attn.{p}": ColwiseParallel()
+                        for p in ("q_proj", "k_proj", "v_proj", "g_proj")
+                    }
                     plan_["linear_attn.o_proj"] = RowwiseParallel()
                 plan_.update({"mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(),
                               "mlp.down_proj": RowwiseParallel()})  # fmt: skip
@@ -263,7 +277,9 @@ def worker(rank: int, a: argparse.Namespace, pl: dict, tmp: str, port: int) -> N
     elif dp_mesh is not None:
         from torch.nn.parallel import DistributedDataParallel
 
-        chunks = [DistributedDataParallel(ch, process_group=dp_mesh.get_group(), static_graph=True) for ch in chunks]
+        chunks = [
+            DistributedDataParallel(ch, process_group=dp_mesh.get_group(), static_graph=True) for ch in chunks
+        ]
 
     def loss_fn(logits, target):
         return F.cross_entropy(logits.reshape(-1, VOCAB), target.reshape(-1))
@@ -287,7 +303,8 @@ def worker(rank: int, a: argparse.Namespace, pl: dict, tmp: str, port: int) -> N
     g = torch.Generator().manual_seed(1 + coord["dp"])
     batch = a.microbatches * MB_SIZE
     trace_dir = Path(tmp) / "traces"
-    from torch.profiler import ProfilerActivity, profile, record_function, schedule as psched, tensorboard_trace_handler
+    from torch.profiler import ProfilerActivity, profile, record_function, tensorboard_trace_handler
+    from torch.profiler import schedule as psched
 
     prof = profile(
         activities=[ProfilerActivity.CPU],

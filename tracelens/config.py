@@ -89,6 +89,7 @@ class RunConfig:
     layer_pattern: str | None = None  # regex with groups (?P<layer>) and (?P<module>): layer annotations
     gpu: str | None = None
     peak_tflops: float | None = None
+    thresholds: dict[str, float] | None = None  # [thresholds]: verdict thresholds (tracelens.thresholds)
     path: str | None = None  # the toml file read, if any
 
     @property
@@ -126,6 +127,14 @@ def parse_config(text: str, base_dir: Path | None = None, source: str = FILE_NAM
         raise BadConfigError(f"{source}: invalid TOML ({exc})") from None
     values: dict[str, Any] = {}
     for section, body in data.items():
+        if section == "thresholds":  # names and values checked by tracelens.thresholds.from_config
+            if not isinstance(body, dict):
+                raise BadConfigError(f"{source}: [thresholds] must be a table")
+            from tracelens.thresholds import from_config
+
+            from_config(body, source)
+            values["thresholds"] = dict(body)
+            continue
         if section not in _KEYS:
             raise BadConfigError(f"{source}: unknown section [{section}] (known: {', '.join(_KEYS)})")
         if not isinstance(body, dict):
@@ -188,4 +197,5 @@ def read_run_config(run_dir: str | Path) -> dict:
         "peak_tflops": cfg.peak_tflops,
         "gpu": cfg.gpu,
         "layer_pattern": cfg.layer_pattern,
+        "thresholds": cfg.thresholds,
     }

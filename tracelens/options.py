@@ -6,8 +6,12 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tracelens.errors import BadInputError
+
+if TYPE_CHECKING:
+    from tracelens.thresholds import Thresholds
 
 
 @dataclass
@@ -36,6 +40,14 @@ class Options:
         None  # [model] layer_pattern: extra layer-annotation regex (analyze/layers.py)
     )
     virtual_stages: int | None = None  # [training] virtual_stages: interleaved model chunks per rank
+    thresholds: dict[str, float] | None = None  # [thresholds]: verdict thresholds (tracelens.thresholds)
+
+    @property
+    def verdict_thresholds(self) -> Thresholds:
+        """The verdict thresholds: the defaults with `thresholds` over them."""
+        from tracelens.thresholds import DEFAULT, from_config
+
+        return from_config(self.thresholds) if self.thresholds else DEFAULT
 
     def __post_init__(self) -> None:
         # counts and rates given as options must be positive (`--seq-len -5` is a typo, not a run)

@@ -25,9 +25,6 @@ from tracelens.policy import contained
 if TYPE_CHECKING:
     from tracelens.run import Run
 
-#: Share of the step that exposed communication may take before EXPOSED_COMM_HIGH (per rank, mean over steps).
-EXPOSED_COMM_THRESHOLD = 0.20
-
 
 @dataclass
 class Analysis:
@@ -263,6 +260,7 @@ class Analysis:
             collectives=fr,
             pg=self.run.stages.grid_rows(),  # (the run memo's: the events' groups not counted again)
             roles=self.collective_roles,
+            thresholds=self.thresholds,
         )
 
     @cached_property
@@ -321,7 +319,9 @@ class Analysis:
         st = self.run.stages
         stage_of, breakdown = self.stage_of, self.breakdown
         key = (
-            results.cross_key(st.memo_id, self.metadata, breakdown, stage_of) if st.memo is not None else None
+            results.cross_key(st.memo_id, self.metadata, breakdown, stage_of, self.thresholds.changed())
+            if st.memo is not None
+            else None
         )
         res = results.read_cross(st.memo, key) if st.memo is not None and key else None
         if res is None:
@@ -332,6 +332,7 @@ class Analysis:
                 stage_of=stage_of,
                 sets=self.sets,
                 collectives=self._collectives(),  # (the run memo's: not recomputed)
+                config=self.thresholds.straggler_config(),
             )
             if st.memo is not None and key:  # (written while the analysis goes on)
                 self.keep_writing("the cross-rank analysis", results.write_cross_later(st.memo, key, res))
@@ -339,7 +340,9 @@ class Analysis:
         if self.layer_work:  # ranks without stage peers: their work per layer against the other stages'
             from tracelens.analyze.stragglers import with_layer_work
 
-            res = with_layer_work(res, self.layer_work, self.stage_of or {}, self.breakdown)
+            res = with_layer_work(
+                res, self.layer_work, self.stage_of or {}, self.breakdown, self.thresholds.layer_work_excess
+            )
         return res
 
     def op_shapes(self, rank: int) -> pa.Table | None:
@@ -434,6 +437,7 @@ class Analysis:
                 clock_offsets_ns=offsets,
                 sets=self.sets,
                 virtual_stages=self.options.virtual_stages,
+                excess_threshold=self.thresholds.bubble_excess,
             ),
         )
 
@@ -456,12 +460,18 @@ class Analysis:
                 spans=self.spans,
                 sets=self.sets,
                 stage_ops=self.time_shared_stage_ops,
+                imbalance_threshold=self.thresholds.stage_imbalance,
                 census=self.layer_census,
             ),
         )
         if res is not None and res.source == "annotations":
             res.rule = self.layer_rule()
         return res
+
+    @cached_property
+    def thresholds(self):
+        """The verdict thresholds of this analysis (tracelens.thresholds; [thresholds] in tracelens.toml)."""
+        return self.options.verdict_thresholds
 
     @cached_property
     def layer_census(self) -> dict[int, dict[str, int]] | None:
@@ -548,7 +558,7 @@ class Analysis:
     def idle_findings(self) -> list[dict]:
         from tracelens.analyze.idle import idle_findings
 
-        return idle_findings(self.idle) if self.idle is not None else []
+        return idle_findings(self.idle, self.thresholds.gpu_idle) if self.idle is not None else []
 
     def layer_rule(self) -> str | None:
         """The layer-annotation rule (tracelens.analyze.layers) that matched the run's span names."""
@@ -964,7 +974,7 @@ class Analysis:
         high = [
             r
             for r in ranks
-            if r["step_time_ms"] and beyond_bubble(r) / r["step_time_ms"] > EXPOSED_COMM_THRESHOLD
+            if r["step_time_ms"] and beyond_bubble(r) / r["step_time_ms"] > self.thresholds.exposed_comm
         ]
         if not high:
             return []
@@ -976,11 +986,11 @@ class Analysis:
             finding(
                 "EXPOSED_COMM_HIGH",
                 "warning",
-                f"exposed communication (beyond pipeline waits) takes more than {EXPOSED_COMM_THRESHOLD:.0%} of "
+                f"exposed communication (beyond pipeline waits) takes more than {self.thresholds.exposed_comm:.0%} of "
                 f"the step on {len(high)} of {len(ranks)} ranks (worst: rank {worst['rank']}, {share:.0%}, "
                 f"{beyond_bubble(worst):.1f} ms/step{of_which})",
                 ranks=[r["rank"] for r in high],
-                threshold=EXPOSED_COMM_THRESHOLD,
+                threshold=self.thresholds.exposed_comm,
             )
         ]
 

@@ -151,6 +151,8 @@ def build_summary(a: Analysis, release: bool = False) -> dict:
         "warnings": [],  # (filled last: what fails in any part below is one of them)
         "analysis_path": sorted(set(a.breakdown.column("path").to_pylist())),
     }
+    if a.thresholds.changed():  # verdict thresholds the run's tracelens.toml set (tracelens.thresholds)
+        run["thresholds"] = a.thresholds.changed()
     # the what-if replays now, before the communication and op tables below are built: the replays are the
     # analysis' last memory peak, and those tables would add to it
     what_if, critical_path = critical_and_what_if(a, findings, release)

@@ -251,12 +251,24 @@ def test_given_layout_checked_against_traces():
     meta = metadata_table(8, megatron_groups(2, 4, 1))
     grid, findings = grid_for_run(None, meta, {"tp": 2, "pp": 4, "dp": None, "cp": None})
     assert grid.source == "config" and findings == []
-    # a contradicting layout: the findings use the traces' complete layout unless forced
+    # a layout that contradicts what only the groups' names suggest: the user's layout is used, and the
+    # disagreement reported
     grid, findings = grid_for_run(None, meta, {"tp": 4, "pp": 2, "dp": None, "cp": None})
-    assert grid.source == "inferred" and (grid.tp, grid.pp) == (2, 4)
-    assert findings and findings[0]["code"] == "LAYOUT_INCONSISTENT" and findings[0]["used"] == "inferred"
-    grid, findings = grid_for_run(None, meta, {"tp": 4, "pp": 2, "dp": None, "cp": None}, force=True)
-    assert grid.source == "config" and grid.tp == 4 and findings[0]["used"] == "given"
+    assert grid.source == "config" and (grid.tp, grid.pp) == (4, 2)
+    assert findings and findings[0]["code"] == "LAYOUT_INCONSISTENT" and findings[0]["used"] == "given"
+    # ... one the traffic contradicts (sends chain all 8 ranks: pp=8): the evidence's layout, unless forced
+    sends = [
+        {"rank": r, "kind": "cpu_op", "name": "record_param_comms", "collective": "send", "ts_ns": 10 * r,
+         "dur_ns": 1, "src_rank": r, "dst_rank": r + 1}
+        for r in range(7)
+    ]  # fmt: skip
+    world = metadata_table(8, {})
+    ev = events_table(sends)
+    grid, findings = grid_for_run(ev, world, {"tp": 2, "pp": 4, "dp": None, "cp": None})
+    assert grid.source == "inferred" and grid.pp == 8
+    assert findings[0]["code"] == "LAYOUT_INCONSISTENT" and findings[0]["used"] == "inferred"
+    grid, findings = grid_for_run(ev, world, {"tp": 2, "pp": 4, "dp": None, "cp": None}, force=True)
+    assert grid.source == "config" and grid.pp == 4 and findings[0]["used"] == "given"
     grid, findings = grid_for_run(None, meta, {"tp": 2, "pp": 4, "dp": None, "cp": None}, order="pp-tp-cp-dp")
     assert findings and "order" in findings[0]["message"] and grid.order == "tp-cp-dp-pp"
     grid, findings = grid_for_run(

@@ -29,6 +29,7 @@ from tracelens.analyze.intset import distinct, member
 from tracelens.analyze.layout import Grid
 from tracelens.errors import TracelensError
 from tracelens.findings import finding
+from tracelens.thresholds import DEFAULT
 
 if TYPE_CHECKING:
     from tracelens.analyze.breakdown import RankSets
@@ -43,7 +44,7 @@ MODULE_TYPES = _layers.MODULE_TYPES
 #: Types that decide a layer's kind (counted per stage); the others only get time shares.
 MIXER_TYPES = ("full_attention", "linear_attention", "sliding_attention", "mamba", "mixer")
 BACKWARD = re.compile(r"(backward|bwd|\bgrad\b|_bw\b)", re.IGNORECASE)
-IMBALANCE_THRESHOLD = 1.10
+IMBALANCE_THRESHOLD = DEFAULT.stage_imbalance  # (tracelens.thresholds: stage_imbalance)
 
 SPANS = pa.schema(
     [

@@ -24,6 +24,7 @@ import pyarrow as pa
 
 from tracelens.analyze import intervals as iv
 from tracelens.analyze.classify import COMM, COMPUTE, _dict_lookup, classify, main_threads
+from tracelens.thresholds import DEFAULT
 
 if TYPE_CHECKING:
     from tracelens.analyze.breakdown import RankSets
@@ -109,11 +110,18 @@ def frame_gaps(events: pa.Table, ranks: set[int] | None = None, per_call: bool =
 
 
 #: a stall call: self time >= this (ns) and >= half the frame's largest; sizes within STALL_SPREAD of each other
-STALL_MIN_NS = 1_000_000
-STALL_SPREAD = 1.5
+#: (tracelens.thresholds: stall_min_ms, stall_spread)
+STALL_MIN_NS = int(DEFAULT.stall_min_ms * 1e6)
+STALL_SPREAD = DEFAULT.stall_spread
 
 
-def stall_frames(events: pa.Table, ranks: set[int], group_of: dict[int, int]) -> pd.DataFrame:
+def stall_frames(
+    events: pa.Table,
+    ranks: set[int],
+    group_of: dict[int, int],
+    min_ns: int = STALL_MIN_NS,
+    spread: float = STALL_SPREAD,
+) -> pd.DataFrame:
     """Per (rank, step): a regular host stall in one kind of frame, {rank, step, host_frame, host_ns, calls}.
 
     On time-shared cores descheduling also leaves long self times, but irregularly; a stall the program
@@ -129,14 +137,14 @@ def stall_frames(events: pa.Table, ranks: set[int], group_of: dict[int, int]) ->
     best: dict[int, tuple[str, pd.Series, int, float]] = {}
     for (r, name), g in d.groupby(["rank", "name"]):
         top = float(g["gap_ns"].max())
-        if top < STALL_MIN_NS:
+        if top < min_ns:
             continue
-        big = g[g["gap_ns"] >= max(STALL_MIN_NS, 0.5 * top)]
+        big = g[g["gap_ns"] >= max(min_ns, 0.5 * top)]
         counts = big.groupby("step").size().reindex(steps[r], fill_value=0)
         if (counts == 0).any() or counts.nunique() != 1:
             continue
         lo = float(big["gap_ns"].min())
-        if float(big["gap_ns"].max()) > STALL_SPREAD * lo:
+        if float(big["gap_ns"].max()) > spread * lo:
             continue
         # separated: no call of that frame between half the stall and the stall (descheduling has a tail)
         if ((g["gap_ns"] >= lo / 2) & (g["gap_ns"] < lo)).any():
@@ -147,7 +155,7 @@ def stall_frames(events: pa.Table, ranks: set[int], group_of: dict[int, int]) ->
     rows = []
     for r, (name, per_step, n, floor) in best.items():
         peers = [p for p, grp in group_of.items() if grp == group_of.get(r) and p != r]
-        pg = d[d["rank"].isin(peers) & (d["name"] == name) & (d["gap_ns"] >= floor / STALL_SPREAD)]
+        pg = d[d["rank"].isin(peers) & (d["name"] == name) & (d["gap_ns"] >= floor / spread)]
         for st, v in per_step.items():
             ref = pg[pg["step"] == st].groupby("rank")["gap_ns"].sum().reindex(peers, fill_value=0)
             excess = float(v) - (float(np.median(ref)) if len(ref) else 0.0)
@@ -241,7 +249,13 @@ def longest_gaps(events: pa.Table, ranks: set[int] | None = None) -> pd.DataFram
 GAP_FRAME = "(no op and no communication in flight)"
 
 
-def stall_gaps(events: pa.Table, ranks: set[int], group_of: dict[int, int]) -> pd.DataFrame:
+def stall_gaps(
+    events: pa.Table,
+    ranks: set[int],
+    group_of: dict[int, int],
+    min_ns: int = STALL_MIN_NS,
+    spread: float = STALL_SPREAD,
+) -> pd.DataFrame:
     """Per (rank, step): a regular stall outside any op, {rank, step, gap_ns}: the rank's longest gap
     (`longest_gaps`) minus its peers' median longest gap, kept when the rank's gaps are regular (within
     STALL_SPREAD of each other in every step, each at least STALL_MIN_NS): a stall the program makes repeats;
@@ -254,7 +268,7 @@ def stall_gaps(events: pa.Table, ranks: set[int], group_of: dict[int, int]) -> p
     rows = []
     for r, mine in g.groupby("rank"):
         v = mine["gap_ns"].to_numpy(np.float64)
-        if v.min() < STALL_MIN_NS or v.max() > STALL_SPREAD * v.min():
+        if v.min() < min_ns or v.max() > spread * v.min():
             continue
         peers = g[(g["group"] == group_of.get(int(r), -1)) & (g["rank"] != r)]
         if peers.empty:

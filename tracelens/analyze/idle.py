@@ -31,8 +31,9 @@ from tracelens.analyze import intervals as iv
 from tracelens.analyze.dictcol import columns
 from tracelens.analyze.intset import distinct, member
 from tracelens.findings import finding
+from tracelens.thresholds import DEFAULT
 
-IDLE_THRESHOLD = 0.20
+IDLE_THRESHOLD = DEFAULT.gpu_idle  # (tracelens.thresholds: gpu_idle)
 CAUSES = ("host_bound", "synchronization", "launch_overhead", "other_stream", "other")
 LABELS = {
     "host_bound": "host-bound (no work queued)",

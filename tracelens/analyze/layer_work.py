@@ -31,6 +31,8 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from tracelens.thresholds import DEFAULT
+
 #: MLP activations applied once per forward of a dense decoder layer.
 ACTIVATIONS = ("aten::silu", "aten::gelu", "aten::silu_", "aten::gelu_")
 #: Attention ops called once per forward of a full-attention layer (the outermost one a model calls).
@@ -43,10 +45,8 @@ ATTENTION = (
 )
 MATMULS = ("aten::mm", "aten::addmm", "aten::bmm")
 #: A rank whose matmul FLOPs per layer exceed the other stages' median by more than this share does work its
-#: peers do not. Layers of one model differ by mixer type (full vs linear attention projections) by up to
-#: ~20% in matmul FLOPs; 25% leaves that to a layer mix, and the work an injected or stray op adds to every
-#: layer (an extra H x 32H matmul per MLP: +190%) is far above it.
-LAYER_WORK_EXCESS = 0.25
+#: peers do not (tracelens.thresholds: layer_work_excess, with its reason).
+LAYER_WORK_EXCESS = DEFAULT.layer_work_excess
 
 
 @dataclass
@@ -158,7 +158,9 @@ def stage_layers(work: dict[int, RankWork], stage_of: dict[int, int]) -> dict[in
     return out
 
 
-def heavy_layer_ranks(work: dict[int, RankWork], stage_of: dict[int, int]) -> list[dict[str, Any]]:
+def heavy_layer_ranks(
+    work: dict[int, RankWork], stage_of: dict[int, int], excess: float = LAYER_WORK_EXCESS
+) -> list[dict[str, Any]]:
     """Ranks whose matmul work per layer exceeds the other stages' median by more than LAYER_WORK_EXCESS
     (module docstring): {"rank", "ratio", "flops_per_layer", "peer_flops_per_layer", "peers"}."""
     known = {r: w for r, w in work.items() if w.flops_per_layer and r in stage_of}
@@ -171,7 +173,7 @@ def heavy_layer_ranks(work: dict[int, RankWork], stage_of: dict[int, int]) -> li
             continue
         ref = float(np.median(others))
         ratio = (w.flops_per_layer or 0.0) / ref if ref > 0 else None
-        if ratio is not None and ratio > 1.0 + LAYER_WORK_EXCESS:
+        if ratio is not None and ratio > 1.0 + excess:
             out.append(
                 {
                     "rank": r,

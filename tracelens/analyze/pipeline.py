@@ -42,9 +42,10 @@ from tracelens.analyze.layout import P2P_NAMES, Grid
 from tracelens.analyze.schedule import schedule_from_actions, schedule_from_order
 from tracelens.analyze.schedule_infer import pair_reduce, schedule_from_p2p, send_mask
 from tracelens.findings import finding
+from tracelens.thresholds import DEFAULT
 
 #: Excess bubble (fraction of the pipeline window above the expectation) that raises PIPELINE_BUBBLE_EXCESS.
-EXCESS_THRESHOLD = 0.05
+EXCESS_THRESHOLD = DEFAULT.bubble_excess  # (tracelens.thresholds: bubble_excess)
 
 PER_RANK_STEP = pa.schema(
     [

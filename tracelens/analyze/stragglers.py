@@ -32,13 +32,15 @@ from tracelens.analyze.frame_cells import first_rows, per_distinct, row_codes, u
 from tracelens.analyze.wait_split import lanes_for
 from tracelens.analyze.wait_transfer import to_table, wait_transfer
 from tracelens.findings import finding
+from tracelens.thresholds import DEFAULT
 
 CAUSES = ("compute", "host", "communication")
 
 
 @dataclass
 class StragglerConfig:
-    """Thresholds of the straggler verdict (defaults documented in docs/stragglers.md)."""
+    """Thresholds of the straggler verdict: `tracelens.thresholds.Thresholds.straggler_config()` (the defaults
+    and their reasons are there; docs/stragglers.md)."""
 
     persistence: float = 0.5  # flagged in at least this fraction of the analyzed steps
     min_cost_fraction: float = 0.03  # median per-step cost >= this fraction of the median step time
@@ -48,6 +50,9 @@ class StragglerConfig:
     slow_link_ratio: float = 1.3  # communication: transfers >= this many times the reference of the same kind
     min_link_calls: int = 4  # communication: a group is judged on at least this many calls
     clock_skew_ns: int = 100_000  # CLOCK_SKEW above 0.1 ms between clock domains
+    ops_excess: float = 0.02  # time-shared CPUs: compute-op count excess over stage peers
+    stall_min_ns: int = 1_000_000  # a host stall is at least this long ...
+    stall_spread: float = 1.5  # ... and repeats within this factor of its length in every step
 
 
 @dataclass
@@ -633,18 +638,18 @@ def detect(
     return out
 
 
-#: Op-count excess over stage peers that makes a time-shared CPU rank a compute straggler (counts are exact).
-MIN_OPS_EXCESS = 0.02
-
-
-def _shared_evidence(events: pa.Table, ranks: set[int], groups: dict[int, int]) -> pd.DataFrame:
+def _shared_evidence(
+    events: pa.Table, ranks: set[int], groups: dict[int, int], cfg: StragglerConfig | None = None
+) -> pd.DataFrame:
     """Per (rank, step) of time-shared CPU ranks: `ops`, and a regular stall frame with its excess host time
     over peers (`host_frame`, `host_ns`; tracelens.analyze.cpu_evidence.stall_frames)."""
     from tracelens.analyze import cpu_evidence as ce
 
     ops = ce.per_rank_step(events, ranks)[["rank", "step", "ops"]]
-    host = ce.stall_frames(events, ranks, groups)[["rank", "step", "host_frame", "host_ns"]]
-    gaps = ce.stall_gaps(events, ranks, groups)
+    cfg = cfg or StragglerConfig()
+    host = ce.stall_frames(events, ranks, groups, cfg.stall_min_ns, cfg.stall_spread)
+    host = host[["rank", "step", "host_frame", "host_ns"]]
+    gaps = ce.stall_gaps(events, ranks, groups, cfg.stall_min_ns, cfg.stall_spread)
     out = ops.merge(host, on=["rank", "step"], how="left").merge(gaps, on=["rank", "step"], how="left")
     out["host_ns"] = out["host_ns"].fillna(0.0)
     # a stall outside any op (a sleep, data loading): the larger of the two kinds of host evidence
@@ -666,7 +671,7 @@ def _apply_shared(
     per["ops_c"], _ = _peer_stats(per.assign(ops=per["ops"].astype(float)), "ops")
     per["ops_ratio"] = per["ops"] / per["ops_c"].replace(0, np.nan)
     ratio = per["ops_ratio"].fillna(1.0)
-    comp_flag = (ratio > 1.0 + MIN_OPS_EXCESS) & per["ops_c"].notna()
+    comp_flag = (ratio > 1.0 + cfg.ops_excess) & per["ops_c"].notna()
     comp_cost = per["compute_ns"] * (1.0 - 1.0 / ratio.clip(lower=1.0))
     comp_cost = comp_cost.to_numpy(dtype=float)
     # the extra ops at the peers' rate: the rank's own wall compute is what descheduling distorts most
@@ -728,7 +733,11 @@ def group_verdicts(
 
 
 def with_layer_work(
-    res: CrossRankResult, work: dict[int, Any], stage_of: dict[int, int], breakdown: pa.Table
+    res: CrossRankResult,
+    work: dict[int, Any],
+    stage_of: dict[int, int],
+    breakdown: pa.Table,
+    excess: float = DEFAULT.layer_work_excess,
 ) -> CrossRankResult:
     """`res` with compute stragglers among ranks that share their stage with no other rank (a pipeline
     without data-parallel replicas, where `detect` has no peers): a rank whose layers cost more matmul work
@@ -738,7 +747,7 @@ def with_layer_work(
     from tracelens.analyze.layer_work import heavy_layer_ranks
 
     named = {int(s["rank"]) for s in res.stragglers}
-    heavy = [h for h in heavy_layer_ranks(work, stage_of) if h["rank"] not in named]
+    heavy = [h for h in heavy_layer_ranks(work, stage_of, excess) if h["rank"] not in named]
     if not heavy:
         return res
     bd = breakdown.select(["rank", "step", "compute_ns", "step_time_ns"]).to_pandas()
@@ -828,7 +837,7 @@ def analyze_cross_rank(
     from tracelens.analyze.cpu_evidence import shared_host_ranks
 
     shared_ranks = shared_host_ranks(metadata, sets)
-    shared = _shared_evidence(events, shared_ranks, groups) if shared_ranks and len(per) else None
+    shared = _shared_evidence(events, shared_ranks, groups, cfg) if shared_ranks and len(per) else None
     stragglers = detect(per, df, groups, cfg, stage_of, hosts, shared=shared) if len(per) else []
     stragglers, group_findings = group_verdicts(stragglers, df)
     findings += group_findings + _straggler_findings(stragglers)

@@ -106,13 +106,19 @@ def exact_loads(text: str) -> Any:
 
 # ------------------------------------------------------------------------------------- the cross-rank analysis
 def cross_key(
-    memo_id: str, metadata: pa.Table | None, breakdown: pa.Table, stage_of: dict[int, int] | None
+    memo_id: str,
+    metadata: pa.Table | None,
+    breakdown: pa.Table,
+    stage_of: dict[int, int] | None,
+    thresholds: dict[str, float] | None = None,
 ) -> str:
     """Key of the cross-rank analysis of a memo's tables (`memo_id`: `Staged.memo_id`; its cross-rank events,
     rank sets and collectives) with this metadata, breakdown (steps that hung left out) and stage map, by
     this code."""
     stages = json.dumps(None if stage_of is None else sorted((int(k), int(v)) for k, v in stage_of.items()))
     parts = [code_digest(), "cross", memo_id, table_digest(metadata), table_digest(breakdown), stages]
+    if thresholds:  # (verdict thresholds other than the defaults: another result)
+        parts.append(json.dumps(sorted(thresholds.items())))
     return text_digest(parts)[:20]
 
 

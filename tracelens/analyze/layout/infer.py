@@ -34,8 +34,9 @@ from tracelens.analyze.layout.groups import (
 )
 from tracelens.analyze.layout.p2p import chains as p2p_chains
 from tracelens.analyze.layout.p2p import p2p_edges
-from tracelens.analyze.layout.roles import COINCIDENCE_MAX, CollectiveRoles, coincidence
+from tracelens.analyze.layout.roles import CollectiveRoles, coincidence
 from tracelens.findings import finding
+from tracelens.thresholds import DEFAULT, Thresholds
 
 
 def _uniform_stride(groups: Sequence[Sequence[int]]) -> int | None:
@@ -66,6 +67,7 @@ def infer_grid(
     collectives: pa.Table | None = None,
     pg: pa.Table | None = None,
     roles: CollectiveRoles | None = None,
+    thresholds: Thresholds = DEFAULT,
 ) -> tuple[Grid, list[dict[str, Any]]]:
     """Grid inferred from process groups (structure and traffic first, then names), P2P peers and what the
     collectives do; (Grid(source='none'), []) when nothing is known. `collectives`: Flight Recorder records,
@@ -102,7 +104,7 @@ def infer_grid(
     # 1b. what the collectives do, where no trace says which group ran them (roles.py)
     if roles is not None and "tp" not in evidence:
         chains0, _ = p2p_chains(src, dst, first)
-        tp_ev = _tensor_parallel(roles, declared, world, chains0, by_axis)
+        tp_ev = _tensor_parallel(roles, declared, world, chains0, by_axis, thresholds)
         if tp_ev is not None:
             by_axis["tp"] = tp_ev.pop("_groups")
             evidence["tp"] = tp_ev
@@ -203,7 +205,7 @@ def infer_grid(
             # several axes without evidence: P2P traffic means a pipeline, otherwise data parallelism, unless
             # the collectives reduce activations (tensor parallelism no group could be found for): unknown
             guess = "pp" if "pp" in unknown and any_p2p else "dp" if "dp" in unknown else None
-            act = roles.activation_ranks() if roles is not None else set()
+            act = roles.activation_ranks(thresholds.tp_min_activation_calls) if roles is not None else set()
             if guess == "dp" and act and "tp" in unknown:
                 guess = None
                 notes.append(
@@ -336,12 +338,13 @@ def _tensor_parallel(
     world: int | None,
     chains: list[list[int]],
     by_axis: dict[str, set[tuple[int, ...]]],
+    thresholds: Thresholds = DEFAULT,
 ) -> dict[str, Any] | None:
     """Evidence for the tensor-parallel axis from the collectives' roles: every rank reduces activations in
     its forward and backward passes, and the largest family of declared groups whose members leave those
-    all-reduces together (roles.coincidence <= COINCIDENCE_MAX) is the tensor-parallel one. Families the
+    all-reduces together (roles.coincidence <= the tp_coincidence threshold) is the tensor-parallel one. Families the
     evidence already placed (the pipelines' groups, groups with traffic of their own) are not candidates."""
-    act = roles.activation_ranks()
+    act = roles.activation_ranks(thresholds.tp_min_activation_calls)
     if not act or not world or len(act) < max(2, len(roles.ranks_read)):
         return None  # every rank read must run them: tensor parallelism spans every rank of a grid
     taken = {frozenset(c) for c in chains} | {frozenset(g) for gs in by_axis.values() for g in gs}
@@ -354,7 +357,8 @@ def _tensor_parallel(
         tried[f"size {len(fam[0])} stride {_uniform_stride(fam)}"] = (
             None if score is None else round(score, 3)
         )
-        if score is not None and score <= COINCIDENCE_MAX and (best is None or len(fam[0]) > len(best[0][0])):
+        ok = score is not None and score <= thresholds.tp_coincidence
+        if ok and score is not None and (best is None or len(fam[0]) > len(best[0][0])):
             best = (fam, score)
     if best is None:
         return None
@@ -431,6 +435,7 @@ def grid_for_run(
     collectives: pa.Table | None = None,
     pg: pa.Table | None = None,
     roles: CollectiveRoles | None = None,
+    thresholds: Thresholds = DEFAULT,
 ) -> tuple[Grid, list[dict[str, Any]]]:
     """Grid from a user layout when given (checked against the traces' evidence), else inferred.
 
@@ -439,7 +444,7 @@ def grid_for_run(
     LAYOUT_INCONSISTENT says so (`force` keeps the given one). Evidence that only suggests (names, what the
     collectives do, the remainder of the world) never overrules what the user states; a disagreement is
     still reported. A layout given without an order is placed as the traces place it, when they do."""
-    inferred, findings = infer_grid(events, metadata, collectives, pg, roles)
+    inferred, findings = infer_grid(events, metadata, collectives, pg, roles, thresholds)
     if not layout or all(v is None for v in layout.values()):
         return inferred, findings
     world = inferred.world_size
@@ -457,7 +462,7 @@ def grid_for_run(
     diff = [a for a in AXES if getattr(inferred, a) is not None and getattr(inferred, a) != getattr(grid, a)]
     if diff:
         msg = ", ".join(f"{a}={getattr(grid, a)} (traces say {getattr(inferred, a)})" for a in diff)
-        strong = all(inferred.evidence.get(a, {}).get("basis") in STRONG_BASES for a in diff)
+        strong = any(inferred.evidence.get(a, {}).get("basis") in STRONG_BASES for a in diff)
         use_traces = not force and strong and _complete(inferred)
         findings.append(
             finding(

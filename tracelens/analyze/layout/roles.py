@@ -32,18 +32,14 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from tracelens.thresholds import DEFAULT
+
 #: A family whose members' activation all-reduces complete within this share of the typical time between
-#: two of them (the worst of the family's member pairs) is a tensor-parallel family. Members of one group leave
-#: a blocking collective together: their scatter is the collective's completion skew plus the host's
-#: scheduling noise, a fraction of the compute between two collectives; independent replicas run their
-#: forward passes apart and drift by more than that compute. On real gloo runs whose 4-8 ranks time-share 2
-#: cores (the noisiest case), the true family scatters 0.07-0.24 and a data-parallel family 1.9-4.2: 0.5 sits
-#: between them with room on both sides.
-COINCIDENCE_MAX = 0.5
-#: Activation all-reduces per step a rank must run for its collectives to be read as tensor parallelism:
-#: a row-parallel layer reduces its output once per forward; fewer than two is a loss or metric reduction
-#: of a tensor that happens to be 2-D.
-MIN_ACTIVATION_CALLS = 2
+#: two of them (the worst of the family's member pairs) is a tensor-parallel family; a rank runs at least
+#: MIN_ACTIVATION_CALLS collectives of activations per step in its forward passes to count as tensor-parallel
+#: (tracelens.thresholds: tp_coincidence, tp_min_activation_calls, with their reasons).
+COINCIDENCE_MAX = DEFAULT.tp_coincidence
+MIN_ACTIVATION_CALLS = DEFAULT.tp_min_activation_calls
 #: Collectives tensor parallelism runs on activations: all-reduce (row-parallel outputs), and all-gather /
 #: reduce-scatter along the sequence (sequence parallelism).
 TP_OPS = ("allreduce", "allgather", "reducescatter")
@@ -90,7 +86,7 @@ class CollectiveRoles:
     calls: pd.DataFrame = field(default_factory=pd.DataFrame)
     ranks_read: set[int] = field(default_factory=set)
 
-    def activation_ranks(self) -> set[int]:
+    def activation_ranks(self, min_calls: int = MIN_ACTIVATION_CALLS) -> set[int]:
         """Ranks running at least MIN_ACTIVATION_CALLS collectives of activations per step in their forward
         passes (`forward`: outside the autograd engine's backward and before the step's last backward op;
         an all-reduce of 2-D gradients after the backward, a hand-written data parallelism, is not one)."""
@@ -101,7 +97,7 @@ class CollectiveRoles:
         if a.empty:
             return set()
         per = a.groupby(["rank", "step"]).size().groupby("rank").median()
-        return {int(r) for r, n in per.items() if n >= MIN_ACTIVATION_CALLS}
+        return {int(r) for r, n in per.items() if n >= min_calls}
 
     def summary(self) -> dict[str, Any]:
         """Calls per step by role (medians over ranks), for the layout's evidence."""
