@@ -18,7 +18,7 @@ from tracelens._version import __version__
 from tracelens.errors import TracelensError
 
 try:  # Typer >= 0.22 carries its own copy of click
-    from typer import _click as click  # type: ignore[attr-defined]
+    from typer import _click as click
 except ImportError:  # pragma: no cover - older Typer on the click package
     import click  # type: ignore[no-redef]
 
@@ -93,7 +93,7 @@ class _App(typer.Typer):
         command = typer.main.get_command(self)
         _plain_flags(command, HELP_NAMES)
         try:
-            code = command.main(*args, standalone_mode=False, **kwargs)
+            code = command.main(*args, **{**kwargs, "standalone_mode": False})
         except click.exceptions.NoArgsIsHelpError:
             sys.exit(2)  # (Typer printed the help already)
         except click.exceptions.ClickException as err:

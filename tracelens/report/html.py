@@ -33,7 +33,7 @@ td,th{padding:3px 6px;border-bottom:1px solid #eee;text-align:right;white-space:
 th{white-space:normal;vertical-align:bottom}
 td:first-child,th:first-child{text-align:left} code{background:#f3f3f3;padding:1px 4px}
 td.name{text-align:left;font-family:monospace;white-space:normal;overflow-wrap:normal;word-break:normal}
-td.name.nw{white-space:nowrap} th.name{text-align:left} table.meta td{text-align:left}
+td.name.nw{white-space:nowrap} td.text{white-space:normal;text-align:left} th.name{text-align:left} table.meta td{text-align:left}
 table.sortable{font-size:0.85em} table.sortable td,table.sortable th{padding:3px 4px}
 """
 #: Plain-words titles of finding codes (the code itself is shown beside it).
@@ -158,10 +158,12 @@ def table_html(
     name_cols: tuple[str, ...] = (),
     full_names: dict[str, str] | None = None,
     keep_end: tuple[str, ...] = ("path",),
+    text_cols: tuple[str, ...] = (),
 ) -> str:
-    """An HTML table of `rows` (dicts); every cell escaped; numbers by `number_text`; the `name_cols` cut
-    and left-aligned (`name_cell`; `full_names`: key -> the row key holding the whole name for the
-    tooltip, when the shown name is already shortened)."""
+    """An HTML table of `rows` (dicts); every cell escaped; numbers by `number_text` (never wrapped); the
+    `name_cols` cut and left-aligned (`name_cell`; `full_names`: key -> the row key holding the whole name
+    for the tooltip, when the shown name is already shortened); the `text_cols` (words: notes, metric
+    names) left-aligned and wrapped at spaces."""
     full_names = full_names or {}
     head = "".join(_head(h, k in name_cols) for h, k in columns)
     body = "".join(
@@ -173,6 +175,8 @@ def table_html(
                 keep_end=k in keep_end,
             )
             if k in name_cols
+            else f'<td class="text">{esc(number_text(r.get(k), k))}</td>'
+            if k in text_cols
             else f"<td>{esc(number_text(r.get(k), k))}</td>"
             for _, k in columns
         )
@@ -897,14 +901,14 @@ def compare_sections(comparison: dict) -> list[tuple[str, object]]:
     text = "".join(f'<p class="headline">{esc(line)}</p>' for line in comparison.get("text") or [])
     cols = [("metric", "name"), (la, "a_text"), (lb, "b_text"), ("change", "delta_text"), ("note", "note")]
     rows = [m for m in comparison["metrics"] if m["a"] is not None or m["b"] is not None]
-    metrics = table_html(rows, cols, ("name",))
+    metrics = table_html(rows, cols, text_cols=("name", "note"))
     runs = comparison.get("runs") or {}
     run_rows = [{"label": lab, **(runs.get(k) or {})} for lab, k in ((la, "a"), (lb, "b"))]
     run_cols = [
         ("run", "label"),
         ("name", "name"),
         ("layout", "layout"),
-        ("sequence length", "seq_len"),
+        ("sequence length (tokens)", "seq_len"),
         ("world size", "world_size"),
         ("GPU", "gpu"),
         ("steps", "steps"),
@@ -912,7 +916,10 @@ def compare_sections(comparison: dict) -> list[tuple[str, object]]:
     ]
     run_cols = [c for c in run_cols if any(r.get(c[1]) is not None for r in run_rows)]
     out: list[tuple[str, object]] = [
-        ("What changed most", text + table_html(run_rows, run_cols, ("path",))),
+        (
+            "What changed most",
+            text + table_html(run_rows, run_cols, ("path",), text_cols=("label", "name", "layout", "gpu")),
+        ),
         ("Side by side", metrics),
     ]
     if any(m["group"] == "breakdown" for m in rows):

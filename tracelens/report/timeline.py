@@ -210,7 +210,7 @@ def pipeline_blocks(
     forward and backward blocks per microbatch, then the waits in sends and receives outside them (phase
     "wait", microbatch None) inside the pipeline window."""
     offsets_ns = offsets_ns or {}
-    raw = []
+    raw: list[tuple[int | None, int, str, int | None, int, int]] = []
     p2p: dict[int, iv.Intervals] = {}
     for r in chain:
         off = int(offsets_ns.get(int(r), 0))
