@@ -27,6 +27,7 @@ import pyarrow.compute as pc
 from tracelens.analyze import intervals as iv
 from tracelens.analyze.classify import COMM, classify, gpu_ranks
 from tracelens.analyze.composition import BACKWARD, DEFAULT_PATTERNS, MODULE_TYPES, module_spans
+from tracelens.analyze.dictcol import columns
 from tracelens.topology import P2P_NAMES
 
 MICROBATCH = re.compile(
@@ -175,6 +176,10 @@ def _is_p2p_name(v: str) -> bool:
     return P2P_NAMES.search(v) is not None
 
 
+def _is_p2p_collective(v: str) -> bool:
+    return v.lower() in ("send", "recv", "isend", "irecv")
+
+
 def rank_p2p(events: pa.Table, rank: int, step: int | None) -> iv.Intervals:
     """The union of one rank's point-to-point sends and receives in one step (raw clock): P2P kernels on a
     GPU rank, P2P CPU ops and `gloo:send/recv` annotations on a CPU-only rank (analyze/classify.py's
@@ -183,16 +188,8 @@ def rank_p2p(events: pa.Table, rank: int, step: int | None) -> iv.Intervals:
     if not ev.num_rows:
         return iv.empty()
     comm = classify(ev) == COMM
-    names = ev.column("name").cast(pa.string()).to_numpy(zero_copy_only=False)
-    coll = ev.column("collective").cast(pa.string()).to_numpy(zero_copy_only=False)
-    p2p = np.fromiter(
-        (
-            (n is not None and _is_p2p_name(n)) or (c is not None and c.lower() in ("send", "recv"))
-            for n, c in zip(names, coll)
-        ),
-        bool,
-        len(names),
-    )
+    cols = columns(ev)  # (per distinct name, not per row)
+    p2p = cols.flag("name", _is_p2p_name) | cols.flag("collective", _is_p2p_collective)
     sel = comm & p2p
     ts = ev.column("ts_ns").to_numpy(zero_copy_only=False)[sel]
     dur = ev.column("dur_ns").fill_null(0).to_numpy(zero_copy_only=False)[sel]
