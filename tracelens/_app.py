@@ -12,13 +12,49 @@ import threading
 import traceback
 
 import typer
+import typer.main
 
 from tracelens._version import __version__
 from tracelens.errors import TracelensError
 
+try:  # Typer >= 0.22 carries its own copy of click
+    from typer import _click as click
+except ImportError:  # pragma: no cover - older Typer on the click package
+    import click  # type: ignore[no-redef]
+
+
+def _plain_flags(command, help_names: list[str]) -> None:
+    """On/off flags (`--force`, `-h`) take no value: an empty metavar, so that the help shows no `<bool>`
+    after them (Typer's rich help prints the type of every option, flags included). Sub-commands too; the
+    help option, which click makes on first use and keeps, is made here."""
+    params = list(getattr(command, "params", []))
+    try:
+        ctx = click.Context(command, info_name=command.name, help_option_names=help_names)
+        helper = command.get_help_option(ctx)
+        if helper is not None:
+            params.append(helper)
+    except Exception:  # pragma: no cover - a click without a kept help option: it keeps its metavar
+        pass
+    for param in params:
+        if getattr(param, "is_flag", False) and getattr(param, "metavar", None) is None:
+            param.metavar = ""
+    for sub in getattr(command, "commands", {}).values():
+        _plain_flags(sub, help_names)
+
+
+def usage_error_line(err) -> str:
+    """One line for a command-line usage error (unknown or mistyped flag, missing argument, bad value), with
+    where to read the usage: `tracelens: error: No such option: --forse (Possible options: --force, --ops,
+    --order); see tracelens analyze -h`."""
+    message = " ".join(str(err.format_message()).split())
+    ctx = getattr(err, "ctx", None)
+    where = f"; see {ctx.command_path} -h" if ctx is not None and getattr(ctx, "command_path", None) else ""
+    return f"tracelens: error: {message.rstrip('.')}{where}"
+
 
 class _App(typer.Typer):
-    """Typer app that turns TracelensError into a one-line message and exit code 2."""
+    """Typer app that turns TracelensError into a one-line message and exit code 2, and so a usage error
+    (click's, printed by Typer as a box of several lines) too."""
 
     def __call__(self, *args, **kwargs):
         debug = "--debug" in sys.argv[1:] or os.environ.get("TRACELENS_DEBUG") == "1"
@@ -26,7 +62,7 @@ class _App(typer.Typer):
             sys.argv.remove("--debug")
             os.environ["TRACELENS_DEBUG"] = "1"
         try:
-            return super().__call__(*args, **kwargs)
+            return self._run(*args, **kwargs)
         except TracelensError as err:
             if debug:
                 traceback.print_exc()
@@ -51,14 +87,32 @@ class _App(typer.Typer):
                 )
             sys.exit(3)
 
+    def _run(self, *args, **kwargs):
+        """The command line, click's errors handled here (`standalone_mode=False`): the exit code of
+        `typer.Exit` (help, --version, `check`'s 1) or 0."""
+        command = typer.main.get_command(self)
+        _plain_flags(command, HELP_NAMES)
+        try:
+            code = command.main(*args, **{**kwargs, "standalone_mode": False})
+        except click.exceptions.NoArgsIsHelpError:
+            sys.exit(2)  # (Typer printed the help already)
+        except click.exceptions.ClickException as err:
+            typer.echo(usage_error_line(err), err=True)
+            sys.exit(err.exit_code)
+        except typer.Abort:
+            typer.echo("tracelens: aborted", err=True)
+            sys.exit(1)
+        sys.exit(code if isinstance(code, int) and not isinstance(code, bool) else 0)
 
+
+HELP_NAMES = ["-h", "--help"]
 app = _App(
     name="tracelens",
     help="Why is my multi-GPU training run slow? Analyze PyTorch profiler and NCCL traces.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
-    context_settings={"help_option_names": ["-h", "--help"]},
+    context_settings={"help_option_names": HELP_NAMES},
 )
 
 

@@ -98,15 +98,17 @@ class Run:
         return pa.concat_tables(tables, promote_options="permissive").combine_chunks().unify_dictionaries()
 
     def arrival_lag(self) -> pd.DataFrame:
-        """Rank x step table of how late each rank arrived at its collectives (ms; 0 = never the last);
-        the first column is the rank's stage."""
+        """Rank x step table of how late each rank arrived at its collectives, in ms (0 = never the last):
+        one column per step named `step<N>_lag_ms` (`whole_trace_lag_ms` without step markers), after the
+        rank's `stage`; the index is the rank."""
         cross = self._analysis.cross
         if cross is None or cross.arrival_lag.num_rows == 0:
             return pd.DataFrame()
         df = cross.arrival_lag.to_pandas()
-        lag = (
-            df.pivot_table(index="rank", columns="step", values="lag_ns", aggfunc="sum") / 1e6
-        ).rename_axis(index="rank", columns="step")
+        df["step"] = df["step"].astype("Int64").fillna(-1)  # (no step markers: the whole trace)
+        lag = df.pivot_table(index="rank", columns="step", values="lag_ns", aggfunc="sum") / 1e6
+        lag.columns = ["whole_trace_lag_ms" if int(s) < 0 else f"step{int(s)}_lag_ms" for s in lag.columns]
+        lag = lag.rename_axis(index="rank")
         lag.insert(0, "stage", pd.array([(self._stage_of or {}).get(int(r)) for r in lag.index], "Int64"))
         return lag
 

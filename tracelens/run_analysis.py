@@ -1067,6 +1067,7 @@ def analyze_run(path: str | Path, options: Options | None = None, defer_stages: 
         raise BadInputError(f"{path}: no such file or directory")
     options = options or Options()
     flag_warnings: list[str] = []
+    given_gpu = options.gpu
     if path.is_dir():
         flag_warnings = _flag_conflicts(options, path)
         options = options.merged_with_config(path)
@@ -1090,7 +1091,18 @@ def analyze_run(path: str | Path, options: Options | None = None, defer_stages: 
             run = load_run(path, lopts, ex)
     else:
         run = load_run(path, lopts)
+    flag_warnings += _gpu_conflicts(options, given_gpu, run)
     return Analysis(path=path, options=options, run=run, warnings=flag_warnings)
+
+
+def _gpu_conflicts(options: Options, given_gpu: str | None, run) -> list[str]:
+    """--gpu (or [hardware] gpu) against the GPU the traces name (analyze/mfu_checks.py)."""
+    from tracelens.analyze.mfu_checks import gpu_conflicts
+
+    if not options.gpu:
+        return []
+    names = run.metadata.column("gpu_name").to_pylist() if "gpu_name" in run.metadata.column_names else []
+    return gpu_conflicts(options.gpu, names, from_config=not given_gpu)
 
 
 def _flag_conflicts(options: Options, run_dir: Path) -> list[str]:

@@ -47,6 +47,12 @@ def test_stragglers_and_collectives_on_real_gloo_run(gloo):
     assert len(coll) > 0 and {"op", "wait_ns", "transfer_ns"} <= set(coll.columns)
     lag = gloo.arrival_lag()
     assert set(lag.index) == {0, 1, 2, 3}
+    # one column per analyzed step, named with its unit like every per-step table (`*_ms`), after `stage`
+    steps = gloo.summary()["run"]["steps"]
+    assert list(lag.columns) == ["stage"] + [f"step{s}_lag_ms" for s in steps]
+    raw = gloo.analysis.cross.arrival_lag.to_pylist()
+    for row in raw:
+        assert lag.loc[row["rank"], f"step{row['step']}_lag_ms"] == pytest.approx(row["lag_ns"] / 1e6)
 
 
 def test_simulated_run_bubbles_and_stages():

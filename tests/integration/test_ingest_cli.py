@@ -46,3 +46,28 @@ def test_ingest_bad_input_exit_2(tmp_path):
     bad.write_text('{"traceEvents": [{"ph": "X", "ts": 1')
     r = run("ingest", bad.parent, "-o", tmp_path / "out2")
     assert r.returncode == 2 and "rank0.json" in r.stderr and "cut mid-write" in r.stderr
+
+
+def test_parquet_reads_back_integers_with_nulls_as_nullable_integers(tmp_path):
+    """pandas reads an integer column with nulls (a step of an event outside any ProfilerStep, the
+    correlation of a CPU op) as integers with <NA>, not floats (step 2.0); the Arrow types are unchanged."""
+    import pandas as pd
+
+    run_dir = ROOT / "sample_traces" / "cpu-gloo-4rank"
+    if not run_dir.is_dir():
+        import pytest
+
+        pytest.skip(f"{run_dir} is absent")
+    out = tmp_path / "pq"
+    assert run("ingest", run_dir, "-o", out).returncode == 0
+    arrow = pq.read_table(out / "events.parquet")
+    assert arrow.schema.equals(schema.EVENTS)
+    for read in (lambda p: pd.read_parquet(p), lambda p: pq.read_table(p).to_pandas()):
+        df = read(out / "events.parquet")
+        assert str(df["step"].dtype) == "Int32" and str(df["ts_ns"].dtype) == "Int64"
+        assert df["step"].isna().sum() == arrow.column("step").null_count > 0
+        assert df["step"].dropna().tolist() == [s for s in arrow.column("step").to_pylist() if s is not None]
+        assert df["ts_ns"].tolist() == arrow.column("ts_ns").to_pylist()  # exact ns
+        assert isinstance(df["name"].dtype, pd.CategoricalDtype)
+    meta = pd.read_parquet(out / "metadata.parquet")
+    assert str(meta["world_size"].dtype) == "Int32" and meta["world_size"].tolist() == [4, 4, 4, 4]

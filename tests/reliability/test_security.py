@@ -90,7 +90,12 @@ def test_html_report_escapes_every_trace_string(tmp_path, capsys):
     s = json.loads((out / "summary.json").read_text())
     assert s["run"]["ranks"] == [0, 1]
     # the kernel name is shown (escaped), so the test would see it if it were not
-    assert '<td class="name">&lt;script&gt;alert(<wbr>1)&lt;/<wbr>script&gt;</td>' in page  # op names wrap
+    # (its short form in the top-kernels table, `<…>` for the template-like parts, and the whole name as
+    # the cell's tooltip, escaped in the attribute too)
+    assert (
+        '<td class="name" title="&lt;script&gt;alert(1)&lt;/script&gt;">&lt;…&gt;alert(<wbr>1)&lt;…&gt;</td>'
+        in page
+    )
     assert "\\u003cscript\\u003ealert(1)\\u003c/script\\u003e" in page  # in the embedded summary JSON
     _assert_no_markup(page)
 

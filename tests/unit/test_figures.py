@@ -240,8 +240,11 @@ def test_pipeline_blocks_from_microbatch_annotations_with_clock_offsets():
     )
     fwd = fig.data[0]
     assert fwd.name == "forward" and list(fwd.base) == [0.0, 10.0, 10.0, 20.0] and list(fwd.x) == [8.0] * 4
-    assert fwd.y[0] == "stage 0 (r0) bubble 25%" and fwd.y[2] == "stage 1 (r1)"
-    assert "expected bubble 20%" in fig.layout.title.text
+    labels = fig.layout.yaxis.ticktext
+    assert labels[fwd.y[0]] == "stage 0 (r0) bubble 25%" and labels[fwd.y[2]] == "stage 1 (r1)"
+    assert list(fwd.text) == ["0", "1", "0", "1"]  # the microbatch numbers inside the bars
+    # the title says what the chart shows, never that gaps are bubbles
+    assert "expects a 20% bubble" in fig.layout.title.text and "gaps are bubbles" not in fig.layout.title.text
 
 
 def test_pipeline_blocks_from_gpu_module_annotations():
@@ -286,6 +289,120 @@ def test_real_cpu_run_timeline_has_three_microbatches_per_stage():
     f0 = min(b["end_ms"] for b in blocks if b["stage"] == 0 and b["phase"] == "forward")
     f1 = min(b["end_ms"] for b in blocks if b["stage"] == 1 and b["phase"] == "forward")
     assert f1 > f0
+
+
+@pytest.mark.skipif(not SAMPLE.exists(), reason="sample_traces/cpu-gloo-4rank is absent")
+def test_real_cpu_run_timeline_shows_compute_after_the_receive():
+    """On the real gloo run stage 1's first forward annotation opens before stage 0 has sent anything (it
+    waits inside it for the activation): the timeline draws stage 1's forward from where its layers start,
+    after its receive of stage 0's send has completed, with the wait hatched; and the chart's zero and each
+    rank's first forward are the pipeline analysis' window start and fill. (Times through the float ms of
+    the blocks: compared within 1 µs.)"""
+    import pyarrow.compute as pc
+
+    from tracelens.run_analysis import analyze_run
+
+    a = analyze_run(SAMPLE)
+    step = a.steps[-1]
+    off = a.cross.offsets_ns
+    ev = a.events
+    blocks = pipeline_blocks(ev, [0, 2], {0: 0, 2: 1}, step, off)
+    t0_ns = blocks[0]["t0_ms"] * 1e6
+
+    def raw(rank: int, name: str) -> list[tuple[int, int]]:  # (start, end) in aligned ns, from the trace
+        m = pc.and_(pc.equal(ev.column("rank"), rank), pc.equal(ev.column("step"), step))
+        rows = ev.filter(m).filter(pc.equal(ev.filter(m).column("name").cast("string"), name))
+        return sorted(
+            (t - off.get(rank, 0), t + d - off.get(rank, 0))
+            for t, d in zip(rows.column("ts_ns").to_pylist(), rows.column("dur_ns").to_pylist())
+        )
+
+    fwd0_ann = raw(2, "forward_mb0")[0]
+    first_send = raw(0, "gloo:send")[0]
+    recv = raw(2, "gloo:recv")[0]
+    assert fwd0_ann[0] < first_send[0]  # the annotation opens first: the old chart drew stage 1 early
+    assert recv[1] >= first_send[0]  # the activation arrives after stage 0 sent it (one clock: same host)
+    f1 = next(b for b in blocks if b["stage"] == 1 and b["phase"] == "forward" and b["microbatch"] == 0)
+    assert f1["start_ms"] * 1e6 + t0_ns >= recv[1] - 1e3
+    # the receive is drawn as a wait on stage 1's row, clipped to the window (it began before it)
+    waits = [b for b in blocks if b["stage"] == 1 and b["phase"] == "wait"]
+    assert waits and waits[0]["start_ms"] == 0.0
+    assert abs(waits[0]["end_ms"] * 1e6 + t0_ns - recv[1]) < 1e3
+    # zero = the pipeline window's start; each stage's first forward = its fill (analyze/pipeline.py)
+    prs = a.pipeline.per_rank_step.to_pandas()
+    for rank, stage in ((0, 0), (2, 1)):
+        fill = int(prs[(prs["rank"] == rank) & (prs["step"] == step)]["fill_ns"].iloc[0])
+        first = min(b["start_ms"] for b in blocks if b["stage"] == stage and b["phase"] == "forward")
+        assert abs(first * 1e6 - fill) < 1e3, (rank, first, fill)
+    fig = F.pipeline_timeline(
+        blocks, [{"stage": 0, "bubble_fraction": 0.3}, {"stage": 1, "bubble_fraction": 0.4}], step
+    )
+    assert "gaps are bubbles" not in fig.layout.title.text
+    assert "hatched: waiting in send/recv" in fig.layout.title.text
+    assert [t.name for t in fig.data] == ["forward", "backward", "waiting in send/recv"]
+
+
+def test_every_legend_is_right_of_its_plot():
+    """Legends sit right of the plot area (Plotly makes room there), never below it where the x axis's title
+    and tick labels are (the rotated ones of the compare chart included)."""
+    s = make_summary(8, pp=2, bubble=5.0)
+    comparison = {
+        "labels": ["a", "b"],
+        "metrics": [
+            {"group": "breakdown", "name": n, "a": 0.5, "b": 0.4}
+            for n in ("compute", "exposed communication")
+        ],
+    }
+    blocks = [
+        {"stage": 0, "rank": 0, "phase": "forward", "microbatch": 0, "start_ms": 0.0, "end_ms": 1.0},
+        {"stage": 1, "rank": 4, "phase": "backward", "microbatch": 0, "start_ms": 1.0, "end_ms": 2.0},
+    ]
+    figs = {
+        "breakdown": F.breakdown_bar(s),
+        "bubbles": F.bubble_bar([{"stage": 0, "bubble_fraction": 0.2, "expected_bubble_fraction": 0.1}]),
+        "composition": F.composition_bar({"0": {"mlp": 2}, "1": {"mlp": 2}}),
+        "memory": F.memory_bar([{"rank": 0, "allocated": 2**30, "reserved": 2**31}]),
+        "compare": F.compare_shares_bar(comparison),
+        "timeline": F.pipeline_timeline(blocks, [], 1),
+    }
+    for name, fig in figs.items():
+        leg = fig.layout.legend
+        assert leg.orientation == "v" and leg.x >= 1 and leg.xanchor == "left", name
+
+
+def _memory_timeline(peaks_gib: dict[int, float]):
+    """Two samples per rank: 1 GiB, then the rank's peak (allocated; reserved 1 GiB above)."""
+    import pandas as pd
+
+    rows = []
+    for r, peak in peaks_gib.items():
+        rows += [
+            {"rank": r, "ts_ns": 0, "allocated": 2**30, "reserved": 2 * 2**30},
+            {"rank": r, "ts_ns": MS, "allocated": int(peak * 2**30), "reserved": int((peak + 1) * 2**30)},
+        ]
+    return pd.DataFrame(rows)
+
+
+def test_memory_timeline_shows_the_highest_peak_of_each_stage_and_the_rest_on_a_button():
+    peaks = {r: 10.0 + (r * 7) % 8 for r in range(16)}  # stage = r // 4; highest: r1 (17), r7 (16), r11, r13
+    stage_of = {r: r // 4 for r in range(16)}
+    rows = [{"rank": r, "peak_allocated": p * 2**30} for r, p in peaks.items()]
+    want = sorted(max(range(4 * s, 4 * s + 4), key=lambda r: peaks[r]) for s in range(4))
+    assert F.memory_default_ranks(rows, stage_of) == want
+    fig = F.memory_timeline_figure(_memory_timeline(peaks), 0.0, want, stage_of, 16)
+    listed = [t for t in fig.data if t.showlegend is not False]
+    assert len(listed) == 16 and sum(t.visible is True for t in listed) == 4  # one entry per rank, 4 shown
+    assert sorted(int(t.name.split()[0][1:]) for t in listed if t.visible) == want
+    assert all(t.visible is True for t in fig.data if t.legendgroup in {f"r{r}" for r in want})
+    assert len(fig.data) == 32  # allocated and reserved of every rank; reserved lines toggle with their rank
+    buttons = fig.layout.updatemenus[0].buttons
+    assert buttons[1].label == "all 16 ranks" and buttons[1].args[0]["visible"] == [True] * 32
+    assert buttons[0].args[0]["visible"] == [t.visible for t in fig.data]
+    # the drawn values: GiB, the peak sample kept
+    r1 = [t for t in fig.data if t.legendgroup == "r1"]
+    assert list(r1[0].y) == [1.0, 17.0] and list(r1[1].y) == [2.0, 18.0] and r1[1].line.dash == "dot"
+    # no stages known: the four highest peaks
+    assert F.memory_default_ranks(rows) == sorted(sorted(peaks, key=lambda r: -peaks[r])[:4])
 
 
 # ----- composition, collectives, memory, top ops --------------------------------------------------------
@@ -600,8 +717,8 @@ def test_collectives_from_a_stored_summary():
         ],
     }
     page = H.render(s, H.build_sections(None, s))
-    assert "<td>allreduce</td><td>8</td><td>4,096</td><td>120.5</td><td>0.250</td>" in page.replace(
-        ' class="name"', ""
+    assert "<td>allreduce</td><td>8</td><td>4,096</td><td>120.5</td><td>0.250</td>" in re.sub(
+        r' class="[^"]*"', "", page
     )
 
 

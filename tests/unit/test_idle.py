@@ -68,6 +68,30 @@ def test_host_bound_sync_and_launch_split_exactly():
     assert f["causes_ms"]["host_bound"] == 400 / 1e6
 
 
+def test_a_step_annotation_is_never_the_responsible_op():
+    """Older traces record ProfilerStep#N as a cpu_op (category "Operator"): it encloses the whole step, so
+    it would be the top-level op of every host-bound gap. The ops inside it are named instead: the same
+    split as the first test with the step marker a cpu_op."""
+    ev = [
+        _ev("cpu_op", "ProfilerStep#1", 0, 1000),
+        _ev("cuda_runtime", "cudaLaunchKernel", 5, 3, corr=1),
+        _ev("kernel", "A", 0, 100, tid=7, corr=1, stream=7),
+        _ev("cpu_op", "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", 100, 300),
+        _ev("cpu_op", "aten::to", 400, 100),
+        _ev("cuda_runtime", "cudaLaunchKernel", 500, 3, corr=2),
+        _ev("kernel", "B", 550, 450, tid=7, corr=2, stream=7),
+    ]
+    t = _events(ev)
+    row = idle_breakdown(t, breakdown(t)).iloc[0]
+    assert row["host_bound_ns"] == 400 and row["launch_overhead_ns"] == 50
+    assert row["host_ops"] == {
+        "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__": 300,
+        "aten::to": 100,
+    }
+    f = idle_findings(idle_breakdown(t, breakdown(t)))[0]
+    assert "ProfilerStep" not in f["message"] and not any("ProfilerStep" in k for k in f["host_ops_ms"])
+
+
 def test_queued_work_on_a_multi_stream_rank_is_other_stream_wait():
     ev = [
         _ev("user_annotation", "ProfilerStep#1", 0, 1000),

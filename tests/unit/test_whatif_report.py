@@ -53,7 +53,18 @@ def test_critical_path_on_pipeline_timeline():
     assert len(tr) == 1
     xs = [x for x in tr[0].x if x is not None]
     assert xs == [0.2, 0.7, 1.0, 1.25]  # step 3 only, relative to the timeline's zero
-    assert all(y is None or y.startswith("stage ") for y in tr[0].y)
+    # on each stage's row, under its bars (which hold the microbatch numbers), never across them
+    bars = [t for t in fig.data if t.name == "forward"][0]
+    half = figures.TIMELINE_BAR / 2
+    rows = {fig.layout.yaxis.ticktext[y].split(" (")[0]: y for y in bars.y}
+    ys = [y for y in tr[0].y if y is not None]
+    assert (
+        ys
+        == [rows["stage 0"] + figures.CRITICAL_OFFSET] * 2 + [rows["stage 1"] + figures.CRITICAL_OFFSET] * 2
+    )
+    for y in ys:
+        row = round(y - figures.CRITICAL_OFFSET)
+        assert abs(y - row) > half and abs(y - (row + 1)) > half  # clear of its row's bars and the next's
 
 
 def test_summary_releasing_the_critical_path_is_the_same_summary(tmp_path):

@@ -28,6 +28,7 @@ import pandas as pd
 import pyarrow as pa
 
 from tracelens.analyze import intervals as iv
+from tracelens.analyze.classify import is_step_name
 from tracelens.analyze.dictcol import columns
 from tracelens.analyze.intset import distinct, member
 from tracelens.findings import finding
@@ -183,6 +184,7 @@ def _idle_rows(events: pa.Table, breakdown: pa.Table, top: int) -> list[tuple[An
     is_rt = ec.kinds(*RUNTIME_KINDS)
     is_op = ec.kinds("cpu_op")
     is_sync = ec.flag("name", _is_sync_name)
+    is_step = ec.flag("name", is_step_name)
     rank = ec.int64("rank")
     ts = ec.int64("ts_ns")
     end = ec.end()
@@ -216,9 +218,11 @@ def _idle_rows(events: pa.Table, breakdown: pa.Table, top: int) -> list[tuple[An
         rt_corr = corr[rt_sorted]
         sync = np.flatnonzero(is_rt & is_sync) if whole else mine[is_rt[mine] & is_sync[mine]]
         sync_set = iv.union(ts[sync], end[sync])
-        # top-level cpu ops of the launching threads (threads that issued runtime calls)
+        # top-level cpu ops of the launching threads (threads that issued runtime calls); a step annotation
+        # (`ProfilerStep#N`, a cpu_op in older traces) encloses the whole step and is never the op
+        # responsible: the ops inside it are the top-level ones
         threads = distinct(tid[rt]) if rt.size else np.array([], np.int64)
-        op_rows = np.flatnonzero(is_op) if whole else mine[is_op[mine]]
+        op_rows = np.flatnonzero(is_op & ~is_step) if whole else mine[is_op[mine] & ~is_step[mine]]
         ops = op_rows[member(tid[op_rows], threads)]
         ops = ops[np.lexsort((-end[ops], ts[ops]))]
         if ops.size:

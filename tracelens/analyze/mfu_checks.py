@@ -9,7 +9,7 @@ Pure functions: values in, warning strings and findings out (docs/mfu.md).
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tracelens.findings import finding
@@ -37,6 +37,44 @@ def flag_conflicts(flags: Mapping[str, object], file_config: Mapping[str, object
             f"the analysis uses {given}"
         )
     return out
+
+
+def gpu_conflicts(
+    given: str | None, trace_gpus: Sequence[str | None], from_config: bool = False
+) -> list[str]:
+    """A warning when the GPU the user names (--gpu, or `[hardware] gpu` of tracelens.toml: `from_config`)
+    is not the one the traces' deviceProperties name: the user's wins (peaks and roofline use it), and both
+    are named.
+
+    The same GPU by family (models/hardware.canonical_gpu: "H200" and "NVIDIA H200" agree); a name of no
+    known family matches when one name contains the other (case ignored)."""
+    from tracelens.models.hardware import canonical_gpu
+
+    names = sorted({str(n).strip() for n in trace_gpus if n and str(n).strip()})
+    if not given or not str(given).strip() or not names:
+        return []
+    g = str(given).strip()
+    want = canonical_gpu(g)
+
+    def same(name: str) -> bool:
+        have = canonical_gpu(name)
+        if want is not None and have is not None:
+            return want == have
+        a, b = g.lower(), name.lower()
+        return a in b or b in a
+
+    other = [n for n in names if not same(n)]
+    if not other:
+        return []
+    what, who = (
+        (f"[hardware] gpu = {g!r} in tracelens.toml", "the file")
+        if from_config
+        else (f"--gpu {g}", "the flag")
+    )
+    return [
+        f"{what} contradicts the traces, which name {', '.join(other)}; {who} wins: peak FLOP/s, MFU and the "
+        f"roofline use {g}"
+    ]
 
 
 def _same(a: object, b: object) -> bool:

@@ -15,6 +15,13 @@ def _fmt(v, nd=1) -> str:
     return "-" if v is None else f"{v:,.{nd}f}"
 
 
+def _count(v) -> str:
+    """A count (calls per step: a mean over steps): an integer when whole, else one decimal."""
+    if v is None:
+        return "-"
+    return f"{int(v):,}" if float(v).is_integer() else f"{v:,.1f}"
+
+
 def usable_input_or_error(summary: dict, run_dir: Path) -> None:
     """No profiler data and no NCCL data: one-line error (exit 2) naming why, instead of an empty table."""
     from tracelens.errors import BadInputError
@@ -257,7 +264,7 @@ def print_ops_table(summary: dict, top: int = 20) -> None:
             escape(r.get("op") or "(no CPU op)"),
             escape(r.get("kernel") or "-"),
             escape(r.get("layer_type") or "-"),
-            _fmt(r.get("calls"), 1),
+            _count(r.get("calls")),
             _fmt(r.get("ms_per_step"), 3),
             _fmt(r.get("tflops"), 1),
             _fmt(r.get("tbps"), 2),
@@ -288,7 +295,9 @@ def analyze(
     global_batch: int | None = typer.Option(None, "--global-batch", help="Sequences per optimizer step."),
     microbatches: int | None = typer.Option(None, "--microbatches", help="Pipeline microbatches per step."),
     peak_tflops: float | None = typer.Option(None, "--peak-tflops", help="Peak dense TFLOP/s per GPU."),
-    gpu: str | None = typer.Option(None, "--gpu", help="GPU name when the traces do not say (e.g. H100)."),
+    gpu: str | None = typer.Option(
+        None, "--gpu", help="GPU name (e.g. H100): wins over the traces' (a warning when they differ)."
+    ),
     compat: str | None = typer.Option(None, "--compat", help="'hta': HolisticTraceAnalysis 0.5 definitions."),
     no_cache: bool = typer.Option(
         False, "--no-cache", help="Parse the traces again; do not read or write the cache."

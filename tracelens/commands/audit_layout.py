@@ -37,6 +37,17 @@ def render(result) -> str:
             f"Model: {ms['num_layers']} layers = {ms['num_blocks']} x [{ms['pattern']}], "
             f"{ms['num_params'] / 1e9:.2f} B parameters"
         ),
+    ]
+    if d["seq_len"] is None:
+        assumed = d["seq_lens_evaluated"][-1]  # (models/audit.py: single-length figures use the longest)
+        lines.append(
+            "Sequence length: not given (--seq-len); stage FLOPs at "
+            + " and ".join(f"{s:,}" for s in d["seq_lens_evaluated"])
+            + " tokens"
+            + (f" ({assumed:,}: the model's context length)" if len(d["seq_lens_evaluated"]) > 1 else "")
+            + "; each figure below names the length it uses"
+        )
+    lines += [
         "",
         "Partitioned dimensions",
         f"  {'axis':<5}{'dimension':<20}{'size':>9}{'degree':>8}{'per rank':>10}  status",
@@ -97,7 +108,8 @@ def render(result) -> str:
                 f"  extra gradient all-reduce: {kv['extra_grad_allreduce_bytes_per_gpu_per_step'] / 2**20:.1f} MiB"
                 f" per GPU per step in groups of {kv['extra_grad_allreduce_group_size']}"
             ),
-            f"  duplicated K/V projection FLOPs: {100 * kv['duplicated_flops_fraction']:.2f}% of model FLOPs",
+            f"  duplicated K/V projection FLOPs: {100 * kv['duplicated_flops_fraction']:.2f}% of model FLOPs"
+            + ("" if d["seq_len"] else f" at {d['seq_lens_evaluated'][-1]:,} tokens"),
         ]
         lines += [f"  assumption: {a}" for a in kv["assumptions"]]
     seqs = d["seq_lens_evaluated"]

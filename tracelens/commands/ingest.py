@@ -13,10 +13,34 @@ from tracelens._app import app
 OUTPUTS = ("events.parquet", "memory.parquet", "metadata.parquet")
 
 
+def nullable_ints(table):
+    """`table` with pandas metadata naming pandas' nullable integer dtypes (`Int32`, `Int64`) for its
+    integer columns: `pd.read_parquet` (and `pq.read_table(...).to_pandas()`) then reads a column with
+    nulls as integers with `<NA>` (step 2, not 2.0), as every integer column always, whether or not this
+    run's values hold a null. Readers that ignore pandas metadata (polars, DuckDB, Arrow) see the Arrow
+    types, which are unchanged."""
+    import pandas as pd
+    import pyarrow as pa
+
+    nullable = {
+        pa.int8(): pd.Int8Dtype(),
+        pa.int16(): pd.Int16Dtype(),
+        pa.int32(): pd.Int32Dtype(),
+        pa.int64(): pd.Int64Dtype(),
+        pa.uint8(): pd.UInt8Dtype(),
+        pa.uint16(): pd.UInt16Dtype(),
+        pa.uint32(): pd.UInt32Dtype(),
+        pa.uint64(): pd.UInt64Dtype(),
+    }
+    empty = table.slice(0, 0).to_pandas(types_mapper=nullable.get)
+    meta = pa.Schema.from_pandas(empty, preserve_index=False).metadata[b"pandas"]
+    return table.replace_schema_metadata({**(table.schema.metadata or {}), b"pandas": meta})
+
+
 def _write_zstd(table: object, path: Path) -> None:
     import pyarrow.parquet as pq
 
-    pq.write_table(table, path, compression="zstd")
+    pq.write_table(nullable_ints(table), path, compression="zstd")
 
 
 @app.command("ingest")

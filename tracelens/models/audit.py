@@ -199,8 +199,9 @@ def _stage_table(model: ModelSpec, split: list[int], seq_lens: list[int]) -> lis
     return out
 
 
-def _kv_replication(model: ModelSpec, tp: int, split: list[int], seq_len: int) -> dict:
-    """Numbers behind KV_HEAD_REPLICATION (tp is a multiple of the KV heads and larger)."""
+def _kv_replication(model: ModelSpec, tp: int, split: list[int], seq_len: int, assumed: bool = False) -> dict:
+    """Numbers behind KV_HEAD_REPLICATION (tp is a multiple of the KV heads and larger); `assumed`: no
+    sequence length was given and `seq_len` is the model's context length."""
     h, hd, nkv = model.hidden_size, model.head_dim, model.num_key_value_heads
     factor = tp // nkv
     kv_params_per_head = 2 * h * hd  # K and V projection weights of one head
@@ -240,7 +241,12 @@ def _kv_replication(model: ModelSpec, tp: int, split: list[int], seq_len: int) -
             ),
             (
                 "duplicated FLOPs: the K/V projections of a replicated head run on every rank that holds it "
-                f"(measured against the Megatron-convention model FLOPs at {seq_len} tokens)"
+                + (
+                    f"(measured against the Megatron-convention model FLOPs at {seq_len:,} tokens: the "
+                    "model's context length, assumed because no --seq-len was given)"
+                    if assumed
+                    else f"(measured against the Megatron-convention model FLOPs at {seq_len} tokens)"
+                )
             ),
             "per-GPU numbers are for the stage holding the most full-attention layers",
         ],
@@ -287,7 +293,7 @@ def audit_layout(
         if name == "kv_heads" and not row["divides"] and tp % size == 0:
             row["note"] = f"{what}; replicated {tp // size}x (TP {tp} > {size} KV heads)"
             row["replicated"] = tp // size
-            kv_rep = _kv_replication(model, tp, split, seq_lens[-1])
+            kv_rep = _kv_replication(model, tp, split, seq_lens[-1], assumed=seq_len is None)
             findings.append(
                 finding(
                     "KV_HEAD_REPLICATION",
@@ -297,7 +303,13 @@ def audit_layout(
                     f"({kv_rep['replicated_kv_training_state_bytes'] / 2**30:.2f} GiB with optimizer state), "
                     f"{kv_rep['extra_grad_allreduce_bytes_per_gpu_per_step'] / 2**20:.1f} MiB extra gradient "
                     f"all-reduce per GPU per step and {100 * kv_rep['duplicated_flops_fraction']:.2f}% duplicated "
-                    f"FLOPs; TP <= {size} avoids it",
+                    "FLOPs"
+                    + (
+                        f" (at {seq_lens[-1]:,} tokens, the model's context length: no --seq-len given)"
+                        if seq_len is None
+                        else ""
+                    )
+                    + f"; TP <= {size} avoids it",
                     **{
                         k: kv_rep[k]
                         for k in (

@@ -45,6 +45,10 @@ TYPE_COLORS = {
     "embedding": "#9D755D",
 }
 PHASE_COLORS = {"forward": "#4C78A8", "backward": "#F58518"}
+#: Legends sit right of the plot, top-aligned: Plotly widens the right margin to fit them, so they never
+#: cover the x axis's title, its tick labels (rotated ones included) or the bars. (Plotly's horizontal
+#: legend goes below the plot at a fixed offset and overlapped the x axis's title and labels.)
+LEGEND = {"orientation": "v", "x": 1.02, "xanchor": "left", "y": 1, "yanchor": "top"}
 
 
 def txt(x) -> str:
@@ -201,7 +205,7 @@ def breakdown_bar(summary: dict, max_items: int = MAX_ITEMS) -> go.Figure:
         + ("" if unit == "rank" else f"; {len(ranks)} ranks shown as the mean of each {unit}"),
         yaxis_title="ms per step",
         xaxis_title=unit,
-        legend_orientation="h",
+        legend=LEGEND,
         height=420,
     )
     return fig
@@ -326,16 +330,28 @@ def step_heatmap(
 # ----------------------------------------------------------------------------------------------------
 # pipeline
 # ----------------------------------------------------------------------------------------------------
+#: Height of a block on the pipeline timeline (rows are 1 apart on the y axis).
+TIMELINE_BAR = 0.6
+#: Where the critical path runs on the timeline, relative to its stage's row: below the row's bars (their
+#: edge is at TIMELINE_BAR / 2 = 0.3), in the gap before the next row's bars (at 1 - 0.3 = 0.7), so that
+#: it never covers the microbatch numbers written inside the bars.
+CRITICAL_OFFSET = 0.42
+#: Colour of the waits in sends and receives (hatched) on the pipeline timeline.
+WAIT_COLOR = "#BAB0AC"
+
+
 def pipeline_timeline(
     blocks: Sequence[Mapping],
     stages: Sequence[Mapping] | None = None,
     step=None,
     critical: Sequence[Mapping] | None = None,
 ) -> go.Figure:
-    """Per-stage timeline of one step: a bar per forward/backward microbatch block; gaps are bubbles.
+    """Per-stage timeline of one step: a bar per forward/backward microbatch block (its number inside),
+    the waits in sends and receives hatched, the critical path as a line under each stage's bars.
 
-    `blocks`: dicts with stage, rank, phase (forward|backward), microbatch, start_ms, end_ms (from
-    `tracelens.report.timeline.pipeline_blocks`). `stages`: summary["stages"] rows for the titles."""
+    `blocks`: dicts with stage, rank, phase (forward|backward|wait), microbatch, start_ms, end_ms (from
+    `tracelens.report.timeline.pipeline_blocks`). `stages`: summary["stages"] rows for the row labels (the
+    measured bubble) and the subtitle (the schedule's expected bubble)."""
     frac = {s.get("stage"): s.get("bubble_fraction") for s in stages or []}
     exp = next(
         (
@@ -350,53 +366,84 @@ def pipeline_timeline(
         f = frac.get(b["stage"])
         return f"stage {b['stage']} (r{b['rank']})" + (f" bubble {100 * f:.0f}%" if f is not None else "")
 
-    order = sorted({(b["stage"], row(b)) for b in blocks})
+    order = sorted({(b["stage"] if b["stage"] is not None else -1, row(b)) for b in blocks})
+    y_of = {label: i for i, (_, label) in enumerate(order)}
     fig = go.Figure()
-    for phase in ("forward", "backward"):
+    for phase in ("forward", "backward", "wait"):
         bs = [b for b in blocks if b["phase"] == phase]
         if not bs:
             continue
+        rows = [row(b) for b in bs]
+        common = {
+            "orientation": "h",
+            "y": [y_of[r] for r in rows],
+            "x": [_r(b["end_ms"] - b["start_ms"]) for b in bs],
+            "base": [_r(b["start_ms"]) for b in bs],
+            "width": TIMELINE_BAR,
+        }
+        if phase == "wait":
+            fig.add_bar(
+                name="waiting in send/recv",
+                customdata=rows,
+                marker={
+                    "color": "white",
+                    "line": {"color": WAIT_COLOR, "width": 1},
+                    "pattern": {"shape": "/", "fgcolor": WAIT_COLOR, "size": 6},
+                },  # fmt: skip
+                hovertemplate="%{customdata}: waiting in send/recv, %{base:.2f} + %{x:.2f} ms<extra></extra>",
+                **common,
+            )
+            continue
+        mbs = ["" if b.get("microbatch") is None else str(b["microbatch"]) for b in bs]
         fig.add_bar(
             name=phase,
-            orientation="h",
-            y=[row(b) for b in bs],
-            x=[_r(b["end_ms"] - b["start_ms"]) for b in bs],
-            base=[_r(b["start_ms"]) for b in bs],
-            text=["" if b.get("microbatch") is None else str(b["microbatch"]) for b in bs],
+            text=mbs,
             textposition="inside",
+            insidetextanchor="middle",
+            customdata=[[r, m] for r, m in zip(rows, mbs)],
             marker_color=PHASE_COLORS[phase],
-            hovertemplate="%{y}: " + phase + " mb %{text}, %{base:.2f} + %{x:.2f} ms<extra></extra>",
+            hovertemplate="%{customdata[0]}: " + phase + " mb %{customdata[1]}, %{base:.2f} + %{x:.2f} ms"
+            "<extra></extra>",
+            **common,
         )
     if critical:
-        _critical_overlay(fig, blocks, critical, step, {b["stage"]: row(b) for b in blocks})
-    title = "Pipeline timeline of one step" + (f" (step {step})" if step is not None else "")
+        _critical_overlay(fig, blocks, critical, step, {b["stage"]: y_of[row(b)] for b in blocks})
+    title = "Pipeline timeline of " + (f"step {step}" if step is not None else "one step")
+    sub = "bars: compute of each microbatch (numbered); hatched: waiting in send/recv; blank: neither"
     if exp is not None:
-        title += f"; expected bubble {100 * exp:.0f}% for the schedule; gaps are bubbles"
+        sub += f"; the schedule expects a {100 * exp:.0f}% bubble"
     fig.update_layout(
-        title=title,
+        title={"text": f"{title}<br><sup>{sub}</sup>"},
         barmode="overlay",
         xaxis_title="ms from the start of the step's pipeline window",
-        yaxis={"categoryorder": "array", "categoryarray": [o[1] for o in order], "autorange": "reversed"},
-        legend_orientation="h",
+        yaxis={
+            "tickvals": list(range(len(order))),
+            "ticktext": [label for _, label in order],
+            "autorange": "reversed",
+            "zeroline": False,
+            "showgrid": False,
+        },
+        legend=LEGEND,
         height=max(260, 60 * len(order) + 160),
     )
     return fig
 
 
-def _critical_overlay(fig: go.Figure, blocks, critical, step, row_of_stage: dict) -> None:
-    """The step's critical-path segments (summary `critical_path.segments`) as a line on each stage's row."""
+def _critical_overlay(fig: go.Figure, blocks, critical, step, y_of_stage: dict) -> None:
+    """The step's critical-path segments (summary `critical_path.segments`) as a line under each stage's row
+    (`CRITICAL_OFFSET`)."""
     t0 = blocks[0].get("t0_ms") if blocks else None
     if t0 is None:
         return
     xs, ys, texts = [], [], []
     for sgm in critical:
-        if sgm.get("step") != step or sgm.get("stage") not in row_of_stage:
+        if sgm.get("step") != step or sgm.get("stage") not in y_of_stage:
             continue
         a = sgm["start_ms"] - t0
         xs += [_r(a), _r(a + sgm["ms"]), None]
-        y = row_of_stage[sgm["stage"]]
+        y = y_of_stage[sgm["stage"]] + CRITICAL_OFFSET
         ys += [y, y, None]
-        label = f"r{sgm['rank']} {sgm['kind']} {sgm['op']} {sgm['ms']:.3f} ms"
+        label = f"r{sgm['rank']} {sgm['kind']} {txt(sgm['op'])} {sgm['ms']:.3f} ms"
         texts += [label, label, None]
     if xs:
         fig.add_scatter(
@@ -434,7 +481,7 @@ def bubble_bar(stages: Sequence[Mapping]) -> go.Figure:
         title="Pipeline bubble per stage (% of the pipeline window)",
         yaxis_title="%",
         barmode="group",
-        legend_orientation="h",
+        legend=LEGEND,
         height=360,
     )
     return fig
@@ -455,7 +502,7 @@ def _stacked_by_type(per_stage: Mapping, value, title: str, yaxis: str, height: 
             y=[value(per_stage[s].get(t)) for s in keys],
             marker_color=TYPE_COLORS.get(t),
         )
-    fig.update_layout(barmode="stack", title=title, yaxis_title=yaxis, legend_orientation="h", height=height)
+    fig.update_layout(barmode="stack", title=title, yaxis_title=yaxis, legend=LEGEND, height=height)
     return fig
 
 
@@ -666,9 +713,109 @@ def memory_bar(
         title="Peak memory per " + unit + ("" if unit == "rank" else " (maximum over its ranks)"),
         yaxis_title="GiB",
         barmode="group",
-        legend_orientation="h",
+        legend=LEGEND,
         height=380,
     )
+    return fig
+
+
+#: Ranks drawn by default on the memory-over-time chart when no stage is known: the highest peaks.
+MEMORY_TOP_RANKS = 4
+
+
+def memory_default_ranks(
+    peaks: Sequence[Mapping], stage_of: Mapping[int, int | None] | None = None
+) -> list[int]:
+    """The ranks the memory-over-time chart shows before the reader asks for all: the rank with the highest
+    peak allocated memory of each stage when stages are known, else the `MEMORY_TOP_RANKS` highest peaks.
+    `peaks`: rows with rank and peak_allocated (bytes)."""
+    stage_of = stage_of or {}
+    rows = sorted(
+        (p for p in peaks if p.get("peak_allocated") is not None),
+        key=lambda p: (-float(p["peak_allocated"]), int(p["rank"])),
+    )
+    if rows and all(stage_of.get(int(p["rank"])) is not None for p in rows):
+        best: dict[int, int] = {}
+        for p in rows:
+            best.setdefault(int(stage_of[int(p["rank"])]), int(p["rank"]))  # type: ignore[arg-type]
+        return sorted(best.values())
+    return sorted(int(p["rank"]) for p in rows[:MEMORY_TOP_RANKS])
+
+
+def memory_timeline_figure(
+    timeline,
+    t0_ns: float,
+    shown: Sequence[int],
+    stage_of: Mapping[int, int | None] | None = None,
+    total_ranks: int | None = None,
+) -> go.Figure:
+    """Allocated (solid) and reserved (dotted) GiB over time, one legend entry per rank (its two lines toggle
+    together). Only the ranks in `shown` are drawn at first (`memory_default_ranks`): a button draws every
+    rank of `timeline` (a DataFrame: rank, ts_ns, allocated, reserved), so the legend needs no scrolling.
+    """
+    stage_of = stage_of or {}
+    shown_set = {int(r) for r in shown}
+    fig = go.Figure()
+    visible_default: list[bool] = []
+    for r, g in timeline.groupby("rank", sort=True):
+        r = int(r)
+        # numpy arrays, not lists: plotly checks a list element by element (~0.4 s for 16 ranks' samples)
+        x = ((g["ts_ns"].to_numpy() - t0_ns) / 1e6).round(3)
+        st = stage_of.get(r)
+        name = f"r{r}" + (f" (stage {st})" if st is not None else "")
+        on = r in shown_set
+        for key, dash, legend in (("allocated", None, True), ("reserved", "dot", False)):
+            fig.add_scatter(
+                x=x,
+                y=(g[key].to_numpy() / 2**30).round(4),
+                mode="lines",
+                name=name,
+                legendgroup=f"r{r}",
+                showlegend=legend,
+                visible=on,
+                line={"dash": dash} if dash else None,
+                hovertemplate=f"{name} {key}: %{{y:.2f}} GiB at %{{x:.1f}} ms<extra></extra>",
+            )
+            visible_default.append(on)
+    n = len(visible_default) // 2
+    by_stage = bool(stage_of) and all(stage_of.get(int(r)) is not None for r in shown_set)
+    which = "the rank with the highest peak of each stage" if by_stage else "the ranks with the highest peaks"
+    title = "Allocator over time" + (
+        f" ({n} of {total_ranks} ranks)" if total_ranks and total_ranks > n else ""
+    )
+    fig.update_layout(
+        title={"text": f"{title}<br><sup>allocated solid, reserved dotted; shown: {which}</sup>"},
+        xaxis_title="ms since the first sample",
+        yaxis_title="GiB",
+        legend=LEGEND,
+        height=440,
+        margin={"t": 130},
+    )
+    if len(shown_set) < n:
+        fig.update_layout(
+            updatemenus=[
+                {
+                    "type": "buttons",
+                    "direction": "right",
+                    "x": 0,
+                    "y": 1.02,
+                    "xanchor": "left",
+                    "yanchor": "bottom",
+                    "buttons": [
+                        {
+                            "label": "highest peaks",
+                            "method": "restyle",
+                            "args": [{"visible": visible_default}],
+                        },
+                        {
+                            "label": f"all {n} ranks",
+                            "method": "restyle",
+                            "args": [{"visible": [True] * len(visible_default)}],
+                        },
+                    ],
+                }
+            ]
+        )
     return fig
 
 
@@ -729,9 +876,7 @@ def compare_shares_bar(comparison: Mapping, group: str = "breakdown") -> go.Figu
         "breakdown": "Step time breakdown (% of step time)",
         "layer_types": "Share of step time by layer type (%)",
     }.get(group, group)
-    fig.update_layout(
-        title=title, barmode="group", yaxis_title="% of step time", legend_orientation="h", height=400
-    )
+    fig.update_layout(title=title, barmode="group", yaxis_title="% of step time", legend=LEGEND, height=400)
     return fig
 
 

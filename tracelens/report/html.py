@@ -22,16 +22,19 @@ from tracelens.store.atomic import write_text
 
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px auto;max-width:1200px;
-color:#222}
+padding:0 16px;color:#222}
 h1{font-size:1.5em} h2{font-size:1.2em;margin-top:1.6em;border-bottom:1px solid #ddd}
 .finding{padding:6px 10px;margin:4px 0;border-left:4px solid #999;background:#fafafa}
 .finding.warning{border-color:#f58518} .finding.error{border-color:#e45756}
 .finding.info{border-color:#4c78a8}
 .note{color:#666;font-style:italic} .headline{font-size:1.05em;margin:4px 0}
-table{border-collapse:collapse;font-size:0.9em}
-td,th{padding:3px 8px;border-bottom:1px solid #eee;text-align:right}
+table{border-collapse:collapse;font-size:0.9em;max-width:100%}
+td,th{padding:3px 6px;border-bottom:1px solid #eee;text-align:right;white-space:nowrap}
+th{white-space:normal;vertical-align:bottom}
 td:first-child,th:first-child{text-align:left} code{background:#f3f3f3;padding:1px 4px}
-td.name{text-align:left;font-family:monospace;max-width:640px;overflow-wrap:break-word;word-break:normal}
+td.name{text-align:left;font-family:monospace;white-space:normal;overflow-wrap:normal;word-break:normal}
+td.name.nw{white-space:nowrap} td.text{white-space:normal;text-align:left} th.name{text-align:left} table.meta td{text-align:left}
+table.sortable{font-size:0.85em} table.sortable td,table.sortable th{padding:3px 4px}
 """
 #: Plain-words titles of finding codes (the code itself is shown beside it).
 FINDING_TITLES = {
@@ -75,27 +78,106 @@ def _breakable(text: str) -> str:
     return text
 
 
-def table_html(rows: list[dict], columns: list[tuple[str, str]], name_cols: tuple[str, ...] = ()) -> str:
-    """An HTML table of `rows` (dicts); every cell escaped; numbers formatted with thousands separators."""
+#: Table columns (row keys) that hold counts: a whole number shows as an integer ("128", not "128.0"), a
+#: mean count (calls per step over several steps) with one decimal.
+COUNT_KEYS = frozenset(
+    {"calls", "rows", "kernels", "group_size", "bytes", "rank", "stage", "last_arrivals", "world_size"}
+)
+#: Names (kernels, ops, paths) longer than this are cut with "…" in tables; the whole name is the cell's
+#: tooltip (`title`). About 60 monospace characters wrap onto two lines of a name column.
+NAME_MAX = 60
+#: Name cells of at most this many characters never wrap ("(no CPU op)", "no model" on one line).
+NOWRAP_MAX = 12
+_SI = ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
 
-    def cell(v) -> str:
-        if v is None:
-            return "-"
-        if isinstance(v, bool):
-            return str(v)
-        if isinstance(v, int):
-            return f"{v:,}"
-        if isinstance(v, float):
-            return f"{v:,.3f}" if abs(v) < 100 else f"{v:,.1f}"
+
+def si_text(v: float | int | None, unit: str = "", digits: int = 4) -> str:
+    """A large quantity with an SI prefix and `digits` significant digits: 157065412608 FLOP ->
+    "157.1 GFLOP"; below 1,000 the number itself (integers without decimals)."""
+    if v is None or (isinstance(v, float) and v != v):
+        return "-"
+    x = float(v)
+    for scale, prefix in _SI:
+        if abs(x) >= scale:
+            q = x / scale
+            nd = max(digits - len(str(int(abs(q)))), 0)
+            return f"{q:,.{nd}f} {prefix}{unit}".rstrip()
+    text = f"{int(x):,}" if x == int(x) else f"{x:,.{digits - 1}g}"
+    return f"{text} {unit}".rstrip()
+
+
+def number_text(v, key: str | None = None) -> str:
+    """A table cell's text: '-' for unknown, integers with thousands separators, counts (`COUNT_KEYS`) as
+    integers when whole, other numbers with 3 decimals below 100 and 1 above (two significant digits
+    below 0.001)."""
+    if v is None:
+        return "-"
+    if isinstance(v, bool):
         return str(v)
+    if isinstance(v, int):
+        return f"{v:,}"
+    if isinstance(v, float):
+        if v != v:
+            return "-"
+        if key in COUNT_KEYS:
+            return f"{int(v):,}" if v.is_integer() else f"{v:,.1f}"
+        if 0 < abs(v) < 0.001:  # (not "0.000": a small known number)
+            return f"{v:.2g}"
+        return f"{v:,.3f}" if abs(v) < 100 else f"{v:,.1f}"
+    return str(v)
 
-    head = "".join(f"<th>{esc(h)}</th>" for h, _ in columns)
+
+def cut_name(text: str, limit: int = NAME_MAX, keep_end: bool = False) -> str:
+    """`text` cut to `limit` characters with "…" (its end kept for paths, `keep_end`)."""
+    if len(text) <= limit:
+        return text
+    return "…" + text[-(limit - 1) :] if keep_end else text[: limit - 1] + "…"
+
+
+def name_cell(text: str, full: str | None = None, keep_end: bool = False, attrs: str = "") -> str:
+    """A name cell: escaped, cut to `NAME_MAX` with the whole name (`full`, else `text`) as its tooltip,
+    wrapping only after separators, never wrapping when short."""
+    full = text if full is None else full
+    shown = cut_name(text, keep_end=keep_end)
+    title = f' title="{esc(full)}"' if shown != full else ""
+    if len(shown) <= NOWRAP_MAX:  # (a <wbr> would break even a nowrap cell)
+        return f'<td class="name nw"{title}{attrs}>{esc(shown)}</td>'
+    return f'<td class="name"{title}{attrs}>{_breakable(esc(shown))}</td>'
+
+
+def _head(label: str, name: bool = False) -> str:
+    """A header cell that may wrap after '/' as well as at spaces ("GFLOP/step"); left-aligned over a name
+    column."""
+    cls = ' class="name"' if name else ""
+    return f"<th{cls}>{esc(label).replace('/', '/<wbr>')}</th>"
+
+
+def table_html(
+    rows: list[dict],
+    columns: list[tuple[str, str]],
+    name_cols: tuple[str, ...] = (),
+    full_names: dict[str, str] | None = None,
+    keep_end: tuple[str, ...] = ("path",),
+    text_cols: tuple[str, ...] = (),
+) -> str:
+    """An HTML table of `rows` (dicts); every cell escaped; numbers by `number_text` (never wrapped); the
+    `name_cols` cut and left-aligned (`name_cell`; `full_names`: key -> the row key holding the whole name
+    for the tooltip, when the shown name is already shortened); the `text_cols` (words: notes, metric
+    names) left-aligned and wrapped at spaces."""
+    full_names = full_names or {}
+    head = "".join(_head(h, k in name_cols) for h, k in columns)
     body = "".join(
         "<tr>"
         + "".join(
-            f'<td class="name">{_breakable(esc(cell(r.get(k))))}</td>'
+            name_cell(
+                number_text(r.get(k), k),
+                None if k not in full_names or r.get(full_names[k]) is None else str(r[full_names[k]]),
+                keep_end=k in keep_end,
+            )
             if k in name_cols
-            else f"<td>{esc(cell(r.get(k)))}</td>"
+            else f'<td class="text">{esc(number_text(r.get(k), k))}</td>'
+            if k in text_cols
+            else f"<td>{esc(number_text(r.get(k), k))}</td>"
             for _, k in columns
         )
         + "</tr>"
@@ -180,8 +262,8 @@ def stragglers_html(summary: dict) -> str:
         ("cause", "cause"),
         ("cost ms/step", "cost_ms"),
         ("steps flagged", "steps"),
-        ("compute vs peers", "compute_ratio"),
-        ("transfer vs peers", "transfer_ratio"),
+        ("compute vs peers (x)", "compute_ratio"),
+        ("transfer vs peers (x)", "transfer_ratio"),
         ("last to arrive (collectives)", "last_arrivals"),  # a count: collectives it reached last
     ]
     cols = [c for c in cols if any(r.get(c[1]) is not None for r in rows)]
@@ -236,25 +318,34 @@ def metadata_html(summary: dict) -> str:
     run = summary.get("run") or {}
     layout = run.get("layout") or {}
     mfu = summary.get("mfu") or {}
+
+    def count(v):
+        return None if v is None else number_text(v, "calls")
+
     rows = [
-        ("path", run.get("path")),
-        ("world size", run.get("world_size")),
-        ("ranks with traces", len(run.get("ranks") or [])),
+        ("world size", count(run.get("world_size"))),
+        ("ranks with traces", count(len(run.get("ranks") or []))),
         ("steps analyzed", ", ".join(map(str, run.get("steps") or [])) or "whole trace"),
         ("GPU", run.get("gpu")),
-        ("sequence length", run.get("seq_len")),
+        ("sequence length (tokens)", count(run.get("seq_len"))),
         (
             "layout",
             ", ".join(f"{k}={layout.get(k)}" for k in ("tp", "pp", "dp", "cp") if layout.get(k) is not None)
             + f" (source: {layout.get('source')})",
         ),
-        ("tokens per step", mfu.get("tokens_per_step")),
-        ("model FLOPs per token", mfu.get("flops_per_token")),
+        ("tokens per step", count(mfu.get("tokens_per_step"))),
+        (
+            "model FLOPs per token",
+            None if mfu.get("flops_per_token") is None else si_text(mfu["flops_per_token"], "FLOP"),
+        ),
         ("tracelens", summary.get("tracelens_version")),
     ]
-    body = "".join(f"<tr><td>{esc(k)}</td><td>{esc(v)}</td></tr>" for k, v in rows if v is not None)
+    path = run.get("path")
+    body = (
+        f"<tr><td>path</td>{name_cell(str(path), keep_end=True)}</tr>" if path is not None else ""
+    ) + "".join(f"<tr><td>{esc(k)}</td><td>{esc(v)}</td></tr>" for k, v in rows if v is not None)
     warn = "".join(f"<li>{esc(w)}</li>" for w in run.get("warnings") or [])
-    return f"<table>{body}</table>" + (f"<ul>{warn}</ul>" if warn else "")
+    return f'<table class="meta">{body}</table>' + (f"<ul>{warn}</ul>" if warn else "")
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -446,7 +537,13 @@ def _top_ops_section(analysis, summary: dict) -> object:
 
 
 def _top_ops_per_step(kind: str, rows: list[dict], n_steps: int) -> str:
-    """Top operations per step, like the rest of the page (totals over the trace / analyzed steps)."""
+    """Top operations per step, like the rest of the page (totals over the trace / analyzed steps); kernel
+    names shortened (`analyze.ops.short_kernel_name`), the whole name on hover."""
+    from tracelens.analyze.ops import short_kernel_name
+
+    def shown(name):
+        return (short_kernel_name(name) or name) if kind == "kernel" else name
+
     if n_steps < 1:  # no step markers: the whole trace is the one window
         cols = [
             (kind, "name"),
@@ -454,10 +551,12 @@ def _top_ops_per_step(kind: str, rows: list[dict], n_steps: int) -> str:
             ("ms (all ranks)", "total_ms"),
             ("ms per rank", "per_rank_ms"),
         ]
-        return "<p>Whole trace (no step markers).</p>" + table_html(rows, cols, ("name",))
+        whole = [{**r, "name": shown(r["name"]), "full": r["name"]} for r in rows]
+        return "<p>Whole trace (no step markers).</p>" + table_html(whole, cols, ("name",), {"name": "full"})
     per = [
         {
-            "name": r["name"],
+            "name": shown(r["name"]),
+            "full": r["name"],
             "calls": figures._r(r["calls"] / n_steps, 1),
             "total_ms": figures._r((r.get("total_ms") or 0.0) / n_steps),
             "per_rank_ms": figures._r((r.get("per_rank_ms") or 0.0) / n_steps),
@@ -472,7 +571,7 @@ def _top_ops_per_step(kind: str, rows: list[dict], n_steps: int) -> str:
     ]
     return (
         f"<p>Per step: totals over the traces divided by the {n_steps} analyzed step(s), like the rest of "
-        "the page.</p>" + table_html(per, cols, ("name",))
+        "the page.</p>" + table_html(per, cols, ("name",), {"name": "full"})
     )
 
 
@@ -494,6 +593,8 @@ _OPS_COLUMNS = [
     ("% roofline", "roofline_pct"),
     ("model", "model"),
 ]
+#: The op table's text columns (left-aligned, cut with the whole text on hover).
+_OPS_NAMES = ("op", "kernel", "layer_type", "shapes", "bound", "model")
 _SORT_JS = (
     "<script>document.querySelectorAll('table.sortable').forEach(function(t){"
     "t.querySelectorAll('th').forEach(function(th,i){th.style.cursor='pointer';th.onclick=function(){"
@@ -509,25 +610,28 @@ def pd_isna(v) -> bool:
     return v is None or (isinstance(v, float) and v != v)
 
 
-def sortable_table_html(rows: list[dict], columns: list[tuple[str, str]]) -> str:
-    """A table whose headers sort it (click; again to reverse); each cell keeps its raw value in data-v."""
+def sortable_table_html(
+    rows: list[dict], columns: list[tuple[str, str]], name_cols: tuple[str, ...] = ()
+) -> str:
+    """A table whose headers sort it (click; again to reverse); each cell keeps its raw value in data-v.
+    Numbers by `number_text`; the `name_cols` cut and left-aligned (`name_cell`)."""
 
-    def cell(v) -> tuple[str, str]:
-        if v is None:
-            return "", "-"
-        if isinstance(v, float):
-            return repr(v), (f"{v:,.3f}" if abs(v) < 100 else f"{v:,.1f}")
-        if isinstance(v, int) and not isinstance(v, bool):
-            return str(v), f"{v:,}"
-        return str(v), str(v)
+    def raw(v) -> str:
+        if v is None or (isinstance(v, float) and v != v):
+            return ""
+        return repr(v) if isinstance(v, float) else str(v)
 
-    head = "".join(f"<th>{esc(h)}</th>" for h, _ in columns)
+    head = "".join(_head(h, k in name_cols) for h, k in columns)
     body = []
     for r in rows:
         tds = []
         for _, k in columns:
-            raw, shown = cell(r.get(k))
-            tds.append(f'<td data-v="{esc(raw)}">{esc(shown)}</td>')
+            v = r.get(k)
+            attrs = f' data-v="{esc(raw(v))}"'
+            if k in name_cols:
+                tds.append(name_cell("-" if v is None else str(v), attrs=attrs))
+            else:
+                tds.append(f"<td{attrs}>{esc(number_text(v, k))}</td>")
         body.append("<tr>" + "".join(tds) + "</tr>")
     return f'<table class="sortable"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
 
@@ -560,11 +664,16 @@ def _ops_section(analysis, summary: dict) -> object:
             )
         )
     ranks = sorted({r["rank"] for r in rows if r.get("rank") is not None})
+    # a column unknown on every row says nothing: left out, and named, so the table fits the page
+    cols = [c for c in _OPS_COLUMNS if any(r.get(c[1]) is not None for r in rows)]
+    unknown = [h for h, k in _OPS_COLUMNS if (h, k) not in cols]
     parts.append(
         f"<p>Top operations per stage by GPU time per step (ranks {esc(', '.join(map(str, ranks)))}; "
-        "one rank per stage). Click a column to sort. docs/ops.md explains every column.</p>"
+        "one rank per stage). Click a column to sort. docs/ops.md explains every column."
+        + (f" Unknown for every row, so not shown: {esc(', '.join(unknown))}." if unknown else "")
+        + "</p>"
     )
-    parts.append(sortable_table_html(rows, _OPS_COLUMNS))
+    parts.append(sortable_table_html(rows, cols, _OPS_NAMES))
     if view is not None and not view.kernels.empty:
         kt = view.kernels.assign(_s=view.kernels["stage"].fillna(-1)).groupby("_s", sort=True).head(10)
         parts.append(
@@ -587,10 +696,15 @@ def _ops_section(analysis, summary: dict) -> object:
                     ("calls/step", "calls"),
                     ("ms/step", "ms_per_step"),
                 ],
+                ("kernel", "op"),
             )
         )
     if view is not None and not view.launches.empty:
         lr = view.launches.to_dict("records")
+        for r in lr:  # shares (0-1) shown as percentages
+            for k in ("short_kernel_share", "short_kernel_time_share"):
+                v = r.get(k)
+                r[k + "_pct"] = None if v is None or v != v else 100.0 * float(v)
         parts.append(
             "<p>Kernel launches: delay from the CPU launch to the GPU start, and short (&lt;10 µs) "
             "kernels.</p>"
@@ -604,8 +718,8 @@ def _ops_section(analysis, summary: dict) -> object:
                     ("median delay µs", "launch_delay_median_us"),
                     ("p90 delay µs", "launch_delay_p90_us"),
                     ("mean delay µs", "launch_delay_mean_us"),
-                    ("short-kernel share", "short_kernel_share"),
-                    ("short-kernel time share", "short_kernel_time_share"),
+                    ("short kernels %", "short_kernel_share_pct"),
+                    ("short kernels' time %", "short_kernel_time_share_pct"),
                 ],
             )
         )
@@ -645,10 +759,15 @@ def _memory_peaks_of(analysis, summary: dict):
     return first
 
 
-def _first_sampled_ranks(mem, n: int):
+#: The memory-over-time chart reads the samples of at most this many ranks (the first ones, and the ranks
+#: it shows at first: `figures.memory_default_ranks`); its button draws all of these.
+MEMORY_TIMELINE_RANKS = 16
+
+
+def _sampled_ranks(mem, n: int, also: list[int]):
     """(The rows of `mem` that `ops.memory_timeline` plots, of the first `n` ranks that have such samples
-    only; how many ranks have them; the first sample's time over all of them, or None): a large run's
-    timeline is thinned for the ranks it shows only."""
+    and of the ranks `also`, only; how many ranks have them; the first sample's time over all of them, or
+    None): a large run's timeline is thinned for the ranks it shows only."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -660,8 +779,9 @@ def _first_sampled_ranks(mem, n: int):
     m = mem.filter(pa.array(device_sample_mask(mem)))
     ranks = np.unique(m.column("rank").to_numpy(zero_copy_only=False))
     t0 = pc.min(m.column("ts_ns")).as_py() if m.num_rows else None
-    if ranks.size > n:
-        m = m.filter(pc.is_in(m.column("rank"), value_set=pa.array(ranks[:n], m.column("rank").type)))
+    want = sorted({int(r) for r in ranks[:n]} | {int(r) for r in also})
+    if ranks.size > len(want) or set(want) != {int(r) for r in ranks}:
+        m = m.filter(pc.is_in(m.column("rank"), value_set=pa.array(want, m.column("rank").type)))
     return m, int(ranks.size), t0
 
 
@@ -669,34 +789,17 @@ def _memory_timeline_section(analysis, summary: dict) -> object:
     from tracelens.analyze.ops import memory_timeline
 
     mem = analysis.run.memory if analysis is not None else None
-    mem, n_ranks, first_ts = _first_sampled_ranks(mem, 16)
+    if mem is None or mem.num_rows == 0:
+        return note("No GPU memory events in the traces (record with profile_memory=True).")
+    stage_of = {int(r["rank"]): r.get("stage") for r in summary.get("ranks") or []}
+    peaks = _memory_peaks_of(analysis, summary)
+    shown = figures.memory_default_ranks(peaks.to_dict("records"), stage_of)
+    mem, n_ranks, first_ts = _sampled_ranks(mem, MEMORY_TIMELINE_RANKS, shown)
     tl = memory_timeline(mem, max_points=1500)
     if tl.empty:
         return note("No GPU memory events in the traces (record with profile_memory=True).")
-    import plotly.graph_objects as go
-
-    fig = go.Figure()
     t0 = float(first_ts if first_ts is not None else tl["ts_ns"].min())
-    for r, g in tl.groupby("rank", sort=True):
-        # numpy arrays, not lists: plotly checks a list element by element (~0.4 s for 16 ranks' samples)
-        x = ((g["ts_ns"].to_numpy() - t0) / 1e6).round(3)
-        fig.add_scatter(
-            x=x, y=(g["allocated"].to_numpy() / 2**30).round(4), mode="lines", name=f"rank {r} allocated"
-        )
-        fig.add_scatter(
-            x=x,
-            y=(g["reserved"].to_numpy() / 2**30).round(4),
-            mode="lines",
-            name=f"rank {r} reserved",
-            line={"dash": "dot"},
-        )
-    fig.update_layout(
-        title="Allocator over time" + (" (first 16 ranks)" if n_ranks > 16 else ""),
-        xaxis_title="ms since the first sample",
-        yaxis_title="GiB",
-        height=420,
-    )
-    peaks = _memory_peaks_of(analysis, summary)
+    fig = figures.memory_timeline_figure(tl, t0, shown, stage_of, n_ranks)
     rows = peaks.to_dict("records")
     for r in rows:
         r["peak_allocated_gib"] = r["peak_allocated"] / 2**30
@@ -798,14 +901,14 @@ def compare_sections(comparison: dict) -> list[tuple[str, object]]:
     text = "".join(f'<p class="headline">{esc(line)}</p>' for line in comparison.get("text") or [])
     cols = [("metric", "name"), (la, "a_text"), (lb, "b_text"), ("change", "delta_text"), ("note", "note")]
     rows = [m for m in comparison["metrics"] if m["a"] is not None or m["b"] is not None]
-    metrics = table_html(rows, cols, ("name",))
+    metrics = table_html(rows, cols, text_cols=("name", "note"))
     runs = comparison.get("runs") or {}
     run_rows = [{"label": lab, **(runs.get(k) or {})} for lab, k in ((la, "a"), (lb, "b"))]
     run_cols = [
         ("run", "label"),
         ("name", "name"),
         ("layout", "layout"),
-        ("sequence length", "seq_len"),
+        ("sequence length (tokens)", "seq_len"),
         ("world size", "world_size"),
         ("GPU", "gpu"),
         ("steps", "steps"),
@@ -813,7 +916,10 @@ def compare_sections(comparison: dict) -> list[tuple[str, object]]:
     ]
     run_cols = [c for c in run_cols if any(r.get(c[1]) is not None for r in run_rows)]
     out: list[tuple[str, object]] = [
-        ("What changed most", text + table_html(run_rows, run_cols, ("path",))),
+        (
+            "What changed most",
+            text + table_html(run_rows, run_cols, ("path",), text_cols=("label", "name", "layout", "gpu")),
+        ),
         ("Side by side", metrics),
     ]
     if any(m["group"] == "breakdown" for m in rows):
