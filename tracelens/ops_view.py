@@ -29,6 +29,9 @@ class OpsView:
     def summary_rows(self) -> list[dict]:
         return O.summary_rows(self.ops)
 
+    def total_rows(self) -> list[dict]:
+        return O.total_rows(self.ops)
+
 
 def default_ranks(analysis) -> list[int]:
     """The lowest rank of every stage (or of the run)."""

@@ -175,6 +175,7 @@ def build_summary(a: Analysis, release: bool = False) -> dict:
     }
     a.forget("sized_collectives")  # (read above only: its frame, ~80 MB at 1,024 ranks, goes before the ops)
     out["ops"] = a.ops_view.summary_rows() if a.ops_view is not None else []
+    out["op_totals"] = a.ops_view.total_rows() if a.ops_view is not None else []
     out["what_if"] = what_if
     out["critical_path"] = critical_path
     if a.options.compat == "hta":

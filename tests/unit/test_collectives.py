@@ -579,7 +579,11 @@ def _bare_allreduce(rank, a, pg="0"):
 
 def _meta_ws(ranks, world, pg_config=None):
     rows = [
-        {"rank": r, "world_size": world, "pg_config_json": None if pg_config is None else json.dumps(pg_config)}
+        {
+            "rank": r,
+            "world_size": world,
+            "pg_config_json": None if pg_config is None else json.dumps(pg_config),
+        }
         for r in ranks
     ]
     return table_from_rows(rows, schema.METADATA)

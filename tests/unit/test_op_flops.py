@@ -203,7 +203,9 @@ def test_engine_gemms_and_transformer_engine_linear():
     assert f == 2.0 * 15360 * 4096 * 6144 and b == 2.0 * (15360 * 4096 + 6144 * 4096 + 15360 * 6144)
     # vLLM cutlass_scaled_mm(out [16,64] bf16, a [16,32] fp8, b [32,64] fp8, a_scales [16,1], b_scales [1,64])
     f, b = cost(
-        "_C::cutlass_scaled_mm", [[16, 64], [16, 32], [32, 64], [16, 1], [1, 64], []], [BF, FP8, FP8, F32, F32, ""]
+        "_C::cutlass_scaled_mm",
+        [[16, 64], [16, 32], [32, 64], [16, 1], [1, 64], []],
+        [BF, FP8, FP8, F32, F32, ""],
     )
     assert f == 2.0 * 16 * 32 * 64 and b == 16 * 32 + 32 * 64 + 4 * (16 + 64) + 2 * 16 * 64
     # TransformerEngine te_gemm_ts: A [N=64, K=32] fp8, B [M=16, K=32] fp8, D [16, 64] bf16
@@ -299,7 +301,10 @@ def test_fused_norm_activation_rotary_and_kv_cache():
     f, b = cost("aiter::add_rmsnorm", [[15360, 4096]] * 4 + [[4096], []], [BF] * 5 + ["Scalar"])
     assert (f, b) == (5.0 * n, 4.0 * 2 * n + 2 * 4096)
     # vLLM in-place fused_add_rms_norm(input, residual, weight, eps): the same traffic
-    assert cost("_C::fused_add_rms_norm", [[8, 16], [8, 16], [16], []], [BF] * 3 + ["Scalar"]) == (640.0, 1056.0)
+    assert cost("_C::fused_add_rms_norm", [[8, 16], [8, 16], [16], []], [BF] * 3 + ["Scalar"]) == (
+        640.0,
+        1056.0,
+    )
     # silu_and_mul(out [15360,12288], input [15360,24576]): 2 per output element; input read, out written
     f, b = cost("sgl_kernel::silu_and_mul", [[15360, 12288], [15360, 24576]], [BF, BF])
     assert (f, b) == (2.0 * 15360 * 12288, 2.0 * (15360 * 24576 + 15360 * 12288))

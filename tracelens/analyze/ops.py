@@ -705,6 +705,46 @@ def summary_rows(table: pd.DataFrame, per_stage: int = 15, limit: int = 60) -> l
     return out
 
 
+#: The summary's `op_totals` keys, in order: every row of the op table, for `compare` (analyze/compare.py).
+TOTAL_KEYS = [
+    "stage",
+    "rank",
+    "op",
+    "shapes",
+    "kernel",
+    "layer_type",
+    "model",
+    "calls",
+    "ms_per_step",
+    "flops",
+]
+
+
+def total_rows(table: pd.DataFrame) -> list[dict[str, Any]]:
+    """The summary's `op_totals`: every row of the op table (all ops of the ranks measured, not only the
+    top ones), the fields `compare` matches and rates ops by; numbers rounded, unknowns null."""
+    if table.empty:
+        return []
+    t = table.sort_values(["stage", "rank", "ms_per_step"], ascending=[True, True, False], na_position="last")
+    out = []
+    for r in t.to_dict("records"):
+        row: dict[str, Any] = {}
+        for k in TOTAL_KEYS:
+            v = _none(r.get(k))
+            if isinstance(v, np.integer):
+                v = int(v)
+            elif isinstance(v, (float, np.floating)):
+                v = float(v)
+                v = float(round(v)) if k == "flops" else round(v, 6)
+            if k in ("rank", "stage") and v is not None:
+                v = int(v)
+            if k == "shapes" and isinstance(v, str) and len(v) > SHAPES_MAX_CHARS:
+                v = v[: SHAPES_MAX_CHARS - 1] + "…"
+            row[k] = v
+        out.append(row)
+    return out
+
+
 # ------------------------------------------------------------------------------------------- launches
 def launch_stats(events: pa.Table, steps: list[int] | None = None) -> pd.DataFrame:
     """Per rank: kernels, launch delay (kernel start minus its CPU launch's start, through `correlation`)

@@ -826,6 +826,7 @@ def compare_sections(comparison: dict) -> list[tuple[str, object]]:
         out.append(
             ("Time by layer type", note("Neither run has module annotations: no time share per layer type."))
         )
+    out.append(("Per operation", _compare_ops_html(comparison)))
     st = comparison.get("stragglers") or {}
     st_html = "".join(
         f"<p>{esc(lab)}: "
@@ -838,6 +839,81 @@ def compare_sections(comparison: dict) -> list[tuple[str, object]]:
         f = {"findings": comparison.get("findings", {}).get(k) or [], "ranks": [], "stragglers": []}
         out.append((f"Findings: {lab}", findings_html(f)))
     return out
+
+
+#: Rows of the per-op and per-kernel tables of compare.html (compare.json keeps more).
+COMPARE_OP_ROWS = 30
+COMPARE_KERNEL_ROWS = 20
+
+
+def _compare_ops_html(comparison: dict) -> str:
+    """compare.html's per-op section: ops matched on the CPU op and its shapes, their change per step and its
+    share of the step time's change; then layer types, stages and kernels (analyze/compare.op_changes)."""
+    la, lb = comparison["labels"]
+    opc = comparison.get("ops") or {}
+    rows = opc.get("ops") or []
+    if not rows:
+        return note("Neither run lists per-op times (no kernels or CPU ops in the ranks measured).")
+
+    def side_cols(pairs: list[tuple[str, str]]) -> list[tuple[str, str]]:
+        return [(f"{name} ({lab})", f"{s}_{key}") for name, key in pairs for lab, s in ((la, "a"), (lb, "b"))]
+
+    num = side_cols([("calls", "calls"), ("ms", "ms"), ("TFLOP/s", "tflops")])
+    change = [("change ms", "delta_ms"), ("ratio", "ratio"), ("share of step change", "share_of_step_change")]
+    src = opc.get("source") or {}
+    parts = [
+        "<p>Per step, on the ranks each run measured (one per stage); ops matched on the CPU operator and its "
+        "recorded input shapes, whatever kernel runs them; largest change first. The share is the change "
+        "over the step time's change"
+        + (f" ({opc['step_delta_ms']:+,.3f} ms)" if opc.get("step_delta_ms") is not None else "")
+        + ": above 1 or below 0 when other parts moved the other way.</p>"
+    ]
+    if "ops" in src.values():
+        parts.append(
+            note(
+                "A side is a summary.json that lists only its top ops per stage: an op not listed there is "
+                "unknown (-), not zero."
+            )
+        )
+    stage_col = [("stage", "stage")] if opc.get("by_stage") else []
+    parts.append(
+        table_html(
+            rows[:COMPARE_OP_ROWS],
+            stage_col
+            + [("op", "op"), ("shapes", "shapes")]
+            + num
+            + change
+            + [(f"kernel ({la})", "a_kernel"), (f"kernel ({lb})", "b_kernel")],
+            ("op", "shapes", "a_kernel", "b_kernel"),
+        )
+    )
+    unl = opc.get("unlinked_kernel_ms") or {}
+    if any(unl.values()):
+        parts.append(
+            f"<p>Kernels without a CPU op (not matched as ops; in the kernel table): {unl.get('a', 0):,.3f} ms "
+            f"({esc(la)}), {unl.get('b', 0):,.3f} ms ({esc(lb)}) per step.</p>"
+        )
+    short = side_cols([("ms", "ms")]) + change
+    if opc.get("layer_types"):
+        parts.append(
+            "<h3>Per layer type</h3>"
+            + table_html(
+                opc["layer_types"], stage_col + [("layer type", "layer_type")] + short, ("layer_type",)
+            )
+        )
+    if opc.get("stages") and opc.get("by_stage"):
+        parts.append("<h3>Per stage (op time)</h3>" + table_html(opc["stages"], [("stage", "stage")] + short))
+    if opc.get("kernels"):
+        parts.append(
+            "<h3>Per kernel</h3><p>Matched by name: kernels of different vendors or library versions do not "
+            "match (compare their ops above).</p>"
+            + table_html(
+                opc["kernels"][:COMPARE_KERNEL_ROWS],
+                stage_col + [("kernel", "kernel")] + side_cols([("calls", "calls"), ("ms", "ms")]) + change,
+                ("kernel",),
+            )
+        )
+    return "".join(parts)
 
 
 def write_compare_report(comparison: dict, path: Path) -> None:
