@@ -120,7 +120,8 @@ def _kernel_ms(trace: Path, op: str, shapes: str) -> float:
     """ms of the kernels whose `External id` is a `op` cpu op's with these Input Dims (the trace's one step)."""
     import gzip
 
-    ev = json.loads(gzip.open(trace).read())["traceEvents"]
+    with gzip.open(trace) as fh:
+        ev = json.loads(fh.read())["traceEvents"]
     ext = {
         e["args"]["External id"]
         for e in ev
