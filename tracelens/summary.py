@@ -176,6 +176,8 @@ def build_summary(a: Analysis, release: bool = False) -> dict:
     a.forget("sized_collectives")  # (read above only: its frame, ~80 MB at 1,024 ranks, goes before the ops)
     out["ops"] = a.ops_view.summary_rows() if a.ops_view is not None else []
     out["op_totals"] = a.ops_view.total_rows() if a.ops_view is not None else []
+    if a.inference is not None:  # (inference traces only: engine iterations, docs/inference.md)
+        out["inference"] = a.inference
     out["what_if"] = what_if
     out["critical_path"] = critical_path
     if a.options.compat == "hta":
@@ -334,7 +336,10 @@ def _bus_n_text(g) -> str | None:
         for n, w in zip(rows["bus_n"], froms)
         if not pd.isna(n)
     }
-    return ", ".join(f"{n} ({w})" if w else str(n) for n, w in sorted(pairs, key=lambda p: (-p[0], p[1]))) or None
+    return (
+        ", ".join(f"{n} ({w})" if w else str(n) for n, w in sorted(pairs, key=lambda p: (-p[0], p[1])))
+        or None
+    )
 
 
 def wait_split_warnings(ranks: list[dict]) -> list[str]:

@@ -881,13 +881,12 @@ def matched_table(df: pd.DataFrame, source: pa.Table | None = None) -> pa.Table:
         .append_column("group_key", _dict_strings(df["group_key"].astype(str)))
         .append_column("n_expected", _int32_array(df["n_expected"]))
         .append_column(
-            "bus_n", _int32_array(df["bus_n"] if "bus_n" in df else pd.Series([pd.NA] * len(df), dtype="Int64"))
+            "bus_n",
+            _int32_array(df["bus_n"] if "bus_n" in df else pd.Series([pd.NA] * len(df), dtype="Int64")),
         )
         .append_column(
             "bus_n_from",
-            pa.array(
-                df["bus_n_from"].tolist() if "bus_n_from" in df else [None] * len(df), pa.string()
-            ),
+            pa.array(df["bus_n_from"].tolist() if "bus_n_from" in df else [None] * len(df), pa.string()),
         )
     )
 

@@ -606,7 +606,10 @@ def collective_rows(coll: pa.Table | None, top: int = 30) -> list[dict]:
             return None
         pairs = sorted(
             {
-                (int(n), "" if bus_from is None or bus_from[i] is None else str(bus_from[i]).replace("_", " "))
+                (
+                    int(n),
+                    "" if bus_from is None or bus_from[i] is None else str(bus_from[i]).replace("_", " "),
+                )
                 for i, n in zip(idx, bus_n[idx])
                 if not np.isnan(n)
             }

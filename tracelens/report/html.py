@@ -745,9 +745,65 @@ def _memory_timeline_section(analysis, summary: dict) -> object:
     return out
 
 
+def _inference_section(summary: dict) -> str:
+    """The inference iterations per phase, then one by one (summary.json `inference`, docs/inference.md)."""
+    inf = summary["inference"]
+    phases = [{"phase": k, **v} for k, v in (inf.get("phases") or {}).items()]
+    cols = [
+        ("phase", "phase"),
+        ("steps", "steps"),
+        ("tokens per step", "tokens_per_step"),
+        ("step ms", "step_time_ms"),
+        ("ms per token", "ms_per_token"),
+        ("tokens/s", "tokens_per_s"),
+        ("compute ms", "compute_ms"),
+        ("idle ms", "idle_ms"),
+        ("launch overhead ms", "launch_overhead_ms"),
+        ("host-bound ms", "host_bound_ms"),
+    ]
+    parts = [
+        "<p>Each engine iteration is a step (its annotation's window, or the ProfilerStep that holds it); per "
+        "phase, means per step on every rank. A decode iteration of a CUDA graph is launch-bound by design; "
+        "ms per token is the fair comparison across batch sizes.</p>"
+    ]
+    if "capture" in (inf.get("kinds") or []):
+        parts.append(note("CUDA-graph captures: the work is recorded, not run; these are capture times."))
+    parts.append(table_html(phases, cols, ("phase",)) if phases else note("No iteration states its phase."))
+    its = inf.get("iterations") or []
+    if its:
+        parts.append(
+            f"<h3>Iterations (rank {inf.get('rank')}, {len(its)} of {inf.get('iterations_total', len(its))})</h3>"
+            + table_html(
+                its,
+                [
+                    ("step", "step"),
+                    ("annotation", "name"),
+                    ("kind", "kind"),
+                    ("phase", "phase"),
+                    ("tokens", "tokens"),
+                    ("requests", "requests"),
+                    ("step ms", "step_time_ms"),
+                    ("ms per token", "ms_per_token"),
+                ],  # fmt: skip
+                ("name",),
+            )
+        )
+    return "".join(parts)
+
+
 def build_sections(analysis, summary: dict) -> list[tuple[str, object]]:
     """Report sections for one run, findings first."""
     heat = summary.get("per_step") or []
+    if summary.get("inference"):  # an inference trace: its iterations right after the breakdown
+        out = _build_sections(analysis, summary, heat)
+        out.insert(
+            2, ("Inference iterations", _section(analysis, "inference", lambda: _inference_section(summary)))
+        )
+        return out
+    return _build_sections(analysis, summary, heat)
+
+
+def _build_sections(analysis, summary: dict, heat: list) -> list[tuple[str, object]]:
     return [
         ("Findings", findings_html(summary)),
         (
