@@ -415,7 +415,7 @@ def _cost(
     return op_cost(op, d, t, c, ctx)
 
 
-def op_contexts(
+def instance_contexts(
     inst: pd.DataFrame,
     contexts: dict[tuple[int, int], OpContext] | None,
     model_context: OpContext | None = None,
@@ -570,7 +570,7 @@ def op_table(
     for c in ("input_dims", "input_types", "concrete_inputs"):
         if c not in inst:
             inst[c] = None
-    inst["context"] = op_contexts(inst, contexts, model_context)
+    inst["context"] = instance_contexts(inst, contexts, model_context)
     costs = _costs(inst)
     inst["flops"] = [None if x is None else x.flops for x in costs]
     inst["bytes"] = [None if x is None else x.bytes for x in costs]

@@ -942,11 +942,12 @@ def _ctx_pairs(ctx: OpContext, tokens: int) -> float | None:
 
 def _engine_attention(name, dims, types, concrete, ctx: OpContext | None = None):
     """Attention of inference engines over a paged KV cache (vLLM `unified_attention(_with_output)`, aiter
-    `mha_varlen_fwd` / `fmha_v3_varlen_fwd` / paged attention, FlashInfer and vLLM's flash-attn builds):
-    q [T, H, D] and the cache, whose shapes do not say which keys each query sees. FLOPs from the engine
-    iteration's sums (OpContext): 2*H*(D + Dv)*(c_sqsk - c_sqsq/2 + g_sqsk), as AMD TraceLens' inference
-    attention; bytes: q read, output written, and each sequence's keys and values once (the iteration's
-    sk totals are not all stated: the new tokens' k/v, a lower bound)."""
+    `mha_varlen_fwd` / `fmha_v3_varlen_fwd`, vLLM's flash-attn builds, FlashInfer): q [T, H, D] (the op's
+    first 3-D tensor with the iteration's T rows) and k after it ([T, Hk, D] or a paged cache [..., Hk, D]),
+    whose shapes do not say which keys each query sees. FLOPs from the engine iteration's sums (OpContext):
+    2*H*(D + Dv)*(c_sqsk - c_sqsq/2 + g_sqsk) with Dv = D, as AMD TraceLens' inference attention; bytes: q
+    read, output written, the keys and values the iteration's queries see (c_sk + g_sk tokens; the new tokens
+    when the annotation does not state them)."""
     if ctx is None or ctx.c_sq is None or ctx.g_sq is None:
         return None
     t = [(s, e) for s, e in _tensors(dims, types) if e >= 2]  # (floating tensors: q, k, v, out, caches)
@@ -955,14 +956,16 @@ def _engine_attention(name, dims, types, concrete, ctx: OpContext | None = None)
     if qi is None:
         return None
     q, es = t[qi]
-    kv = [s for s, _ in t[qi + 1 :] if len(s) >= 3 and s[-1] in (q[2], q[2] // 2 * 2)][:2]
-    if len(kv) < 2:
-        return None
     tq, h, d = q
+    # the keys: the next tensor of 3 or more dims whose last is the head dim ([T, Hk, D] or a paged cache
+    # [blocks, block, Hk, D]); its heads the second-to-last dim
+    k = next((s for s, _ in t[qi + 1 :] if len(s) >= 3 and s[-1] == d), None)
+    if k is None:
+        return None
     pairs = _ctx_pairs(ctx, tq)
     if pairs is None:
         return None
-    hk, dv = kv[0][-2], kv[1][-1]
+    hk, dv = k[-2], d
     sk = ctx.c_sk + ctx.g_sk if ctx.c_sk is not None and ctx.g_sk is not None else tq
     return _attn_cost(pairs, h, d, dv, es * (_numel(q) + sk * hk * (d + dv)), tq * h * dv, es, False)
 
@@ -1087,14 +1090,8 @@ ENGINE_ATTENTION = (
     "vllm::unified_attention_with_output",
     "aiter::mha_varlen_fwd",
     "aiter::fmha_v3_varlen_fwd",
-    "aiter::paged_attention_rocm",
-    "aiter::paged_attention_v1",
-    "aiter::pa_fwd_asm",
     "_vllm_fa2_C::varlen_fwd",
     "_vllm_fa3_C::fwd",
-    "_C::paged_attention_v1",
-    "_C::paged_attention_v2",
-    "_rocm_C::paged_attention",
 )
 for _n in ENGINE_ATTENTION:
     _MODELS[_n] = ("attention", _engine_attention)

@@ -395,18 +395,17 @@ def _collectives_section(analysis, summary: dict) -> object:
             else None
         )
         if by_op:
-            return "<p>Per operation (from summary.json).</p>" + table_html(
-                by_op,
-                [
-                    ("op", "op"),
-                    ("calls", "calls"),
-                    ("bytes (all calls)", "bytes"),
-                    ("median bus bw GB/s", "busbw_gbps_median"),
-                    ("bus bw n", "busbw_n"),
-                    ("median skew ms", "skew_ms_median"),
-                ],
-                ("op",),
-            )
+            cols = [
+                ("op", "op"),
+                ("calls", "calls"),
+                ("bytes (all calls)", "bytes"),
+                ("median bus bw GB/s", "busbw_gbps_median"),
+                ("bus bw n", "busbw_n"),
+                ("median skew ms", "skew_ms_median"),
+            ]
+            if not any(r.get("busbw_n") for r in by_op):  # (a summary written before busbw_n existed)
+                cols = [c for c in cols if c[1] != "busbw_n"]
+            return "<p>Per operation (from summary.json).</p>" + table_html(by_op, cols, ("op",))
         return note("No collectives matched across ranks (single rank, or no communication in the traces).")
     cols = [
         ("op", "op"),
