@@ -250,6 +250,16 @@ def compare(a, b, labels: tuple[str, str] | None = None) -> dict:
     return _compare(_side(a), _side(b), tuple(names))
 
 
+def compare_ops(comparison: dict, table: str = "ops") -> pd.DataFrame:
+    """One table of a comparison's per-op part (`compare(a, b)["ops"]`) as a DataFrame: `table` "ops" (matched
+    on the op and its input shapes), "kernels", "layer_types" or "stages"; a_*/b_* columns per side,
+    delta_ms and share_of_step_change, largest change first (docs/ops.md, "Comparing two runs")."""
+    rows = (comparison.get("ops") or {}).get(table)
+    if rows is None:
+        raise ValueError(f"no per-op table {table!r} in this comparison (ops, kernels, layer_types, stages)")
+    return pd.DataFrame(rows)
+
+
 def check(baseline, current, rules=None, strict: bool = False):
     """What `tracelens check BASELINE CURRENT` computes: a `tracelens.analyze.regress.CheckReport`
     (`.exit_code`, `.results`; `tracelens.report.check_renderers.render(report, "text")` formats it).

@@ -29,6 +29,9 @@ class OpsView:
     def summary_rows(self) -> list[dict]:
         return O.summary_rows(self.ops)
 
+    def total_rows(self) -> list[dict]:
+        return O.total_rows(self.ops)
+
 
 def default_ranks(analysis) -> list[int]:
     """The lowest rank of every stage (or of the run)."""
@@ -108,10 +111,38 @@ def ops_view(analysis, ranks: list[int] | None = None) -> OpsView:
     return OpsView(
         ranks=ranks,
         instances=inst,
-        ops=O.op_table(inst, analysis.gpu_name, n_steps, stage_of),
+        ops=O.op_table(
+            inst, analysis.gpu_name, n_steps, stage_of, _contexts(analysis), _moe_context(analysis)
+        ),
         kernels=O.kernel_table(inst, n_steps, stage_of),
         launches=_launches(analysis, ranks, ev, steps, default=ranks_given is None),
         shapes_recorded=shapes.num_rows > 0,
+    )
+
+
+def _contexts(analysis) -> dict | None:
+    """(rank, step) -> OpContext of the engine iteration there (Analysis.iteration_contexts), if any."""
+    try:
+        return analysis.iteration_contexts or None
+    except Exception:  # noqa: BLE001 - contexts are optional here (the ops that need one: null FLOPs)
+        return None
+
+
+def _moe_context(analysis):
+    """The model config's MoE top-k and expert size (OpContext), for fused MoE layers; None without a MoE
+    model."""
+    from tracelens.models.op_flops import OpContext
+
+    try:
+        model = analysis.model
+    except Exception:  # noqa: BLE001 - a model that does not load is reported elsewhere
+        return None
+    if model is None or not getattr(model, "num_experts", 0):
+        return None
+    return OpContext(
+        moe_top_k=model.num_experts_per_tok or None,
+        moe_intermediate=model.moe_intermediate_size or None,
+        moe_gated=bool(model.gated_mlp),
     )
 
 

@@ -555,6 +555,30 @@ class Analysis:
             return None
         return self._guarded("idle breakdown", lambda: idle_frame(table))
 
+    @cached_property
+    def inference(self) -> dict | None:
+        """Inference iterations and their per-phase figures (tracelens.analyze.inference); None when no rank's
+        trace has engine iterations."""
+        if (
+            "iterations_json" not in self.metadata.column_names
+            or self.metadata.column("iterations_json").null_count == self.metadata.num_rows
+        ):
+            return None
+        from tracelens.analyze.inference import inference_summary
+
+        return self._guarded(
+            "inference iterations", lambda: inference_summary(self.metadata, self.breakdown, self.idle)
+        )
+
+    @cached_property
+    def iteration_contexts(self) -> dict:
+        """(rank, step) -> the OpContext of that step's engine iteration (attention sums), for the op table."""
+        if "iterations_json" not in self.metadata.column_names:
+            return {}
+        from tracelens.analyze.inference import op_contexts
+
+        return op_contexts(self.metadata)
+
     def idle_findings(self) -> list[dict]:
         from tracelens.analyze.idle import idle_findings
 

@@ -100,6 +100,12 @@ METADATA = pa.schema(
         (
             "device_events_lost",
             pa.bool_(),
+        ),
+        # inference iterations (tracelens.ingest.iterations): JSON list of {"step", "name", "engine", "kind",
+        # "phase", "tokens", ...}; null when the trace has no engine iterations
+        (
+            "iterations_json",
+            pa.string(),
         ),  # salvaged: launches kept, every device event lost at the cut  # events without a usable ts (absent, invalid, beyond int64 ns)  # invalid UTF-8 sequences / lone surrogates replaced by U+FFFD
     ]
 )

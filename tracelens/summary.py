@@ -177,6 +177,9 @@ def build_summary(a: Analysis, release: bool = False) -> dict:
     }
     a.forget("sized_collectives")  # (read above only: its frame, ~80 MB at 1,024 ranks, goes before the ops)
     out["ops"] = a.ops_view.summary_rows() if a.ops_view is not None else []
+    out["op_totals"] = a.ops_view.total_rows() if a.ops_view is not None else []
+    if a.inference is not None:  # (inference traces only: engine iterations, docs/inference.md)
+        out["inference"] = a.inference
     out["what_if"] = what_if
     out["critical_path"] = critical_path
     if a.options.compat == "hta":
@@ -299,7 +302,10 @@ def collectives_dict(cross, nccl: dict[str, pa.Table], sized=None) -> dict:
     df = sized if sized is not None else cross.collectives.to_pandas()
     out["sources"]["kineto"] = int(len(df))
     cols = set(df.columns)
-    df = df[[c for c in ("op", "bytes", "busbw_gbps", "arrival_skew_ns", "n_participants") if c in cols]]
+    df = df[
+        [c for c in ("op", "bytes", "busbw_gbps", "bus_n", "bus_n_from", "arrival_skew_ns", "n_participants")
+         if c in cols]
+    ]  # fmt: skip
     for op, g in df.groupby("op", observed=True):  # (over the columns read here only: each group is a copy)
         # unknown sizes stay unknown: null when no call's size is known, and the count of unknown ones
         known = g["bytes"].dropna()
@@ -308,6 +314,8 @@ def collectives_dict(cross, nccl: dict[str, pa.Table], sized=None) -> dict:
             rec["calls_bytes_unknown"] = int(len(g) - len(known))
         if "busbw_gbps" in cols:
             rec["busbw_gbps_median"] = _median(g["busbw_gbps"])
+            if "bus_n" in cols:
+                rec["busbw_n"] = _bus_n_text(g)
         if "arrival_skew_ns" in cols:
             # skew needs a second participant: instances seen on one rank only have none (null, not 0)
             seen = g["n_participants"] > 1 if "n_participants" in cols else slice(None)
@@ -315,6 +323,25 @@ def collectives_dict(cross, nccl: dict[str, pa.Table], sized=None) -> dict:
             rec["skew_ms_median"] = None if v is None else v / 1e6
         out["by_op"].append(rec)
     return out
+
+
+def _bus_n_text(g) -> str | None:
+    """The n of the bus-bandwidth factor of an op's calls that have a bus bandwidth, and where it comes from
+    (analyze.collectives.BUS_N_SOURCES): "128 (world size)"; distinct ones joined, largest first ("4 (group
+    size), 2 (group size)"); null when no call has one."""
+    import pandas as pd
+
+    rows = g[g["busbw_gbps"].notna()]
+    froms = rows["bus_n_from"] if "bus_n_from" in rows else pd.Series([None] * len(rows), index=rows.index)
+    pairs = {
+        (int(n), "" if pd.isna(w) else str(w).replace("_", " "))
+        for n, w in zip(rows["bus_n"], froms)
+        if not pd.isna(n)
+    }
+    return (
+        ", ".join(f"{n} ({w})" if w else str(n) for n, w in sorted(pairs, key=lambda p: (-p[0], p[1])))
+        or None
+    )
 
 
 def wait_split_warnings(ranks: list[dict]) -> list[str]:

@@ -567,3 +567,48 @@ def test_row_codes_of_many_wide_columns_and_string_dtype():
     s = pd.Series(["a", None, "b", "a", None], dtype="str")
     o = pd.Series(["a", None, "b", "a", None], dtype=object)
     assert FC.row_codes(s, np.zeros(5)).tolist() == FC.row_codes(o, np.zeros(5)).tolist() == [0, 1, 2, 0, 1]
+
+
+def _bare_allreduce(rank, a, pg="0"):
+    """An all-reduce kernel of 2 ranks that records no group size (older PyTorch, sampled traces)."""
+    row = nccl(rank, a * 1000, (50 - a) * 1000, seq=1, pg=pg, ranks=(), nel=3000)
+    row["group_size"] = None
+    row["pg_ranks"] = None
+    return row
+
+
+def _meta_ws(ranks, world, pg_config=None):
+    rows = [
+        {
+            "rank": r,
+            "world_size": world,
+            "pg_config_json": None if pg_config is None else json.dumps(pg_config),
+        }
+        for r in ranks
+    ]
+    return table_from_rows(rows, schema.METADATA)
+
+
+@pytest.mark.parametrize(
+    ("group_size", "pg_config", "world", "n", "source"),
+    [
+        (8, [{"pg_name": "0", "pg_size": 16, "ranks": []}], 128, 8, "group_size"),  # the call says it
+        (None, [{"pg_name": "0", "pg_size": 16, "ranks": []}], 128, 16, "pg_size"),  # its group's pg_size
+        (None, None, 128, 128, "world_size"),  # only distributedInfo's world size
+        (None, None, None, 2, "traced_ranks"),  # nothing stated: the traced participants
+    ],
+)
+def test_bus_bandwidth_n_is_the_stated_group_size_of_a_sampled_job(group_size, pg_config, world, n, source):
+    # 2 of the job's ranks traced; transfer 20 µs of 12,000 bytes after the last arrival at 30 µs
+    rows = [_bare_allreduce(r, a) for r, a in enumerate((0, 30))]
+    for r in rows:
+        r["group_size"] = group_size
+    md = _meta_ws([0, 1], world, pg_config)
+    df, _ = C.match_with_findings(C.collectives_from_events(events_table(rows)), md)
+    w = WT.wait_transfer(df, {0: 0, 1: 0})
+    assert w["bus_n"].tolist() == [n, n]
+    assert w["bus_n_from"].tolist() == [source, source]
+    algbw = 12_000 / 20_000
+    assert w["busbw_gbps"].tolist() == pytest.approx([algbw * 2 * (n - 1) / n] * 2)
+    t = WT.to_table(w)
+    assert t.column("bus_n").to_pylist() == [n, n] and t.column("bus_n_from").to_pylist() == [source] * 2

@@ -188,3 +188,57 @@ def test_runs_and_layout_difference_are_named():
         "comes from the layout."
     ) in c["text"]
     assert not any("layouts differ" in t for t in compare(a, a)["text"])
+
+
+# ------------------------------------------------------------------------------------------- per op
+def _op(op, shapes, kernel, ms, calls=10.0, flops=None, stage=0, layer=None, model=None):
+    return {"stage": stage, "rank": 0, "op": op, "shapes": shapes, "kernel": kernel, "layer_type": layer,
+            "model": model, "calls": calls, "ms_per_step": ms, "flops": flops}  # fmt: skip
+
+
+def test_ops_matched_on_op_and_shapes_across_kernel_names():
+    a, b = summary(step=100.0), summary(step=102.5)
+    mm = "[[64,128],[128,32]]"
+    a["op_totals"] = [
+        _op("aten::mm", mm, "sm90_xmma_gemm_bf16", 4.0, flops=8e12, layer="mlp", model="gemm"),
+        _op("aten::copy_", "[[8]]", "direct_copy", 2.0, layer="mlp"),
+        _op(None, None, "sm90_xmma_gemm_bf16", 3.0),  # a kernel without a CPU op: no op to match
+    ]
+    b["op_totals"] = [
+        _op("aten::mm", mm, "Cijk_Alik_Bljk_MT128x224x64", 5.0, flops=8e12, layer="mlp", model="gemm"),
+        _op("aten::copy_", "[[8]]", "direct_copy", 1.0, layer="mlp"),
+        _op("aten::add", "[[8]]", "add_kernel", 0.5, layer="attn"),  # only in B: 0 ms in A
+    ]
+    c = compare(a, b, ("H100", "MI300X"))
+    ops = c["ops"]["ops"]
+    assert [(r["op"], r["delta_ms"]) for r in ops] == [
+        ("aten::mm", 1.0),
+        ("aten::copy_", -1.0),
+        ("aten::add", 0.5),
+    ]
+    mm_row = ops[0]
+    assert (mm_row["a_ms"], mm_row["b_ms"], mm_row["ratio"]) == (4.0, 5.0, 1.25)
+    assert mm_row["a_tflops"] == pytest.approx(8e12 / 4e-3 / 1e12) and mm_row["b_tflops"] == 1600.0
+    assert mm_row["share_of_step_change"] == pytest.approx(1.0 / 2.5)
+    assert (mm_row["a_kernel"], mm_row["b_kernel"]) == ("sm90_xmma_gemm_bf16", "Cijk_Alik_Bljk_MT128x224x64")
+    assert ops[2]["a_ms"] == 0.0 and ops[2]["a_calls"] == 0.0 and ops[2]["ratio"] is None
+    assert c["ops"]["unlinked_kernel_ms"] == {"a": 3.0, "b": 0.0}
+    # kernels by name (the GEMM kernels of two vendors do not match), layer types and stages summed
+    kern = {r["kernel"]: r for r in c["ops"]["kernels"]}
+    assert kern["sm90_xmma_gemm_bf16"]["a_ms"] == 7.0 and kern["sm90_xmma_gemm_bf16"]["b_ms"] == 0.0
+    layers = {r["layer_type"]: r["delta_ms"] for r in c["ops"]["layer_types"]}
+    assert layers == {"mlp": 0.0, "attn": 0.5}
+    assert c["ops"]["stages"][0]["a_ms"] == 9.0 and c["ops"]["stages"][0]["b_ms"] == 6.5
+    assert any(line.startswith("Ops that changed most") and "aten::mm" in line for line in c["text"])
+
+
+def test_ops_from_the_top_rows_of_an_older_summary_are_unknown_when_absent():
+    a, b = summary(), summary()
+    a["ops"] = [_op("aten::mm", "[[2,2],[2,2]]", "k", 4.0)]  # no op_totals: the top rows only
+    b["op_totals"] = [_op("aten::mm", "[[2,2],[2,2]]", "k2", 3.0), _op("aten::mul", "[[2]]", "k3", 0.1)]
+    res = compare(a, b)["ops"]
+    assert res["source"] == {"a": "ops", "b": "op_totals"}
+    rows = {r["op"]: r for r in res["ops"]}
+    assert rows["aten::mm"]["delta_ms"] == -1.0
+    assert rows["aten::mul"]["a_ms"] is None and rows["aten::mul"]["delta_ms"] is None  # maybe below A's cut
+    assert res["ops"][-1]["op"] == "aten::mul" and res["layer_types"] == [] and res["stages"] == []

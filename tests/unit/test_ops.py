@@ -426,3 +426,66 @@ def test_unknown_bytes_keep_flops_but_no_bound_and_stepless_traces_count_everyth
     assert t["calls"] == 1 and t["ms_per_step"] == pytest.approx(0.001)
     assert t["flops"] == 2000 and t["tflops"] == pytest.approx(2000 / 1e-6 / 1e12)
     assert pd.isna(t["bytes"]) and pd.isna(t["tbps"]) and t["bound"] is None and t["roofline_pct"] is None
+
+
+def test_moe_layer_rated_from_its_nested_routing_and_the_model_expert_size():
+    """vllm::moe_forward (hidden [32, 64], router logits [32, 8]) launches the expert kernels itself; a TopK
+    op nested in it says k = 2; the model config gives the expert size I = 16 (SwiGLU): 2*32*2*64*16*3."""
+    from tracelens.models.op_flops import OpContext
+
+    rows = [
+        dict(rank=0, kind="cpu_op", name="vllm::moe_forward", ts_ns=100, dur_ns=1000, external_id=5, tid=1),
+        dict(rank=0, kind="cpu_op", name="TopK", ts_ns=200, dur_ns=50, external_id=6, tid=1),
+        dict(
+            rank=0,
+            kind="cuda_runtime",
+            name="cudaLaunchKernel",
+            ts_ns=400,
+            dur_ns=5,
+            correlation=1,
+            external_id=5,
+        ),  # fmt: skip
+        dict(
+            rank=0,
+            kind="kernel",
+            name="fused_moe_kernel",
+            ts_ns=500,
+            dur_ns=4000,
+            correlation=1,
+            external_id=5,
+            device=0,
+            stream=7,
+        ),  # fmt: skip
+    ]
+    ev = schema.table_from_rows(rows, schema.EVENTS)
+    shapes = pa.Table.from_pylist(
+        [
+            dict(
+                external_id=5,
+                name="vllm::moe_forward",
+                input_dims=json.dumps([[32, 64], [32, 8], [], []]),
+                input_types=json.dumps(["c10::BFloat16"] * 2 + ["", ""]),
+                concrete_inputs=None,
+                rank=0,
+            ),
+            dict(
+                external_id=6,
+                name="TopK",
+                input_dims=json.dumps([[32, 8], [], []]),
+                input_types=json.dumps(["c10::BFloat16", "Scalar", "Scalar"]),
+                concrete_inputs=json.dumps(["", "2", "True"]),
+                rank=0,
+            ),
+        ]  # fmt: skip
+    )
+    inst = O.op_instances(ev, shapes)
+    assert inst.loc[inst["op"] == "vllm::moe_forward", "moe_top_k"].tolist() == [2]
+    # without the expert size (no model): unknown
+    assert O.op_table(inst, H100)["flops"].isna().all()
+    t = O.op_table(inst, H100, model_context=OpContext(moe_top_k=4, moe_intermediate=16))
+    row = t[t["op"] == "vllm::moe_forward"].iloc[0]
+    assert (
+        row["model"] == "moe" and row["flops"] == 2.0 * 32 * 2 * 64 * 16 * 3
+    )  # the trace's k, not the model's
+    # experts touched: min(8, 64 routed rows) = 8, each 3 x 64 x 16 bf16 weights; hidden read, output written
+    assert row["bytes"] == 2 * 32 * 64 * 2 + 8 * 64 * 16 * 3 * 2

@@ -475,7 +475,7 @@ def _directed(df: pd.DataFrame) -> pd.Series:
 # ----------------------------------------------------------------------------------------------------
 # matching
 # ----------------------------------------------------------------------------------------------------
-MATCHED_EXTRA = ("instance", "group_key", "n_expected")
+MATCHED_EXTRA = ("instance", "group_key", "n_expected", "bus_n", "bus_n_from")
 
 
 def coll_frame(coll: pa.Table) -> pd.DataFrame:
@@ -611,7 +611,7 @@ def match_with_findings(
     df = coll_frame(coll)
     if df.empty:
         for c in MATCHED_EXTRA:
-            df[c] = pd.Series([], dtype="Int64" if c != "group_key" else object)
+            df[c] = pd.Series([], dtype=object if c in ("group_key", "bus_n_from") else "Int64")
         return df, []
     df["group_key"] = _group_key(df)
     candidates = _pg_candidates(metadata)
@@ -678,7 +678,103 @@ def match_with_findings(
     expected = expected.fillna(from_key)
     expected = expected.where(~pd.Series(p2p), 2.0)
     df["n_expected"] = expected.round().astype("Int64")
+    df["bus_n"], df["bus_n_from"] = bus_sizes(df, metadata, gk_words, gk_c, candidates)
     return df, _mismatches(df, (op_c, op_words, gk_c))
+
+
+#: Where the n of a collective's bus-bandwidth factor comes from, in the order it is looked for
+#: (docs/stragglers.md): the call's own `Group size`, the `pg_size` its rank's `pg_config` gives its process
+#: group, the world size `distributedInfo` states, else the ranks whose traces hold the call.
+BUS_N_SOURCES = ("group_size", "pg_size", "world_size", "traced_ranks")
+
+
+def _rank_groups(metadata: pa.Table | None) -> tuple[dict[tuple[int, str], int], dict[int, int]]:
+    """((rank, pg_name) -> pg_size, rank -> world_size) from the metadata's `distributedInfo`."""
+    import json
+
+    pg: dict[tuple[int, str], int] = {}
+    world: dict[int, int] = {}
+    if metadata is None or metadata.num_rows == 0:
+        return pg, world
+    cols = set(metadata.column_names)
+    ranks = metadata.column("rank").to_pylist()
+    ws = metadata.column("world_size").to_pylist() if "world_size" in cols else [None] * len(ranks)
+    texts = metadata.column("pg_config_json").to_pylist() if "pg_config_json" in cols else [None] * len(ranks)
+    for r, w, text in zip(ranks, ws, texts):
+        if r is None:
+            continue
+        if isinstance(w, int) and w > 0:
+            world[int(r)] = w
+        try:
+            cfg = json.loads(text) if text else None
+        except ValueError:
+            cfg = None
+        entries = cfg.values() if isinstance(cfg, dict) else cfg if isinstance(cfg, list) else []
+        for e in entries:
+            if not isinstance(e, dict):
+                continue
+            size, name = e.get("pg_size"), e.get("pg_name")
+            if size is None and isinstance(e.get("ranks"), list):
+                size = len(e["ranks"])
+            if isinstance(size, int) and not isinstance(size, bool) and size > 0 and name is not None:
+                pg[(int(r), str(name))] = size
+    return pg, world
+
+
+def bus_sizes(
+    df: pd.DataFrame,
+    metadata: pa.Table | None,
+    gk_words: np.ndarray,
+    gk_c: np.ndarray,
+    candidates: list[tuple[int, ...]],
+) -> tuple[pd.Series, pd.Series]:
+    """Per matched row: the n of its bus-bandwidth factor and where it comes from (BUS_N_SOURCES).
+
+    The traces of a sampled job (2 ranks traced of 128) hold a call on fewer ranks than take part in it, so
+    the number of traced participants understates n (an all-reduce's 2(n-1)/n is 1 at n = 2, ~2 at 128);
+    what the traces state about the group comes first. Send / recv: n = 2 (their factor is 1 anyway)."""
+    n = len(df)
+    out = np.full(n, np.nan)
+    src = np.full(n, None, dtype=object)
+    if n == 0:
+        return pd.Series(pd.array([], dtype="Int64")), pd.Series([], dtype=object)
+    pg, world = _rank_groups(metadata)
+    rank = df["rank"].astype("int64").to_numpy()
+    gs = df["group_size"].astype("Float64").to_numpy(dtype=float, na_value=np.nan)
+    has = np.isfinite(gs) & (gs > 0)
+    out[has], src[has] = gs[has], "group_size"
+    # the group's pg_size: by its name in the rank's pg_config, or a declared group the matching inferred
+    names = df["pg_name"].to_numpy(dtype=object)
+    declared = {tuple(g) for g in candidates}
+    key_size = np.array(
+        [len(t) if k.startswith("r:") and (t := tuple(int(x) for x in k[2:].split(",") if x)) in declared
+         else 0 for k in gk_words] or [0],
+        dtype=np.float64,
+    )  # fmt: skip
+    for i in np.flatnonzero(~has):
+        v = pg.get((int(rank[i]), str(names[i]))) if names[i] is not None else None
+        if v is None and gk_c.size and key_size[gk_c[i]] > 0:
+            v = int(key_size[gk_c[i]])
+        if v is not None:
+            out[i], src[i] = v, "pg_size"
+            continue
+        w = world.get(int(rank[i]))
+        if w is not None and w > 1:
+            out[i], src[i] = w, "world_size"
+    rest = np.isnan(out)
+    if rest.any():  # the ranks the matching expects, else those whose traces hold the instance
+        traced = df["n_expected"].astype("Float64").to_numpy(dtype=float, na_value=np.nan)
+        inst = df["instance"].astype("Int64").to_numpy(dtype=np.int64, na_value=-1)
+        _, inv, counts = np.unique(inst, return_inverse=True, return_counts=True)
+        seen = np.where(inst >= 0, counts[inv.reshape(-1)], 1).astype(float)
+        traced = np.where(np.isfinite(traced), traced, seen)
+        out[rest] = traced[rest]
+        src[rest] = "traced_ranks"
+    p2p = df["is_p2p"].astype(bool).to_numpy()
+    out[p2p], src[p2p] = 2.0, None
+    vals = pd.array(np.where(np.isnan(out), 0, out).astype(np.int64), dtype="Int64")
+    vals[np.isnan(out)] = pd.NA
+    return pd.Series(vals, index=df.index), pd.Series(src, index=df.index, dtype=object)
 
 
 def _sorted_by_rank_start(df: pd.DataFrame) -> bool:
@@ -804,6 +900,14 @@ def matched_table(df: pd.DataFrame, source: pa.Table | None = None) -> pa.Table:
         )
         .append_column("group_key", _dict_strings(df["group_key"].astype(str)))
         .append_column("n_expected", _int32_array(df["n_expected"]))
+        .append_column(
+            "bus_n",
+            _int32_array(df["bus_n"] if "bus_n" in df else pd.Series([pd.NA] * len(df), dtype="Int64")),
+        )
+        .append_column(
+            "bus_n_from",
+            pa.array(df["bus_n_from"].tolist() if "bus_n_from" in df else [None] * len(df), pa.string()),
+        )
     )
 
 

@@ -41,6 +41,8 @@ SIZED_COLUMNS = (
     "start_ns",
     "end_ns",
     "busbw_gbps",
+    "bus_n",
+    "bus_n_from",
     "arrival_skew_ns",
     "n_participants",
     "in_nelems",

@@ -10,7 +10,7 @@ expected to take longer than a 4,096-token one, the time per token is what tells
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 SCHEMA = "tracelens.compare/1"
@@ -365,6 +365,14 @@ def compare(a: dict[str, Any], b: dict[str, Any], labels: Sequence[str] = ("A", 
         text.append(
             f"The layouts differ ({la}: {lay_a}; {lb}: {lay_b}): part of any change comes from the layout."
         )
+    opc = op_changes(a, b)
+    moved = [r for r in opc["ops"] if r["delta_ms"]][:OP_TEXT_ROWS]  # (null deltas are last: none of these)
+    if moved:
+        text.append(
+            "Ops that changed most (matched on the op and its shapes, per step): "
+            + "; ".join(op_sentence(r, la, lb) for r in moved)
+            + "."
+        )
     ca = {f.get("code") for f in a.get("findings") or []}
     cb = {f.get("code") for f in b.get("findings") or []}
     if cb - ca:
@@ -380,6 +388,202 @@ def compare(a: dict[str, Any], b: dict[str, Any], labels: Sequence[str] = ("A", 
         "biggest": None if biggest is None else {k: biggest[k] for k in ("key", "name", "a", "b", "delta")},
         "changes": [{"key": m["key"], "name": m["name"], "delta": m["delta"]} for m in changes],
         "text": text,
+        "ops": opc,
         "stragglers": {"a": a.get("stragglers") or [], "b": b.get("stragglers") or []},
         "findings": {"a": a.get("findings") or [], "b": b.get("findings") or []},
     }
+
+
+# ------------------------------------------------------------------------------------------- per op
+#: How many op / kernel rows compare.json keeps (largest contribution first) and the text names.
+OP_ROWS = 50
+OP_TEXT_ROWS = 3
+NO_OP = "(no CPU op)"
+
+
+def op_rows(s: dict[str, Any]) -> tuple[list[dict[str, Any]], str]:
+    """The summary's per-op rows and which list they come from: `op_totals` (every op of the ranks measured),
+    else `ops` (the top rows of each stage only: a summary written before op_totals existed)."""
+    for key in ("op_totals", "ops"):
+        rows = s.get(key)
+        if isinstance(rows, list) and rows:
+            return [r for r in rows if isinstance(r, dict)], key
+    return [], "none"
+
+
+def _group(rows: list[dict[str, Any]], key: Callable[[dict[str, Any]], Any]) -> dict[Any, dict[str, Any]]:
+    """Rows summed by key(row) (None: left out): calls, ms per step, FLOPs (null when a row's are unknown),
+    and the kernel that takes most of the group's time."""
+    out: dict[Any, dict[str, Any]] = {}
+    for r in rows:
+        k = key(r)
+        if k is None:
+            continue
+        ms = _num(r.get("ms_per_step")) or 0.0
+        g = out.setdefault(k, {"calls": 0.0, "ms": 0.0, "flops": 0.0, "flops_known": True, "kernels": {}})
+        g["calls"] += _num(r.get("calls")) or 0.0
+        g["ms"] += ms
+        f = _num(r.get("flops"))
+        if f is None:
+            g["flops_known"] = False
+        else:
+            g["flops"] += f
+        kern = r.get("kernel")
+        if kern:
+            g["kernels"][kern] = g["kernels"].get(kern, 0.0) + ms
+        if "model" in r and r.get("model"):
+            g["model"] = r["model"]
+    return out
+
+
+def _tflops(g: dict[str, Any] | None) -> float | None:
+    if g is None or not g["flops_known"] or g["ms"] <= 0:
+        return None
+    return float(g["flops"]) / (float(g["ms"]) / 1e3) / 1e12
+
+
+def _change_rows(
+    ga: dict[Any, dict[str, Any]],
+    gb: dict[Any, dict[str, Any]],
+    step_delta: float | None,
+    label: Callable[[Any], dict[str, Any]],
+    complete: tuple[bool, bool] = (True, True),
+) -> list[dict[str, Any]]:
+    """One row per key of either side: calls, ms per step and TFLOP/s of each, the delta (B - A, ms) and its
+    share of the step time's change; largest |delta| first. A key on one side only has 0 ms on the other
+    when that side lists all its ops (the op does not run there), else null there (`complete`: a summary's
+    `ops` holds only the top rows; the op may be below them)."""
+    rows = []
+    for k in set(ga) | set(gb):
+        a, b = ga.get(k), gb.get(k)
+        ams = a["ms"] if a else (0.0 if complete[0] else None)
+        bms = b["ms"] if b else (0.0 if complete[1] else None)
+        d = bms - ams if ams is not None and bms is not None else None
+        rec = {
+            **label(k),
+            "a_calls": a["calls"] if a else (0.0 if complete[0] else None),
+            "b_calls": b["calls"] if b else (0.0 if complete[1] else None),
+            "a_ms": None if ams is None else round(ams, 6),
+            "b_ms": None if bms is None else round(bms, 6),
+            "a_tflops": _r4(_tflops(a)),
+            "b_tflops": _r4(_tflops(b)),
+            "delta_ms": None if d is None else round(d, 6),
+            "ratio": round(bms / ams, 4) if ams and bms is not None and b else None,
+            "share_of_step_change": round(d / step_delta, 4) if step_delta and d is not None else None,
+        }
+        if a is not None or b is not None:
+            ka = max(a["kernels"], key=a["kernels"].get) if a and a["kernels"] else None
+            kb = max(b["kernels"], key=b["kernels"].get) if b and b["kernels"] else None
+            rec["a_kernel"], rec["b_kernel"] = ka, kb
+            rec["model"] = (a or {}).get("model") or (b or {}).get("model")
+        rows.append(rec)
+    rows.sort(
+        key=lambda r: (
+            r["delta_ms"] is None,
+            -abs(r["delta_ms"] or 0.0),
+            -max(r["a_ms"] or 0.0, r["b_ms"] or 0.0),
+            str(r.get("op") or r.get("kernel") or r.get("layer_type") or r.get("stage")),
+        )
+    )
+    return rows
+
+
+def _r4(x: float | None) -> float | None:
+    return None if x is None else round(x, 4)
+
+
+def op_changes(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """Per op, kernel, layer type and stage: what each run spends and how that changed (compare.json `ops`,
+    `kernels`, `op_layer_types`, `op_stages`).
+
+    Ops are matched on the CPU operator and its recorded input shapes, never on kernel names: the same
+    `aten::mm` runs a cuBLAS kernel on one GPU and a hipBLASLt one on another. They are matched per pipeline
+    stage when both runs have the same stages, else over the run. Kernels without a CPU op (their launch is
+    not in the trace) have no op to match: they are in the kernel rows only, matched by name."""
+    ra, src_a = op_rows(a)
+    rb, src_b = op_rows(b)
+    complete = (src_a == "op_totals", src_b == "op_totals")
+    stages_a = {r.get("stage") for r in ra}
+    stages_b = {r.get("stage") for r in rb}
+    by_stage = stages_a == stages_b and stages_a != {None}
+
+    def stage(r: dict[str, Any]) -> Any:
+        return r.get("stage") if by_stage else None
+
+    sa, sb = step_time_ms(a), step_time_ms(b)
+    step_delta = sb - sa if sa is not None and sb is not None and abs(sb - sa) > 1e-9 else None
+
+    def op_key(r: dict[str, Any]) -> Any:
+        return None if not r.get("op") else (stage(r), r["op"], r.get("shapes"))
+
+    def kernel_key(r: dict[str, Any]) -> Any:
+        return None if not r.get("kernel") else (stage(r), r["kernel"])
+
+    def layer_key(r: dict[str, Any]) -> Any:
+        return None if not r.get("layer_type") else (stage(r), r["layer_type"])
+
+    def stage_key(r: dict[str, Any]) -> Any:
+        return stage(r) if by_stage else "all"
+
+    ops = _change_rows(
+        _group(ra, op_key),
+        _group(rb, op_key),
+        step_delta,
+        lambda k: {"stage": k[0], "op": k[1], "shapes": k[2]},
+        complete,
+    )
+    kernels = _change_rows(
+        _group(ra, kernel_key),
+        _group(rb, kernel_key),
+        step_delta,
+        lambda k: {"stage": k[0], "kernel": k[1]},
+        complete,
+    )
+    for r in kernels:
+        for side in ("a_kernel", "b_kernel"):
+            r.pop(side, None)
+    layers = _change_rows(
+        _group(ra, layer_key),
+        _group(rb, layer_key),
+        step_delta,
+        lambda k: {"stage": k[0], "layer_type": k[1]},
+        complete,
+    )
+    stages = _change_rows(
+        _group(ra, stage_key),
+        _group(rb, stage_key),
+        step_delta,
+        lambda k: {"stage": None if k == "all" else k},
+    )
+    if not all(complete):  # sums of the top rows only: not the layer types' or stages' op time
+        layers, stages = [], []
+    for rows in (layers, stages):
+        for r in rows:
+            for side in ("a_kernel", "b_kernel", "model"):
+                r.pop(side, None)
+    unlinked = {
+        side: round(
+            sum(_num(r.get("ms_per_step")) or 0.0 for r in rows if not r.get("op") and r.get("kernel")), 6
+        )
+        for side, rows in (("a", ra), ("b", rb))
+    }
+    return {
+        "source": {"a": src_a, "b": src_b},
+        "by_stage": by_stage,
+        "step_delta_ms": None if step_delta is None else round(step_delta, 6),
+        "unlinked_kernel_ms": unlinked,
+        "ops": ops[:OP_ROWS],
+        "ops_total": len(ops),
+        "kernels": kernels[:OP_ROWS],
+        "layer_types": layers,
+        "stages": stages,
+    }
+
+
+def op_sentence(r: dict[str, Any], la: str, lb: str) -> str:
+    """'aten::mm [[8944,1024],[1024,2816]]: 4.016 ms (A) -> 5.308 ms (B), +1.292 ms (1.32x)'."""
+    what = str(r["op"]) + (f" {r['shapes']}" if r.get("shapes") else "")
+    if len(what) > 90:
+        what = what[:89] + "…"
+    ratio = f" ({r['ratio']:.2f}x)" if r.get("ratio") else ""
+    return f"{what}: {r['a_ms']:.3f} ms ({la}) -> {r['b_ms']:.3f} ms ({lb}), {r['delta_ms']:+.3f} ms{ratio}"

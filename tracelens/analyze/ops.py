@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracelens.models.hardware import hbm_bandwidth, roofline_peak_flops
-from tracelens.models.op_flops import OpCost, op_cost, op_family
+from tracelens.models.op_flops import OpContext, OpCost, op_cost, op_family
 from tracelens.schema import KERNEL_NAME_COMM
 
 #: Columns of the op table (one row per rank, op, shapes, main kernel and layer type).
@@ -393,13 +393,17 @@ def op_instances(
             .drop(columns=["name"], errors="ignore")
         )
         inst = inst.merge(sh, on=["rank", "external_id"], how="left")
+        if inst["op"].isin(MOE_LAYERS).any():
+            inst["moe_top_k"] = _moe_top_k(cpu, shapes.to_pandas(), inst)
     else:
         inst["input_dims"] = inst["input_types"] = inst["concrete_inputs"] = None
     return inst
 
 
 @lru_cache(maxsize=65536)
-def _cost(op: str, dims: str | None, types: str | None, concrete: str | None) -> OpCost | None:
+def _cost(
+    op: str, dims: str | None, types: str | None, concrete: str | None, ctx: OpContext | None = None
+) -> OpCost | None:
     if not isinstance(op, str) or not isinstance(dims, str):
         return None
     try:
@@ -408,7 +412,105 @@ def _cost(op: str, dims: str | None, types: str | None, concrete: str | None) ->
         c = json.loads(concrete) if isinstance(concrete, str) else None
     except ValueError:
         return None
-    return op_cost(op, d, t, c)
+    return op_cost(op, d, t, c, ctx)
+
+
+def instance_contexts(
+    inst: pd.DataFrame,
+    contexts: dict[tuple[int, int], OpContext] | None,
+    model_context: OpContext | None = None,
+) -> np.ndarray:
+    """Per instance: the OpContext its model reads (None for every op whose model reads none): the iteration
+    context of its (rank, step) for attention ops, the MoE top-k of a routing op nested in it (column
+    `moe_top_k`, op_instances) or else the model's, with the model's expert size, for MoE layers."""
+    out = np.full(len(inst), None, dtype=object)
+    if inst.empty or (not contexts and model_context is None and "moe_top_k" not in inst):
+        return out
+    fam = _map_distinct(inst["op"], lambda o: op_family(o) if isinstance(o, str) else None)
+    steps = inst["step"].to_numpy(object) if "step" in inst else np.full(len(inst), None, dtype=object)
+    ranks = inst["rank"].to_numpy(object)
+    ks = inst["moe_top_k"].to_numpy(object) if "moe_top_k" in inst else np.full(len(inst), None, dtype=object)
+    for i in np.flatnonzero((fam == "attention") | (fam == "moe")):
+        if fam[i] == "attention":
+            if contexts and steps[i] is not None and not pd.isna(steps[i]):
+                out[i] = contexts.get((int(ranks[i]), int(steps[i])))
+            continue
+        k = ks[i] if ks[i] is not None and not pd.isna(ks[i]) else None
+        base = model_context or OpContext()
+        if k is not None:
+            base = OpContext(
+                moe_top_k=int(k), moe_intermediate=base.moe_intermediate, moe_gated=base.moe_gated
+            )
+        out[i] = base if base.moe_top_k or base.moe_intermediate else None
+    return out
+
+
+#: Routing ops a fused MoE layer runs inside it, and where each says the top-k: ("dims", i) the second dim
+#: of its i-th input (the top-k ids / weights [tokens, k]), ("concrete", i) its i-th scalar argument.
+MOE_ROUTING = {
+    "_moe_C::topk_softmax": ("dims", 0),
+    "aiter::topk_softmax": ("dims", 0),
+    "aiter::topk_softmax_asm": ("dims", 0),
+    "aiter::biased_grouped_topk": ("dims", 2),
+    "aiter::grouped_topk": ("dims", 1),
+    "TopK": ("concrete", 1),
+    "aten::topk": ("concrete", 1),
+}
+#: MoE layers rated from the routing nested in them (op_flops._moe_layer).
+MOE_LAYERS = ("vllm::moe_forward", "vllm::moe_forward_shared")
+
+
+def _moe_top_k(cpu: pd.DataFrame, shapes: pd.DataFrame | None, inst: pd.DataFrame) -> pd.Series:
+    """Per instance of a MoE layer: the top-k of the first routing op (MOE_ROUTING) nested in its CPU op on
+    the same thread, from that op's recorded shapes; else null."""
+    out = pd.Series([None] * len(inst), index=inst.index, dtype=object)
+    moe = inst["op"].isin(MOE_LAYERS) & inst["external_id"].notna()
+    if not moe.any() or shapes is None or shapes.empty or cpu.empty:
+        return out
+    sh = shapes.drop_duplicates(["rank", "external_id"]).set_index(["rank", "external_id"])
+    c = cpu.dropna(subset=["external_id", "tid", "ts_ns"])
+    layers = c[c["name"].isin(MOE_LAYERS)].drop_duplicates(["rank", "external_id"])
+    routing = c[c["name"].isin(list(MOE_ROUTING))]
+    if layers.empty or routing.empty:
+        return out
+    found: dict[tuple[int, int], int] = {}
+    for lay in layers.itertuples(index=False):  # (a MoE layer per layer and step: a few hundred at most)
+        end = lay.ts_ns + (lay.dur_ns or 0)
+        inner = routing[
+            (routing["rank"] == lay.rank)
+            & (routing["tid"] == lay.tid)
+            & (routing["ts_ns"] >= lay.ts_ns)
+            & (routing["ts_ns"] < end)
+        ].sort_values("ts_ns")
+        for r in inner.itertuples(index=False):
+            k = _routing_k(r.name, sh, int(r.rank), int(r.external_id))
+            if k:
+                found[(int(lay.rank), int(lay.external_id))] = k
+                break
+    keys = list(zip(inst["rank"].astype(int), inst["external_id"].fillna(-1).astype(int)))
+    return pd.Series([found.get(k) for k in keys], index=inst.index, dtype=object)
+
+
+def _routing_k(name: str, sh: pd.DataFrame, rank: int, ext: int) -> int | None:
+    where, i = MOE_ROUTING[name]
+    try:
+        row = sh.loc[(rank, ext)]
+        text = row["input_dims"] if where == "dims" else row["concrete_inputs"]
+        vals = json.loads(text) if isinstance(text, str) else None
+    except (KeyError, ValueError, TypeError):
+        return None
+    if not isinstance(vals, list) or i >= len(vals):
+        return None
+    v = vals[i]
+    if where == "dims":
+        return (
+            int(v[1]) if isinstance(v, list) and len(v) == 2 and isinstance(v[1], int) and v[1] > 0 else None
+        )
+    try:
+        k = int(str(v))
+    except ValueError:
+        return None
+    return k if k > 0 else None
 
 
 def _map_distinct(col: pd.Series, fn: Any) -> np.ndarray:
@@ -424,7 +526,9 @@ def _map_distinct(col: pd.Series, fn: Any) -> np.ndarray:
 def _costs(inst: pd.DataFrame) -> list[OpCost | None]:
     """_cost of each instance's (op, dims, types, concrete), computed once per distinct combination (a
     null of any kind, None or NaN, is one value: _cost treats every non-string alike)."""
-    cols = ["op", "input_dims", "input_types", "concrete_inputs"]
+    cols = ["op", "input_dims", "input_types", "concrete_inputs", "context"]
+    if "context" not in inst:
+        inst = inst.assign(context=None)
     key = np.zeros(len(inst), np.int64)
     uniqs = []
     for c in cols:
@@ -438,7 +542,7 @@ def _costs(inst: pd.DataFrame) -> list[OpCost | None]:
         codes, u = uniqs[j]
         return u[codes[i]] if codes[i] >= 0 else None
 
-    per = [_cost(val(0, i), val(1, i), val(2, i), val(3, i)) for i in first.tolist()]
+    per = [_cost(val(0, i), val(1, i), val(2, i), val(3, i), val(4, i)) for i in first.tolist()]
     return [per[i] for i in inv.ravel().tolist()]
 
 
@@ -451,16 +555,22 @@ def op_table(
     gpu_name: str | None,
     n_steps: int | dict[int, int] | None = None,
     stage_of: dict[int, int] | None = None,
+    contexts: dict[tuple[int, int], OpContext] | None = None,
+    model_context: OpContext | None = None,
 ) -> pd.DataFrame:
     """Op instances grouped by (rank, op, shapes, kernel, layer type) with per-step time, FLOPs and
     bytes, achieved TFLOP/s and TB/s, and the roofline (OP_COLUMNS), longest first. `n_steps`: steps the
-    instances span (per rank as a dict; default: distinct steps seen per rank)."""
+    instances span (per rank as a dict; default: distinct steps seen per rank). `contexts`: per (rank, step)
+    what the engine iteration's annotation says (attention over a paged cache, docs/ops.md);
+    `model_context`: the model config's MoE top-k and expert size, for fused MoE layers whose trace does not
+    say them."""
     if instances.empty:
         return pd.DataFrame(columns=OP_COLUMNS)
     inst = instances.copy()
     for c in ("input_dims", "input_types", "concrete_inputs"):
         if c not in inst:
             inst[c] = None
+    inst["context"] = instance_contexts(inst, contexts, model_context)
     costs = _costs(inst)
     inst["flops"] = [None if x is None else x.flops for x in costs]
     inst["bytes"] = [None if x is None else x.bytes for x in costs]
@@ -588,6 +698,46 @@ def summary_rows(table: pd.DataFrame, per_stage: int = 15, limit: int = 60) -> l
                 v = int(v)
             if k == "flops" or k == "bytes":
                 v = None if v is None else float(round(v))
+            if k == "shapes" and isinstance(v, str) and len(v) > SHAPES_MAX_CHARS:
+                v = v[: SHAPES_MAX_CHARS - 1] + "…"
+            row[k] = v
+        out.append(row)
+    return out
+
+
+#: The summary's `op_totals` keys, in order: every row of the op table, for `compare` (analyze/compare.py).
+TOTAL_KEYS = [
+    "stage",
+    "rank",
+    "op",
+    "shapes",
+    "kernel",
+    "layer_type",
+    "model",
+    "calls",
+    "ms_per_step",
+    "flops",
+]
+
+
+def total_rows(table: pd.DataFrame) -> list[dict[str, Any]]:
+    """The summary's `op_totals`: every row of the op table (all ops of the ranks measured, not only the
+    top ones), the fields `compare` matches and rates ops by; numbers rounded, unknowns null."""
+    if table.empty:
+        return []
+    t = table.sort_values(["stage", "rank", "ms_per_step"], ascending=[True, True, False], na_position="last")
+    out = []
+    for r in t.to_dict("records"):
+        row: dict[str, Any] = {}
+        for k in TOTAL_KEYS:
+            v = _none(r.get(k))
+            if isinstance(v, np.integer):
+                v = int(v)
+            elif isinstance(v, (float, np.floating)):
+                v = float(v)
+                v = float(round(v)) if k == "flops" else round(v, 6)
+            if k in ("rank", "stage") and v is not None:
+                v = int(v)
             if k == "shapes" and isinstance(v, str) and len(v) > SHAPES_MAX_CHARS:
                 v = v[: SHAPES_MAX_CHARS - 1] + "…"
             row[k] = v

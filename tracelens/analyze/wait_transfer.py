@@ -69,8 +69,10 @@ def wait_transfer(df: pd.DataFrame, offsets_ns: dict[int, int]) -> pd.DataFrame:
         algbw = np.where(
             transfer > 0, nbytes / np.where(transfer > 0, transfer, 1), np.nan
         )  # bytes/ns = GB/s
-    nexp = df["n_expected"].astype("Float64").fillna(pd.Series(n, dtype="Float64")).to_numpy(dtype=float)
-    factor = per_distinct(busbw_factor, df["op"], nexp).astype(float)
+    nexp = df["n_expected"].astype("Float64").fillna(pd.Series(n, dtype="Float64"))
+    if "bus_n" in df:  # the group size the traces state (collectives.bus_sizes), else the expected count
+        nexp = df["bus_n"].astype("Float64").fillna(nexp)
+    factor = per_distinct(busbw_factor, df["op"], nexp.to_numpy(dtype=float)).astype(float)
     df["algbw_gbps"] = algbw
     df["busbw_gbps"] = algbw * factor
     return df

@@ -116,9 +116,12 @@ def print_rank_table(summary: dict, nccl_ranks: list[int] | None = None) -> None
             console.print(f"[note] {w}", markup=False)
         return
     steps = run["steps"]
+    inference = summary.get("inference")
     title = f"{run['name']}: {len(run['ranks'])} rank(s), " + (
         f"{len(steps)} step(s)" if steps else "no ProfilerStep (whole trace)"
     )
+    if inference and not any(i.get("step") is None for i in inference.get("iterations") or []):
+        title += f", {inference.get('iterations_total', 0)} inference iteration(s)"
     table = Table(title=title + " (ms per step, mean over steps)", title_justify="left")
     if not ranks and (summary.get("collectives") or {}).get("processes"):
         table = nccl_only_table(summary)  # logs / plugin dumps without Kineto traces: per process
@@ -158,6 +161,8 @@ def print_rank_table(summary: dict, nccl_ranks: list[int] | None = None) -> None
             f"({len(ranks) - len(shown)} ranks not shown; see summary.json or the report)"
             + (" * rank named by a finding" if flagged else "")
         )
+    if inference and inference.get("phases"):
+        console.print(inference_table(inference))
     mfu = summary.get("mfu") or {}
     if mfu.get("value") is not None:
         console.print(f"MFU {100 * mfu['value']:.1f}% ({mfu.get('convention')} convention)")
@@ -228,6 +233,24 @@ def nccl_op_table(summary: dict):
         inst = r.get("instances")
         t.add_row(r.get("source", "kineto"), r["op"], f"{r['calls']:,}", "-" if inst is None else f"{inst:,}",
                   _fmt(r["bytes"] / 2**20, 1), _fmt(r.get("busbw_gbps_median"), 1))  # fmt: skip
+    return t
+
+
+def inference_table(inference: dict):
+    """Per phase of the inference iterations (summary.json `inference.phases`, docs/inference.md)."""
+    from rich.table import Table
+
+    kinds = ", ".join(inference.get("kinds") or [])
+    t = Table(title=f"inference iterations by phase ({kinds}; ms per step, mean)", title_justify="left")
+    heads = [("phase", None), ("steps", "steps"), ("tokens", "tokens_per_step"), ("step", "step_time_ms"),
+             ("ms/token", "ms_per_token"), ("compute", "compute_ms"), ("idle", "idle_ms"),
+             ("launch ovh", "launch_overhead_ms"), ("host-bound", "host_bound_ms")]  # fmt: skip
+    for head, _ in heads:
+        t.add_column(head, justify="left" if head == "phase" else "right", no_wrap=True)
+    for phase, rec in inference["phases"].items():
+        cells = [phase, str(rec["steps"])]
+        cells += [_fmt(rec.get(k), 4 if k == "ms_per_token" else 1) for _, k in heads[2:]]
+        t.add_row(*cells)
     return t
 
 

@@ -644,6 +644,25 @@ def collective_rows(coll: pa.Table | None, top: int = 30) -> list[dict]:
     def total(v: np.ndarray) -> float:
         return float(np.where(np.isnan(v), 0.0, v).sum())
 
+    bus_n = col("bus_n")
+    bus_from = coll.column("bus_n_from").to_numpy(zero_copy_only=False) if "bus_n_from" in names else None
+
+    def bus_text(idx: np.ndarray) -> str | None:
+        """n of the bus-bandwidth factor and where it comes from ("128 (world size)"); "2, 4" when mixed."""
+        if bus_n is None or busbw is None:
+            return None
+        pairs = sorted(
+            {
+                (
+                    int(n),
+                    "" if bus_from is None or bus_from[i] is None else str(bus_from[i]).replace("_", " "),
+                )
+                for i, n in zip(idx, bus_n[idx])
+                if not np.isnan(n)
+            }
+        )
+        return ", ".join(f"{n} ({w})" if w else str(n) for n, w in pairs) or None
+
     out: list[dict] = []
     for idx in slices:
         first = idx[0]
@@ -663,6 +682,7 @@ def collective_rows(coll: pa.Table | None, top: int = 30) -> list[dict]:
                 "total_ms": _r(total(dur[idx]) / 1e6),
                 "median_ms": med(dur[idx], 1e6),
                 "busbw_gbps": med(None if busbw is None else busbw[idx]),
+                "busbw_n": bus_text(idx),
                 "median_skew_ms": med(None if skew is None else skew[idx], 1e6),
                 "max_skew_ms": mx(None if skew is None else skew[idx], 1e6),
                 "wait_ms": _r(total(wait[idx]) / 1e6) if wait is not None else None,

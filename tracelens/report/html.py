@@ -486,17 +486,17 @@ def _collectives_section(analysis, summary: dict) -> object:
             else None
         )
         if by_op:
-            return "<p>Per operation (from summary.json).</p>" + table_html(
-                by_op,
-                [
-                    ("op", "op"),
-                    ("calls", "calls"),
-                    ("bytes (all calls)", "bytes"),
-                    ("median bus bw GB/s", "busbw_gbps_median"),
-                    ("median skew ms", "skew_ms_median"),
-                ],
-                ("op",),
-            )
+            cols = [
+                ("op", "op"),
+                ("calls", "calls"),
+                ("bytes (all calls)", "bytes"),
+                ("median bus bw GB/s", "busbw_gbps_median"),
+                ("bus bw n", "busbw_n"),
+                ("median skew ms", "skew_ms_median"),
+            ]
+            if not any(r.get("busbw_n") for r in by_op):  # (a summary written before busbw_n existed)
+                cols = [c for c in cols if c[1] != "busbw_n"]
+            return "<p>Per operation (from summary.json).</p>" + table_html(by_op, cols, ("op",))
         return note("No collectives matched across ranks (single rank, or no communication in the traces).")
     cols = [
         ("op", "op"),
@@ -506,6 +506,7 @@ def _collectives_section(analysis, summary: dict) -> object:
         ("total ms (all ranks)", "total_ms"),
         ("median ms", "median_ms"),
         ("bus bw GB/s", "busbw_gbps"),
+        ("bus bw n", "busbw_n"),
         ("median skew ms", "median_skew_ms"),
         ("max skew ms", "max_skew_ms"),
         ("wait ms", "wait_ms"),
@@ -846,9 +847,65 @@ def _memory_timeline_section(analysis, summary: dict) -> object:
     return out
 
 
+def _inference_section(summary: dict) -> str:
+    """The inference iterations per phase, then one by one (summary.json `inference`, docs/inference.md)."""
+    inf = summary["inference"]
+    phases = [{"phase": k, **v} for k, v in (inf.get("phases") or {}).items()]
+    cols = [
+        ("phase", "phase"),
+        ("steps", "steps"),
+        ("tokens per step", "tokens_per_step"),
+        ("step ms", "step_time_ms"),
+        ("ms per token", "ms_per_token"),
+        ("tokens/s", "tokens_per_s"),
+        ("compute ms", "compute_ms"),
+        ("idle ms", "idle_ms"),
+        ("launch overhead ms", "launch_overhead_ms"),
+        ("host-bound ms", "host_bound_ms"),
+    ]
+    parts = [
+        "<p>Each engine iteration is a step (its annotation's window, or the ProfilerStep that holds it); per "
+        "phase, means per step on every rank. A decode iteration of a CUDA graph is launch-bound by design; "
+        "ms per token is the fair comparison across batch sizes.</p>"
+    ]
+    if "capture" in (inf.get("kinds") or []):
+        parts.append(note("CUDA-graph captures: the work is recorded, not run; these are capture times."))
+    parts.append(table_html(phases, cols, ("phase",)) if phases else note("No iteration states its phase."))
+    its = inf.get("iterations") or []
+    if its:
+        parts.append(
+            f"<h3>Iterations (rank {inf.get('rank')}, {len(its)} of {inf.get('iterations_total', len(its))})</h3>"
+            + table_html(
+                its,
+                [
+                    ("step", "step"),
+                    ("annotation", "name"),
+                    ("kind", "kind"),
+                    ("phase", "phase"),
+                    ("tokens", "tokens"),
+                    ("requests", "requests"),
+                    ("step ms", "step_time_ms"),
+                    ("ms per token", "ms_per_token"),
+                ],  # fmt: skip
+                ("name",),
+            )
+        )
+    return "".join(parts)
+
+
 def build_sections(analysis, summary: dict) -> list[tuple[str, object]]:
     """Report sections for one run, findings first."""
     heat = summary.get("per_step") or []
+    if summary.get("inference"):  # an inference trace: its iterations right after the breakdown
+        out = _build_sections(analysis, summary, heat)
+        out.insert(
+            2, ("Inference iterations", _section(analysis, "inference", lambda: _inference_section(summary)))
+        )
+        return out
+    return _build_sections(analysis, summary, heat)
+
+
+def _build_sections(analysis, summary: dict, heat: list) -> list[tuple[str, object]]:
     return [
         ("Findings", findings_html(summary)),
         (
@@ -930,6 +987,7 @@ def compare_sections(comparison: dict) -> list[tuple[str, object]]:
         out.append(
             ("Time by layer type", note("Neither run has module annotations: no time share per layer type."))
         )
+    out.append(("Per operation", _compare_ops_html(comparison)))
     st = comparison.get("stragglers") or {}
     st_html = "".join(
         f"<p>{esc(lab)}: "
@@ -942,6 +1000,81 @@ def compare_sections(comparison: dict) -> list[tuple[str, object]]:
         f = {"findings": comparison.get("findings", {}).get(k) or [], "ranks": [], "stragglers": []}
         out.append((f"Findings: {lab}", findings_html(f)))
     return out
+
+
+#: Rows of the per-op and per-kernel tables of compare.html (compare.json keeps more).
+COMPARE_OP_ROWS = 30
+COMPARE_KERNEL_ROWS = 20
+
+
+def _compare_ops_html(comparison: dict) -> str:
+    """compare.html's per-op section: ops matched on the CPU op and its shapes, their change per step and its
+    share of the step time's change; then layer types, stages and kernels (analyze/compare.op_changes)."""
+    la, lb = comparison["labels"]
+    opc = comparison.get("ops") or {}
+    rows = opc.get("ops") or []
+    if not rows:
+        return note("Neither run lists per-op times (no kernels or CPU ops in the ranks measured).")
+
+    def side_cols(pairs: list[tuple[str, str]]) -> list[tuple[str, str]]:
+        return [(f"{name} ({lab})", f"{s}_{key}") for name, key in pairs for lab, s in ((la, "a"), (lb, "b"))]
+
+    num = side_cols([("calls", "calls"), ("ms", "ms"), ("TFLOP/s", "tflops")])
+    change = [("change ms", "delta_ms"), ("ratio", "ratio"), ("share of step change", "share_of_step_change")]
+    src = opc.get("source") or {}
+    parts = [
+        "<p>Per step, on the ranks each run measured (one per stage); ops matched on the CPU operator and its "
+        "recorded input shapes, whatever kernel runs them; largest change first. The share is the change "
+        "over the step time's change"
+        + (f" ({opc['step_delta_ms']:+,.3f} ms)" if opc.get("step_delta_ms") is not None else "")
+        + ": above 1 or below 0 when other parts moved the other way.</p>"
+    ]
+    if "ops" in src.values():
+        parts.append(
+            note(
+                "A side is a summary.json that lists only its top ops per stage: an op not listed there is "
+                "unknown (-), not zero."
+            )
+        )
+    stage_col = [("stage", "stage")] if opc.get("by_stage") else []
+    parts.append(
+        table_html(
+            rows[:COMPARE_OP_ROWS],
+            stage_col
+            + [("op", "op"), ("shapes", "shapes")]
+            + num
+            + change
+            + [(f"kernel ({la})", "a_kernel"), (f"kernel ({lb})", "b_kernel")],
+            ("op", "shapes", "a_kernel", "b_kernel"),
+        )
+    )
+    unl = opc.get("unlinked_kernel_ms") or {}
+    if any(unl.values()):
+        parts.append(
+            f"<p>Kernels without a CPU op (not matched as ops; in the kernel table): {unl.get('a', 0):,.3f} ms "
+            f"({esc(la)}), {unl.get('b', 0):,.3f} ms ({esc(lb)}) per step.</p>"
+        )
+    short = side_cols([("ms", "ms")]) + change
+    if opc.get("layer_types"):
+        parts.append(
+            "<h3>Per layer type</h3>"
+            + table_html(
+                opc["layer_types"], stage_col + [("layer type", "layer_type")] + short, ("layer_type",)
+            )
+        )
+    if opc.get("stages") and opc.get("by_stage"):
+        parts.append("<h3>Per stage (op time)</h3>" + table_html(opc["stages"], [("stage", "stage")] + short))
+    if opc.get("kernels"):
+        parts.append(
+            "<h3>Per kernel</h3><p>Matched by name: kernels of different vendors or library versions do not "
+            "match (compare their ops above).</p>"
+            + table_html(
+                opc["kernels"][:COMPARE_KERNEL_ROWS],
+                stage_col + [("kernel", "kernel")] + side_cols([("calls", "calls"), ("ms", "ms")]) + change,
+                ("kernel",),
+            )
+        )
+    return "".join(parts)
 
 
 def write_compare_report(comparison: dict, path: Path) -> None:

@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from tracelens.analyze.critical_replay import ReplayPlan
 
 #: Bump when what a memo holds changes (with STAGE_VERSION it is part of the key).
-RUN_MEMO_VERSION = "4"
+RUN_MEMO_VERSION = "6"
 _TIME_RANGES = pa.schema([("rank", pa.int32()), ("ts_ns", pa.int64()), ("dur_ns", pa.int64())])
 #: Per row of the cross-rank events: `classify.comm_launched` (the launch links' verdict, one lookup a row).
 _XFLAGS = pa.schema([("comm_launched", pa.bool_())])

@@ -34,7 +34,7 @@ from tracelens.store.atomic import write_ipc
 from tracelens.store.cache import read_ipc
 
 #: Bump when what a stage file holds changes: old stage files are then ignored (and rebuilt).
-STAGE_VERSION = "9"
+STAGE_VERSION = "10"
 
 #: Interval-set table: one row per interval of one class of one rank.
 SETS = pa.schema([("rank", pa.int32()), ("cls", pa.int8()), ("start_ns", pa.int64()), ("end_ns", pa.int64())])

@@ -17,10 +17,12 @@ import pyarrow.compute as pc
 
 from tracelens import schema
 from tracelens.errors import BadTraceError
+from tracelens.ingest import iterations as _it
 from tracelens.ingest import salvage as _salv
 from tracelens.ingest.kineto.columns import (
     _COLL_FIELDS,
     _IS_GPU,
+    _IS_LAUNCH,
     _KIND_INDEX,
     _coerce_int,
     _dict_from_values,
@@ -36,7 +38,7 @@ from tracelens.ingest.kineto.p2p_local import peer_local_column
 from tracelens.ingest.kineto.peek import rank_from_name
 from tracelens.ingest.kineto.scan import _Scan, _scan_blocks
 from tracelens.ingest.kineto.split import _reap, _scan_split
-from tracelens.ingest.kineto.steps import assign_steps, drop_incomplete_steps
+from tracelens.ingest.kineto.steps import assign_steps, drop_incomplete_steps, has_step_markers
 from tracelens.ingest.kineto.stream import (
     _READ_BYTES,
     _blocks,
@@ -96,14 +98,20 @@ def _scan(path: Path, salvage: bool, chunk_bytes: int, utf8_replace: bool = Fals
         blocks.close()  # stops the decompression thread at once when decoding failed
 
 
-def _assemble(sc: _Scan, rank: int) -> tuple[pa.Table, pa.Table]:
+def _assemble(sc: _Scan, rank: int) -> tuple[pa.Table, pa.Table, list[dict] | None]:
     base = _coerce_int(sc.meta.get("baseTimeNanoseconds")) or 0
     c = _merge_chunks(sc.chunks)
     sc.chunks = []  # their columns are in `c` now: freed (a split read's child columns unmap with them)
     ts, ts_valid, dur, dur_valid, kind, names = c.ts, c.ts_valid, c.dur, c.dur_valid, c.kind, c.name
     n, corr, rows = c.n, c.correlation, c.coll_rows
     coll = {f: c.coll.get(f, []) for f in _COLL_FIELDS}
-    step = assign_steps(kind, names, ts, dur, corr)
+    has_steps = has_step_markers(kind, names)
+    found = _iterations(kind, names, ts, np.where(dur_valid, dur, 0), ts_valid, c.tid, has_steps)
+    synth = None if has_steps or found is None else found
+    windows = None
+    if synth is not None:
+        windows = (synth.start, synth.end, np.arange(len(synth.start), dtype=np.int64))
+    step = assign_steps(kind, names, ts, dur, corr, windows)
     is_gpu = _IS_GPU[kind]
     device, stream, pid, tid = c.device, c.stream, c.pid, c.tid
     gpu_mask = pa.array(is_gpu)
@@ -165,6 +173,14 @@ def _assemble(sc: _Scan, rank: int) -> tuple[pa.Table, pa.Table]:
     events = pa.Table.from_arrays([cols[f.name] for f in schema.EVENTS], schema=schema.EVENTS)
     if not ts_valid.all():
         events = events.filter(pa.array(ts_valid))
+    iterations = None
+    if found is not None:
+        if synth is not None:  # a step per iteration: a ProfilerStep#<i> marker over each
+            events = _with_markers(events, synth, rank, base)
+            steps_of: list[int | None] = list(range(len(synth.start)))
+        else:  # the trace's own steps: each iteration in the step its annotation falls in
+            steps_of = [int(step[r]) if r >= 0 and step[r] >= 0 else None for r in found.rows.tolist()]
+        iterations = _it.records(list(zip(steps_of, found.iterations)))
     m = c.mem
     if m is not None:
         mts, mvalid = m["ts"], m["valid"]
@@ -184,7 +200,63 @@ def _assemble(sc: _Scan, rank: int) -> tuple[pa.Table, pa.Table]:
     else:
         memory = schema.MEMORY.empty_table()
     pa.default_memory_pool().release_unused()
-    return events, memory
+    return events, memory, iterations
+
+
+_CPU_KINDS = np.zeros(256, dtype=bool)
+_CPU_KINDS[[_KIND_INDEX["cpu_op"], _KIND_INDEX["user_annotation"]]] = True
+
+
+def _iterations(
+    kind: np.ndarray,
+    names: pa.DictionaryArray,
+    ts: np.ndarray,
+    dur: np.ndarray,
+    ts_valid: np.ndarray,
+    tid: pa.Array,
+    has_steps: bool,
+) -> _it.Windows | None:
+    """The inference iterations of one rank's events (tracelens.ingest.iterations): the engines'
+    annotations; in an engine trace without them or ProfilerStep, the repeats of its work."""
+    cpu = _CPU_KINDS[kind.astype(np.uint8)] & ts_valid
+    tids = (
+        tid.fill_null(-1).to_numpy(zero_copy_only=False)
+        if tid.null_count
+        else tid.to_numpy(zero_copy_only=False)
+    )
+    found = _it.annotated_windows(kind, names, ts, dur, tids, cpu)
+    if found is not None or has_steps or not _it.is_engine_trace(names):
+        return found
+    return _it.repeating_windows(names, ts, dur, tids, cpu, _IS_LAUNCH[kind] & ts_valid)
+
+
+def _with_markers(events: pa.Table, w: _it.Windows, rank: int, base: int) -> pa.Table:
+    """`events` plus a `ProfilerStep#<i>` user_annotation over each iteration window (on its thread), so that
+    every analyzer sees the iterations as steps."""
+    k = len(w.start)
+    kinds = pa.DictionaryArray.from_arrays(
+        pa.array(np.full(k, _KIND_INDEX["user_annotation"], dtype=np.int32)),
+        pa.array(list(schema.KINDS), type=pa.string()),
+    )
+    cols: dict[str, pa.Array] = {
+        "rank": pa.array(np.full(k, rank, dtype=np.int32)),
+        "kind": kinds,
+        "name": pa.array([f"ProfilerStep#{i}" for i in range(k)], pa.string()).dictionary_encode(),
+        "tid": pa.array([None if t is None or t < 0 else int(t) for t in w.tid], pa.int64()),
+        "ts_ns": pa.array(w.start + base, pa.int64()),
+        "dur_ns": pa.array(w.end - w.start, pa.int64()),
+        "step": pa.array(np.arange(k, dtype=np.int32)),
+    }
+    pid_of: dict[int, int | None] = {}
+    for t in {t for t in w.tid if t is not None and t >= 0}:  # the pid of the thread's events
+        at = pc.index(pc.equal(events.column("tid"), pa.scalar(int(t), pa.int64())), True).as_py()
+        pid_of[int(t)] = None if at is None or at < 0 else events.column("pid")[at].as_py()
+    pids = [pid_of.get(int(t)) if t is not None else None for t in w.tid]
+    cols["pid"] = pa.array(pids, pa.int64())
+    extra = pa.Table.from_arrays(
+        [cols[f.name] if f.name in cols else pa.nulls(k, f.type) for f in schema.EVENTS], schema=schema.EVENTS
+    )
+    return pa.concat_tables([events, extra]).unify_dictionaries().combine_chunks()
 
 
 _I64 = np.iinfo(np.int64)
@@ -283,7 +355,7 @@ def _read(path: Path, rank: int | None, salvage: bool, chunk_bytes: int) -> Kine
         if rank is None:
             rank = 0
     try:
-        events, memory = _assemble(sc, int(rank))
+        events, memory, iterations = _assemble(sc, int(rank))
     finally:
         _reap(sc.helper)
     device_lost = False
@@ -295,4 +367,5 @@ def _read(path: Path, rank: int | None, salvage: bool, chunk_bytes: int) -> Kine
     )
     meta = _metadata(path, int(rank), sc.meta, events.num_rows, sc)
     meta["device_events_lost"] = device_lost
+    meta["iterations_json"] = None if iterations is None else json.dumps(iterations, separators=(",", ":"))
     return KinetoTrace(events=events, memory=memory, metadata=meta)

@@ -28,19 +28,35 @@ def step_of_name(names: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     return num >= 0, num
 
 
+def has_step_markers(kind: np.ndarray, names: pa.Array) -> bool:
+    """Whether any event is a `ProfilerStep#N` of a kind that marks a step."""
+    is_step, _ = step_of_name(names)
+    return bool((is_step & _IS_STEP[kind]).any())
+
+
 def assign_steps(
-    kind: np.ndarray, names: pa.Array, ts: np.ndarray, dur: np.ndarray, corr: pa.Array
+    kind: np.ndarray,
+    names: pa.Array,
+    ts: np.ndarray,
+    dur: np.ndarray,
+    corr: pa.Array,
+    windows: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
 ) -> np.ndarray:
     """Step of each event (-1 = none): CPU events by the enclosing ProfilerStep#N window, device events by
-    the step of the cuda_runtime/cuda_driver launch with the same correlation id (else by their own start)."""
+    the step of the cuda_runtime/cuda_driver launch with the same correlation id (else by their own start).
+    `windows` (start, end, N): the steps of a trace without ProfilerStep#N markers (inference iterations,
+    tracelens.ingest.iterations), used when it has none."""
     n = len(kind)
     is_step, num = step_of_name(names)
     is_step &= _IS_STEP[kind]
-    if not is_step.any():
+    if is_step.any():
+        s_num = num[is_step]
+        s_start = ts[is_step]
+        s_end = s_start + np.maximum(dur[is_step], 0)
+    elif windows is not None and len(windows[0]):
+        s_start, s_end, s_num = windows
+    else:
         return np.full(n, -1, dtype=np.int64)
-    s_num = num[is_step]
-    s_start = ts[is_step]
-    s_end = s_start + np.maximum(dur[is_step], 0)
     # one window per step number (a step may appear as both user_annotation and cpu_op)
     uniq, inv = np.unique(s_num, return_inverse=True)
     w_start = np.full(uniq.size, np.iinfo(np.int64).max, dtype=np.int64)
