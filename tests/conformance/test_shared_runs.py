@@ -73,6 +73,55 @@ def inferred(tmp_path_factory):
     return out
 
 
+@pytest.fixture(scope="module")
+def summaries(inferred):
+    """Per run: its summary.json (the findings the evaluation of ../shared/runs reads)."""
+    return {name: a.summary() for name, (_, a, _) in inferred.items()}
+
+
+def _findings(s: dict, code: str, severities=("warning", "error")) -> list[dict]:
+    return [f for f in s["findings"] if f["code"] == code and f["severity"] in severities]
+
+
+@pytest.mark.parametrize("run", [d.name for d in _RUN_DIRS])
+def test_verdicts_as_the_manifest_says(inferred, summaries, run):
+    """The checks of ../shared/runs/evaluate.py: stragglers and their causes, the heavy stage, unequal stage
+    composition, quiet clean runs, the hang's culprit and no hang in its twin."""
+    man, _, _ = inferred[run]
+    s, exp = summaries[run], man["expect"]
+    want = {int(x["rank"]): x["cause"] for x in exp.get("stragglers", [])}
+    got = {int(x["rank"]): x["cause"] for x in s["stragglers"]}
+    tolerated = set()
+    if exp.get("heavy_stage") is not None:  # compute stragglers on the heavy stage's ranks are its effect
+        tolerated = {int(r) for r in man["stages"][str(exp["heavy_stage"])]["ranks"]}
+    assert {r: c for r, c in got.items() if not (r in tolerated and c == "compute" and r not in want)} == want
+    if exp.get("heavy_stage") is not None:
+        named = [f.get("stages") for f in _findings(s, "STAGE_IMBALANCE", ("info", "warning", "error"))]
+        assert any(exp["heavy_stage"] in (st or []) for st in named), named
+    if (man["layout"].get("pp") or 1) > 1:
+        unequal = _findings(s, "UNEQUAL_STAGE_COMPOSITION", ("info", "warning", "error"))
+        assert bool(unequal) == bool(exp.get("unequal_composition"))
+    if exp.get("clean"):
+        codes = (
+            ("STRAGGLER",)
+            if exp.get("unequal_composition")
+            else ("STRAGGLER", "STAGE_IMBALANCE", "PIPELINE_BUBBLE_EXCESS")
+        )
+        assert not [f for c in codes for f in _findings(s, c)]
+    hangs = _findings(s, "COLLECTIVE_HANG", ("info", "warning", "error")) + _findings(
+        s, "P2P_HANG", ("info", "warning", "error")
+    )
+    if exp.get("hang_culprit") is not None:
+        hc = exp["hang_culprit"]
+        assert any(
+            f.get("root_rank") == hc
+            or (hc in (f.get("ranks") or []) and len(set(f["ranks"])) < man["world_size"])
+            for f in hangs
+        ), hangs
+    elif man.get("family") == "hang":
+        assert not hangs
+
+
 @pytest.mark.parametrize("run", [d.name for d in _RUN_DIRS])
 def test_layout_inferred_from_evidence(inferred, run):
     man, a, _ = inferred[run]
