@@ -58,14 +58,13 @@ class Analysis:
         return x
 
     def _collectives(self) -> pa.Table:
-        """The collectives of the cross-rank events: the run memo's, unless peers were resolved here."""
+        """The collectives of the cross-rank events (the run memo's), with the P2P peers resolved here."""
         st = self.run.stages
         if self._xevents is st.xevents:
             return st.cross_collectives()
-        from tracelens.analyze.collectives import collectives_from_events
-        from tracelens.store.stages import by_rank_chunks
+        from tracelens.analyze.layout.p2p import fill_collective_peers
 
-        return by_rank_chunks(collectives_from_events, self._xevents)
+        return fill_collective_peers(st.cross_collectives(), self._xevents)
 
     # ---- base tables -------------------------------------------------------------------------
     @property

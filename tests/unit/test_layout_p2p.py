@@ -111,3 +111,22 @@ def test_peer_local_read_from_concrete_inputs(tmp_path):
     got = dict(zip(t.column("name").to_pylist(), t.column("peer_local").to_pylist()))
     assert got == {"c10d::send": 3, "c10d::recv_": 0, "aten::mm": None}
     assert np.all(t.column("dst_rank").is_null().to_numpy(zero_copy_only=False))
+
+
+def test_memo_collectives_get_the_resolved_peers(tmp_path):
+    """The run memo's collectives (computed before the peers were known) with the resolved peers filled in
+    equal the collectives computed from the resolved events."""
+    from pathlib import Path
+
+    from tracelens.analyze.collectives import collectives_from_events
+    from tracelens.analyze.layout.p2p import fill_collective_peers
+    from tracelens.run_analysis import Options, analyze_run
+
+    run = Path(__file__).resolve().parents[2] / "sample_traces" / "cpu-gloo-4rank"
+    a = analyze_run(run, Options(cache_dir=str(tmp_path / "cache")))
+    x = a._xevents
+    assert a.p2p_peers["resolved"] > 0
+    memo = a.run.stages.cross_collectives()
+    assert memo.column("peer").null_count > 0  # (before: gloo records no peer)
+    filled = fill_collective_peers(memo, x)
+    assert filled.equals(collectives_from_events(x))

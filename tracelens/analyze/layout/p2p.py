@@ -266,3 +266,43 @@ def resolve_peers(events: pa.Table, metadata: pa.Table | None) -> tuple[pa.Table
         out.schema.get_field_index("src_rank"), "src_rank", pa.array(src.astype(np.int32), mask=src < 0)
     )
     return out, stats
+
+
+def fill_collective_peers(coll: pa.Table, events: pa.Table) -> pa.Table:
+    """`coll` (schema.COLLECTIVES rows of the Kineto events) with the peers `resolve_peers` found for the sends
+    and receives that recorded only a group-local one: a row of a c10d send / recv op is keyed by its rank and
+    start (`enqueue_ns`, the op's `ts_ns`). Rows that have a peer keep it; the rest of the table is unchanged."""
+    if coll.num_rows == 0 or "peer_local" not in events.column_names:
+        return coll
+    local = np.flatnonzero(events.column("peer_local").is_valid().to_numpy(zero_copy_only=False))
+    if not local.size:
+        return coll
+    sub = events.select(["rank", "ts_ns", "src_rank", "dst_rank"]).take(pa.array(local))
+    dst = sub.column("dst_rank").to_numpy(zero_copy_only=False)
+    src = sub.column("src_rank").to_numpy(zero_copy_only=False)
+    dv = sub.column("dst_rank").is_valid().to_numpy(zero_copy_only=False)
+    sv = sub.column("src_rank").is_valid().to_numpy(zero_copy_only=False)
+    found = {
+        (int(r), int(t)): int(d if dok else s)
+        for r, t, d, s, dok, sok in zip(
+            sub.column("rank").to_pylist(), sub.column("ts_ns").to_pylist(), dst, src, dv, sv
+        )
+        if dok or sok
+    }
+    if not found:
+        return coll
+    peer = coll.column("peer").to_pylist()
+    p2p = coll.column("is_p2p").to_pylist()
+    ranks = coll.column("rank").to_pylist()
+    enq = coll.column("enqueue_ns").to_pylist()
+    changed = False
+    for i, (pe, is_p, r, t) in enumerate(zip(peer, p2p, ranks, enq)):
+        if pe is None and is_p and t is not None:
+            got = found.get((int(r), int(t)))
+            if got is not None:
+                peer[i] = got
+                changed = True
+    if not changed:
+        return coll
+    i = coll.schema.get_field_index("peer")
+    return coll.set_column(i, coll.schema.field("peer"), pa.array(peer, coll.schema.field("peer").type))
