@@ -278,7 +278,10 @@ def worker(rank: int, a: argparse.Namespace, pl: dict, tmp: str, port: int) -> N
         from torch.nn.parallel import DistributedDataParallel
 
         chunks = [
-            DistributedDataParallel(ch, process_group=dp_mesh.get_group(), static_graph=True) for ch in chunks
+            DistributedDataParallel(
+                ch, process_group=dp_mesh.get_group(), static_graph=True, broadcast_buffers=False
+            )
+            for ch in chunks
         ]
 
     def loss_fn(logits, target):
