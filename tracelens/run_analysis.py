@@ -312,7 +312,7 @@ class Analysis:
         return self._guarded("cross-rank analysis", self._cross)
 
     def _cross(self):
-        from tracelens.analyze.stragglers import analyze_cross_rank
+        from tracelens.analyze.stragglers import StragglerConfig, analyze_cross_rank
         from tracelens.store import results
 
         st = self.run.stages
@@ -331,7 +331,7 @@ class Analysis:
                 stage_of=stage_of,
                 sets=self.sets,
                 collectives=self._collectives(),  # (the run memo's: not recomputed)
-                config=self.thresholds.straggler_config(),
+                config=StragglerConfig(**self.thresholds.straggler_kwargs()),
             )
             if st.memo is not None and key:  # (written while the analysis goes on)
                 self.keep_writing("the cross-rank analysis", results.write_cross_later(st.memo, key, res))

@@ -40,11 +40,9 @@ class Thresholds:
     tp_coincidence: float = 0.5
     tp_min_activation_calls: int = 2
 
-    def straggler_config(self) -> Any:
-        """The straggler analysis' StragglerConfig with these values."""
-        from tracelens.analyze.stragglers import StragglerConfig
-
-        return StragglerConfig(
+    def straggler_kwargs(self) -> dict[str, Any]:
+        """The straggler analysis' `StragglerConfig(**...)` arguments with these values."""
+        return dict(
             persistence=self.straggler_persistence,
             min_cost_fraction=self.straggler_min_cost,
             min_excess_fraction=self.straggler_min_excess,

@@ -39,7 +39,7 @@ CAUSES = ("compute", "host", "communication")
 
 @dataclass
 class StragglerConfig:
-    """Thresholds of the straggler verdict: `tracelens.thresholds.Thresholds.straggler_config()` (the defaults
+    """Thresholds of the straggler verdict: `StragglerConfig(**tracelens.thresholds.Thresholds().straggler_kwargs())` (the defaults
     and their reasons are there; docs/stragglers.md)."""
 
     persistence: float = 0.5  # flagged in at least this fraction of the analyzed steps
