@@ -693,7 +693,9 @@ class Analysis:
                 )
         self.fr_dumped = {r for r in chosen if r >= 0}
         if chosen:
-            world = set(range(self.world_size)) if self.world_size else set()
+            # ranks are 0..world-1: below the highest rank dumped (or the traces' world), one without a dump
+            top = self.world_size or (max(chosen) + 1)
+            world = set(range(top))
             for r in sorted(world - set(chosen) - set(why)):
                 why[r] = ["no dump"]
             for r in sorted(set(why) - set(chosen)):

@@ -75,6 +75,10 @@ FR_DEFAULT_BUFFER = 2000
 #: Flight Recorder (time_created_ns) and Kineto times are each host's wall clock; NTP keeps hosts within about
 #: a millisecond of each other, so times on different ranks less than this apart are not ordered.
 CLOCK_TOLERANCE_NS = 1_000_000
+#: PyTorch's default process-group timeout (torch.distributed.constants.default_pg_timeout, 30 min): no
+#: member waits longer in a collective, so a call that starts later than this after the others issued it
+#: is another call.
+PG_TIMEOUT_NS = 30 * 60 * 1_000_000_000
 
 Gid = tuple[str, "tuple[int, ...] | None"]
 
@@ -182,7 +186,8 @@ def _seen_in_trace(
 ) -> bool:
     """Whether `rank`'s Kineto trace shows it in this collective: a call of the same op (same group and seq
     where the trace names them) that ended after the last member that dumped it had issued it, and began
-    before any of them issued its next record on the group. A collective cannot end on one rank before every
+    before any of them issued its next record on the group (without one: within the process-group
+    timeout of the first issue). A collective cannot end on one rank before every
     member joined it, and its members issue their next record only after it ends: such a call is that rank's
     part in it."""
     if kin is None:
@@ -195,8 +200,8 @@ def _seen_in_trace(
         return False
     ok = k["end_ns"].astype("float64") >= float(issued.max()) - CLOCK_TOLERANCE_NS
     following = rows["_next_ns"].dropna()
-    if not following.empty:
-        ok &= k["start_ns"].astype("float64") <= float(following.min()) + CLOCK_TOLERANCE_NS
+    latest = float(following.min()) if not following.empty else float(issued.min()) + PG_TIMEOUT_NS
+    ok &= k["start_ns"].astype("float64") <= latest + CLOCK_TOLERANCE_NS
     return bool(ok.any())
 
 
@@ -619,6 +624,7 @@ def _unranked_findings(coll: pa.Table) -> list[dict[str, Any]]:
 __all__ = [
     "CLOCK_TOLERANCE_NS",
     "FR_DEFAULT_BUFFER",
+    "PG_TIMEOUT_NS",
     "HangResult",
     "diagnose",
     "diagnose_run",
