@@ -345,6 +345,8 @@ def diagnose_run(
         grp = grp[grp["seq"] >= lo].copy()
         grp["_next_ns"] = grp.groupby("rank")["enqueue_ns"].shift(-1)
         pg = _pg_text(str(name), desc)
+        if declared is None:  # nothing declares its ranks: never presented as a group of the recorders
+            pg += f" (members unknown: judged among the {len(recorders)} ranks whose dumps hold it)"
         hang = _first_hang(grp, evidence, kin, str(name))
         if hang is not None:
             hang.update(name=str(name), desc=desc, pg=pg, members=mem, no_evidence=sorted(no_dump | forgot))
@@ -359,7 +361,7 @@ def diagnose_run(
                     f"{_ranks_text(sorted(no_dump))} left no usable Flight Recorder dump, so whether "
                     f"{'it' if len(no_dump) == 1 else 'they'} joined is unknown: no hang is reported without evidence"
                 )
-        mismatches += _mismatches(grp, str(name), desc)
+        mismatches += _mismatches(grp, str(name), desc, pg)
 
     departed = {r: d for r in {m for h in hangs for m in h["missing"]} if (d := _departed(df, r)) is not None}
     res.findings = _hang_findings(hangs, prog, groups, departed) + [
@@ -535,7 +537,9 @@ def _hang_findings(
     return out
 
 
-def _mismatches(grp: pd.DataFrame, name: str, desc: str | None) -> list[tuple[float, dict[str, Any]]]:
+def _mismatches(
+    grp: pd.DataFrame, name: str, desc: str | None, pg: str
+) -> list[tuple[float, dict[str, Any]]]:
     """The first collective of one group whose joined entries disagree on op, element counts or dtype."""
     sized = ~grp["op"].isin(_SIZE_FREE_OPS)
     sig = grp.assign(
@@ -565,7 +569,7 @@ def _mismatches(grp: pd.DataFrame, name: str, desc: str | None) -> list[tuple[fl
         return str(r["_dt"] or "unknown dtype")
 
     msg = (
-        f"{kind} mismatch in {maj['op']} #{seq} on {_pg_text(name, desc)}: "
+        f"{kind} mismatch in {maj['op']} #{seq} on {pg}: "
         f"{_ranks_text(odd)} called {describe(oddrow)} "
         f"where {int((combo == majority).sum())} ranks called {describe(maj)}"
     )
