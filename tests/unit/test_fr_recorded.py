@@ -61,8 +61,9 @@ def test_skipped_send_names_the_culprits_pipeline_not_its_blocked_dp_peer():
     assert "ranks 0, 2, 4, 6 are all of pg 1 (mesh_pp) and wait in no collective" in f["message"]
     assert "rank 1, missing too, waits in allreduce #11 on pg 3 (mesh_dp)" in f["message"]
     assert f["caused"] == [
-        {"pg_name": "3", "seq": 11, "op": "allreduce", "missing_ranks": [0], "waiting_ranks": [1]}
-    ]
+        {"pg_name": "3", "pg_desc": "mesh_dp", "seq": 11, "op": "allreduce", "missing_ranks": [0],
+         "waiting_ranks": [1]}
+    ]  # fmt: skip
 
 
 def test_a_culprit_that_skipped_and_went_on_is_told_from_the_ranks_it_blocks():

@@ -370,7 +370,9 @@ def diagnose_run(
     return res
 
 
-def _first_hang(grp: pd.DataFrame, evidence: set[int], kin: pd.DataFrame | None, name: str) -> dict | None:
+def _first_hang(
+    grp: pd.DataFrame, evidence: set[int], kin: pd.DataFrame | None, name: str
+) -> dict[str, Any] | None:
     """The first collective of one group that a member with evidence never joined and no member believably
     completed (members seen in it in their traces are not missing); None when there is none."""
     n_joined = grp.groupby("seq")["rank"].nunique()
@@ -426,14 +428,15 @@ def _hang_findings(
     groups: dict[tuple[int, ...], str],
     departed: dict[int, bool],
 ) -> list[dict[str, Any]]:
-    """COLLECTIVE_HANG findings: the cause of each independent wait, with the ranks blocked behind it.
+    """The COLLECTIVE_HANG finding (one: a hung job hangs once): the ranks every wait comes down to, the
+    ranks blocked behind them, and the collectives each waits in.
 
     A missing member that waits (in flight) in another hung collective is blocked there. The members missing
     and waiting nowhere are the ones to look at; when every missing member waits elsewhere (a cycle: the
     culprit skipped a collective and went on to the next, where the others never arrive), the collective
     whose wait began first is where it started: the one whose missing rank `departed` from its routine,
-    else the one whose wait began first by the hosts' clocks. A later hang whose missing members are all
-    named already is folded into the finding that names them."""
+    else the one whose wait began first by the hosts' clocks. The root collectives that name new ranks are
+    listed in `hangs`; the later ones (their missing ranks named already, or blocked) in `caused`."""
     if not hangs:
         return []
     hangs = sorted(hangs, key=lambda h: h["t"])
@@ -464,77 +467,83 @@ def _hang_findings(
             kept.append(h)
             named |= set(h["free"])
     later = [h for h in hangs if h not in kept]
-    out = []
-    for i, h in enumerate(kept):
-        free, joined = h["free"], h["joined"]
-        msg = f"{_ranks_text(free)} never joined {h['op']} #{h['seq']} on {h['pg']}; {len(joined)} "
-        msg += "rank waited" if len(joined) == 1 else "ranks waited"
-        if len(free) > 1 and tuple(free) in groups and set(free) != h["members"]:
+    # one hang, one finding: the ranks every wait comes down to, each root collective listed
+    free = sorted(named)
+    first = kept[0]
+    waited = sorted({r for h in kept for r in h["joined"]})
+    if len(kept) == 1:
+        msg = f"{_ranks_text(free)} never joined {first['op']} #{first['seq']} on {first['pg']}"
+    else:
+        parts = [f"{h['op']} #{h['seq']} on {h['pg']} ({_ranks_text(h['free'])})" for h in kept[:4]]
+        more = f" and {len(kept) - 4} more" if len(kept) > 4 else ""
+        msg = f"{_ranks_text(free)} never joined their collectives: " + ", ".join(parts) + more
+    msg += f"; {len(waited)} rank waited" if len(waited) == 1 else f"; {len(waited)} ranks waited"
+    if len(free) > 1 and not any(m in waits_in for m in free):
+        grp = groups.get(tuple(free))
+        if grp is not None and all(set(free) != h["members"] for h in kept):
             msg += (
-                f"; {_ranks_text(free)} are all of {groups[tuple(free)]} and wait in no collective: blocked "
-                "inside that group (point-to-point, which gloo's Flight Recorder does not record) or in host code"
+                f"; {_ranks_text(free)} are all of {grp} and wait in no collective: blocked inside that group "
+                "(point-to-point, which gloo's Flight Recorder does not record) or in host code"
             )
-        elif not any(m in waits_in for m in free) and len(free) > 1:
+        else:
             msg += f"; {_ranks_text(free)} wait in no collective (blocked in point-to-point or host code)"
-        for b in h["blocked"]:
-            w = waits_in[b]
-            if b in free:
-                msg += f"; rank {b} went on to {w['op']} #{w['seq']} on {w['pg']}, where it waits"
-            else:
-                msg += f"; rank {b}, missing too, waits in {w['op']} #{w['seq']} on {w['pg']}"
-        if h["seen_in_trace"]:
-            msg += f"; {_ranks_text(h['seen_in_trace'])} completed it in {'its' if len(h['seen_in_trace']) == 1 else 'their'} trace"
-        if h["no_evidence"]:
-            msg += f"; no usable Flight Recorder dump from {_ranks_text(h['no_evidence'])}: not judged"
-        caused = later if i == 0 else []
-        # hangs of other ranks behind this one (the culprit's own further absences add nothing to the text)
-        behind = [c for c in caused if set(c["missing"]) - named]
-        for c in behind[:3]:
-            others = sorted(set(c["missing"]) - named)
-            msg += f"; behind it, {_ranks_text(others)} never reach {c['op']} #{c['seq']} on {c['pg']}"
-        if len(behind) > 3:
-            msg += f" (and {len(behind) - 3} more collectives)"
-        p = prog[(prog["pg_name"] == h["name"]) & prog["rank"].isin(h["members"])]
-        per_rank = [
-            {
-                "rank": int(r.rank),
-                "last_enqueued": None if pd.isna(r.last_enqueued) else int(r.last_enqueued),
-                "last_started": None if pd.isna(r.last_started) else int(r.last_started),
-                "last_completed": None if pd.isna(r.last_completed) else int(r.last_completed),
-            }
-            for r in p.itertuples()
-        ]
-        extra: dict[str, Any] = {"root_rank": free[0]} if len(free) == 1 else {}
-        out.append(
-            finding(
-                "COLLECTIVE_HANG",
-                "error",
-                msg,
-                ranks=free,
-                pg_name=h["name"],
-                pg_desc=h["desc"],
-                seq=h["seq"],
-                op=h["op"],
-                missing_ranks=h["missing"],
-                waiting_ranks=joined,
-                blocked_ranks=h["blocked"],
-                no_evidence_ranks=h["no_evidence"],
-                seen_in_trace_ranks=h["seen_in_trace"],
-                progress=per_rank,
-                caused=[
-                    {
-                        "pg_name": c["name"],
-                        "seq": c["seq"],
-                        "op": c["op"],
-                        "missing_ranks": c["missing"],
-                        "waiting_ranks": c["joined"],
-                    }
-                    for c in caused
-                ],  # fmt: skip
-                **extra,
-            )
+    blocked = sorted({b for h in kept for b in h["blocked"]})
+    for b in blocked:
+        w = waits_in[b]
+        if b in named:
+            msg += f"; rank {b} went on to {w['op']} #{w['seq']} on {w['pg']}, where it waits"
+        else:
+            msg += f"; rank {b}, missing too, waits in {w['op']} #{w['seq']} on {w['pg']}"
+    seen = sorted({r for h in kept for r in h["seen_in_trace"]})
+    if seen:
+        msg += f"; {_ranks_text(seen)} completed it in {'its' if len(seen) == 1 else 'their'} trace"
+    no_evidence = sorted({r for h in kept for r in h["no_evidence"]})
+    if no_evidence:
+        msg += f"; no usable Flight Recorder dump from {_ranks_text(no_evidence)}: not judged"
+    # hangs of other ranks behind this one (the culprit's own further absences add nothing to the text)
+    behind = [c for c in later if set(c["missing"]) - named]
+    for c in behind[:3]:
+        others = sorted(set(c["missing"]) - named)
+        msg += f"; behind it, {_ranks_text(others)} never reach {c['op']} #{c['seq']} on {c['pg']}"
+    if len(behind) > 3:
+        msg += f" (and {len(behind) - 3} more collectives)"
+
+    def brief(h: dict[str, Any]) -> dict[str, Any]:
+        return {"pg_name": h["name"], "pg_desc": h["desc"], "seq": h["seq"], "op": h["op"],
+                "missing_ranks": h["missing"], "waiting_ranks": h["joined"]}  # fmt: skip
+
+    p = prog[(prog["pg_name"] == first["name"]) & prog["rank"].isin(first["members"])]
+    per_rank = [
+        {
+            "rank": int(r.rank),
+            "last_enqueued": None if pd.isna(r.last_enqueued) else int(r.last_enqueued),
+            "last_started": None if pd.isna(r.last_started) else int(r.last_started),
+            "last_completed": None if pd.isna(r.last_completed) else int(r.last_completed),
+        }
+        for r in p.itertuples()
+    ]
+    extra: dict[str, Any] = {"root_rank": free[0]} if len(free) == 1 else {}
+    return [
+        finding(
+            "COLLECTIVE_HANG",
+            "error",
+            msg,
+            ranks=free,
+            pg_name=first["name"],
+            pg_desc=first["desc"],
+            seq=first["seq"],
+            op=first["op"],
+            missing_ranks=first["missing"],
+            waiting_ranks=waited,
+            blocked_ranks=blocked,
+            no_evidence_ranks=no_evidence,
+            seen_in_trace_ranks=seen,
+            progress=per_rank,
+            hangs=[brief(h) for h in kept],
+            caused=[brief(c) for c in later],
+            **extra,
         )
-    return out
+    ]
 
 
 def _mismatches(

@@ -300,7 +300,7 @@ def _call_text(r: pd.Series, kind: str) -> str:
     return f"{r['op']} in {r['dtype'] or 'unknown dtype'}"
 
 
-def _likely_pair(ca: dict[str, Any], cb: dict[str, Any], rank_of: dict[str, object]) -> dict[str, Any] | None:
+def _likely_pair(ca: dict[str, Any], cb: dict[str, Any], rank_of: dict[str, Any]) -> dict[str, Any] | None:
     """The likely mismatch finding of two inferred communicators taken for one (None when they agree)."""
     shared = sorted(ca["seqs"] & cb["seqs"])
     for seq in shared:
@@ -323,7 +323,7 @@ def _likely_pair(ca: dict[str, Any], cb: dict[str, Any], rank_of: dict[str, obje
             f"same opCounts {span}"
         )
         procs = sorted(ca["procs"] | cb["procs"])
-        known = sorted(int(rank_of[p]) for p in procs if pd.notna(rank_of.get(p)))  # type: ignore[arg-type]
+        known = sorted(int(rank_of[p]) for p in procs if pd.notna(rank_of.get(p)))
         return finding(
             "COLLECTIVE_MISMATCH",
             "warning",
