@@ -74,7 +74,11 @@ def _worker(rank: int, a: argparse.Namespace, init: str, stage_dir: str) -> None
     torch.manual_seed(7 + rank)
     out = Path(stage_dir)
     dist.init_process_group(
-        "gloo", init_method=init, rank=rank, world_size=a.world, timeout=datetime.timedelta(seconds=PG_TIMEOUT_S)
+        "gloo",
+        init_method=init,
+        rank=rank,
+        world_size=a.world,
+        timeout=datetime.timedelta(seconds=PG_TIMEOUT_S),
     )
     pp, dp = a.pp, a.world // a.pp
     stage, dp_idx = rank // dp, rank % dp
@@ -143,7 +147,9 @@ def _worker(rank: int, a: argparse.Namespace, init: str, stage_dir: str) -> None
     dist.destroy_process_group()
 
 
-def _steps(a, torch, dist, rank, stage, pp, model, opt, sched, pipe_stage, prof, did, watchdog, loss_fn) -> None:
+def _steps(
+    a, torch, dist, rank, stage, pp, model, opt, sched, pipe_stage, prof, did, watchdog, loss_fn
+) -> None:
     """The training steps (and the planted fault) of one rank."""
     culprit = rank == a.fault_rank and a.fault != "none"
     x = torch.randn(BATCH, HIDDEN)
@@ -157,9 +163,9 @@ def _steps(a, torch, dist, rank, stage, pp, model, opt, sched, pipe_stage, prof,
         if culprit and step == a.fault_step and a.fault == "skip-send" and pipe_stage is not None:
             orig = pipe_stage.get_fwd_send_ops
 
-            def skip_once(chunk: int, _orig=orig):
+            def skip_once(chunk: int, _orig=orig, _step=step):
                 if chunk == 1:
-                    did["skipped"] = {"op": "send", "microbatch": 1, "step": step}
+                    did["skipped"] = {"op": "send", "microbatch": 1, "step": _step}
                     return []
                 return _orig(chunk)
 
