@@ -15,7 +15,7 @@ numbers are per pair). See docs/nccl-inputs.md ("Hangs").
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -119,8 +119,8 @@ def _identities(
     df: pd.DataFrame,
     members: Mapping[tuple[int, str], Iterable[int]] | None,
     expected_ranks: Iterable[int] | Mapping[str, Iterable[int]] | None,
-) -> pd.Series:
-    """Each record's process group identity: (pg name, its declared ranks), as torchfrtrace keys a group by
+) -> tuple[pd.Series, list[Gid]]:
+    """Each record's process group identity (a code into the returned list of (pg name, its declared ranks)), as torchfrtrace keys a group by
     its name and the hash of its ranks (split_group can give different groups one name). A record whose
     group nothing declares takes the one declared group of that name holding its rank, else (name, None)."""
     firsts = df.groupby(["rank", "pg_name"], sort=False).agg(
@@ -141,9 +141,13 @@ def _identities(
     for r, name in unknown:
         fits = [g for g in by_name.get(name, ()) if g[1] is not None and r in g[1]]
         known[(r, name)] = fits[0] if len(fits) == 1 else (name, None)
-    return pd.Series(
-        [known[(int(r), str(n))] for r, n in zip(df["rank"], df["pg_name"])], index=df.index, dtype=object
-    )
+    gids = sorted(set(known.values()), key=lambda g: (g[0], g[1] is None, g[1] or ()))
+    code = {g: i for i, g in enumerate(gids)}
+    keys = pd.DataFrame(
+        [(r, n, code[g]) for (r, n), g in known.items()], columns=["rank", "pg_name", "_code"]
+    ).astype({"rank": df["rank"].dtype})
+    codes = df[["rank", "pg_name"]].merge(keys, on=["rank", "pg_name"], how="left")["_code"]
+    return pd.Series(codes.to_numpy(dtype="int64"), index=df.index), gids
 
 
 def _credible_completion(grp: pd.DataFrame, mem: set[int]) -> pd.Series:
@@ -319,14 +323,15 @@ def diagnose_run(
         return res
     df["seq"] = df["seq"].astype("int64")
     df["pg_name"] = df["pg_name"].astype(str)
-    df["_gid"] = _identities(df, members, expected_ranks)
+    df["_gid"], gids = _identities(df, members, expected_ranks)
     prog = progress(coll)
     kin = _kineto_frame(kineto)
-    groups = _known_groups(df, members, descs)
+    groups = _known_groups(gids, members, descs)
     hangs: list[dict[str, Any]] = []
     mismatches: list[tuple[float, dict[str, Any]]] = []
 
-    for gid, grp in df.groupby("_gid", sort=False):
+    for code, grp in df.groupby("_gid", sort=False):
+        gid = gids[int(code)]
         name, declared = gid
         d = grp["pg_desc"].dropna()
         desc = str(d.mode().iloc[0]) if len(d) else (descs or {}).get(name)
@@ -363,8 +368,7 @@ def diagnose_run(
                 )
         mismatches += _mismatches(grp, str(name), desc, pg)
 
-    departed = {r: d for r in {m for h in hangs for m in h["missing"]} if (d := _departed(df, r)) is not None}
-    res.findings = _hang_findings(hangs, prog, groups, departed) + [
+    res.findings = _hang_findings(hangs, prog, groups, lambda r: _departed(df, r)) + [
         f for _, f in sorted(mismatches, key=lambda t: t[0])
     ]
     return res
@@ -411,11 +415,11 @@ def _departed(df: pd.DataFrame, rank: int) -> bool | None:
 
 
 def _known_groups(
-    df: pd.DataFrame, members: Mapping[tuple[int, str], Iterable[int]] | None, descs: Mapping[str, str] | None
+    gids: list[Gid], members: Mapping[tuple[int, str], Iterable[int]] | None, descs: Mapping[str, str] | None
 ) -> dict[tuple[int, ...], str]:
     """{ranks: "pg NAME (desc)"} of every group some source declares (dumps and traces)."""
     out: dict[tuple[int, ...], str] = {}
-    for name, ranks in {g for g in df["_gid"] if g[1] is not None}:
+    for name, ranks in {g for g in gids if g[1] is not None}:
         out.setdefault(ranks, _pg_text(name, (descs or {}).get(name)))
     for (_, name), ranks in (members or {}).items():
         out.setdefault(tuple(sorted(int(r) for r in ranks)), _pg_text(name, (descs or {}).get(name)))
@@ -426,7 +430,7 @@ def _hang_findings(
     hangs: list[dict[str, Any]],
     prog: pd.DataFrame,
     groups: dict[tuple[int, ...], str],
-    departed: dict[int, bool],
+    departed: Callable[[int], bool | None],
 ) -> list[dict[str, Any]]:
     """The COLLECTIVE_HANG finding (one: a hung job hangs once): the ranks every wait comes down to, the
     ranks blocked behind them, and the collectives each waits in.
@@ -451,7 +455,7 @@ def _hang_findings(
     if not roots:  # a cycle: each missing rank waits in another hung collective
         # the rank that departed from its own routine (its last call follows its previous one as it never did
         # before) skipped a collective and went on; the others only stopped where it left them
-        gone = {r for h in hangs for r in h["missing"] if departed.get(r)}
+        gone = {r for r in {m for h in hangs for m in h["missing"]} if departed(r)}
         roots = [h for h in hangs if set(h["missing"]) & gone]
         for h in roots:
             h["free"] = sorted(set(h["missing"]) & gone)
