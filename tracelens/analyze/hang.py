@@ -322,7 +322,8 @@ def diagnose_run(
     if df.empty:
         return res
     df["seq"] = df["seq"].astype("int64")
-    df["pg_name"] = df["pg_name"].astype(str)
+    # a record without a group name (a damaged dump) is judged in a group of its own, named "unknown"
+    df["pg_name"] = df["pg_name"].where(df["pg_name"].notna(), "unknown").astype(str)
     df["_gid"], gids = _identities(df, members, expected_ranks)
     prog = progress(coll)
     kin = _kineto_frame(kineto)
@@ -419,8 +420,9 @@ def _known_groups(
 ) -> dict[tuple[int, ...], str]:
     """{ranks: "pg NAME (desc)"} of every group some source declares (dumps and traces)."""
     out: dict[tuple[int, ...], str] = {}
-    for name, ranks in {g for g in gids if g[1] is not None}:
-        out.setdefault(ranks, _pg_text(name, (descs or {}).get(name)))
+    for name, declared in gids:
+        if declared is not None:
+            out.setdefault(declared, _pg_text(name, (descs or {}).get(name)))
     for (_, name), ranks in (members or {}).items():
         out.setdefault(tuple(sorted(int(r) for r in ranks)), _pg_text(name, (descs or {}).get(name)))
     return out
