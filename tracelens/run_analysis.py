@@ -840,7 +840,7 @@ class Analysis:
     def nccl(self) -> dict[str, pa.Table]:
         """Collectives tables from the non-Kineto inputs found in the run folder, by source."""
         from tracelens.ingest import flight_recorder, nccl_log, nccl_plugin
-        from tracelens.ingest.sniff import FR_JSON, FR_PICKLE, NCCL_LOG, NCCL_PLUGIN
+        from tracelens.ingest.sniff import NCCL_LOG, NCCL_PLUGIN
 
         files = self.run.files
         out: dict[str, pa.Table] = {}
@@ -856,10 +856,7 @@ class Analysis:
                     self.warnings.append(f"skipped {err}")
             return ok
 
-        fr_json = usable([f.path for f in files if f.fmt == FR_JSON], flight_recorder.read)
-        fr_pkl = usable([f.path for f in files if f.fmt == FR_PICKLE], flight_recorder.read)
-        # The same dump is often written both ways; JSON wins, pickle fills ranks JSON lacks.
-        fr = fr_json or fr_pkl
+        fr = self._flight_recorder_dumps(files, usable)
         if fr:
             out["flight_recorder"] = flight_recorder.read_many(fr)
         plugin = usable([f.path for f in files if f.fmt == NCCL_PLUGIN], nccl_plugin.read)
@@ -877,6 +874,69 @@ class Analysis:
         return out
 
     nccl_log_stats: dict | None = None  # parse counters of the NCCL logs (nccl_log.STAT_KEYS)
+    #: ranks whose Flight Recorder dump could not be used -> why (no evidence about them, never "missing")
+    fr_unusable: dict[int, str] = field(default_factory=dict, init=False)
+    fr_dumped: set[int] = field(default_factory=set, init=False)  # ranks whose dump was read
+
+    def _flight_recorder_dumps(self, files, usable) -> list[Path]:
+        """One readable dump per rank: JSON, else the same rank's pickle (the same dump is often written both
+        ways). Dumps that cannot be used (unreadable, cut, empty: `usable` names each in the warnings) and
+        ranks without any dump are kept in `fr_unusable`, so the hang diagnosis counts them as no evidence."""
+        from tracelens.ingest import flight_recorder
+        from tracelens.ingest.sniff import FR_JSON, FR_PICKLE
+
+        chosen: dict[int, Path] = {}
+        why: dict[int, list[str]] = {}
+        fr_files = [f for f in files if f.fmt in (FR_JSON, FR_PICKLE)]
+        for fmt in (FR_JSON, FR_PICKLE):
+            for f in fr_files:
+                r = flight_recorder.rank_from_path(f.path)
+                if f.fmt != fmt or (r is not None and r in chosen):
+                    continue
+                n = len(self.warnings)
+                if usable([f.path], flight_recorder.read):
+                    chosen[int(r) if r is not None else -1] = f.path
+                elif r is not None:
+                    why.setdefault(int(r), []).append(
+                        self.warnings[n].removeprefix("skipped ")
+                        if len(self.warnings) > n
+                        else f"{f.path.name}: unreadable"
+                    )
+        # files beside the dumps that are not dumps at all (empty, garbage) are unusable dumps too
+        seen = {f.path for f in fr_files}
+        names = {(f.path.parent, flight_recorder.name_pattern(f.path)) for f in fr_files}
+        for d in {f.path.parent for f in fr_files}:
+            try:
+                siblings = sorted(p for p in d.iterdir() if p.is_file() and p not in seen)
+            except OSError:
+                continue
+            for p in siblings:  # named like the dumps beside it (`fr_trace_rank_<r>.json`), read as none
+                r = flight_recorder.rank_from_path(p)
+                if r is None or r in chosen or (d, flight_recorder.name_pattern(p)) not in names:
+                    continue
+                size = p.stat().st_size
+                why.setdefault(int(r), []).append(
+                    f"{p}: {'empty' if size == 0 else 'not a Flight Recorder dump'}"
+                )
+        self.fr_dumped = {r for r in chosen if r >= 0}
+        if chosen:
+            # ranks are 0..world-1: below the highest rank dumped (or the traces' world), one without a dump
+            top = self.world_size or (max(chosen) + 1)
+            world = set(range(top))
+            for r in sorted(world - set(chosen) - set(why)):
+                why[r] = ["no dump"]
+            for r in sorted(set(why) - set(chosen)):
+                self.fr_unusable[r] = "; ".join(why[r])
+                self.warnings.append(
+                    f"Flight Recorder: no usable dump from rank {r} ({self.fr_unusable[r]}): its collectives are "
+                    "unknown, not missing (it is never named as a rank that did not join)"
+                )
+            for r in sorted(set(why) & set(chosen)):
+                self.warnings.append(
+                    f"Flight Recorder: rank {r}'s {chosen[r].name} was read instead of an unusable dump "
+                    f"({'; '.join(why[r])})"
+                )
+        return [p for r, p in sorted(chosen.items())]
 
     @cached_property
     def nccl_sources(self):
@@ -905,11 +965,33 @@ class Analysis:
         fr = self.nccl.get("flight_recorder")
         out: list[dict] = []
         if fr is not None and fr.num_rows:
-            from tracelens.analyze.hang import diagnose
-
-            world = self.nccl_world
-            out = diagnose(fr, expected_ranks=range(world) if world else None)
+            res = self._guarded("Flight Recorder hang diagnosis", self._fr_diagnosis)
+            if res is not None:
+                out = res.findings
+                self.warnings += [
+                    f"Flight Recorder: {n}" for n in res.notes if f"Flight Recorder: {n}" not in self.warnings
+                ]
         return out + self.nccl_source_findings({f["code"] for f in out})
+
+    def _fr_diagnosis(self):
+        """Hangs / desyncs from the Flight Recorder dumps, groups as the traces declare them, the Kineto
+        collectives as evidence of who completed what (tracelens.analyze.hang.diagnose_run)."""
+        from tracelens.analyze.hang import diagnose_run, trace_groups
+
+        fr = self.nccl["flight_recorder"]
+        world = self.nccl_world
+        members, descs = trace_groups(self.metadata) if self.ranks else ({}, {})
+        kineto = None
+        if self._xevents.num_rows and self.cross is not None:
+            kineto = self.cross.collectives
+        return diagnose_run(
+            fr,
+            expected_ranks=range(world) if world else None,
+            members=members,
+            descs=descs,
+            dumps=self.fr_dumped or None,
+            kineto=kineto,
+        )
 
     def nccl_source_findings(self, have: set[str]) -> list[dict]:
         """Hang / desync findings from logs and plugin dumps, unless Flight Recorder already gave that code."""

@@ -95,7 +95,10 @@ def test_skipped_send_traced_to_its_rank_and_hung_step_left_out():
     assert all(b["blocked_ms"] >= 0.8 * 1000 * 10 for b in f["blocked_chain"])  # the 10 s timeout
     assert skipped["step"] not in s["run"]["steps"]  # left out of the performance analysis
     assert not [x for x in s["findings"] if x["code"] in ("PIPELINE_BUBBLE_EXCESS", "STAGE_IMBALANCE")]
-    # the downstream collectives hang in every DP group (gloo retires the timed-out entries)
-    hangs = [x for x in s["findings"] if x["code"] == "COLLECTIVE_HANG"]
-    assert {x["pg_desc"] for x in hangs} == {f"dp_stage{i}" for i in range(4)}
+    # the downstream collectives hang in every DP group (gloo retires the timed-out entries): one hang, the
+    # ranks of the stuck pipeline (its pp group), each missing from its stage's DP all_reduce
+    (hang,) = [x for x in s["findings"] if x["code"] == "COLLECTIVE_HANG"]
+    assert {x["pg_desc"] for x in hang["hangs"]} == {f"dp_stage{i}" for i in range(4)}
+    assert hang["ranks"] == [0, 2, 4, 6] and skipped["rank"] in hang["ranks"]
+    assert "ranks 0, 2, 4, 6 are all of pg 5 (pp_dp0) and wait in no collective" in hang["message"]
     assert not [x for x in s["findings"] if x["code"] == "COLLECTIVE_MISMATCH"]

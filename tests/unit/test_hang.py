@@ -163,8 +163,9 @@ def test_real_gloo_hang_is_diagnosed(kind):
     prog = {p["rank"]: p for p in f["progress"]}
     assert prog[truth["rank"]]["last_enqueued"] == truth["seq"] - 1
     for r in truth["waiting_ranks"]:
-        # gloo: the pending collective stays "scheduled"; pg_status marks the earlier ones completed
-        assert prog[r] == {"rank": r, "last_enqueued": truth["seq"], "last_started": truth["seq"] - 1,
+        # gloo leaves every entry "scheduled": the pending one is not retired (in flight: started), the
+        # earlier ones are (completed)
+        assert prog[r] == {"rank": r, "last_enqueued": truth["seq"], "last_started": truth["seq"],
                            "last_completed": truth["seq"] - 1}  # fmt: skip
 
 
@@ -183,3 +184,58 @@ def test_write_for_run_and_parse_hang(tmp_path):
     assert json.loads((tmp_path / "nccl_truth.json").read_text())["hang"]["message"] == first["message"]
     with pytest.raises(BadInputError):
         write_for_run(tmp_path / "flight_recorder")  # no Kineto traces there
+
+
+def _dump(
+    path: Path, rank: int, entries: list[tuple[str, str, int, str, int]], cfg: dict | None = None
+) -> Path:
+    """A minimal NCCL-style JSON dump: entries (pg_name, desc, seq, op, numel), all completed but the last."""
+    rows = [
+        {"record_id": i, "pg_id": 0, "process_group": [n, d], "collective_seq_id": seq, "p2p_seq_id": 0,
+         "op_id": seq, "profiling_name": f"nccl:{op}", "time_created_ns": 1_000_000 * (i + 1),
+         "input_sizes": [[numel]], "output_sizes": [[numel]], "input_dtypes": ["Float"],
+         "output_dtypes": ["Float"], "state": "completed" if i < len(entries) - 1 else "started",
+         "time_discovered_started_ns": 1, "time_discovered_completed_ns": 2 if i < len(entries) - 1 else 0,
+         "retired": i < len(entries) - 1, "is_p2p": False}
+        for i, (n, d, seq, op, numel) in enumerate(entries)
+    ]  # fmt: skip
+    doc = {"version": "2.10", "pg_config": cfg or {}, "pg_status": {}, "entries": rows}
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_groups_sharing_a_name_are_not_one_group(tmp_path):
+    """split_group can give two groups over different ranks one name: ranks 0-1 and ranks 2-3 each run their
+    own collectives on "5". Matched by name alone they make a group of ranks 0-3 that does not exist, with a
+    mismatch in it; by (name, declared ranks) each is whole."""
+    paths = []
+    for r in range(4):
+        op, n = ("allreduce", 8) if r < 2 else ("allgather", 4)
+        paths.append(
+            _dump(tmp_path / f"fr_{r}.json", r, [("5", "split", 1, op, n), ("5", "split", 2, op, n)])
+        )
+    coll = fr.read_many(paths)
+    assert diagnose(coll)[0]["code"] == "COLLECTIVE_MISMATCH"  # the group "5" of the ranks that recorded it
+    members = {(r, "5"): (0, 1) if r < 2 else (2, 3) for r in range(4)}
+    assert diagnose(coll, members=members) == []
+    # the dump's own pg_config says the same, per rank
+    for r in range(4):
+        ranks = "[0, 1]" if r < 2 else "[2, 3]"
+        op, n = ("allreduce", 8) if r < 2 else ("allgather", 4)
+        _dump(paths[r], r, [("5", "split", 1, op, n), ("5", "split", 2, op, n)],
+              {"5": {"name": "5", "desc": "split", "ranks": ranks}})  # fmt: skip
+    assert diagnose(fr.read_many(paths)) == []
+
+
+def test_a_group_nothing_declares_says_so(tmp_path):
+    paths = [
+        _dump(
+            tmp_path / f"fr_{r}.json",
+            r,
+            [("7", "undefined", 1, "allreduce", 8), ("7", "undefined", 2, "allreduce", 8 if r else 9)],
+        )  # fmt: skip
+        for r in range(3)
+    ]
+    (f,) = diagnose(fr.read_many(paths), expected_ranks=range(8))
+    assert f["code"] == "COLLECTIVE_MISMATCH" and f["ranks"] == [0]
+    assert "on pg 7 (members unknown: judged among the 3 ranks whose dumps hold it)" in f["message"]

@@ -520,3 +520,85 @@ def test_rccl_mismatch_names_rank_and_process(tmp_path):
         "op mismatch at opCount 0x28c on communicator n4#0 (4 ranks): rank 1 (mi250-0:301) called allgather "
         "where 3 processes called allreduce"
     )
+
+
+# ---------------------------------------------------------------------------------------------------
+# 6. one communicator whose processes disagree on every call (a real RCCL log, no INIT lines)
+# ---------------------------------------------------------------------------------------------------
+RCCL_429 = ROOT / "tests" / "data" / "nccl_logs" / "rccl_issue429.log"  # the log excerpt of ROCm/rccl#429
+
+
+def test_real_rccl_log_desync_is_a_likely_mismatch():
+    """Process 45006 calls AllReduce at opCounts 0x28c-0x28d, process 45012 AllGather at the same opCounts,
+    each on its only 4-rank communicator (pointers 0x55bef0201370 and 0x559c24b55610: per-process
+    addresses). The calls disagree everywhere, so the sequences alone keep them apart."""
+    coll = nccl_log.read(RCCL_429)
+    assert sorted(set(coll.column("pg_name").to_pylist())) == ["n4#0", "n4#1"]
+    (f,) = nccl_sources.diagnose_processes(coll)
+    assert (f["code"], f["severity"], f["likely"], f["mismatch"]) == (
+        "COLLECTIVE_MISMATCH",
+        "warning",
+        True,
+        "op",
+    )
+    assert f["processes"] == ["h03r3n06:45006", "h03r3n06:45012"] and f["seq"] == 0x28C and f["ranks"] == []
+    assert f["calls"] == {
+        "h03r3n06:45006": "allreduce of in 9984512 / out 9984512 elements",
+        "h03r3n06:45012": "allgather of in 59205120 / out 236820480 elements",  # count x nranks out
+    }
+    assert f["message"] == (
+        "likely op mismatch at opCount 0x28c on a 4-rank communicator: process h03r3n06:45012 called allgather "
+        "where process h03r3n06:45006 called allreduce. Likely one communicator (the log has no INIT lines and "
+        "comm pointers differ per process): each of these processes logged one 4-rank communicator, they make "
+        "at most 4 processes together, and their calls cover the same opCounts 0x28c-0x28d"
+    )
+
+
+def test_real_rccl_log_in_a_folder_reports_it(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "rccl.log").write_bytes(RCCL_429.read_bytes())
+    r = cli(
+        "analyze", run, "--json", tmp_path / "s.json", "-o", tmp_path / "out", "--no-cache", "--no-report"
+    )
+    assert r.returncode == 0, r.stderr
+    s = json.loads((tmp_path / "s.json").read_text())
+    assert [(f["code"], f["severity"]) for f in s["findings"] if f["code"].startswith("COLLECTIVE")] == [
+        ("COLLECTIVE_MISMATCH", "warning")
+    ]
+
+
+def _two_process_log(extra: list[str] | None = None, n2: int = 4) -> list[str]:
+    lines = [call("h", 10, 0, "AllReduce", oc, count=100, nranks=4, comm="0x5510") for oc in (7, 8)]
+    lines += [
+        call("h", 11, 1, "AllGather", oc, count=300, dtype=0, nranks=n2, comm="0x5520") for oc in (7, 8)
+    ]
+    return lines + (extra or [])
+
+
+@pytest.mark.parametrize(
+    "case, extra, n2, found",
+    [
+        ("the pair", [], 4, 1),
+        # another nranks: not one communicator
+        ("different nranks", [], 8, 0),
+        # process 11 logs a second incomplete 4-rank communicator at those opCounts: which one is the pair?
+        (
+            "ambiguous",
+            [call("h", 11, 1, "Broadcast", oc, count=5, nranks=4, comm="0x5530") for oc in (7, 8)],
+            4,
+            0,
+        ),
+        # no common opCount: nothing says they are one communicator
+        ("disjoint opCounts", None, 4, 0),
+    ],
+)
+def test_likely_pairing_rules(tmp_path, case, extra, n2, found):
+    lines = _two_process_log(extra, n2)
+    if extra is None:
+        lines = [ln.replace("opCount 7 ", "opCount 70 ").replace("opCount 8 ", "opCount 71 ") if ":11:" in ln
+                 else ln for ln in lines]  # fmt: skip
+    p = tmp_path / "x.log"
+    p.write_text("\n".join(lines) + "\n")
+    got = [f for f in nccl_sources.diagnose_processes(nccl_log.read(p)) if f.get("likely")]
+    assert len(got) == found, case

@@ -226,7 +226,122 @@ def diagnose_processes(coll: pa.Table) -> list[dict[str, Any]]:
                     majority_processes=sorted(maj["who"].unique()),
                 )
             )
-    return hangs + mismatches
+    return hangs + mismatches + _likely_mismatches(df, rank_of)
+
+
+_INFERRED = (
+    r"^n\d+#\d+$"  # pg_name of a communicator inferred from op sequences (nccl_log.infer_communicators)
+)
+
+
+def _likely_mismatches(df: pd.DataFrame, rank_of: dict[str, object]) -> list[dict[str, Any]]:
+    """COLLECTIVE_MISMATCH (warning, "likely") between inferred log communicators that are probably one.
+
+    Without INIT lines a communicator is inferred from its calls; comm pointers differ per process (they are
+    addresses), so processes of one communicator whose calls disagree on every common opCount stay apart, each
+    an incomplete communicator (fewer processes than its nranks). Two such communicators are taken for one
+    when they have the same nranks, disjoint processes that together are at most nranks, share opCounts
+    (opCount counts one communicator's calls), and each is the other's only such candidate with every one of
+    their processes logging no other incomplete communicator of that nranks (so no pairing is a guess between
+    several). Their first shared opCount whose calls disagree is then a likely desync; it stays a warning, as
+    the log cannot prove the two are one communicator."""
+    d = df[df["source"].eq("nccl_log") & df["pg_name"].astype(str).str.match(_INFERRED)]
+    if d.empty:
+        return []
+    comms: dict[str, dict[str, Any]] = {}
+    for pg, g in d.groupby("pg_name", sort=True):
+        n = g["group_size"].dropna()
+        if not len(n):
+            continue
+        nranks, procs = int(n.mode().iloc[0]), set(g["who"])
+        if len(procs) < nranks:
+            comms[str(pg)] = {
+                "n": nranks,
+                "procs": procs,
+                "seqs": set(g["seq"].dropna().astype("int64")),
+                "rows": g,
+            }
+    per_proc: dict[tuple[str, int], int] = {}
+    for c in comms.values():
+        for p in c["procs"]:
+            per_proc[(p, c["n"])] = per_proc.get((p, c["n"]), 0) + 1
+    cands: dict[str, list[str]] = {a: [] for a in comms}
+    names = sorted(comms)
+    for i, a in enumerate(names):
+        for b in names[i + 1 :]:
+            ca, cb = comms[a], comms[b]
+            if (
+                ca["n"] == cb["n"]
+                and not ca["procs"] & cb["procs"]
+                and len(ca["procs"] | cb["procs"]) <= ca["n"]
+                and ca["seqs"] & cb["seqs"]
+            ):
+                cands[a].append(b)
+                cands[b].append(a)
+    out = []
+    for a in names:
+        if len(cands[a]) != 1 or a > cands[a][0]:
+            continue
+        b = cands[a][0]
+        ca, cb = comms[a], comms[b]
+        if len(cands[b]) != 1 or any(per_proc[(p, ca["n"])] > 1 for p in ca["procs"] | cb["procs"]):
+            continue
+        f = _likely_pair(ca, cb, rank_of)
+        if f is not None:
+            out.append(f)
+    return out
+
+
+def _call_text(r: pd.Series, kind: str) -> str:
+    if kind == "op":
+        return str(r["op"])
+    if kind == "size":
+        return f"{r['op']} of in {r['in_nelems']} / out {r['out_nelems']} elements"
+    return f"{r['op']} in {r['dtype'] or 'unknown dtype'}"
+
+
+def _likely_pair(ca: dict[str, Any], cb: dict[str, Any], rank_of: dict[str, Any]) -> dict[str, Any] | None:
+    """The likely mismatch finding of two inferred communicators taken for one (None when they agree)."""
+    shared = sorted(ca["seqs"] & cb["seqs"])
+    for seq in shared:
+        ra = ca["rows"][ca["rows"]["seq"] == seq].iloc[0]
+        rb = cb["rows"][cb["rows"]["seq"] == seq].iloc[0]
+        sig = [
+            (r["op"], None if pd.isna(r["in_nelems"]) else int(r["in_nelems"]), r["dtype"]) for r in (ra, rb)
+        ]
+        if sig[0] == sig[1]:
+            continue
+        kind = "op" if sig[0][0] != sig[1][0] else ("size" if sig[0][1] != sig[1][1] else "dtype")
+        n = ca["n"]
+        span = f"0x{shared[0]:x}" + (f"-0x{shared[-1]:x}" if len(shared) > 1 else "")
+        msg = (
+            f"likely {kind} mismatch at opCount 0x{seq:x} on a {n}-rank communicator: "
+            f"{_names(sorted(cb['procs']), rank_of)} called {_call_text(rb, kind)} where "
+            f"{_names(sorted(ca['procs']), rank_of)} called {_call_text(ra, kind)}. Likely one communicator "
+            f"(the log has no INIT lines and comm pointers differ per process): each of these processes logged "
+            f"one {n}-rank communicator, they make at most {n} processes together, and their calls cover the "
+            f"same opCounts {span}"
+        )
+        procs = sorted(ca["procs"] | cb["procs"])
+        known = sorted(int(rank_of[p]) for p in procs if pd.notna(rank_of.get(p)))
+        return finding(
+            "COLLECTIVE_MISMATCH",
+            "warning",
+            msg,
+            ranks=known,
+            source="nccl_log",
+            likely=True,
+            seq=int(seq),
+            op=str(ra["op"]),
+            mismatch=kind,
+            processes=procs,
+            calls={
+                **{p: _call_text(ra, "size") for p in sorted(ca["procs"])},
+                **{p: _call_text(rb, "size") for p in sorted(cb["procs"])},
+            },
+            pg_names=[str(ra["pg_name"]), str(rb["pg_name"])],
+        )
+    return None
 
 
 def _instances(df: pd.DataFrame) -> pd.Series:

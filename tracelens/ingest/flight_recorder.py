@@ -208,6 +208,13 @@ def rank_from_path(path: str | Path) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def name_pattern(path: str | Path) -> str:
+    """The file name with its rank replaced by "#" (`fr_trace_rank_#.json`): dumps of one run share it."""
+    name = Path(path).name
+    m = _RANK_RE.search(name)
+    return name[: m.start(1)] + "#" + name[m.end(1) :] if m else name
+
+
 def _parse_ranks(value: Any) -> list[int] | None:
     """pg_config ranks: a list, or its string form "[0, 1]" (parsed as JSON, never evaluated)."""
     if isinstance(value, str):
@@ -346,15 +353,23 @@ def _rows(dump: dict, rank: int) -> list[dict]:
         )
         if state not in ("scheduled", "started", "completed"):
             state = "completed" if completed else ("started" if started else "scheduled")
-        # gloo never updates an entry's state (all stay "scheduled"); its pg_status does say how far each
-        # group got, so collectives at or below the last started/completed seq take that state.
-        last_started, last_completed = marks.get(str(e.get("pg_id")), (-1, -1))
-        cseq = e.get("collective_seq_id")
-        if not is_p2p and isinstance(cseq, int) and state != "completed":
-            if cseq <= last_completed:
-                state = "completed"
-            elif state == "scheduled" and cseq <= last_started:
-                state = "started"
+        gloo = str(e.get("profiling_name", "")).startswith("gloo:")
+        retired = e.get("retired")
+        if gloo and state == "scheduled" and isinstance(retired, bool):
+            # gloo never updates an entry's state (all stay "scheduled") but retires it when its work ends
+            # (done, or failed: a timeout retires it too): an entry not retired was still in flight
+            state = "completed" if retired else "started"
+        elif state != "completed" and not is_p2p:
+            # without `retired`, pg_status says how far each group got: entries at or below the last
+            # started/completed mark take that state. gloo's marks count the backend's work sequence numbers
+            # (`op_id`: point-to-point included), NCCL's the collective sequence.
+            last_started, last_completed = marks.get(str(e.get("pg_id")), (-1, -1))
+            mark = e.get("op_id" if gloo else "collective_seq_id")
+            if isinstance(mark, int) and not isinstance(mark, bool):
+                if mark <= last_completed:
+                    state = "completed"
+                elif state == "scheduled" and mark <= last_started:
+                    state = "started"
         rows.append(
             {
                 "rank": rank,
@@ -397,8 +412,10 @@ def read(path: str | Path, rank: int | None = None) -> pa.Table:
 
     `rank` defaults to the number at the end of the file name. Times: `enqueue_ns` = time_created_ns,
     `start_ns`/`end_ns` = time the watchdog discovered the start / completion (null when unknown, as in gloo).
-    `state` is the entry's, raised to "started"/"completed" where the dump's pg_status says the group got
-    that far (gloo leaves every entry "scheduled").
+    `state` is the entry's; gloo leaves every entry "scheduled", so there an entry it retired (its work
+    ended: done or failed) is "completed" and one it had not retired "started" (the rank was in it when it
+    dumped); dumps without `retired` are raised to "started"/"completed" where pg_status says the group got
+    that far.
     """
     path = Path(path)
     if rank is None:
@@ -474,6 +491,7 @@ __all__ = [
     "OP_NAMES",
     "load_dump",
     "loads_pickle",
+    "name_pattern",
     "normalise_op",
     "pg_config",
     "rank_from_path",
