@@ -40,7 +40,12 @@ from tracelens.analyze.composition import _runs, module_spans
 from tracelens.analyze.dictcol import columns, sharing
 from tracelens.analyze.layout import P2P_NAMES, Grid
 from tracelens.analyze.schedule import schedule_from_actions, schedule_from_order
-from tracelens.analyze.schedule_infer import pair_reduce, schedule_from_p2p, send_mask
+from tracelens.analyze.schedule_infer import (
+    forwards_before_first_backward,
+    pair_reduce,
+    schedule_from_p2p,
+    send_mask,
+)
 from tracelens.findings import finding
 from tracelens.thresholds import DEFAULT
 
@@ -452,6 +457,8 @@ def _analyze_pipeline(
                 schedule = "interleaved_1f1b"
             else:
                 schedule = schedule_from_order(by_p2p["forwards_before_first_backward"], grid.pp or 1, m)
+        elif schedule is None and v == 1:  # (p = 2, no annotations: the order of stage 0's work decides)
+            schedule = schedule_from_order(forwards_before_first_backward(events, grid, p2p), grid.pp or 1, m)
     res.microbatches, res.schedule, res.virtual_stages = m, schedule, v
     res.expected_bubble_fraction = expected_bubble_fraction(grid.pp, m, schedule, v)
     if (

@@ -68,13 +68,9 @@ def pair_reduce(rank: np.ndarray, step: np.ndarray, **cols: tuple[np.ndarray, np
     return pd.DataFrame({k: u.reduceat(v[o], starts) for k, (v, u) in cols.items()}, index=idx)
 
 
-def schedule_from_p2p(events: pa.Table, grid: Grid, p2p: np.ndarray) -> dict[str, Any] | None:
-    """{"virtual_stages", "microbatches", "sends_per_step": {stage: n}, "warmup_forwards": {stage: n},
-    "warmup_expected": {stage: n}, "warmup_matches"} from the sends of each stage; None when p < 3 or the
-    counts do not fit the pattern above."""
-    p = grid.pp or 1
-    if p < 3 or events.num_rows == 0:
-        return None
+def _stage_sends(events: pa.Table, grid: Grid, p2p: np.ndarray) -> tuple[pd.DataFrame, str | None]:
+    """The P2P sends of the steps (rank, step, stage, ts), one record of each (kernels, else cpu ops, else
+    annotations), and which kind that was."""
     cols = columns(events)
     is_send = send_mask(events)
     rank = cols.int64("rank")
@@ -88,12 +84,54 @@ def schedule_from_p2p(events: pa.Table, grid: Grid, p2p: np.ndarray) -> dict[str
             sel &= k
             chosen = kind
             break
-    if not sel.any():
-        return None
     s_rank = rank[sel]
     sends = pd.DataFrame(
         {"rank": s_rank, "step": step[sel], "stage": grid.stage_lookup(s_rank), "ts": ts[sel]}
     )
+    return sends, chosen
+
+
+def _sends_before_first_backward(
+    events: pa.Table, grid: Grid, sends: pd.DataFrame, chosen: str | None
+) -> dict[int, int]:
+    """Per stage 0..p-2: the sends before the step's first backward op (median over ranks and steps), on the
+    sends' own timeline (GPU kernels with GPU marks, CPU ops with CPU marks): every forward ends with a send,
+    so these are the forwards run before the first backward."""
+    p = grid.pp or 1
+    cols = columns(events)
+    rank = cols.int64("rank")
+    step = cols.int64("step", -1)
+    ts = cols.int64("ts_ns")
+    is_bwd = cols.flag("name", _is_backward_name)
+    tl = ("kernel", "gpu_user_annotation") if chosen == "kernel" else ("cpu_op", "user_annotation")
+    bsel = np.flatnonzero(is_bwd & (step >= 0) & cols.kinds(*tl))
+    first_b = pair_reduce(rank[bsel], step[bsel], ts=(ts[bsel], np.minimum))["ts"]
+    if not len(first_b) or sends.empty:
+        return {}
+    j = sends.join(first_b.rename("fb"), on=["rank", "step"])
+    j = j[j["fb"].notna() & (j["stage"] <= p - 2) & (j["stage"] >= 0)]
+    before = (j["ts"] < j["fb"]).groupby([j["stage"], j["rank"], j["step"]]).sum()
+    return {int(s): int(n) for s, n in before.groupby("stage").median().items()}
+
+
+def forwards_before_first_backward(events: pa.Table, grid: Grid, p2p: np.ndarray) -> dict[int, int]:
+    """`_sends_before_first_backward` for any pipeline (the order GPipe and 1F1B differ in)."""
+    if (grid.pp or 1) < 2 or events.num_rows == 0:
+        return {}
+    sends, chosen = _stage_sends(events, grid, p2p)
+    return _sends_before_first_backward(events, grid, sends, chosen)
+
+
+def schedule_from_p2p(events: pa.Table, grid: Grid, p2p: np.ndarray) -> dict[str, Any] | None:
+    """{"virtual_stages", "microbatches", "sends_per_step": {stage: n}, "warmup_forwards": {stage: n},
+    "warmup_expected": {stage: n}, "warmup_matches"} from the sends of each stage; None when p < 3 or the
+    counts do not fit the pattern above."""
+    p = grid.pp or 1
+    if p < 3 or events.num_rows == 0:
+        return None
+    sends, chosen = _stage_sends(events, grid, p2p)
+    if sends.empty:
+        return None
     per = sends.groupby(["stage", "rank", "step"]).size().groupby("stage").median()
     if 0 not in per.index or not any(1 <= s <= p - 2 for s in per.index):
         return None
@@ -105,19 +143,8 @@ def schedule_from_p2p(events: pa.Table, grid: Grid, p2p: np.ndarray) -> dict[str
     v = middle // (2 * m)
     if end != (2 * v - 1) * m:
         return None
-    # warm-up: sends before the first backward op of the step, on stages 0..p-2
-    is_bwd = cols.flag("name", _is_backward_name)
-    # backward marks on the sends' own timeline (GPU kernels vs CPU ops: the CPU runs ahead of the GPU)
-    tl = ("kernel", "gpu_user_annotation") if chosen == "kernel" else ("cpu_op", "user_annotation")
-    bsel = np.flatnonzero(is_bwd & (step >= 0) & cols.kinds(*tl))
-    first_b = pair_reduce(rank[bsel], step[bsel], ts=(ts[bsel], np.minimum))["ts"]
     total = v * m
-    before_b: dict[int, int] = {}
-    if len(first_b):
-        j = sends.join(first_b.rename("fb"), on=["rank", "step"])
-        j = j[j["fb"].notna() & (j["stage"] <= p - 2) & (j["stage"] >= 0)]
-        before = (j["ts"] < j["fb"]).groupby([j["stage"], j["rank"], j["step"]]).sum()
-        before_b = {int(s): int(n) for s, n in before.groupby("stage").median().items()}
+    before_b = _sends_before_first_backward(events, grid, sends, chosen)
     # the steady state's first forward precedes the first backward: warm-up = that count - 1, unless every
     # forward ran first (then the warm-up is ambiguous between total - 1 and total: null)
     warm = {s: (n - 1 if n < total else None) for s, n in before_b.items()}

@@ -233,7 +233,7 @@ def resolve_peers(events: pa.Table, metadata: pa.Table | None) -> tuple[pa.Table
         # the candidate whose opposite ops map back to this rank through the same group, weighted by how many
         score: Counter[int] = Counter()
         for g, grp in c:  # (the best group per candidate: a peer two groups map alike counts once)
-            confirmed = sum(k for cc, k in by_rank.get((g, not s), []) if (r, grp) in cc)
+            confirmed = sum(n for cc, n in by_rank.get((g, not s), []) if (r, grp) in cc)
             score[g] = max(score[g], confirmed)
         best = score.most_common()
         if best and best[0][1] > 0 and (len(best) == 1 or best[0][1] > best[1][1]):
