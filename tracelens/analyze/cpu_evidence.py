@@ -164,6 +164,18 @@ def stall_frames(
     return pd.DataFrame(rows, columns=cols)
 
 
+def _timeline(
+    events: pa.Table,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[int, int]]:
+    """rank, tid, start, end, step (-1 for none) per event as NumPy arrays, and each rank's main thread."""
+    rank = events.column("rank").to_numpy(zero_copy_only=False).astype(np.int64)
+    tid = events.column("tid").fill_null(-1).to_numpy(zero_copy_only=False)
+    ts = events.column("ts_ns").to_numpy(zero_copy_only=False).astype(np.int64)
+    end = ts + np.maximum(events.column("dur_ns").fill_null(0).to_numpy(zero_copy_only=False), 0)
+    step = events.column("step").fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+    return rank, tid, ts, end, step, main_threads(events)
+
+
 def per_rank_step(events: pa.Table, ranks: set[int] | None = None) -> pd.DataFrame:
     """Per (rank, step) of CPU-timeline ranks: `ops` (compute cpu ops on the main thread) and `host_ns`
     (time in compute frames with no op under them)."""
@@ -173,12 +185,7 @@ def per_rank_step(events: pa.Table, ranks: set[int] | None = None) -> pd.DataFra
     classes = classify(events)
     kind = events.column("kind")
     is_op = _dict_lookup(kind, lambda v: int(v == "cpu_op")).astype(bool)
-    rank = events.column("rank").to_numpy(zero_copy_only=False).astype(np.int64)
-    tid = events.column("tid").fill_null(-1).to_numpy(zero_copy_only=False)
-    ts = events.column("ts_ns").to_numpy(zero_copy_only=False).astype(np.int64)
-    end = ts + np.maximum(events.column("dur_ns").fill_null(0).to_numpy(zero_copy_only=False), 0)
-    step = events.column("step").fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
-    mains = main_threads(events)
+    rank, tid, ts, end, step, mains = _timeline(events)
     out = []
     for r in np.unique(rank):
         r = int(r)
@@ -218,12 +225,7 @@ def longest_gaps(events: pa.Table, ranks: set[int] | None = None) -> pd.DataFram
     kind = events.column("kind")
     is_op = _dict_lookup(kind, lambda v: int(v == "cpu_op")).astype(bool)
     is_step = _dict_lookup(events.column("name"), lambda v: int(v.startswith("ProfilerStep#"))).astype(bool)
-    rank = events.column("rank").to_numpy(zero_copy_only=False).astype(np.int64)
-    tid = events.column("tid").fill_null(-1).to_numpy(zero_copy_only=False)
-    ts = events.column("ts_ns").to_numpy(zero_copy_only=False).astype(np.int64)
-    end = ts + np.maximum(events.column("dur_ns").fill_null(0).to_numpy(zero_copy_only=False), 0)
-    step = events.column("step").fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
-    mains = main_threads(events)
+    rank, tid, ts, end, step, mains = _timeline(events)
     out = []
     for r in np.unique(rank):
         r = int(r)
