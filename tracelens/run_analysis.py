@@ -82,8 +82,32 @@ class Analysis:
         return t.filter(keep)
 
     @cached_property
+    def _cut_ranks(self) -> list[int]:
+        """Ranks whose trace was cut mid-write (salvaged)."""
+        md = self.metadata
+        if md.num_rows == 0 or "salvaged" not in md.column_names:
+            return []
+        return [r["rank"] for r in md.select(["rank", "salvaged"]).to_pylist() if r["salvaged"]]
+
+    def _without_cut_windows(self, t: pa.Table) -> pa.Table:
+        """Rows of `t` less the whole-trace windows (step null) of cut traces: what is left of a cut trace
+        is not a whole window (docs/bad-input.md); only its complete steps are analyzed."""
+        cut = self._cut_ranks
+        if not cut or t.num_rows == 0:
+            return t
+        import pyarrow.compute as pc
+
+        drop = pc.and_(
+            pc.is_null(t.column("step")),
+            pc.fill_null(
+                pc.is_in(t.column("rank"), value_set=pa.array(cut, t.schema.field("rank").type)), False
+            ),
+        )
+        return t.filter(pc.invert(drop))
+
+    @cached_property
     def _raw_breakdown(self) -> pa.Table:
-        return self.run.stages.breakdown
+        return self._without_cut_windows(self.run.stages.breakdown)
 
     @cached_property
     def p2p(self):
@@ -402,7 +426,9 @@ class Analysis:
         from tracelens.policy import strict
 
         st = self.run.stages
-        table = self._without_hung_steps(st.idle if st.idle is not None else IDLE.empty_table())
+        table = self._without_hung_steps(
+            self._without_cut_windows(st.idle if st.idle is not None else IDLE.empty_table())
+        )
         if st.idle_error:  # the warning (or, strict, the error) of idle_breakdown over all ranks
             if strict():
                 raise RuntimeError(st.idle_error)

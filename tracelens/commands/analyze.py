@@ -19,7 +19,10 @@ def usable_input_or_error(summary: dict, run_dir: Path) -> None:
     """No profiler data and no NCCL data: one-line error (exit 2) naming why, instead of an empty table."""
     from tracelens.errors import BadInputError
 
-    if summary["ranks"] or ((summary.get("collectives") or {}).get("sources") or {}):
+    sources = (summary.get("collectives") or {}).get("sources") or {}
+    # collectives read from Kineto traces without any analyzed step (cut traces whose steps were all left
+    # out) are not usable on their own
+    if summary["ranks"] or set(sources) - {"kineto"}:
         return
     reasons = [f["message"] for f in summary["findings"] if f["severity"] in ("warning", "error")]
     reasons += [w for w in summary["run"].get("warnings") or [] if "no rank in distributedInfo" not in w]

@@ -235,6 +235,19 @@ def _metadata(path: Path, rank: int, meta: dict, n_events: int, sc: _Scan) -> di
     }
 
 
+def gpu_expected(meta: dict, memory: pa.Table | None = None) -> bool:
+    """Whether a trace may have had device activity, for a cut that fell among the CPU ops (which Kineto
+    writes first): unless its header says it is CPU-only (`deviceProperties: []`, no NCCL / RCCL backend,
+    no `[memory]` event on a device), it is taken to have had some, lost at the cut."""
+    dp = meta.get("deviceProperties")
+    di = meta.get("distributedInfo")
+    backend = str(di.get("backend") or "").lower() if isinstance(di, dict) else ""
+    on_device = (
+        memory is not None and memory.num_rows and (pc.max(memory.column("device")).as_py() or -1) >= 0
+    )
+    return not (isinstance(dp, list) and not dp) or "nccl" in backend or bool(on_device)
+
+
 def metadata_table(rows: list[dict]) -> pa.Table:
     """Metadata row dicts -> a schema.METADATA table."""
     return pa.Table.from_pylist(rows, schema=schema.METADATA)
@@ -286,8 +299,9 @@ def _read(path: Path, rank: int | None, salvage: bool, chunk_bytes: int) -> Kine
         _reap(sc.helper)
     device_lost = False
     if sc.salvaged:
-        device_lost = _salv.uncovered_steps(events)[1]
-        events = drop_incomplete_steps(events)
+        gpu = gpu_expected(sc.meta, memory)
+        device_lost = _salv.uncovered_steps(events, gpu)[1]
+        events = drop_incomplete_steps(events, gpu)
     meta = _metadata(path, int(rank), sc.meta, events.num_rows, sc)
     meta["device_events_lost"] = device_lost
     return KinetoTrace(events=events, memory=memory, metadata=meta)
