@@ -202,9 +202,11 @@ class Run:
 
     def report(self, path: str | Path) -> Path:
         """Write the HTML report `tracelens analyze` writes (same sections and figures) to `path`."""
+        from tracelens.outputs import guard_outputs
         from tracelens.report.html import write_report
 
         path = Path(path)
+        guard_outputs([path], [self.path], force=True)  # never over or into the run's traces
         write_report(self._analysis, self.summary(), path)
         return path
 

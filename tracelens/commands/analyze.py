@@ -8,7 +8,7 @@ import typer
 
 from tracelens._app import app
 from tracelens.gc_pause import frozen_heap, refreeze
-from tracelens.outputs import guard_outputs, guard_overwrite
+from tracelens.outputs import default_out_dir, guard_outputs
 
 
 def _fmt(v, nd=1) -> str:
@@ -276,7 +276,10 @@ def analyze(
         ..., help="Run folder of per-rank traces (searched recursively), or one trace."
     ),
     out_dir: Path | None = typer.Option(
-        None, "-o", "--out", help="Output folder (default: reports/<run name>)."
+        None,
+        "-o",
+        "--out",
+        help="Output folder (default: reports/<run name>; beside the run folder when run from inside it).",
     ),
     json_path: Path | None = typer.Option(None, "--json", help="Also write summary.json to this path."),
     layout: str | None = typer.Option(None, "--layout", help="Parallel layout, e.g. tp=4,pp=4,dp=2,cp=1."),
@@ -329,12 +332,11 @@ def analyze(
 
     if compat not in (None, "hta"):
         raise BadInputError(f"--compat {compat}: only 'hta' is supported")
-    out_dir = out_dir or Path("reports") / run_name(run_dir)
+    inputs = [run_dir] + ([Path(model)] if model and Path(model).is_file() else [])
+    out_dir = out_dir or default_out_dir(run_name(run_dir), inputs)
     summary_path = out_dir / "summary.json"
     report_path = out_dir / "report.html"
-    for p in [summary_path, report_path] + ([json_path] if json_path else []):
-        guard_overwrite(p, force)
-    guard_outputs([summary_path, report_path] + ([json_path] if json_path else []), [run_dir], force)
+    guard_outputs([summary_path, report_path] + ([json_path] if json_path else []), inputs, force)
 
     from contextlib import nullcontext
 

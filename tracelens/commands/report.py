@@ -48,11 +48,10 @@ def export_trace_cmd(
     """One Chrome trace with every rank (one process per rank, clocks aligned from collective end times) and
     the findings as instant-event markers; open it in Perfetto UI or chrome://tracing."""
     from tracelens.errors import BadInputError
-    from tracelens.outputs import guard_outputs, guard_overwrite
+    from tracelens.outputs import guard_outputs
     from tracelens.report.export import export_trace
     from tracelens.run_analysis import Options, analyze_run
 
-    guard_overwrite(out, force)
     guard_outputs([out], [run_dir], force)
     analysis = analyze_run(run_dir, Options(layout=layout))
     summary = analysis.summary()
