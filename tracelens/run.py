@@ -162,7 +162,9 @@ def load_run(path: str | Path, options: LoadOptions | None = None, executor: Exe
     if not o.no_cache and root is None:
         where = o.cache_dir or cache.default_cache_dir()
         warnings.append(f"cache folder {where} is not writable: analyzed without cache")
-    if root is not None:
+    if root is not None and p.is_dir():
+        # (the memo is the folder's: a file given by name is read as Kineto whatever its content, which
+        # must not change how the folder is read later)
         memo = cache.load_memo(root, run_dir)
         known = len(memo)
         files = discover(p, o.ranks, memo=memo)
