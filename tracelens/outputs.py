@@ -4,7 +4,10 @@ tracelens did not write is replaced only with --force (docs/bad-input.md, "Outpu
 
 from __future__ import annotations
 
+import contextlib
 import os
+import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 from tracelens.errors import BadInputError
@@ -19,6 +22,13 @@ def written_by_tracelens(path: Path) -> bool:
             head = fh.read(4096)
     except OSError:
         return False
+    if head[:2] == b"\x1f\x8b":  # a gzip output (`report export-trace -o merged.json.gz`)
+        import zlib
+
+        try:
+            head = zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(head, 4096)
+        except zlib.error:
+            return False
     text = head.decode("utf-8", "replace")
     return '"schema": "tracelens.' in text or GENERATOR_MARK in text
 
@@ -140,3 +150,34 @@ def default_out_dir(name: str, inputs: list[Path]) -> Path:
             f"the default output folder {first} is inside the input folder {holders[0]}; give one with -o"
         )
     return alt
+
+
+def write_outputs(writes: list[tuple[Path, Callable[[Path], object]]]) -> None:
+    """Write a command's outputs together: each `fn(tmp)` fills a temporary file beside its `dest`, and only
+    when all are written are they renamed into place. A write that fails (a full disk, a quota) replaces
+    none of them, leaves no temporary file and is a one-line error (BadInputError, exit 2)."""
+    tmps: list[tuple[Path, Path]] = []
+    dest = writes[0][0] if writes else Path()
+    try:
+        for dest, fn in writes:
+            dest = Path(dest)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            tmp = dest.with_name(f".{dest.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.part")
+            tmps.append((tmp, dest))
+            fn(tmp)
+        for tmp, dest in tmps:
+            os.replace(tmp, dest)
+    except OSError as err:
+        raise BadInputError(f"cannot write {dest}: {err.strerror or _reason(err)}") from None
+    finally:
+        for tmp, _ in tmps:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+
+
+def _reason(err: OSError) -> str:
+    text = str(err)
+    for known in ("No space left on device", "Disk quota exceeded"):
+        if known in text:
+            return known
+    return text

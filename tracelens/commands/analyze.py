@@ -8,7 +8,7 @@ import typer
 
 from tracelens._app import app
 from tracelens.gc_pause import frozen_heap, refreeze
-from tracelens.outputs import default_out_dir, guard_outputs
+from tracelens.outputs import default_out_dir, guard_outputs, write_outputs
 
 
 def _fmt(v, nd=1) -> str:
@@ -390,15 +390,18 @@ def analyze(
         # and op tables do not use it, and these tables would otherwise add to its memory)
         summary = analysis.summary(release=True)
     usable_input_or_error(summary, run_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    write_summary(summary, summary_path)
+    writes = [(summary_path, lambda p: write_summary(summary, p))]
     if json_path:
-        write_summary(summary, json_path)
+        writes.append((json_path, lambda p: write_summary(summary, p)))
     if not no_report:
         from tracelens.report.html import write_report
 
-        with frozen_heap():
-            write_report(analysis, summary, report_path)
+        def report(p: Path) -> None:
+            with frozen_heap():
+                write_report(analysis, summary, p)
+
+        writes.append((report_path, report))
+    write_outputs(writes)  # all or none (a full output folder: one line, exit 2)
     nccl_ranks = (
         sorted({r for t in analysis.nccl.values() for r in t.column("rank").to_pylist() if r is not None})
         if not summary["ranks"]

@@ -96,12 +96,10 @@ def check(
     )
     rendered = check_renderers.render(report, fmt)
     if output is not None:
-        try:
-            from tracelens.store.atomic import write_text
+        from tracelens.outputs import write_outputs
+        from tracelens.store.atomic import write_text
 
-            write_text(output, rendered)
-        except OSError as err:
-            raise BadInputError(f"cannot write {output}: {err.strerror or err}") from err
+        write_outputs([(output, lambda p: write_text(p, rendered))])
         typer.echo(check_renderers.render(report) if fmt != "text" else report.headline(), nl=fmt == "text")
         typer.echo(f"wrote {output}")
     else:

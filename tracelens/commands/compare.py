@@ -66,7 +66,7 @@ def compare_cmd(
     import json
 
     from tracelens.analyze.compare import compare
-    from tracelens.outputs import default_out_dir, guard_outputs
+    from tracelens.outputs import default_out_dir, guard_outputs, write_outputs
     from tracelens.report.html import write_compare_report
     from tracelens.store.atomic import write_text
     from tracelens.summary import run_name
@@ -77,9 +77,12 @@ def compare_cmd(
     guard_outputs([html_path, json_path], [a, b], force)
     sa, sb = load_side(a), load_side(b)
     result = compare(sa, sb, names)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    write_text(json_path, json.dumps(result, indent=2, default=str) + "\n")
-    write_compare_report(result, html_path)
+    write_outputs(
+        [
+            (json_path, lambda p: write_text(p, json.dumps(result, indent=2, default=str) + "\n")),
+            (html_path, lambda p: write_compare_report(result, p)),
+        ]
+    )
     for line in result["text"]:
         typer.echo(line)
     typer.echo(f"wrote {html_path} and {json_path}")

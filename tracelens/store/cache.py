@@ -309,6 +309,18 @@ def read_part(entries: Iterable[RankEntry], part: str, columns: list[str] | None
     return concat([t for t in tabs if t is not None], sch)
 
 
+def remove_incomplete(root: Path, files: Iterable[Any], salvage: bool) -> None:
+    """Remove the entries of these trace files that are not complete (no metadata file: a load stopped while
+    writing them, e.g. on a full disk), so that nothing half-written stays in the cache."""
+    for f in files:
+        if getattr(f, "rank", None) is None:
+            continue
+        with contextlib.suppress(OSError):
+            e = entry(root, Path(f.path), int(f.rank), salvage)
+            if os.path.isdir(e.folder) and not os.path.exists(e.meta):
+                shutil.rmtree(e.folder, ignore_errors=True)
+
+
 # ---------------------------------------------------------------------------------- discovery memo
 def _memo_path(root: Path, run_dir: Path) -> Path:
     return root / "memo" / (hashlib.sha1(str(run_dir.resolve()).encode()).hexdigest()[:20] + ".json")
