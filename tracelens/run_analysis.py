@@ -662,9 +662,12 @@ class Analysis:
         if fr:
             out["flight_recorder"] = flight_recorder.read_many(fr)
         plugin = usable([f.path for f in files if f.fmt == NCCL_PLUGIN], nccl_plugin.read)
+        self.warnings.extend(n for n in map(nccl_plugin.cut_note, plugin) if n)  # (a file cut: what was lost)
         if plugin:
             t = nccl_plugin.read_many(plugin)
-            ref = self.cross.collectives if self.cross is not None else None
+            # each rank's plugin times against its own Kineto collectives (one host, one clock; the cross-rank
+            # analysis is not needed, and it needs the layout, which reads the NCCL inputs: a cycle)
+            ref = self.run.stages.cross_collectives() if self._xevents.num_rows else None
             if ref is not None and ref.num_rows:
                 t = nccl_plugin.align(t, ref)
             else:
@@ -775,12 +778,24 @@ class Analysis:
 
     # ---- summary ------------------------------------------------------------------------------
     def rank_warnings(self) -> list[str]:
-        """Say so when a trace's rank was assumed (a lone trace without rank info is taken as rank 0)."""
-        return [
+        """Say so when a trace's rank was assumed (a lone trace without rank info is taken as rank 0), and when
+        its file name names another rank than its `distributedInfo.rank` (which is the one used: the profiler
+        wrote it, a name can be copied or renamed)."""
+        from tracelens.ingest.kineto import rank_from_name
+
+        out = [
             f"{Path(f.path).name}: no rank in distributedInfo or the file name; analyzed as rank {f.rank}"
             for f in self.run.files
             if f.rank_source == "default"
         ]
+        for f in self.run.files:
+            named = rank_from_name(f.path) if f.rank_source == "distributedInfo" else None
+            if named is not None and named != f.rank:
+                out.append(
+                    f"{Path(f.path).name}: the file name says rank {named}, distributedInfo.rank says {f.rank}; "
+                    f"analyzed as rank {f.rank} (distributedInfo)"
+                )
+        return out
 
     def exposed_comm_findings(self, ranks: list[dict]) -> list[dict]:
         """EXPOSED_COMM_HIGH on exposed communication beyond pipeline waits.

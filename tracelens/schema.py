@@ -97,6 +97,7 @@ METADATA = pa.schema(
             "device_events_lost",
             pa.bool_(),
         ),  # salvaged: launches kept, every device event lost at the cut  # events without a usable ts (absent, invalid, beyond int64 ns)  # invalid UTF-8 sequences / lone surrogates replaced by U+FFFD
+        ("header_repairs", pa.int64()),  # damaged values before traceEvents read as null (NaN, control bytes)
     ]
 )
 

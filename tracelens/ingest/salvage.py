@@ -41,6 +41,7 @@ class Damage:
     skipped_bytes: int = 0
     mended: int = 0  # invalid UTF-8 sequences and lone surrogate escapes replaced in place
     first_at: int | None = None  # offset of the first damage in the decompressed stream
+    header: int = 0  # damaged values in the metadata before `traceEvents` read as null (repair_head)
 
     def note(self, at: int) -> None:
         if self.first_at is None or at < self.first_at:
@@ -92,6 +93,47 @@ def mend(buf: bytearray, p: int, err: Exception) -> bool:
                 return True
             q = buf.rfind(b"\\u", max(0, p - 12), q)
     return False
+
+
+#: Bare tokens JSON does not have that a writer puts for a number it cannot write (Python's json, C++ printf).
+_BAD_NUMBERS = (b"-Infinity", b"+Infinity", b"Infinity", b"-inf", b"inf", b"-nan", b"nan", b"NaN")
+#: Repairs tried on one file's metadata before it is given up as not a trace.
+MAX_HEAD_REPAIRS = 256
+
+
+def repair_head(head: bytes, decode: Callable[[bytes], object], dmg: Damage, salvage: bool) -> object | None:
+    """Decode the metadata before `traceEvents` (`head`, closed by the caller) through `decode`, repairing
+    what a damaged event would cost in the events array: an invalid UTF-8 sequence or lone surrogate is
+    mended (counted in `dmg.mended`), a bare NaN / Infinity becomes `null`, a control byte a space (counted
+    in `dmg.header`; only with `salvage`, as a damaged event is skipped only then). None when the damage is of
+    another kind (the caller reports the file as not a trace)."""
+    buf = bytearray(head)
+    mended = fixed = 0
+    for _ in range(MAX_HEAD_REPAIRS):
+        try:
+            top = decode(bytes(buf))
+        except msgspec.DecodeError as err:
+            p = error_at(err, buf)
+            if p is None or p >= len(buf):
+                return None
+            if mend(buf, p, err):
+                mended += 1
+                continue
+            tok = next((t for t in _BAD_NUMBERS if buf.startswith(t, p)), None)
+            if not salvage:
+                return None
+            if tok is not None:
+                buf[p : p + len(tok)] = b"null"
+            elif buf[p] < 0x20:
+                buf[p] = 0x20
+            else:
+                return None
+            fixed += 1
+            continue
+        dmg.mended += mended
+        dmg.header += fixed
+        return top
+    return None
 
 
 def first_boundary(buf: bytes | bytearray, lo: int) -> tuple[int, int] | None:
@@ -197,15 +239,18 @@ def decode_error(err: Exception) -> bool:
 def damaged_findings(metadata: pa.Table) -> list[dict]:
     """PARTIAL_TRACE warnings for the ranks whose trace had damaged events (skipped), mended strings, or
     events dropped for an unusable timestamp (absent, invalid, beyond int64 ns)."""
-    cols = [c for c in ("damaged_events", "mended_strings", "dropped_events") if c in metadata.column_names]
+    names = ("damaged_events", "mended_strings", "dropped_events", "header_repairs")
+    cols = [c for c in names if c in metadata.column_names]
     if not cols:
         return []
     out = []
     for row in metadata.select(["rank", "path", "events", *cols]).to_pylist():
-        n, m, d = (row.get(c) or 0 for c in ("damaged_events", "mended_strings", "dropped_events"))
-        if not n and not m and not d:
+        n, m, d, h = (row.get(c) or 0 for c in names)
+        if not n and not m and not d and not h:
             continue
         parts = []
+        if h:
+            parts.append(f"{h:,} damaged value{_s(h)} in its metadata (invalid JSON) read as null")
         if n:
             parts.append(f"{n:,} damaged event{_s(n)} (invalid JSON) skipped")
         if m:
@@ -224,6 +269,7 @@ def damaged_findings(metadata: pa.Table) -> list[dict]:
                 damaged_events=n,
                 mended_strings=m,
                 dropped_events=d,
+                header_repairs=h,
             )
         )
     return out

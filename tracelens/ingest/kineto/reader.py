@@ -232,6 +232,7 @@ def _metadata(path: Path, rank: int, meta: dict, n_events: int, sc: _Scan) -> di
         "damaged_events": sc.damage.skipped,
         "dropped_events": sc.dropped,
         "mended_strings": sc.damage.mended,
+        "header_repairs": sc.damage.header,
     }
 
 
