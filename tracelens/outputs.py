@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from tracelens.errors import BadInputError
@@ -118,7 +118,7 @@ def _is_input(out: Path, inputs: list[Path]) -> str | None:
     return None
 
 
-def guard_outputs(outputs: list[Path], inputs: list[Path | None], force: bool = False) -> None:
+def guard_outputs(outputs: Sequence[Path], inputs: Sequence[Path | None], force: bool = False) -> None:
     """Before any analysis: no output is one of the command's inputs, inside an input folder, or a file an
     input folder holds through a link (never, --force or not: the user's traces are not written over or
     into); an existing file tracelens did not write is replaced only with `force` (guard_overwrite); every
@@ -134,7 +134,7 @@ def guard_outputs(outputs: list[Path], inputs: list[Path | None], force: bool = 
         check_writable(Path(out))
 
 
-def default_out_dir(name: str, inputs: list[Path]) -> Path:
+def default_out_dir(name: str, inputs: Sequence[Path]) -> Path:
     """The default output folder `reports/<name>`: under the current folder, or, when that is inside an input
     folder (`cd RUN && tracelens analyze .`), beside the outermost such input folder (`RUN/../reports/<name>`),
     so that nothing is written into the input."""
@@ -152,7 +152,7 @@ def default_out_dir(name: str, inputs: list[Path]) -> Path:
     return alt
 
 
-def write_outputs(writes: list[tuple[Path, Callable[[Path], object]]]) -> None:
+def write_outputs(writes: Sequence[tuple[Path, Callable[[Path], object]]]) -> None:
     """Write a command's outputs together: each `fn(tmp)` fills a temporary file beside its `dest`, and only
     when all are written are they renamed into place. A write that fails (a full disk, a quota) replaces
     none of them, leaves no temporary file and is a one-line error (BadInputError, exit 2)."""
