@@ -250,7 +250,7 @@ def compare(a, b, labels: tuple[str, str] | None = None) -> dict:
     return _compare(_side(a), _side(b), tuple(names))
 
 
-def check(baseline, current, rules=None, strict: bool = False):
+def check(baseline, current, rules=None, strict: bool = False, allow_setup_change: bool = False):
     """What `tracelens check BASELINE CURRENT` computes: a `tracelens.analyze.regress.CheckReport`
     (`.exit_code`, `.results`; `tracelens.report.check_renderers.render(report, "text")` formats it).
     Arguments as for `compare`; `rules`: a rules.toml path or a `regress.Rules`."""
@@ -265,4 +265,4 @@ def check(baseline, current, rules=None, strict: bool = False):
 
     base = base if base is not None else summary_of(baseline)
     cur = cur if cur is not None else summary_of(current)
-    return regress.check(base, cur, rule_set, strict=strict)
+    return regress.check(base, cur, rule_set, strict=strict, allow_setup_change=allow_setup_change)

@@ -15,8 +15,16 @@ def _fmt(v, nd=1) -> str:
     return "-" if v is None else f"{v:,.{nd}f}"
 
 
-def usable_input_or_error(summary: dict, run_dir: Path) -> None:
-    """No profiler data and no NCCL data: one-line error (exit 2) naming why, instead of an empty table."""
+#: Findings and notes that say nothing about why the traces there gave nothing to analyze (the ranks that
+#: are absent, the layout assumed): never the reason of a "no usable input" error.
+_NOT_A_REASON = ("MISSING_RANKS",)
+_NOTES_NOT_A_REASON = ("no rank in distributedInfo", "no process groups name", "coordinates of ")
+
+
+def usable_input_or_error(summary: dict, run_dir: Path, analysis=None) -> None:
+    """No profiler data and no NCCL data: one-line error (exit 2) naming why, instead of an empty table. The
+    reason is about the traces that are there (cut, damaged, no event tracelens can use), never the ranks
+    that are not."""
     from tracelens.errors import BadInputError
 
     sources = (summary.get("collectives") or {}).get("sources") or {}
@@ -24,10 +32,43 @@ def usable_input_or_error(summary: dict, run_dir: Path) -> None:
     # out) are not usable on their own
     if summary["ranks"] or set(sources) - {"kineto"}:
         return
-    reasons = [f["message"] for f in summary["findings"] if f["severity"] in ("warning", "error")]
-    reasons += [w for w in summary["run"].get("warnings") or [] if "no rank in distributedInfo" not in w]
+    reasons = [
+        f["message"]
+        for f in summary["findings"]
+        if f["severity"] in ("warning", "error") and f["code"] not in _NOT_A_REASON
+    ]
+    reasons += _unusable_events(analysis)
+    reasons += [
+        w for w in summary["run"].get("warnings") or [] if not any(n in w for n in _NOTES_NOT_A_REASON)
+    ]
     why = "; ".join(" ".join(r.split()) for r in reasons[:2]) or "no events in any trace"
     raise BadInputError(f"{run_dir}: no usable input: {why}")
+
+
+def _unusable_events(analysis) -> list[str]:
+    """Per trace whose events are all of kinds tracelens does not analyze: how many and of which kinds."""
+    if analysis is None:
+        return []
+    import pyarrow.compute as pc
+
+    try:
+        md = analysis.metadata.select(["rank", "path", "events"]).to_pylist()
+        kinds = analysis.events.select(["rank", "kind"])
+    except Exception:  # noqa: BLE001 (only the wording of an error: never a second error)
+        return []
+    out = []
+    for row in md:
+        if not row["events"]:
+            out.append(f"{Path(row['path']).name}: no events")
+            continue
+        k = kinds.filter(pc.equal(kinds.column("rank"), row["rank"])).column("kind").cast("string")
+        counts = {d["values"]: d["counts"] for d in pc.value_counts(k).to_pylist()}
+        if set(counts) <= {"other"}:
+            out.append(
+                f"{Path(row['path']).name}: {row['events']:,} events, none of a kind tracelens analyzes (no "
+                "known `cat`: kernel, cpu_op, user_annotation, gpu_memcpy ...)"
+            )
+    return out
 
 
 def print_nccl_only(summary: dict, nccl_ranks: list[int], console) -> None:
@@ -389,7 +430,7 @@ def analyze(
         # (the critical path let go once its part of summary.json is built: the report and the communication
         # and op tables do not use it, and these tables would otherwise add to its memory)
         summary = analysis.summary(release=True)
-    usable_input_or_error(summary, run_dir)
+    usable_input_or_error(summary, run_dir, analysis)
     writes = [(summary_path, lambda p: write_summary(summary, p))]
     if json_path:
         writes.append((json_path, lambda p: write_summary(summary, p)))

@@ -76,11 +76,12 @@ def _breakable(text: str) -> str:
 
 
 def table_html(rows: list[dict], columns: list[tuple[str, str]], name_cols: tuple[str, ...] = ()) -> str:
-    """An HTML table of `rows` (dicts); every cell escaped; numbers formatted with thousands separators."""
+    """An HTML table of `rows` (dicts); every cell escaped; numbers formatted with thousands separators; an
+    unknown value (None) is a dash, never 0."""
 
     def cell(v) -> str:
         if v is None:
-            return "-"
+            return "\u2014"
         if isinstance(v, bool):
             return str(v)
         if isinstance(v, int):
