@@ -25,8 +25,9 @@ def full(tmp_path_factory) -> tuple[bytes, dict]:
     """The H200 sample's JSON and its per-step breakdown (the ground truth for its cut copies)."""
     raw = gzip.decompress(SAMPLE.read_bytes())
     d = tmp_path_factory.mktemp("full")
-    (d / "rank0.json").write_bytes(raw)
-    r = cli("analyze", d, "-o", d / "out", "--no-report", "--no-cache")
+    (d / "run").mkdir()
+    (d / "run" / "rank0.json").write_bytes(raw)
+    r = cli("analyze", d / "run", "-o", d / "out", "--no-report", "--no-cache")
     assert r.returncode == 0, r.stderr
     per_step = json.loads((d / "out" / "summary.json").read_text())["per_step"]
     return raw, {p["step"]: p for p in per_step}

@@ -5,6 +5,8 @@ from __future__ import annotations
 import zlib
 from pathlib import Path
 
+from tracelens.ingest.encoding import raw_head, text_encoding
+
 HEAD_BYTES = 65536
 
 KINETO = "kineto"
@@ -42,32 +44,6 @@ def read_head(path: Path, n: int = HEAD_BYTES) -> bytes:
 
         return codecs.getincrementaldecoder(enc)(errors="replace").decode(raw).encode()
     return raw
-
-
-def raw_head(path: Path, n: int = HEAD_BYTES) -> bytes:
-    """First `n` bytes of the file's content, gunzipped when the file is gzip (by magic, not suffix)."""
-    with open(path, "rb") as fh:
-        raw = fh.read(n)
-    if raw[:2] == b"\x1f\x8b":
-        d = zlib.decompressobj(16 + zlib.MAX_WBITS)
-        try:
-            return d.decompress(raw, n)
-        except zlib.error:
-            return b""
-    return raw
-
-
-def text_encoding(head: bytes) -> str | None:
-    """'utf-16' (with its byte order mark), 'utf-16-le' or 'utf-16-be' (without one: a JSON text's first
-    character is ASCII, so one of its two bytes is zero) when the content is UTF-16 text, else None (UTF-8:
-    what every tracelens reader reads). Windows tools (PowerShell's `>`, Notepad) write UTF-16."""
-    if head[:2] in (b"\xff\xfe", b"\xfe\xff"):
-        return "utf-16"
-    if len(head) >= 2 and head[1] == 0 and head[0] in b"{[ \t\r\n":
-        return "utf-16-le"
-    if len(head) >= 2 and head[0] == 0 and head[1] in b"{[ \t\r\n":
-        return "utf-16-be"
-    return None
 
 
 def check_first_byte(path: Path, starts: bytes, message: str) -> None:

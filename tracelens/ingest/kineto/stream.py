@@ -56,8 +56,8 @@ class _Truncated(Exception):
 
 
 def _utf16(path: Path) -> str | None:
-    """The file's UTF-16 codec when its content is UTF-16 text (sniff.text_encoding), else None."""
-    from tracelens.ingest.sniff import raw_head, text_encoding
+    """The file's UTF-16 codec when its content is UTF-16 text (encoding.text_encoding), else None."""
+    from tracelens.ingest.encoding import raw_head, text_encoding
 
     try:
         return text_encoding(raw_head(path, 4096))
