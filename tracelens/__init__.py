@@ -24,11 +24,11 @@ def compare(a, b, labels=None):
     return _compare(a, b, labels)
 
 
-def check(baseline, current, rules=None, strict=False):
+def check(baseline, current, rules=None, strict=False, allow_setup_change=False):
     """`tracelens check` in Python: -> a CheckReport (`.exit_code`, `.results`), see tracelens.api.check."""
     from tracelens.api import check as _check
 
-    return _check(baseline, current, rules, strict)
+    return _check(baseline, current, rules, strict, allow_setup_change)
 
 
 def __getattr__(name: str):

@@ -204,9 +204,11 @@ class Run:
 
     def report(self, path: str | Path) -> Path:
         """Write the HTML report `tracelens analyze` writes (same sections and figures) to `path`."""
+        from tracelens.outputs import guard_outputs
         from tracelens.report.html import write_report
 
         path = Path(path)
+        guard_outputs([path], [self.path], force=True)  # never over or into the run's traces
         write_report(self._analysis, self.summary(), path)
         return path
 
@@ -260,7 +262,7 @@ def compare_ops(comparison: dict, table: str = "ops") -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def check(baseline, current, rules=None, strict: bool = False):
+def check(baseline, current, rules=None, strict: bool = False, allow_setup_change: bool = False):
     """What `tracelens check BASELINE CURRENT` computes: a `tracelens.analyze.regress.CheckReport`
     (`.exit_code`, `.results`; `tracelens.report.check_renderers.render(report, "text")` formats it).
     Arguments as for `compare`; `rules`: a rules.toml path or a `regress.Rules`."""
@@ -275,4 +277,4 @@ def check(baseline, current, rules=None, strict: bool = False):
 
     base = base if base is not None else summary_of(baseline)
     cur = cur if cur is not None else summary_of(current)
-    return regress.check(base, cur, rule_set, strict=strict)
+    return regress.check(base, cur, rule_set, strict=strict, allow_setup_change=allow_setup_change)

@@ -157,7 +157,9 @@ def discover(
             info = {"rank": known[1], "world_size": known[2]}
         else:
             info = kineto.peek(p)
-            if memo is not None:
+            # (a file given by name that its content does not show to be a trace is read as one for this
+            # call only: the memo keeps what the content says)
+            if memo is not None and not (single_file and detect_format(p) != KINETO):
                 memo[keys[p]] = [KINETO, info["rank"], info["world_size"], None]
         rank, source = info["rank"], "distributedInfo"
         if rank is None:

@@ -15,6 +15,7 @@ removed with the `Run`.
 from __future__ import annotations
 
 import contextlib
+import errno
 import shutil
 import tempfile
 import uuid
@@ -118,6 +119,22 @@ class Run:
             self._scratch()
 
 
+#: errno values of a write that found no room: the disk (ENOSPC) or the user's quota (EDQUOT) is full.
+_NO_ROOM = {errno.ENOSPC, errno.EDQUOT}
+
+
+def disk_full(err: BaseException) -> bool:
+    """Whether an error says a write found no room (also Arrow's, which carry the errno in their text)."""
+    if isinstance(err, OSError) and err.errno in _NO_ROOM:
+        return True
+    text = str(err)
+    return "No space left on device" in text or "Disk quota exceeded" in text
+
+
+def _why(err: BaseException) -> str:
+    return (err.strerror if isinstance(err, OSError) and err.strerror else None) or "No space left on device"
+
+
 def _scratch_dir(root: Path | None) -> Path:
     """A scratch folder for one uncached load: under the cache root when it is writable (workers of a
     cluster see it where they see the cache), else in the system temporary folder."""
@@ -162,7 +179,9 @@ def load_run(path: str | Path, options: LoadOptions | None = None, executor: Exe
     if not o.no_cache and root is None:
         where = o.cache_dir or cache.default_cache_dir()
         warnings.append(f"cache folder {where} is not writable: analyzed without cache")
-    if root is not None:
+    if root is not None and p.is_dir():
+        # (the memo is the folder's: a file given by name is read as Kineto whatever its content, which
+        # must not change how the folder is read later)
         memo = cache.load_memo(root, run_dir)
         known = len(memo)
         files = discover(p, o.ranks, memo=memo)
@@ -177,6 +196,21 @@ def load_run(path: str | Path, options: LoadOptions | None = None, executor: Exe
     assert work is not None
     try:
         run = _load(p, run_dir, files, work, o, executor, use_cache=root is not None)
+    except OSError as err:
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
+        if root is None or not disk_full(err):
+            raise
+        # a full cache: what this load began there goes, and the run is analyzed without cache (as with a
+        # cache folder that is not writable); the scratch folder then lives in the system's temporary folder
+        cache.remove_incomplete(root, files, o.salvage)
+        warnings.append(f"cache folder {root} is full ({_why(err)}): analyzed without cache")
+        root, scratch = None, _scratch_dir(None)
+        try:
+            run = _load(p, run_dir, files, scratch, o, executor, use_cache=False)
+        except BaseException:
+            shutil.rmtree(scratch, ignore_errors=True)
+            raise
     except BaseException:
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)

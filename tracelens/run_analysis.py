@@ -100,8 +100,32 @@ class Analysis:
         return t.filter(keep)
 
     @cached_property
+    def _cut_ranks(self) -> list[int]:
+        """Ranks whose trace was cut mid-write (salvaged)."""
+        md = self.metadata
+        if md.num_rows == 0 or "salvaged" not in md.column_names:
+            return []
+        return [r["rank"] for r in md.select(["rank", "salvaged"]).to_pylist() if r["salvaged"]]
+
+    def _without_cut_windows(self, t: pa.Table) -> pa.Table:
+        """Rows of `t` less the whole-trace windows (step null) of cut traces: what is left of a cut trace
+        is not a whole window (docs/bad-input.md); only its complete steps are analyzed."""
+        cut = self._cut_ranks
+        if not cut or t.num_rows == 0:
+            return t
+        import pyarrow.compute as pc
+
+        drop = pc.and_(
+            pc.is_null(t.column("step")),
+            pc.fill_null(
+                pc.is_in(t.column("rank"), value_set=pa.array(cut, t.schema.field("rank").type)), False
+            ),
+        )
+        return t.filter(pc.invert(drop))
+
+    @cached_property
     def _raw_breakdown(self) -> pa.Table:
-        return self.run.stages.breakdown
+        return self._without_cut_windows(self.run.stages.breakdown)
 
     @cached_property
     def p2p(self):
@@ -546,7 +570,9 @@ class Analysis:
         from tracelens.policy import strict
 
         st = self.run.stages
-        table = self._without_hung_steps(st.idle if st.idle is not None else IDLE.empty_table())
+        table = self._without_hung_steps(
+            self._without_cut_windows(st.idle if st.idle is not None else IDLE.empty_table())
+        )
         if st.idle_error:  # the warning (or, strict, the error) of idle_breakdown over all ranks
             if strict():
                 raise RuntimeError(st.idle_error)
@@ -860,9 +886,12 @@ class Analysis:
         if fr:
             out["flight_recorder"] = flight_recorder.read_many(fr)
         plugin = usable([f.path for f in files if f.fmt == NCCL_PLUGIN], nccl_plugin.read)
+        self.warnings.extend(n for n in map(nccl_plugin.cut_note, plugin) if n)  # (a file cut: what was lost)
         if plugin:
             t = nccl_plugin.read_many(plugin)
-            ref = self.cross.collectives if self.cross is not None else None
+            # each rank's plugin times against its own Kineto collectives (one host, one clock; the cross-rank
+            # analysis is not needed, and it needs the layout, which reads the NCCL inputs: a cycle)
+            ref = self.run.stages.cross_collectives() if self._xevents.num_rows else None
             if ref is not None and ref.num_rows:
                 t = nccl_plugin.align(t, ref)
             else:
@@ -1058,12 +1087,24 @@ class Analysis:
 
     # ---- summary ------------------------------------------------------------------------------
     def rank_warnings(self) -> list[str]:
-        """Say so when a trace's rank was assumed (a lone trace without rank info is taken as rank 0)."""
-        return [
+        """Say so when a trace's rank was assumed (a lone trace without rank info is taken as rank 0), and when
+        its file name names another rank than its `distributedInfo.rank` (which is the one used: the profiler
+        wrote it, a name can be copied or renamed)."""
+        from tracelens.ingest.kineto import rank_from_name
+
+        out = [
             f"{Path(f.path).name}: no rank in distributedInfo or the file name; analyzed as rank {f.rank}"
             for f in self.run.files
             if f.rank_source == "default"
         ]
+        for f in self.run.files:
+            named = rank_from_name(f.path) if f.rank_source == "distributedInfo" else None
+            if named is not None and named != f.rank:
+                out.append(
+                    f"{Path(f.path).name}: the file name says rank {named}, distributedInfo.rank says {f.rank}; "
+                    f"analyzed as rank {f.rank} (distributedInfo)"
+                )
+        return out
 
     def exposed_comm_findings(self, ranks: list[dict]) -> list[dict]:
         """EXPOSED_COMM_HIGH on exposed communication beyond pipeline waits.

@@ -107,6 +107,7 @@ METADATA = pa.schema(
             "iterations_json",
             pa.string(),
         ),  # salvaged: launches kept, every device event lost at the cut  # events without a usable ts (absent, invalid, beyond int64 ns)  # invalid UTF-8 sequences / lone surrogates replaced by U+FFFD
+        ("header_repairs", pa.int64()),  # damaged values before traceEvents read as null (NaN, control bytes)
     ]
 )
 

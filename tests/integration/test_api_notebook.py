@@ -94,5 +94,8 @@ def test_compare_and_check(run):
     )
     rep = tracelens.check(run, run)
     assert isinstance(rep, regress.CheckReport) and rep.exit_code == 0
-    slower = tracelens.check(run, other)  # 2 steps each: the threshold-only fallback sees the 2.08x
+    # another layout (tp4pp4 against tp2pp3): not comparable, no verdict, unless asked for one
+    refused = tracelens.check(run, other)
+    assert refused.exit_code == 2 and not refused.comparable and not refused.failed
+    slower = tracelens.check(run, other, allow_setup_change=True)  # 2 steps each: threshold-only sees 2.08x
     assert slower.exit_code == 1 and "step_time" in [r.rule for r in slower.failed]

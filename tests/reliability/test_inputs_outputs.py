@@ -36,19 +36,83 @@ def test_check_never_overwrites_its_baseline(tmp_path, summary):
     assert b.read_bytes() == before
 
 
-def test_stored_report_folder_that_is_an_input_needs_force(tmp_path, summary):
-    base = tmp_path / "base"
-    base.mkdir()
-    shutil.copy(summary, base / "summary.json")
-    before = (base / "summary.json").read_bytes()
+def test_output_inside_an_input_folder_is_refused_even_with_force(tmp_path, summary):
+    """Issue 42, item 2: an input folder is never written into, --force or not."""
     run = tmp_path / "run"
     shutil.copytree(GLOO / "traces", run)
     shutil.copy(summary, run / "summary.json")  # an older report kept in the run folder
-    r = cli("analyze", run, "-o", run, "--no-report", "--no-cache")
-    assert r.returncode == 2 and "inside the input folder" in r.stderr and "--force" in r.stderr
-    r = cli("analyze", run, "-o", run, "--no-report", "--no-cache", "--force")
+    before = {p.name: p.read_bytes() for p in run.iterdir()}
+    for extra in ([], ["--force"]):
+        r = cli("analyze", run, "-o", run, "--no-report", "--no-cache", *extra)
+        assert r.returncode == 2, r.stdout + r.stderr
+        (line,) = r.stderr.strip().splitlines()
+        assert "inside the input folder" in line and "--force" not in line
+    assert {p.name: p.read_bytes() for p in run.iterdir()} == before
+
+
+# ---- issue 42, item 2: no output over a file tracelens read, with or without --force -------------------
+@pytest.fixture
+def gloo_run(tmp_path) -> tuple[Path, dict[str, bytes]]:
+    """A copy of the gloo sample's traces (a real run) and its files' bytes."""
+    run = tmp_path / "run"
+    shutil.copytree(GLOO / "traces", run)
+    return run, {p.name: p.read_bytes() for p in sorted(run.iterdir())}
+
+
+def _untouched(run: Path, before: dict[str, bytes]) -> None:
+    assert {p.name: p.read_bytes() for p in sorted(run.iterdir())} == before
+
+
+@pytest.mark.parametrize("force", [False, True])
+def test_no_command_writes_over_a_trace_it_reads(tmp_path, gloo_run, force):
+    run, before = gloo_run
+    trace = run / sorted(before)[0]
+    extra = ["--force"] if force else []
+    cases = [
+        ("analyze", run, "-o", tmp_path / "out", "--json", trace, "--no-cache", "--no-report"),
+        ("report", "export-trace", run, "-o", trace),
+        ("ingest", run, "-o", run / "tables", "--no-cache"),
+        ("compare", run, GLOO / "traces", "-o", run / "cmp"),
+        ("analyze", trace, "-o", tmp_path / "out2", "--json", trace, "--no-cache", "--no-report"),
+    ]
+    for args in cases:
+        if args[0] == "ingest" and not force:
+            extra_args: list = []
+        else:
+            extra_args = extra
+        r = cli(*args, *extra_args)
+        assert r.returncode == 2, (args, r.stdout, r.stderr)
+        (line,) = r.stderr.strip().splitlines()
+        assert line.startswith("tracelens: error: ") and "write the output elsewhere" in line, line
+        assert "use --force" not in line
+        _untouched(run, before)
+    assert not (tmp_path / "out").exists() or not (tmp_path / "out" / "summary.json").exists()
+
+
+def test_an_output_linked_to_a_trace_is_refused(tmp_path, gloo_run):
+    run, before = gloo_run
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "summary.json").symlink_to(run / sorted(before)[0])
+    r = cli("analyze", run, "-o", out, "--no-report", "--no-cache", "--force")
+    assert r.returncode == 2 and "write the output elsewhere" in r.stderr, r.stderr
+    _untouched(run, before)
+
+
+def test_analyze_from_inside_the_run_folder_writes_beside_it(tmp_path, gloo_run):
+    """`cd RUN && tracelens analyze .`: the default output folder is RUN/../reports/<run name>, not inside."""
+    run, before = gloo_run
+    r = cli("analyze", ".", "--no-report", "--no-cache", cwd=run)
     assert r.returncode == 0, r.stderr
-    assert (base / "summary.json").read_bytes() == before
+    _untouched(run, before)
+    s = json.loads((tmp_path / "reports" / "run" / "summary.json").read_text())
+    assert s["run"]["world_size"] == 4
+    # the same from a sub-folder of the run folder (the outermost input folder decides)
+    sub = run / "sub"
+    sub.mkdir()
+    r = cli("analyze", "..", "--no-report", "--no-cache", cwd=sub)
+    assert r.returncode == 0, r.stderr
+    assert list(sub.iterdir()) == []
 
 
 # ---- item 7: exit 2, checked before the analysis -----------------------------------------------------
@@ -136,11 +200,11 @@ def test_timestamps_beyond_int64_are_dropped_and_counted(tmp_path):
     assert "late_a" not in names and "late_b" not in names
     assert tr.metadata["dropped_events"] == 2
     assert min(tr.events.column("ts_ns").to_pylist()) > 0  # nothing wrapped to a negative time
-    r = cli("analyze", tmp_path, "-o", tmp_path / "o", "--no-report", "--no-cache")
+    r = cli("analyze", tmp_path, "-o", tmp_path.parent / f"{tmp_path.name}-o", "--no-report", "--no-cache")
     assert r.returncode == 0, r.stderr
     f = [
         f
-        for f in json.loads((tmp_path / "o" / "summary.json").read_text())["findings"]
+        for f in json.loads((tmp_path.parent / f"{tmp_path.name}-o" / "summary.json").read_text())["findings"]
         if f["code"] == "PARTIAL_TRACE"
     ]
     assert f and f[0]["dropped_events"] == 2
@@ -171,8 +235,9 @@ def test_gzip_with_trailing_garbage_after_a_whole_member(tmp_path):
 def test_own_outputs_and_unreadable_files_in_a_run_folder_are_named(tmp_path):
     run = tmp_path / "run"
     shutil.copytree(GLOO / "traces", run)
-    r = cli("report", "export-trace", run, "-o", run / "merged.json")
+    r = cli("report", "export-trace", run, "-o", tmp_path / "merged.json")
     assert r.returncode == 0, r.stderr
+    shutil.copy(tmp_path / "merged.json", run / "merged.json")  # a user keeps it beside the traces
     (run / "rank9.json").symlink_to(tmp_path / "gone.json")  # a dangling link: cannot be read
     r = cli("analyze", run, "-o", tmp_path / "o", "--no-report", "--no-cache")
     assert r.returncode == 0, r.stderr

@@ -505,10 +505,26 @@ def test_different_setups_are_noted_in_every_format():
     base["run"]["gpu"] = "H100"
     report = check(base, cur)
     assert report.notes == [
-        "world size differs: baseline 8, current 16; the runs may not be comparable",
-        "dp differs: baseline 8, current 16; the runs may not be comparable",
-        "GPU differs: baseline H100, current H200; the runs may not be comparable",
+        "world size differs: baseline 8, current 16; the runs are not comparable",
+        "dp differs: baseline 8, current 16; the runs are not comparable",
+        "GPU differs: baseline H100, current H200; the runs are not comparable",
     ]
+    # no verdict (issue 42, item 8): exit 2, every rule shown but not judged, in every format
+    assert report.exit_code == 2 and not report.regressed and not report.comparable
+    assert report.headline().startswith(
+        "NOT COMPARABLE: world size differs: baseline 8, current 16; dp differs"
+    )
+    assert {r.status for r in report.results} == {"skip"} and not any(r.applies for r in report.results)
+    judged_msgs = [r.message for r in check(base, cur, allow_setup_change=True).results if r.status != "skip"]
+    assert judged_msgs and all(
+        f"not judged (the setups differ): {m}" in [r.message for r in report.results] for m in judged_msgs
+    )
+    assert json.loads(render(report, "json"))["regression"] is None
+    assert (
+        'errors="1"' in render(report, "junit") and "::error" not in render(report, "github").split("\n")[0]
+    )
+    judged = check(base, cur, allow_setup_change=True)
+    assert judged.comparable and judged.notes == report.notes and judged.exit_code in (0, 1)
     assert "NOTE world size differs" in render(report, "text")
     assert "> **Note:** GPU differs" in render(report, "markdown")
     assert "::warning title=tracelens check::dp differs" in render(report, "github")

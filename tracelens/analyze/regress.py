@@ -243,6 +243,15 @@ class CheckReport:
     notes: list[str] = field(default_factory=list)
     #: `--strict`: a skipped rule fails the check too
     strict: bool = False
+    #: `--allow-setup-change`: a verdict even when the setups differ (the notes stay)
+    allow_setup_change: bool = False
+
+    @property
+    def comparable(self) -> bool:
+        """Whether the runs are comparable: same world size, layout, GPU and sequence length where both say,
+        or `allow_setup_change`. A check of runs that are not gives no regression verdict: the rules cannot
+        tell a changed setup from a regression (exit 2)."""
+        return not self.notes or self.allow_setup_change
 
     @property
     def failed(self) -> list[RuleResult]:
@@ -254,14 +263,17 @@ class CheckReport:
 
     @property
     def regressed(self) -> bool:
-        return bool(self.failed)
+        return bool(self.failed) and self.comparable
 
     @property
     def exit_code(self) -> int:
-        """0 when every rule passed or was skipped, 1 on a regression (2 is for bad input, raised earlier).
+        """0 when every rule passed or was skipped, 1 on a regression, 2 when the runs are not comparable
+        (no verdict; other bad input is raised earlier).
 
         With `strict`, a skipped rule also gives 1.
         """
+        if not self.comparable:
+            return 2
         return 1 if self.regressed or (self.strict and self.strict_skips) else 0
 
     @property
@@ -272,6 +284,11 @@ class CheckReport:
     def headline(self) -> str:
         """One line: verdict and counts."""
         n = len(self.results)
+        if not self.comparable:
+            return (
+                f"NOT COMPARABLE: {'; '.join(n.split(';')[0] for n in self.notes)}: no regression verdict (the "
+                "rules cannot tell a changed setup from a regression; --allow-setup-change to judge anyway)"
+            )
         if self.strict and self.strict_skips and not self.regressed:
             names = ", ".join(r.rule for r in self.strict_skips)
             return f"FAILED (--strict): {len(self.strict_skips)} of {n} rules skipped ({names})"
@@ -286,13 +303,28 @@ class CheckReport:
         return {
             "baseline": self.baseline_label,
             "current": self.current_label,
-            "regression": self.regressed,
+            "regression": self.regressed if self.comparable else None,
+            "comparable": self.comparable,
             "exit_code": self.exit_code,
-            "results": [asdict(r) for r in self.results],
+            "results": [_json_result(r) for r in self.results],
             "notes": list(self.notes),
             "strict": self.strict,
             "rules": asdict(self.rules),
         }
+
+
+def _json_result(r: RuleResult) -> dict[str, Any]:
+    """A rule's result for JSON: shares and MFU as fractions (as in summary.json: `mfu.value` 0.38, not 38),
+    their change as a difference of fractions; percent is for the text formats, with a % sign."""
+    d = asdict(r)
+    if d["unit"] == "%":
+        for k in ("baseline", "current"):
+            d[k] = None if d[k] is None else d[k] / 100.0
+        d["unit"] = "fraction"
+        if d["delta_unit"] == "pts":
+            d["delta"] = None if d["delta"] is None else d["delta"] / 100.0
+            d["delta_unit"] = "fraction"
+    return d
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -494,6 +526,14 @@ def _threshold_only(
     )
 
 
+def _step_what(aggregate: str) -> str:
+    """What the step-time rule compares, said where it is shown: `analyze` shows each rank's mean step time,
+    the check a median over steps of one time per step (the slowest rank's, or the ranks' median), so the
+    two differ by the step-to-step spread and the rank-to-rank one (docs/ci.md)."""
+    per_step = "the slowest rank's" if aggregate == "max" else "the ranks' median"
+    return f"median step time (over steps, of {per_step} step time; analyze shows each rank's mean)"
+
+
 def rule_step_time(baseline: dict[str, Any], current: dict[str, Any], cfg: StepTimeRule) -> RuleResult:
     """Median step time increase > max_increase_pct AND one-sided Mann-Whitney p < alpha -> fail."""
     rule, title = "step_time", f"Step time (median of per-step {cfg.aggregate} over ranks)"
@@ -523,13 +563,13 @@ def rule_step_time(baseline: dict[str, Any], current: dict[str, Any], cfg: StepT
             cur,
             delta > cfg.max_increase_pct,
             f"> +{cfg.max_increase_pct:g}%",
-            f"median step time {m_b:.3f} -> {m_c:.3f} ms ({delta:+.1f}%)",
+            f"{_step_what(cfg.aggregate)} {m_b:.3f} -> {m_c:.3f} ms ({delta:+.1f}%)",
         )
     assert p is not None  # _significance_gate gives a p-value or a skip result
     over, significant = delta > cfg.max_increase_pct, p < cfg.alpha
     status = "fail" if over and significant else "pass"
     message = (
-        f"median step time {m_b:.3f} -> {m_c:.3f} ms ({delta:+.1f}%, limit +{cfg.max_increase_pct:g}%), "
+        f"{_step_what(cfg.aggregate)} {m_b:.3f} -> {m_c:.3f} ms ({delta:+.1f}%, limit +{cfg.max_increase_pct:g}%), "
         f"Mann-Whitney p={p:.2g} ({'significant' if significant else 'not significant'} at {cfg.alpha:g}), "
         f"{base.size} vs {cur.size} steps"
     )
@@ -808,10 +848,12 @@ def check(
     baseline_label: str | None = None,
     current_label: str | None = None,
     strict: bool = False,
+    allow_setup_change: bool = False,
 ) -> CheckReport:
     """Evaluate every enabled rule of `rules` (defaults when None) on two validated summaries.
 
-    `strict`: a skipped rule fails the check (exit code 1) as a regression does.
+    `strict`: a skipped rule fails the check (exit code 1) as a regression does. Runs whose setups differ
+    (comparability_notes) get no verdict (exit code 2) unless `allow_setup_change`.
     """
     rules = rules or Rules()
     token = _ARRAYS_MEMO.set({})  # each summary's per_step is converted once, not once per rule
@@ -829,13 +871,20 @@ def check(
             results.append(result)
     finally:
         _ARRAYS_MEMO.reset(token)
+    notes = comparability_notes(baseline, current)
+    if notes and not allow_setup_change:  # no verdict: each rule's numbers are shown, none is judged
+        for r in results:
+            if r.status != "skip":
+                r.message = f"not judged (the setups differ): {r.message}"
+            r.status, r.applies = "skip", False
     return CheckReport(
         baseline_label=baseline_label or _run_label(baseline, "baseline"),
         current_label=current_label or _run_label(current, "current"),
         results=results,
         rules=rules,
-        notes=comparability_notes(baseline, current),
+        notes=notes,
         strict=strict,
+        allow_setup_change=allow_setup_change,
     )
 
 
@@ -850,7 +899,7 @@ def comparability_notes(baseline: dict[str, Any], current: dict[str, Any]) -> li
         ("seq_len", b_run.get("seq_len"), c_run.get("seq_len")),
     ]
     return [
-        f"{what} differs: baseline {b}, current {c}; the runs may not be comparable"
+        f"{what} differs: baseline {b}, current {c}; the runs are not comparable"
         for what, b, c in pairs
         if b is not None and c is not None and b != c
     ]

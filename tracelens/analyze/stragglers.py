@@ -113,8 +113,11 @@ def infer_peer_groups(df: pd.DataFrame, ranks: list[int]) -> dict[int, int]:
         p2p = df[df["is_p2p"].astype(bool) & ~df["peer"].isna()]
         pairs = {tuple(sorted((int(a), int(b)))) for a, b in zip(p2p["rank"], p2p["peer"])}
         coll = df[~df["is_p2p"].astype(bool)]
-        members = coll.groupby("group_key")["rank"].agg(lambda s: sorted({int(x) for x in s}))
+        # ranks without an analyzed step (a cut trace's, all left out) take no part in a verdict
+        members = coll.groupby("group_key")["rank"].agg(lambda s: sorted({int(x) for x in s} & parent.keys()))
         for grp in members:
+            if not grp:
+                continue
             gs = set(grp)
             if any(a in gs and b in gs for a, b in pairs):
                 continue

@@ -8,7 +8,7 @@ import typer
 
 from tracelens._app import app
 from tracelens.gc_pause import frozen_heap, refreeze
-from tracelens.outputs import guard_outputs, guard_overwrite
+from tracelens.outputs import default_out_dir, guard_outputs, write_outputs
 
 
 def _fmt(v, nd=1) -> str:
@@ -22,16 +22,60 @@ def _count(v) -> str:
     return f"{int(v):,}" if float(v).is_integer() else f"{v:,.1f}"
 
 
-def usable_input_or_error(summary: dict, run_dir: Path) -> None:
-    """No profiler data and no NCCL data: one-line error (exit 2) naming why, instead of an empty table."""
+#: Findings and notes that say nothing about why the traces there gave nothing to analyze (the ranks that
+#: are absent, the layout assumed): never the reason of a "no usable input" error.
+_NOT_A_REASON = ("MISSING_RANKS",)
+_NOTES_NOT_A_REASON = ("no rank in distributedInfo", "no process groups name", "coordinates of ")
+
+
+def usable_input_or_error(summary: dict, run_dir: Path, analysis=None) -> None:
+    """No profiler data and no NCCL data: one-line error (exit 2) naming why, instead of an empty table. The
+    reason is about the traces that are there (cut, damaged, no event tracelens can use), never the ranks
+    that are not."""
     from tracelens.errors import BadInputError
 
-    if summary["ranks"] or ((summary.get("collectives") or {}).get("sources") or {}):
+    sources = (summary.get("collectives") or {}).get("sources") or {}
+    # collectives read from Kineto traces without any analyzed step (cut traces whose steps were all left
+    # out) are not usable on their own
+    if summary["ranks"] or set(sources) - {"kineto"}:
         return
-    reasons = [f["message"] for f in summary["findings"] if f["severity"] in ("warning", "error")]
-    reasons += [w for w in summary["run"].get("warnings") or [] if "no rank in distributedInfo" not in w]
+    reasons = [
+        f["message"]
+        for f in summary["findings"]
+        if f["severity"] in ("warning", "error") and f["code"] not in _NOT_A_REASON
+    ]
+    reasons += _unusable_events(analysis)
+    reasons += [
+        w for w in summary["run"].get("warnings") or [] if not any(n in w for n in _NOTES_NOT_A_REASON)
+    ]
     why = "; ".join(" ".join(r.split()) for r in reasons[:2]) or "no events in any trace"
     raise BadInputError(f"{run_dir}: no usable input: {why}")
+
+
+def _unusable_events(analysis) -> list[str]:
+    """Per trace whose events are all of kinds tracelens does not analyze: how many and of which kinds."""
+    if analysis is None:
+        return []
+    import pyarrow.compute as pc
+
+    try:
+        md = analysis.metadata.select(["rank", "path", "events"]).to_pylist()
+        kinds = analysis.events.select(["rank", "kind"])
+    except Exception:  # noqa: BLE001 (only the wording of an error: never a second error)
+        return []
+    out = []
+    for row in md:
+        if not row["events"]:
+            out.append(f"{Path(row['path']).name}: no events")
+            continue
+        k = kinds.filter(pc.equal(kinds.column("rank"), row["rank"])).column("kind").cast("string")
+        counts = {d["values"]: d["counts"] for d in pc.value_counts(k).to_pylist()}
+        if set(counts) <= {"other"}:
+            out.append(
+                f"{Path(row['path']).name}: {row['events']:,} events, none of a kind tracelens analyzes (no "
+                "known `cat`: kernel, cpu_op, user_annotation, gpu_memcpy ...)"
+            )
+    return out
 
 
 def print_nccl_only(summary: dict, nccl_ranks: list[int], console) -> None:
@@ -303,7 +347,10 @@ def analyze(
         ..., help="Run folder of per-rank traces (searched recursively), or one trace."
     ),
     out_dir: Path | None = typer.Option(
-        None, "-o", "--out", help="Output folder (default: reports/<run name>)."
+        None,
+        "-o",
+        "--out",
+        help="Output folder (default: reports/<run name>; beside the run folder when run from inside it).",
     ),
     json_path: Path | None = typer.Option(None, "--json", help="Also write summary.json to this path."),
     layout: str | None = typer.Option(None, "--layout", help="Parallel layout, e.g. tp=4,pp=4,dp=2,cp=1."),
@@ -358,12 +405,11 @@ def analyze(
 
     if compat not in (None, "hta"):
         raise BadInputError(f"--compat {compat}: only 'hta' is supported")
-    out_dir = out_dir or Path("reports") / run_name(run_dir)
+    inputs = [run_dir] + ([Path(model)] if model and Path(model).is_file() else [])
+    out_dir = out_dir or default_out_dir(run_name(run_dir), inputs)
     summary_path = out_dir / "summary.json"
     report_path = out_dir / "report.html"
-    for p in [summary_path, report_path] + ([json_path] if json_path else []):
-        guard_overwrite(p, force)
-    guard_outputs([summary_path, report_path] + ([json_path] if json_path else []), [run_dir], force)
+    guard_outputs([summary_path, report_path] + ([json_path] if json_path else []), inputs, force)
 
     from contextlib import nullcontext
 
@@ -416,16 +462,19 @@ def analyze(
         # (the critical path let go once its part of summary.json is built: the report and the communication
         # and op tables do not use it, and these tables would otherwise add to its memory)
         summary = analysis.summary(release=True)
-    usable_input_or_error(summary, run_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    write_summary(summary, summary_path)
+    usable_input_or_error(summary, run_dir, analysis)
+    writes = [(summary_path, lambda p: write_summary(summary, p))]
     if json_path:
-        write_summary(summary, json_path)
+        writes.append((json_path, lambda p: write_summary(summary, p)))
     if not no_report:
         from tracelens.report.html import write_report
 
-        with frozen_heap():
-            write_report(analysis, summary, report_path)
+        def report(p: Path) -> None:
+            with frozen_heap():
+                write_report(analysis, summary, p)
+
+        writes.append((report_path, report))
+    write_outputs(writes)  # all or none (a full output folder: one line, exit 2)
     nccl_ranks = (
         sorted({r for t in analysis.nccl.values() for r in t.column("rank").to_pylist() if r is not None})
         if not summary["ranks"]

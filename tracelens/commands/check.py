@@ -42,8 +42,17 @@ def check(
     strict: Annotated[
         bool, typer.Option("--strict", help="A skipped rule fails too (exit 1): every guard must run.")
     ] = False,
+    allow_setup_change: Annotated[
+        bool,
+        typer.Option(
+            "--allow-setup-change",
+            help="Judge runs whose world size, layout, GPU or sequence length differ (else: not comparable, "
+            "exit 2).",
+        ),
+    ] = False,
 ) -> None:
-    """Compare CURRENT with BASELINE under regression rules; exit 0 pass, 1 regression, 2 bad input.
+    """Compare CURRENT with BASELINE under regression rules; exit 0 pass, 1 regression, 2 bad input
+    or runs that are not comparable (world size, layout, GPU or sequence length differ: no verdict).
 
     Step time: fails when the median rises > 5% and a one-sided Mann-Whitney U test says p < 0.05.
 
@@ -67,7 +76,7 @@ def check(
     if output is not None:
         from tracelens.outputs import guard_outputs
 
-        guard_outputs([output], [baseline, current, rules])
+        guard_outputs([output], [baseline, current, rules], force=True)  # (it replaces its own output)
     options: dict[str, Any] = {
         k: v
         for k, v in {
@@ -93,15 +102,14 @@ def check(
         baseline_label=_label(baseline, base),
         current_label=_label(current, cur),
         strict=strict,
+        allow_setup_change=allow_setup_change,
     )
     rendered = check_renderers.render(report, fmt)
     if output is not None:
-        try:
-            from tracelens.store.atomic import write_text
+        from tracelens.outputs import write_outputs
+        from tracelens.store.atomic import write_text
 
-            write_text(output, rendered)
-        except OSError as err:
-            raise BadInputError(f"cannot write {output}: {err.strerror or err}") from err
+        write_outputs([(output, lambda p: write_text(p, rendered))])
         typer.echo(check_renderers.render(report) if fmt != "text" else report.headline(), nl=fmt == "text")
         typer.echo(f"wrote {output}")
     else:

@@ -66,22 +66,23 @@ def compare_cmd(
     import json
 
     from tracelens.analyze.compare import compare
-    from tracelens.outputs import guard_outputs, guard_overwrite
+    from tracelens.outputs import default_out_dir, guard_outputs, write_outputs
     from tracelens.report.html import write_compare_report
     from tracelens.store.atomic import write_text
     from tracelens.summary import run_name
 
     names = parse_labels(labels) or (run_name(a), run_name(b))
-    out_dir = out_dir or Path("reports") / f"compare-{run_name(a)}-vs-{run_name(b)}"
+    out_dir = out_dir or default_out_dir(f"compare-{run_name(a)}-vs-{run_name(b)}", [a, b])
     html_path, json_path = out_dir / "compare.html", out_dir / "compare.json"
-    for p in (html_path, json_path):
-        guard_overwrite(p, force)
     guard_outputs([html_path, json_path], [a, b], force)
     sa, sb = load_side(a), load_side(b)
     result = compare(sa, sb, names)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    write_text(json_path, json.dumps(result, indent=2, default=str) + "\n")
-    write_compare_report(result, html_path)
+    write_outputs(
+        [
+            (json_path, lambda p: write_text(p, json.dumps(result, indent=2, default=str) + "\n")),
+            (html_path, lambda p: write_compare_report(result, p)),
+        ]
+    )
     for line in result["text"]:
         typer.echo(line)
     typer.echo(f"wrote {html_path} and {json_path}")

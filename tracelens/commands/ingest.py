@@ -70,6 +70,9 @@ def ingest(
 
     if out.exists() and not out.is_dir():
         raise BadInputError(f"{out} exists and is not a folder")
+    from tracelens.outputs import guard_outputs
+
+    guard_outputs([out / n for n in OUTPUTS], [run_dir], force=True)  # (existing tables: below)
     existing = [out / n for n in OUTPUTS if (out / n).exists()]
     if existing and not force:
         raise BadInputError(f"{existing[0]} exists; use --force to overwrite it")

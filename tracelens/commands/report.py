@@ -48,11 +48,10 @@ def export_trace_cmd(
     """One Chrome trace with every rank (one process per rank, clocks aligned from collective end times) and
     the findings as instant-event markers; open it in Perfetto UI or chrome://tracing."""
     from tracelens.errors import BadInputError
-    from tracelens.outputs import guard_outputs, guard_overwrite
+    from tracelens.outputs import guard_outputs, write_outputs
     from tracelens.report.export import export_trace
     from tracelens.run_analysis import Options, analyze_run
 
-    guard_overwrite(out, force)
     guard_outputs([out], [run_dir], force)
     analysis = analyze_run(run_dir, Options(layout=layout))
     summary = analysis.summary()
@@ -73,13 +72,25 @@ def export_trace_cmd(
             raise BadInputError(f"--ranks {ranks}: no trace for rank(s) {', '.join(map(str, missing[:16]))}")
         events = events.filter(pc.is_in(events.column("rank"), value_set=pa.array(wanted, pa.int32())))
         shown = len(wanted)
-    n = export_trace(
-        events,
-        out,
-        stage_of,
-        offsets,
-        summary.get("findings") or [],
-        run_name=summary["run"]["name"],
+    counted: list[int] = []
+    write_outputs(
+        [
+            (
+                out,
+                lambda p: counted.append(
+                    export_trace(
+                        events,
+                        p,
+                        stage_of,
+                        offsets,
+                        summary.get("findings") or [],
+                        run_name=summary["run"]["name"],
+                        compress=out.name.endswith(".gz"),
+                    )
+                ),
+            )
+        ]
     )
+    n = counted[0]
     aligned = "clock-aligned" if offsets else "not clock-aligned (no cross-rank offsets)"
     typer.echo(f"wrote {out}: {n:,} events, {shown} rank(s), {aligned}")

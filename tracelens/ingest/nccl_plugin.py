@@ -76,9 +76,37 @@ def quote_bare_values(text: str) -> str:
     return _BARE_VALUE.sub(repl, text)
 
 
+#: Plugin categories whose begin/end pairs become rows of the collectives table.
+_COLL_CATS = ("COLL", "P2P")
+
+
 def load_events(path: str | Path) -> list[dict]:
     """The JSON array of one plugin file; a file cut off before its closing `]` is salvaged, and the bare
     values of NCCL 2.28.x's example plugin (`"Stream": 0x..`, `"datatype": ncclFloat32`) are accepted."""
+    return _load_events(path)[0]
+
+
+def cut_note(path: str | Path) -> str | None:
+    """For a plugin file cut mid-write (no closing `]`): what was read and what was lost, for the run's
+    warnings; None for a whole file."""
+    events, cut = _load_events(path)
+    if not cut:
+        return None
+    ended = {(e.get("pid"), e.get("id")) for e in events if e.get("ph") == "e"}
+    open_ = sum(
+        1
+        for e in events
+        if e.get("ph") == "b" and e.get("cat") in _COLL_CATS and (e.get("pid"), e.get("id")) not in ended
+    )
+    return (
+        f"{Path(path).name}: NCCL profiler-plugin file cut mid-write: read the {len(events):,} events before "
+        f"the cut; {open_:,} collective{'' if open_ == 1 else 's'} whose end was lost have no row, and any "
+        "after the cut are missing"
+    )
+
+
+def _load_events(path: str | Path) -> tuple[list[dict], bool]:
+    """load_events, and whether the file was cut (its array not closed: the events before the cut)."""
     from tracelens.ingest.sniff import check_first_byte, gunzip_bounded
 
     path = Path(path)
@@ -109,6 +137,7 @@ def load_events(path: str | Path) -> list[dict]:
             data = json.loads(text)
         except ValueError:
             data = None
+    was_cut = False
     if data is None:
         cut = text.rfind("},")
         try:
@@ -117,9 +146,10 @@ def load_events(path: str | Path) -> list[dict]:
             data = None
         if data is None:
             raise BadTraceError(f"{path}: invalid JSON in NCCL profiler-plugin trace") from None
+        was_cut = True
     if not isinstance(data, list):
         raise BadTraceError(f"{path}: not an NCCL profiler-plugin trace (expected a JSON array)")
-    return [e for e in data if isinstance(e, dict) and e]
+    return [e for e in data if isinstance(e, dict) and e], was_cut
 
 
 def _pairs(events: list[dict]) -> pd.DataFrame:

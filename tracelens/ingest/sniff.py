@@ -5,6 +5,8 @@ from __future__ import annotations
 import zlib
 from pathlib import Path
 
+from tracelens.ingest.encoding import raw_head, text_encoding
+
 HEAD_BYTES = 65536
 
 KINETO = "kineto"
@@ -33,15 +35,14 @@ _PLUGIN_CATS = tuple(
 
 
 def read_head(path: Path, n: int = HEAD_BYTES) -> bytes:
-    """First `n` bytes of the file's content, gunzipped when the file is gzip (by magic, not suffix)."""
-    with open(path, "rb") as fh:
-        raw = fh.read(n)
-    if raw[:2] == b"\x1f\x8b":
-        d = zlib.decompressobj(16 + zlib.MAX_WBITS)
-        try:
-            return d.decompress(raw, n)
-        except zlib.error:
-            return b""
+    """First `n` bytes of the file's content, gunzipped when the file is gzip (by magic, not suffix), as
+    UTF-8 when the content is UTF-16 (text_encoding)."""
+    raw = raw_head(path, n)
+    enc = text_encoding(raw)
+    if enc is not None:
+        import codecs
+
+        return codecs.getincrementaldecoder(enc)(errors="replace").decode(raw).encode()
     return raw
 
 

@@ -151,8 +151,8 @@ class JUnitRenderer(CheckRenderer):
         seconds = sum(r.seconds for r in report.results)
         counts = {
             "tests": str(total),
-            "failures": str(failures),
-            "errors": "0",
+            "failures": str(failures if report.comparable else 0),
+            "errors": "0" if report.comparable else "1",
             "skipped": str(skipped),
             "time": f"{seconds:.6f}",
         }
@@ -163,6 +163,9 @@ class JUnitRenderer(CheckRenderer):
         ET.SubElement(props, "property", {"name": "current", "value": report.current_label})
         for note in report.notes:
             ET.SubElement(props, "property", {"name": "note", "value": note})
+        if not report.comparable:  # no verdict: one error, not a failure per rule
+            case = ET.SubElement(suite, "testcase", {"name": "comparable", "classname": "tracelens.check"})
+            ET.SubElement(case, "error", {"message": report.headline(), "type": "not-comparable"})
         for r in report.results:
             case = ET.SubElement(
                 suite,
@@ -174,7 +177,7 @@ class JUnitRenderer(CheckRenderer):
                 f"{r.title}\nbaseline: {c['baseline']}\ncurrent: {c['current']}\n"
                 f"delta: {c['delta']}\nfails when: {c['threshold']}\np-value: {c['p']}\n{r.message}"
             )
-            if r.status == "fail":
+            if r.status == "fail" and report.comparable:
                 node = ET.SubElement(case, "failure", {"message": r.message, "type": "regression"})
                 node.text = detail
             elif r.status == "skip":
@@ -201,7 +204,7 @@ class GitHubRenderer(CheckRenderer):
     def render(self, report: CheckReport) -> str:
         lines = []
         for r in report.results:
-            level = "error" if r.status == "fail" else "notice"
+            level = "error" if r.status == "fail" and report.comparable else "notice"
             title = _gh_property(f"tracelens check {r.status}: {r.rule}")
             lines.append(f"::{level} title={title}::{_gh_data(r.message)}")
         lines.extend(

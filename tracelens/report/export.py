@@ -164,8 +164,10 @@ def export_trace(
     offsets_ns: Mapping[int, int] | None = None,
     findings: list[dict] | None = None,
     run_name: str | None = None,
+    compress: bool | None = None,
 ) -> int:
-    """Write the merged Chrome trace JSON atomically; returns the number of trace events written."""
+    """Write the merged Chrome trace JSON atomically, gzip-compressed when `compress` (default: when `path`
+    ends in `.gz`, which Perfetto UI opens as it is); returns the number of trace events written."""
     evs = trace_events(events, stage_of, offsets_ns, findings)
     other = {
         "schema": SCHEMA,
@@ -177,5 +179,10 @@ def export_trace(
     # Only keys Perfetto's JSON importer knows (it stops reading at an unknown top-level key); otherData
     # first, written with json's ": " so tracelens.outputs finds the schema mark and a rerun may overwrite.
     head = '{"otherData": ' + json.dumps(other) + ', "displayTimeUnit": "ms", "traceEvents": '
-    write_bytes(path, head.encode() + msgspec.json.encode(evs) + b"}\n")
+    data = head.encode() + msgspec.json.encode(evs) + b"}\n"
+    if compress if compress is not None else Path(path).name.endswith(".gz"):
+        import gzip
+
+        data = gzip.compress(data, compresslevel=6, mtime=0)
+    write_bytes(path, data)
     return len(evs)

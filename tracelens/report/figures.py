@@ -628,6 +628,14 @@ def collective_rows(coll: pa.Table | None, top: int = 30) -> list[dict]:
         col("wait_ns"),
         col("transfer_ns"),
     )
+    # arrival skew and the wait / transfer split need a second participant: a call seen on one rank only
+    # (its peers not traced) has none (null, as in summary.json; not 0)
+    parts = col("n_participants")
+    if parts is not None:
+        alone = ~(parts > 1)
+        skew, wait, transfer = (
+            None if v is None else np.where(alone, np.nan, v) for v in (skew, wait, transfer)
+        )
 
     def med(v: np.ndarray | None, scale: float = 1.0) -> float | None:
         if v is None:
@@ -663,6 +671,12 @@ def collective_rows(coll: pa.Table | None, top: int = 30) -> list[dict]:
         )
         return ", ".join(f"{n} ({w})" if w else str(n) for n, w in pairs) or None
 
+    def known_total(v: np.ndarray | None, scale: float) -> float | None:
+        """The sum of the known values; None when none is known."""
+        if v is None or np.isnan(v).all():
+            return None
+        return _r(total(v) / scale)
+
     out: list[dict] = []
     for idx in slices:
         first = idx[0]
@@ -685,8 +699,8 @@ def collective_rows(coll: pa.Table | None, top: int = 30) -> list[dict]:
                 "busbw_n": bus_text(idx),
                 "median_skew_ms": med(None if skew is None else skew[idx], 1e6),
                 "max_skew_ms": mx(None if skew is None else skew[idx], 1e6),
-                "wait_ms": _r(total(wait[idx]) / 1e6) if wait is not None else None,
-                "transfer_ms": _r(total(transfer[idx]) / 1e6) if transfer is not None else None,
+                "wait_ms": known_total(None if wait is None else wait[idx], 1e6),
+                "transfer_ms": known_total(None if transfer is None else transfer[idx], 1e6),
             }
         )
     out.sort(key=lambda r: -(r["total_ms"] or 0.0))

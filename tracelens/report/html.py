@@ -107,18 +107,18 @@ def si_text(v: float | int | None, unit: str = "", digits: int = 4) -> str:
 
 
 def number_text(v, key: str | None = None) -> str:
-    """A table cell's text: '-' for unknown, integers with thousands separators, counts (`COUNT_KEYS`) as
-    integers when whole, other numbers with 3 decimals below 100 and 1 above (two significant digits
-    below 0.001)."""
+    """A table cell's text: a dash (U+2014) for unknown, never 0; integers with thousands separators, counts
+    (`COUNT_KEYS`) as integers when whole, other numbers with 3 decimals below 100 and 1 above (two
+    significant digits below 0.001)."""
     if v is None:
-        return "-"
+        return "\u2014"
     if isinstance(v, bool):
         return str(v)
     if isinstance(v, int):
         return f"{v:,}"
     if isinstance(v, float):
         if v != v:
-            return "-"
+            return "\u2014"
         if key in COUNT_KEYS:
             return f"{int(v):,}" if v.is_integer() else f"{v:,.1f}"
         if 0 < abs(v) < 0.001:  # (not "0.000": a small known number)

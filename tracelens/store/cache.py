@@ -131,9 +131,16 @@ def file_identity(path: Path) -> str:
     )
 
 
+#: The rules a salvaged entry's content follows (which steps of a cut trace are complete,
+#: docs/bad-input.md): another value is another key, so an entry made under other rules is not read.
+SALVAGE_RULES = "2"
+
+
 def cache_key(path: Path, rank: int, salvage: bool = False) -> str:
     """Key of one trace file's cache entry (see the module docstring)."""
-    text = "|".join([file_identity(path), str(rank), __version__, str(salvage)])
+    text = "|".join(
+        [file_identity(path), str(rank), __version__, f"{salvage}{SALVAGE_RULES if salvage else ''}"]
+    )
     return hashlib.sha1(text.encode()).hexdigest()[:20]
 
 
@@ -300,6 +307,18 @@ def read_part(entries: Iterable[RankEntry], part: str, columns: list[str] | None
             raise OSError(f"cache entry {p} vanished or is corrupt")
     sch = SCHEMAS[part] if columns is None else pa.schema([SCHEMAS[part].field(c) for c in columns])
     return concat([t for t in tabs if t is not None], sch)
+
+
+def remove_incomplete(root: Path, files: Iterable[Any], salvage: bool) -> None:
+    """Remove the entries of these trace files that are not complete (no metadata file: a load stopped while
+    writing them, e.g. on a full disk), so that nothing half-written stays in the cache."""
+    for f in files:
+        if getattr(f, "rank", None) is None:
+            continue
+        with contextlib.suppress(OSError):
+            e = entry(root, Path(f.path), int(f.rank), salvage)
+            if os.path.isdir(e.folder) and not os.path.exists(e.meta):
+                shutil.rmtree(e.folder, ignore_errors=True)
 
 
 # ---------------------------------------------------------------------------------- discovery memo

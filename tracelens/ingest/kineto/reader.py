@@ -306,7 +306,21 @@ def _metadata(path: Path, rank: int, meta: dict, n_events: int, sc: _Scan) -> di
         "damaged_events": sc.damage.skipped,
         "dropped_events": sc.dropped,
         "mended_strings": sc.damage.mended,
+        "header_repairs": sc.damage.header,
     }
+
+
+def gpu_expected(meta: dict, memory: pa.Table | None = None) -> bool:
+    """Whether a trace may have had device activity, for a cut that fell among the CPU ops (which Kineto
+    writes first): unless its header says it is CPU-only (`deviceProperties: []`, no NCCL / RCCL backend,
+    no `[memory]` event on a device), it is taken to have had some, lost at the cut."""
+    dp = meta.get("deviceProperties")
+    di = meta.get("distributedInfo")
+    backend = str(di.get("backend") or "").lower() if isinstance(di, dict) else ""
+    on_device = (
+        memory is not None and memory.num_rows and (pc.max(memory.column("device")).as_py() or -1) >= 0
+    )
+    return not (isinstance(dp, list) and not dp) or "nccl" in backend or bool(on_device)
 
 
 def metadata_table(rows: list[dict]) -> pa.Table:
@@ -360,8 +374,9 @@ def _read(path: Path, rank: int | None, salvage: bool, chunk_bytes: int) -> Kine
         _reap(sc.helper)
     device_lost = False
     if sc.salvaged:
-        device_lost = _salv.uncovered_steps(events)[1]
-        events = drop_incomplete_steps(events)
+        gpu = gpu_expected(sc.meta, memory)
+        device_lost = _salv.uncovered_steps(events, gpu)[1]
+        events = drop_incomplete_steps(events, gpu)
     events = events.set_column(
         events.schema.get_field_index("peer_local"), "peer_local", peer_local_column(events, path)
     )

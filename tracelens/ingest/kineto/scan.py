@@ -116,8 +116,13 @@ def _scan_blocks(
             try:
                 top = _decode_top(head)
             except msgspec.DecodeError:
-                state = "whole"  # "traceEvents" matched inside something else: decode the whole document
-                continue
+                # damage in the metadata (a lone surrogate, a NaN in deviceProperties) costs that value, as
+                # damage in an event costs the event; else "traceEvents" matched inside something else:
+                # decode the whole document
+                top = _salv.repair_head(head, _decode_top, dmg, salvage)
+                if top is None:
+                    state = "whole"
+                    continue
             _merge_meta(meta, top)
             parsed += m.end() - 1
             off += m.end() - 1

@@ -38,6 +38,10 @@ def _split_point(path: Path) -> int | None:
     """Where a split read cuts the decompressed stream of a file worth splitting (SPLIT_SHARE of its size),
     else None. For gzip the size is the trailer's ISIZE (exact for one member under 4 GiB; when it is wrong
     the split is uneven but still correct)."""
+    from tracelens.ingest.kineto.stream import _utf16
+
+    if _utf16(path) is not None:  # (transcoded as it streams: no byte offset to split at)
+        return None
     size = path.stat().st_size
     raw = size
     with open(path, "rb") as fh:

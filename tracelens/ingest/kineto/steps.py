@@ -101,14 +101,17 @@ _FAMILIES = (
 )
 
 
-def incomplete_steps(events: pa.Table, share: float = INCOMPLETE_STEP_SHARE) -> list[int]:
+def incomplete_steps(
+    events: pa.Table, share: float = INCOMPLETE_STEP_SHARE, gpu_expected: bool = False
+) -> list[int]:
     """Steps of one rank's salvaged trace whose analysis would be wrong because events were lost at the cut.
 
     Kineto does not write events in time order (CPU ops first, device activities after, in buffer order), so
     the cut does not fall at one instant. A step lost events when, for one family of events (CPU ops, runtime
     launches, device work), it holds fewer than `share` of the count of the rank's fullest step. The device
     work of a step runs late (into the next steps' windows, by up to the largest spill seen in the complete
-    steps), so a step whose window such lost work may reach is incomplete as well.
+    steps), so a step whose window such lost work may reach is incomplete as well. `gpu_expected`: the
+    trace's header names a GPU (salvage.uncovered_steps).
     """
     step = events.column("step")
     if events.num_rows == 0 or step.null_count == events.num_rows:
@@ -116,7 +119,7 @@ def incomplete_steps(events: pa.Table, share: float = INCOMPLETE_STEP_SHARE) -> 
     kinds = events.column("kind").cast(pa.string())
     steps_all = sorted(set(pc.unique(step.drop_null()).to_pylist()))
     # a step with a launch whose device work is missing is not covered by the trace (salvage.py)
-    bad: set[int] = set(_salv.uncovered_steps(events)[0]) & set(steps_all)
+    bad: set[int] = set(_salv.uncovered_steps(events, gpu_expected)[0]) & set(steps_all)
     if len(steps_all) < 2:
         return sorted(bad)
     for fam in _FAMILIES:
@@ -150,8 +153,8 @@ def incomplete_steps(events: pa.Table, share: float = INCOMPLETE_STEP_SHARE) -> 
     return sorted(bad | late)
 
 
-def drop_incomplete_steps(events: pa.Table) -> pa.Table:
+def drop_incomplete_steps(events: pa.Table, gpu_expected: bool = False) -> pa.Table:
     """Leave the incomplete steps of a salvaged trace out of the step analysis (salvage.leave_out_steps:
     their events get step null, their CPU `ProfilerStep#N` markers stay as kind `other`, so that they still
     bound the kept steps' windows)."""
-    return _salv.leave_out_steps(events, incomplete_steps(events))
+    return _salv.leave_out_steps(events, incomplete_steps(events, gpu_expected=gpu_expected))

@@ -55,9 +55,44 @@ class _Truncated(Exception):
     """The gzip stream ended before its end marker (a file cut mid-write)."""
 
 
+def _utf16(path: Path) -> str | None:
+    """The file's UTF-16 codec when its content is UTF-16 text (encoding.text_encoding), else None."""
+    from tracelens.ingest.encoding import raw_head, text_encoding
+
+    try:
+        return text_encoding(raw_head(path, 4096))
+    except OSError:
+        return None
+
+
 def _blocks(path: Path, out_bytes: int = _READ_BYTES) -> Generator[bytes, None, None]:
     """Decompressed content of `path` in blocks of at most ~`out_bytes` (gzip by magic bytes, multi-member
-    aware, size-bounded against decompression bombs). Raises _Truncated after the last block of a cut gzip."""
+    aware, size-bounded against decompression bombs), as UTF-8 when the content is UTF-16 (transcoded as it
+    streams). Raises _Truncated after the last block of a cut gzip."""
+    enc = _utf16(path)
+    if enc is None:
+        yield from _raw_blocks(path, out_bytes)
+        return
+    import codecs
+
+    dec = codecs.getincrementaldecoder(enc)(errors="replace")
+    try:
+        for b in _raw_blocks(path, out_bytes):
+            text = dec.decode(b)
+            if text:
+                yield text.encode()
+    except _Truncated:
+        tail = dec.decode(b"", final=True)
+        if tail:
+            yield tail.encode()
+        raise
+    tail = dec.decode(b"", final=True)
+    if tail:
+        yield tail.encode()
+
+
+def _raw_blocks(path: Path, out_bytes: int = _READ_BYTES) -> Generator[bytes, None, None]:
+    """_blocks without the UTF-16 transcoding."""
     limit = max_decompressed_bytes()
     with open(path, "rb") as fh:
         magic = fh.read(2)
@@ -121,7 +156,7 @@ def _reused_blocks(path: Path, out_bytes: int) -> Generator[memoryview | bytes, 
     valid only until the next one is requested (_scan_blocks copies it). Any error, a cut file included,
     raises _SplitFailed: the careful path (_blocks) then reads the file and reports it precisely. Falls back
     to _blocks without python-isal."""
-    if _GzipReader is None or not _is_gzip(path):
+    if _GzipReader is None or not _is_gzip(path) or _utf16(path) is not None:
         yield from _blocks(path, out_bytes)
         return
     limit = max_decompressed_bytes()
