@@ -25,11 +25,11 @@ def test_numbers():
     assert H.number_text(4221.43, "total_ms") == "4,221.4"
     assert H.number_text(0.000123, "gflops") == "0.00012"  # small, not "0.000"
     assert H.number_text(0.0, "gflops") == "0.000"
-    assert H.number_text(None, "calls") == H.number_text(float("nan"), "ms") == "-"
+    assert H.number_text(None, "calls") == H.number_text(float("nan"), "ms") == "\u2014"  # unknown: a dash
     assert H.si_text(157065412608.0, "FLOP") == "157.1 GFLOP"
     assert H.si_text(2250e12, "FLOP/s") == "2.250 PFLOP/s"
     assert H.si_text(4096, "tokens") == "4.096 ktokens"
-    assert H.si_text(512, "B") == "512 B" and H.si_text(None) == "-"
+    assert H.si_text(512, "B") == "512 B" and H.si_text(None) == "\u2014"
 
 
 def test_name_cells_cut_long_names_and_keep_short_ones_on_one_line():
@@ -77,16 +77,17 @@ def test_report_tables_show_counts_as_integers_and_units(name):
             ]
             for head, cell in zip(heads, cells):
                 if head.startswith("calls"):  # calls per step: integers unless a mean over steps
-                    assert re.fullmatch(r"[\d,]+(\.\d)?|-", cell), (head, cell)
+                    assert re.fullmatch(r"[\d,]+(\.\d)?|\u2014", cell), (head, cell)
                     assert not re.fullmatch(r"[\d,]+\.0+", cell), (head, cell)
                 if head in ("stage", "rank", "kernels", "group size", "world size"):
-                    assert re.fullmatch(r"[\d,]+|-", cell), (head, cell)
+                    assert re.fullmatch(r"[\d,]+|\u2014", cell), (head, cell)
     # the ops row counts of the summary are whole numbers here: shown without decimals
     calls = [r["calls"] for r in summary["ops"]]
     assert calls and all(float(c).is_integer() for c in calls)
     # numeric headers name their unit (or are counts, ranks, stages, shares)
     unitless = {"stage", "rank", "op", "kernel", "CPU op", "layer type", "shapes", "bound", "model", "cause",
-                "on rank", "op at the peak", "steps flagged", "kernels", "group size", "path"}  # fmt: skip
+                "on rank", "op at the peak", "steps flagged", "kernels", "group size", "path",
+                "bus bw n"}  # fmt: skip
     for t in tables:
         if 'class="meta"' in t:
             continue

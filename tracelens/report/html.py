@@ -95,7 +95,7 @@ def si_text(v: float | int | None, unit: str = "", digits: int = 4) -> str:
     """A large quantity with an SI prefix and `digits` significant digits: 157065412608 FLOP ->
     "157.1 GFLOP"; below 1,000 the number itself (integers without decimals)."""
     if v is None or (isinstance(v, float) and v != v):
-        return "-"
+        return "\u2014"
     x = float(v)
     for scale, prefix in _SI:
         if abs(x) >= scale:
@@ -513,11 +513,23 @@ def _collectives_section(analysis, summary: dict) -> object:
         ("transfer ms", "transfer_ms"),
     ]
     cols = [c for c in cols if any(r.get(c[1]) is not None for r in rows)]
+    n_note = ""
+    if all(_bus_n_is_group_size(r) for r in rows if r.get("busbw_n") and r.get("op") not in ("send", "recv")):
+        # (the usual case: the bus-bandwidth factor's n is the group's size, said once instead of a column)
+        cols = [c for c in cols if c[1] != "busbw_n"]
+        n_note = " Bus bandwidth uses n = the group size (nccl-tests)."
     return (
         "<p>Grouped by operation, group size and message size; skew is the spread of the ranks' arrival; "
-        "wait is time spent waiting for the last rank, transfer the rest.</p>"
+        f"wait is time spent waiting for the last rank, transfer the rest.{n_note}</p>"
         + table_html(rows, cols, ("op",))
     )
+
+
+def _bus_n_is_group_size(row: dict) -> bool:
+    """The row's bus-bandwidth n (text such as "128 (world size)") is its group size (a send or receive's
+    factor is 1 whatever n: not asked)."""
+    head = str(row.get("busbw_n") or "").split(" ")[0].rstrip(",")
+    return head.isdigit() and row.get("group_size") is not None and int(head) == int(row["group_size"])
 
 
 def _memory_section(analysis, summary: dict) -> object:
