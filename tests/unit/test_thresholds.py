@@ -27,7 +27,9 @@ def test_overrides_are_checked():
     assert t.stage_imbalance == 1.2 and t.slow_link_min_calls == 6 and isinstance(t.slow_link_min_calls, int)
     assert t.changed() == {"stage_imbalance": 1.2, "slow_link_min_calls": 6}
     assert DEFAULT.changed() == {}
-    cfg = t.straggler_config()
+    from tracelens.analyze.stragglers import StragglerConfig
+
+    cfg = StragglerConfig.of(t)
     assert cfg.min_link_calls == 6 and cfg.clock_skew_ns == 100_000
     for bad in ({"stage_imbalnce": 1.2}, {"gpu_idle": -1}, {"gpu_idle": "a"}, {"gpu_idle": True}):
         with pytest.raises(BadConfigError):
