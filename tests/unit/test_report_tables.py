@@ -86,7 +86,8 @@ def test_report_tables_show_counts_as_integers_and_units(name):
     assert calls and all(float(c).is_integer() for c in calls)
     # numeric headers name their unit (or are counts, ranks, stages, shares)
     unitless = {"stage", "rank", "op", "kernel", "CPU op", "layer type", "shapes", "bound", "model", "cause",
-                "on rank", "op at the peak", "steps flagged", "kernels", "group size", "path"}  # fmt: skip
+                "on rank", "op at the peak", "steps flagged", "kernels", "group size", "path",
+                "loss", "from", "what to change", "change", "what it costs"}  # fmt: skip
     for t in tables:
         if 'class="meta"' in t:
             continue
