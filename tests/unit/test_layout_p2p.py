@@ -119,6 +119,7 @@ def test_a_ring_starts_at_the_rank_that_sends_before_it_receives():
     stage's; stage 0 is the one rank whose first P2P op is a send (it receives nothing before its first
     forward). Here ranks 1-3 issue their first sends before rank 0 does: without that rule the ring started
     at rank 1."""
+
     def op(rank: int, peer: int, send: bool, ts: int) -> dict:
         return {"rank": rank, "kind": "cpu_op", "name": "nccl:send" if send else "nccl:recv", "ts_ns": ts,
                 "dur_ns": 10, "step": 1, "collective": "send" if send else "recv",

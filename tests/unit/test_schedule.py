@@ -69,7 +69,9 @@ def test_replay_with_costs_worked_by_hand():
 
 
 def test_split_backward_holds_activations_until_the_weight_gradient():
-    orders = {0: [((0, "F", 0),), ((0, "F", 1),), ((0, "I", 0),), ((0, "I", 1),), ((0, "W", 0),), ((0, "W", 1),)]}
+    orders = {
+        0: [((0, "F", 0),), ((0, "F", 1),), ((0, "I", 0),), ((0, "I", 1),), ((0, "W", 0),), ((0, "W", 1),)]
+    }
     got = replay(orders, 1)
     assert got is not None and got.in_flight == {0: 2} and got.window == 6.0
     full = replay({0: [((0, "F", 0),), ((0, "B", 0),), ((0, "F", 1),), ((0, "B", 1),)]}, 1)

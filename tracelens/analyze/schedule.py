@@ -29,8 +29,8 @@ zero-bubble schedules, all from the same replay.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -271,55 +271,40 @@ def _interleaved_orders(p: int, v: int, m: int, zero_bubble: bool) -> dict[int, 
     rounds = max(1, m // p)
     if m % rounds:
         return None
-    per_round = m // rounds
+    return {k: _interleaved_rank(k, p, v, m, m // rounds, zero_bubble) for k in range(p)}
+
+
+def _interleaved_rank(k: int, p: int, v: int, m: int, per_round: int, zero_bubble: bool) -> list[Unit]:
     total = v * m
-    out: dict[int, list[Unit]] = {}
-    for k in range(p):
-        warm = min((v - 1) * per_round + (p - 1 - k) * (1 if zero_bubble else 2), total)
-        steady = total - warm
+    warm = min((v - 1) * per_round + (p - 1 - k) * (1 if zero_bubble else 2), total)
+    f_mb: dict[int, int] = {}
+    b_mb: dict[int, int] = {}
+    w_mb: dict[int, int] = {}
+    pending: list[int] = []  # the stages of the backwards whose W is still to run, oldest first
+    acts: list[Unit] = []
 
-        def f_stage(i: int, k: int = k) -> int:
-            return ((i // per_round) % v) * p + k
+    def next_mb(counter: dict[int, int], st: int) -> int:
+        counter[st] = counter.get(st, 0) + 1
+        return counter[st] - 1
 
-        def b_stage(i: int, k: int = k, warm: int = warm) -> int:
-            return (v - 1 - ((i - warm) // per_round) % v) * p + k
+    def weight() -> None:
+        st = pending.pop(0)
+        acts.append(((st, "W", next_mb(w_mb, st)),))
 
-        f_mb: dict[int, int] = {}
-        b_mb: dict[int, int] = {}
-        w_mb: dict[int, int] = {}
-        pending: list[int] = []  # the stages of the backwards whose W is still to run, oldest first
-        acts: list[Unit] = []
-
-        def forward(st: int) -> None:
-            acts.append(((st, "F", f_mb.setdefault(st, 0)),))
-            f_mb[st] += 1
-
-        def backward(st: int) -> None:
-            acts.append(((st, "I" if zero_bubble else "B", b_mb.setdefault(st, 0)),))
-            b_mb[st] += 1
+    for i in range(warm + total):  # warm-up, steady state, cool-down (as many backwards as warm-up forwards)
+        if i < total:
+            st = ((i // per_round) % v) * p + k
+            acts.append(((st, "F", next_mb(f_mb, st)),))
+        if i >= warm:
+            st = (v - 1 - ((i - warm) // per_round) % v) * p + k
+            acts.append(((st, "I" if zero_bubble else "B", next_mb(b_mb, st)),))
             if zero_bubble:
                 pending.append(st)
-
-        def weight() -> None:
-            st = pending.pop(0)
-            acts.append(((st, "W", w_mb.setdefault(st, 0)),))
-            w_mb[st] += 1
-
-        for i in range(warm):
-            forward(f_stage(i))
-        for i in range(warm, warm + steady):
-            forward(f_stage(i))
-            backward(b_stage(i))
-            if zero_bubble and i - warm >= k:
-                weight()
-        for i in range(warm + steady, warm + steady + warm):
-            backward(b_stage(i))
-            if zero_bubble and i - warm >= k:
-                weight()
-        while pending:
-            weight()
-        out[k] = acts
-    return out
+                if i - warm >= k:
+                    weight()
+    while pending:
+        weight()
+    return acts
 
 
 def _looped_bfs_orders(p: int, v: int, m: int) -> dict[int, list[Unit]]:
@@ -339,62 +324,57 @@ def _zbv_orders(p: int, m: int) -> dict[int, list[Unit]]:
     and 2p-1-k; warm-up on chunk 0, then chunk 1's forward, input and weight backward in turn, a steady
     state alternating the chunks, and a cool-down of input backwards followed by the deferred weight
     backwards. Microbatches beyond m that PyTorch pads the order with are left out."""
+    return {k: _zbv_rank(k, p, m) for k in range(p)}
+
+
+def _zbv_rank(k: int, p: int, m: int) -> list[Unit]:
     n = max(2 * p - 1, m)
-    out: dict[int, list[Unit]] = {}
-    for k in range(p):
-        c0, c1 = k, 2 * p - 1 - k
-        cnt = {"f0": 0, "f1": 0, "b0": 0, "b1": 0}
-        acts: list[Unit] = []
+    stage = (k, 2 * p - 1 - k)  # chunk 0, chunk 1
+    f = [0, 0]  # forwards issued per chunk
+    b = [0, 0]  # input backwards issued per chunk
+    acts: list[Unit] = []
 
-        def act(st: int, kind: str, mb: int) -> None:
-            if mb < m:
-                acts.append(((st, kind, mb),))
+    def act(chunk: int, kind: str, mb: int) -> None:
+        if mb < m:
+            acts.append(((stage[chunk], kind, mb),))
 
-        def forward(chunk: int) -> None:
-            key = "f" + str(chunk)
-            act(c0 if chunk == 0 else c1, "F", cnt[key])
-            cnt[key] += 1
+    def forward(chunk: int) -> None:
+        act(chunk, "F", f[chunk])
+        f[chunk] += 1
 
-        def full_backward(chunk: int) -> None:
-            key = "b" + str(chunk)
-            st = c0 if chunk == 0 else c1
-            act(st, "I", cnt[key])
-            act(st, "W", cnt[key])
-            cnt[key] += 1
+    def backward(chunk: int, weight: bool = True) -> None:
+        act(chunk, "I", b[chunk])
+        if weight:
+            act(chunk, "W", b[chunk])
+        b[chunk] += 1
 
-        for _ in range(2 * (p - k) - 1):
+    for _ in range(2 * (p - k) - 1):
+        forward(0)
+    for _ in range(k):
+        forward(1)
+        forward(0)
+    for _ in range(p - k):
+        forward(1)
+        backward(1)
+    while f[1] < f[0] or f[0] < n:
+        if f[0] < n:
             forward(0)
-        for _ in range(k):
-            forward(1)
-            forward(0)
-        for _ in range(p - k):
-            forward(1)
-            full_backward(1)
-        while cnt["f1"] < cnt["f0"] or cnt["f0"] < n:
-            if cnt["f0"] < n:
-                forward(0)
-            full_backward(0)
-            forward(1)
-            full_backward(1)
-        w0, w1 = cnt["b0"], cnt["b1"]
-        for _ in range(k):
-            act(c0, "I", cnt["b0"])
-            cnt["b0"] += 1
-            act(c1, "I", cnt["b1"])
-            cnt["b1"] += 1
-        for _ in range(p - k):
-            act(c0, "I", cnt["b0"])
-            cnt["b0"] += 1
-            act(c0, "W", w0)
-            w0 += 1
-        while w1 < cnt["b1"]:
-            act(c1, "W", w1)
-            w1 += 1
-        while w0 < cnt["b0"]:
-            act(c0, "W", w0)
-            w0 += 1
-        out[k] = acts
-    return out
+        backward(0)
+        forward(1)
+        backward(1)
+    w = list(b)  # the cool-down's weight backwards start where the full backwards stopped
+    for _ in range(k):
+        backward(0, weight=False)
+        backward(1, weight=False)
+    for _ in range(p - k):
+        backward(0, weight=False)
+        act(0, "W", w[0])
+        w[0] += 1
+    for chunk in (1, 0):
+        while w[chunk] < b[chunk]:
+            act(chunk, "W", w[chunk])
+            w[chunk] += 1
+    return acts
 
 
 @dataclass
@@ -467,7 +447,12 @@ def replay(
                 else:
                     c = sum(cost(a[0], a[1]) for a in acts)
                 if recv is not None:
-                    c += sum(recv(d[1], a[0]) for a in acts for d in _deps(a, last_stage) if rank_of.get(d[1], r) != r)
+                    c += sum(
+                        recv(d[1], a[0])
+                        for a in acts
+                        for d in _deps(a, last_stage)
+                        if rank_of.get(d[1], r) != r
+                    )
                 end = start + c
                 free[r] = end
                 busy[r] += c

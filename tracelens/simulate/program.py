@@ -416,7 +416,14 @@ class ProgramBuilder:
         if k > 0:  # (from the previous virtual stage: the previous rank, or the last one for chunk c > 0)
             ops.append(
                 self._coll(
-                    RECV, "pp", "recv", n, n, phase="F", mb=mb, peer=-1 if stage > 0 else p - 1,
+                    RECV,
+                    "pp",
+                    "recv",
+                    n,
+                    n,
+                    phase="F",
+                    mb=mb,
+                    peer=-1 if stage > 0 else p - 1,
                     key=(k - 1, k, "F", mb),
                 )  # fmt: skip
             )
@@ -447,7 +454,14 @@ class ProgramBuilder:
         if k < last_k:
             ops.append(
                 self._coll(
-                    SEND, "pp", "send", n, n, phase="F", mb=mb, peer=+1 if stage < p - 1 else 1 - p,
+                    SEND,
+                    "pp",
+                    "send",
+                    n,
+                    n,
+                    phase="F",
+                    mb=mb,
+                    peer=+1 if stage < p - 1 else 1 - p,
                     key=(k, k + 1, "F", mb),
                 )  # fmt: skip
             )
@@ -463,7 +477,14 @@ class ProgramBuilder:
         if k < last_k:
             ops.append(
                 self._coll(
-                    RECV, "pp", "recv", n, n, phase="B", mb=mb, peer=+1 if stage < p - 1 else 1 - p,
+                    RECV,
+                    "pp",
+                    "recv",
+                    n,
+                    n,
+                    phase="B",
+                    mb=mb,
+                    peer=+1 if stage < p - 1 else 1 - p,
                     key=(k + 1, k, "B", mb),
                 )  # fmt: skip
             )
@@ -505,7 +526,14 @@ class ProgramBuilder:
         if k > 0:
             ops.append(
                 self._coll(
-                    SEND, "pp", "send", n, n, phase="B", mb=mb, peer=-1 if stage > 0 else p - 1,
+                    SEND,
+                    "pp",
+                    "send",
+                    n,
+                    n,
+                    phase="B",
+                    mb=mb,
+                    peer=-1 if stage > 0 else p - 1,
                     key=(k, k - 1, "B", mb),
                 )  # fmt: skip
             )
