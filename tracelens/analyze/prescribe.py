@@ -489,6 +489,29 @@ def what_ifs(
                 act,
             )
         )
+    # 1b. GPipe's fill-drain holds every microbatch's activations; 1F1B the same bubble with at most p
+    if sched == "gpipe":
+        got = run("1f1b", 1, m)
+        if got is not None:
+            act = _act_after(pm, got[2], 1, None)
+            out.append(
+                entry(
+                    "schedule",
+                    "1F1B instead of GPipe (the same microbatches)",
+                    {"schedule": "1f1b"},
+                    {"schedule": sched},
+                    got,
+                    1,
+                    m,
+                    [
+                        f"activations held at once: {_held_text(got[2], 1)}"
+                        + ("" if act is None else f" ({act / 2**30:.2f} GiB)")
+                        + f" instead of all {m}"
+                    ],
+                    ["the same bubble: (p-1)/(m+p-1) with equal stages"],
+                    act,
+                )
+            )
     # 2. interleaving (v model chunks per rank), the work of a stage cut evenly over its chunks
     if sched in ("1f1b", "gpipe", "interleaved_1f1b"):
         for v2 in VIRTUAL_STAGES:
@@ -733,14 +756,13 @@ def _best_move(
                 continue
             if best is None or got[0] < best[1][0]:
                 n = len(moved)
-                what = (
-                    f"{n // unit} block{'s' if n // unit > 1 else ''} of {unit} layers"
-                    if unit > 1
-                    else f"{n} layer{'s' if n > 1 else ''}"
-                )
-                text = (
-                    f"{what} (layers {moved.start}-{moved.stop - 1}) moved from stage {src} to stage {dst}: split "
-                    + ",".join(map(str, split2))
+                span = f"layer {moved.start}" if n == 1 else f"layers {moved.start}-{moved.stop - 1}"
+                if unit > 1 and n % unit == 0:
+                    how = f" ({n // unit} block{'s' if n // unit > 1 else ''} of {unit} layers)"
+                else:
+                    how = f" (the boundary onto the block boundary at layer {nb})" if unit > 1 else ""
+                text = f"{span} moved from stage {src} to stage {dst}{how}: split " + ",".join(
+                    map(str, split2)
                 )
                 layers_after = {s: split2[s] for s in range(pm.p)}
                 best = (split2, got, _act_after(pm, got[2], pm.v, layers_after), text)
