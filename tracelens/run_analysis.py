@@ -490,11 +490,18 @@ class Analysis:
     def schedule_what_if(self) -> list[dict]:
         """Schedule and layout what-if entries (summary `what_if`, kind schedule | layout)."""
         pm = self.pipeline_model
-        if pm is None:
-            return []
-        from tracelens.analyze.prescribe import tp_layout, what_ifs
-
         model, comp = self.model, self.composition
+        if pm is None:
+            if model is None:
+                return []
+            from tracelens.analyze.prescribe import tp_entry_unreplayed
+
+            got = self._guarded(
+                "layout what-if",
+                lambda: tp_entry_unreplayed(model, self.grid.tp, self.grid.pp, self.options.seq_len),
+            )
+            return [got] if got else []
+        from tracelens.analyze.prescribe import tp_layout, what_ifs
 
         def entries() -> list[dict]:
             opt = tp_layout(pm, model, self.grid.tp, self.options.seq_len) if model is not None else None

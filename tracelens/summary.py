@@ -261,7 +261,10 @@ def prescription(
     ranked `losses` (tracelens.analyze.prescribe)."""
     from tracelens.analyze import prescribe
 
-    what_if = sorted(list(what_if) + a.schedule_what_if(), key=lambda e: -e["saving_ms"])  # (stable)
+    def order(e: dict) -> float:  # largest saving first; an entry not replayed (saving null) last
+        return -e["saving_ms"] if e.get("saving_ms") is not None else math.inf
+
+    what_if = sorted(list(what_if) + a.schedule_what_if(), key=order)  # (stable)
     rows = [r for r in ranks if r.get("step_time_ms")]
     step = float(np.mean([r["step_time_ms"] for r in rows])) if rows else None
     t = a.thresholds

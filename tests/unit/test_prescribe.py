@@ -167,3 +167,18 @@ def test_pipeline_bubble_finding_and_severity_by_saving():
     P.severity_by_saving(findings, 1697.0, 0.02)
     assert [f["severity"] for f in findings] == ["info", "warning", "warning"]
     assert "0.32 ms" in findings[0]["severity_reason"]
+
+
+def test_tp_entry_without_a_pipeline_names_the_degree_the_architecture_allows():
+    """Qwen3.5-27B (4 KV heads, 16 DeltaNet QK heads, 24 Q heads) at tp = 8 replicates K/V: the largest degree
+    that divides every partitioned dimension is 4. Without a measured pipeline nothing is replayed: the step
+    time is null, never invented."""
+    from tracelens.models import get_model
+
+    m = get_model("qwen3.5-27b")
+    e = P.tp_entry_unreplayed(m, 8, 1, 4096)
+    assert e is not None and e["tp"] == 4 and e["from"] == {"tp": 8} and e["kind"] == "layout"
+    assert e["step_time_ms_after"] is None and e["saving_ms"] is None and e["activation_bytes_after"] is None
+    assert "320.0 MiB of duplicated K/V weights" in e["buys"][0]  # (the audit's 320 MiB)
+    assert P.tp_entry_unreplayed(m, 4, 1, 4096) is None  # tp = 4 divides everything
+    assert P.tp_entry_unreplayed(m, 2, 1, 4096) is None

@@ -1087,8 +1087,8 @@ def tp_layout(pm: PipelineModel, model: Any, tp: int | None, seq_len: int | None
     buys = []
     if kv:
         buys.append(
-            f"no replicated K/V heads: {kv['replicated_kv_weight_bytes'] / 2**20:,.0f} MiB of duplicated K/V weights "
-            f"({kv['replicated_kv_training_state_bytes'] / 2**30:.2f} GiB with optimizer state), "
+            f"no replicated K/V heads: {_bytes(kv['replicated_kv_weight_bytes'])} of duplicated K/V weights "
+            f"({_bytes(kv['replicated_kv_training_state_bytes'])} with optimizer state), "
             f"{100 * dup:.2f}% duplicated FLOPs and the extra K/V gradient all-reduce go"
         )
     buys.append(
@@ -1219,3 +1219,63 @@ def severity_by_saving(findings: list[dict[str, Any]], step_ms: float | None, mi
                 f"fixing it saves {s:,.2f} ms per step ({s / step_ms:.2%} of {step_ms:,.1f} ms): under the "
                 f"{min_saving:.0%} of the step a warning needs"
             )
+
+
+def _bytes(n: float) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:,.1f} {unit}"
+    return f"{n:,.0f} bytes"
+
+
+def tp_entry_unreplayed(
+    model: Any, tp: int | None, pp: int | None, seq_len: int | None
+) -> dict[str, Any] | None:
+    """The tensor-parallel layout entry of a run without a measured pipeline (pp = 1, or a schedule the
+    what-if cannot replay): the degree the architecture allows, what it buys and costs, and null step time,
+    bubble and activations (not replayed)."""
+    if model is None or not tp or tp < 2:
+        return None
+    from tracelens.models.audit import clean_tp_degrees, kv_replication_numbers
+    from tracelens.models.flops import default_split
+
+    clean = clean_tp_degrees(model)
+    below = [d for d in clean if d < tp and tp % d == 0]
+    if tp in clean or not below:
+        return None
+    allowed = max(below)
+    kv = kv_replication_numbers(model, tp, default_split(model.num_layers, pp or 1), seq_len or 4096)
+    buys = []
+    if kv:
+        buys.append(
+            f"no replicated K/V heads: {_bytes(kv['replicated_kv_weight_bytes'])} of duplicated K/V weights "
+            f"({_bytes(kv['replicated_kv_training_state_bytes'])} with optimizer state) and "
+            f"{100 * kv['duplicated_flops_fraction']:.2f}% duplicated FLOPs go"
+        )
+    ring = ((allowed - 1) / allowed) / ((tp - 1) / tp)
+    buys.append(
+        f"tensor-parallel all-reduces over {allowed} ranks instead of {tp}: ring traffic per byte x{ring:.2f}"
+    )
+    return {
+        "change": f"tp={allowed} (the largest degree the architecture allows) instead of tp={tp}",
+        "kind": "layout",
+        "tp": allowed,
+        "from": {"tp": tp},
+        "ranks": [],
+        "stages": [],
+        "step_time_ms": None,
+        "step_time_ms_after": None,
+        "saving_ms": None,
+        "throughput_gain": None,
+        "bubble_fraction": None,
+        "bubble_fraction_after": None,
+        "activation_bytes": None,
+        "activation_bytes_after": None,
+        "buys": buys,
+        "costs": [
+            f"each rank computes {tp // allowed}x the work and holds {tp // allowed}x the weights of every layer",
+            f"the GPUs that frees go to pipeline or data parallelism (pp or dp x{tp // allowed}): not replayed "
+            "(no measured pipeline in this run)",
+        ],
+        "model": "audit",
+    }

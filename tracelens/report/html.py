@@ -632,6 +632,7 @@ def schedule_what_if_html(summary: dict) -> str:
                 "bubble": _pct(e.get("bubble_fraction_after")),
                 "act": None if act is None else f"{act / 2**30:,.2f}",
                 "costs": "; ".join(e.get("costs") or []),
+                "buys": "; ".join(e.get("buys") or []),
             }
         )
     if not rows:
@@ -647,6 +648,14 @@ def schedule_what_if_html(summary: dict) -> str:
         ("activations GiB after", "act"),
         ("what it costs", "costs"),
     ]
+    if first.get("step_time_ms") is None:  # (a layout entry from the model alone: nothing replayed)
+        return (
+            "<h3>What changing the layout buys</h3><p>From the model's dimensions alone (no measured pipeline to "
+            "replay; docs/whatif.md).</p>"
+            + table_html(
+                rows, [cols[0], ("what it buys", "buys"), cols[-1]], text_cols=("change", "buys", "costs")
+            )
+        )
     return (
         "<h3>What changing the schedule or layout buys (replayed)</h3><p>Each row replays the pipeline with the "
         f"measured work of every stage and the measured P2P times: now {first.get('step_time_ms', 0):,.1f} ms per "
@@ -666,7 +675,8 @@ def _pipeline_section(analysis, summary: dict) -> list:
     stage_of = {int(r["rank"]): r.get("stage") for r in summary.get("ranks") or []}
     chain: list[int] = []
     if grid is not None and getattr(grid, "pp", None) == 1:
-        return [note("pp=1: no pipeline parallelism, no pipeline timeline.")]
+        table = schedule_what_if_html(summary)
+        return [note("pp=1: no pipeline parallelism, no pipeline timeline."), *([table] if table else [])]
     if grid is not None and getattr(grid, "pp", None):
         pipes = grid.pipelines()
         chain = (
