@@ -33,6 +33,10 @@ DEFAULT_FWD_SHARE = 1.0 / 3.0
 #: Interleaving degrees tried (chunks per rank), when the stage's layers divide into them.
 VIRTUAL_STAGES = (2, 4)
 
+#: Pipelines replayed at most (those with the most measured work): every data-parallel replica of a large run
+#: replays alike, and the step ends with the slowest.
+MAX_CHAINS = 8
+
 MIXERS = ("full_attention", "linear_attention", "sliding_attention", "mamba", "mixer")
 EXTRAS = ("lm_head", "embedding")
 
@@ -154,8 +158,15 @@ def activation_peaks(memory: Any, ranks: Iterable[int]) -> dict[int, float]:
     without memory events are left out."""
     if memory is None or not getattr(memory, "num_rows", 0):
         return {}
-    df = memory.select(["rank", "bytes", "total_allocated"]).to_pandas()
-    df = df[df["rank"].isin(list(ranks)) & df["total_allocated"].notna()]
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    t = memory.select(["rank", "bytes", "total_allocated"])
+    t = t.filter(
+        pc.is_in(t.column("rank"), value_set=pa.array(sorted(set(ranks)), t.schema.field("rank").type))
+    )
+    df = t.to_pandas()
+    df = df[df["total_allocated"].notna()]
     if not len(df):
         return {}
     before = df["total_allocated"] - df["bytes"].fillna(0).clip(lower=0)
@@ -229,6 +240,8 @@ def measure(
         out_chains.append(works_of)
     if not out_chains:
         return None
+    if len(out_chains) > MAX_CHAINS:  # (the pipelines with the most work: the others finish first)
+        out_chains = sorted(out_chains, key=lambda c: -sum(w.work_ns for w in c))[:MAX_CHAINS]
     win = prs.groupby("step")["window_ns"].max().mean()
     pm = PipelineModel(
         schedule=schedule,
