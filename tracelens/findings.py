@@ -25,6 +25,8 @@ CODES = (
     "GPU_IDLE",
     "SLOW_GROUP",
     "P2P_HANG",
+    # issue 41: the schedule's own bubble (PIPELINE_BUBBLE_EXCESS is the bubble beyond it)
+    "PIPELINE_BUBBLE",
 )
 SEVERITIES = ("info", "warning", "error")
 

@@ -355,7 +355,7 @@ class Analysis:
                 stage_of=stage_of,
                 sets=self.sets,
                 collectives=self._collectives(),  # (the run memo's: not recomputed)
-                config=StragglerConfig(**self.thresholds.straggler_kwargs()),
+                config=StragglerConfig.of(self.thresholds),
             )
             if st.memo is not None and key:  # (written while the analysis goes on)
                 self.keep_writing("the cross-rank analysis", results.write_cross_later(st.memo, key, res))
@@ -463,6 +463,81 @@ class Analysis:
                 excess_threshold=self.thresholds.bubble_excess,
             ),
         )
+
+    @cached_property
+    def pipeline_model(self):
+        """The pipeline's measured work per stage and microbatch, for the schedule and layout what-ifs
+        (tracelens.analyze.prescribe); None without a recognised schedule or microbatch count."""
+        pipe = self.pipeline
+        if pipe is None or not pipe.schedule or not pipe.microbatches or not self.stage_of:
+            return None
+        return self._guarded("schedule what-if", lambda: self._pipeline_model(pipe))
+
+    def _pipeline_model(self, pipe):
+        from tracelens.analyze.prescribe import measure
+
+        cross, comp = self.cross, self.composition
+        coll = None
+        if cross is not None and cross.collectives.num_rows:
+            t = cross.collectives
+            coll = t.select(
+                [c for c in ("rank", "peer", "op", "is_p2p", "transfer_ns") if c in t.column_names]
+            )
+            coll = coll.to_pandas()
+        spans = (
+            self.spans.select(["rank", "backward", "compute_ns"]).to_pandas()
+            if self.spans is not None
+            else None
+        )
+        steps = self.step_times_s
+        memory = self._guarded("memory events", lambda: self.run.memory)
+        return measure(
+            schedule=pipe.schedule,
+            p=int(self.grid.pp),
+            v=int(pipe.virtual_stages or 1),
+            m=pipe.microbatches,
+            chains=self.grid.pipelines(),
+            stage_of=self.stage_of or {},
+            per_rank_step=pipe.per_rank_step.to_pandas(),
+            rank_windows=pipe.rank_windows,
+            spans=spans,
+            collectives=coll,
+            compute_sets=self.sets,
+            layers=comp.stages if comp is not None else None,
+            type_ms=comp.per_stage_type_ms if comp is not None else None,
+            step_ns=float(np.mean(list(steps.values()))) * 1e9 if steps else 0.0,
+            orders=pipe.orders,
+            memory=memory,
+        )
+
+    def schedule_what_if(self) -> list[dict]:
+        """Schedule and layout what-if entries (summary `what_if`, kind schedule | layout)."""
+        pm = self.pipeline_model
+        model, comp = self.model, self.composition
+        if pm is None:
+            if model is None:
+                return []
+            from tracelens.analyze.prescribe import tp_entry_unreplayed
+
+            got = self._guarded(
+                "layout what-if",
+                lambda: tp_entry_unreplayed(model, self.grid.tp, self.grid.pp, self.options.seq_len),
+            )
+            return [got] if got else []
+        from tracelens.analyze.prescribe import tp_layout, what_ifs
+
+        def entries() -> list[dict]:
+            opt = tp_layout(pm, model, self.grid.tp, self.options.seq_len) if model is not None else None
+            return what_ifs(
+                pm,
+                layer_types=list(model.layer_types) if model is not None else None,
+                block_size=model.block_size if model is not None else 1,
+                layer_split=list(comp.layer_split) if comp is not None and comp.layer_split else None,
+                tp=self.grid.tp,
+                tp_option=opt,
+            )
+
+        return self._guarded("schedule what-if", entries) or []
 
     @cached_property
     def composition(self):

@@ -156,6 +156,7 @@ def build_summary(a: Analysis, release: bool = False) -> dict:
     # the what-if replays now, before the communication and op tables below are built: the replays are the
     # analysis' last memory peak, and those tables would add to it
     what_if, critical_path = critical_and_what_if(a, findings, release)
+    what_if, losses = prescription(a, findings, what_if, ranks, stages, cross, audit)
     out = {
         "schema": SCHEMA,
         "tracelens_version": __version__,
@@ -182,6 +183,10 @@ def build_summary(a: Analysis, release: bool = False) -> dict:
         out["inference"] = a.inference
     out["what_if"] = what_if
     out["critical_path"] = critical_path
+    out["losses"] = losses
+    pm = a.pipeline_model if pipe is not None else None
+    if pm is not None and out["pipeline"] is not None:
+        out["pipeline"]["what_if_model"] = pm.evidence()
     if a.options.compat == "hta":
         out["compat"] = a.hta_compat()
     # the run's warnings once every part is built: an optional part that failed on odd input (tracelens.policy)
@@ -243,6 +248,50 @@ def critical_and_what_if(
 
 
 _UNSET = object()
+
+
+def prescription(
+    a: Analysis,
+    findings: list[dict],
+    what_if: list[dict],
+    ranks: list[dict],
+    stages: list[dict],
+    cross,
+    audit,
+) -> tuple[list[dict], list[dict]]:
+    """The schedule and layout what-if entries appended to `what_if`, PIPELINE_BUBBLE added to `findings`,
+    every warning whose replayed fix saves under `min_saving` of the step made info (in place), and the
+    ranked `losses` (tracelens.analyze.prescribe)."""
+    from tracelens.analyze import prescribe
+
+    def order(e: dict) -> float:  # largest saving first; an entry not replayed (saving null) last
+        return -e["saving_ms"] if e.get("saving_ms") is not None else math.inf
+
+    what_if = sorted(list(what_if) + a.schedule_what_if(), key=order)  # (stable)
+    rows = [r for r in ranks if r.get("step_time_ms")]
+    step = float(np.mean([r["step_time_ms"] for r in rows])) if rows else None
+    t = a.thresholds
+    if stages and any(s.get("bubble_ms") is not None for s in stages):
+        findings += prescribe.bubble_findings(
+            stages,
+            pipeline_dict(a.pipeline),
+            what_if,
+            step,
+            t.pipeline_bubble,
+            t.pipeline_bubble_warning,
+            t.min_saving,
+        )
+    prescribe.severity_by_saving(findings, step, t.min_saving)
+    kv = audit.kv_replication if audit is not None else None
+    losses = prescribe.losses(
+        ranks,
+        stages,
+        findings,
+        what_if,
+        cross.stragglers if cross is not None else [],
+        kv.get("duplicated_flops_fraction") if kv else None,
+    )
+    return what_if, losses
 
 
 def composition_dict(comp) -> dict | None:

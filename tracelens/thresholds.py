@@ -33,28 +33,16 @@ class Thresholds:
     # --- pipeline stages (analyze/composition.py, analyze/pipeline.py) ------------------------------------
     stage_imbalance: float = 1.10
     bubble_excess: float = 0.05
+    pipeline_bubble: float = 0.10
+    pipeline_bubble_warning: float = 0.20
+    # --- severity (summary.py) ------------------------------------------------------------------------------
+    min_saving: float = 0.02
     # --- idle and communication -----------------------------------------------------------------------------
     gpu_idle: float = 0.20
     exposed_comm: float = 0.20
     # --- layout (analyze/layout/roles.py) -----------------------------------------------------------------
     tp_coincidence: float = 0.5
     tp_min_activation_calls: int = 2
-
-    def straggler_kwargs(self) -> dict[str, Any]:
-        """The straggler analysis' `StragglerConfig(**...)` arguments with these values."""
-        return dict(
-            persistence=self.straggler_persistence,
-            min_cost_fraction=self.straggler_min_cost,
-            min_excess_fraction=self.straggler_min_excess,
-            mad_k=self.straggler_mad_k,
-            min_blame_fraction=self.straggler_min_blame,
-            slow_link_ratio=self.slow_link_ratio,
-            min_link_calls=self.slow_link_min_calls,
-            clock_skew_ns=int(round(self.clock_skew_us * 1000)),
-            ops_excess=self.ops_excess,
-            stall_min_ns=int(round(self.stall_min_ms * 1e6)),
-            stall_spread=self.stall_spread,
-        )
 
     def changed(self) -> dict[str, float | int]:
         """The values that differ from the defaults (what a run's summary says it was judged with)."""
@@ -87,6 +75,13 @@ REASONS: dict[str, str] = {
     "stage_imbalance": "the heaviest stage 10% above the mean: every other stage waits that long each microbatch",
     "bubble_excess": "pipeline bubble 5 points of the window above the schedule's own: within that, clock "
     "alignment and first/last-microbatch effects",
+    "pipeline_bubble": "the schedule's own bubble gets a PIPELINE_BUBBLE finding from 10% of the step: a pipeline "
+    "fed enough microbatches keeps it below (1F1B: m >= 9(p-1)); above it more microbatches, interleaving or a "
+    "zero-bubble schedule pay",
+    "pipeline_bubble_warning": "PIPELINE_BUBBLE is a warning from a fifth of the step (and a schedule what-if that "
+    "saves at least min_saving of it): a loss that large is the first thing to change",
+    "min_saving": "a finding whose fix is replayed (what_if) is a warning only when fixing it saves at least 2% of the "
+    "step: less is within the step-to-step spread of a healthy run, not worth acting on first",
     "gpu_idle": "GPU idle over 20% of the step is worth a finding: below that, idle is launch and sync overhead "
     "a tuned run keeps",
     "exposed_comm": "exposed communication over 20% of the step: a well-overlapped run keeps it well below",

@@ -92,3 +92,59 @@ def test_engine_help_names_the_extra():
                          text=True, env=env, timeout=120).stdout  # fmt: skip
     assert "dask (needs the dask extra, tracelens-train[dask])" in out
     assert "(default: a local cluster)" in out
+
+
+STRAGGLER = SAMPLES / "qwen35-27b-seq4k-tp2pp2dp2-straggler-skew"
+HANG = SAMPLES / "cpu-gloo-4rank-hang"
+
+
+def test_pipeline_timeline_draws_the_ranks_the_critical_path_runs_on():
+    """The straggler run's critical path runs mostly on rank 6 (stage 1, the planted straggler): the timeline
+    draws rank 6's row, and each path segment on its own rank's row; beside it, the schedule what-ifs."""
+    if not STRAGGLER.is_dir():
+        pytest.skip(f"sample traces absent: {STRAGGLER}")
+    a = analyze_run(STRAGGLER, Options())
+    s = a.summary()
+    by_rank = s["critical_path"]["by_rank_ms"]
+    assert max(by_rank, key=by_rank.get) == "6"
+    out = H._pipeline_section(a, s)
+    fig = out[0]
+    rows = list(fig.layout.yaxis.ticktext)
+    assert any(r.startswith("stage 1 (r6)") for r in rows), rows
+    assert any(r.startswith("stage 0 (r2)") for r in rows), rows  # stage 0's rank with the most path time
+    crit = [t for t in fig.data if t.name == "critical path"][0]
+    labels = {t.split(" ")[0] for t in crit.text if t}
+    assert labels <= {"r2", "r6"}
+    assert "critical path on its own rank" in fig.layout.title.text
+    table = next(x for x in out if isinstance(x, str) and "What changing the schedule" in x)
+    assert "interleaved 1F1B" in table and "activations GiB after" in table
+
+
+def test_hang_report_leads_with_the_hang():
+    """The gloo hang sample (Flight Recorder dumps only): the report opens with the hang, per rank the last
+    collective enqueued / started / completed, who waits for whom and the culprit; no empty sections and
+    no 'No collectives matched' although records were read."""
+    if not HANG.is_dir():
+        pytest.skip(f"sample traces absent: {HANG}")
+    truth = __import__("json").loads((HANG / "truth.json").read_text())["hang"]
+    a = analyze_run(HANG, Options())
+    s = a.summary()
+    sections = H.build_sections(a, s)
+    assert sections[0][0] == "Hang"
+    page = H.render(s, sections)
+    titles = re.findall(r"<h2>(.*?)</h2>", page)
+    assert titles[:2] == ["Hang", "Findings"] and "Pipeline" not in titles and "Memory" not in titles
+    hang = sections[0][1]
+    culprit = truth["rank"]
+    assert f"Culprit: rank {culprit} never reached allreduce #{truth['seq']}" in hang
+    cells = {}
+    for row in re.findall(r"<tr>(.*?)</tr>", hang, re.S):
+        c = [re.sub(r"<[^>]+>", "", x) for x in re.findall(r"<td[^>]*>(.*?)</td>", row)]
+        if c:
+            cells[int(c[0])] = c
+    for r in truth["waiting_ranks"]:
+        assert cells[r][1] == f"allreduce #{truth['seq']}" and cells[r][3] == f"allreduce #{truth['seq'] - 1}"
+        assert cells[r][4] == f"waiting in allreduce #{truth['seq']} for rank {culprit}"
+    assert cells[culprit][1] == f"allreduce #{truth['seq'] - 1}"
+    assert cells[culprit][4] == f"never enqueued allreduce #{truth['seq']}"
+    assert "No collectives matched" not in page and "19 Flight Recorder record(s) of 4 rank(s)" in page

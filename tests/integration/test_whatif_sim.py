@@ -79,9 +79,12 @@ def test_predicted_saving_matches_twin(runs, fault, clean, kind, ranks):
 
 @pytest.mark.parametrize("clean", ["clean-8", "clean-p4", "clean-1f1b-m8"])
 def test_clean_twin_saves_no_more_than_noise(runs, clean):
+    """No fix of a fault saves more than the noise on a run without faults (the schedule and layout what-ifs
+    change the run itself: tests/integration/test_schedule_whatif_sim.py)."""
     noise = 2 * step_times(runs[clean]).std(ddof=1)
     for w in runs[clean]["what_if"]:
-        assert w["saving_ms"] <= noise, (w, noise)
+        if w["kind"] not in ("schedule", "layout"):
+            assert w["saving_ms"] <= noise, (w, noise)
 
 
 def test_largest_rank_share(runs):

@@ -8,7 +8,7 @@ import numpy as np
 from pipeline_tables import metadata_table
 
 from tracelens._testing import events_table
-from tracelens.analyze.layout.p2p import chains, p2p_edges, resolve_peers
+from tracelens.analyze.layout.p2p import chains, p2p_edges, resolve_peers, send_first_ranks
 
 
 def _p2p(rank: int, send: bool, local: int, ts: int) -> dict:
@@ -130,3 +130,31 @@ def test_memo_collectives_get_the_resolved_peers(tmp_path):
     assert memo.column("peer").null_count > 0  # (before: gloo records no peer)
     filled = fill_collective_peers(memo, x)
     assert filled.equals(collectives_from_events(x))
+
+
+def test_a_ring_starts_at_the_rank_that_sends_before_it_receives():
+    """Interleaved schedules close the P2P chain into a ring (the last stage sends chunk 0's output to stage
+    0). The CPU issues sends far ahead of the GPU, so the ring's earliest send across ranks can be any
+    stage's; stage 0 is the one rank whose first P2P op is a send (it receives nothing before its first
+    forward). Here ranks 1-3 issue their first sends before rank 0 does: without that rule the ring started
+    at rank 1."""
+
+    def op(rank: int, peer: int, send: bool, ts: int) -> dict:
+        return {"rank": rank, "kind": "cpu_op", "name": "nccl:send" if send else "nccl:recv", "ts_ns": ts,
+                "dur_ns": 10, "step": 1, "collective": "send" if send else "recv",
+                "dst_rank": peer if send else rank, "src_rank": rank if send else peer}  # fmt: skip
+
+    rows = []
+    order = [0, 1, 2, 3]
+    for i, r in enumerate(order):
+        nxt, prv = order[(i + 1) % 4], order[i - 1]
+        if r == 0:
+            rows += [op(0, nxt, True, 1_000), op(0, prv, False, 2_000)]
+        else:
+            rows += [op(r, prv, False, 100 * i), op(r, nxt, True, 100 * i + 50)]
+    ev = events_table(rows)
+    src, dst, first, _ = p2p_edges(ev)
+    assert chains(src, dst, first)[0] != [[0, 1, 2, 3]]  # the earliest send (rank 1's) misleads
+    got, problems = chains(src, dst, first, send_first_ranks(ev))
+    assert got == [[0, 1, 2, 3]] and not problems
+    assert send_first_ranks(ev) == {0}

@@ -68,6 +68,8 @@ def test_a_late_part_failing_is_in_the_summarys_warnings(monkeypatch, module, na
     assert line in s["run"]["warnings"]
     assert s["run"]["warnings"].count(line) == 1
     if name == "what_if":
-        assert s["what_if"] == [] and s["critical_path"] is not None  # the rest of the summary is there
+        # the rest of the summary is there (the schedule what-ifs replay the measured pipeline, not the graph)
+        assert [w for w in s["what_if"] if w["kind"] not in ("schedule", "layout")] == []
+        assert s["critical_path"] is not None
     else:
         assert s["ops"] == [] and s["what_if"]

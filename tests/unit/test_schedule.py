@@ -9,6 +9,7 @@ from tracelens._testing import events_table
 from tracelens.analyze.layout import grid_from_layout
 from tracelens.analyze.schedule import (
     canonical_orders,
+    replay,
     replay_bubble,
     schedule_from_actions,
     schedule_from_order,
@@ -22,41 +23,59 @@ def test_gpipe_and_1f1b_replay_to_the_formula(p, m):
         assert replay_bubble(canonical_orders(name, p, m), p) == pytest.approx(want)
 
 
-def _interleaved(p: int, v: int, m: int) -> dict[int, list]:
-    """Megatron / PyTorch interleaved 1F1B order with m a multiple of p: chunks cycle every p microbatches;
-    rank r warms up (p - r - 1) * 2 + (v - 1) * p forwards."""
-    out = {}
-    total = v * m
-
-    def fwd(k: int, r: int):
-        group, i = divmod(k, p * v)
-        chunk, j = divmod(i, p)
-        return (chunk * p + r, "F", group * p + j)
-
-    def bwd(k: int, r: int):
-        group, i = divmod(k, p * v)
-        chunk, j = divmod(i, p)
-        return ((v - 1 - chunk) * p + r, "B", group * p + j)
-
-    for r in range(p):
-        warm = min((p - r - 1) * 2 + (v - 1) * p, total)
-        acts, f, b = [], 0, 0
-        for _ in range(warm):
-            acts.append((fwd(f, r),))
-            f += 1
-        while b < total:
-            if f < total:
-                acts.append((fwd(f, r),))
-                f += 1
-            acts.append((bwd(b, r),))
-            b += 1
-        out[r] = acts
-    return out
+@pytest.mark.parametrize("p,v,m", [(2, 2, 4), (4, 2, 8), (4, 3, 8), (4, 2, 6), (8, 4, 16)])
+def test_interleaved_and_looped_bfs_replay_to_their_formula(p, v, m):
+    want = (p - 1) / (v * m + p - 1)
+    for name in ("interleaved_1f1b", "looped_bfs"):
+        assert replay_bubble(canonical_orders(name, p, m, v), p * v) == pytest.approx(want)
 
 
-@pytest.mark.parametrize("p,v,m", [(2, 2, 4), (4, 2, 8), (4, 3, 8)])
-def test_interleaved_replays_to_its_formula(p, v, m):
-    assert replay_bubble(_interleaved(p, v, m), p * v) == pytest.approx((p - 1) / (v * m + p - 1))
+@pytest.mark.parametrize("p,m", [(2, 4), (4, 4), (4, 8), (8, 16)])
+def test_zb_h1_replays_to_its_bubble(p, m):
+    """ZB-H1 (interleaved zero bubble with one chunk) with F = I = W = 1: each rank is busy 3m and the window
+    is 3m + (p - 1): the fill and drain shrink to one unit per stage, a third of 1F1B's F + B (Qi et al.)."""
+    assert replay_bubble(canonical_orders("interleaved_zero_bubble", p, m, 1), p) == pytest.approx(
+        (p - 1) / (3 * m + p - 1)
+    )
+
+
+def test_orders_reproduce_the_orders_pytorch_ran():
+    """The generators give, action for action, the orders PyTorch 2.13's schedules ran (ORDERS, recorded)."""
+    for name, want in ORDERS.items():
+        got = canonical_orders(name, 2, 4, 2)
+        assert got is not None
+        text = {r: " ".join(f"{a[0]}{a[1]}{a[2]}" for u in acts for a in u) for r, acts in got.items()}
+        assert text == want, name
+
+
+def test_orders_not_run_are_none():
+    assert canonical_orders("1f1b", 4, 4, 2) is None  # one chunk per rank only
+    assert canonical_orders("zbv_zero_bubble", 4, 4, 3) is None  # two chunks, V-shaped
+    assert canonical_orders("interleaved_1f1b", 4, 6, 2) is not None  # rounds of 6: PyTorch's flexible rule
+    assert canonical_orders("interleaved_1f1b", 4, 9, 2) is None  # 9 microbatches in rounds of 2: no
+    assert canonical_orders("dualpipe_v", 4, 8, 2) is None
+
+
+def test_replay_with_costs_worked_by_hand():
+    """Two stages, 1F1B, m = 2: stage 0's forward 1 and backward 2, stage 1's 2 and 4, a receive 0.5 paid by
+    the consumer. By hand: s0 F0 [0,1], F1 [1,2]; s1 F0 [1,3.5], B0 [3.5,7.5], F1 [7.5,10], B1 [10,14];
+    s0 B0 [7.5,10], B1 [14,16.5]."""
+    cost = {(0, "F"): 1.0, (0, "B"): 2.0, (1, "F"): 2.0, (1, "B"): 4.0}
+    got = replay(canonical_orders("1f1b", 2, 2), 2, lambda st, k: cost[(st, k)], lambda a, b: 0.5)
+    assert got is not None
+    assert got.end == {0: 16.5, 1: 14.0} and got.window == 16.5
+    assert got.busy == {0: 7.0, 1: 13.0}
+    assert got.in_flight == {0: 2, 1: 1}
+
+
+def test_split_backward_holds_activations_until_the_weight_gradient():
+    orders = {
+        0: [((0, "F", 0),), ((0, "F", 1),), ((0, "I", 0),), ((0, "I", 1),), ((0, "W", 0),), ((0, "W", 1),)]
+    }
+    got = replay(orders, 1)
+    assert got is not None and got.in_flight == {0: 2} and got.window == 6.0
+    full = replay({0: [((0, "F", 0),), ((0, "B", 0),), ((0, "F", 1),), ((0, "B", 1),)]}, 1)
+    assert full is not None and full.in_flight == {0: 1}
 
 
 def test_replay_of_an_impossible_order_is_unknown():

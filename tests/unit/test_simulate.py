@@ -358,6 +358,51 @@ def test_bubbles_and_schedules(tmp_path):
         assert first["bubble_inflight_ns"] > last["bubble_inflight_ns"]
 
 
+def test_interleaved_1f1b(tmp_path):
+    """Interleaved 1F1B with v = 2 chunks per rank: chunk c of stage s is virtual stage c*p + s (layers cut
+    evenly), the last stage sends chunk 0's activations back to stage 0, each rank runs PyTorch's order, and
+    the schedule's bubble is (p-1)/(v*m+p-1)."""
+    model = dict(TINY, hidden_size=2048, intermediate_size=8192, full_attention_interval=1)
+    truth, out = run(tmp_path, "inter", model=model, tp=1, pp=2, microbatches=4, steps=2,
+                     schedule="interleaved_1f1b", virtual_stages=2)  # fmt: skip
+    assert [st["layers"] for st in truth["stages"]] == [[0, 1, 4, 5], [2, 3, 6, 7]]
+    assert truth["schedule"]["virtual_stages"] == 2 and truth["config"]["virtual_stages"] == 2
+    exp = 1 / 9
+    for st in truth["stages"]:
+        assert st["expected_bubble_fraction"] == pytest.approx(exp)
+    traces = load(out)
+    sends: dict[tuple[int, int], int] = defaultdict(int)
+    for t in traces.values():
+        for k in kernels(t):
+            if k["args"].get("Collective name") == "send":
+                sends[(k["args"]["Src Rank"], k["args"]["Dst Rank"])] += 1
+    # per step and microbatch rank 0 sends the activations of virtual stages 0 and 2 and the gradient of 2;
+    # rank 1 the activations of 1 and the gradients of 3 and 1: 3 x 4 microbatches x 2 steps each way
+    assert sends == {(0, 1): 24, (1, 0): 24}
+    # forward module order on rank 0 in the first step: PyTorch's interleaved order (warm-up of 4 forwards:
+    # chunk 0 microbatches 0, 1, then chunk 1 microbatches 0, 1)
+    names = [e["name"] for e in sorted(traces[0]["traceEvents"], key=lambda e: e.get("ts", 0))
+             if e.get("cat") == "user_annotation" and re.fullmatch(r"layers\.[0-7]\.self_attn", e["name"])]  # fmt: skip
+    assert names[:4] == [
+        "layers.0.self_attn",
+        "layers.1.self_attn",
+        "layers.0.self_attn",
+        "layers.1.self_attn",
+    ]
+    assert names[4:8] == [
+        "layers.4.self_attn",
+        "layers.5.self_attn",
+        "layers.4.self_attn",
+        "layers.5.self_attn",
+    ]
+    with pytest.raises(BadInputError):
+        run(tmp_path, "bad1", schedule="interleaved_1f1b", virtual_stages=1)
+    with pytest.raises(BadInputError):
+        run(tmp_path, "bad2", schedule="1f1b", virtual_stages=2)
+    with pytest.raises(BadInputError):
+        run(tmp_path, "bad3", schedule="interleaved_1f1b", virtual_stages=2, pp=4, microbatches=9, tp=1)
+
+
 def test_unequal_split_and_mfu(tmp_path):
     truth, _ = run(tmp_path, tp=1, pp=3, split=[4, 2, 2], ranks_per_host=8)
     assert [s["num_layers"] for s in truth["stages"]] == [4, 2, 2]

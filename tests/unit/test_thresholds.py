@@ -29,7 +29,7 @@ def test_overrides_are_checked():
     assert DEFAULT.changed() == {}
     from tracelens.analyze.stragglers import StragglerConfig
 
-    cfg = StragglerConfig(**t.straggler_kwargs())
+    cfg = StragglerConfig.of(t)
     assert cfg.min_link_calls == 6 and cfg.clock_skew_ns == 100_000
     for bad in ({"stage_imbalnce": 1.2}, {"gpu_idle": -1}, {"gpu_idle": "a"}, {"gpu_idle": True}):
         with pytest.raises(BadConfigError):

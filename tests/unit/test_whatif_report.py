@@ -44,7 +44,8 @@ def test_critical_path_on_pipeline_timeline():
         },
     ]
     crit = [
-        {"step": 3, "rank": 1, "stage": 0, "kind": "compute", "op": "mlp", "start_ms": 100.2, "ms": 0.5},
+        {"step": 3, "rank": 0, "stage": 0, "kind": "compute", "op": "mlp", "start_ms": 100.2, "ms": 0.5},
+        {"step": 3, "rank": 1, "stage": 0, "kind": "compute", "op": "mlp", "start_ms": 100.7, "ms": 0.25},
         {"step": 3, "rank": 4, "stage": 1, "kind": "transfer", "op": "send", "start_ms": 101.0, "ms": 0.25},
         {"step": 2, "rank": 4, "stage": 1, "kind": "compute", "op": "mlp", "start_ms": 50.0, "ms": 1.0},
     ]
@@ -52,7 +53,10 @@ def test_critical_path_on_pipeline_timeline():
     tr = [t for t in fig.data if t.name == "critical path"]
     assert len(tr) == 1
     xs = [x for x in tr[0].x if x is not None]
-    assert xs == [0.2, 0.7, 1.0, 1.25]  # step 3 only, relative to the timeline's zero
+    # step 3 only, relative to the timeline's zero, each segment on its own rank's row: rank 1 (stage 0, not
+    # drawn) has no row, so its segment is not drawn on rank 0's; the subtitle says how much is shown
+    assert xs == [0.2, 0.7, 1.0, 1.25]
+    assert "0.8 of its 1.0 ms drawn" in fig.layout.title.text
     # on each stage's row, under its bars (which hold the microbatch numbers), never across them
     bars = [t for t in fig.data if t.name == "forward"][0]
     half = figures.TIMELINE_BAR / 2

@@ -84,6 +84,11 @@ class PipelineResult:
     cause_stage: int | None = None
     #: schedule read from P2P counts and order (analyze/schedule_infer.py), None when not readable
     schedule_evidence: dict[str, Any] | None = None
+    #: each rank's actions in one step, as annotated (analyze/schedule.py), None without annotations
+    orders: dict[int, list[Any]] | None = None
+    #: per (rank, step): the rank's own first forward start and last backward end (`rank`, `step`, `first_ns`,
+    #: `last_ns`, its own clock), what the schedule what-if (analyze/prescribe.py) measures work in
+    rank_windows: pd.DataFrame | None = None
 
 
 def expected_bubble_fraction(
@@ -406,6 +411,14 @@ def _analyze_pipeline(
     marks["frac"] = _ratio(marks["bubble"], marks["step_time"])
     marks["wfrac"] = _ratio(marks["bubble"], marks["window"])
     marks = marks.sort_values(["rank", "step"])
+    res.rank_windows = pd.DataFrame(
+        {
+            "rank": marks["rank"].to_numpy(np.int64),
+            "step": marks["step"].to_numpy(np.int64),
+            "first_ns": marks["first"].to_numpy(np.int64),
+            "last_ns": marks["last"].to_numpy(np.int64),
+        }
+    )
     res.per_rank_step = pa.table(
         {
             "rank": pa.array(marks["rank"].to_numpy().astype(np.int32)),
@@ -471,6 +484,8 @@ def _analyze_pipeline(
         res.expected_bubble_fraction = found.expected_bubble_fraction  # the annotated order, replayed
     if found is not None:
         res.schedule_evidence = {**(by_p2p or {}), **found.evidence()}
+        if found.name is not None and found.name == schedule:
+            res.orders = found.orders
 
     # ---- per stage ----
     comp_by_rank = bdf.groupby("rank")["compute_ns"].mean()

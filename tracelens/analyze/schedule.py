@@ -29,6 +29,7 @@ zero-bubble schedules, all from the same replay.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -215,16 +216,36 @@ def schedule_from_order(forwards_before_first_backward: dict[int, int], p: int, 
     return "gpipe" if n >= m and m > p else "1f1b"
 
 
-def canonical_orders(name: str, p: int, m: int) -> dict[int, list[Unit]] | None:
-    """Each rank's actions for the one-chunk schedules PyTorch runs without annotating them (1F1B) or with
-    one label per microbatch (GPipe): rank s holds stage s."""
+def canonical_orders(name: str, p: int, m: int, v: int = 1) -> dict[int, list[Unit]] | None:
+    """Each rank's actions in one step for a schedule by name (the orders `torch.distributed.pipelining`
+    and Megatron run): `gpipe` and `1f1b` (v = 1, rank s holds stage s), `interleaved_1f1b`, `looped_bfs`
+    and `interleaved_zero_bubble` with v chunks per rank (stage k on rank k mod p; v = 1 gives ZB-H1),
+    `zbv_zero_bubble` (v = 2, rank r holds r and 2p-1-r). None for another name, or a combination the
+    schedule does not run (interleaved 1F1B and interleaved zero bubble need m to be a multiple of
+    max(1, m // p), as PyTorch requires)."""
+    if p < 1 or m < 1 or v < 1:
+        return None
+    if name in ("gpipe", "1f1b"):
+        return _one_chunk_orders(name, p, m) if v == 1 else None
+    if name == "interleaved_1f1b":
+        return _interleaved_orders(p, v, m, zero_bubble=False)
+    if name == "interleaved_zero_bubble":
+        return _interleaved_orders(p, v, m, zero_bubble=True)
+    if name == "looped_bfs":
+        return _looped_bfs_orders(p, v, m)
+    if name == "zbv_zero_bubble":
+        return _zbv_orders(p, m) if v == 2 else None
+    return None
+
+
+def _one_chunk_orders(name: str, p: int, m: int) -> dict[int, list[Unit]]:
     out: dict[int, list[Unit]] = {}
     for s in range(p):
         acts: list[Unit] = []
         if name == "gpipe":
             acts.extend(((s, "F", i),) for i in range(m))
             acts.extend(((s, "B", i),) for i in range(m))
-        elif name == "1f1b":
+        else:  # 1f1b: PyTorch warms up min(m, p - s) forwards, then one backward and one forward in turn
             warm = min(m, p - s)
             f = b = 0
             for _ in range(warm):
@@ -236,61 +257,228 @@ def canonical_orders(name: str, p: int, m: int) -> dict[int, list[Unit]] | None:
                 if f < m:
                     acts.append(((s, "F", f),))
                     f += 1
-        else:
-            return None
         out[s] = acts
     return out
+
+
+def _interleaved_orders(p: int, v: int, m: int, zero_bubble: bool) -> dict[int, list[Unit]] | None:
+    """Interleaved 1F1B (Narayanan et al. 2021) and, with `zero_bubble`, its zero-bubble variant (ZB1P of
+    Qi et al. 2024; ZB-H1 when v = 1), as `torch.distributed.pipelining` orders them: microbatches go
+    through the chunks in rounds of r = m / max(1, m // p); rank k warms up (v-1)*r + 2*(p-1-k) forwards
+    (zero bubble: (v-1)*r + (p-1-k)), then runs one forward and one backward in turn, depth first; the
+    zero-bubble variant splits each backward into I (input gradient) and W (weight gradient) and, after k
+    steady steps on rank k, runs the oldest deferred W after each I, the rest at the end."""
+    rounds = max(1, m // p)
+    if m % rounds:
+        return None
+    return {k: _interleaved_rank(k, p, v, m, m // rounds, zero_bubble) for k in range(p)}
+
+
+def _interleaved_rank(k: int, p: int, v: int, m: int, per_round: int, zero_bubble: bool) -> list[Unit]:
+    total = v * m
+    warm = min((v - 1) * per_round + (p - 1 - k) * (1 if zero_bubble else 2), total)
+    f_mb: dict[int, int] = {}
+    b_mb: dict[int, int] = {}
+    w_mb: dict[int, int] = {}
+    pending: list[int] = []  # the stages of the backwards whose W is still to run, oldest first
+    acts: list[Unit] = []
+
+    def next_mb(counter: dict[int, int], st: int) -> int:
+        counter[st] = counter.get(st, 0) + 1
+        return counter[st] - 1
+
+    def weight() -> None:
+        st = pending.pop(0)
+        acts.append(((st, "W", next_mb(w_mb, st)),))
+
+    for i in range(warm + total):  # warm-up, steady state, cool-down (as many backwards as warm-up forwards)
+        if i < total:
+            st = ((i // per_round) % v) * p + k
+            acts.append(((st, "F", next_mb(f_mb, st)),))
+        if i >= warm:
+            st = (v - 1 - ((i - warm) // per_round) % v) * p + k
+            acts.append(((st, "I" if zero_bubble else "B", next_mb(b_mb, st)),))
+            if zero_bubble:
+                pending.append(st)
+                if i - warm >= k:
+                    weight()
+    while pending:
+        weight()
+    return acts
+
+
+def _looped_bfs_orders(p: int, v: int, m: int) -> dict[int, list[Unit]]:
+    """Looped BFS (Lamy-Poirier 2023): each chunk runs every microbatch's forward before the next chunk;
+    the backwards run chunk by chunk in reverse, the microbatches in reverse (PyTorch's order)."""
+    out: dict[int, list[Unit]] = {}
+    for k in range(p):
+        stages = [c * p + k for c in range(v)]
+        acts: list[Unit] = [((st, "F", i),) for st in stages for i in range(m)]
+        acts += [((st, "B", i),) for st in reversed(stages) for i in reversed(range(m))]
+        out[k] = acts
+    return out
+
+
+def _zbv_orders(p: int, m: int) -> dict[int, list[Unit]]:
+    """ZB-V (Qi et al. 2024, section 6) as PyTorch's ScheduleZBVZeroBubble orders it: rank k holds stages k
+    and 2p-1-k; warm-up on chunk 0, then chunk 1's forward, input and weight backward in turn, a steady
+    state alternating the chunks, and a cool-down of input backwards followed by the deferred weight
+    backwards. Microbatches beyond m that PyTorch pads the order with are left out."""
+    return {k: _zbv_rank(k, p, m) for k in range(p)}
+
+
+def _zbv_rank(k: int, p: int, m: int) -> list[Unit]:
+    n = max(2 * p - 1, m)
+    stage = (k, 2 * p - 1 - k)  # chunk 0, chunk 1
+    f = [0, 0]  # forwards issued per chunk
+    b = [0, 0]  # input backwards issued per chunk
+    acts: list[Unit] = []
+
+    def act(chunk: int, kind: str, mb: int) -> None:
+        if mb < m:
+            acts.append(((stage[chunk], kind, mb),))
+
+    def forward(chunk: int) -> None:
+        act(chunk, "F", f[chunk])
+        f[chunk] += 1
+
+    def backward(chunk: int, weight: bool = True) -> None:
+        act(chunk, "I", b[chunk])
+        if weight:
+            act(chunk, "W", b[chunk])
+        b[chunk] += 1
+
+    for _ in range(2 * (p - k) - 1):
+        forward(0)
+    for _ in range(k):
+        forward(1)
+        forward(0)
+    for _ in range(p - k):
+        forward(1)
+        backward(1)
+    while f[1] < f[0] or f[0] < n:
+        if f[0] < n:
+            forward(0)
+        backward(0)
+        forward(1)
+        backward(1)
+    w = list(b)  # the cool-down's weight backwards start where the full backwards stopped
+    for _ in range(k):
+        backward(0, weight=False)
+        backward(1, weight=False)
+    for _ in range(p - k):
+        backward(0, weight=False)
+        act(0, "W", w[0])
+        w[0] += 1
+    for chunk in (1, 0):
+        while w[chunk] < b[chunk]:
+            act(chunk, "W", w[chunk])
+            w[chunk] += 1
+    return acts
+
+
+@dataclass
+class Replayed:
+    """A replay of every rank's actions: when each rank ends, how long it computed, the window (the last
+    end), and the most chunk-microbatches whose activations a rank held at once (`in_flight`: a forward
+    done, its backward not; with a split backward, until its weight backward)."""
+
+    end: dict[int, float]
+    busy: dict[int, float]
+    in_flight: dict[int, int]
+
+    @property
+    def window(self) -> float:
+        return max(self.end.values()) if self.end else 0.0
+
+    def bubble_fraction(self) -> float | None:
+        """Mean idle share of the window over ranks."""
+        w = self.window
+        if w <= 0:
+            return None
+        return float(np.mean([1.0 - b / w for b in self.busy.values()]))
+
+
+def _deps(a: Action, last_stage: int) -> list[tuple[str, int, int]]:
+    st, k, mb = a
+    if k == "F":
+        return [("F", st - 1, mb)] if st > 0 else []
+    if k in ("B", "I"):
+        need = [("F", st, mb)]
+        if st < last_stage:
+            need.append(("I", st + 1, mb))
+        return need
+    return [("I", st, mb)]  # W
+
+
+def replay(
+    orders: dict[int, list[Unit]],
+    n_stages: int,
+    cost: Callable[[int, str], float] | None = None,
+    recv: Callable[[int, int], float] | None = None,
+) -> Replayed | None:
+    """Each rank runs its actions in their order, an action as soon as the rank is free and its inputs are
+    done (module docstring). `cost(stage, kind)`: an action's time (default COST, uniform); `recv(src, dst)`:
+    the time the rank of stage `dst` spends receiving an input from stage `src` held by another rank (a P2P
+    receive runs on the consumer's stream once both sides are there; default none). None when the actions
+    cannot all run (a dependency never met: actions of the step missing, or an impossible order)."""
+    done: dict[tuple[str, int, int], float] = {}
+    pos = {r: 0 for r in orders}
+    free = {r: 0.0 for r in orders}
+    busy = {r: 0.0 for r in orders}
+    held = {r: 0 for r in orders}
+    peak = {r: 0 for r in orders}
+    split = {r: any(a[1] == "W" for u in o for a in u) for r, o in orders.items()}
+    rank_of = {a[0]: r for r, o in orders.items() for u in o for a in u}
+    last_stage = n_stages - 1
+    total = sum(len(o) for o in orders.values())
+    finished = 0
+    while finished < total:
+        progressed = False
+        for r, order in orders.items():
+            while pos[r] < len(order):
+                acts = order[pos[r]]
+                need = [d for a in acts for d in _deps(a, last_stage)]
+                if any(d not in done for d in need):
+                    break
+                start = max([free[r]] + [done[d] for d in need])
+                if cost is None:
+                    c = sum(COST[a[1]] for a in acts)
+                else:
+                    c = sum(cost(a[0], a[1]) for a in acts)
+                if recv is not None:
+                    c += sum(
+                        recv(d[1], a[0])
+                        for a in acts
+                        for d in _deps(a, last_stage)
+                        if rank_of.get(d[1], r) != r
+                    )
+                end = start + c
+                free[r] = end
+                busy[r] += c
+                for a in acts:
+                    st, k, mb = a
+                    done[(k, st, mb)] = end
+                    if k == "B":  # a full backward also stands for the input backward
+                        done[("I", st, mb)] = end
+                    if k == "F":
+                        held[r] += 1
+                        peak[r] = max(peak[r], held[r])
+                    elif k == "W" or (k == "B" or (k == "I" and not split[r])):
+                        held[r] -= 1
+                pos[r] += 1
+                finished += 1
+                progressed = True
+        if not progressed:
+            return None
+    return Replayed(end=free, busy=busy, in_flight=peak)
 
 
 def replay_bubble(orders: dict[int, list[Unit]], n_stages: int) -> float | None:
     """Idle share of the pipeline window when each rank runs its actions in their order with COST and the
     pipeline's dependencies (module docstring); None when the actions cannot all run (a dependency never
     met: actions of the step missing from the trace)."""
-    done: dict[tuple[str, int, int], float] = {}
-    pos = {r: 0 for r in orders}
-    free = {r: 0.0 for r in orders}
-    busy = {r: 0.0 for r in orders}
-    last_stage = n_stages - 1
-    total = sum(len(o) for o in orders.values())
-    finished = 0
-
-    def deps(a: Action) -> list[tuple[str, int, int]]:
-        st, k, mb = a
-        if k == "F":
-            return [("F", st - 1, mb)] if st > 0 else []
-        if k in ("B", "I"):
-            need = [("F", st, mb)]
-            if st < last_stage:
-                need.append(("I", st + 1, mb))
-            return need
-        return [("I", st, mb)]  # W
-
-    while finished < total:
-        progressed = False
-        for r, order in orders.items():
-            while pos[r] < len(order):
-                acts = order[pos[r]]
-                need = [d for a in acts for d in deps(a)]
-                if any(d not in done for d in need):
-                    break
-                start = max([free[r]] + [done[d] for d in need])
-                cost = sum(COST[a[1]] for a in acts)
-                end = start + cost
-                free[r] = end
-                busy[r] += cost
-                for a in acts:
-                    st, k, mb = a
-                    done[(k, st, mb)] = end
-                    if k == "B":  # a full backward also stands for the input backward
-                        done[("I", st, mb)] = end
-                pos[r] += 1
-                finished += 1
-                progressed = True
-        if not progressed:
-            return None
-    if not busy:
+    got = replay(orders, n_stages)
+    if got is None or not got.busy:
         return None
-    window = max(free.values())
-    if window <= 0:
-        return None
-    return float(np.mean([1.0 - b / window for b in busy.values()]))
+    return got.bubble_fraction()

@@ -32,15 +32,15 @@ from tracelens.analyze.frame_cells import first_rows, per_distinct, row_codes, u
 from tracelens.analyze.wait_split import lanes_for
 from tracelens.analyze.wait_transfer import to_table, wait_transfer
 from tracelens.findings import finding
-from tracelens.thresholds import DEFAULT
+from tracelens.thresholds import DEFAULT, Thresholds
 
 CAUSES = ("compute", "host", "communication")
 
 
 @dataclass
 class StragglerConfig:
-    """Thresholds of the straggler verdict: `StragglerConfig(**tracelens.thresholds.Thresholds().straggler_kwargs())` (the defaults
-    and their reasons are there; docs/stragglers.md)."""
+    """Thresholds of the straggler verdict: `StragglerConfig.of(thresholds)` (the defaults and their reasons are
+    in tracelens.thresholds; docs/stragglers.md)."""
 
     persistence: float = 0.5  # flagged in at least this fraction of the analyzed steps
     min_cost_fraction: float = 0.03  # median per-step cost >= this fraction of the median step time
@@ -53,6 +53,23 @@ class StragglerConfig:
     ops_excess: float = 0.02  # time-shared CPUs: compute-op count excess over stage peers
     stall_min_ns: int = 1_000_000  # a host stall is at least this long ...
     stall_spread: float = 1.5  # ... and repeats within this factor of its length in every step
+
+    @classmethod
+    def of(cls, t: Thresholds) -> StragglerConfig:
+        """The straggler thresholds of a run's verdict thresholds (tracelens.thresholds)."""
+        return cls(
+            persistence=t.straggler_persistence,
+            min_cost_fraction=t.straggler_min_cost,
+            min_excess_fraction=t.straggler_min_excess,
+            mad_k=t.straggler_mad_k,
+            min_blame_fraction=t.straggler_min_blame,
+            slow_link_ratio=t.slow_link_ratio,
+            min_link_calls=t.slow_link_min_calls,
+            clock_skew_ns=int(round(t.clock_skew_us * 1000)),
+            ops_excess=t.ops_excess,
+            stall_min_ns=int(round(t.stall_min_ms * 1e6)),
+            stall_spread=t.stall_spread,
+        )
 
 
 @dataclass

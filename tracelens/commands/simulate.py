@@ -28,7 +28,13 @@ def simulate_cmd(
     microbatches: Annotated[int, typer.Option("--microbatches", help="Microbatches per step.")] = 4,
     micro_batch_size: Annotated[int, typer.Option("--micro-batch-size", help="Samples per microbatch.")] = 1,
     steps: Annotated[int, typer.Option("--steps", help="Profiled steps.")] = 3,
-    schedule: Annotated[str, typer.Option("--schedule", help="Pipeline schedule: 1f1b or gpipe.")] = "1f1b",
+    schedule: Annotated[
+        str, typer.Option("--schedule", help="Pipeline schedule: 1f1b, gpipe or interleaved_1f1b.")
+    ] = "1f1b",
+    virtual_stages: Annotated[
+        int,
+        typer.Option("--virtual-stages", help="Model chunks per rank (interleaved_1f1b: at least 2)."),
+    ] = 1,
     seed: Annotated[
         int, typer.Option("--seed", help="Random seed (same seed -> byte-identical output).")
     ] = 0,
@@ -94,6 +100,7 @@ def simulate_cmd(
         micro_batch_size=micro_batch_size,
         steps=steps,
         schedule=schedule.lower(),
+        virtual_stages=virtual_stages,
         seed=seed,
         gpu=gpu,
         kernel_costs=kernel_costs,

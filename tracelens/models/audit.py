@@ -127,6 +127,21 @@ def _tp_dimensions(model: ModelSpec) -> list[tuple[str, int, str]]:
     return dims
 
 
+def clean_tp_degrees(model: ModelSpec) -> list[int]:
+    """Tensor-parallel degrees (up to MAX_DEGREE) that divide every dimension tensor parallelism splits: the KV
+    heads included, so none of them replicates K/V heads."""
+    sizes = [size for _, size, _ in _tp_dimensions(model)]
+    return [d for d in range(1, MAX_DEGREE + 1) if all(s % d == 0 for s in sizes)]
+
+
+def kv_replication_numbers(model: ModelSpec, tp: int, split: list[int], seq_len: int) -> dict | None:
+    """The numbers behind KV_HEAD_REPLICATION for tp above the KV heads (a multiple of them), else None."""
+    nkv = model.num_key_value_heads
+    if FULL not in model.layer_types or tp <= nkv or tp % nkv:
+        return None
+    return _kv_replication(model, tp, split, seq_len)
+
+
 def _divisors(n: int, cap: int = MAX_DEGREE) -> list[int]:
     return [d for d in range(1, min(n, cap) + 1) if n % d == 0]
 
@@ -398,8 +413,7 @@ def audit_layout(
             )
 
     # ----- clean degrees and limits -----------------------------------------------------------------
-    tp_sizes = [size for _, size, _ in tp_dims]
-    clean_tp = [d for d in range(1, MAX_DEGREE + 1) if all(s % d == 0 for s in tp_sizes)]
+    clean_tp = clean_tp_degrees(model)
     head_dims = [(n, s) for n, s, _ in tp_dims if n.endswith("heads")]
     with_rep = [
         d

@@ -406,10 +406,15 @@ def pipeline_timeline(
             "<extra></extra>",
             **common,
         )
-    if critical:
-        _critical_overlay(fig, blocks, critical, step, {b["stage"]: y_of[row(b)] for b in blocks})
+    shown = (
+        _critical_overlay(fig, blocks, critical, step, {b["rank"]: y_of[row(b)] for b in blocks})
+        if critical
+        else None
+    )
     title = "Pipeline timeline of " + (f"step {step}" if step is not None else "one step")
     sub = "bars: compute of each microbatch (numbered); hatched: waiting in send/recv; blank: neither"
+    if shown is not None and shown[1] > 0:
+        sub += f"; red: the critical path on its own rank ({shown[0]:,.1f} of its {shown[1]:,.1f} ms drawn)"
     if exp is not None:
         sub += f"; the schedule expects a {100 * exp:.0f}% bubble"
     fig.update_layout(
@@ -429,19 +434,25 @@ def pipeline_timeline(
     return fig
 
 
-def _critical_overlay(fig: go.Figure, blocks, critical, step, y_of_stage: dict) -> None:
-    """The step's critical-path segments (summary `critical_path.segments`) as a line under each stage's row
-    (`CRITICAL_OFFSET`)."""
+def _critical_overlay(fig: go.Figure, blocks, critical, step, y_of_rank: dict) -> tuple[float, float] | None:
+    """The step's critical-path segments (summary `critical_path.segments`) as a line under the row of the rank
+    each ran on (`CRITICAL_OFFSET`); segments of ranks without a row are not drawn. Returns (ms drawn, ms of
+    the step's path), None without a timeline zero."""
     t0 = blocks[0].get("t0_ms") if blocks else None
     if t0 is None:
-        return
+        return None
     xs, ys, texts = [], [], []
+    drawn = total = 0.0
     for sgm in critical:
-        if sgm.get("step") != step or sgm.get("stage") not in y_of_stage:
+        if sgm.get("step") != step:
             continue
+        total += float(sgm.get("ms") or 0.0)
+        if sgm.get("rank") not in y_of_rank:
+            continue
+        drawn += float(sgm.get("ms") or 0.0)
         a = sgm["start_ms"] - t0
         xs += [_r(a), _r(a + sgm["ms"]), None]
-        y = y_of_stage[sgm["stage"]] + CRITICAL_OFFSET
+        y = y_of_rank[sgm["rank"]] + CRITICAL_OFFSET
         ys += [y, y, None]
         label = f"r{sgm['rank']} {sgm['kind']} {txt(sgm['op'])} {sgm['ms']:.3f} ms"
         texts += [label, label, None]
@@ -455,6 +466,7 @@ def _critical_overlay(fig: go.Figure, blocks, critical, step, y_of_stage: dict) 
             line={"color": "#D62728", "width": 4},
             hovertemplate="%{text}<extra>critical path</extra>",
         )
+    return drawn, total
 
 
 def bubble_bar(stages: Sequence[Mapping]) -> go.Figure:

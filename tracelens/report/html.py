@@ -56,7 +56,23 @@ FINDING_TITLES = {
     "GPU_IDLE": "GPU idle",
     "SLOW_GROUP": "A whole group is slow",
     "P2P_HANG": "Hang through point-to-point",
+    "PIPELINE_BUBBLE": "Pipeline bubble of the schedule",
 }
+#: Plain-words names of the losses of a step (summary `losses`).
+LOSS_TITLES = {
+    "pipeline_bubble": "pipeline bubble (the schedule's own)",
+    "pipeline_bubble_excess": "pipeline bubble beyond the schedule's",
+    "exposed_wait": "exposed communication: waiting",
+    "exposed_transfer": "exposed communication: transfer",
+    "exposed_communication": "exposed communication",
+    "host_idle": "GPU idle (host-bound)",
+    "straggler": "straggler",
+    "stage_imbalance": "heavier stage",
+    "unequal_stages": "stages of unequal layers",
+    "kv_replication": "replicated K/V heads",
+}
+#: The report's table of losses shows those from this share of the step (summary.json keeps every one).
+LOSS_SHOWN = 0.005
 #: Embedded copy of the summary drops per_step beyond this many rows (summary.json keeps them all).
 EMBED_PER_STEP_MAX = 2000
 
@@ -270,9 +286,47 @@ def stragglers_html(summary: dict) -> str:
     return "<h3>Stragglers</h3>" + table_html(rows, cols)
 
 
+def losses_html(summary: dict) -> str:
+    """Where the time goes: the losses of the step (summary `losses`), largest first, with the change that
+    recovers most of each and what the replay says it saves."""
+    rows = []
+    for x in summary.get("losses") or []:
+        if (x.get("share_of_step") or 0.0) < LOSS_SHOWN:
+            continue
+        who = f" (rank {x['rank']})" if x.get("rank") is not None else ""
+        rows.append(
+            {
+                "loss": LOSS_TITLES.get(x.get("loss"), x.get("loss")) + who,
+                "ms": x.get("ms_per_step"),
+                "share": _pct(x.get("share_of_step")),
+                "basis": x.get("basis"),
+                "lever": x.get("lever") or "-",
+                "saving": x.get("saving_ms"),
+            }
+        )
+    if not rows:
+        return ""
+    cols = [
+        ("loss", "loss"),
+        ("ms/step", "ms"),
+        ("% of the step", "share"),
+        ("from", "basis"),
+        ("what to change", "lever"),
+        ("saves ms/step (replayed)", "saving"),
+    ]
+    return (
+        "<h3>Where the time goes</h3><p>Losses of the mean step, largest first (from 0.5% of the step; all in "
+        "summary.json <code>losses</code>). Measured parts do not overlap; causes (straggler, heavier stage, "
+        "replicated K/V heads) lie inside them. A schedule change's saving is at the run's amount of work.</p>"
+        + table_html(rows, cols, text_cols=("loss", "lever"))
+    )
+
+
 def findings_html(summary: dict) -> str:
-    """Headline sentences, then every finding (errors first) in plain words, then the straggler table."""
+    """Headline sentences, the losses of the step (where the time goes), then every finding (largest saving
+    first) in plain words, then the straggler table."""
     head = "".join(f'<p class="headline">{esc(line)}</p>' for line in headline(summary))
+    head += losses_html(summary)
     items = summary.get("findings") or []
     if not items:
         return head + "<p>No findings.</p>" + stragglers_html(summary)
@@ -282,7 +336,9 @@ def findings_html(summary: dict) -> str:
         rows.append(
             f'<div class="finding {esc(f.get("severity"))}"><b>{esc(title)}</b> '
             f"<code>{esc(f.get('code'))}</code> ({esc(f.get('severity'))}): {esc(f.get('message'))}"
-            f"{_saving_text(f)}</div>"
+            f"{_saving_text(f)}"
+            + (f" <i>({esc(f['severity_reason'])})</i>" if f.get("severity_reason") else "")
+            + "</div>"
         )
     return head + "\n".join(rows) + progress_html(summary) + stragglers_html(summary)
 
@@ -302,6 +358,130 @@ def progress_html(summary: dict) -> str:
     return "".join(out)
 
 
+def _fr_records(analysis):
+    """The Flight Recorder records the analysis read (a DataFrame), or None."""
+    if analysis is None:
+        return None
+    fr = (getattr(analysis, "nccl", None) or {}).get("flight_recorder")
+    if fr is None or not fr.num_rows:
+        return None
+    return fr.select(
+        [c for c in ("rank", "pg_name", "pg_desc", "op", "seq", "state") if c in fr.column_names]
+    ).to_pandas()
+
+
+def _call(op, seq, pg) -> str:
+    return f"{op} #{int(seq)}" + (f" (pg {pg})" if pg not in (None, "") else "")
+
+
+def hang_html(analysis, summary: dict) -> str:
+    """A hung run first: the culprit, who waits for whom, and per rank the last collective it enqueued,
+    started and completed (from the COLLECTIVE_HANG finding and the Flight Recorder records it was read
+    from). Empty without a COLLECTIVE_HANG finding."""
+    hangs = [f for f in summary.get("findings") or [] if f.get("code") == "COLLECTIVE_HANG"]
+    if not hangs:
+        return ""
+    out = []
+    fr = _fr_records(analysis)
+    for f in hangs:
+        pg, seq, op = f.get("pg_name"), f.get("seq"), f.get("op")
+        culprits = [int(r) for r in f.get("missing_ranks") or f.get("ranks") or []]
+        waiting = [int(r) for r in f.get("waiting_ranks") or []]
+        where = f"{op} #{seq}" + (
+            f" on pg {pg}" + (f" ({f['pg_desc']})" if f.get("pg_desc") else "") if pg is not None else ""
+        )
+        lead = (
+            f'<p class="headline"><b>Hang:</b> {esc(f.get("message"))}.</p>'
+            f"<p>Culprit: rank{'s' if len(culprits) != 1 else ''} {esc(', '.join(map(str, culprits)) or 'unknown')}"
+            f" never reached {esc(where)}; "
+            f"rank{'s' if len(waiting) != 1 else ''} {esc(', '.join(map(str, waiting)) or '-')} wait in it for "
+            f"{'them' if len(culprits) != 1 else 'it'}.</p>"
+        )
+        rows = []
+        prog = {int(p["rank"]): p for p in f.get("progress") or [] if p.get("rank") is not None}
+        ranks = sorted(set(prog) | set(culprits) | set(waiting))
+        recs = fr[fr["pg_name"].astype(str) == str(pg)] if fr is not None and pg is not None else None
+        for r in ranks:
+            p = prog.get(r, {})
+            mine = recs[recs["rank"] == r].sort_values("seq") if recs is not None else None
+
+            def last(states: tuple[str, ...], key: str, mine=mine, p=p) -> str:
+                if mine is not None and len(mine):
+                    got = mine[mine["state"].isin(states)] if states else mine
+                    if len(got):
+                        row = got.iloc[-1]
+                        return _call(row["op"], row["seq"], None)
+                    return "-"
+                v = p.get(key)
+                return "-" if v is None else f"#{v}"
+
+            status = (
+                f"never enqueued {op} #{seq}"
+                if r in culprits
+                else f"waiting in {op} #{seq} for rank{'s' if len(culprits) != 1 else ''} {', '.join(map(str, culprits))}"
+                if r in waiting
+                else "-"
+            )
+            rows.append(
+                {
+                    "rank": r,
+                    "enq": last((), "last_enqueued"),
+                    "start": last(("started", "completed"), "last_started"),
+                    "done": last(("completed",), "last_completed"),
+                    "status": status,
+                }
+            )
+        cols = [
+            ("rank", "rank"),
+            ("last enqueued", "enq"),
+            ("last started", "start"),
+            ("last completed", "done"),
+            ("state", "status"),
+        ]
+        n = len(fr) if fr is not None else None
+        src = (
+            f"<p>From {n} Flight Recorder record(s) of {fr['rank'].nunique()} rank(s), group {esc(pg)}.</p>"
+            if fr is not None
+            else ""
+        )
+        out.append(lead + table_html(rows, cols, text_cols=("status",)) + src)
+    return "".join(out)
+
+
+def _fr_html(analysis) -> str:
+    """Flight Recorder records per group and op: calls, ranks, and how many completed (the run's collectives
+    when no profiler trace matched any)."""
+    fr = _fr_records(analysis)
+    if fr is None:
+        return ""
+    rows = []
+    for (pg, desc, op), g in fr.groupby(["pg_name", "pg_desc", "op"], dropna=False, observed=True):
+        rows.append(
+            {
+                "group": f"{pg} ({desc})" if desc == desc and desc else str(pg),
+                "op": op,
+                "records": int(len(g)),
+                "ranks": int(g["rank"].nunique()),
+                "completed": int((g["state"] == "completed").sum()),
+                "pending": int((g["state"] != "completed").sum()),
+                "last_seq": int(g["seq"].max()) if g["seq"].notna().any() else None,
+            }
+        )
+    cols = [
+        ("group", "group"),
+        ("op", "op"),
+        ("calls recorded", "records"),
+        ("ranks recording", "ranks"),
+        ("calls completed", "completed"),
+        ("calls not completed", "pending"),
+        ("highest seq", "last_seq"),
+    ]
+    return (
+        "<p>Flight Recorder records (no profiler trace matched collectives across ranks).</p>"
+        + table_html(rows, cols, ("group",))
+    )
+
+
 def _finding_order(f: dict) -> tuple:
     """Findings with a what-if saving first, largest saving first (summary `what_if`); then by severity."""
     order = {"error": 0, "warning": 1, "info": 2}
@@ -311,7 +491,11 @@ def _finding_order(f: dict) -> tuple:
 
 def _saving_text(f: dict) -> str:
     saving = f.get("saving_ms")
-    return f" <i>Fixing it saves {saving:.2f} ms per step (replayed).</i>" if saving is not None else ""
+    if saving is None:
+        return ""
+    if f.get("code") == "PIPELINE_BUBBLE":
+        return f" <i>The best schedule or layout change saves {saving:.2f} ms per step at equal work (replayed).</i>"
+    return f" <i>Fixing it saves {saving:.2f} ms per step (replayed).</i>"
 
 
 def metadata_html(summary: dict) -> str:
@@ -416,6 +600,72 @@ def _section(analysis, label: str, fn: Callable[[], object]) -> object:
     return out if len(warnings) == n else note(warnings[-1])
 
 
+def critical_rows(chain: list[int], grid, critical: dict | None) -> list[int]:
+    """The rank to draw for each stage of the pipeline timeline: the stage's rank the critical path runs on
+    longest (summary `critical_path.by_rank_ms`), else the pipeline's own (`chain`)."""
+    by_rank = {int(r): float(v) for r, v in ((critical or {}).get("by_rank_ms") or {}).items()}
+    if not by_rank or grid is None or not getattr(grid, "pp", None):
+        return list(chain)
+    out = []
+    for r in chain:
+        st = grid.stage_of(r)
+        peers = [q for q in grid.ranks_of_stage(st) if by_rank.get(q, 0.0) > 0] if st is not None else []
+        out.append(max(peers, key=lambda q: (by_rank[q], -q)) if peers else r)
+    return out
+
+
+def schedule_what_if_html(summary: dict) -> str:
+    """The schedule and layout what-ifs (summary `what_if`, kind schedule | layout) as a small table: the
+    change, the replayed step, bubble and activation memory after, and what it costs."""
+    rows = []
+    for e in summary.get("what_if") or []:
+        if e.get("kind") not in ("schedule", "layout"):
+            continue
+        before, after = e.get("step_time_ms"), e.get("step_time_ms_after")
+        act = e.get("activation_bytes_after")
+        rows.append(
+            {
+                "change": e.get("change"),
+                "step": after,
+                "delta": None if not before or after is None else f"{100 * (after / before - 1):+.1f}%",
+                "gain": None if e.get("throughput_gain") is None else f"{100 * e['throughput_gain']:+.1f}%",
+                "bubble": _pct(e.get("bubble_fraction_after")),
+                "act": None if act is None else f"{act / 2**30:,.2f}",
+                "costs": "; ".join(e.get("costs") or []),
+                "buys": "; ".join(e.get("buys") or []),
+            }
+        )
+    if not rows:
+        return ""
+    first = next(e for e in summary["what_if"] if e.get("kind") in ("schedule", "layout"))
+    base_act = first.get("activation_bytes")
+    cols = [
+        ("change", "change"),
+        ("step ms after", "step"),
+        ("step time %", "delta"),
+        ("samples/s %", "gain"),
+        ("bubble after, % of step", "bubble"),
+        ("activations GiB after", "act"),
+        ("what it costs", "costs"),
+    ]
+    if first.get("step_time_ms") is None:  # (a layout entry from the model alone: nothing replayed)
+        return (
+            "<h3>What changing the layout buys</h3><p>From the model's dimensions alone (no measured pipeline to "
+            "replay; docs/whatif.md).</p>"
+            + table_html(
+                rows, [cols[0], ("what it buys", "buys"), cols[-1]], text_cols=("change", "buys", "costs")
+            )
+        )
+    return (
+        "<h3>What changing the schedule or layout buys (replayed)</h3><p>Each row replays the pipeline with the "
+        f"measured work of every stage and the measured P2P times: now {first.get('step_time_ms', 0):,.1f} ms per "
+        f"step, bubble {_pct(first.get('bubble_fraction'))} of it"
+        + (f", activations {base_act / 2**30:,.2f} GiB at the peak" if base_act is not None else "")
+        + " (docs/whatif.md).</p>"
+        + table_html(rows, cols, text_cols=("change", "costs"))
+    )
+
+
 def _pipeline_section(analysis, summary: dict) -> list:
     from tracelens.report.timeline import pick_step, pipeline_blocks
 
@@ -425,12 +675,14 @@ def _pipeline_section(analysis, summary: dict) -> list:
     stage_of = {int(r["rank"]): r.get("stage") for r in summary.get("ranks") or []}
     chain: list[int] = []
     if grid is not None and getattr(grid, "pp", None) == 1:
-        return [note("pp=1: no pipeline parallelism, no pipeline timeline.")]
+        table = schedule_what_if_html(summary)
+        return [note("pp=1: no pipeline parallelism, no pipeline timeline."), *([table] if table else [])]
     if grid is not None and getattr(grid, "pp", None):
         pipes = grid.pipelines()
         chain = (
             pipes[0] if pipes else [grid.ranks_of_stage(s)[0] for s in grid.stages if grid.ranks_of_stage(s)]
         )
+        chain = critical_rows(chain, grid, summary.get("critical_path"))
         stage_of.update({int(r): grid.stage_of(r) for r in chain})
     elif any(v is not None for v in stage_of.values()):
         firsts: dict[int, int] = {}
@@ -453,6 +705,9 @@ def _pipeline_section(analysis, summary: dict) -> list:
         out.append(figures.pipeline_timeline(blocks, stages, step, crit))
     else:
         out.append(note("No forward/backward or module annotations in the traces: no pipeline timeline."))
+    table = schedule_what_if_html(summary)
+    if table:
+        out.append(table)
     if any(s.get("bubble_fraction") is not None for s in stages):
         out.append(figures.bubble_bar(stages))
     return out
@@ -497,6 +752,9 @@ def _collectives_section(analysis, summary: dict) -> object:
             if not any(r.get("busbw_n") for r in by_op):  # (a summary written before busbw_n existed)
                 cols = [c for c in cols if c[1] != "busbw_n"]
             return "<p>Per operation (from summary.json).</p>" + table_html(by_op, cols, ("op",))
+        fr_table = _fr_html(analysis)
+        if fr_table:
+            return fr_table
         return note("No collectives matched across ranks (single rank, or no communication in the traces).")
     cols = [
         ("op", "op"),
@@ -906,15 +1164,34 @@ def _inference_section(summary: dict) -> str:
 
 
 def build_sections(analysis, summary: dict) -> list[tuple[str, object]]:
-    """Report sections for one run, findings first."""
+    """Report sections for one run: a hang first, then findings; a run without profiler traces (Flight
+    Recorder dumps or NCCL logs only) leaves out the sections drawn from them, with one note saying so."""
     heat = summary.get("per_step") or []
+    hang = _section(analysis, "hang", lambda: hang_html(analysis, summary))
+    lead: list[tuple[str, object]] = [("Hang", hang)] if hang else []
+    if not (summary.get("run") or {}).get("ranks"):
+        return lead + [
+            ("Findings", findings_html(summary)),
+            (
+                "Collectives",
+                _section(analysis, "collectives", lambda: _collectives_section(analysis, summary)),
+            ),
+            (
+                "Profiler traces",
+                note(
+                    "No profiler (Kineto) traces in the run folder: the breakdown, step times, pipeline, stage "
+                    "composition, memory and operations sections need them and are left out."
+                ),
+            ),
+            ("Run", metadata_html(summary)),
+        ]
+    out = lead + _build_sections(analysis, summary, heat)
     if summary.get("inference"):  # an inference trace: its iterations right after the breakdown
-        out = _build_sections(analysis, summary, heat)
         out.insert(
-            2, ("Inference iterations", _section(analysis, "inference", lambda: _inference_section(summary)))
+            len(lead) + 2,
+            ("Inference iterations", _section(analysis, "inference", lambda: _inference_section(summary))),
         )
-        return out
-    return _build_sections(analysis, summary, heat)
+    return out
 
 
 def _build_sections(analysis, summary: dict, heat: list) -> list[tuple[str, object]]:

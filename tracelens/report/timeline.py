@@ -28,7 +28,7 @@ from tracelens.analyze import intervals as iv
 from tracelens.analyze.classify import COMM, classify, gpu_ranks
 from tracelens.analyze.composition import BACKWARD, DEFAULT_PATTERNS, MODULE_TYPES, module_spans
 from tracelens.analyze.dictcol import columns
-from tracelens.analyze.layout import P2P_NAMES
+from tracelens.analyze.layout.p2p import P2P_NAMES
 
 MICROBATCH = re.compile(
     r"(?i)(?:^|[.\s/:#_])(?P<phase>forward|backward|fwd|bwd)[_\-\s.#:]*(?:mb|microbatch|micro_batch|micro)?"
@@ -183,7 +183,7 @@ def _is_p2p_collective(v: str) -> bool:
 def rank_p2p(events: pa.Table, rank: int, step: int | None) -> iv.Intervals:
     """The union of one rank's point-to-point sends and receives in one step (raw clock): P2P kernels on a
     GPU rank, P2P CPU ops and `gloo:send/recv` annotations on a CPU-only rank (analyze/classify.py's
-    communication class, named as topology.P2P_NAMES or carrying a send/recv collective)."""
+    communication class, named as analyze.layout.p2p.P2P_NAMES or carrying a send/recv collective)."""
     ev = _rows_of(events, rank, step)
     if not ev.num_rows:
         return iv.empty()

@@ -48,7 +48,8 @@ class SimConfig:
     microbatches: int = 4
     micro_batch_size: int = 1
     steps: int = 3
-    schedule: str = "1f1b"  # "1f1b" | "gpipe"
+    schedule: str = "1f1b"  # "1f1b" | "gpipe" | "interleaved_1f1b"
+    virtual_stages: int = 1  # model chunks per rank (interleaved 1F1B: at least 2)
     seed: int = 0
     gpu: str = "H100"  # "H100" | "H200"
     kernel_costs: str = "published"  # a preset of simulate.costs.KERNEL_COSTS
@@ -82,8 +83,14 @@ class SimConfig:
             raise BadInputError(
                 f"unknown --kernel-costs {self.kernel_costs!r} (known: {', '.join(KERNEL_COSTS)})"
             )
-        if self.schedule not in ("1f1b", "gpipe"):
-            raise BadInputError(f"unknown schedule {self.schedule!r} (use 1f1b or gpipe)")
+        if self.schedule not in ("1f1b", "gpipe", "interleaved_1f1b"):
+            raise BadInputError(f"unknown schedule {self.schedule!r} (use 1f1b, gpipe or interleaved_1f1b)")
+        if self.schedule == "interleaved_1f1b" and (self.virtual_stages < 2 or self.pp < 2):
+            raise BadInputError("interleaved_1f1b needs --virtual-stages >= 2 and --pp >= 2")
+        if self.schedule != "interleaved_1f1b" and self.virtual_stages != 1:
+            raise BadInputError(f"--virtual-stages {self.virtual_stages} needs --schedule interleaved_1f1b")
+        if self.virtual_stages > 1 and self.split is not None:
+            raise BadInputError("--split and --virtual-stages cannot be combined (chunks are cut evenly)")
         if sorted(self.order.split("-")) != sorted(AXES):
             raise BadInputError(f"--order must be a permutation of tp-cp-dp-pp, got {self.order!r}")
         if self.seq_len % self.cp:
@@ -111,8 +118,8 @@ class SimConfig:
         out = {}
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
-            if f.name == "kernel_costs" and v == "published":
-                continue  # the default is left out: truth.json of runs made before the option is unchanged
+            if (f.name, v) in (("kernel_costs", "published"), ("virtual_stages", 1)):
+                continue  # defaults left out: truth.json of runs made before the option is unchanged
             if f.name == "model" and not isinstance(v, (str, dict)):
                 v = getattr(v, "name", str(v))
             elif f.name == "stragglers":

@@ -152,7 +152,9 @@ class Engine:
                         "dp": cpu_start[s].copy(),
                     },
                     "send_free": cpu_start[s].copy(),  # send stream cursor
-                    "pending_send": None,  # op index of the send whose end is not known yet
+                    # sends issued, in order, whose end is not known yet: (op index, key, earliest start);
+                    # the send stream runs them one after another, so only the first has a known start
+                    "send_queue": [],
                     "strag": self._strag(s, step),
                     "stall": self.stall[self.ranks[s]].astype(np.int64),
                     "ptr": 0,
@@ -174,8 +176,6 @@ class Engine:
                         world_waiting[s] = i
                         break
                     if op.kind == RECV and op.key not in sends:
-                        break
-                    if op.kind == SEND and st[s]["pending_send"] is not None:
                         break
                     self._exec(s, i, op, st[s], tim[s], sends, st)
                     st[s]["ptr"] += 1
@@ -241,10 +241,10 @@ class Engine:
                 stt["c"] = end
             return
         if op.kind == SEND:
-            start = np.maximum(np.maximum(stt["c"], ready), stt["send_free"])
-            t.start[i] = start
-            sends[op.key] = (s, i, start)
-            stt["pending_send"] = i
+            # the CPU enqueues the send and goes on; the send stream starts it once the previous send ended
+            stt["send_queue"].append((i, op.key, np.maximum(stt["c"], ready)))
+            if len(stt["send_queue"]) == 1:
+                self._post_send(s, stt, sends)
             return
         if op.kind == RECV:
             src_stage, src_i, send_start = sends.pop(op.key)
@@ -259,9 +259,18 @@ class Engine:
             src = all_st[src_stage]
             self._timing_ref[src_stage].end[src_i] = end + rng.integers(0, 1500, self.R)
             src["send_free"] = self._timing_ref[src_stage].end[src_i].copy()
-            src["pending_send"] = None
+            src["send_queue"].pop(0)
+            if src["send_queue"]:
+                self._post_send(src_stage, src, sends)
             return
         raise AssertionError(f"unknown op kind {op.kind}")
+
+    def _post_send(self, s: int, stt: dict, sends: dict) -> None:
+        """The first queued send of stage s starts: after its data is ready and the previous send ended."""
+        i, key, earliest = stt["send_queue"][0]
+        start = np.maximum(earliest, stt["send_free"])
+        self._timing_ref[s].start[i] = start
+        sends[key] = (s, i, start)
 
     def _exec_world(self, at: dict[int, int], st: list, tim: list[StageTiming]) -> None:
         arrivals = []

@@ -322,11 +322,30 @@ class ProgramBuilder:
         return ops
 
     # ---- stage program ---------------------------------------------------------------------------
+    def chunks(self, stage: int) -> list[list[int]]:
+        """The layers of each model chunk the stage holds (one chunk, its split entry, unless the schedule
+        interleaves: then chunk c of stage s is virtual stage c*p + s, the layers cut evenly over the
+        p*v virtual stages, earlier ones taking the remainder)."""
+        cfg = self.cfg
+        v = cfg.virtual_stages
+        if v == 1:
+            first = sum(self.split[:stage])
+            return [list(range(first, first + self.split[stage]))]
+        n = self.m.num_layers
+        base, rem = divmod(n, cfg.pp * v)
+        sizes = [base + (1 if k < rem else 0) for k in range(cfg.pp * v)]
+        out = []
+        for c in range(v):
+            k = c * cfg.pp + stage
+            first = sum(sizes[:k])
+            out.append(list(range(first, first + sizes[k])))
+        return out
+
     def build(self, stage: int) -> Program:
         cfg = self.cfg
-        p, mcount = cfg.pp, cfg.microbatches
-        first = sum(self.split[:stage])
-        layers = list(range(first, first + self.split[stage]))
+        p, mcount, v = cfg.pp, cfg.microbatches, cfg.virtual_stages
+        chunks = self.chunks(stage)
+        layers = [li for c in chunks for li in c]
         prog = Program(stage, layers)
         prog.params = sum(self.layer_params(self.layer_types[i]) for i in layers)
         if stage == 0:
@@ -339,28 +358,45 @@ class ProgramBuilder:
         act_per_layer = int(self.T * self.h * (10 + 24 / cfg.tp))
         if cfg.sequence_parallel:
             act_per_layer = int(self.T * self.h * 34 / cfg.tp)
-        in_flight = min(cfg.microbatches, p - stage) if cfg.schedule == "1f1b" else cfg.microbatches
+        if cfg.schedule == "interleaved_1f1b":
+            from tracelens.analyze.schedule import canonical_orders
+
+            orders = canonical_orders("interleaved_1f1b", p, mcount, v)
+            if orders is None:
+                from tracelens.errors import BadInputError
+
+                raise BadInputError(
+                    f"interleaved 1F1B needs --microbatches to be a multiple of max(1, m // pp): {mcount} is not"
+                )
+            order = [(a[1], a[2], a[0] // p) for unit in orders[stage] for a in unit]  # (phase, mb, chunk)
+            held = peak = 0
+            for ph, _, _ in order:  # chunk-microbatches held at once, each 1/v of the stage's layers
+                held += 1 if ph == "F" else -1
+                peak = max(peak, held)
+            in_flight = peak / v
+        else:
+            in_flight = min(cfg.microbatches, p - stage) if cfg.schedule == "1f1b" else cfg.microbatches
+            if cfg.schedule == "gpipe":
+                order = [("F", i, 0) for i in range(mcount)] + [("B", i, 0) for i in range(mcount)]
+            else:
+                warm = min(p - stage - 1, mcount)
+                order = [("F", i, 0) for i in range(warm)]
+                for i in range(mcount - warm):
+                    order += [("F", warm + i, 0), ("B", i, 0)]
+                order += [("B", i, 0) for i in range(mcount - warm, mcount)]
         if prog.static_bytes + in_flight * act_per_layer * len(layers) > 0.9 * self.gpu.total_mem:
             # would not fit: account memory as with full activation checkpointing (layer inputs only);
             # the recompute kernels themselves are not simulated (docs/simulator.md)
             act_per_layer = 2 * self.T * self.h // (cfg.tp if cfg.sequence_parallel else 1)
             prog.full_recompute_memory = True
         prog.act_bytes_per_mb = act_per_layer * len(layers)
+        self._act_per_layer = act_per_layer
 
-        if cfg.schedule == "gpipe":
-            order = [("F", i) for i in range(mcount)] + [("B", i) for i in range(mcount)]
-        else:
-            warm = min(p - stage - 1, mcount)
-            order = [("F", i) for i in range(warm)]
-            for i in range(mcount - warm):
-                order += [("F", warm + i), ("B", i)]
-            order += [("B", i) for i in range(mcount - warm, mcount)]
-
-        for phase, mb in order:
+        for phase, mb, c in order:
             if phase == "F":
-                self._forward(prog, stage, layers, mb)
+                self._forward(prog, stage, chunks[c], mb, c)
             else:
-                self._backward(prog, stage, layers, mb, last=(mb == mcount - 1))
+                self._backward(prog, stage, chunks[c], mb, last=(mb == mcount - 1), chunk=c)
         self._step_end(prog, stage)
         return prog
 
@@ -372,21 +408,30 @@ class ProgramBuilder:
         n = self.T * self.h
         return n // self.cfg.tp if self.cfg.sequence_parallel else n
 
-    def _forward(self, prog: Program, stage: int, layers: list[int], mb: int) -> None:
+    def _forward(self, prog: Program, stage: int, layers: list[int], mb: int, chunk: int = 0) -> None:
         p = self.cfg.pp
+        k, last_k = chunk * p + stage, p * self.cfg.virtual_stages - 1  # virtual stage, the last one
         ops = prog.ops
         n = self._p2p_nelems()
-        if stage > 0:
+        if k > 0:  # (from the previous virtual stage: the previous rank, or the last one for chunk c > 0)
             ops.append(
                 self._coll(
-                    RECV, "pp", "recv", n, n, phase="F", mb=mb, peer=-1, key=(stage - 1, stage, "F", mb)
-                )
+                    RECV,
+                    "pp",
+                    "recv",
+                    n,
+                    n,
+                    phase="F",
+                    mb=mb,
+                    peer=-1 if stage > 0 else p - 1,
+                    key=(k - 1, k, "F", mb),
+                )  # fmt: skip
             )
             ops[-1].stream = S_P2P_RECV
-        if stage == 0:
+        if k == 0:
             mi = self._module(prog, "embed_tokens", 0)
             ops.append(self._mem(C.EMBED_FWD, 2 * 2 * self.T * self.h, module=mi, phase="F", mb=mb))
-        per_layer_act = prog.act_bytes_per_mb // max(1, len(layers))
+        per_layer_act = self._act_per_layer
         for li in layers:
             lt = self.layer_types[li]
             mod = "self_attn" if lt == "full_attention" else "linear_attn"
@@ -399,35 +444,54 @@ class ProgramBuilder:
             kw = {"module": mi, "phase": "F", "mb": mb, "layer_type": "mlp"}
             body = self.mlp_fwd(kw)
             ops += body
-        if stage == p - 1:
+        if k == last_k:
             mi = self._module(prog, "lm_head", 0)
             kw = {"module": mi, "phase": "F", "mb": mb}
             ops.append(self._mem(C.RMSNORM_FWD, 2 * 2 * self.T_norm * self.h, **kw))
             ops.extend(self._tp_fwd_in(kw))
             ops.append(self._gemm(C.GEMM_FPROP, self.T, self.h, self.vocab_r, **kw))
             ops.append(self._mem(C.XENT_FWD, 3 * 4 * self.T * self.vocab_r, **kw))
-        if stage < p - 1:
+        if k < last_k:
             ops.append(
                 self._coll(
-                    SEND, "pp", "send", n, n, phase="F", mb=mb, peer=+1, key=(stage, stage + 1, "F", mb)
-                )
+                    SEND,
+                    "pp",
+                    "send",
+                    n,
+                    n,
+                    phase="F",
+                    mb=mb,
+                    peer=+1 if stage < p - 1 else 1 - p,
+                    key=(k, k + 1, "F", mb),
+                )  # fmt: skip
             )
             ops[-1].stream = S_P2P_SEND
 
-    def _backward(self, prog: Program, stage: int, layers: list[int], mb: int, last: bool) -> None:
+    def _backward(
+        self, prog: Program, stage: int, layers: list[int], mb: int, last: bool, chunk: int = 0
+    ) -> None:
         p, cfg = self.cfg.pp, self.cfg
+        k, last_k = chunk * p + stage, p * cfg.virtual_stages - 1
         ops = prog.ops
         n = self._p2p_nelems()
-        if stage < p - 1:
+        if k < last_k:
             ops.append(
                 self._coll(
-                    RECV, "pp", "recv", n, n, phase="B", mb=mb, peer=+1, key=(stage + 1, stage, "B", mb)
-                )
+                    RECV,
+                    "pp",
+                    "recv",
+                    n,
+                    n,
+                    phase="B",
+                    mb=mb,
+                    peer=+1 if stage < p - 1 else 1 - p,
+                    key=(k + 1, k, "B", mb),
+                )  # fmt: skip
             )
             ops[-1].stream = S_P2P_RECV
         bucket_params = 0
         bucket_layers = 0
-        if stage == p - 1:
+        if k == last_k:
             mi = self._module(prog, "lm_head.backward", 1)
             kw = {"module": mi, "phase": "B", "mb": mb, "thread": 1}
             ops.append(self._mem(C.XENT_BWD, 3 * 4 * self.T * self.vocab_r, **kw))
@@ -435,7 +499,7 @@ class ProgramBuilder:
             ops.append(self._gemm(C.GEMM_WGRAD, self.vocab_r, self.T, self.h, **kw))
             ops.append(self._mem(C.RMSNORM_BWD, 3 * 2 * self.T_norm * self.h, **kw))
             bucket_params += self.vocab_r * self.h + self.h
-        per_layer_act = prog.act_bytes_per_mb // max(1, len(layers))
+        per_layer_act = self._act_per_layer
         for li in reversed(layers):
             lt = self.layer_types[li]
             mi = self._module(prog, f"layers.{li}.mlp.backward", 1, "mlp")
@@ -453,17 +517,25 @@ class ProgramBuilder:
             if last and cfg.dp > 1 and bucket_layers == 4:
                 ops.append(self._dp_bucket(bucket_params))
                 bucket_params = bucket_layers = 0
-        if stage == 0:
+        if k == 0:
             mi = self._module(prog, "embed_tokens.backward", 1)
             ops.append(self._mem(C.EMBED_BWD, 3 * 2 * self.T * self.h, module=mi, phase="B", mb=mb, thread=1))
             bucket_params += self.vocab_r * self.h
         if last and cfg.dp > 1 and bucket_params:
             ops.append(self._dp_bucket(bucket_params))
-        if stage > 0:
+        if k > 0:
             ops.append(
                 self._coll(
-                    SEND, "pp", "send", n, n, phase="B", mb=mb, peer=-1, key=(stage, stage - 1, "B", mb)
-                )
+                    SEND,
+                    "pp",
+                    "send",
+                    n,
+                    n,
+                    phase="B",
+                    mb=mb,
+                    peer=-1 if stage > 0 else p - 1,
+                    key=(k, k - 1, "B", mb),
+                )  # fmt: skip
             )
             ops[-1].stream = S_P2P_SEND
 
@@ -508,8 +580,8 @@ class ProgramBuilder:
             )
 
     def expected_bubble_fraction(self) -> float:
-        p, m = self.cfg.pp, self.cfg.microbatches
-        return (p - 1) / (m + p - 1)
+        p, m, v = self.cfg.pp, self.cfg.microbatches, self.cfg.virtual_stages
+        return (p - 1) / (v * m + p - 1)
 
 
 def kv_replication(cfg: SimConfig, model) -> float:

@@ -139,6 +139,8 @@ def _write_run_toml(cfg: SimConfig, out: Path) -> None:
         f"microbatches = {cfg.microbatches}",
         f'schedule = "{cfg.schedule}"',
     ]
+    if cfg.virtual_stages > 1:
+        lines.append(f"virtual_stages = {cfg.virtual_stages}")
     if model is not None:
         lines += ["[model]", f"config = {json.dumps(model)}"]
     lines += ["[hardware]", f'gpu = "{cfg.gpu.upper()}"', ""]
@@ -298,6 +300,7 @@ def _truth(cfg, model, gpu, peak, layout, builder, programs, timings, files) -> 
         "schedule": {
             "name": cfg.schedule,
             "microbatches": cfg.microbatches,
+            **({"virtual_stages": cfg.virtual_stages} if cfg.virtual_stages > 1 else {}),
             "steps": cfg.steps,
             "first_step": FIRST_STEP,
             "step_numbers": [FIRST_STEP + k for k in range(cfg.steps)],

@@ -33,7 +33,7 @@ from tracelens.analyze.layout.groups import (
     structural_axes,
 )
 from tracelens.analyze.layout.p2p import chains as p2p_chains
-from tracelens.analyze.layout.p2p import p2p_edges
+from tracelens.analyze.layout.p2p import p2p_edges, send_first_ranks
 from tracelens.analyze.layout.roles import CollectiveRoles, coincidence
 from tracelens.findings import finding
 from tracelens.thresholds import DEFAULT, Thresholds
@@ -97,13 +97,14 @@ def infer_grid(
     # 1. process groups: axes from their structure and traffic first (groups.py), names for the rest
     by_axis: dict[str, set[tuple[int, ...]]] = {a: set() for a in AXES}
     src, dst, first, any_p2p = p2p_edges(events)  # (once: the structure and the chains below read it)
+    starters = send_first_ranks(events) if src.size else set()
     evidence = _structure(events, metadata, collectives, world, any_p2p, pg)
     for axis, ev in evidence.items():
         by_axis[axis] = ev.pop("_groups")
     declared = groups_from_metadata(metadata) + groups_from_events(events, pg)
     # 1b. what the collectives do, where no trace says which group ran them (roles.py)
     if roles is not None and "tp" not in evidence:
-        chains0, _ = p2p_chains(src, dst, first)
+        chains0, _ = p2p_chains(src, dst, first, starters)
         tp_ev = _tensor_parallel(roles, declared, world, chains0, by_axis, thresholds)
         if tp_ev is not None:
             by_axis["tp"] = tp_ev.pop("_groups")
@@ -142,7 +143,7 @@ def infer_grid(
                 coord[axis][r] = i
 
     # 2. P2P chains
-    chains, problems = p2p_chains(src, dst, first)
+    chains, problems = p2p_chains(src, dst, first, starters)
     for p in problems:
         inconsistent(p)
     if chains:

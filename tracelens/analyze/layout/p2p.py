@@ -63,6 +63,32 @@ def p2p_edges(events: pa.Table | None) -> tuple[np.ndarray, np.ndarray, np.ndarr
     return uk >> 32, uk & 0xFFFFFFFF, first, True
 
 
+def send_first_ranks(events: pa.Table | None) -> set[int]:
+    """Ranks whose first point-to-point op (by their own clock) is a send: in a pipeline only stage 0 sends
+    before it receives (its first forward needs no input), whatever the CPU issue order across ranks."""
+    if events is None or events.num_rows == 0:
+        return set()
+    dv = events.column("dst_rank").is_valid().to_numpy(zero_copy_only=False)
+    sv = events.column("src_rank").is_valid().to_numpy(zero_copy_only=False)
+    rows = np.flatnonzero(dv | sv)
+    if not rows.size:
+        return set()
+    sub = events.select(["rank", "ts_ns", "dst_rank", "src_rank"]).take(pa.array(rows))
+    rank = sub.column("rank").to_numpy(zero_copy_only=False).astype(np.int64)
+    ts = sub.column("ts_ns").to_numpy(zero_copy_only=False).astype(np.int64)
+    d = sub.column("dst_rank").fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+    s = sub.column("src_rank").fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+    send = (d >= 0) & (d != rank)  # (a receive records itself as the destination)
+    recv = (s >= 0) & (s != rank) & ~send
+    big = np.iinfo(np.int64).max
+    out = set()
+    for r in np.unique(rank).tolist():
+        m = rank == r
+        if ts[m & send].min(initial=big) < ts[m & recv].min(initial=big):
+            out.add(int(r))
+    return out
+
+
 _P2P_OPS = r"^(send|recv|isend|irecv)$"
 
 
@@ -95,8 +121,13 @@ def _any_p2p_name(events: pa.Table) -> bool:
     return bool(pc.any(bare).as_py())
 
 
-def chains(src: np.ndarray, dst: np.ndarray, first: np.ndarray) -> tuple[list[list[int]], list[str]]:
-    """Pipelines from the P2P graph: connected components walked from stage 0; problems as messages."""
+def chains(
+    src: np.ndarray, dst: np.ndarray, first: np.ndarray, send_first: set[int] | None = None
+) -> tuple[list[list[int]], list[str]]:
+    """Pipelines from the P2P graph: connected components walked from stage 0; problems as messages. A ring
+    (interleaved schedules send from the last stage back to the first) starts at its one rank in
+    `send_first` (the ranks that send before they receive, `send_first_ranks`), towards that rank's earliest
+    send; without one, at the source of the ring's earliest send."""
     adj: dict[int, set[int]] = {}
     for a, b in zip(src.tolist(), dst.tolist()):
         adj.setdefault(a, set()).add(b)
@@ -142,6 +173,9 @@ def chains(src: np.ndarray, dst: np.ndarray, first: np.ndarray) -> tuple[list[li
                 order.append(nxt[0])
         else:
             sends = sorted((t, a, b) for (a, b), t in first_send.items() if a in deg)
+            starters = [x for x in sends if x[1] in (send_first or set())]
+            if len({x[1] for x in starters}) == 1:
+                sends = starters
             _t0, head, second = sends[0] if sends else (0, comp[0], min(adj[comp[0]]))
             order = [head, second]
             while len(order) < len(comp):
