@@ -244,13 +244,17 @@ def trace_for(work: Path, mb: int, shape: str) -> tuple[Path, dict[str, int]]:
     return path, info
 
 
-def _measure(cmd: list[str], env: dict[str, str]) -> dict[str, float]:
-    old = dict(os.environ)
+def _measure(cmd: list[str], env: dict[str, str], cwd: Path) -> dict[str, float]:
+    """run_measured(cmd) with this environment, started in `cwd`: outside every checkout measured, since
+    `python -m tracelens` puts the current folder first on sys.path."""
+    old, here = dict(os.environ), os.getcwd()
     os.environ.clear()
     os.environ.update(env)
+    os.chdir(cwd)
     try:
         return run_measured(cmd)
     finally:
+        os.chdir(here)
         os.environ.clear()
         os.environ.update(old)
 
@@ -301,7 +305,7 @@ def main() -> None:
                             cmd += ["-o", str(scratch / "out"), "--cache-dir", str(cache)]
                             if row == "analyze_no_report":
                                 cmd.append("--no-report")
-                        m = _measure(cmd, env)
+                        m = _measure(cmd, env, scratch)
                         results.setdefault((mb, shape, row, code), []).append(m)
                         print(
                             f"round {rnd + 1} {shape:5s} {mb:5d} MB {row:18s} {code:5s} {m['wall_s']:8.2f} s "
@@ -314,8 +318,10 @@ def main() -> None:
         f"\nmachine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
         f"load average now {os.getloadavg()[0]:.1f}"
     )
-    print("| trace | steps | row | code | seconds (median) | x decode | MB/s | peak RSS MiB (median) |")
-    print("|---|---:|---|---|---:|---:|---:|---:|")
+    print(
+        "| trace | steps | row | code | seconds (median) | CPU s | x decode | MB/s | peak RSS MiB (median) |"
+    )
+    print("|---|---:|---|---|---:|---:|---:|---:|---:|")
     out = []
     for (mb, shape), (_path, info) in traces.items():
         ref = (
@@ -327,9 +333,11 @@ def main() -> None:
             for code in codes if row != "decode" else ["this"]:
                 ms = results[(mb, shape, row, code)]
                 wall = statistics.median(m["wall_s"] for m in ms)
+                cpu = statistics.median(m["cpu_s"] for m in ms)
                 rss = statistics.median(m["peak_tree_rss"] for m in ms) / 2**20
                 print(
-                    f"| {shape} {mb} MB | {info['steps']:,} | {row} | {code} | {wall:.2f} | {wall / ref:.1f} | "
+                    f"| {shape} {mb} MB | {info['steps']:,} | {row} | {code} | {wall:.2f} | {cpu:.2f} | "
+                    f"{wall / ref:.1f} | "
                     f"{info['bytes'] / 1e6 / wall:.0f} | {rss:.0f} |"
                 )
                 out.append({"mb": mb, "shape": shape, "row": row, "code": code, "runs": ms, **info})

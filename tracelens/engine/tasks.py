@@ -31,6 +31,7 @@ def ingest_rank(path: str, rank: int, entry: RankEntry, salvage: bool = False) -
     """Read one Kineto file and write its three cache files atomically (events, allocator samples, metadata:
     Arrow IPC); returns the rank's events."""
     tr = kineto.read(path, rank=rank, salvage=salvage)
+    pages.trim_heap_over(KEEP_BYTES)  # (the read's chunks, freed: handed back before the stage's arrays)
     write_events(entry, tr.events)
     write_ipc(entry.memory, tr.memory)
     write_ipc(entry.meta, kineto.metadata_table([tr.metadata]))  # last: marks the entry complete

@@ -142,22 +142,31 @@ def _read_pieces(path: Path) -> pa.Table:
                 continue
             del buf[: m.end()]
             started = True
-        while len(buf) > PIECE_BYTES:
-            fb = first_boundary(buf, PIECE_BYTES)
+        pos = 0  # where the next piece starts
+        while len(buf) - pos > PIECE_BYTES:
+            fb = first_boundary(buf, pos + PIECE_BYTES)
             if fb is None:
                 break  # (the piece's last event goes on in the next block)
-            _decode_piece(b'{"traceEvents": [' + buf[: fb[0]] + b"]}", rows, canon)
-            del buf[: fb[1]]
+            if _may_hold_shapes(buf, pos, fb[0]):
+                _decode_piece(b'{"traceEvents": [' + buf[pos : fb[0]] + b"]}", rows, canon)
+            pos = fb[1]
+        del buf[:pos]
     if not started:
         raise _Whole()
-    _decode_piece(b'{"traceEvents": [' + buf, rows, canon)  # (the last piece holds the document's end)
+    if _may_hold_shapes(buf, 0, len(buf)):
+        _decode_piece(b'{"traceEvents": [' + buf, rows, canon)  # (the last piece holds the document's end)
     return _table(rows)
+
+
+def _may_hold_shapes(buf: bytearray, lo: int, hi: int) -> bool:
+    """buf[lo:hi] names a shape key, or holds an escape that could spell one (searched in place)."""
+    if buf.find(b"Input Dims", lo, hi) >= 0:
+        return True
+    return buf.find(b"\\", lo, hi) >= 0 and buf.find(b"\\u", lo, hi) >= 0
 
 
 def _decode_piece(text: bytes, rows: dict[str, list], canon: dict[bytes, tuple[bool, str | None]]) -> None:
     """Add the shape rows of one piece (a document of its events); raises _Whole when it does not decode."""
-    if b"Input Dims" not in text and b"\\u" not in text:
-        return  # no shape key, and no escape that could spell one
     try:
         fast = _DEC_FAST.decode(text)
     except (msgspec.DecodeError, msgspec.ValidationError):

@@ -30,6 +30,7 @@ from tracelens.ingest.kineto.columns import (
     _rank_int,
     _scatter,
     _scatter_index,
+    null_array,
 )
 from tracelens.ingest.kineto.native import AVAILABLE as _NATIVE
 from tracelens.ingest.kineto.p2p_local import peer_local_column
@@ -46,6 +47,7 @@ from tracelens.ingest.kineto.stream import (
     _SplitFailed,
     _utf8_replaced,
 )
+from tracelens.store.pages import trim_heap
 
 #: Target size (bytes of JSON) of one decoded chunk of `traceEvents`: 4 MiB with the compiled decoder, which
 #: makes no Python object per event, so a chunk's memory is its text and columns, and what a chunk costs
@@ -96,10 +98,18 @@ def _scan(path: Path, salvage: bool, chunk_bytes: int, utf8_replace: bool = Fals
         blocks.close()  # stops the decompression thread at once when decoding failed
 
 
+#: Events from which a read hands the freed chunk memory back to the OS once they are merged (~70 bytes an
+#: event: ~70 MB). Smaller reads (a rank of a large run: ~20,000 events) keep it for the next rank: trimming
+#: costs page faults when the memory is needed again.
+TRIM_EVENTS = 1_000_000
+
+
 def _assemble(sc: _Scan, rank: int) -> tuple[pa.Table, pa.Table]:
     base = _coerce_int(sc.meta.get("baseTimeNanoseconds")) or 0
     c = _merge_chunks(sc.chunks)
     sc.chunks = []  # their columns are in `c` now: freed (a split read's child columns unmap with them)
+    if c.n >= TRIM_EVENTS:  # the chunks' many small arrays, freed: handed back before the full-length columns
+        trim_heap()
     ts, ts_valid, dur, dur_valid, kind, names = c.ts, c.ts_valid, c.dur, c.dur_valid, c.kind, c.name
     n, corr, rows = c.n, c.correlation, c.coll_rows
     coll = {f: c.coll.get(f, []) for f in _COLL_FIELDS}
@@ -160,7 +170,7 @@ def _assemble(sc: _Scan, rank: int) -> tuple[pa.Table, pa.Table]:
         "dtype": _dict_from_values(coll["dtype"], n, rows, at),
         "src_rank": _scatter(_int_array(coll["src_rank"], pa.int32()), n, rows, at),
         "dst_rank": _scatter(_int_array(coll["dst_rank"], pa.int32()), n, rows, at),
-        "peer_local": pa.nulls(n, pa.int32()),  # (filled by `_read` once the events are known)
+        "peer_local": null_array(pa.int32(), n),  # (filled by `_read` once the events are known)
     }
     events = pa.Table.from_arrays([cols[f.name] for f in schema.EVENTS], schema=schema.EVENTS)
     if not ts_valid.all():
@@ -196,6 +206,8 @@ def _wraps(ts: np.ndarray, dur: np.ndarray, dur_valid: np.ndarray, base: int) ->
         return None
     hi = _I64.max - max(base, 0)
     lo = _I64.min - min(base, 0)
+    if int(ts.min()) >= lo and int(ts.max()) + max(int(dur.max()), 0) <= hi:  # (Python ints: no overflow)
+        return None  # (the usual trace: decided by three reductions, no full-length temporaries)
     d = np.where(dur_valid, np.maximum(dur, 0), 0)
     # ts + d overflows only when ts > hi - d (both sides computed without overflow: 0 <= d, hi >= 0)
     bad = (ts > hi - d) | (ts < lo)
