@@ -340,10 +340,12 @@ def op_instances(
         rt = rt.dropna(subset=["correlation"]).drop_duplicates(["rank", "correlation"])
         rt = rt.rename(columns={"external_id": "rt_ext", "ts_ns": "rt_ts", "tid": "rt_tid"})
         k = k.merge(rt, on=["rank", "correlation"], how="left")
+        del rt
         k["ext"] = k["external_id"].fillna(k["rt_ext"])
         names = cpu.dropna(subset=["external_id"]).drop_duplicates(["rank", "external_id"])
         names = names[["rank", "external_id", "name"]].rename(columns={"external_id": "ext", "name": "op"})
         k = k.merge(names, on=["rank", "ext"], how="left")
+        del names
         miss = k["op"].isna() & k["rt_ts"].notna() & k["rt_tid"].notna()
         if miss.any():  # older traces: ids are per launch; the op is the innermost one around the launch
             ops_only = cpu[~cpu["name"].fillna("").str.startswith("ProfilerStep")]  # (a step is no op)
@@ -354,7 +356,11 @@ def op_instances(
             ]  # (kernels still unlinked keep their id: it groups one launch's kernels)
             k.loc[rows, "ext"] = ext[found]
             k.loc[rows, "op"] = op[found]
+        cpu = cpu[~cpu["rank"].isin(gpu_ranks)]  # (what is read of the CPU ops below: let the rest go)
+        # (only what the instances are made of, before the sort copies the frame)
+        k = k[["rank", "name", "ts_ns", "dur_ns", "step", "ext", "op"]]
         k["kernel"] = pd.Series(_map_distinct(k["name"], short_kernel_name), index=k.index, dtype=object)
+        k = k.drop(columns=["name"])
         k = k.sort_values("dur_ns", ascending=False)
         # kernels not linked to a CPU op stay one instance each (an id no CPU op carries may be an
         # annotation's, which spans a whole layer: it does not make its kernels one op)
