@@ -14,7 +14,6 @@ from pathlib import Path
 import pyarrow as pa
 
 from tracelens import schema
-from tracelens.engine.stage import compute_and_write, rank_stage
 from tracelens.ingest import kineto
 from tracelens.store import pages, runs
 from tracelens.store.atomic import write_ipc
@@ -48,6 +47,8 @@ def process_rank(
     if fresh:
         events = ingest_rank(path, rank, entry, salvage)
     if stage and (fresh or not stage_complete(entry.events, rank)):
+        from tracelens.engine.stage import compute_and_write, rank_stage  # (not for an ingest alone)
+
         if events is None:
             compute_and_write(str(entry.events), rank)
         else:
@@ -60,6 +61,8 @@ def process_rank(
 def stage_rank(entry: RankEntry) -> int:
     """The per-rank stage of an ingested rank, unless complete stage files exist; returns the rank."""
     if not stage_complete(entry.events, entry.rank):
+        from tracelens.engine.stage import compute_and_write
+
         compute_and_write(str(entry.events), entry.rank)
         pages.trim_heap_over(KEEP_BYTES)
     return entry.rank
