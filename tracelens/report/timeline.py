@@ -28,7 +28,7 @@ from tracelens.analyze import intervals as iv
 from tracelens.analyze.classify import COMM, classify, gpu_ranks
 from tracelens.analyze.composition import BACKWARD, DEFAULT_PATTERNS, MODULE_TYPES, module_spans
 from tracelens.analyze.dictcol import columns
-from tracelens.topology import P2P_NAMES
+from tracelens.analyze.layout.p2p import P2P_NAMES
 
 MICROBATCH = re.compile(
     r"(?i)(?:^|[.\s/:#_])(?P<phase>forward|backward|fwd|bwd)[_\-\s.#:]*(?:mb|microbatch|micro_batch|micro)?"

@@ -6,6 +6,7 @@ Part of tracelens.ingest.kineto (see its docstring).
 from __future__ import annotations
 
 import gc
+import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -98,6 +99,33 @@ def _scan(path: Path, salvage: bool, chunk_bytes: int, utf8_replace: bool = Fals
         blocks.close()  # stops the decompression thread at once when decoding failed
 
 
+#: Longest event name kept whole, in characters. Real names stay far below it (C++ template kernel names of a
+#: few KB: 5,160 characters at most in the shared traces); a longer one (a generated name, a damaged file)
+#: is cut to this many characters and the digest of the whole name (`bounded_names`), so that every
+#: analysis (name rules, grouping, the report) works on a bounded string and equal names still group.
+NAME_MAX_CHARS = 16_384
+
+
+def bounded_names(names: pa.Array) -> pa.Array:
+    """The name column with every dictionary value longer than NAME_MAX_CHARS cut to its first
+    NAME_MAX_CHARS characters plus `…[N chars, blake2b:<digest>]` (N the whole name's length, the digest
+    of its UTF-8 bytes: distinct long names stay distinct, equal ones equal). One length test per distinct
+    name; the column is unchanged (the same object) when no name is that long."""
+    d = names.dictionary
+    if len(d) == 0 or pc.max(pc.binary_length(d)).as_py() <= NAME_MAX_CHARS:
+        return names  # (bytes >= characters: no name can be too long)
+    values = d.to_pylist()
+    cut = [_bounded(v) for v in values]
+    return pa.DictionaryArray.from_arrays(names.indices, pa.array(cut, type=d.type))
+
+
+def _bounded(v: str | None) -> str | None:
+    if v is None or len(v) <= NAME_MAX_CHARS:
+        return v
+    digest = hashlib.blake2b(v.encode("utf-8", "surrogatepass"), digest_size=8).hexdigest()
+    return f"{v[:NAME_MAX_CHARS]}…[{len(v):,} chars, blake2b:{digest}]"
+
+
 #: Events from which a read hands the freed chunk memory back to the OS once they are merged (~70 bytes an
 #: event: ~70 MB). Smaller reads (a rank of a large run: ~20,000 events) keep it for the next rank: trimming
 #: costs page faults when the memory is needed again.
@@ -147,7 +175,7 @@ def _assemble(sc: _Scan, rank: int) -> tuple[pa.Table, pa.Table]:
     cols = {
         "rank": pa.array(np.full(n, rank, dtype=np.int32)),
         "kind": kinds,
-        "name": names,
+        "name": bounded_names(names),
         "pid": pid,
         "tid": tid,
         "device": device,
