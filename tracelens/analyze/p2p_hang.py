@@ -85,7 +85,8 @@ def hung_steps(breakdown: pa.Table, factor: float = HUNG_FACTOR) -> list[int]:
 
     def others(k: np.ndarray) -> np.ndarray:
         """The k-th smallest of the rank's other durations (the row itself left out)."""
-        return v[np.minimum(start + k + (k >= p), r.size - 1)].astype(np.float64)
+        out: np.ndarray = v[np.minimum(start + k + (k >= p), r.size - 1)].astype(np.float64)
+        return out
 
     lo_k = np.maximum((m - 1) // 2, 0)
     ref = np.where(m % 2 == 1, others(lo_k), (others(np.maximum(m // 2 - 1, 0)) + others(m // 2)) / 2)
