@@ -98,7 +98,7 @@ def ops_view(analysis, ranks: list[int] | None = None) -> OpsView:
 
     ranks_given = ranks
     ranks = sorted({int(r) for r in (ranks if ranks is not None else default_ranks(analysis))})
-    ev = analysis.run.events_of(ranks) if ranks else None
+    ev = analysis.run.events_of(ranks, O.EVENT_COLUMNS) if ranks else None
     steps = list(analysis.steps) or None
     if ev is None or ev.num_rows == 0:
         return OpsView(
@@ -106,6 +106,8 @@ def ops_view(analysis, ranks: list[int] | None = None) -> OpsView:
         )
     shapes = _shapes(analysis, ranks)
     inst = O.op_instances(ev, shapes, steps, _spans_of(analysis, ranks))
+    launches = _launches(analysis, ranks, ev, steps, default=ranks_given is None)
+    del ev  # (the op and kernel tables read the instances only: the events are let go before them)
     n_steps = _steps_per_rank(analysis, ranks, inst)
     stage_of = analysis.stage_of
     return OpsView(
@@ -115,7 +117,7 @@ def ops_view(analysis, ranks: list[int] | None = None) -> OpsView:
             inst, analysis.gpu_name, n_steps, stage_of, _contexts(analysis), _moe_context(analysis)
         ),
         kernels=O.kernel_table(inst, n_steps, stage_of),
-        launches=_launches(analysis, ranks, ev, steps, default=ranks_given is None),
+        launches=launches,
         shapes_recorded=shapes.num_rows > 0,
     )
 
@@ -160,7 +162,8 @@ def _launches(analysis, ranks: list[int], ev: pa.Table, steps, default: bool) ->
             extra = []
     out = O.launch_stats(ev, steps)
     if extra:
-        out = pd.concat([out, O.launch_stats(analysis.run.events_of(extra), steps)], ignore_index=True)
+        more = O.launch_stats(analysis.run.events_of(extra, O.EVENT_COLUMNS), steps)
+        out = pd.concat([out, more], ignore_index=True)
     return out.sort_values("rank").reset_index(drop=True) if not out.empty else out
 
 

@@ -25,7 +25,7 @@ from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -33,20 +33,13 @@ import pyarrow as pa
 from tracelens import errors, schema
 from tracelens.discover import TraceFile, discover
 from tracelens.engine.executor import SMALL_RUN_GZIP_FACTOR, local_executor, run_all
-from tracelens.engine.reduce import (
-    Staged,
-    collect_memory,
-    derive_from_stages,
-    derived_parts,
-    gather_memory,
-    read_stages,
-    reduce_stages,
-    write_memo,
-)
 from tracelens.engine.tasks import needs_work, process_rank, stage_rank
 from tracelens.ingest.sniff import KINETO
 from tracelens.store import cache, pages, runs
 from tracelens.store.cache import RankEntry
+
+if TYPE_CHECKING:  # (the reduction is imported when a run's stages are first read: not by a load alone)
+    from tracelens.engine.reduce import Staged
 
 Progress = Callable[[int, int], None]
 
@@ -325,6 +318,16 @@ def _reduce(
     before the tables are made: its idle workers (~130 MB each) would otherwise count beside the largest of
     them (the cross-rank events: ~0.4 GB at 1,024 ranks). Without either, the derived tables are computed
     here over slices of whole ranks of the written events."""
+    from tracelens.engine.reduce import (
+        collect_memory,
+        derive_from_stages,
+        derived_parts,
+        gather_memory,
+        read_stages,
+        reduce_stages,
+        write_memo,
+    )
+
     mem: list[Any] = []
     deriving: list[Any] = []
     derived = None

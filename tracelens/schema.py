@@ -153,3 +153,10 @@ def table_from_rows(rows: list[dict[str, Any]], sch: pa.Schema) -> pa.Table:
 
 
 KERNEL_NAME_COMM = r"^(nccl(Dev)?Kernel_|rccl|ncclDevKernel|ncclKernel)"
+
+
+#: Longest event name kept whole, in characters. Real names stay far below it (C++ template kernel names of a
+#: few KB: 5,160 characters at most in the shared traces); a longer one (a generated name, a damaged file)
+#: is cut to this many characters and the digest of the whole name (`bounded_names`), so that every
+#: analysis (name rules, grouping, the report) works on a bounded string and equal names still group.
+NAME_MAX_CHARS = 16_384

@@ -59,3 +59,33 @@ def test_sharing_gives_one_decoding_per_table_and_read_only_arrays():
             shared.int64("ts_ns")[0] = 1
     assert columns(t) is not shared
     assert np.array_equal(Columns(t).int64("ts_ns"), [10, 20, 30, 40, 50, 60])
+
+
+def test_constant_and_null_columns_take_no_memory_a_row_and_keep_their_values():
+    """A one-value column (a rank's table's rank), an all-null one (the collective fields of a trace
+    without collectives) and fills of a column without nulls: the same values as decoding each, as
+    read-only arrays that hold no memory a row (broadcast views) or are shared between fills."""
+    n = 1000
+    t = pa.table(
+        {
+            "rank": pa.array(np.full(n, 3, np.int32)),
+            "step": pa.array(np.arange(n, dtype=np.int32)),
+            "seq": pa.nulls(n, pa.int64()),
+            "collective": pa.nulls(n, pa.dictionary(pa.int32(), pa.string())),
+            "dur_ns": pa.array(np.arange(n, dtype=np.int64)),
+            "ts_ns": pa.array(np.arange(n, dtype=np.int64) * 10),
+        }
+    )
+    c = Columns(t)
+    for col, fill, want in [("rank", None, [3] * n), ("rank", -1, [3] * n), ("seq", -1, [-1] * n),
+                            ("step", -1, list(range(n)))]:  # fmt: skip
+        got = c.int64(col, fill)
+        assert got.dtype == np.int64 and got.tolist() == want and not got.flags.writeable
+    assert c.int64("rank").strides == (0,) and c.int64("seq", -1).strides == (0,)
+    assert c.int64("step", -1) is c.int64("step")  # (no null to fill: one array)
+    values, idx = c.codes("collective")
+    assert values == [] and idx.tolist() == [0] * n and idx.strides == (0,)
+    assert c.valid("seq").tolist() == [False] * n and c.valid("rank").tolist() == [True] * n
+    assert c.valid("seq").strides == (0,)
+    assert c.end_signed() is c.end()  # (no negative duration)
+    assert c.end().tolist() == (np.arange(n) * 11).tolist()

@@ -122,3 +122,27 @@ def test_joined_offsets_are_arrow_offsets_of_the_texts():
     assert off.tolist() == [0, 3, 3, 8, 9] and data == b"1.522.253"
     off, data = columns._joined_offsets([b"[1,2]", b"4"])  # a comma inside a text: measured one by one
     assert off is not None and off.tolist() == [0, 5, 6] and data == b"[1,2]4"
+
+
+def test_null_array_is_pa_nulls_without_resident_memory():
+    """The all-null columns of a read (collective fields of a trace without collectives, peer_local) equal
+    `pa.nulls` for every type of the events schema, over zero pages the OS has not handed out yet."""
+    import sys
+
+    from tracelens import schema
+    from tracelens.ingest.kineto.columns import null_array
+    from tracelens.store.pages import resident_bytes
+
+    for f in schema.EVENTS:
+        for n in (0, 1, 7, 1000):
+            got = null_array(f.type, n)
+            assert got.type == f.type and got.null_count == n and got.equals(pa.nulls(n, f.type)), f
+            assert got.to_pylist() == [None] * n
+    if sys.platform.startswith("linux"):
+        n = 20_000_000  # (pa.nulls: 160 MB of int64 zeros written)
+        before = resident_bytes()
+        arrays = [null_array(t, n) for t in (pa.int64(), schema.DICT_STR, pa.list_(pa.int32()))]
+        assert resident_bytes() - before < 16 * 2**20
+        assert arrays[0].slice(n - 3).to_pylist() == [None] * 3 and arrays[1].slice(n - 1).to_pylist() == [
+            None
+        ]

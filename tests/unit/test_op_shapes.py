@@ -105,3 +105,43 @@ def test_trace_without_shapes_is_empty(tmp_path):
     p.write_bytes(gzip.compress(json.dumps({"traceEvents": ev, "name": 'a\\"b'}).encode()))
     t = S.read(p)
     assert t.num_rows == 0 and t.schema == S.OP_SHAPES
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/traces is absent")
+def test_small_pieces_equal_the_whole_document(monkeypatch):
+    """The streamed read in pieces (a few KB here, so that every file is cut many times, also inside the
+    header, the args and the gzip blocks) gives the whole document's rows."""
+    files = sorted(
+        p
+        for p in SHARED.rglob("*.json*")
+        if p.is_file() and p.stat().st_size < 3_000_000 and not p.name.endswith((".pkl", ".log"))
+    )
+    assert len(files) > 20
+    monkeypatch.setattr(S, "PIECE_BYTES", 4096)
+    with_shapes = 0
+    for p in files:
+        got = S.read(p)
+        assert got.equals(S._read_whole(p)), p
+        with_shapes += got.num_rows > 0
+    assert with_shapes >= 5
+
+
+def test_pieces_hold_a_bounded_part_of_the_text(tmp_path, monkeypatch):
+    """A trace of many events with shapes is decoded one piece at a time: no decode sees more than a
+    piece (and the event that crosses its end)."""
+    ev = [_op(i, [[i % 7 + 1, 3]], ["float"], [""]) for i in range(3000)]
+    p = _write(tmp_path, ev)
+    sizes: list[int] = []
+    real = S._DEC_FAST.decode
+
+    class Spy:
+        def decode(self, text):
+            sizes.append(len(text))
+            return real(text)
+
+    monkeypatch.setattr(S, "_DEC_FAST", Spy())
+    monkeypatch.setattr(S, "PIECE_BYTES", 20_000)
+    t = S.read(p)
+    assert t.column("external_id").to_pylist() == list(range(3000))
+    assert len(sizes) > 10 and max(sizes) < 20_000 + 1_000
+    assert p.stat().st_size > 10 * 20_000

@@ -104,3 +104,27 @@ def test_any_json_with_entries_is_not_a_flight_recorder_dump(tmp_path):
     )
     assert detect_format(tmp_path / "a.json") is None
     assert detect_format(tmp_path / "b.json") == FR_JSON
+
+
+def test_hung_steps_at_once_equal_the_per_step_medians():
+    """Each row's reference read off its rank's sorted durations with the row left out equals pandas'
+    median of the other steps, computed per step (even and odd counts, equal durations, ranks that miss
+    steps, a rank with one step: no reference)."""
+    import numpy as np
+
+    from tracelens.analyze.p2p_hang import _hung_steps_frame
+
+    rng = np.random.default_rng(2)
+    hung = 0
+    for _ in range(400):
+        steps = {(r, s): int(rng.choice([rng.integers(1, 20), rng.integers(50, 200)]))
+                 for r in range(int(rng.integers(1, 5))) for s in range(int(rng.integers(1, 8)))
+                 if rng.random() < 0.8}  # fmt: skip
+        if not steps:
+            continue
+        bd = _bd(steps)
+        for factor in (5.0, 2.0, 1.0):
+            got = hung_steps(bd, factor)
+            assert got == _hung_steps_frame(bd, factor)
+            hung += len(got)
+    assert hung > 50

@@ -66,8 +66,9 @@ class Columns:
         return arr
 
     def codes(self, col: str) -> tuple[list[str | None], np.ndarray]:
-        """(distinct values, int64 index of each row into them; null rows -> len(values)) of a dictionary
-        (or string) column, as `dict_lookup` decodes it."""
+        """(distinct values, integer index of each row into them (the dictionary's own int32 indices where
+        the column has no null); null rows -> len(values)) of a dictionary (or string) column, as
+        `dict_lookup` decodes it."""
         key = ("codes", col)
         got = self._cache.get(key)
         if got is None:
@@ -76,9 +77,12 @@ class Columns:
             if not pa.types.is_dictionary(arr.type):
                 arr = pc.dictionary_encode(arr)
             values = arr.dictionary.to_pylist()
-            ind = arr.indices.fill_null(len(values)) if arr.indices.null_count else arr.indices
-            idx = ind.to_numpy(zero_copy_only=False).astype(np.int64)
-            idx.flags.writeable = False
+            if arr.null_count == len(arr):  # (all null: one index repeated, no memory a row)
+                idx = _repeated(len(values), len(arr))
+            else:
+                ind = arr.indices.fill_null(len(values)) if arr.indices.null_count else arr.indices
+                idx = ind.to_numpy(zero_copy_only=False)  # (int32: the table's own indices, no copy)
+                idx.flags.writeable = False
             got = (values, idx)
             self._cache[key] = got
         return got  # type: ignore[return-value]
@@ -137,10 +141,21 @@ class Columns:
         got = self._cache.get(key)
         if got is None:
             c = self.events.column(col)
+            if fill is not None and c.null_count == 0:  # (nothing to fill: the same array for every fill)
+                got = self.int64(col)
+                self._cache[key] = got
+                return got
             if fill is not None and c.null_count == len(c) and pa.types.is_integer(c.type):  # (all null)
-                return self._put(key, np.full(len(c), fill, dtype=np.int64))
+                got = _repeated(fill, len(c))
+                self._cache[key] = got
+                return got
             if fill is not None and c.null_count:
                 c = c.fill_null(fill)
+            if c.null_count == 0 and len(c) and pa.types.is_integer(c.type):
+                lo_hi = pc.min_max(c)
+                if lo_hi["min"] == lo_hi["max"]:  # (one value, as a rank's table's rank: no memory a row)
+                    got = self._cache[key] = _repeated(int(lo_hi["min"].as_py()), len(c))
+                    return got
             # (an int64 column without nulls is the table's own buffer, read-only as every cached array)
             got = self._put(key, c.to_numpy(zero_copy_only=False).astype(np.int64, copy=False))
         return got  # type: ignore[return-value]
@@ -153,7 +168,8 @@ class Columns:
             c = self.events.column(col)
             nulls = c.null_count
             if nulls == 0 or nulls == len(c):  # (no bitmap to read: all valid, or all null)
-                got = self._put(key, np.full(len(c), nulls == 0, dtype=bool))
+                got = _repeated(nulls == 0, len(c))
+                self._cache[key] = got
             else:
                 got = self._put(key, c.is_valid().to_numpy(zero_copy_only=False))
         return got  # type: ignore[return-value]
@@ -169,8 +185,19 @@ class Columns:
         """ts_ns + dur_ns (null duration: 0; a negative duration is kept)."""
         got = self._cache.get("end_signed")
         if got is None:
-            got = self._put("end_signed", self.int64("ts_ns") + self.int64("dur_ns", 0))
+            dur = self.int64("dur_ns", 0)
+            if dur.size == 0 or dur.min() >= 0:  # (no negative duration: `end` itself)
+                got = self._cache["end_signed"] = self.end()
+            else:
+                got = self._put("end_signed", self.int64("ts_ns") + dur)
         return got  # type: ignore[return-value]
+
+
+def _repeated(value: int | bool, n: int) -> np.ndarray:
+    """A read-only array of n copies of `value` (int64, or bool for a bool) that takes no memory per row (a
+    broadcast view): an all-null or all-valid column's answer."""
+    dtype = np.bool_ if isinstance(value, (bool, np.bool_)) else np.int64
+    return np.broadcast_to(np.array(value, dtype=dtype), (n,))
 
 
 _SHARED: ContextVar[Columns | None] = ContextVar("tracelens_shared_columns", default=None)

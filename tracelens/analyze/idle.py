@@ -21,7 +21,7 @@ See docs/summary.md.
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -51,6 +51,10 @@ DEVICE_KINDS = ("kernel", "gpu_memcpy", "gpu_memset")
 RUNTIME_KINDS = ("cuda_runtime", "cuda_driver", "hip_runtime", "runtime")
 
 
+#: Most distinct op names for which tied sums are ordered as pandas' sort orders them (numpy's quicksort
+#: on the window's sums over every name: O(names) a window with a tie). A rank with more names (a trace
+#: naming every op differently) orders ties by name, so that its cost stays O(ops) whatever the step count.
+DENSE_TIES_MAX = 1 << 16
 #: Top CPU ops of a gap cause: name -> ns, in the order `idle_breakdown` ranks them.
 OPS_MAP = pa.map_(pa.string(), pa.int64())
 #: `idle_breakdown`'s table in Arrow (the per-rank stage file; `idle_frame` gives the DataFrame back).
@@ -108,7 +112,8 @@ def _desc(values: np.ndarray) -> np.ndarray:
 class _ByName:
     """Sums of per-row values grouped by the rows' names, top `top` names by sum (ties as pandas orders
     them), positive sums only: `pd.Series(v, index=names).groupby(level=0).sum().sort_values(ascending=False)
-    .head(top)` with its zero sums dropped, without building a Series per call."""
+    .head(top)` with its zero sums dropped, without building a Series per call. Rows without a name are in
+    no group (pandas' group-by drops a null key)."""
 
     def __init__(self, name_of: np.ndarray, canon: np.ndarray, idx: np.ndarray) -> None:
         """The rows' names are `name_of[idx]`; `canon`: per slot of `name_of`, the first slot of equal value.
@@ -116,24 +121,63 @@ class _ByName:
         Grouped on the integer codes, the groups ordered by name as `np.unique` of the names orders them."""
         code, inv = np.unique(canon[idx], return_inverse=True)
         names = name_of[code]
-        self.pandas = any(n is None for n in names)  # null names: pandas' dropna rules, done by pandas
-        if self.pandas:
-            self.names = name_of[idx]
-            return
-        by_name = sorted(range(names.size), key=names.__getitem__)  # (distinct strings: no ties)
-        place = np.empty(names.size, np.int64)
-        place[by_name] = np.arange(names.size)
+        named = np.array([n is not None for n in names], bool)
+        by_name = sorted(np.flatnonzero(named).tolist(), key=names.__getitem__)  # (distinct: no ties)
+        place = np.full(names.size, -1, np.int64)
+        place[by_name] = np.arange(len(by_name))
         self.keys = names[by_name]
+        #: each row's group (-1: a row without a name)
         self.inv = place[inv.reshape(-1)]
 
     def top(self, values: np.ndarray, top: int) -> dict[str, int]:
-        if self.pandas:
-            s = pd.Series(values, index=self.names).groupby(level=0).sum().sort_values(ascending=False)
-            return {str(k): int(v) for k, v in s.head(top).items() if v > 0}
+        """The top groups of one set of per-row values."""
         sums = np.zeros(self.keys.size, np.int64)
-        np.add.at(sums, self.inv, values)
+        ok = self.inv >= 0
+        np.add.at(sums, self.inv[ok], values[ok])
+        return self._top_of(sums, top)
+
+    def _top_of(self, sums: np.ndarray, top: int) -> dict[str, int]:
         first = _desc(sums)[:top]
         return {str(self.keys[i]): int(sums[i]) for i in first if sums[i] > 0}
+
+    def top_per_window(
+        self, window: np.ndarray, row: np.ndarray, values: np.ndarray, n: int, top: int
+    ) -> list[dict[str, int]]:
+        """`top` of each of `n` windows at once, from sparse (window, row, value) triples (a window's
+        missing rows count 0): what `top` gives for each window's dense values, in O(triples) instead of
+        O(windows x rows). A window whose top groups tie in sum is ordered by `top` itself (the tie order is
+        numpy's quicksort's on the dense sums; beyond DENSE_TIES_MAX groups, by name)."""
+        out: list[dict[str, int]] = [{} for _ in range(n)]
+        grp = self.inv[row]
+        keep = (grp >= 0) & (values > 0)
+        if not keep.any():
+            return out
+        w, g, v = window[keep], grp[keep], values[keep]
+        k = self.keys.size
+        key = w.astype(np.int64) * np.int64(k) + g
+        order = np.argsort(key, kind="stable")
+        key, v = key[order], v[order]
+        first = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
+        sums = np.add.reduceat(v, first)
+        ukey = key[first]
+        uw, ug = ukey // k, ukey % k
+        # per window: its groups by sum, largest first (groups ascending among ties, then checked below)
+        o = np.lexsort((ug, -sums, uw))
+        uw, ug, sums = uw[o], ug[o], sums[o]
+        starts = np.flatnonzero(np.r_[True, uw[1:] != uw[:-1]])
+        ends = np.r_[starts[1:], uw.size]
+        sums_l, ug_l, keys = sums.tolist(), ug.tolist(), self.keys
+        dense_ties = k <= DENSE_TIES_MAX
+        for a, b in zip(starts.tolist(), ends.tolist()):
+            m = min(top, b - a)
+            # ties among the chosen groups or at the cut: the dense sums decide the order as `top` does
+            if dense_ties and any(sums_l[i] == sums_l[i + 1] for i in range(a, min(a + m, b - 1))):
+                dense = np.zeros(k, np.int64)
+                dense[ug[a:b]] = sums[a:b]
+                out[int(uw[a])] = self._top_of(dense, top)
+            else:
+                out[int(uw[a])] = {str(keys[ug_l[i]]): int(sums_l[i]) for i in range(a, a + m)}
+        return out
 
 
 def idle_breakdown(events: pa.Table, breakdown: pa.Table, top: int = 3) -> pd.DataFrame:
@@ -167,6 +211,62 @@ def idle_breakdown_table(events: pa.Table, breakdown: pa.Table, top: int = 3) ->
     return pa.table(out, schema=IDLE)
 
 
+def _sum_by(group: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
+    """int64 sums of `values` per group 0..n-1 (exact: no float weights)."""
+    out = np.zeros(n, np.int64)
+    if group.size:
+        np.add.at(out, group, values.astype(np.int64, copy=False))
+    return out
+
+
+def _pieces(sa: np.ndarray, ea: np.ndarray, b: iv.Intervals) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(which interval of a, start, end) of every overlap of a's intervals (any order, each non-empty)
+    with the canonical set b: `iv.intersect` of each interval of a on its own, all at once."""
+    sb, eb = b
+    if sa.size == 0 or sb.size == 0:
+        z = np.zeros(0, np.int64)
+        return z, z, z
+    lo = np.searchsorted(eb, sa, side="right")  # the first interval of b ending after a's start
+    hi = np.searchsorted(sb, ea, side="left")  # past the last one of b starting before a's end
+    count = np.maximum(hi - lo, 0)
+    ia = np.repeat(np.arange(sa.size), count)
+    ib = np.arange(ia.size) - (np.cumsum(count) - count)[ia] + lo[ia]
+    return ia, np.maximum(sa[ia], sb[ib]).astype(np.int64), np.minimum(ea[ia], eb[ib]).astype(np.int64)
+
+
+def _overlaps(
+    pieces: iv.Intervals, lo: np.ndarray, hi: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(piece, query, positive overlap) of every piece of a sorted disjoint set overlapping each query
+    interval [lo, hi): `iv.measure_in_windows(pieces, lo, hi)` split by piece, zeros left out."""
+    ps, pe = pieces
+    ip = np.zeros(0, np.int64)
+    if ps.size == 0 or lo.size == 0:
+        return ip, ip, ip
+    first = np.searchsorted(pe, lo, side="right")  # the first piece ending after the query's start
+    last = np.searchsorted(ps, hi, side="left")  # past the last piece starting before its end
+    count = np.maximum(last - first, 0)
+    q = np.repeat(np.arange(lo.size), count)
+    ip = np.arange(q.size) - (np.cumsum(count) - count)[q] + first[q]
+    ov = np.minimum(pe[ip], hi[q]) - np.maximum(ps[ip], lo[q])
+    keep = ov > 0
+    return ip[keep], q[keep], ov[keep]
+
+
+def _disjoint_batches(lo: np.ndarray, hi: np.ndarray) -> list[np.ndarray]:
+    """The windows (positions into lo / hi) in batches of pairwise disjoint windows, each sorted by start:
+    one batch for a rank's step windows (disjoint by construction), more only for overlapping ones."""
+    todo = np.argsort(lo, kind="stable")
+    out = []
+    while todo.size:
+        h = hi[todo]
+        reach = np.maximum.accumulate(np.r_[np.iinfo(np.int64).min, np.maximum(h[:-1], lo[todo][:-1])])
+        free = lo[todo] >= reach  # starts after every window before it (in start order) has ended
+        out.append(todo[free])
+        todo = todo[~free]
+    return out
+
+
 def _idle_rows(events: pa.Table, breakdown: pa.Table, top: int) -> list[tuple[Any, ...]] | None:
     """The rows of `idle_breakdown` (None: no GPU rows in the breakdown)."""
     path = breakdown.column("path").to_numpy(zero_copy_only=False)
@@ -176,8 +276,8 @@ def _idle_rows(events: pa.Table, breakdown: pa.Table, top: int) -> list[tuple[An
     bd_rank = breakdown.column("rank").to_numpy(zero_copy_only=False)[is_gpu]
     # as pandas holds the column (float64 with NaN when any step is null), then as Python scalars
     bd_step = breakdown.column("step").to_numpy(zero_copy_only=False)[is_gpu].tolist()
-    bd_lo = breakdown.column("window_start_ns").to_numpy(zero_copy_only=False)[is_gpu]
-    bd_hi = breakdown.column("window_end_ns").to_numpy(zero_copy_only=False)[is_gpu]
+    bd_lo = breakdown.column("window_start_ns").to_numpy(zero_copy_only=False)[is_gpu].astype(np.int64)
+    bd_hi = breakdown.column("window_end_ns").to_numpy(zero_copy_only=False)[is_gpu].astype(np.int64)
     bd_len = breakdown.column("step_time_ns").to_numpy(zero_copy_only=False)[is_gpu]
     ec = columns(events)
     is_dev = ec.kinds(*DEVICE_KINDS)
@@ -229,66 +329,141 @@ def _idle_rows(events: pa.Table, breakdown: pa.Table, top: int) -> list[tuple[An
             prev_max = np.maximum.accumulate(np.concatenate([[np.iinfo(np.int64).min], end[ops][:-1]]))
             ops = ops[ts[ops] >= prev_max]
         op_names = _ByName(name_of, canon, name_idx[ops]) if ops.size else None
+        rk = _RankTimeline(busy, n_streams, dorder, dstart, rt_sorted, rt_corr, sync, sync_set, ops, op_names)
+        found: dict[int, tuple[Any, ...]] = {}
+        for batch in _disjoint_batches(bd_lo[w], bd_hi[w]):
+            wb = w[batch]  # breakdown rows of this batch, by window start
+            rows_of = _window_rows(rk, bd_lo[wb], bd_hi[wb], ts, end, corr, name_of, canon, name_idx, top)
+            found.update(zip(wb.tolist(), rows_of))
         for b in w:
-            lo, hi = int(bd_lo[b]), int(bd_hi[b])
-            gaps = _gaps(busy, lo, hi)
-            g0, g1 = gaps
-            parts = dict.fromkeys(CAUSES, 0)
-            host_iv = iv.empty()
-            if g0.size:
-                k = np.searchsorted(dstart, g1, side="left")
-                nxt = dorder[np.minimum(k, dorder.size - 1)]
-                has_next = (k < dorder.size) & (dstart[np.minimum(k, dorder.size - 1)] == g1)
-                c = corr[nxt]
-                j = np.searchsorted(rt_corr, c)
-                ok = has_next & (c >= 0) & (j < rt_corr.size)
-                ok &= rt_corr[np.minimum(j, max(rt_corr.size - 1, 0))] == c if rt_corr.size else False
-                launch = np.where(
-                    ok, ts[rt_sorted[np.minimum(j, max(rt_corr.size - 1, 0))]] if rt_corr.size else 0, -1
-                )
-                queued = ok & (launch < g0)
-                not_q = ok & ~queued
-                length = g1 - g0
-                parts["other"] = int(length[~ok].sum())
-                if n_streams > 1:
-                    parts["other_stream"] = int(length[queued].sum())
-                else:
-                    parts["launch_overhead"] += int(length[queued].sum())
-                hs, he = g0[not_q], np.minimum(launch[not_q], g1[not_q])
-                parts["launch_overhead"] += int((g1[not_q] - np.maximum(launch[not_q], g0[not_q])).sum())
-                cpu_part = iv.union(hs, he)
-                sync_part = iv.intersect(cpu_part, sync_set)
-                host_part = iv.subtract(cpu_part, sync_set)
-                parts["synchronization"] = iv.total(sync_part)
-                parts["host_bound"] = iv.total(host_part)
-                host_iv = host_part
-                sync_iv = sync_part
-            host_ops: dict[str, int] = {}
-            sync_ops: dict[str, int] = {}
-            if op_names is not None and parts["host_bound"]:
-                host_ops = op_names.top(iv.measure_in_windows(host_iv, ts[ops], end[ops]), top)
-            if op_names is not None and parts["synchronization"]:
-                sync_ops = op_names.top(iv.measure_in_windows(sync_iv, ts[ops], end[ops]), top)
-                if not sync_ops and sync.size:
-                    ov = iv.measure_in_windows(sync_iv, ts[sync], end[sync])
-                    sync_ops = _ByName(name_of, canon, name_idx[sync]).top(ov, top)
-            idle = int((g1 - g0).sum()) if g0.size else 0
-            rows.append(
-                (r, bd_step[b], int(bd_len[b]), idle, *(parts[c] for c in CAUSES), host_ops, sync_ops)
-            )
+            idle, parts, host_ops, sync_ops = found[int(b)]
+            rows.append((r, bd_step[b], int(bd_len[b]), idle, *parts, host_ops, sync_ops))
     return rows
+
+
+class _RankTimeline(NamedTuple):
+    """One rank's device busy set, its device work by start, launches by correlation, sync calls and
+    top-level ops (rows of the events), as `_idle_rows` prepares them once for all its windows."""
+
+    busy: iv.Intervals
+    n_streams: int
+    dorder: np.ndarray  # device rows by start
+    dstart: np.ndarray  # their starts
+    rt_sorted: np.ndarray  # runtime rows with a correlation, by correlation
+    rt_corr: np.ndarray  # their correlations
+    sync: np.ndarray  # sync call rows
+    sync_set: iv.Intervals
+    ops: np.ndarray  # top-level cpu op rows of the launching threads
+    op_names: _ByName | None
+
+
+def _window_rows(
+    rk: _RankTimeline,
+    lo: np.ndarray,
+    hi: np.ndarray,
+    ts: np.ndarray,
+    end: np.ndarray,
+    corr: np.ndarray,
+    name_of: np.ndarray,
+    canon: np.ndarray,
+    name_idx: np.ndarray,
+    top: int,
+) -> list[tuple[int, list[int], dict[str, int], dict[str, int]]]:
+    """(idle ns, ns per cause, host ops, sync ops) of each of a rank's pairwise disjoint windows [lo, hi)
+    (sorted by start), all windows in one pass over the rank's gaps: sorted sweeps and searches, never a
+    scan of the rank's events per window."""
+    busy, dorder, dstart, rt_sorted, rt_corr = rk.busy, rk.dorder, rk.dstart, rk.rt_sorted, rk.rt_corr
+    sync, sync_set, ops, op_names = rk.sync, rk.sync_set, rk.ops, rk.op_names
+    n = lo.size
+    g0, g1, gw = _window_gaps(busy, lo, hi)
+    parts = {c: np.zeros(n, np.int64) for c in CAUSES}
+    sync_w = host_w = np.zeros(0, np.int64)
+    sync_iv = host_iv = iv.empty()
+    if g0.size:
+        k = np.searchsorted(dstart, g1, side="left")
+        nxt = dorder[np.minimum(k, dorder.size - 1)]
+        has_next = (k < dorder.size) & (dstart[np.minimum(k, dorder.size - 1)] == g1)
+        c = corr[nxt]
+        j = np.searchsorted(rt_corr, c)
+        ok = has_next & (c >= 0) & (j < rt_corr.size)
+        last = max(rt_corr.size - 1, 0)
+        ok &= rt_corr[np.minimum(j, last)] == c if rt_corr.size else False
+        launch = np.where(ok, ts[rt_sorted[np.minimum(j, last)]] if rt_corr.size else 0, -1)
+        queued = ok & (launch < g0)
+        not_q = ok & ~queued
+        length = g1 - g0
+        parts["other"] = _sum_by(gw[~ok], length[~ok], n)
+        parts["other_stream" if rk.n_streams > 1 else "launch_overhead"] = _sum_by(
+            gw[queued], length[queued], n
+        )
+        parts["launch_overhead"] += _sum_by(gw[not_q], g1[not_q] - np.maximum(launch[not_q], g0[not_q]), n)
+        # the host's part of each gap not queued: [g0, launch), sorted and disjoint as the gaps are
+        hs, he, hw = g0[not_q], np.minimum(launch[not_q], g1[not_q]), gw[not_q]
+        keep = he > hs
+        hs, he, hw = hs[keep], he[keep], hw[keep]
+        ia, s_s, s_e = _pieces(hs, he, sync_set)
+        sync_iv, sync_w = (s_s, s_e), hw[ia]
+        if sync_set[0].size and hs.size:
+            span_lo = int(min(hs.min(), sync_set[0][0]))
+            span_hi = int(max(he.max(), sync_set[1][-1]))
+            ia, h_s, h_e = _pieces(hs, he, iv.complement(sync_set, span_lo, span_hi))
+            host_iv, host_w = (h_s, h_e), hw[ia]
+        else:
+            host_iv, host_w = (hs, he), hw
+        parts["synchronization"] = _sum_by(sync_w, sync_iv[1] - sync_iv[0], n)
+        parts["host_bound"] = _sum_by(host_w, host_iv[1] - host_iv[0], n)
+    host_ops: list[dict[str, int]] = [{} for _ in range(n)]
+    sync_ops: list[dict[str, int]] = [{} for _ in range(n)]
+    if op_names is not None:
+        o_lo, o_hi = ts[ops], end[ops]
+        ip, q, ov = _overlaps(host_iv, o_lo, o_hi)
+        host_ops = op_names.top_per_window(host_w[ip], q, ov, n, top)
+        ip, q, ov = _overlaps(sync_iv, o_lo, o_hi)
+        sync_ops = op_names.top_per_window(sync_w[ip], q, ov, n, top)
+        # windows with synchronization time but no top-level op around it: the sync calls' own names
+        bare = np.flatnonzero((parts["synchronization"] > 0) & np.array([not d for d in sync_ops], bool))
+        if sync.size and bare.size:
+            ip, q, ov = _overlaps(sync_iv, ts[sync], end[sync])
+            on = member(sync_w[ip], bare)
+            by_call = _ByName(name_of, canon, name_idx[sync]).top_per_window(
+                sync_w[ip][on], q[on], ov[on], n, top
+            )
+            for i in bare.tolist():
+                sync_ops[i] = by_call[i]
+    idle = _sum_by(gw, g1 - g0, n) if g0.size else np.zeros(n, np.int64)
+    cols = [parts[c].tolist() for c in CAUSES]
+    return [
+        (idle_i, [col[i] for col in cols], host_ops[i], sync_ops[i]) for i, idle_i in enumerate(idle.tolist())
+    ]
+
+
+def _window_gaps(
+    busy: iv.Intervals, lo: np.ndarray, hi: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`_gaps(busy, lo[i], hi[i])` of every window i at once, concatenated in window order: (g0, g1, window).
+
+    A window's clipped busy intervals are a slice of the canonical set found by two binary searches; its
+    gaps are the stretches between them, so the work is O(windows + busy intervals inside them)."""
+    bs, be = busy
+    first = np.searchsorted(be, lo, side="right")  # the first busy interval ending after the window's start
+    last = np.searchsorted(bs, hi, side="left")  # past the last one starting before its end
+    count = np.where(hi > lo, np.maximum(last - first, 0), 0)
+    # a window with c clipped intervals has c + 1 candidate gaps: [lo, e0), [s1, e1) ... [s_c-1, hi)
+    w = np.repeat(np.arange(lo.size), count + 1)
+    j = np.arange(w.size) - (np.cumsum(count + 1) - (count + 1))[w]  # position within the window
+    c = count[w]
+    i = first[w] + j  # the busy interval after candidate gap j
+    g0 = np.where(j == 0, lo[w], np.minimum(be[np.minimum(i - 1, be.size - 1)] if be.size else 0, hi[w]))
+    g1 = np.where(j == c, hi[w], np.maximum(bs[np.minimum(i, bs.size - 1)] if bs.size else 0, lo[w]))
+    keep = (g1 > g0) | (c == 0)  # (a window with nothing busy in it is its own gap, even an empty one)
+    return g0[keep].astype(np.int64), g1[keep].astype(np.int64), w[keep]
 
 
 def _gaps(busy: iv.Intervals, lo: int, hi: int) -> iv.Intervals:
     """`iv.subtract(([lo], [hi]), iv.clip(busy, lo, hi))` of a canonical set: the non-empty stretches of
     [lo, hi) between its clipped intervals (sorted, disjoint, non-touching), read off their bounds."""
-    bs, be = iv.clip(busy, lo, hi)
-    if bs.size == 0:  # (subtract returns the window itself, even an empty one)
-        return np.array([lo]), np.array([hi])
-    g0 = np.concatenate([[lo], be]).astype(np.int64)
-    g1 = np.concatenate([bs, [hi]]).astype(np.int64)
-    keep = g1 > g0
-    return g0[keep], g1[keep]
+    g0, g1, _ = _window_gaps(busy, np.array([lo], np.int64), np.array([hi], np.int64))
+    return g0, g1
 
 
 def idle_findings(table: pd.DataFrame, threshold: float = IDLE_THRESHOLD) -> list[dict[str, Any]]:

@@ -18,7 +18,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from tracelens.models.hardware import hbm_bandwidth, roofline_peak_flops
 from tracelens.models.op_flops import OpContext, OpCost, op_cost, op_family
@@ -133,6 +132,10 @@ def short_kernel_name(name: str | None) -> str | None:
     return f"{base}[{functor}]" if functor else base
 
 
+#: The events columns `op_instances` and `launch_stats` read (the per-op view reads only these).
+EVENT_COLUMNS = ["rank", "kind", "name", "tid", "ts_ns", "dur_ns", "correlation", "external_id", "step"]
+
+
 # ------------------------------------------------------------------------------------------- helpers
 def _col(t: pa.Table, name: str, fill: object = None) -> np.ndarray:
     c = t.column(name)
@@ -143,21 +146,36 @@ def _col(t: pa.Table, name: str, fill: object = None) -> np.ndarray:
 
 
 def _kind_mask(events: pa.Table, kinds: tuple[str, ...]) -> np.ndarray:
-    out: np.ndarray = pc.is_in(events.column("kind").cast(pa.string()), value_set=pa.array(kinds)).to_numpy(
-        zero_copy_only=False
-    )
+    """bool per row: its kind is one of `kinds` (one test per distinct kind, not a string a row)."""
+    from tracelens.analyze.dictcol import dict_lookup
+
+    wanted = frozenset(kinds)
+    out: np.ndarray = dict_lookup(events.column("kind"), lambda v: int(v in wanted)).astype(bool)
     return out
 
 
 def _frame(events: pa.Table, mask: np.ndarray, cols: list[str]) -> pd.DataFrame:
-    sub = events.filter(pa.array(mask))
+    """The rows of `mask`, `cols` only. String (dictionary) columns become object columns of the
+    dictionary's own str objects (one per distinct value, None for null): 8 bytes a row, and merges, sorts
+    and group-bys move pointers, where a copy of every row's text would cost its length a row."""
+    sub = events.select(cols).filter(pa.array(mask))
     data = {}
     for c in cols:
         col = sub.column(c)
-        if pa.types.is_dictionary(col.type):
-            col = col.cast(pa.string())
-        data[c] = col.to_pandas()
+        data[c] = (
+            pd.Series(_objects(col), dtype=object) if pa.types.is_dictionary(col.type) else col.to_pandas()
+        )
     return pd.DataFrame(data)
+
+
+def _objects(col: pa.ChunkedArray) -> np.ndarray:
+    """A dictionary column as an object array of its dictionaries' str objects (None for null)."""
+    parts = []
+    for ch in col.chunks:
+        values = np.empty(len(ch.dictionary) + 1, dtype=object)
+        values[:-1] = ch.dictionary.to_pylist()
+        parts.append(values[ch.indices.fill_null(len(ch.dictionary)).to_numpy(zero_copy_only=False)])
+    return np.concatenate(parts) if parts else np.empty(0, dtype=object)
 
 
 def _in_steps(step: pd.Series, steps: list[int] | None) -> pd.Series:
@@ -322,10 +340,12 @@ def op_instances(
         rt = rt.dropna(subset=["correlation"]).drop_duplicates(["rank", "correlation"])
         rt = rt.rename(columns={"external_id": "rt_ext", "ts_ns": "rt_ts", "tid": "rt_tid"})
         k = k.merge(rt, on=["rank", "correlation"], how="left")
+        del rt
         k["ext"] = k["external_id"].fillna(k["rt_ext"])
         names = cpu.dropna(subset=["external_id"]).drop_duplicates(["rank", "external_id"])
         names = names[["rank", "external_id", "name"]].rename(columns={"external_id": "ext", "name": "op"})
         k = k.merge(names, on=["rank", "ext"], how="left")
+        del names
         miss = k["op"].isna() & k["rt_ts"].notna() & k["rt_tid"].notna()
         if miss.any():  # older traces: ids are per launch; the op is the innermost one around the launch
             ops_only = cpu[~cpu["name"].fillna("").str.startswith("ProfilerStep")]  # (a step is no op)
@@ -336,7 +356,11 @@ def op_instances(
             ]  # (kernels still unlinked keep their id: it groups one launch's kernels)
             k.loc[rows, "ext"] = ext[found]
             k.loc[rows, "op"] = op[found]
-        k["kernel"] = _map_distinct(k["name"], short_kernel_name)
+        cpu = cpu[~cpu["rank"].isin(gpu_ranks)]  # (what is read of the CPU ops below: let the rest go)
+        # (only what the instances are made of, before the sort copies the frame)
+        k = k[["rank", "name", "ts_ns", "dur_ns", "step", "ext", "op"]]
+        k["kernel"] = pd.Series(_map_distinct(k["name"], short_kernel_name), index=k.index, dtype=object)
+        k = k.drop(columns=["name"])
         k = k.sort_values("dur_ns", ascending=False)
         # kernels not linked to a CPU op stay one instance each (an id no CPU op carries may be an
         # annotation's, which spans a whole layer: it does not make its kernels one op)
@@ -566,7 +590,7 @@ def op_table(
     say them."""
     if instances.empty:
         return pd.DataFrame(columns=OP_COLUMNS)
-    inst = instances.copy()
+    inst = instances.copy(deep=False)  # (columns are replaced or added, never written into)
     for c in ("input_dims", "input_types", "concrete_inputs"):
         if c not in inst:
             inst[c] = None

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from tracelens.analyze.classify import _dict_lookup, main_threads
 from tracelens.findings import finding
@@ -59,14 +60,51 @@ def _short(name: str) -> str | None:
 
 
 def hung_steps(breakdown: pa.Table, factor: float = HUNG_FACTOR) -> list[int]:
-    """Steps whose duration is >= factor x the median of the other steps on every rank that has them."""
-    b = breakdown.select(["rank", "step", "step_time_ns"]).to_pandas().dropna(subset=["step"])
-    if b["step"].nunique() < 2:
+    """Steps whose duration is >= factor x the median of the other steps on every rank that has them.
+
+    Each row's reference (the median of its rank's other steps) is read off the rank's sorted durations
+    with the row left out, for all rows at once: O(rows log rows), whatever the number of steps."""
+    b = breakdown.select(["rank", "step", "step_time_ns"]).filter(pc.is_valid(breakdown.column("step")))
+    step = b.column("step").to_numpy(zero_copy_only=False).astype(np.int64)
+    if np.unique(step).size < 2:
         return []
+    rank = b.column("rank").to_numpy(zero_copy_only=False).astype(np.int64)
+    dur_col = b.column("step_time_ns")
+    key = np.unique(np.stack([rank, step]), axis=1)
+    if dur_col.null_count or key.shape[1] != step.size:  # (a null or a repeated (rank, step): pandas' rules)
+        return _hung_steps_frame(b, factor)
+    dur = dur_col.to_numpy(zero_copy_only=False).astype(np.int64)
+    order = np.lexsort((dur, rank))
+    r, v = rank[order], dur[order]
+    first = np.flatnonzero(np.r_[True, r[1:] != r[:-1]])
+    size = np.diff(np.r_[first, r.size])
+    start = np.repeat(first, size)  # each sorted row's rank's first position
+    n = np.repeat(size, size)
+    p = np.arange(r.size) - start  # the row's position among its rank's sorted durations
+    m = n - 1  # the other steps of the row's rank
+
+    def others(k: np.ndarray) -> np.ndarray:
+        """The k-th smallest of the rank's other durations (the row itself left out)."""
+        out: np.ndarray = v[np.minimum(start + k + (k >= p), r.size - 1)].astype(np.float64)
+        return out
+
+    lo_k = np.maximum((m - 1) // 2, 0)
+    ref = np.where(m % 2 == 1, others(lo_k), (others(np.maximum(m // 2 - 1, 0)) + others(m // 2)) / 2)
+    has_ref = m > 0
+    hung = v.astype(np.float64) >= factor * ref
+    s = step[order][has_ref]
+    seen = np.unique(s)
+    bad = np.unique(s[~hung[has_ref]])
+    return [int(x) for x in seen[~np.isin(seen, bad)]]
+
+
+def _hung_steps_frame(b: pa.Table, factor: float) -> list[int]:
+    """`hung_steps` as pandas computes it, for a breakdown with a null duration or a repeated (rank, step)."""
+    f = b.to_pandas()
     out = []
-    for s in sorted(b["step"].unique()):
-        cur = b[b["step"] == s].set_index("rank")["step_time_ns"]
-        ref = b[b["step"] != s].groupby("rank")["step_time_ns"].median()
+    for s in sorted(f["step"].unique()):
+        cur = f[f["step"] == s].set_index("rank")["step_time_ns"]
+        ref = f[f["step"] != s].groupby("rank")["step_time_ns"].median()
         common = cur.index.intersection(ref.index)
         if len(common) and bool((cur[common] >= factor * ref[common]).all()):
             out.append(int(s))

@@ -150,7 +150,8 @@ def _rank_windows(
     others = ~is_step
     if not others.any():
         return None
-    lo_ext, hi_ext = int(ts[others].min()), int(end[others].max())
+    lo_ext = int(np.min(ts, where=others, initial=np.iinfo(np.int64).max))  # (no copy of the rows)
+    hi_ext = int(np.max(end, where=others, initial=np.iinfo(np.int64).min))
     s_num = nums[src]
     uniq, inv = np.unique(s_num, return_inverse=True)
     c_start = np.full(uniq.size, np.iinfo(np.int64).max)
@@ -162,16 +163,24 @@ def _rank_windows(
     gone = member(uniq, nums[left_out])  # left-out steps: neighbours only
     # the step of each event: the step column (CPU events by their enclosing window, device events by
     # their launch), else (tables built without it) the CPU window holding the event's start
-    o_rows = np.flatnonzero(others)
-    o_step = ev_step[o_rows].copy()
-    j = np.clip(np.searchsorted(c_start, ts[o_rows], side="right") - 1, 0, None)
-    by_time = np.where((ts[o_rows] >= c_start[j]) & (ts[o_rows] < c_end[j]), uniq[j], -1)
-    o_step = np.where(o_step >= 0, o_step, by_time)
     if gone.any():
+        o_rows = np.flatnonzero(others)
+        o_step = ev_step[o_rows].copy()
+        j = np.clip(np.searchsorted(c_start, ts[o_rows], side="right") - 1, 0, None)
+        by_time = np.where((ts[o_rows] >= c_start[j]) & (ts[o_rows] < c_end[j]), uniq[j], -1)
+        o_step = np.where(o_step >= 0, o_step, by_time)
         _give_back_device_work(o_rows, o_step, ev_step, device | gpu_ann, launch, corr, uniq[gone])
-    ev_step = ev_step.copy()
-    ev_step[o_rows] = o_step
-    members = member(uniq, o_step[o_step >= 0])
+        ev_step = ev_step.copy()
+        ev_step[o_rows] = o_step
+        members = member(uniq, o_step[o_step >= 0])
+    else:  # the same, with the by-time lookup for the rows without a step only (few): no row-sized gathers
+        need = np.flatnonzero(others & (ev_step < 0))
+        ev_step = ev_step.copy()
+        if need.size:
+            t = ts[need]
+            j = np.clip(np.searchsorted(c_start, t, side="right") - 1, 0, None)
+            ev_step[need] = np.where((t >= c_start[j]) & (t < c_end[j]), uniq[j], -1)
+        members = member(uniq, ev_step[others & (ev_step >= 0)])
     keep = np.ones(uniq.size, dtype=bool)
     for i, n in enumerate(uniq):
         outside = c_start[i] >= hi_ext or c_end[i] <= lo_ext

@@ -32,8 +32,12 @@ from tracelens.analyze.critical_nodes import rank_nodes, sync_calls
 from tracelens.analyze.dictcol import columns, sharing
 from tracelens.analyze.intset import member
 from tracelens.store.cache import read_small
+from tracelens.store.pages import trim_heap
 from tracelens.store.stages import OPS, RankStage, stored_nodes, write_stage
 
+#: Events from which the stage hands freed memory back between its analyzers (`_rank_stage`): one large
+#: trace (a rank of a 1,024-rank run has ~20,000 events and keeps it for its next rank).
+TRIM_ROWS = 1_000_000
 _ANNOTATION_KINDS = ("user_annotation", "gpu_user_annotation")
 # Names the cross-rank analyses look for beyond collectives (pipeline: SendRecv kernels / c10d send-recv).
 _CROSS_NAMES = re.compile(r"^record_param_comms$|send|recv|SendRecv", re.IGNORECASE)
@@ -185,21 +189,32 @@ def rank_stage(events: pa.Table, rank: int) -> RankStage:
 def _rank_stage(events: pa.Table, rank: int) -> RankStage:
     from tracelens.analyze.composition import module_spans
 
+    # one large trace: the memory each analyzer freed is handed back before the next one allocates its own
+    # (its arrays are tens of MB; a rank of a large run is far below this and keeps it for the next rank)
+    settle = trim_heap if events.num_rows >= TRIM_ROWS else (lambda: None)
+    totals = op_totals(events)  # (first: its sort's temporaries come before the other analyzers' arrays)
+    time_range = _time_range(events)
     classes = classify(events)
+    settle()
     sets = class_sets(events, classes)
     rs = sets.get(rank)
     windows = step_windows(events)
     has_steps = windows.num_rows > 0
     bd = breakdown(events, sets=sets, windows=windows if has_steps else None)
+    settle()
     spans, err = None, None
     try:
         spans = module_spans(events, None, sets=sets)
     except Exception as e:  # noqa: BLE001 (the analysis turns it into a warning, as for one table)
         err = f"{type(e).__name__}: {e}"
     idle, idle_err = _idle(events, bd, rs)
+    settle()
     mask = cross_rank_mask(events, classes, rs.path if rs is not None else None)
     xev = events.filter(pa.array(mask))
+    del mask
+    settle()
     nodes, stepped = rank_nodes(events, spans)
+    settle()
     return RankStage(
         rank,
         bd,
@@ -208,8 +223,8 @@ def _rank_stage(events: pa.Table, rank: int) -> RankStage:
         xev,
         has_steps,
         err,
-        _time_range(events),
-        op_totals(events),
+        time_range,
+        totals,
         idle,
         idle_err,
         stored_nodes(nodes),

@@ -14,7 +14,6 @@ from pathlib import Path
 import pyarrow as pa
 
 from tracelens import schema
-from tracelens.engine.stage import compute_and_write, rank_stage
 from tracelens.ingest import kineto
 from tracelens.store import pages, runs
 from tracelens.store.atomic import write_ipc
@@ -31,6 +30,7 @@ def ingest_rank(path: str, rank: int, entry: RankEntry, salvage: bool = False) -
     """Read one Kineto file and write its three cache files atomically (events, allocator samples, metadata:
     Arrow IPC); returns the rank's events."""
     tr = kineto.read(path, rank=rank, salvage=salvage)
+    pages.trim_heap_over(KEEP_BYTES)  # (the read's chunks, freed: handed back before the stage's arrays)
     write_events(entry, tr.events)
     write_ipc(entry.memory, tr.memory)
     write_ipc(entry.meta, kineto.metadata_table([tr.metadata]))  # last: marks the entry complete
@@ -47,6 +47,8 @@ def process_rank(
     if fresh:
         events = ingest_rank(path, rank, entry, salvage)
     if stage and (fresh or not stage_complete(entry.events, rank)):
+        from tracelens.engine.stage import compute_and_write, rank_stage  # (not for an ingest alone)
+
         if events is None:
             compute_and_write(str(entry.events), rank)
         else:
@@ -59,6 +61,8 @@ def process_rank(
 def stage_rank(entry: RankEntry) -> int:
     """The per-rank stage of an ingested rank, unless complete stage files exist; returns the rank."""
     if not stage_complete(entry.events, entry.rank):
+        from tracelens.engine.stage import compute_and_write
+
         compute_and_write(str(entry.events), entry.rank)
         pages.trim_heap_over(KEEP_BYTES)
     return entry.rank

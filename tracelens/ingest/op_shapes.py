@@ -97,12 +97,100 @@ def _text(path: Path) -> bytes:
     return b"".join(parts)
 
 
+#: Bytes of the trace's text decoded at a time (`_read_pieces`): the text is never held whole.
+PIECE_BYTES = 8 << 20
+#: How far into the text `traceEvents` must start for the piecewise read (a Kineto header is a few KB).
+_HEAD_BYTES = 64 << 20
+
+
+class _Whole(Exception):
+    """The piecewise read does not apply (no `traceEvents` array where expected, a piece that does not
+    decode): the whole document is decoded instead."""
+
+
 def read(path: str | Path) -> pa.Table:
     """OP_SHAPES rows of one trace file (empty when it has no shapes or cannot be decoded).
 
-    One typed decode of the whole document (msgspec skips every key but the four shape fields); a file it
-    does not fit (an `args` that is not an object, a damaged event) is read event by event instead, leaving
-    out the events that do not decode."""
+    The text is streamed and cut at event boundaries into pieces of ~`PIECE_BYTES`; only pieces that can
+    hold a shape key are decoded (typed: msgspec skips every key but the four shape fields), so memory is
+    one piece whatever the file's size. A file the pieces do not fit (an odd layout, an `args` that is not
+    an object, a damaged event) is decoded whole as before (`_read_whole`)."""
+    from tracelens.errors import TracelensError
+    from tracelens.ingest.kineto.stream import _Truncated
+
+    try:
+        return _read_pieces(Path(path))
+    except (_Whole, _Truncated, TracelensError, OSError, EOFError, ValueError):
+        return _read_whole(path)  # (which also gives a damaged file's answer: no rows)
+
+
+def _read_pieces(path: Path) -> pa.Table:
+    from tracelens.ingest.kineto.stream import _TE_KEY, _blocks
+    from tracelens.ingest.salvage import first_boundary
+
+    rows: dict[str, list] = {f.name: [] for f in OP_SHAPES}
+    canon: dict[bytes, tuple[bool, str | None]] = {}
+    buf = bytearray()
+    started = False
+    for block in _blocks(path):
+        buf += block
+        if not started:
+            m = _TE_KEY.search(buf)
+            if m is None:
+                if len(buf) > _HEAD_BYTES:
+                    raise _Whole()
+                continue
+            del buf[: m.end()]
+            started = True
+        pos = 0  # where the next piece starts
+        while len(buf) - pos > PIECE_BYTES:
+            fb = first_boundary(buf, pos + PIECE_BYTES)
+            if fb is None:
+                break  # (the piece's last event goes on in the next block)
+            if _may_hold_shapes(buf, pos, fb[0]):
+                _decode_piece(b'{"traceEvents": [' + buf[pos : fb[0]] + b"]}", rows, canon)
+            pos = fb[1]
+        del buf[:pos]
+    if not started:
+        raise _Whole()
+    if _may_hold_shapes(buf, 0, len(buf)):
+        _decode_piece(b'{"traceEvents": [' + buf, rows, canon)  # (the last piece holds the document's end)
+    return _table(rows)
+
+
+def _may_hold_shapes(buf: bytearray, lo: int, hi: int) -> bool:
+    """buf[lo:hi] names a shape key, or holds an escape that could spell one (searched in place)."""
+    if buf.find(b"Input Dims", lo, hi) >= 0:
+        return True
+    return buf.find(b"\\", lo, hi) >= 0 and buf.find(b"\\u", lo, hi) >= 0
+
+
+def _decode_piece(text: bytes, rows: dict[str, list], canon: dict[bytes, tuple[bool, str | None]]) -> None:
+    """Add the shape rows of one piece (a document of its events); raises _Whole when it does not decode."""
+    try:
+        fast = _DEC_FAST.decode(text)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        raise _Whole() from None
+    _add_fast(fast, rows, canon)
+
+
+def _add_fast(fast: _FastDoc, rows: dict[str, list], canon: dict[bytes, tuple[bool, str | None]]) -> None:
+    def as_text(raw: msgspec.Raw) -> tuple[bool, str | None]:
+        b = bytes(raw)
+        hit = canon.get(b)
+        if hit is None:
+            hit = canon[b] = _value_text(_DEC_ANY.decode(b) if b else None)
+        return hit
+
+    for ev in fast.traceEvents or []:
+        a = ev.args
+        if a is not None and len(a.dims) and ev.cat == "cpu_op":
+            _add(rows, ev.name, a.external_id, as_text(a.dims), as_text(a.types), as_text(a.concrete))
+
+
+def _read_whole(path: str | Path) -> pa.Table:
+    """OP_SHAPES rows from one typed decode of the whole document (`read`'s route for the files its pieces
+    do not fit), event by event when the document does not fit the typed structs."""
     try:
         text = _text(Path(path))
     except (OSError, EOFError, ValueError):
@@ -116,19 +204,7 @@ def read(path: str | Path) -> pa.Table:
     except (msgspec.DecodeError, msgspec.ValidationError):
         return _read_loose(text)
     rows: dict[str, list] = {f.name: [] for f in OP_SHAPES}
-    canon: dict[bytes, tuple[bool, str | None]] = {}  # raw text -> _value_text; shapes recur every layer
-
-    def as_text(raw: msgspec.Raw) -> tuple[bool, str | None]:
-        b = bytes(raw)
-        hit = canon.get(b)
-        if hit is None:
-            hit = canon[b] = _value_text(_DEC_ANY.decode(b) if b else None)
-        return hit
-
-    for ev in fast.traceEvents or []:
-        a = ev.args
-        if a is not None and len(a.dims) and ev.cat == "cpu_op":
-            _add(rows, ev.name, a.external_id, as_text(a.dims), as_text(a.types), as_text(a.concrete))
+    _add_fast(fast, rows, {})
     return _table(rows)
 
 

@@ -139,7 +139,13 @@ SALVAGE_RULES = "2"
 def cache_key(path: Path, rank: int, salvage: bool = False) -> str:
     """Key of one trace file's cache entry (see the module docstring)."""
     text = "|".join(
-        [file_identity(path), str(rank), __version__, f"{salvage}{SALVAGE_RULES if salvage else ''}"]
+        [
+            file_identity(path),
+            str(rank),
+            __version__,
+            f"{salvage}{SALVAGE_RULES if salvage else ''}",
+            f"names<={schema.NAME_MAX_CHARS}",  # another bound is other names in the entry
+        ]
     )
     return hashlib.sha1(text.encode()).hexdigest()[:20]
 

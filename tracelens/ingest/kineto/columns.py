@@ -716,11 +716,30 @@ def _concat_dict(parts: list[pa.Array]) -> pa.Array:
     return pa.chunked_array(parts, type=schema.DICT_STR).unify_dictionaries().combine_chunks()
 
 
+def null_array(tp: pa.DataType, n: int) -> pa.Array:
+    """n nulls of type `tp` over one zero buffer that the OS fills lazily: no memory page is touched, so an
+    all-null column (the collective fields of a trace without collectives) costs no resident memory,
+    whatever the trace's length (`pa.nulls` writes its zeros: ~1.5 bytes an event for each such column)."""
+    if n == 0:
+        return pa.nulls(0, tp)
+    zero = pa.py_buffer(bytes(8 * (n + 1)))  # (calloc'd: untouched pages are not resident)
+    if pa.types.is_dictionary(tp):
+        idx = pa.Array.from_buffers(tp.index_type, n, [zero, zero], null_count=n)
+        return pa.DictionaryArray.from_arrays(idx, pa.array([], tp.value_type))
+    if pa.types.is_list(tp):
+        return pa.Array.from_buffers(
+            tp, n, [zero, zero], null_count=n, children=[pa.array([], tp.value_type)]
+        )
+    if pa.types.is_primitive(tp) and tp.bit_width <= 64:
+        return pa.Array.from_buffers(tp, n, [zero, zero], null_count=n)
+    return pa.nulls(n, tp)
+
+
 def _dict_from_values(values: list, n: int, rows: np.ndarray, index: pa.Array | None = None) -> pa.Array:
     """Sparse string values at `rows` -> a length-n dictionary column, null elsewhere (`index`: the
     rows' _scatter_index, when the caller has it)."""
     if len(rows) == 0 and n:
-        return pa.nulls(n, schema.DICT_STR)
+        return null_array(schema.DICT_STR, n)
     # encoded first, then placed: the dictionary (values in order of first appearance) is the same, and
     # only the few values are hashed
     return _scatter(_dict_encode(_str_array(values)), n, rows, index)
@@ -741,7 +760,7 @@ def _scatter(vals: pa.Array, n: int, rows: np.ndarray, index: pa.Array | None = 
     if len(rows) == n:
         return vals
     if len(rows) == 0:
-        return pa.nulls(n, vals.type)
+        return null_array(vals.type, n)
     return vals.take(_scatter_index(n, rows) if index is None else index)
 
 
@@ -788,21 +807,30 @@ def _merge_chunks(ch: list[_Chunk]) -> _Chunk:
         }
         for f, t in _MEM_INT_TYPES.items():
             mem[f] = _concat_pa([m[f] for m in mems], t)
+
+    def take(field: str, concat: Any, *args: Any) -> Any:
+        """One field of every chunk concatenated, then dropped from the chunks: the merge holds the chunks
+        and one merged column, never a second copy of all of them."""
+        out = concat([getattr(c, field) for c in ch], *args)
+        for c in ch:
+            setattr(c, field, None)
+        return out
+
     return _Chunk(
         n=int(offs[-1]),
-        kind=_concat_np([c.kind for c in ch], np.int8),
-        name=_concat_dict([c.name for c in ch]),
-        pid=_concat_pa([c.pid for c in ch], pa.int64()),
-        tid=_concat_pa([c.tid for c in ch], pa.int64()),
-        device=_concat_pa([c.device for c in ch], pa.int32()),
-        stream=_concat_pa([c.stream for c in ch], pa.int32()),
-        ts=_concat_np([c.ts for c in ch], np.int64),
-        ts_valid=_concat_np([c.ts_valid for c in ch], bool),
-        dur=_concat_np([c.dur for c in ch], np.int64),
-        dur_valid=_concat_np([c.dur_valid for c in ch], bool),
-        correlation=_concat_pa([c.correlation for c in ch], pa.int64()),
-        external_id=_concat_pa([c.external_id for c in ch], pa.int64()),
-        sequence_nr=_concat_pa([c.sequence_nr for c in ch], pa.int64()),
+        kind=take("kind", _concat_np, np.int8),
+        name=take("name", _concat_dict),
+        pid=take("pid", _concat_pa, pa.int64()),
+        tid=take("tid", _concat_pa, pa.int64()),
+        device=take("device", _concat_pa, pa.int32()),
+        stream=take("stream", _concat_pa, pa.int32()),
+        ts=take("ts", _concat_np, np.int64),
+        ts_valid=take("ts_valid", _concat_np, bool),
+        dur=take("dur", _concat_np, np.int64),
+        dur_valid=take("dur_valid", _concat_np, bool),
+        correlation=take("correlation", _concat_pa, pa.int64()),
+        external_id=take("external_id", _concat_pa, pa.int64()),
+        sequence_nr=take("sequence_nr", _concat_pa, pa.int64()),
         coll_rows=_concat_np([c.coll_rows + o for c, o in zip(ch, offs)], np.int64),
         coll=coll,
         mem=mem,

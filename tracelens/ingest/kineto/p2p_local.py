@@ -22,6 +22,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from tracelens.ingest.kineto.columns import null_array
+
 #: Dispatcher ops with a group-local peer, and the index of the peer among their `Concrete Inputs`.
 PEER_ARG = {"c10d::send": 2, "c10d::recv_": 2}
 
@@ -66,12 +68,12 @@ def peer_local_column(events: pa.Table, path: Path) -> pa.Array:
     n = events.num_rows
     rows = _candidates(events) if n else np.zeros(0, np.int64)
     if not rows.size:
-        return pa.nulls(n, pa.int32())
+        return null_array(pa.int32(), n)
     from tracelens.ingest.op_shapes import read as read_shapes
 
     shapes = read_shapes(path)
     if shapes.num_rows == 0:
-        return pa.nulls(n, pa.int32())
+        return null_array(pa.int32(), n)
     peers: dict[int, int] = {}
     for ext, name, conc in zip(
         shapes.column("external_id").to_pylist(),

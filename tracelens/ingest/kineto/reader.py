@@ -6,6 +6,7 @@ Part of tracelens.ingest.kineto (see its docstring).
 from __future__ import annotations
 
 import gc
+import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +33,7 @@ from tracelens.ingest.kineto.columns import (
     _rank_int,
     _scatter,
     _scatter_index,
+    null_array,
 )
 from tracelens.ingest.kineto.native import AVAILABLE as _NATIVE
 from tracelens.ingest.kineto.p2p_local import peer_local_column
@@ -48,6 +50,8 @@ from tracelens.ingest.kineto.stream import (
     _SplitFailed,
     _utf8_replaced,
 )
+from tracelens.schema import NAME_MAX_CHARS
+from tracelens.store.pages import trim_heap
 
 #: Target size (bytes of JSON) of one decoded chunk of `traceEvents`: 4 MiB with the compiled decoder, which
 #: makes no Python object per event, so a chunk's memory is its text and columns, and what a chunk costs
@@ -98,10 +102,38 @@ def _scan(path: Path, salvage: bool, chunk_bytes: int, utf8_replace: bool = Fals
         blocks.close()  # stops the decompression thread at once when decoding failed
 
 
+def bounded_names(names: pa.Array) -> pa.Array:
+    """The name column with every dictionary value longer than NAME_MAX_CHARS cut to its first
+    NAME_MAX_CHARS characters plus `…[N chars, blake2b:<digest>]` (N the whole name's length, the digest
+    of its UTF-8 bytes: distinct long names stay distinct, equal ones equal). One length test per distinct
+    name; the column is unchanged (the same object) when no name is that long."""
+    d = names.dictionary
+    if len(d) == 0 or pc.max(pc.binary_length(d)).as_py() <= NAME_MAX_CHARS:
+        return names  # (bytes >= characters: no name can be too long)
+    values = d.to_pylist()
+    cut = [_bounded(v) for v in values]
+    return pa.DictionaryArray.from_arrays(names.indices, pa.array(cut, type=d.type))
+
+
+def _bounded(v: str | None) -> str | None:
+    if v is None or len(v) <= NAME_MAX_CHARS:
+        return v
+    digest = hashlib.blake2b(v.encode("utf-8", "surrogatepass"), digest_size=8).hexdigest()
+    return f"{v[:NAME_MAX_CHARS]}…[{len(v):,} chars, blake2b:{digest}]"
+
+
+#: Events from which a read hands the freed chunk memory back to the OS once they are merged (~70 bytes an
+#: event: ~70 MB). Smaller reads (a rank of a large run: ~20,000 events) keep it for the next rank: trimming
+#: costs page faults when the memory is needed again.
+TRIM_EVENTS = 1_000_000
+
+
 def _assemble(sc: _Scan, rank: int) -> tuple[pa.Table, pa.Table, list[dict] | None]:
     base = _coerce_int(sc.meta.get("baseTimeNanoseconds")) or 0
     c = _merge_chunks(sc.chunks)
     sc.chunks = []  # their columns are in `c` now: freed (a split read's child columns unmap with them)
+    if c.n >= TRIM_EVENTS:  # the chunks' many small arrays, freed: handed back before the full-length columns
+        trim_heap()
     ts, ts_valid, dur, dur_valid, kind, names = c.ts, c.ts_valid, c.dur, c.dur_valid, c.kind, c.name
     n, corr, rows = c.n, c.correlation, c.coll_rows
     coll = {f: c.coll.get(f, []) for f in _COLL_FIELDS}
@@ -145,7 +177,7 @@ def _assemble(sc: _Scan, rank: int) -> tuple[pa.Table, pa.Table, list[dict] | No
     cols = {
         "rank": pa.array(np.full(n, rank, dtype=np.int32)),
         "kind": kinds,
-        "name": names,
+        "name": bounded_names(names),
         "pid": pid,
         "tid": tid,
         "device": device,
@@ -168,7 +200,7 @@ def _assemble(sc: _Scan, rank: int) -> tuple[pa.Table, pa.Table, list[dict] | No
         "dtype": _dict_from_values(coll["dtype"], n, rows, at),
         "src_rank": _scatter(_int_array(coll["src_rank"], pa.int32()), n, rows, at),
         "dst_rank": _scatter(_int_array(coll["dst_rank"], pa.int32()), n, rows, at),
-        "peer_local": pa.nulls(n, pa.int32()),  # (filled by `_read` once the events are known)
+        "peer_local": null_array(pa.int32(), n),  # (filled by `_read` once the events are known)
     }
     events = pa.Table.from_arrays([cols[f.name] for f in schema.EVENTS], schema=schema.EVENTS)
     if not ts_valid.all():
@@ -268,6 +300,8 @@ def _wraps(ts: np.ndarray, dur: np.ndarray, dur_valid: np.ndarray, base: int) ->
         return None
     hi = _I64.max - max(base, 0)
     lo = _I64.min - min(base, 0)
+    if int(ts.min()) >= lo and int(ts.max()) + max(int(dur.max()), 0) <= hi:  # (Python ints: no overflow)
+        return None  # (the usual trace: decided by three reductions, no full-length temporaries)
     d = np.where(dur_valid, np.maximum(dur, 0), 0)
     # ts + d overflows only when ts > hi - d (both sides computed without overflow: 0 <= d, hi >= 0)
     bad = (ts > hi - d) | (ts < lo)
