@@ -329,6 +329,7 @@ def op_instances(
         k = k[~is_comm[codes]]
     cpu = _frame(events, _kind_mask(events, ("cpu_op",)), cols + ["tid"])
     parts = []
+    moe_ops = cpu[cpu["name"].isin([*MOE_LAYERS, *MOE_ROUTING])]  # (all `_moe_top_k` reads of the CPU ops)
     gpu_ranks = set(k["rank"].unique()) if not k.empty else set()
     if not k.empty:
         k = k[_in_steps(k["step"], steps)]
@@ -418,7 +419,7 @@ def op_instances(
         )
         inst = inst.merge(sh, on=["rank", "external_id"], how="left")
         if inst["op"].isin(MOE_LAYERS).any():
-            inst["moe_top_k"] = _moe_top_k(cpu, shapes.to_pandas(), inst)
+            inst["moe_top_k"] = _moe_top_k(moe_ops, shapes.to_pandas(), inst)
     else:
         inst["input_dims"] = inst["input_types"] = inst["concrete_inputs"] = None
     return inst
