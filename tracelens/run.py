@@ -32,6 +32,7 @@ import pyarrow as pa
 
 from tracelens import errors, schema
 from tracelens.discover import TraceFile, discover
+from tracelens.engine import kept
 from tracelens.engine.executor import SMALL_RUN_GZIP_FACTOR, local_executor, run_all
 from tracelens.engine.tasks import needs_work, process_rank, stage_rank
 from tracelens.ingest.sniff import KINETO
@@ -114,6 +115,14 @@ class Run:
 
 #: errno values of a write that found no room: the disk (ENOSPC) or the user's quota (EDQUOT) is full.
 _NO_ROOM = {errno.ENOSPC, errno.EDQUOT}
+
+
+def _read_memo(entries: list[RankEntry]) -> tuple[pa.Table, Staged] | None:
+    """`runs.read_run`, with the memo's launch flags of the cross-rank events taken (`kept.apply_flags`)."""
+    got = runs.read_run(entries)
+    if got is not None:
+        kept.apply_flags(got[1])
+    return got
 
 
 def disk_full(err: BaseException) -> bool:
@@ -256,7 +265,7 @@ def _load(
             pools.pop().shutdown(wait=True)
 
     # a run opened before: its metadata and reduced stages in one place (store.runs), no per-rank checks
-    memo = runs.read_run(entries) if use_cache else None
+    memo = _read_memo(entries) if use_cache else None
     try:
         if memo is not None:
             if o.progress:
@@ -354,7 +363,7 @@ def _reduce(
             pool.shutdown(wait=True)
     if use_cache and write_memo(entries, meta, stages, executor, memory=memory, derived=derived):
         del stages, memory
-        reopened = runs.read_run(entries)
+        reopened = _read_memo(entries)
         pages.trim_heap()  # (what reading and writing the stages left in the heap: ~90 MB at 1,024 ranks)
         if reopened is not None:
             return reopened[1]

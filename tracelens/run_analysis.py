@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
+from tracelens.engine import kept
 from tracelens.errors import BadInputError, TracelensError
 from tracelens.findings import finding
 from tracelens.ingest.salvage import damaged_findings
@@ -61,10 +62,10 @@ class Analysis:
         """The collectives of the cross-rank events (the run memo's), with the P2P peers resolved here."""
         st = self.run.stages
         if self._xevents is st.xevents:
-            return st.cross_collectives()
+            return kept.cross_collectives(st)
         from tracelens.analyze.layout.p2p import fill_collective_peers
 
-        return fill_collective_peers(st.cross_collectives(), self._xevents)
+        return fill_collective_peers(kept.cross_collectives(st), self._xevents)
 
     # ---- base tables -------------------------------------------------------------------------
     @property
@@ -281,7 +282,7 @@ class Analysis:
             self.options.order,
             force=self.options.force_layout,
             collectives=fr,
-            pg=self.run.stages.grid_rows(),  # (the run memo's: the events' groups not counted again)
+            pg=kept.grid_rows(self.run.stages),  # (the run memo's: the events' groups not counted again)
             roles=self.collective_roles,
             thresholds=self.thresholds,
         )
@@ -346,7 +347,7 @@ class Analysis:
             if st.memo is not None
             else None
         )
-        res = results.read_cross(st.memo, key) if st.memo is not None and key else None
+        res = kept.read_cross(st.memo, key) if st.memo is not None and key else None
         if res is None:
             res = analyze_cross_rank(
                 self._xevents,
@@ -358,7 +359,7 @@ class Analysis:
                 config=StragglerConfig.of(self.thresholds),
             )
             if st.memo is not None and key:  # (written while the analysis goes on)
-                self.keep_writing("the cross-rank analysis", results.write_cross_later(st.memo, key, res))
+                self.keep_writing("the cross-rank analysis", kept.write_cross_later(st.memo, key, res))
         self._cross_key = key
         if self.layer_work:  # ranks without stage peers: their work per layer against the other stages'
             from tracelens.analyze.stragglers import with_layer_work
@@ -641,8 +642,9 @@ class Analysis:
         stages' rows (`idle_breakdown` per rank), less the steps left out of `breakdown`."""
         if not any(getattr(s, "path", None) == "gpu" for s in self.sets.values()):
             return None
-        from tracelens.analyze.idle import IDLE, idle_frame
+        from tracelens.analyze.idle import idle_frame
         from tracelens.policy import strict
+        from tracelens.schema import IDLE
 
         st = self.run.stages
         table = self._without_hung_steps(
@@ -704,19 +706,18 @@ class Analysis:
 
     def _critical(self):
         from tracelens.analyze import critical_path as cp
-        from tracelens.store import runs
 
         st = self.run.stages
         cross = self.cross
         stage_of = self.stage_of
         st.release_pages()  # (the graph's build, the analysis' memory peak, reads no event)
         key = self._graph_key(cross, stage_of)
-        g = runs.read_graph(st.memo, key) if st.memo is not None and key else None
+        g = kept.read_graph(st.memo, key) if st.memo is not None and key else None
         try:
             if g is None:
                 g = self._build_graph(cross, stage_of)
                 if g is not None and st.memo is not None and key:  # (written while the graph is replayed)
-                    done = runs.write_graph_later(st.memo, key, g, cp.plan_of(g))
+                    done = kept.write_graph_later(st.memo, key, g, cp.plan_of(g))
                     self.keep_writing("the critical path's graph", done)
             if g is None:
                 return None
@@ -756,7 +757,7 @@ class Analysis:
         )
 
     def _graph_key(self, cross, stage_of) -> str | None:
-        """Key of the graph `_build_graph` gives, kept in the run memo (`store.runs.read_graph`): the memo's
+        """Key of the graph `_build_graph` gives, kept in the run memo (`engine.kept.read_graph`): the memo's
         tables and every other input of the build (None: the stages are not a memo's)."""
         st = self.run.stages
         if st.memo is None:
@@ -966,7 +967,7 @@ class Analysis:
             t = nccl_plugin.read_many(plugin)
             # each rank's plugin times against its own Kineto collectives (one host, one clock; the cross-rank
             # analysis is not needed, and it needs the layout, which reads the NCCL inputs: a cycle)
-            ref = self.run.stages.cross_collectives() if self._xevents.num_rows else None
+            ref = kept.cross_collectives(self.run.stages) if self._xevents.num_rows else None
             if ref is not None and ref.num_rows:
                 t = nccl_plugin.align(t, ref)
             else:
@@ -1238,7 +1239,7 @@ class Analysis:
 
     def wait_writes(self) -> None:
         """Wait for the cache files this analysis is writing in the background (the critical path's graph:
-        `store.runs.write_graph_later`; the cross-rank result: `store.results.write_cross_later`; the critical
+        `engine.kept.write_graph_later`; the cross-rank result: `engine.kept.write_cross_later`; the critical
         path's summary and the what-if: `store.results.write_tail_later`). A write that
         failed other than for want of room or rights (OSError: the result is computed again next time) is a
         warning, or raised in strict mode (tracelens.policy)."""

@@ -6,8 +6,10 @@ One table per kind of record, all ranks together, with a `rank` column. Strings 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 DICT_STR = pa.dictionary(pa.int32(), pa.string())
@@ -160,3 +162,105 @@ KERNEL_NAME_COMM = r"^(nccl(Dev)?Kernel_|rccl|ncclDevKernel|ncclKernel)"
 #: is cut to this many characters and the digest of the whole name (`bounded_names`), so that every
 #: analysis (name rules, grouping, the report) works on a bounded string and equal names still group.
 NAME_MAX_CHARS = 16_384
+
+
+# Tables the per-rank stage computes and the cache keeps (store/stages.py, store/runs.py).
+
+#: One row per step of each rank: where its time went (analyze.breakdown).
+BREAKDOWN = pa.schema(
+    [
+        ("rank", pa.int32()),
+        ("step", pa.int32()),
+        ("window_start_ns", pa.int64()),
+        ("window_end_ns", pa.int64()),
+        ("step_time_ns", pa.int64()),
+        ("compute_ns", pa.int64()),
+        ("comm_ns", pa.int64()),
+        ("overlapped_comm_ns", pa.int64()),
+        ("exposed_comm_ns", pa.int64()),
+        ("memcpy_ns", pa.int64()),
+        ("idle_ns", pa.int64()),
+        ("path", pa.string()),  # "gpu" or "cpu": which timeline the rank was analysed on
+    ]
+)
+
+#: SPANS: one row per module-annotation span of each rank (analyze.composition.module_spans).
+SPANS = pa.schema(
+    [
+        ("rank", pa.int32()),
+        ("step", pa.int32()),
+        ("layer", pa.int32()),
+        ("module", pa.string()),
+        ("backward", pa.bool_()),
+        ("gpu_start_ns", pa.int64()),
+        ("gpu_end_ns", pa.int64()),
+        ("compute_ns", pa.int64()),  # compute-kernel time inside the span
+    ]
+)
+
+#: The critical path's device nodes (analyze.critical_nodes.rank_nodes).
+NODES = pa.schema(
+    [
+        ("rank", pa.int32()),
+        ("step", pa.int32()),
+        ("stream", pa.int32()),
+        ("start_ns", pa.int64()),
+        ("end_ns", pa.int64()),
+        ("launch_ns", pa.int64()),  # CPU launch (cuda_runtime with the same correlation) or null
+        ("launch_tid", pa.int64()),  # thread of that CPU launch, or null
+        ("is_comm", pa.bool_()),
+        ("label", pa.string()),  # layer type of the enclosing module annotation, else null
+    ]
+)
+
+#: CPU runtime calls of a sync type (SYNC_NAME, or COPY_NAME whose own copy ended inside the call), per rank;
+#: whether each blocked on the GPU is decided against the device work (`build_graph`).
+SYNCS = pa.schema(
+    [
+        ("rank", pa.int32()),
+        ("tid", pa.int64()),
+        ("start_ns", pa.int64()),
+        ("end_ns", pa.int64()),
+        ("name", pa.string()),
+    ]
+)
+
+#: Causes of GPU idle time, in the order `analyze.idle.idle_breakdown` reports them.
+IDLE_CAUSES = ("host_bound", "synchronization", "launch_overhead", "other_stream", "other")
+#: Top CPU ops of a gap cause: name -> ns, in the order `idle_breakdown` ranks them.
+OPS_MAP = pa.map_(pa.string(), pa.int64())
+#: `idle_breakdown`'s table in Arrow (the per-rank stage file; `idle_frame` gives the DataFrame back).
+IDLE = pa.schema(
+    [
+        ("rank", pa.int64()),
+        ("step", pa.int64()),  # null: the whole-trace window of a run without ProfilerStep
+        ("step_time_ns", pa.int64()),
+        ("idle_ns", pa.int64()),
+        *((c + "_ns", pa.int64()) for c in IDLE_CAUSES),
+        ("host_ops", OPS_MAP),
+        ("sync_ops", OPS_MAP),
+    ]
+)
+
+
+#: What the grid inference reads of the event rows with a rank list (`pg_rows`: one row per distinct
+#: combination of these columns, in order of first appearance, with its number of event rows in `rows`).
+PG_COLUMNS = ("rank", "kind", "pg_name", "pg_desc", "pg_ranks", "group_size", "collective")
+
+
+PG_ROWS = pa.schema([EVENTS.field(c) for c in PG_COLUMNS] + [pa.field("rows", pa.int64())])
+
+
+#: A set of half-open int64 intervals [start, end): (starts, ends), sorted and disjoint (analyze.intervals).
+Intervals = tuple[np.ndarray, np.ndarray]
+
+
+@dataclass
+class RankSets:
+    """Canonical interval sets of one rank's classes over its whole trace."""
+
+    rank: int
+    path: str
+    compute: Intervals
+    comm: Intervals
+    memory: Intervals

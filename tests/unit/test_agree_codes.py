@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 
 from tracelens.analyze import collectives as C
+from tracelens.engine import kept as engine_kept
 
 
 def truth(coll: pd.DataFrame) -> bool:
@@ -78,5 +79,5 @@ def test_mismatches_with_codes_on_real_runs():
     root = Path(__file__).parents[2] / "sample_traces"
     for name in ("qwen35-27b-seq4k-tp2pp2dp2-straggler-skew", "cpu-gloo-4rank-hang", "cpu-gloo-4rank"):
         a = analyze_run(root / name, Options(no_cache=True))
-        df, findings = C.match_with_findings(a.run.stages.cross_collectives(), a.metadata)
+        df, findings = C.match_with_findings(engine_kept.cross_collectives(a.run.stages), a.metadata)
         assert findings == C._mismatches(df)

@@ -491,7 +491,7 @@ def test_exposed_split_per_rank_slices_match_reference():
     import pandas as pd
 
     from tracelens.analyze import intervals as iv
-    from tracelens.analyze.breakdown import RankSets
+    from tracelens.schema import RankSets
 
     def ivs(*pairs):
         return iv.union(np.array([p[0] for p in pairs], np.int64), np.array([p[1] for p in pairs], np.int64))

@@ -14,8 +14,8 @@ from tracelens.analyze import collectives as C
 from tracelens.analyze import frame_cells as FC
 from tracelens.analyze import intervals as iv
 from tracelens.analyze import stragglers as S
-from tracelens.analyze.breakdown import RankSets
 from tracelens.analyze.wait_split import RankLanes, lanes_for
+from tracelens.schema import RankSets
 
 
 def first_appearance_codes(*cols) -> list[int]:

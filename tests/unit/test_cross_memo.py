@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from tracelens.analyze import stragglers
+from tracelens.engine import kept as engine_kept
 from tracelens.run_analysis import Analysis, Options, analyze_run
 from tracelens.store import results
 
@@ -139,7 +140,7 @@ def test_damaged_cross_result_is_computed_again(run_dir: Path, tmp_path: Path, m
     calls = _calls(monkeypatch)
     again = analyze_run(run_dir, Options(cache_dir=str(cache)))
     assert _summary(again) == first and len(calls) == 1 and not again.warnings
-    assert results.read_cross(kept.parent, kept.stem[len("cross-") :]) is not None  # (kept again, whole)
+    assert engine_kept.read_cross(kept.parent, kept.stem[len("cross-") :]) is not None  # (kept again, whole)
 
 
 def test_what_if_changes_to_findings_do_not_reach_the_kept_result(run_dir: Path, tmp_path: Path):
@@ -150,7 +151,7 @@ def test_what_if_changes_to_findings_do_not_reach_the_kept_result(run_dir: Path,
     computed = json.loads(json.dumps(a.cross.findings))
     a.summary()
     (kept,) = _kept(cache)
-    back = results.read_cross(kept.parent, kept.stem[len("cross-") :])
+    back = engine_kept.read_cross(kept.parent, kept.stem[len("cross-") :])
     assert back is not None and back.findings == computed
 
 

@@ -1,4 +1,4 @@
-"""The critical path's dependency graph kept in the run memo (store.runs.read_graph / write_graph,
+"""The critical path's dependency graph kept in the run memo (engine.kept.read_graph / write_graph,
 analyze.graph_state): read back, it is the graph that was built, field by field; a warm analysis replays it
 instead of building it again and gives the summary an uncached analysis gives; any other input of the build
 (an option, the code, the memo) is another key; a damaged graph file is built again."""
@@ -20,6 +20,7 @@ from tracelens.analyze import whatif
 from tracelens.analyze.critical_keys import Cells
 from tracelens.analyze.critical_replay import ReplayPlan, replay_plan
 from tracelens.analyze.dictcol import per_object
+from tracelens.engine import kept as engine_kept
 from tracelens.run_analysis import Analysis, Options, analyze_run
 from tracelens.store import runs
 
@@ -50,21 +51,21 @@ def _same_graph(a: cp.Graph, b: cp.Graph) -> None:
 def test_kept_graph_reads_back_as_built(sample_cp, tmp_path: Path):
     g = sample_cp.graph
     assert g.n_nodes > 1000 and len(g.levels) > 10 and g.stage_of
-    runs.write_graph(tmp_path, "k1", g)
-    back = runs.read_graph(tmp_path, "k1")
+    engine_kept.write_graph(tmp_path, "k1", g)
+    back = engine_kept.read_graph(tmp_path, "k1")
     assert back is not None
     _same_graph(g, back)
     # its replay and critical path are the built graph's
     assert cp.critical_path_of(back).to_dict() == cp.critical_path_of(g).to_dict()
     # NumPy scalars in its dicts (a stage map built from arrays) are kept as the numbers they are
     np_keys = dataclasses.replace(g, stage_of={np.int32(k): np.int64(v) for k, v in g.stage_of.items()})
-    runs.write_graph(tmp_path, "k1", np_keys)
-    back = runs.read_graph(tmp_path, "k1")
+    engine_kept.write_graph(tmp_path, "k1", np_keys)
+    back = engine_kept.read_graph(tmp_path, "k1")
     assert back is not None and back.stage_of == g.stage_of
     # one graph a memo: keeping another drops the first
-    runs.write_graph(tmp_path, "k2", g)
+    engine_kept.write_graph(tmp_path, "k2", g)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["graph-k2.bin"]
-    assert runs.read_graph(tmp_path, "k1") is None
+    assert engine_kept.read_graph(tmp_path, "k1") is None
 
 
 def _same_plan(a: ReplayPlan, b: ReplayPlan) -> None:
@@ -105,8 +106,8 @@ def test_kept_plan_reads_back_as_made(where: Path, tmp_path: Path):
     g = crit.graph
     plan = replay_plan(g)
     assert plan.prefix is None
-    runs.write_graph(tmp_path, "k", g, plan)
-    back = runs.read_graph(tmp_path, "k")
+    engine_kept.write_graph(tmp_path, "k", g, plan)
+    back = engine_kept.read_graph(tmp_path, "k")
     assert back is not None
     kept = per_object(back)["replay_plan"]
     assert isinstance(kept, ReplayPlan)
@@ -119,8 +120,8 @@ def test_kept_plan_reads_back_as_made(where: Path, tmp_path: Path):
     assert cp.plan_of(back) is kept
     assert cp.critical_path_of(back).to_dict() == crit.to_dict()
     # a graph kept without its plan reads back without one (made when first asked for)
-    runs.write_graph(tmp_path, "k", g)
-    back = runs.read_graph(tmp_path, "k")
+    engine_kept.write_graph(tmp_path, "k", g)
+    back = engine_kept.read_graph(tmp_path, "k")
     assert back is not None and "replay_plan" not in per_object(back)
 
 
@@ -210,7 +211,7 @@ def test_a_rewritten_memo_drops_its_graph_and_no_cache_keeps_none(run_dir: Path,
 
 
 def test_graph_written_while_it_is_replayed(run_dir: Path, tmp_path: Path, monkeypatch):
-    """A cold analysis writes the graph in a thread of its own (`runs.write_graph_later`) while it replays
+    """A cold analysis writes the graph in a thread of its own (`engine.kept.write_graph_later`) while it replays
     it; the file, waited for, holds the graph and plan as built, before the replays of the critical path and
     the what-if (which drop the plan and keep terms of their own): the same as a graph built without a cache."""
     cache = tmp_path / "cache"
@@ -232,7 +233,7 @@ def test_graph_written_while_it_is_replayed(run_dir: Path, tmp_path: Path, monke
     a.wait_writes()
     assert not a._writes
     (kept,) = _graphs(cache)
-    back = runs.read_graph(kept.parent, kept.stem[len("graph-") :])
+    back = engine_kept.read_graph(kept.parent, kept.stem[len("graph-") :])
     assert back is not None
     fresh = analyze_run(run_dir, Options(no_cache=True)).critical
     assert fresh is not None

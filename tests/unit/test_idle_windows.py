@@ -16,9 +16,10 @@ import pytest
 from test_idle import _ev, _events
 
 from tracelens.analyze import intervals as iv
-from tracelens.analyze.breakdown import BREAKDOWN, breakdown
+from tracelens.analyze.breakdown import breakdown
 from tracelens.analyze.classify import is_step_name
 from tracelens.analyze.idle import CAUSES, COLUMNS, DEVICE_KINDS, RUNTIME_KINDS, SYNC, idle_breakdown
+from tracelens.schema import BREAKDOWN
 
 
 def _top(names: list[Any], values: np.ndarray, top: int) -> dict[str, int]:

@@ -9,6 +9,7 @@ from pipeline_tables import metadata_table
 
 from tracelens._testing import events_table
 from tracelens.analyze.layout.p2p import chains, p2p_edges, resolve_peers, send_first_ranks
+from tracelens.engine import kept as engine_kept
 
 
 def _p2p(rank: int, send: bool, local: int, ts: int) -> dict:
@@ -126,7 +127,7 @@ def test_memo_collectives_get_the_resolved_peers(tmp_path):
     a = analyze_run(run, Options(cache_dir=str(tmp_path / "cache")))
     x = a._xevents
     assert a.p2p_peers["resolved"] > 0
-    memo = a.run.stages.cross_collectives()
+    memo = engine_kept.cross_collectives(a.run.stages)
     assert memo.column("peer").null_count > 0  # (before: gloo records no peer)
     filled = fill_collective_peers(memo, x)
     assert filled.equals(collectives_from_events(x))

@@ -17,6 +17,7 @@ from tracelens import schema
 from tracelens.analyze import classify as K
 from tracelens.analyze.collectives import collectives_from_events
 from tracelens.analyze.layout.groups import pg_rows
+from tracelens.engine import kept as engine_kept
 from tracelens.engine import reduce as RD
 from tracelens.engine import tasks as TK
 from tracelens.engine.executor import InlineExecutor, LocalPool
@@ -116,7 +117,7 @@ def test_derived_tables_from_the_stage_files(loaded, rows, monkeypatch):
         raise AssertionError("derived tables computed again from the written events")
 
     monkeypatch.setattr(TK, "derive_rows", refuse)
-    monkeypatch.setattr(runs, "derive_or_none", refuse)
+    monkeypatch.setattr(engine_kept, "derive_or_none", refuse)
     assert RD.write_memo(r.entries, r.metadata, RD.read_stages(r.entries), derived=parts)
     _check_memo(r.entries, st, derived)
     assert not list(folder.glob(".*"))  # (the part files removed)

@@ -28,7 +28,7 @@ def _bd(times: dict[tuple[int, int], int]) -> pa.Table:
         rows.append({"rank": r, "step": s, "window_start_ns": start, "window_end_ns": start + dur,
                      "step_time_ns": dur, "compute_ns": 0, "comm_ns": 0, "overlapped_comm_ns": 0,
                      "exposed_comm_ns": 0, "memcpy_ns": 0, "idle_ns": 0, "path": "cpu"})  # fmt: skip
-    from tracelens.analyze.breakdown import BREAKDOWN
+    from tracelens.schema import BREAKDOWN
 
     return _table(rows, BREAKDOWN)
 

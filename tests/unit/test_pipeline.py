@@ -363,9 +363,9 @@ def test_waits_on_one_axis_match_the_per_rank_loop():
     # the shared-axis computation against the per-rank loop, with ranks that have no sets, no collectives,
     # windows reaching outside their rank's intervals and reversed windows; then clocks so far apart that
     # the shared axis would overflow and the per-rank loop runs
-    from tracelens.analyze.breakdown import RankSets
     from tracelens.analyze.intervals import union
     from tracelens.analyze.pipeline import _waits, _waits_per_rank
+    from tracelens.schema import RankSets
 
     rng = np.random.default_rng(11)
     for far in (0, 4 * 10**18):

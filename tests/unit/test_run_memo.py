@@ -1,6 +1,6 @@
 """What the run memo keeps of the cross-rank events besides the events (store.runs): their collectives table
-(`Staged.cross_collectives`), their launch flags (`classify.comm_launched`) and their process-group rows
-(`Staged.grid_rows`, what the grid inference reads), computed once when the memo is written and read back on
+(`engine.kept.cross_collectives`), their launch flags (`classify.comm_launched`) and their process-group rows
+(`engine.kept.grid_rows`, what the grid inference reads), computed once when the memo is written and read back on
 a warm open instead of recomputed, equal to what a fresh computation gives; a damaged part means the memo is
 not used."""
 
@@ -15,6 +15,7 @@ import pytest
 from tracelens import schema
 from tracelens.analyze import classify as K
 from tracelens.analyze import collectives as C
+from tracelens.engine import kept as engine_kept
 from tracelens.run import LoadOptions, load_run
 from tracelens.run_analysis import Options, analyze_run
 from tracelens.store import runs
@@ -55,8 +56,8 @@ def test_stored_collectives_equal_recomputed_ones(cached):
     # an uncached load computes the same table on first use, once
     plain = load_run(run, LoadOptions(no_cache=True, workers=1, salvage=True)).stages
     assert plain.collectives is None
-    first = plain.cross_collectives()
-    assert first.equals(stored) and plain.cross_collectives() is first
+    first = engine_kept.cross_collectives(plain)
+    assert first.equals(stored) and engine_kept.cross_collectives(plain) is first
 
 
 def test_warm_analysis_reads_the_stored_collectives(cached, monkeypatch):
@@ -96,6 +97,7 @@ def test_stored_launch_flags_equal_recomputed_ones(cached, monkeypatch):
     monkeypatch.setattr(L, "launch_parents", refuse)
     memo = runs.read_run(loaded.entries)
     assert memo is not None
+    engine_kept.apply_flags(memo[1])  # (as a warm open does: tracelens.run)
     got = K.comm_launched(memo[1].xevents)
     assert got.dtype == bool and (got == want).all()
     assert not got.flags.writeable  # (shared, as comm_launched's own)

@@ -9,11 +9,12 @@ import pyarrow as pa
 import pytest
 
 from tracelens.analyze import intervals as iv
-from tracelens.analyze.breakdown import BREAKDOWN, RankSets, breakdown
-from tracelens.analyze.critical_nodes import SYNCS, sync_calls
+from tracelens.analyze.breakdown import breakdown
+from tracelens.analyze.critical_nodes import sync_calls
 from tracelens.analyze.dictcol import Columns
 from tracelens.analyze.idle import _ByName, _gaps
 from tracelens.analyze.intset import distinct, member
+from tracelens.schema import BREAKDOWN, SYNCS, RankSets
 
 
 def _arrays(rng: np.random.Generator) -> list[np.ndarray]:

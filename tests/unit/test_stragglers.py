@@ -259,7 +259,7 @@ def test_pre_arrival_idle_slices_each_ranks_rows_when_interleaved():
     import pyarrow as pa
 
     from tracelens.analyze import intervals as iv
-    from tracelens.analyze.breakdown import RankSets
+    from tracelens.schema import RankSets
 
     def ivs(*pairs):
         return iv.union(np.array([p[0] for p in pairs], np.int64), np.array([p[1] for p in pairs], np.int64))

@@ -16,7 +16,6 @@ clock in Kineto. Without any ProfilerStep the whole trace is one window (step = 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -33,38 +32,7 @@ from tracelens.analyze.classify import (
 )
 from tracelens.analyze.dictcol import columns
 from tracelens.analyze.intset import distinct
-
-BREAKDOWN = pa.schema(
-    [
-        ("rank", pa.int32()),
-        ("step", pa.int32()),
-        ("window_start_ns", pa.int64()),
-        ("window_end_ns", pa.int64()),
-        ("step_time_ns", pa.int64()),
-        ("compute_ns", pa.int64()),
-        ("comm_ns", pa.int64()),
-        ("overlapped_comm_ns", pa.int64()),
-        ("exposed_comm_ns", pa.int64()),
-        ("memcpy_ns", pa.int64()),
-        ("idle_ns", pa.int64()),
-        ("path", pa.string()),  # "gpu" or "cpu": which timeline the rank was analysed on
-    ]
-)
-
-
-@dataclass
-class RankSets:
-    """Canonical interval sets of one rank's classes over its whole trace."""
-
-    rank: int
-    path: str
-    compute: iv.Intervals
-    comm: iv.Intervals
-    memory: iv.Intervals
-
-    @property
-    def exposed_comm(self) -> iv.Intervals:
-        return iv.subtract(self.comm, self.compute)
+from tracelens.schema import BREAKDOWN, RankSets
 
 
 def _by_rank(events: pa.Table) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -29,12 +29,13 @@ from tracelens.analyze.intset import distinct, member
 from tracelens.analyze.layout import Grid
 from tracelens.errors import TracelensError
 from tracelens.findings import finding
+from tracelens.schema import SPANS
 from tracelens.thresholds import DEFAULT
 
 if TYPE_CHECKING:
-    from tracelens.analyze.breakdown import RankSets
     from tracelens.models.audit import AuditResult
     from tracelens.models.spec import ModelSpec
+    from tracelens.schema import RankSets
 
 #: Module annotation patterns (tracelens.analyze.layers.RULES): named groups `layer` (index, optional: -1
 #: when absent) and `module` (type); the first pattern that matches wins.
@@ -45,19 +46,6 @@ MODULE_TYPES = _layers.MODULE_TYPES
 MIXER_TYPES = ("full_attention", "linear_attention", "sliding_attention", "mamba", "mixer")
 BACKWARD = re.compile(r"(backward|bwd|\bgrad\b|_bw\b)", re.IGNORECASE)
 IMBALANCE_THRESHOLD = DEFAULT.stage_imbalance  # (tracelens.thresholds: stage_imbalance)
-
-SPANS = pa.schema(
-    [
-        ("rank", pa.int32()),
-        ("step", pa.int32()),
-        ("layer", pa.int32()),
-        ("module", pa.string()),
-        ("backward", pa.bool_()),
-        ("gpu_start_ns", pa.int64()),
-        ("gpu_end_ns", pa.int64()),
-        ("compute_ns", pa.int64()),  # compute-kernel time inside the span
-    ]
-)
 
 
 def _compile(patterns: Sequence[str] | None) -> list[re.Pattern[str]]:

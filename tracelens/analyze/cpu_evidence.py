@@ -27,7 +27,7 @@ from tracelens.analyze.classify import COMM, COMPUTE, _dict_lookup, classify, ma
 from tracelens.thresholds import DEFAULT
 
 if TYPE_CHECKING:
-    from tracelens.analyze.breakdown import RankSets
+    from tracelens.schema import RankSets
 
 
 def shared_host_ranks(metadata: pa.Table | None, sets: dict[int, RankSets]) -> set[int]:

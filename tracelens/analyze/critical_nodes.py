@@ -17,6 +17,7 @@ import pyarrow as pa
 from tracelens.analyze.classify import COMM_KERNEL, DEVICE_KINDS
 from tracelens.analyze.dictcol import columns
 from tracelens.analyze.intset import distinct, member
+from tracelens.schema import NODES, SYNCS
 
 #: A sync-type runtime call blocked on the GPU when device work of its rank ended inside the call and the call
 #: returned at most this long after the latest such end (the runtime's return and, for a device-to-host copy
@@ -44,33 +45,6 @@ def _is_sync_name(v: str) -> int:
 
 def _is_copy_name(v: str) -> int:
     return int(bool(COPY_NAME.match(v)))
-
-
-NODES = pa.schema(
-    [
-        ("rank", pa.int32()),
-        ("step", pa.int32()),
-        ("stream", pa.int32()),
-        ("start_ns", pa.int64()),
-        ("end_ns", pa.int64()),
-        ("launch_ns", pa.int64()),  # CPU launch (cuda_runtime with the same correlation) or null
-        ("launch_tid", pa.int64()),  # thread of that CPU launch, or null
-        ("is_comm", pa.bool_()),
-        ("label", pa.string()),  # layer type of the enclosing module annotation, else null
-    ]
-)
-
-#: CPU runtime calls of a sync type (SYNC_NAME, or COPY_NAME whose own copy ended inside the call), per rank;
-#: whether each blocked on the GPU is decided against the device work (`build_graph`).
-SYNCS = pa.schema(
-    [
-        ("rank", pa.int32()),
-        ("tid", pa.int64()),
-        ("start_ns", pa.int64()),
-        ("end_ns", pa.int64()),
-        ("name", pa.string()),
-    ]
-)
 
 
 def device_nodes(events: pa.Table, spans: pa.Table | None = None) -> pa.Table:

@@ -55,9 +55,7 @@ from tracelens.analyze.critical_keys import (
     sync_epochs,
     unique_inverse,
 )
-from tracelens.analyze.critical_nodes import NODES as NODES
 from tracelens.analyze.critical_nodes import SYNC_TOL_NS as SYNC_TOL_NS
-from tracelens.analyze.critical_nodes import SYNCS as SYNCS
 from tracelens.analyze.critical_nodes import device_nodes as device_nodes
 from tracelens.analyze.critical_nodes import sync_calls as sync_calls
 from tracelens.analyze.critical_replay import NEG as NEG
@@ -67,6 +65,8 @@ from tracelens.analyze.critical_replay import mean_step_time_ns
 from tracelens.analyze.critical_replay import replay as replay
 from tracelens.analyze.critical_replay import replay_plan as replay_plan
 from tracelens.analyze.dictcol import per_object
+from tracelens.schema import NODES as NODES
+from tracelens.schema import SYNCS as SYNCS
 
 #: A kernel starting this soon after another stream's kernel ends (and not explained otherwise) waited for it.
 CROSS_TOL_NS = 5_000

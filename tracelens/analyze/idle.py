@@ -32,10 +32,11 @@ from tracelens.analyze.classify import is_step_name
 from tracelens.analyze.dictcol import columns
 from tracelens.analyze.intset import distinct, member
 from tracelens.findings import finding
+from tracelens.schema import IDLE, IDLE_CAUSES, OPS_MAP
 from tracelens.thresholds import DEFAULT
 
 IDLE_THRESHOLD = DEFAULT.gpu_idle  # (tracelens.thresholds: gpu_idle)
-CAUSES = ("host_bound", "synchronization", "launch_overhead", "other_stream", "other")
+CAUSES = IDLE_CAUSES
 LABELS = {
     "host_bound": "host-bound (no work queued)",
     "synchronization": "synchronization",
@@ -55,20 +56,6 @@ RUNTIME_KINDS = ("cuda_runtime", "cuda_driver", "hip_runtime", "runtime")
 #: on the window's sums over every name: O(names) a window with a tie). A rank with more names (a trace
 #: naming every op differently) orders ties by name, so that its cost stays O(ops) whatever the step count.
 DENSE_TIES_MAX = 1 << 16
-#: Top CPU ops of a gap cause: name -> ns, in the order `idle_breakdown` ranks them.
-OPS_MAP = pa.map_(pa.string(), pa.int64())
-#: `idle_breakdown`'s table in Arrow (the per-rank stage file; `idle_frame` gives the DataFrame back).
-IDLE = pa.schema(
-    [
-        ("rank", pa.int64()),
-        ("step", pa.int64()),  # null: the whole-trace window of a run without ProfilerStep
-        ("step_time_ns", pa.int64()),
-        ("idle_ns", pa.int64()),
-        *((c + "_ns", pa.int64()) for c in CAUSES),
-        ("host_ops", OPS_MAP),
-        ("sync_ops", OPS_MAP),
-    ]
-)
 COLUMNS = IDLE.names
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-Intervals = tuple[np.ndarray, np.ndarray]
+from tracelens.schema import Intervals as Intervals  # (one definition: the cache keeps them)
 
 _EMPTY = np.empty(0, dtype=np.int64)
 

@@ -33,8 +33,8 @@ import pandas as pd
 import pyarrow as pa
 
 from tracelens.analyze import intervals as iv
-from tracelens.analyze.breakdown import RankSets, class_sets
 from tracelens.analyze.breakdown import breakdown as compute_breakdown
+from tracelens.analyze.breakdown import class_sets
 from tracelens.analyze.classify import COMM, COMPUTE, classify, rank_mask
 from tracelens.analyze.composition import _runs, module_spans
 from tracelens.analyze.dictcol import columns, sharing
@@ -47,6 +47,7 @@ from tracelens.analyze.schedule_infer import (
     send_mask,
 )
 from tracelens.findings import finding
+from tracelens.schema import RankSets
 from tracelens.thresholds import DEFAULT
 
 #: Excess bubble (fraction of the pipeline window above the expectation) that raises PIPELINE_BUBBLE_EXCESS.

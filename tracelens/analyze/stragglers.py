@@ -26,12 +26,13 @@ import pyarrow as pa
 
 from tracelens.analyze import collectives as C
 from tracelens.analyze import intervals as iv
-from tracelens.analyze.breakdown import RankSets, class_sets
 from tracelens.analyze.breakdown import breakdown as _breakdown
+from tracelens.analyze.breakdown import class_sets
 from tracelens.analyze.frame_cells import first_rows, per_distinct, row_codes, unique_inverse
 from tracelens.analyze.wait_split import lanes_for
 from tracelens.analyze.wait_transfer import to_table, wait_transfer
 from tracelens.findings import finding
+from tracelens.schema import RankSets
 from tracelens.thresholds import DEFAULT, Thresholds
 
 CAUSES = ("compute", "host", "communication")

@@ -14,7 +14,7 @@ import pyarrow as pa
 from tracelens.analyze import intervals as iv
 
 if TYPE_CHECKING:
-    from tracelens.analyze.breakdown import RankSets
+    from tracelens.schema import RankSets
 
 EXPOSED_SPLIT = pa.schema(
     [
@@ -132,13 +132,14 @@ def exposed_split(df: pd.DataFrame, breakdown: pa.Table, sets: dict[int, RankSet
         d0, d1 = np.searchsorted(d_sorted, r, "left"), np.searchsorted(d_sorted, r, "right")
         s, wt = s_all[d0:d1], wt_all[d0:d1]
         wait_set = iv.union(s, s + wt)
-        waited_all[b0:b1] = iv.measure_in_windows(iv.intersect(rs.exposed_comm, wait_set), lo, hi)
+        exposed = iv.subtract(rs.comm, rs.compute)
+        waited_all[b0:b1] = iv.measure_in_windows(iv.intersect(exposed, wait_set), lo, hi)
         # a collective whose other participants are not in the traces: its wait cannot be measured
         inc = inc_all[d0:d1]
         if inc.any():
             e = e_col.iloc[d_order[d0:d1]].astype("int64").to_numpy()
             blind = iv.union(s[inc], e[inc])
-            unknown_all[b0:b1] = iv.measure_in_windows(iv.intersect(rs.exposed_comm, blind), lo, hi) > 0
+            unknown_all[b0:b1] = iv.measure_in_windows(iv.intersect(exposed, blind), lo, hi) > 0
     out = {
         "rank": pa.array(b_sorted, pa.int32()),
         "step": breakdown.column("step").take(pa.array(b_order, pa.int64())).cast(pa.int32()),

@@ -13,12 +13,9 @@ from typing import Any
 import pyarrow as pa
 
 from tracelens import schema
-from tracelens.analyze.breakdown import BREAKDOWN
-from tracelens.analyze.composition import SPANS
-from tracelens.analyze.critical_nodes import SYNCS
-from tracelens.analyze.idle import IDLE
-from tracelens.engine import tasks
+from tracelens.engine import kept, tasks
 from tracelens.engine.executor import InlineExecutor
+from tracelens.schema import BREAKDOWN, IDLE, SPANS, SYNCS
 from tracelens.store import pages, runs
 from tracelens.store.cache import RankEntry, concat, read_ipc
 from tracelens.store.stages import CHUNK_ROWS, OPS, STORED_NODES, RankStage, Staged, rank_bounds, read_stage
@@ -311,7 +308,7 @@ def _collect_derived(got: list[dict[str, str | None] | None], w: runs.MemoWriter
             if len(parts) == 1:
                 out.append(parts[0])
             elif any(not p.schema.equals(parts[0].schema) for p in parts):  # (as by_rank_chunks: whole)
-                out.append(runs.derive_or_none(name, read_ipc(w.path("xevents"))))
+                out.append(kept.derive_or_none(name, read_ipc(w.path("xevents"))))
             else:
                 out.append(pa.concat_tables(parts).unify_dictionaries().combine_chunks())
     finally:

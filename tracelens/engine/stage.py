@@ -26,11 +26,12 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from tracelens.analyze.breakdown import BREAKDOWN, RankSets, breakdown, class_sets, step_windows
+from tracelens.analyze.breakdown import breakdown, class_sets, step_windows
 from tracelens.analyze.classify import COMM, COMPUTE, DEVICE_KINDS, classify, is_step_name
 from tracelens.analyze.critical_nodes import rank_nodes, sync_calls
 from tracelens.analyze.dictcol import columns, sharing
 from tracelens.analyze.intset import member
+from tracelens.schema import BREAKDOWN, RankSets
 from tracelens.store.cache import read_small
 from tracelens.store.pages import trim_heap
 from tracelens.store.stages import OPS, RankStage, stored_nodes, write_stage
@@ -235,7 +236,8 @@ def _rank_stage(events: pa.Table, rank: int) -> RankStage:
 
 def _idle(events: pa.Table, bd: pa.Table, rs: RankSets | None) -> tuple[pa.Table, str | None]:
     """(IDLE rows of a GPU rank, None) or (empty, why idle_breakdown_table failed); empty for other ranks."""
-    from tracelens.analyze.idle import IDLE, idle_breakdown_table
+    from tracelens.analyze.idle import idle_breakdown_table
+    from tracelens.schema import IDLE
 
     if rs is None or rs.path != "gpu":
         return IDLE.empty_table(), None

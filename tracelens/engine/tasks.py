@@ -14,6 +14,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from tracelens import schema
+from tracelens.engine import kept
 from tracelens.ingest import kineto
 from tracelens.store import pages, runs
 from tracelens.store.atomic import write_ipc
@@ -123,7 +124,7 @@ def _derive_slice(x: pa.Table, folder: str, tag: str) -> dict[str, str | None]:
     out: dict[str, str | None] = {}
     for name in runs.DERIVED:
         try:
-            t = runs.derive(name, x)
+            t = kept.derive(name, x)
         except Exception:  # noqa: BLE001 (the memo goes without it; the analysis reports it)
             out[name] = None
             continue

@@ -1,6 +1,6 @@
 """Analysis results a run memo keeps beside its tables, so that a cached re-analysis does not compute them
-again: the cross-rank analysis (`analyze.stragglers.CrossRankResult`: matched collectives, clock offsets,
-wait / transfer split, stragglers and their findings), ~2.2 s of a 1,024-rank re-analysis on a 2-core machine;
+again: the cross-rank analysis (matched collectives, clock offsets, wait / transfer split, stragglers and their
+findings: `engine.kept.read_cross` converts it), ~2.2 s of a 1,024-rank re-analysis on a 2-core machine;
 and the critical path's part of summary.json with the what-if (`read_tail`: the graph's replays, ~2-3 s).
 
 A result is kept under a key of everything it was computed from (`cross_key`: the memo's identity, the
@@ -16,7 +16,6 @@ layout) is computed again.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import math
 from concurrent.futures import Future
@@ -26,14 +25,10 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from tracelens.analyze.clock import ClockResult
-from tracelens.analyze.stragglers import CrossRankResult
 from tracelens.store.arrays import table_digest, text_digest
 from tracelens.store.atomic import write_ipc, write_later, write_text
 from tracelens.store.cache import code_digest, read_ipc
 
-#: The tables of a CrossRankResult, each in a file of its own.
-_CROSS_TABLES = ("collectives", "exposed_split", "arrival_lag")
 _CROSS_GLOB = "cross-*"
 
 
@@ -122,50 +117,47 @@ def cross_key(
     return text_digest(parts)[:20]
 
 
-def read_cross(memo: Path, key: str) -> CrossRankResult | None:
-    """The cross-rank result `write_cross` kept under `key` in the run memo `memo` (its tables memory-mapped),
-    or None when there is none or it cannot be read."""
+def read_result(
+    memo: Path, key: str, tables: tuple[str, ...]
+) -> tuple[dict[str, pa.Table], dict[str, Any]] | None:
+    """The result `write_result` kept under `key` in the run memo `memo`: (its tables `tables` by name,
+    memory-mapped; what it holds beside them), or None when there is none or it cannot be read."""
     try:
         rest = exact_loads((memo / f"cross-{key}.json").read_text(encoding="utf-8"))
-        tables = {name: read_ipc(memo / f"cross-{key}.{name}.arrow") for name in _CROSS_TABLES}
-        clock = rest.pop("clock")
-        return CrossRankResult(**tables, **rest, clock=None if clock is None else ClockResult(**clock))
+        got = {name: read_ipc(memo / f"cross-{key}.{name}.arrow") for name in tables}
     except (OSError, ValueError, KeyError, TypeError, pa.ArrowException):
         return None
+    if type(rest) is not dict:
+        return None
+    return got, rest
 
 
-def _rest_text(res: CrossRankResult) -> str:
-    """The JSON of what `res` holds beside its tables (NotExact when it would not read back the same)."""
-    rest = {f.name: getattr(res, f.name) for f in dataclasses.fields(res) if f.name not in _CROSS_TABLES}
-    if res.clock is not None:
-        rest["clock"] = {f.name: getattr(res.clock, f.name) for f in dataclasses.fields(res.clock)}
-    return exact_dumps(rest)
-
-
-def _write_cross(memo: Path, key: str, res: CrossRankResult, text: str) -> None:
+def _write_result(memo: Path, key: str, tables: dict[str, pa.Table], text: str) -> None:
     _remove(memo, _CROSS_GLOB, keep=f"cross-{key}.")
-    for name in _CROSS_TABLES:
-        write_ipc(memo / f"cross-{key}.{name}.arrow", getattr(res, name))
+    for name, t in tables.items():
+        write_ipc(memo / f"cross-{key}.{name}.arrow", t)
     write_text(memo / f"cross-{key}.json", text)  # (last: the mark of a whole result)
 
 
-def write_cross(memo: Path, key: str, res: CrossRankResult) -> None:
-    """Keep `res` in the run memo `memo` under `key`, in place of any kept before. OSError when the cache
-    cannot take it; NotExact when a value of it would not read back the same (then nothing is kept)."""
-    _write_cross(memo, key, res, _rest_text(res))
+def write_result(memo: Path, key: str, tables: dict[str, pa.Table], rest: dict[str, Any]) -> None:
+    """Keep a result (its Arrow tables by name, and what it holds beside them as exact JSON) in the run memo
+    `memo` under `key`, in place of any kept before. OSError when the cache cannot take it; NotExact when a
+    value of `rest` would not read back the same (then nothing is kept)."""
+    _write_result(memo, key, tables, exact_dumps(rest))
 
 
-def write_cross_later(memo: Path, key: str, res: CrossRankResult) -> Future[None]:
-    """`write_cross` with its files written in a thread of its own (the writes release the GIL while the
-    analysis goes on): the future is done when they are. What `res` holds beside its tables is taken now,
-    as text, so that later changes of its findings (the what-if sets their `saving_ms`) do not reach the
-    files; its Arrow tables do not change. A cache that cannot take them, or a result that JSON would
-    change, is no error (it is computed again next time); any other exception is the future's."""
+def write_result_later(
+    memo: Path, key: str, tables: dict[str, pa.Table], rest: dict[str, Any]
+) -> Future[None]:
+    """`write_result` with its files written in a thread of its own (the writes release the GIL while the
+    analysis goes on): the future is done when they are. `rest` is taken now, as text, so that later changes
+    of what it holds do not reach the files; Arrow tables do not change. A cache that cannot take them, or a
+    value that JSON would change, is no error (nothing is kept); any other exception is the future's."""
     try:
-        text = _rest_text(res)
+        text = exact_dumps(rest)
     except NotExact:
         return _nothing_written()
-    return write_later("tracelens-cross-write", lambda: _write_cross(memo, key, res, text))
+    return write_later("tracelens-cross-write", lambda: _write_result(memo, key, tables, text))
 
 
 # ---------------------------------------------------------------- the critical path's summary and the what-if
@@ -250,11 +242,11 @@ __all__ = [
     "cross_key",
     "exact_dumps",
     "exact_loads",
-    "read_cross",
+    "read_result",
     "read_tail",
     "same",
     "tail_key",
-    "write_cross",
-    "write_cross_later",
+    "write_result",
+    "write_result_later",
     "write_tail_later",
 ]

@@ -22,15 +22,13 @@ import json
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from tracelens import schema
-from tracelens.analyze.breakdown import BREAKDOWN, RankSets
-from tracelens.analyze.classify import comm_launched, keep_comm_launched
-from tracelens.analyze.layout.groups import pg_rows_schema
+from tracelens.schema import BREAKDOWN, RankSets
 from tracelens.store.arrays import read_arrays, text_digest, write_arrays
 from tracelens.store.atomic import write_ipc, write_later, write_text
 from tracelens.store.cache import RankEntry, code_digest, ipc_schema, read_ipc
@@ -40,20 +38,15 @@ from tracelens.store.stages import (
     STAGE_VERSION,
     STORED_NODES,
     Staged,
-    by_rank_chunks,
     rank_sets,
     sets_rows,
 )
-
-if TYPE_CHECKING:
-    from tracelens.analyze.critical_path import Graph
-    from tracelens.analyze.critical_replay import ReplayPlan
 
 #: Bump when what a memo holds changes (with STAGE_VERSION it is part of the key).
 RUN_MEMO_VERSION = "6"
 _TIME_RANGES = pa.schema([("rank", pa.int32()), ("ts_ns", pa.int64()), ("dur_ns", pa.int64())])
 #: Per row of the cross-rank events: `classify.comm_launched` (the launch links' verdict, one lookup a row).
-_XFLAGS = pa.schema([("comm_launched", pa.bool_())])
+XFLAGS = pa.schema([("comm_launched", pa.bool_())])
 
 
 def run_key(entries: Sequence[RankEntry]) -> str:
@@ -68,24 +61,20 @@ def memo_dir(entries: Sequence[RankEntry]) -> Path:
 
 
 def _schemas() -> dict[str, pa.Schema]:
-    from tracelens.analyze.composition import SPANS
-    from tracelens.analyze.critical_nodes import SYNCS
-    from tracelens.analyze.idle import IDLE
-
     return {
         "meta": schema.METADATA,
         "xevents": schema.EVENTS,
         "breakdown": BREAKDOWN,
-        "spans": SPANS,
+        "spans": schema.SPANS,
         "ops": OPS.append(pa.field("rank", pa.int32())),
-        "idle": IDLE,
+        "idle": schema.IDLE,
         "time_ranges": _TIME_RANGES,
         "sets": SETS,
         "nodes": STORED_NODES,
-        "syncs": SYNCS,
+        "syncs": schema.SYNCS,
         "collectives": schema.COLLECTIVES,
-        "xflags": _XFLAGS,
-        "pg": pg_rows_schema(),
+        "xflags": XFLAGS,
+        "pg": schema.PG_ROWS,
         "memory": schema.MEMORY,
     }
 
@@ -197,8 +186,9 @@ def read_run(entries: Sequence[RankEntry]) -> tuple[pa.Table, Staged] | None:
                 return None
         if not set(_ON_DEMAND) <= set(manifest["parts"]):
             return None
-        if "xflags" in t:  # (one row per cross-rank event)
-            keep_comm_launched(t["xevents"], t["xflags"].column("comm_launched").to_numpy())
+        flags = t["xflags"].column("comm_launched").to_numpy() if "xflags" in t else None
+        if flags is not None and flags.shape != (t["xevents"].num_rows,):  # (one row per cross-rank event)
+            return None
     except (OSError, ValueError, KeyError, TypeError, pa.ArrowException):
         return None
     return (
@@ -217,6 +207,7 @@ def read_run(entries: Sequence[RankEntry]) -> tuple[pa.Table, Staged] | None:
             load_critical=_critical_loader(d),
             collectives=t.get("collectives"),  # (absent: computing them failed; the analysis tries again)
             pg=t.get("pg"),
+            xflags=flags,
             memo=d,
             memo_id=hashlib.sha1(raw).hexdigest()[:20],
         ),
@@ -235,46 +226,27 @@ def graph_key(memo_id: str, *inputs: str) -> str:
     return text_digest([code_digest(), memo_id, *inputs])[:20]
 
 
-def read_graph(memo: Path, key: str) -> Graph | None:
-    """The graph `write_graph` kept under `key` in the run memo `memo`, memory-mapped, its replay plan kept with
-    it when the file has one (`critical_path.plan_of` takes it); None when there is none or it cannot be read
-    (damaged, cut short, of another layout)."""
-    from tracelens.analyze.dictcol import per_object  # (the graph's modules: only for the analysis)
-    from tracelens.analyze.graph_state import graph_from_state, is_plan_array, plan_from_state
-
+def read_graph_arrays(
+    memo: Path, key: str, own: Callable[[str], bool] | None = None
+) -> tuple[dict[str, np.ndarray], dict[str, Any]] | None:
+    """The arrays and metadata `write_graph_state` kept under `key` in the run memo `memo`, memory-mapped but
+    those `own` names (read into memory of their own); None when there are none or they cannot be read."""
     try:
-        # (the plan's arrays in memory of their own: the what-if drops the plan, and its ~70 MB are handed
-        # back then, where touched pages of the mapping would stay resident as long as the graph)
-        arrays, meta = read_arrays(memo / f"graph-{key}.bin", own=is_plan_array)
-        g = graph_from_state(arrays, meta)
-        plan = plan_from_state(arrays)
+        return read_arrays(memo / f"graph-{key}.bin", own=own)
     except (OSError, ValueError, KeyError, TypeError, IndexError):
         return None
-    if plan is not None:
-        per_object(g)["replay_plan"] = plan
-    return g
 
 
-def write_graph(memo: Path, key: str, g: Graph, plan: ReplayPlan | None = None) -> None:
-    """Keep `g` (and its replay plan `plan`, when given) in the run memo `memo` under `key`, in place of any
-    graph kept before. OSError when the cache cannot take it."""
-    from tracelens.analyze.graph_state import graph_state
-
-    arrays, meta = graph_state(g, plan)
+def write_graph_state(memo: Path, key: str, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> None:
+    """Keep a graph's arrays and metadata in the run memo `memo` under `key`, in place of any graph kept before.
+    OSError when the cache cannot take it."""
     _write_graph_state(memo, key, arrays, meta)
 
 
-def write_graph_later(memo: Path, key: str, g: Graph, plan: ReplayPlan | None = None) -> Future[None]:
-    """`write_graph` in a thread of its own, started here: the future is done when the file is (its
-    exception: what went wrong other than an OSError). The graph's state is taken now (`graph_state`: the
-    arrays themselves, not copies), so later changes of what `g` holds by reference (its plan dropped, its
-    per-object memo) do not reach the file; nothing the analysis does changes an array in place. The file is
-    written while the caller replays the graph: the writes release the GIL, and at 1,024 ranks they took
-    ~0.95 s of the cold run on this process' core. A cache that cannot take the graph is no error (OSError:
-    the future's result is None, as `write_graph`'s callers drop it): it is built again next time."""
-    from tracelens.analyze.graph_state import graph_state
-
-    arrays, meta = graph_state(g, plan)
+def write_graph_state_later(
+    memo: Path, key: str, arrays: dict[str, np.ndarray], meta: dict[str, Any]
+) -> Future[None]:
+    """`write_graph_state` in a thread of its own, started here (`atomic.write_later`)."""
     return write_later("tracelens-graph-write", lambda: _write_graph_state(memo, key, arrays, meta))
 
 
@@ -291,36 +263,8 @@ def _remove_graphs(memo: Path, keep: str = "") -> None:
                 p.unlink()
 
 
-#: The tables derived from the cross-rank events that the memo keeps (`derive`).
+#: The tables derived from the cross-rank events that the memo keeps (computed by `engine.kept.derive`).
 DERIVED = ("collectives", "xflags", "pg")
-
-
-def derive(name: str, xevents: pa.Table) -> pa.Table:
-    """One derived table (`DERIVED`) of cross-rank events whose rows of each rank come from that rank's events
-    alone: `collectives_from_events` (`Staged.cross_collectives`), `_XFLAGS` (`classify.comm_launched`, the
-    launch links' verdict per row) or `layout.groups.pg_rows` (`Staged.grid_rows`). Raises what those
-    raise on odd events."""
-    if name == "collectives":
-        from tracelens.analyze.collectives import collectives_from_events
-
-        return collectives_from_events(xevents)
-    if name == "pg":
-        from tracelens.analyze.layout.groups import pg_rows
-
-        return pg_rows(xevents)
-    if name == "xflags":
-        return pa.table({"comm_launched": pa.array(comm_launched(xevents), pa.bool_())}, schema=_XFLAGS)
-    raise KeyError(name)
-
-
-def derive_or_none(name: str, xevents: pa.Table) -> pa.Table | None:
-    """`derive` over slices of whole ranks (`stages.by_rank_chunks`, at the memory of one slice's work), or
-    None when that fails on odd events: then the memo goes without it and the analysis computes it itself,
-    where the failure is reported as it would be without a memo."""
-    try:
-        return by_rank_chunks(lambda part: derive(name, part), xevents)
-    except Exception:
-        return None
 
 
 #: Parts read when asked for, not when the memo is opened (`Staged.critical_inputs`).
@@ -354,8 +298,10 @@ __all__ = [
     "DERIVED",
     "RUN_MEMO_VERSION",
     "MemoWriter",
-    "derive",
-    "derive_or_none",
+    "XFLAGS",
+    "read_graph_arrays",
+    "write_graph_state",
+    "write_graph_state_later",
     "sets_table",
     "memo_dir",
     "read_memory",

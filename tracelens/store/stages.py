@@ -26,8 +26,7 @@ import numpy as np
 import pyarrow as pa
 
 from tracelens import schema
-from tracelens.analyze.breakdown import BREAKDOWN, RankSets
-from tracelens.analyze.critical_nodes import NODES, SYNCS
+from tracelens.schema import BREAKDOWN, IDLE, NODES, SPANS, SYNCS, RankSets
 from tracelens.store import pages
 from tracelens.store.arrays import layout, write_arrays
 from tracelens.store.atomic import write_ipc
@@ -82,7 +81,7 @@ class Staged:
     breakdown rows are kept (what `idle_breakdown` gives over all events and `breakdown`), or the first
     failure in `idle_error`; `nodes` / `syncs`: the critical path's inputs of all ranks (STORED_NODES, SYNCS),
     `nodes_stepped`: the ranks whose device work has steps; `collectives`: the COLLECTIVES rows of `xevents`
-    (`cross_collectives`); `pg`: what the grid inference reads of them (`grid_rows`)."""
+    (`engine.kept.cross_collectives`); `pg`: what the grid inference reads of them (`engine.kept.grid_rows`)."""
 
     sets: dict[int, RankSets]
     breakdown: pa.Table
@@ -99,28 +98,12 @@ class Staged:
     # (nodes, syncs) read on each call instead of kept (the run memo's: `critical_inputs`)
     load_critical: Callable[[], tuple[pa.Table, pa.Table]] | None = field(default=None, repr=False)
     collectives: pa.Table | None = field(default=None, repr=False)
-    pg: pa.Table | None = field(default=None, repr=False)  # `grid_rows`
+    pg: pa.Table | None = field(default=None, repr=False)  # `engine.kept.grid_rows`
+    # the memo's launch flags of the cross-rank events, one a row (`engine.kept.apply_flags` takes them)
+    xflags: np.ndarray | None = field(default=None, repr=False)
     # the run memo these stages were read from, and a digest of its manifest (None / "": not from a memo)
     memo: Path | None = field(default=None, repr=False)
     memo_id: str = field(default="", repr=False)
-
-    def cross_collectives(self) -> pa.Table:
-        """`collectives_from_events(self.xevents)` (schema.COLLECTIVES): the run memo's (computed when it was
-        written), else computed on the first call and kept. Raises what `collectives_from_events` raises."""
-        if self.collectives is None:
-            from tracelens.analyze.collectives import collectives_from_events
-
-            self.collectives = by_rank_chunks(collectives_from_events, self.xevents)
-        return self.collectives
-
-    def grid_rows(self) -> pa.Table:
-        """`layout.groups.pg_rows(self.xevents)`: what the grid inference reads of the cross-rank events
-        (the run memo's, else computed on the first call and kept)."""
-        if self.pg is None:
-            from tracelens.analyze.layout.groups import pg_rows
-
-            self.pg = by_rank_chunks(pg_rows, self.xevents)
-        return self.pg
 
     def release_pages(self) -> None:
         """Give back the resident pages of the memory-mapped cross-rank events, their collectives and the
@@ -274,9 +257,6 @@ def rank_sets(rank: int, path: str, rows: pa.Table) -> RankSets:
 
 def write_stage(st: RankStage, events_file: Path) -> None:
     """Write a rank's stage files atomically, the stage file (the completion mark) last."""
-    from tracelens.analyze.composition import SPANS
-    from tracelens.analyze.idle import IDLE
-
     write_ipc(xevents_file(events_file, st.rank), st.xevents)
     tables = {
         "nodes": st.nodes if st.nodes is not None else STORED_NODES.empty_table(),
@@ -292,9 +272,6 @@ def write_stage(st: RankStage, events_file: Path) -> None:
 
 def read_stage(events_file: Path, rank: int) -> RankStage:
     """Read a rank's stage files back (raises OSError / ArrowException when missing or damaged)."""
-    from tracelens.analyze.composition import SPANS
-    from tracelens.analyze.idle import IDLE
-
     parts = read_stage_parts(stage_file(events_file, rank))
     xev = read_ipc(xevents_file(events_file, rank))
     sets_raw = parts["sets"]

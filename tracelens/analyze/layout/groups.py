@@ -35,6 +35,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracelens.analyze.frame_cells import list_codes
+from tracelens.schema import PG_COLUMNS, PG_ROWS
 
 
 def parse_ranks(v: object) -> tuple[int, ...] | None:
@@ -298,17 +299,6 @@ def _text_codes(col: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, list[str]]
     return np.asarray(canon, dtype=np.int64)[idx], [str(t) for t in texts]
 
 
-#: What the grid inference reads of the event rows with a rank list (`pg_rows`: one row per distinct
-#: combination of these columns, in order of first appearance, with its number of event rows in `rows`).
-PG_COLUMNS = ("rank", "kind", "pg_name", "pg_desc", "pg_ranks", "group_size", "collective")
-
-
-def pg_rows_schema() -> pa.Schema:
-    from tracelens import schema
-
-    return pa.schema([schema.EVENTS.field(c) for c in PG_COLUMNS] + [pa.field("rows", pa.int64())])
-
-
 def pg_rows(events: pa.Table) -> pa.Table:
     """The event rows that carry pg_ranks, only PG_COLUMNS (events of schema.EVENTS): rows equal in all of them
     as one, the first of them, with their number in `rows`, in row order (a few rows per rank and group where
@@ -317,7 +307,7 @@ def pg_rows(events: pa.Table) -> pa.Table:
     sub = events.select(list(PG_COLUMNS)).filter(events.column("pg_ranks").is_valid())
     n = sub.num_rows
     if n == 0:
-        return pg_rows_schema().empty_table()
+        return PG_ROWS.empty_table()
     lists = _exact_list_codes(sub.column("pg_ranks").combine_chunks())
     if lists is None:  # (null elements in a list): every row as it is
         return sub.append_column("rows", pa.array(np.ones(n, np.int64)))
