@@ -111,7 +111,7 @@ def _stamps(entries: Sequence[RankEntry]) -> list[list[int]]:
 
 class MemoWriter:
     """Writes the memo of these entries part by part (`put`: each table written as soon as it is made, then
-    dropped by the caller; at 1,024 ranks the parts are ~0.8 GB, no longer all held at once), `finish` last
+    dropped by the caller; at 1,024 ranks the parts are ~0.8 GB, never all held at once), `finish` last
     (the manifest: the memo is complete). A previous manifest is removed first, so a half-rewritten memo is
     never taken for a complete one. OSError / ArrowException when the cache cannot take it."""
 
@@ -269,8 +269,8 @@ def write_graph_later(memo: Path, key: str, g: Graph, plan: ReplayPlan | None = 
     exception: what went wrong other than an OSError). The graph's state is taken now (`graph_state`: the
     arrays themselves, not copies), so later changes of what `g` holds by reference (its plan dropped, its
     per-object memo) do not reach the file; nothing the analysis does changes an array in place. The file is
-    written while the caller replays the graph: the writes release the GIL, and at 1,024 ranks they took
-    ~0.95 s of the cold run on this process' core. A cache that cannot take the graph is no error (OSError:
+    written while the caller replays the graph: the writes release the GIL, and at 1,024 ranks they take
+    ~0.9 s. A cache that cannot take the graph is no error (OSError:
     the future's result is None, as `write_graph`'s callers drop it): it is built again next time."""
     from tracelens.analyze.graph_state import graph_state
 
