@@ -127,7 +127,7 @@ def events_of(cache: Path) -> int:
     import pyarrow.parquet as pq
 
     n = 0
-    for p in cache.rglob("rank*.meta.*"):  # (Arrow IPC since the sixth session of 2026-12-03, Parquet before)
+    for p in cache.rglob("rank*.meta.*"):  # (Arrow IPC; Parquet in caches of older versions)
         if p.suffix == ".arrow":
             with pa.OSFile(str(p)) as f:
                 t = pa.ipc.open_file(f).read_all().select(["events"])

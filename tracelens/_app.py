@@ -136,8 +136,8 @@ def main() -> None:
     """The `tracelens` command (console script and `python -m tracelens`): `app()`, then a fast exit.
 
     A finished command leaves the analysis it made alive (at 1,024 ranks ~0.8 GB of tables, arrays and
-    memory-mapped files); tearing that down object by object at interpreter exit took ~0.16 s of a 5 s
-    cached run. So once the command has returned an exit code, the output streams are flushed and the
+    memory-mapped files); tearing that down object by object at interpreter exit takes ~0.16 s
+    there. So once the command has returned an exit code, the output streams are flushed and the
     `atexit` callbacks run (temporary folders, logging, finalizers registered to run at exit), and the
     process ends with `os._exit`: the kernel releases the memory at once. When a thread other than a
     daemon one is still running, a profiler or tracer is attached, or the code is not a number, Python's

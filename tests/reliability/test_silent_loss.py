@@ -56,7 +56,7 @@ def test_a_cut_plugin_file_says_what_it_lost(tmp_path):
     ],
 )
 def test_damage_in_the_metadata_costs_that_value(tmp_path, damage, field):
-    """The same damage in an event costs the event; in the metadata it used to reject the whole file."""
+    """The same damage in an event costs the event; in the metadata it costs that value, not the whole file."""
     text = gzip.decompress(H200.read_bytes()).decode()
     assert damage[0] in text
     run = tmp_path / "run"

@@ -320,7 +320,7 @@ def test_real_cpu_run_timeline_shows_compute_after_the_receive():
     fwd0_ann = raw(2, "forward_mb0")[0]
     first_send = raw(0, "gloo:send")[0]
     recv = raw(2, "gloo:recv")[0]
-    assert fwd0_ann[0] < first_send[0]  # the annotation opens first: the old chart drew stage 1 early
+    assert fwd0_ann[0] < first_send[0]  # the annotation opens first: stage 1 must not be drawn early
     assert recv[1] >= first_send[0]  # the activation arrives after stage 0 sent it (one clock: same host)
     f1 = next(b for b in blocks if b["stage"] == 1 and b["phase"] == "forward" and b["microbatch"] == 0)
     assert f1["start_ms"] * 1e6 + t0_ns >= recv[1] - 1e3

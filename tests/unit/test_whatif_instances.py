@@ -34,7 +34,7 @@ class _G:
         self.k_release = rng.random(n)
 
 
-def _frame(g: _G) -> pd.DataFrame:  # the old per-kernel frame
+def _frame(g: _G) -> pd.DataFrame:  # a per-kernel pandas frame, the reference
     ck = np.flatnonzero(g.k_instance >= 0)
     return pd.DataFrame(
         {

@@ -1,6 +1,6 @@
 """A built dependency graph (`critical_path.Graph`) as plain arrays and a JSON value, and back: what the cache
 keeps of it (`store.runs.write_graph`), so that analysing a run again replays the graph instead of building
-it (at 1,024 ranks the build is ~2 s of a cached re-analysis' ~7).
+it (~2 s at 1,024 ranks).
 
 The state holds the graph as `build_graph` leaves it: edges in order of their target's level, each node's
 level, the node ids by level. The per-level lists (`levels`, `level_edges`) are views of those, made again

@@ -127,7 +127,7 @@ def read_stages(entries: list[RankEntry], threads: int = 1) -> list[RankStage]:
     """The stages of the entries (memory-mapped), in their order; OSError when a stage file is missing or
     damaged. By default read one after the other: files this machine's pool has just written are in the page
     cache, reading a rank's is ~1 ms of Python and Arrow calls, and threads only contend for the interpreter
-    (at 1,024 ranks 0.75-0.9 s serially against 1.2-1.6 s with four threads, docs/performance.md). `threads`
+    (at 1,024 ranks 0.75-0.9 s serially against 1.2-1.6 s with four threads). `threads`
     > 1 for files that opening waits on (written by a cluster's workers to shared storage)."""
     try:
         if threads <= 1 or len(entries) <= 1:

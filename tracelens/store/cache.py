@@ -43,9 +43,9 @@ SCHEMAS = {"events": schema.EVENTS, "memory": schema.MEMORY, "meta": schema.META
 #: Default bound on the cache's size in bytes (override with $TRACELENS_CACHE_MAX_BYTES).
 DEFAULT_MAX_BYTES = 10 * 2**30
 #: Buffer compression of a cached events table (Arrow IPC). LZ4 frames against Parquet with dictionary and
-#: delta encodings (the cache's format until 2026-12-03): a 9,100-event rank ~1.1 ms to write instead of
-#: ~3.1 ms and ~1.1 ms to read instead of ~2.7 ms, 169 KB instead of 130 KB; a 123,000-event trace 7-8 ms to
-#: write instead of 20-26 ms, as fast to read, 1.7 MB instead of 0.9 MB (docs/performance.md).
+#: delta encodings: a 9,100-event rank ~1.1 ms to write instead of ~3.1 ms and ~1.1 ms to read instead of
+#: ~2.7 ms, 169 KB instead of 130 KB; a 123,000-event trace 7-8 ms to write instead of 20-26 ms, as fast to
+#: read, 1.7 MB instead of 0.9 MB.
 EVENTS_COMPRESSION = "lz4"
 
 

@@ -111,8 +111,8 @@ def cap_mmap_threshold(nbytes: int = MMAP_THRESHOLD) -> bool:
     own, handed back to the system when it is freed. glibc's default threshold is dynamic: the first such
     array freed raises it to that array's size (up to 32 MiB), after which arrays below it come from the heap
     and their pages stay resident once freed, and the peak resident memory grows with each phase of the
-    analysis. Measured on the cached 1,024-rank analysis: peak RSS ~20-30 MiB lower at no cost in time (a
-    4 MiB threshold saved ~70 MiB but added 1.5-3 s of system time in page faults). For a command's process,
+    analysis. On a cached 1,024-rank analysis: peak RSS ~20-30 MiB lower at no cost in time (a 4 MiB
+    threshold saves ~70 MiB but adds 1.5-3 s of system time in page faults). For a command's process,
     not a library call (it changes the allocator for the whole process); False where it is not glibc."""
     return _mallopt((_M_MMAP_THRESHOLD, nbytes))
 
@@ -142,8 +142,8 @@ def worker_allocator() -> bool:
     """glibc's thresholds for a worker interpreter of the local pool, which reads one rank after another:
     allocations up to `WORKER_MMAP_THRESHOLD` from the heap and up to `WORKER_TRIM_THRESHOLD` of freed heap
     kept (not handed back at each free), so that a rank reuses the pages the previous one freed. With
-    `trim_heap_over` between ranks: ~1,700 -> ~250 page faults and ~2.5 ms less CPU a rank of the 1,024-rank
-    benchmark run, at the same resident memory (~140 MiB a worker). False where it is not glibc."""
+    `trim_heap_over` between ranks: ~250 page faults a rank of the 1,024-rank benchmark run instead of ~1,700
+    (~2.5 ms less CPU), at the same resident memory (~140 MiB a worker). False where it is not glibc."""
     return _mallopt((_M_MMAP_THRESHOLD, WORKER_MMAP_THRESHOLD), (_M_TRIM_THRESHOLD, WORKER_TRIM_THRESHOLD))
 
 

@@ -100,7 +100,7 @@ def _stamps(entries: Sequence[RankEntry]) -> list[list[int]]:
 
 class MemoWriter:
     """Writes the memo of these entries part by part (`put`: each table written as soon as it is made, then
-    dropped by the caller; at 1,024 ranks the parts are ~0.8 GB, no longer all held at once), `finish` last
+    dropped by the caller; at 1,024 ranks the parts are ~0.8 GB, never all held at once), `finish` last
     (the manifest: the memo is complete). A previous manifest is removed first, so a half-rewritten memo is
     never taken for a complete one. OSError / ArrowException when the cache cannot take it."""
 

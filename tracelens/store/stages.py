@@ -9,8 +9,8 @@ image: two files to open a rank instead of eight (at 1,024 ranks 2,048 instead o
 ~0.14 ms, reading a table from a mapped image ~0.02 ms). The cross-rank events stay a file of their own: the
 reduction reads that table of every rank at once, and reading a page of a mapped file maps the cached pages
 around it too (the page cache's large folios), so in a shared file the other tables' pages would count as well
-(at 1,024 ranks ~250 MiB more file pages resident while concatenating the events: the cold run's peak 864 ->
-972 MiB). Each file is written atomically (`store.atomic`), the stage file last: a stage file that exists marks
+(at 1,024 ranks ~250 MiB more file pages resident while concatenating the events, ~110 MiB more at the cold
+run's peak). Each file is written atomically (`store.atomic`), the stage file last: a stage file that exists marks
 a complete stage; `STAGE_VERSION` in the folder name retires old ones.
 
 Written by the per-rank task (`tracelens.engine.tasks`), read back by `tracelens.run.load_run`.

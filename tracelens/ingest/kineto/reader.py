@@ -56,9 +56,8 @@ from tracelens.store.pages import trim_heap
 #: Target size (bytes of JSON) of one decoded chunk of `traceEvents`: 4 MiB with the compiled decoder, which
 #: makes no Python object per event, so a chunk's memory is its text and columns, and what a chunk costs
 #: besides (the wrapper's NumPy and Arrow calls, the merge, the names interned again) is paid a quarter as
-#: often (one rank of the 1,024-rank benchmark run, 4.4 MB of JSON: 30.1 -> 26.4 ms a read, four alternated
-#: runs, docs/performance.md); 1 MiB with msgspec's structs alone, which hold a Python object per event
-#: while the chunk is decoded.
+#: often as with 1 MiB (~12% of the read of a 4.4 MB rank); 1 MiB with msgspec's structs alone, which hold a
+#: Python object per event while the chunk is decoded.
 CHUNK_BYTES = (4 if _NATIVE else 1) * 1024 * 1024
 
 
