@@ -192,9 +192,10 @@ class Run:
 
     def memory_peaks(self) -> pd.DataFrame:
         """Per rank: peak allocated / reserved bytes, when, and the CPU op running at the peak."""
-        from tracelens.report.html import _memory_peaks_of
+        from tracelens.views import memory_peaks_of
 
-        return _memory_peaks_of(self._analysis, self.summary())
+        stage_of = {int(r["rank"]): r.get("stage") for r in self.summary().get("ranks") or []}
+        return memory_peaks_of(self._analysis, stage_of)
 
     # ---- the same outputs as the CLI (issue 20: notebook users get report, figures, compare, check) ----
     @property
@@ -206,10 +207,11 @@ class Run:
         """Write the HTML report `tracelens analyze` writes (same sections and figures) to `path`."""
         from tracelens.outputs import guard_outputs
         from tracelens.report.html import write_report
+        from tracelens.views import ReportViews
 
         path = Path(path)
         guard_outputs([path], [self.path], force=True)  # never over or into the run's traces
-        write_report(self._analysis, self.summary(), path)
+        write_report(self._analysis, self.summary(), path, ReportViews(self._analysis))
         return path
 
     def figures(self) -> dict[str, object]:
@@ -238,7 +240,7 @@ def compare(a, b, labels: tuple[str, str] | None = None) -> dict:
     `a`, `b`: a Run, a summary dict, or a path (run folder, trace or summary.json). Write the HTML with
     `tracelens.report.html.write_compare_report(result, path)`.
     """
-    from tracelens.analyze.compare import compare as _compare
+    from tracelens.summaries.compare import compare as _compare
     from tracelens.summary import run_name
 
     names = labels or tuple(
@@ -263,10 +265,10 @@ def compare_ops(comparison: dict, table: str = "ops") -> pd.DataFrame:
 
 
 def check(baseline, current, rules=None, strict: bool = False, allow_setup_change: bool = False):
-    """What `tracelens check BASELINE CURRENT` computes: a `tracelens.analyze.regress.CheckReport`
+    """What `tracelens check BASELINE CURRENT` computes: a `tracelens.summaries.regress.CheckReport`
     (`.exit_code`, `.results`; `tracelens.report.check_renderers.render(report, "text")` formats it).
     Arguments as for `compare`; `rules`: a rules.toml path or a `regress.Rules`."""
-    from tracelens.analyze import regress
+    from tracelens.summaries import regress
 
     rule_set = rules if isinstance(rules, regress.Rules) else regress.load_rules(rules)
     base = (

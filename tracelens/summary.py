@@ -18,11 +18,11 @@ from tracelens._version import __version__
 from tracelens.discover import left_out
 from tracelens.errors import BadInputError
 from tracelens.store.atomic import write_bytes
+from tracelens.summary_check import SCHEMA, load_summary, validate_summary
 
 if TYPE_CHECKING:
     from tracelens.run_analysis import Analysis
 
-SCHEMA = "tracelens.summary/1"
 
 _NS_PER_MS = 1e6
 
@@ -480,38 +480,6 @@ def stored_summary(path: Path, trace_files: bool = False) -> Path | None:
         if b'"tracelens.summary/' in head or "summary" in path.name:
             return path
     return None
-
-
-def load_summary(path: str | Path) -> dict:
-    """Read and validate a summary.json written by tracelens (the one loader: check, compare, the API)."""
-    path = Path(path)
-    if not path.is_file():
-        raise BadInputError(f"{path}: no such file")
-    try:
-        data = json.loads(path.read_bytes())
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as err:
-        raise BadInputError(f"{path}: not a JSON summary ({err.__class__.__name__})") from err
-    validate_summary(data, str(path))
-    return data
-
-
-def validate_summary(data: Any, label: str) -> None:
-    """Raise BadInputError unless `data` is a `tracelens.summary/1` document (the one validator)."""
-    if not isinstance(data, dict) or not str(data.get("schema", "")).startswith("tracelens.summary/"):
-        raise BadInputError(f"{label}: not a tracelens summary (no 'schema': '{SCHEMA}')")
-    if data["schema"] != SCHEMA:
-        raise BadInputError(f"{label}: unsupported summary schema {data['schema']!r} (expected {SCHEMA!r})")
-    for key, kind in (("run", dict), ("ranks", list)):
-        if key in data and data[key] is not None and not isinstance(data[key], kind):
-            raise BadInputError(f"{label}: summary field {key!r} must be a {kind.__name__}")
-    per_step = data.get("per_step")
-    if per_step is not None and not (
-        isinstance(per_step, list) and all(isinstance(r, dict) for r in per_step)
-    ):
-        raise BadInputError(f"{label}: summary field 'per_step' must be a list of objects")
-    from tracelens.summary_check import check_shape
-
-    check_shape(data, label)
 
 
 def run_name(path: Path) -> str:

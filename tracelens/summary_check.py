@@ -7,9 +7,14 @@ the comparison. Nulls are always allowed (unknown values are null).
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 from tracelens.errors import BadInputError
+
+#: The summary.json format this tracelens writes and reads (its `schema` field).
+SCHEMA = "tracelens.summary/1"
 
 _NUM = "number"
 _INT = "integer"
@@ -116,3 +121,33 @@ def check_shape(data: dict, label: str) -> None:
     for i, r in enumerate(data.get("stragglers") or []):
         if r.get("rank") is None:
             raise BadInputError(f"{label}: summary field stragglers[{i}].rank must be an integer")
+
+
+def load_summary(path: str | Path) -> dict:
+    """Read and validate a summary.json written by tracelens (the one loader: check, compare, the API)."""
+    path = Path(path)
+    if not path.is_file():
+        raise BadInputError(f"{path}: no such file")
+    try:
+        data = json.loads(path.read_bytes())
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as err:
+        raise BadInputError(f"{path}: not a JSON summary ({err.__class__.__name__})") from err
+    validate_summary(data, str(path))
+    return data
+
+
+def validate_summary(data: Any, label: str) -> None:
+    """Raise BadInputError unless `data` is a `tracelens.summary/1` document (the one validator)."""
+    if not isinstance(data, dict) or not str(data.get("schema", "")).startswith("tracelens.summary/"):
+        raise BadInputError(f"{label}: not a tracelens summary (no 'schema': '{SCHEMA}')")
+    if data["schema"] != SCHEMA:
+        raise BadInputError(f"{label}: unsupported summary schema {data['schema']!r} (expected {SCHEMA!r})")
+    for key, kind in (("run", dict), ("ranks", list)):
+        if key in data and data[key] is not None and not isinstance(data[key], kind):
+            raise BadInputError(f"{label}: summary field {key!r} must be a {kind.__name__}")
+    per_step = data.get("per_step")
+    if per_step is not None and not (
+        isinstance(per_step, list) and all(isinstance(r, dict) for r in per_step)
+    ):
+        raise BadInputError(f"{label}: summary field 'per_step' must be a list of objects")
+    check_shape(data, label)

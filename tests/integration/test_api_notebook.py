@@ -11,9 +11,9 @@ import plotly.graph_objects as go
 import pytest
 
 import tracelens
-from tracelens.analyze import regress
-from tracelens.analyze.compare import compare as compare_summaries
 from tracelens.report import figures as F
+from tracelens.summaries import regress
+from tracelens.summaries.compare import compare as compare_summaries
 
 ROOT = Path(__file__).resolve().parents[2]
 TP4PP4 = ROOT / "sample_traces" / "qwen35-27b-seq4k-tp4pp4"

@@ -145,8 +145,8 @@ def test_real_traces_slower_run_fails_and_reverse_passes(tmp_path):
     """HTA's trace_diff pair (real single-GPU traces, 6 steps each): the test run's steps are slower."""
     if not HTA.is_dir():
         pytest.skip(f"real traces absent: {HTA}")
-    from tracelens.analyze import regress
     from tracelens.run_analysis import summary_of
+    from tracelens.summaries import regress
 
     control = summary_of(HTA / "trace_diff" / "control", no_cache=True)
     test = summary_of(HTA / "trace_diff" / "test", no_cache=True)

@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tracelens.analyze import regress
 from tracelens.report.check_renderers import render
 from tracelens.run_analysis import summary_of as summarize
 from tracelens.simulate import SimConfig, simulate
+from tracelens.summaries import regress
 
 # Dense, small enough to simulate in a fraction of a second; compute is a large part of the step.
 MODEL = {

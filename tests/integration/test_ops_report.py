@@ -10,6 +10,7 @@ import pytest
 
 import tracelens
 from tracelens.report.html import build_sections, render
+from tracelens.views import ReportViews
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLES = (
@@ -39,7 +40,7 @@ def _table_rows(page: str) -> list[dict[str, str]]:
 def test_op_table_in_report_equals_api(sample):
     run = tracelens.load(sample, no_cache=True)
     summary = run.summary()
-    page = render(summary, build_sections(run.analysis, summary))
+    page = render(summary, build_sections(run.analysis, summary, ReportViews(run.analysis)))
     rows = summary["ops"]
     if not list(sample.rglob("*.pt.trace.json*")):  # Flight Recorder only: no op section, a note instead
         assert rows == [] and '<table class="sortable">' not in page and f"<h2>{SECTION}</h2>" not in page

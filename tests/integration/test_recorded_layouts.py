@@ -71,7 +71,7 @@ def test_ulysses_cp_inferred_and_all_to_all_sized_and_attributed_to_full_attenti
 
 
 def test_ulysses_comm_per_layer_type_in_compare_view():
-    from tracelens.analyze.compare import layer_comm_metrics
+    from tracelens.summaries.compare import layer_comm_metrics
 
     s, t = _summary("ulysses")
     m = {x["key"]: x for x in layer_comm_metrics(s, s)}

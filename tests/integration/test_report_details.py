@@ -12,10 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tracelens.analyze.compare import compare
 from tracelens.report import figures as F
 from tracelens.report import html as H
 from tracelens.run_analysis import Options, analyze_run
+from tracelens.summaries.compare import compare
+from tracelens.views import ReportViews
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLES = REPO / "sample_traces"
@@ -63,7 +64,7 @@ def test_top_operations_are_per_step():
     n = len(s["run"]["steps"])
     assert n >= 2
     _, totals = F.top_operations(a.events)
-    page = H._top_ops_section(a, s)
+    page = H._top_ops_section(ReportViews(a), s)
     assert "ms per step (all ranks)" in page and f"divided by the {n} analyzed step(s)" in page
     first = totals[0]
     cells = re.findall(r"<td>([^<]*)</td>", page.split(first["name"].split("::")[-1], 1)[1])[:3]
@@ -107,7 +108,7 @@ def test_pipeline_timeline_draws_the_ranks_the_critical_path_runs_on():
     s = a.summary()
     by_rank = s["critical_path"]["by_rank_ms"]
     assert max(by_rank, key=by_rank.get) == "6"
-    out = H._pipeline_section(a, s)
+    out = H._pipeline_section(a, s, ReportViews(a))
     fig = out[0]
     rows = list(fig.layout.yaxis.ticktext)
     assert any(r.startswith("stage 1 (r6)") for r in rows), rows
@@ -129,7 +130,7 @@ def test_hang_report_leads_with_the_hang():
     truth = __import__("json").loads((HANG / "truth.json").read_text())["hang"]
     a = analyze_run(HANG, Options())
     s = a.summary()
-    sections = H.build_sections(a, s)
+    sections = H.build_sections(a, s, ReportViews(a))
     assert sections[0][0] == "Hang"
     page = H.render(s, sections)
     titles = re.findall(r"<h2>(.*?)</h2>", page)

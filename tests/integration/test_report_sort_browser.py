@@ -14,6 +14,7 @@ import pytest
 
 import tracelens
 from tracelens.report.html import build_sections, render
+from tracelens.views import ReportViews
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE = REPO / "sample_traces" / "cpu-gloo-4rank"
@@ -48,7 +49,7 @@ def test_op_table_sorts_on_click(tmp_path):
     summary = run.summary()
     rows = summary["ops"]
     assert len(rows) > 3
-    page = render(summary, build_sections(run.analysis, summary))
+    page = render(summary, build_sections(run.analysis, summary, ReportViews(run.analysis)))
     probed = tmp_path / "probed.html"
     probed.write_text(
         page.replace('<meta charset="utf-8">', '<meta charset="utf-8">' + PROBE, 1), encoding="utf-8"

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from tracelens.analyze.compare import compare, shares, stage_imbalance
 from tracelens.commands.compare import parse_labels
 from tracelens.errors import BadInputError
+from tracelens.summaries.compare import compare, shares, stage_imbalance
 
 
 def summary(

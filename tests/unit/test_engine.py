@@ -449,7 +449,8 @@ def test_simulated_run_summary_identical_across_executors(tmp_path: Path):
 
 
 def test_top_operations_and_events_of_without_the_all_ranks_table(tmp_path: Path):
-    from tracelens.report.figures import top_operations, top_operations_of_stages
+    from tracelens.report.figures import top_operations
+    from tracelens.views import top_operations_of_stages
 
     run = _write_run(tmp_path / "run", ranks=3)
     loaded = load_run(run, LoadOptions(workers=1, cache_dir=tmp_path / "cache"))

@@ -12,11 +12,13 @@ import pyarrow as pa
 import pytest
 
 from tracelens import schema
+from tracelens import views as V
 from tracelens._testing import events_table, table_from_rows
+from tracelens.analyze.timeline import _group_modules, pipeline_blocks, rank_blocks
 from tracelens.report import figures as F
 from tracelens.report import html as H
 from tracelens.report.export import GPU_TID_BASE, trace_events
-from tracelens.report.timeline import _group_modules, pick_step, pipeline_blocks, rank_blocks
+from tracelens.report.figures import pick_step
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE = REPO / "sample_traces" / "cpu-gloo-4rank"
@@ -501,14 +503,14 @@ def test_memory_peaks_prefer_gpu_rows():
             "total_reserved": 2 << 30,
         },
     ]
-    peaks = F.memory_peaks(table_from_rows(rows, schema.MEMORY))
+    peaks = V.rank_memory_peaks(table_from_rows(rows, schema.MEMORY))
     assert peaks == [
         {"rank": 0, "allocated": 3 << 30, "reserved": 4 << 30},
         {"rank": 1, "allocated": 2 << 30, "reserved": 2 << 30},
     ]
     fig = F.memory_bar(peaks, {0: 0, 1: 1})
     assert list(fig.data[0].y) == [3.0, 2.0] and list(fig.data[1].y) == [4.0, 2.0]
-    assert F.memory_peaks(None) == []
+    assert V.rank_memory_peaks(None) == []
 
 
 def test_top_operations_prefers_kernels():
@@ -557,7 +559,7 @@ def test_page_escapes_untrusted_names_everywhere():
             events_of=lambda ranks: ev, memory=None, stages=types.SimpleNamespace(ops=ops)
         )
     )
-    page = H.render(s, H.build_sections(analysis, s))
+    page = H.render(s, H.build_sections(analysis, s, V.ReportViews(analysis)))
     assert not _raw_payload_outside_escaped_text(page)
     assert "&lt;script&gt;window.__xss=1&lt;/script&gt;" in page  # shown as text (title, finding, top ops)
     data = re.search(
@@ -594,7 +596,7 @@ def test_a_broken_section_becomes_a_note(monkeypatch):
     monkeypatch.delenv("TRACELENS_STRICT", raising=False)  # strict mode (the tests' default) re-raises
     monkeypatch.setattr(F, "step_heatmap", lambda summary: 1 / 0)
     analysis = _analysis()
-    page = H.render(s, H.build_sections(analysis, s))
+    page = H.render(s, H.build_sections(analysis, s, V.ReportViews(analysis)))
     assert "heatmap could not be drawn: ZeroDivisionError" in page
     assert analysis.warnings == [
         "report section heatmap could not be drawn: ZeroDivisionError: division by zero"
@@ -704,7 +706,7 @@ def test_pp1_run_has_no_timeline():
 
     s = make_summary(2)
     s["stages"] = [{"stage": 0, "layers": {"mlp": 4}}]
-    page = H.render(s, H.build_sections(_analysis(grid=Grid(tp=1, pp=1, dp=2, cp=1)), s))
+    page = H.render(s, H.build_sections(_analysis(grid=Grid(tp=1, pp=1, dp=2, cp=1)), s, None))
     assert "pp=1: no pipeline parallelism" in page and "Pipeline timeline" not in page
 
 
@@ -789,8 +791,7 @@ def test_memory_peaks_op_from_the_shown_ranks_only():
         return events.filter(pa.compute.is_in(events.column("rank"), pa.array(list(ranks), pa.int32())))
 
     an = types.SimpleNamespace(run=types.SimpleNamespace(memory=mem, events_of=events_of))
-    summary = {"ranks": [{"rank": r, "stage": 0 if r < 10 else 1} for r in range(20)]}
-    pk = H._memory_peaks_of(an, summary)
+    pk = V.memory_peaks_of(an, {r: 0 if r < 10 else 1 for r in range(20)})
     assert read == [list(range(16)) + [19]]
     assert list(pk["rank"]) == list(range(20))
     ops = [None if not isinstance(o, str) else o for o in pk["op_at_peak"]]  # (pandas may give NaN)

@@ -126,3 +126,79 @@ def test_tracelens_has_no_import_cycles() -> None:
 def test_commands_never_import_the_cli() -> None:
     g = import_graph(PKG)
     assert all("tracelens.cli" not in g[m] for m in g if m.startswith("tracelens.commands"))
+
+
+#: Which parts of tracelens each part may import (its own modules always; docs/architecture.md, "Layers").
+#: Data flows one way: schema -> store -> ingest -> analyze -> views / summary -> report; summary.json
+#: consumers (`summaries`) read documents, never traces.
+LAYERS: dict[str, set[str]] = {
+    "tracelens.schema": set(),
+    "tracelens.errors": set(),
+    "tracelens.thresholds": {"tracelens.errors"},
+    "tracelens.store": {"tracelens._version", "tracelens.schema", "tracelens.errors"},
+    "tracelens.ingest": {"tracelens.errors", "tracelens.findings", "tracelens.schema", "tracelens.store"},
+    "tracelens.models": {"tracelens.errors", "tracelens.findings"},
+    "tracelens.analyze": {
+        "tracelens.errors",
+        "tracelens.findings",
+        "tracelens.ingest",
+        "tracelens.models",
+        "tracelens.schema",
+        "tracelens.thresholds",
+    },
+    "tracelens.engine": {
+        "tracelens.analyze",
+        "tracelens.errors",
+        "tracelens.ingest",
+        "tracelens.schema",
+        "tracelens.store",
+    },
+    "tracelens.views": {"tracelens.analyze"},
+    "tracelens.summary_check": {"tracelens.errors"},
+    "tracelens.summaries": {"tracelens.errors", "tracelens.summary_check"},
+    "tracelens.report": {
+        "tracelens._version",
+        "tracelens.outputs",
+        "tracelens.policy",
+        "tracelens.store",
+        "tracelens.summaries",
+    },
+}
+
+
+def _part(module: str) -> str:
+    return ".".join(module.split(".")[:2])
+
+
+def layer_violations(graph: dict[str, set[str]], layers: dict[str, set[str]]) -> list[str]:
+    """'a -> b' for each import of a module `a` of a listed part of a module `b` of a part it may not import."""
+    out = []
+    for mod, targets in sorted(graph.items()):
+        part = _part(mod)
+        if part not in layers:
+            continue
+        for t in sorted(targets):
+            other = _part(t)
+            if other != part and other not in layers[part]:
+                out.append(f"{mod} -> {t}")
+    return out
+
+
+def test_the_layer_check_sees_a_lazy_import_against_the_flow(tmp_path: Path) -> None:
+    pkg = tmp_path / "tracelens"
+    (pkg / "report").mkdir(parents=True)
+    (pkg / "analyze").mkdir()
+    for f in ("__init__.py", "report/__init__.py", "analyze/__init__.py", "analyze/ops.py"):
+        (pkg / f).write_text("")
+    (pkg / "report" / "html.py").write_text("def f():\n    from tracelens.analyze import ops\n")
+    g = import_graph(pkg)
+    assert layer_violations(g, {"tracelens.report": set()}) == [
+        "tracelens.report.html -> tracelens.analyze.ops"
+    ]
+    assert layer_violations(g, {"tracelens.report": {"tracelens.analyze"}}) == []
+
+
+def test_every_part_imports_only_the_parts_below_it() -> None:
+    g = import_graph(PKG)
+    assert {_part(m) for m in g} >= set(LAYERS)  # (every listed part exists)
+    assert layer_violations(g, LAYERS) == []

@@ -11,11 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tracelens.analyze import regress
-from tracelens.analyze.regress import Rules, check
 from tracelens.errors import BadConfigError, BadInputError
 from tracelens.report.check_renderers import render
 from tracelens.run_analysis import summary_of
+from tracelens.summaries import regress
+from tracelens.summaries.regress import Rules, check
 
 REPO = Path(__file__).resolve().parents[2]
 

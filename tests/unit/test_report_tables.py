@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tracelens.report import html as H
+from tracelens.views import ReportViews
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLES = REPO / "sample_traces"
@@ -63,7 +64,7 @@ def test_report_tables_show_counts_as_integers_and_units(name):
 
     run = tracelens.load(run_dir)
     summary = run.summary()
-    page = render(summary, build_sections(run.analysis, summary))
+    page = render(summary, build_sections(run.analysis, summary, ReportViews(run.analysis)))
     tables = re.findall(r"<table[^>]*>.*?</table>", page, re.S)
     assert tables
     for t in tables:

@@ -730,7 +730,7 @@ def summary_rows(table: pd.DataFrame, per_stage: int = 15, limit: int = 60) -> l
     return out
 
 
-#: The summary's `op_totals` keys, in order: every row of the op table, for `compare` (analyze/compare.py).
+#: The summary's `op_totals` keys, in order: every row of the op table, for `compare` (summaries/compare.py).
 TOTAL_KEYS = [
     "stage",
     "rank",

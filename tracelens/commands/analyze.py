@@ -468,10 +468,11 @@ def analyze(
         writes.append((json_path, lambda p: write_summary(summary, p)))
     if not no_report:
         from tracelens.report.html import write_report
+        from tracelens.views import ReportViews
 
         def report(p: Path) -> None:
             with frozen_heap():
-                write_report(analysis, summary, p)
+                write_report(analysis, summary, p, ReportViews(analysis))
 
         writes.append((report_path, report))
     write_outputs(writes)  # all or none (a full output folder: one line, exit 2)

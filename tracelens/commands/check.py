@@ -65,10 +65,10 @@ def check(
 
     Override the thresholds with --rules rules.toml; see docs/ci.md.
     """
-    from tracelens.analyze import regress
     from tracelens.errors import BadInputError
     from tracelens.report import check_renderers
     from tracelens.run_analysis import summary_of
+    from tracelens.summaries import regress
 
     if fmt not in check_renderers.FORMATS:
         raise BadInputError(f"--format {fmt}: expected one of {', '.join(check_renderers.FORMATS)}")

@@ -65,10 +65,10 @@ def compare_cmd(
     bubbles, stage imbalance, stragglers; writes compare.html and compare.json and says what changed most."""
     import json
 
-    from tracelens.analyze.compare import compare
     from tracelens.outputs import default_out_dir, guard_outputs, write_outputs
     from tracelens.report.html import write_compare_report
     from tracelens.store.atomic import write_text
+    from tracelens.summaries.compare import compare
     from tracelens.summary import run_name
 
     names = parse_labels(labels) or (run_name(a), run_name(b))

@@ -1,7 +1,7 @@
 """Output formats of `tracelens check`: text, Markdown, JUnit XML, GitHub Actions commands and JSON.
 
 Each format is a `CheckRenderer`: one method, `render(report) -> str`, from a
-`tracelens.analyze.regress.CheckReport` to the text to print or write (the CLI does either; nothing
+`tracelens.summaries.regress.CheckReport` to the text to print or write (the CLI does either; nothing
 here prints). `RENDERERS` maps the `--format` names to them; `render(report, fmt)` picks one.
 """
 
@@ -12,7 +12,7 @@ import xml.etree.ElementTree as ET
 from abc import ABC, abstractmethod
 from typing import Any
 
-from tracelens.analyze.regress import CheckReport, RuleResult
+from tracelens.summaries.regress import CheckReport, RuleResult
 
 _COLUMNS = (
     ("rule", "Rule"),

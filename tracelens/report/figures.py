@@ -350,7 +350,7 @@ def pipeline_timeline(
     the waits in sends and receives hatched, the critical path as a line under each stage's bars.
 
     `blocks`: dicts with stage, rank, phase (forward|backward|wait), microbatch, start_ms, end_ms (from
-    `tracelens.report.timeline.pipeline_blocks`). `stages`: summary["stages"] rows for the row labels (the
+    `tracelens.analyze.timeline.pipeline_blocks`). `stages`: summary["stages"] rows for the row labels (the
     measured bubble) and the subtitle (the schedule's expected bubble)."""
     frac = {s.get("stage"): s.get("bubble_fraction") for s in stages or []}
     exp = next(
@@ -722,22 +722,6 @@ def collective_rows(coll: pa.Table | None, top: int = 30) -> list[dict]:
 # ----------------------------------------------------------------------------------------------------
 # memory
 # ----------------------------------------------------------------------------------------------------
-def memory_peaks(memory: pa.Table | None) -> list[dict]:
-    """Peak allocated and reserved bytes per rank: GPU devices when the trace has them, else the CPU (-1)."""
-    if memory is None or memory.num_rows == 0:
-        return []
-    dev = memory.column("device").fill_null(-1)
-    gpu = pc.greater_equal(dev, 0)
-    t = memory.filter(gpu) if pc.any(gpu).as_py() else memory
-    agg = (
-        t.group_by("rank").aggregate([("total_allocated", "max"), ("total_reserved", "max")]).sort_by("rank")
-    )
-    return [
-        {"rank": int(r["rank"]), "allocated": r["total_allocated_max"], "reserved": r["total_reserved_max"]}
-        for r in agg.to_pylist()
-    ]
-
-
 def memory_bar(
     peaks: Sequence[Mapping], stage_of: Mapping[int, int | None] | None = None, max_items: int = MAX_ITEMS
 ) -> go.Figure:
@@ -926,29 +910,14 @@ def compare_shares_bar(comparison: Mapping, group: str = "breakdown") -> go.Figu
     return fig
 
 
-def top_operations_of_stages(ops: pa.Table | None, top: int = 15) -> tuple[str, list[dict]]:
-    """`top_operations` from the per-rank stages' totals (`tracelens.store.stages.OPS` plus "rank"), so the
-    report's top kernels (or CPU ops on a CPU-only run) need no pass over every event."""
-    import pyarrow.compute as pc
-
-    if ops is None or ops.num_rows == 0:
-        return "", []
-    for k in ("kernel", "cpu_op"):
-        sel = ops.filter(pc.equal(ops.column("kind"), k))
-        if sel.num_rows:
-            break
-    else:
-        return "", []
-    agg = sel.group_by("name", use_threads=False).aggregate([("dur_ns", "sum"), ("calls", "sum")])
-    # (equal totals by name: the order does not hang on the group-by's)
-    agg = agg.sort_by([("dur_ns_sum", "descending"), ("name", "ascending")]).slice(0, top)
-    n_ranks = len(pc.unique(sel.column("rank")))
-    return ("kernel" if k == "kernel" else "CPU op"), [
-        {
-            "name": r["name"],
-            "calls": int(r["calls_sum"]),
-            "total_ms": _r(r["dur_ns_sum"] / 1e6),
-            "per_rank_ms": _r(r["dur_ns_sum"] / 1e6 / max(n_ranks, 1)),
-        }
-        for r in agg.to_pylist()
-    ]
+def pick_step(per_step: Sequence[Mapping]) -> int | None:
+    """The analyzed step whose mean step time is the median one (a typical step, not warm-up)."""
+    by: dict[int, list[float]] = {}
+    for r in per_step:
+        if r.get("step") is not None and r.get("step_time_ms") is not None:
+            by.setdefault(int(r["step"]), []).append(float(r["step_time_ms"]))
+    if not by:
+        return None
+    steps = sorted(by)
+    means = np.array([np.mean(by[s]) for s in steps])
+    return steps[int(np.argsort(means, kind="stable")[(len(steps) - 1) // 2])]

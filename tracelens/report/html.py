@@ -1,6 +1,7 @@
 """Assemble one self-contained, offline HTML report (plotly.js embedded once; every trace string escaped).
 
-`write_report(analysis, summary, path)` is the run report; `write_compare_report(comparison, path)` the
+`write_report(analysis, summary, path, views)` is the run report (`views`: what it reads of the run's
+tables, `tracelens.views.ReportViews`; nothing here reads events or imports an analyzer); `write_compare_report(comparison, path)` the
 comparison of two runs. Sections whose analysis could not run (no layout, no model, no memory events)
 show a one-line note instead of a figure.
 """
@@ -666,9 +667,7 @@ def schedule_what_if_html(summary: dict) -> str:
     )
 
 
-def _pipeline_section(analysis, summary: dict) -> list:
-    from tracelens.report.timeline import pick_step, pipeline_blocks
-
+def _pipeline_section(analysis, summary: dict, views=None) -> list:
     stages = summary.get("stages") or []
     out: list = []
     grid = analysis.grid if analysis is not None else None
@@ -692,14 +691,8 @@ def _pipeline_section(analysis, summary: dict) -> list:
         chain = [firsts[s] for s in sorted(firsts)]
     if not chain or (len(chain) < 2 and not stages):
         return [note("No pipeline parallelism known (pp=1 or no layout): no pipeline timeline.")]
-    events = analysis.run.events_of(chain) if analysis is not None else None
-    cross = analysis.cross if analysis is not None else None
-    step = pick_step(summary.get("per_step") or [])
-    blocks = (
-        pipeline_blocks(events, chain, stage_of, step, getattr(cross, "offsets_ns", None))
-        if events is not None
-        else []
-    )
+    step = figures.pick_step(summary.get("per_step") or [])
+    blocks = views.pipeline_blocks(chain, stage_of, step) if views is not None else []
     if blocks:
         crit = (summary.get("critical_path") or {}).get("segments")
         out.append(figures.pipeline_timeline(blocks, stages, step, crit))
@@ -790,18 +783,16 @@ def _bus_n_is_group_size(row: dict) -> bool:
     return head.isdigit() and row.get("group_size") is not None and int(head) == int(row["group_size"])
 
 
-def _memory_section(analysis, summary: dict) -> object:
-    peaks = figures.memory_peaks(analysis.run.memory) if analysis is not None else []
+def _memory_section(views, summary: dict) -> object:
+    peaks = views.rank_memory_peaks() if views is not None else []
     if not peaks:
         return note("No memory events in the traces (record with profile_memory=True).")
     stage_of = {int(r["rank"]): r.get("stage") for r in summary.get("ranks") or []}
     return figures.memory_bar(peaks, stage_of)
 
 
-def _top_ops_section(analysis, summary: dict) -> object:
-    kind, rows = (
-        figures.top_operations_of_stages(analysis.run.stages.ops) if analysis is not None else ("", [])
-    )
+def _top_ops_section(views, summary: dict) -> object:
+    kind, rows = views.top_operations() if views is not None else ("", [])
     if not rows:
         return note("No kernels or CPU operators in the traces.")
     return _top_ops_per_step(kind, rows, len((summary.get("run") or {}).get("steps") or []))
@@ -809,11 +800,10 @@ def _top_ops_section(analysis, summary: dict) -> object:
 
 def _top_ops_per_step(kind: str, rows: list[dict], n_steps: int) -> str:
     """Top operations per step, like the rest of the page (totals over the trace / analyzed steps); kernel
-    names shortened (`analyze.ops.short_kernel_name`), the whole name on hover."""
-    from tracelens.analyze.ops import short_kernel_name
+    names shortened (each row's `short`: `views.ReportViews.top_operations`), the whole name on hover."""
 
-    def shown(name):
-        return (short_kernel_name(name) or name) if kind == "kernel" else name
+    def shown(r: dict) -> str:
+        return r.get("short") or r["name"]
 
     if n_steps < 1:  # no step markers: the whole trace is the one window
         cols = [
@@ -822,11 +812,11 @@ def _top_ops_per_step(kind: str, rows: list[dict], n_steps: int) -> str:
             ("ms (all ranks)", "total_ms"),
             ("ms per rank", "per_rank_ms"),
         ]
-        whole = [{**r, "name": shown(r["name"]), "full": r["name"]} for r in rows]
+        whole = [{**r, "name": shown(r), "full": r["name"]} for r in rows]
         return "<p>Whole trace (no step markers).</p>" + table_html(whole, cols, ("name",), {"name": "full"})
     per = [
         {
-            "name": shown(r["name"]),
+            "name": shown(r),
             "full": r["name"],
             "calls": figures._r(r["calls"] / n_steps, 1),
             "total_ms": figures._r((r.get("total_ms") or 0.0) / n_steps),
@@ -998,75 +988,13 @@ def _ops_section(analysis, summary: dict) -> object:
     return parts
 
 
-def _memory_peaks_of(analysis, summary: dict):
-    """Per rank: peak allocated / reserved, and the CPU op running at the peak (tracelens.analyze.ops)."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    from tracelens.analyze.ops import memory_peaks, uses_gpu_samples
-
-    mem = analysis.run.memory if analysis is not None else None
-    stage_of = {int(r["rank"]): r.get("stage") for r in summary.get("ranks") or []}
-    if mem is None or mem.num_rows == 0:
-        return memory_peaks(mem)
-    # the op at the peak needs the rank's events: read those of the ranks shown (first 16) and of each
-    # stage's highest peak only (a large run's events are never all read for this)
-    first = memory_peaks(mem, None, stage_of)
-    want = set(first["rank"].head(16))
-    if first["stage"].notna().any():
-        top = first.dropna(subset=["stage"]).sort_values("peak_allocated", ascending=False)
-        want |= set(top.drop_duplicates("stage")["rank"])
-    cols = ["rank", "kind", "name", "ts_ns", "dur_ns"]  # (what memory_peaks reads of the events)
-    ranks = sorted(int(r) for r in want)
-    events = analysis.run.events_of(ranks, cols)
-    # the op at the peak from these ranks' samples only (their peaks are the same in a table of their own
-    # rows, as long as it keeps the same choice of GPU or CPU samples), not from every rank's again
-    sub = mem.filter(pc.is_in(mem.column("rank"), value_set=pa.array(ranks, mem.column("rank").type)))
-    if uses_gpu_samples(sub) != uses_gpu_samples(mem):
-        return memory_peaks(mem, events, stage_of)
-    at = memory_peaks(sub, events, stage_of)
-    ops_at = dict(zip(at["rank"], at["op_at_peak"]))
-    first["op_at_peak"] = [ops_at.get(int(r)) for r in first["rank"]]
-    return first
-
-
-#: The memory-over-time chart reads the samples of at most this many ranks (the first ones, and the ranks
-#: it shows at first: `figures.memory_default_ranks`); its button draws all of these.
-MEMORY_TIMELINE_RANKS = 16
-
-
-def _sampled_ranks(mem, n: int, also: list[int]):
-    """(The rows of `mem` that `ops.memory_timeline` plots, of the first `n` ranks that have such samples
-    and of the ranks `also`, only; how many ranks have them; the first sample's time over all of them, or
-    None): a large run's timeline is thinned for the ranks it shows only."""
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    from tracelens.analyze.ops import device_sample_mask
-
-    if mem is None or mem.num_rows == 0:
-        return mem, 0, None
-    m = mem.filter(pa.array(device_sample_mask(mem)))
-    ranks = np.unique(m.column("rank").to_numpy(zero_copy_only=False))
-    t0 = pc.min(m.column("ts_ns")).as_py() if m.num_rows else None
-    want = sorted({int(r) for r in ranks[:n]} | {int(r) for r in also})
-    if ranks.size > len(want) or set(want) != {int(r) for r in ranks}:
-        m = m.filter(pc.is_in(m.column("rank"), value_set=pa.array(want, m.column("rank").type)))
-    return m, int(ranks.size), t0
-
-
-def _memory_timeline_section(analysis, summary: dict) -> object:
-    from tracelens.analyze.ops import memory_timeline
-
-    mem = analysis.run.memory if analysis is not None else None
-    if mem is None or mem.num_rows == 0:
+def _memory_timeline_section(views, summary: dict) -> object:
+    if views is None or not views.has_memory():
         return note("No GPU memory events in the traces (record with profile_memory=True).")
     stage_of = {int(r["rank"]): r.get("stage") for r in summary.get("ranks") or []}
-    peaks = _memory_peaks_of(analysis, summary)
+    peaks = views.memory_peaks(stage_of)
     shown = figures.memory_default_ranks(peaks.to_dict("records"), stage_of)
-    mem, n_ranks, first_ts = _sampled_ranks(mem, MEMORY_TIMELINE_RANKS, shown)
-    tl = memory_timeline(mem, max_points=1500)
+    tl, n_ranks, first_ts = views.memory_timeline(shown)
     if tl.empty:
         return note("No GPU memory events in the traces (record with profile_memory=True).")
     t0 = float(first_ts if first_ts is not None else tl["ts_ns"].min())
@@ -1163,9 +1091,11 @@ def _inference_section(summary: dict) -> str:
     return "".join(parts)
 
 
-def build_sections(analysis, summary: dict) -> list[tuple[str, object]]:
+def build_sections(analysis, summary: dict, views=None) -> list[tuple[str, object]]:
     """Report sections for one run: a hang first, then findings; a run without profiler traces (Flight
-    Recorder dumps or NCCL logs only) leaves out the sections drawn from them, with one note saying so."""
+    Recorder dumps or NCCL logs only) leaves out the sections drawn from them, with one note saying so.
+    `views`: what the sections read of the run's tables (`tracelens.views.ReportViews`); without them the
+    pipeline timeline, memory and top operations sections are notes."""
     heat = summary.get("per_step") or []
     hang = _section(analysis, "hang", lambda: hang_html(analysis, summary))
     lead: list[tuple[str, object]] = [("Hang", hang)] if hang else []
@@ -1185,7 +1115,7 @@ def build_sections(analysis, summary: dict) -> list[tuple[str, object]]:
             ),
             ("Run", metadata_html(summary)),
         ]
-    out = lead + _build_sections(analysis, summary, heat)
+    out = lead + _build_sections(analysis, summary, heat, views)
     if summary.get("inference"):  # an inference trace: its iterations right after the breakdown
         out.insert(
             len(lead) + 2,
@@ -1194,7 +1124,7 @@ def build_sections(analysis, summary: dict) -> list[tuple[str, object]]:
     return out
 
 
-def _build_sections(analysis, summary: dict, heat: list) -> list[tuple[str, object]]:
+def _build_sections(analysis, summary: dict, heat: list, views) -> list[tuple[str, object]]:
     return [
         ("Findings", findings_html(summary)),
         (
@@ -1209,21 +1139,21 @@ def _build_sections(analysis, summary: dict, heat: list) -> list[tuple[str, obje
             if heat
             else note("No per-step samples."),
         ),
-        ("Pipeline", _section(analysis, "pipeline", lambda: _pipeline_section(analysis, summary))),
+        ("Pipeline", _section(analysis, "pipeline", lambda: _pipeline_section(analysis, summary, views))),
         (
             "Stage composition",
             _section(analysis, "composition", lambda: _composition_section(analysis, summary)),
         ),
         ("Collectives", _section(analysis, "collectives", lambda: _collectives_section(analysis, summary))),
-        ("Memory", _section(analysis, "memory", lambda: _memory_section(analysis, summary))),
-        ("Top operations", _section(analysis, "top operations", lambda: _top_ops_section(analysis, summary))),
+        ("Memory", _section(analysis, "memory", lambda: _memory_section(views, summary))),
+        ("Top operations", _section(analysis, "top operations", lambda: _top_ops_section(views, summary))),
         (
             "Operations: FLOPs and roofline",
             _section(analysis, "op table", lambda: _ops_section(analysis, summary)),
         ),
         (
             "Memory over time",
-            _section(analysis, "memory timeline", lambda: _memory_timeline_section(analysis, summary)),
+            _section(analysis, "memory timeline", lambda: _memory_timeline_section(views, summary)),
         ),
         ("Run", metadata_html(summary)),
     ]
@@ -1233,9 +1163,9 @@ def _write(text: str, path: Path) -> None:
     write_text(path, text)
 
 
-def write_report(analysis, summary: dict, path: Path) -> None:
-    """Write report.html atomically."""
-    _write(render(summary, build_sections(analysis, summary)), path)
+def write_report(analysis, summary: dict, path: Path, views) -> None:
+    """Write report.html atomically. `views`: `tracelens.views.ReportViews` of the same analysis."""
+    _write(render(summary, build_sections(analysis, summary, views)), path)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -1298,7 +1228,7 @@ COMPARE_KERNEL_ROWS = 20
 
 def _compare_ops_html(comparison: dict) -> str:
     """compare.html's per-op section: ops matched on the CPU op and its shapes, their change per step and its
-    share of the step time's change; then layer types, stages and kernels (analyze/compare.op_changes)."""
+    share of the step time's change; then layer types, stages and kernels (summaries/compare.op_changes)."""
     la, lb = comparison["labels"]
     opc = comparison.get("ops") or {}
     rows = opc.get("ops") or []

@@ -1,4 +1,5 @@
-"""Forward/backward blocks per microbatch of one pipeline and one step, for the report's pipeline timeline.
+"""Forward/backward blocks per microbatch of one pipeline and one step, for the report's pipeline timeline
+(`tracelens.views.ReportViews.pipeline_blocks` hands them to the report).
 
 Blocks come from, in order of preference:
 1. microbatch annotations (`forward_mb3`, `backward_mb3`, `fwd 3`, ...), GPU-side when the trace has them,
@@ -37,19 +38,6 @@ MICROBATCH = re.compile(
 _MODULE = [re.compile(p) for p in DEFAULT_PATTERNS]
 
 
-def pick_step(per_step: Sequence[Mapping]) -> int | None:
-    """The analyzed step whose mean step time is the median one (a typical step, not warm-up)."""
-    by: dict[int, list[float]] = {}
-    for r in per_step:
-        if r.get("step") is not None and r.get("step_time_ms") is not None:
-            by.setdefault(int(r["step"]), []).append(float(r["step_time_ms"]))
-    if not by:
-        return None
-    steps = sorted(by)
-    means = np.array([np.mean(by[s]) for s in steps])
-    return steps[int(np.argsort(means, kind="stable")[(len(steps) - 1) // 2])]
-
-
 def _rows_of(events: pa.Table, rank: int, step: int | None) -> pa.Table:
     mask = pc.equal(events.column("rank"), rank)
     if step is not None:
@@ -85,7 +73,7 @@ def _group_modules(
     """One block per microbatch from time-ordered module spans of one rank and step."""
     order = np.argsort(start, kind="stable")
     out: list[tuple[str, int, int, int]] = []
-    seen: set = set()
+    seen: set[Any] = set()
     cur: list[Any] | None = None  # [phase, microbatch, start, end] of the block being built
     count = {"forward": 0, "backward": 0}
     for i in order:
@@ -202,7 +190,7 @@ def pipeline_blocks(
     stage_of: Mapping[int, int | None],
     step: int | None,
     offsets_ns: Mapping[int, int] | None = None,
-) -> list[dict]:
+) -> list[dict[str, Any]]:
     """Blocks of one pipeline (`chain`: its ranks in stage order) in `step`, in ms from the earliest block:
     forward and backward blocks per microbatch, then the waits in sends and receives outside them (phase
     "wait", microbatch None) inside the pipeline window."""

@@ -192,7 +192,7 @@ def load_rules(path: str | Path | None) -> Rules:
 
 def validate_summary(data: Any, label: str) -> None:
     """`tracelens.summary.validate_summary` (the one validator), then the per-step samples the rules read."""
-    from tracelens.summary import validate_summary as validate_document
+    from tracelens.summary_check import validate_summary as validate_document
 
     validate_document(data, label)
     per_step = data.get("per_step")
