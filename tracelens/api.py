@@ -211,7 +211,7 @@ class Run:
 
         path = Path(path)
         guard_outputs([path], [self.path], force=True)  # never over or into the run's traces
-        write_report(self._analysis, self.summary(), path, ReportViews(self._analysis))
+        write_report(self.summary(), path, ReportViews(self._analysis))
         return path
 
     def figures(self) -> dict[str, object]:
@@ -219,8 +219,9 @@ class Run:
         as report.html; a section with several figures gives "title", "title (2)", ...)."""
         from tracelens.report.html import build_sections
         from tracelens.report.sections import figures_of
+        from tracelens.views import ReportViews
 
-        return figures_of(build_sections(self._analysis, self.summary()))
+        return figures_of(build_sections(ReportViews(self._analysis), self.summary()))
 
 
 def _side(x) -> dict:

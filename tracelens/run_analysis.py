@@ -24,6 +24,7 @@ from tracelens.options import Options
 from tracelens.policy import contained
 
 if TYPE_CHECKING:
+    from tracelens.result import Result
     from tracelens.run import Run
 
 
@@ -1224,13 +1225,17 @@ class Analysis:
 
         return self._guarded("per-op view", lambda: ops_view(self))
 
-    def summary(self, release: bool = False) -> dict:
-        """The summary.json document of this analysis (built by `tracelens.summary.build_summary`; `release`:
-        the critical path is let go once its part is built, as `tracelens analyze` does)."""
-        from tracelens.summary import build_summary
+    def result(self, release: bool = False) -> Result:
+        """The result of this analysis, every part computed (`tracelens.summary.build_result`; `release`: the
+        critical path is let go once its part is built, as `tracelens analyze` does)."""
+        from tracelens.summary import build_result
 
         # (it waits for the background writes, before it collects the warnings)
-        return build_summary(self, release=release)
+        return build_result(self, release=release)
+
+    def summary(self, release: bool = False) -> dict:
+        """The summary.json document of this analysis (`result(release).to_json()`)."""
+        return self.result(release).to_json()
 
     def keep_writing(self, what: str, done: Future[None]) -> None:
         """A cache file this analysis writes in the background (`done`: its writer's future); `wait_writes`

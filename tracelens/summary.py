@@ -6,7 +6,6 @@ See docs/summary.md for every field.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -17,6 +16,7 @@ import pyarrow as pa
 from tracelens._version import __version__
 from tracelens.discover import left_out
 from tracelens.errors import BadInputError
+from tracelens.result import Finding, Result, freeze, summary_bytes
 from tracelens.store.atomic import write_bytes
 from tracelens.summary_check import SCHEMA, load_summary, validate_summary
 
@@ -99,10 +99,15 @@ def rank_rows(per_step: list[dict], stage_of: dict[int, int] | None) -> list[dic
 
 
 def build_summary(a: Analysis, release: bool = False) -> dict:
-    """summary.json of an analysis (`a`: the typed analysis result, `tracelens.run_analysis.Analysis`).
-    `release`: let the critical path (its graph: ~0.4 GB at 1,024 ranks) go once its part is built, after the
-    what-if, before the communication and op tables (`tracelens analyze`, which does not use it again; a
-    later `a.critical` computes it again)."""
+    """summary.json of an analysis: `build_result(a, release).to_json()`."""
+    return build_result(a, release).to_json()
+
+
+def build_result(a: Analysis, release: bool = False) -> Result:
+    """The result of an analysis (`a`: `tracelens.run_analysis.Analysis`, which wires the analyzers), every
+    part computed. `release`: let the critical path (its graph: ~0.4 GB at 1,024 ranks) go once its part is
+    built, after the what-if, before the communication and op tables (`tracelens analyze`, which does not use
+    it again; a later `a.critical` computes it again)."""
     cross, pipe, comp = a.cross, a.pipeline, a.composition
     extra = {}
     if cross is not None:
@@ -158,8 +163,6 @@ def build_summary(a: Analysis, release: bool = False) -> dict:
     what_if, critical_path = critical_and_what_if(a, findings, release)
     what_if, losses = prescription(a, findings, what_if, ranks, stages, cross, audit)
     out = {
-        "schema": SCHEMA,
-        "tracelens_version": __version__,
         "run": run,
         "ranks": ranks,
         "stages": stages,
@@ -203,7 +206,8 @@ def build_summary(a: Analysis, release: bool = False) -> dict:
         + list(getattr(a.grid, "notes", []) or [])
         + (wait_split_warnings(ranks) if cross is not None else [])
     )
-    return out
+    out["findings"] = tuple(Finding.from_json(f) for f in findings)
+    return Result(**{k: freeze(v) for k, v in out.items()}, tracelens_version=__version__)
 
 
 def critical_and_what_if(
@@ -432,34 +436,6 @@ def _median(series) -> float | None:
 def write_summary(summary: dict, path: Path) -> None:
     """Write atomically: a reader never sees half a file."""
     write_bytes(path, summary_bytes(summary))
-
-
-def summary_bytes(summary: dict) -> bytes:
-    """summary.json's text (UTF-8, indented by 2): msgspec's encoder (~0.03 s for the 1.2 MB summary of a
-    1,024-rank run, where `json.dumps(indent=2)`, a pure-Python encoder, takes ~0.4 s). The same JSON values
-    as `json.dumps` (numpy scalars and arrays, paths through `_json_default`); a NaN is written as null
-    (`json.dumps(allow_nan=False)` raised). A dict key msgspec does not take (None, a bool) falls back to
-    `json.dumps`."""
-    import msgspec
-
-    try:
-        return msgspec.json.format(msgspec.json.encode(summary, enc_hook=_json_default), indent=2) + b"\n"
-    except (TypeError, msgspec.EncodeError):
-        text = json.dumps(summary, indent=2, allow_nan=False, default=_json_default) + "\n"
-        return text.encode("utf-8")
-
-
-def _json_default(o):
-    if isinstance(o, (np.integer,)):
-        return int(o)
-    if isinstance(o, (np.floating,)):
-        f = float(o)
-        return None if math.isnan(f) else f
-    if isinstance(o, np.ndarray):
-        return o.tolist()
-    if isinstance(o, Path):
-        return str(o)
-    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
 
 
 def stored_summary(path: Path, trace_files: bool = False) -> Path | None:

@@ -1,5 +1,6 @@
-"""What the report shows that is read from the run's tables rather than from summary.json: the pipeline
-timeline's blocks, the memory peaks and samples, the top operations. The report (`tracelens.report`)
+"""What the report shows beyond summary.json: the pipeline timeline's blocks, the memory peaks and samples,
+the top operations, read from the run's tables; the layout, the cross-rank and per-op results as the analysis
+holds them. The report (`tracelens.report`)
 renders; this module reads the analysis' tables for it, so nothing under `report/` imports an analyzer or
 reads events. `ReportViews` is what a report is given beside the summary.
 """
@@ -123,6 +124,37 @@ class ReportViews:
 
     def __init__(self, analysis: Any):
         self.analysis = analysis
+
+    # what the report reads of the analysis' typed results, as they are (no events)
+    @property
+    def warnings(self) -> list[str]:
+        """The analysis' warnings: a report section that fails adds its line here (tracelens.policy)."""
+        out: list[str] = self.analysis.warnings
+        return out
+
+    @property
+    def grid(self) -> Any:
+        """The layout the findings use (`analyze.layout.Grid`), or None."""
+        return self.analysis.grid
+
+    @property
+    def composition(self) -> Any:
+        return self.analysis.composition
+
+    @property
+    def cross(self) -> Any:
+        """The cross-rank result (`analyze.stragglers.CrossRankResult`: matched collectives, clock offsets)."""
+        return self.analysis.cross
+
+    @property
+    def ops_view(self) -> Any:
+        return getattr(self.analysis, "ops_view", None)
+
+    @property
+    def nccl(self) -> dict[str, Any]:
+        """The NCCL inputs read (Flight Recorder records, plugin and log tables) by kind."""
+        out: dict[str, Any] = getattr(self.analysis, "nccl", None) or {}
+        return out
 
     def has_memory(self) -> bool:
         mem = self.analysis.run.memory

@@ -40,7 +40,7 @@ def _table_rows(page: str) -> list[dict[str, str]]:
 def test_op_table_in_report_equals_api(sample):
     run = tracelens.load(sample, no_cache=True)
     summary = run.summary()
-    page = render(summary, build_sections(run.analysis, summary, ReportViews(run.analysis)))
+    page = render(summary, build_sections(ReportViews(run.analysis), summary))
     rows = summary["ops"]
     if not list(sample.rglob("*.pt.trace.json*")):  # Flight Recorder only: no op section, a note instead
         assert rows == [] and '<table class="sortable">' not in page and f"<h2>{SECTION}</h2>" not in page

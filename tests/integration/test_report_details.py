@@ -108,7 +108,7 @@ def test_pipeline_timeline_draws_the_ranks_the_critical_path_runs_on():
     s = a.summary()
     by_rank = s["critical_path"]["by_rank_ms"]
     assert max(by_rank, key=by_rank.get) == "6"
-    out = H._pipeline_section(a, s, ReportViews(a))
+    out = H._pipeline_section(ReportViews(a), s)
     fig = out[0]
     rows = list(fig.layout.yaxis.ticktext)
     assert any(r.startswith("stage 1 (r6)") for r in rows), rows
@@ -130,7 +130,7 @@ def test_hang_report_leads_with_the_hang():
     truth = __import__("json").loads((HANG / "truth.json").read_text())["hang"]
     a = analyze_run(HANG, Options())
     s = a.summary()
-    sections = H.build_sections(a, s, ReportViews(a))
+    sections = H.build_sections(ReportViews(a), s)
     assert sections[0][0] == "Hang"
     page = H.render(s, sections)
     titles = re.findall(r"<h2>(.*?)</h2>", page)

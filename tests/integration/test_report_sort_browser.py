@@ -49,7 +49,7 @@ def test_op_table_sorts_on_click(tmp_path):
     summary = run.summary()
     rows = summary["ops"]
     assert len(rows) > 3
-    page = render(summary, build_sections(run.analysis, summary, ReportViews(run.analysis)))
+    page = render(summary, build_sections(ReportViews(run.analysis), summary))
     probed = tmp_path / "probed.html"
     probed.write_text(
         page.replace('<meta charset="utf-8">', '<meta charset="utf-8">' + PROBE, 1), encoding="utf-8"

@@ -137,7 +137,7 @@ def test_every_summary_string_is_escaped_in_the_report(tmp_path):
 
     hostile = poison(summary)
     hostile["run"]["warnings"] = [IMG, SVG]
-    write_report(a, hostile, tmp_path / "report.html", ReportViews(a))
+    write_report(hostile, tmp_path / "report.html", ReportViews(a))
     page = (tmp_path / "report.html").read_text()
     assert "&lt;img src=x onerror=&quot;alert(2)&quot;&gt;" in page  # shown, escaped
     _assert_no_markup(page)
@@ -262,7 +262,7 @@ def test_no_path_from_a_trace_is_ever_opened(tmp_path):
         from tracelens.report.html import write_report
 
         summary = a.summary()
-        write_report(a, summary, tmp_path / "out" / "report.html", ReportViews(a))
+        write_report(summary, tmp_path / "out" / "report.html", ReportViews(a))
     finally:
         active.clear()
     assert any(o.endswith("rank0.json") for o in opened)  # the hook works

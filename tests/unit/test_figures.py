@@ -559,7 +559,7 @@ def test_page_escapes_untrusted_names_everywhere():
             events_of=lambda ranks: ev, memory=None, stages=types.SimpleNamespace(ops=ops)
         )
     )
-    page = H.render(s, H.build_sections(analysis, s, V.ReportViews(analysis)))
+    page = H.render(s, H.build_sections(V.ReportViews(analysis), s))
     assert not _raw_payload_outside_escaped_text(page)
     assert "&lt;script&gt;window.__xss=1&lt;/script&gt;" in page  # shown as text (title, finding, top ops)
     data = re.search(
@@ -596,7 +596,7 @@ def test_a_broken_section_becomes_a_note(monkeypatch):
     monkeypatch.delenv("TRACELENS_STRICT", raising=False)  # strict mode (the tests' default) re-raises
     monkeypatch.setattr(F, "step_heatmap", lambda summary: 1 / 0)
     analysis = _analysis()
-    page = H.render(s, H.build_sections(analysis, s, V.ReportViews(analysis)))
+    page = H.render(s, H.build_sections(V.ReportViews(analysis), s))
     assert "heatmap could not be drawn: ZeroDivisionError" in page
     assert analysis.warnings == [
         "report section heatmap could not be drawn: ZeroDivisionError: division by zero"
@@ -706,7 +706,7 @@ def test_pp1_run_has_no_timeline():
 
     s = make_summary(2)
     s["stages"] = [{"stage": 0, "layers": {"mlp": 4}}]
-    page = H.render(s, H.build_sections(_analysis(grid=Grid(tp=1, pp=1, dp=2, cp=1)), s, None))
+    page = H.render(s, H.build_sections(V.ReportViews(_analysis(grid=Grid(tp=1, pp=1, dp=2, cp=1))), s))
     assert "pp=1: no pipeline parallelism" in page and "Pipeline timeline" not in page
 
 

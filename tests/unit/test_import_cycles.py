@@ -155,11 +155,13 @@ LAYERS: dict[str, set[str]] = {
     },
     "tracelens.views": {"tracelens.analyze"},
     "tracelens.summary_check": {"tracelens.errors"},
+    "tracelens.result": {"tracelens.errors", "tracelens.summary_check"},
     "tracelens.summaries": {"tracelens.errors", "tracelens.summary_check"},
     "tracelens.report": {
         "tracelens._version",
         "tracelens.outputs",
         "tracelens.policy",
+        "tracelens.result",
         "tracelens.store",
         "tracelens.summaries",
     },

@@ -64,7 +64,7 @@ def test_report_tables_show_counts_as_integers_and_units(name):
 
     run = tracelens.load(run_dir)
     summary = run.summary()
-    page = render(summary, build_sections(run.analysis, summary, ReportViews(run.analysis)))
+    page = render(summary, build_sections(ReportViews(run.analysis), summary))
     tables = re.findall(r"<table[^>]*>.*?</table>", page, re.S)
     assert tables
     for t in tables:

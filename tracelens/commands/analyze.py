@@ -127,7 +127,7 @@ def analyze(
 
     from tracelens.errors import BadInputError
     from tracelens.run_analysis import Options, analyze_run
-    from tracelens.summary import run_name, write_summary
+    from tracelens.summary import run_name
 
     if compat not in (None, "hta"):
         raise BadInputError(f"--compat {compat}: only 'hta' is supported")
@@ -187,18 +187,20 @@ def analyze(
             plain.set_phase("analyzing")
         # (the critical path let go once its part of summary.json is built: the report and the communication
         # and op tables do not use it, and these tables would otherwise add to its memory)
-        summary = analysis.summary(release=True)
+        result = analysis.result(release=True)
+    summary = result.to_json()
     usable_input_or_error(summary, run_dir, analysis)
-    writes = [(summary_path, lambda p: write_summary(summary, p))]
+    from tracelens.report.base import HtmlReport, SummaryJson, write
+
+    writes = [(summary_path, lambda p: write(SummaryJson(), result, p))]
     if json_path:
-        writes.append((json_path, lambda p: write_summary(summary, p)))
+        writes.append((json_path, lambda p: write(SummaryJson(), result, p)))
     if not no_report:
-        from tracelens.report.html import write_report
         from tracelens.views import ReportViews
 
         def report(p: Path) -> None:
             with frozen_heap():
-                write_report(analysis, summary, p, ReportViews(analysis))
+                write(HtmlReport(ReportViews(analysis)), result, p)
 
         writes.append((report_path, report))
     write_outputs(writes)  # all or none (a full output folder: one line, exit 2)

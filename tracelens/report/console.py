@@ -275,5 +275,3 @@ def print_ops_table(summary: dict, top: int = 20) -> None:
             _fmt(r.get("roofline_pct"), 1),
         )
     console.print(table)
-
-

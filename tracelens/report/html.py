@@ -1,7 +1,7 @@
 """Assemble one self-contained, offline HTML report (plotly.js embedded once; every trace string escaped).
 
-`write_report(analysis, summary, path, views)` is the run report (`views`: what it reads of the run's
-tables, `tracelens.views.ReportViews`; nothing here reads events or imports an analyzer); `write_compare_report(comparison, path)` the
+`write_report(summary, path, views)` is the run report (`views`: what it reads of the analysis beyond
+summary.json, `tracelens.views.ReportViews`; nothing here reads events or imports an analyzer); `write_compare_report(comparison, path)` the
 comparison of two runs. Sections whose analysis could not run (no layout, no model, no memory events)
 show a one-line note instead of a figure.
 """
@@ -359,11 +359,11 @@ def progress_html(summary: dict) -> str:
     return "".join(out)
 
 
-def _fr_records(analysis):
+def _fr_records(views):
     """The Flight Recorder records the analysis read (a DataFrame), or None."""
-    if analysis is None:
+    if views is None:
         return None
-    fr = (getattr(analysis, "nccl", None) or {}).get("flight_recorder")
+    fr = (getattr(views, "nccl", None) or {}).get("flight_recorder")
     if fr is None or not fr.num_rows:
         return None
     return fr.select(
@@ -375,7 +375,7 @@ def _call(op, seq, pg) -> str:
     return f"{op} #{int(seq)}" + (f" (pg {pg})" if pg not in (None, "") else "")
 
 
-def hang_html(analysis, summary: dict) -> str:
+def hang_html(views, summary: dict) -> str:
     """A hung run first: the culprit, who waits for whom, and per rank the last collective it enqueued,
     started and completed (from the COLLECTIVE_HANG finding and the Flight Recorder records it was read
     from). Empty without a COLLECTIVE_HANG finding."""
@@ -383,7 +383,7 @@ def hang_html(analysis, summary: dict) -> str:
     if not hangs:
         return ""
     out = []
-    fr = _fr_records(analysis)
+    fr = _fr_records(views)
     for f in hangs:
         pg, seq, op = f.get("pg_name"), f.get("seq"), f.get("op")
         culprits = [int(r) for r in f.get("missing_ranks") or f.get("ranks") or []]
@@ -449,10 +449,10 @@ def hang_html(analysis, summary: dict) -> str:
     return "".join(out)
 
 
-def _fr_html(analysis) -> str:
+def _fr_html(views) -> str:
     """Flight Recorder records per group and op: calls, ranks, and how many completed (the run's collectives
     when no profiler trace matched any)."""
-    fr = _fr_records(analysis)
+    fr = _fr_records(views)
     if fr is None:
         return ""
     rows = []
@@ -592,10 +592,10 @@ def render(
     )
 
 
-def _section(analysis, label: str, fn: Callable[[], object]) -> object:
+def _section(views, label: str, fn: Callable[[], object]) -> object:
     """One section builder under the error policy (`tracelens.policy`): a failure becomes a warning of the
     run and a note in its place."""
-    warnings: list[str] = analysis.warnings if analysis is not None else []
+    warnings: list[str] = views.warnings if views is not None else []
     n = len(warnings)
     out = contained(f"report section {label} could not be drawn", fn, warnings)
     return out if len(warnings) == n else note(warnings[-1])
@@ -667,10 +667,10 @@ def schedule_what_if_html(summary: dict) -> str:
     )
 
 
-def _pipeline_section(analysis, summary: dict, views=None) -> list:
+def _pipeline_section(views, summary: dict) -> list:
     stages = summary.get("stages") or []
     out: list = []
-    grid = analysis.grid if analysis is not None else None
+    grid = views.grid if views is not None else None
     stage_of = {int(r["rank"]): r.get("stage") for r in summary.get("ranks") or []}
     chain: list[int] = []
     if grid is not None and getattr(grid, "pp", None) == 1:
@@ -706,8 +706,8 @@ def _pipeline_section(analysis, summary: dict, views=None) -> list:
     return out
 
 
-def _composition_section(analysis, summary: dict) -> list:
-    result = analysis.composition if analysis is not None else None
+def _composition_section(views, summary: dict) -> list:
+    result = views.composition if views is not None else None
     comp = summary.get("composition") or result
     stages = figures._get(comp, "stages") or figures._get(result, "stages") or {}
     share = figures._get(comp, "time_share") or figures._get(result, "time_share") or {}
@@ -724,8 +724,8 @@ def _composition_section(analysis, summary: dict) -> list:
     return out
 
 
-def _collectives_section(analysis, summary: dict) -> object:
-    cross = analysis.cross if analysis is not None else None
+def _collectives_section(views, summary: dict) -> object:
+    cross = views.cross if views is not None else None
     rows = figures.collective_rows(getattr(cross, "collectives", None)) if cross is not None else []
     if not rows:  # no cross-rank result (e.g. a stored summary): the per-op summary.json record
         by_op = (
@@ -745,7 +745,7 @@ def _collectives_section(analysis, summary: dict) -> object:
             if not any(r.get("busbw_n") for r in by_op):  # (a summary written before busbw_n existed)
                 cols = [c for c in cols if c[1] != "busbw_n"]
             return "<p>Per operation (from summary.json).</p>" + table_html(by_op, cols, ("op",))
-        fr_table = _fr_html(analysis)
+        fr_table = _fr_html(views)
         if fr_table:
             return fr_table
         return note("No collectives matched across ranks (single rank, or no communication in the traces).")
@@ -911,11 +911,11 @@ def ops_report_rows(summary: dict) -> list[dict]:
     return out
 
 
-def _ops_section(analysis, summary: dict) -> object:
+def _ops_section(views, summary: dict) -> object:
     rows = ops_report_rows(summary)
     if not rows:
         return note("No kernels or CPU operators in the analyzed steps.")
-    view = analysis.ops_view if analysis is not None else None
+    view = views.ops_view if views is not None else None
     parts = []
     if view is not None and not view.shapes_recorded:
         parts.append(
@@ -1091,20 +1091,20 @@ def _inference_section(summary: dict) -> str:
     return "".join(parts)
 
 
-def build_sections(analysis, summary: dict, views=None) -> list[tuple[str, object]]:
+def build_sections(views, summary: dict) -> list[tuple[str, object]]:
     """Report sections for one run: a hang first, then findings; a run without profiler traces (Flight
     Recorder dumps or NCCL logs only) leaves out the sections drawn from them, with one note saying so.
     `views`: what the sections read of the run's tables (`tracelens.views.ReportViews`); without them the
     pipeline timeline, memory and top operations sections are notes."""
     heat = summary.get("per_step") or []
-    hang = _section(analysis, "hang", lambda: hang_html(analysis, summary))
+    hang = _section(views, "hang", lambda: hang_html(views, summary))
     lead: list[tuple[str, object]] = [("Hang", hang)] if hang else []
     if not (summary.get("run") or {}).get("ranks"):
         return lead + [
             ("Findings", findings_html(summary)),
             (
                 "Collectives",
-                _section(analysis, "collectives", lambda: _collectives_section(analysis, summary)),
+                _section(views, "collectives", lambda: _collectives_section(views, summary)),
             ),
             (
                 "Profiler traces",
@@ -1115,45 +1115,45 @@ def build_sections(analysis, summary: dict, views=None) -> list[tuple[str, objec
             ),
             ("Run", metadata_html(summary)),
         ]
-    out = lead + _build_sections(analysis, summary, heat, views)
+    out = lead + _build_sections(views, summary, heat)
     if summary.get("inference"):  # an inference trace: its iterations right after the breakdown
         out.insert(
             len(lead) + 2,
-            ("Inference iterations", _section(analysis, "inference", lambda: _inference_section(summary))),
+            ("Inference iterations", _section(views, "inference", lambda: _inference_section(summary))),
         )
     return out
 
 
-def _build_sections(analysis, summary: dict, heat: list, views) -> list[tuple[str, object]]:
+def _build_sections(views, summary: dict, heat: list) -> list[tuple[str, object]]:
     return [
         ("Findings", findings_html(summary)),
         (
             "Per-rank breakdown",
-            _section(analysis, "breakdown", lambda: figures.breakdown_bar(summary))
+            _section(views, "breakdown", lambda: figures.breakdown_bar(summary))
             if summary.get("ranks")
             else note("No ranks analyzed."),
         ),
         (
             "Step time per rank and step",
-            _section(analysis, "heatmap", lambda: figures.step_heatmap(summary))
+            _section(views, "heatmap", lambda: figures.step_heatmap(summary))
             if heat
             else note("No per-step samples."),
         ),
-        ("Pipeline", _section(analysis, "pipeline", lambda: _pipeline_section(analysis, summary, views))),
+        ("Pipeline", _section(views, "pipeline", lambda: _pipeline_section(views, summary))),
         (
             "Stage composition",
-            _section(analysis, "composition", lambda: _composition_section(analysis, summary)),
+            _section(views, "composition", lambda: _composition_section(views, summary)),
         ),
-        ("Collectives", _section(analysis, "collectives", lambda: _collectives_section(analysis, summary))),
-        ("Memory", _section(analysis, "memory", lambda: _memory_section(views, summary))),
-        ("Top operations", _section(analysis, "top operations", lambda: _top_ops_section(views, summary))),
+        ("Collectives", _section(views, "collectives", lambda: _collectives_section(views, summary))),
+        ("Memory", _section(views, "memory", lambda: _memory_section(views, summary))),
+        ("Top operations", _section(views, "top operations", lambda: _top_ops_section(views, summary))),
         (
             "Operations: FLOPs and roofline",
-            _section(analysis, "op table", lambda: _ops_section(analysis, summary)),
+            _section(views, "op table", lambda: _ops_section(views, summary)),
         ),
         (
             "Memory over time",
-            _section(analysis, "memory timeline", lambda: _memory_timeline_section(views, summary)),
+            _section(views, "memory timeline", lambda: _memory_timeline_section(views, summary)),
         ),
         ("Run", metadata_html(summary)),
     ]
@@ -1163,9 +1163,9 @@ def _write(text: str, path: Path) -> None:
     write_text(path, text)
 
 
-def write_report(analysis, summary: dict, path: Path, views) -> None:
-    """Write report.html atomically. `views`: `tracelens.views.ReportViews` of the same analysis."""
-    _write(render(summary, build_sections(analysis, summary, views)), path)
+def write_report(summary: dict, path: Path, views) -> None:
+    """Write report.html atomically. `views`: `tracelens.views.ReportViews` of the analysis `summary` is of."""
+    _write(render(summary, build_sections(views, summary)), path)
 
 
 # ----------------------------------------------------------------------------------------------------
