@@ -89,3 +89,50 @@ def test_constant_and_null_columns_take_no_memory_a_row_and_keep_their_values():
     assert c.valid("seq").strides == (0,)
     assert c.end_signed() is c.end()  # (no negative duration)
     assert c.end().tolist() == (np.arange(n) * 11).tolist()
+
+
+def test_values_at_rows_equal_the_whole_column_read_there_without_keeping_it():
+    """int64_at / end_at: at any rows (repeated, unordered, of a sliced column with nulls across the
+    bitmap's bytes), the values int64 / end give there; nothing is kept for the whole column."""
+    n = 37
+    vals = np.arange(n, dtype=np.int64) * 7 - 50
+    mask = np.arange(n) % 3 == 1  # nulls
+    corr = pa.array(vals, mask=mask).slice(3)  # (an offset into the bitmap)
+    small = pa.array(np.arange(n, dtype=np.int32) + 1000, mask=np.arange(n) % 5 == 0).slice(3)
+    t = pa.table(
+        {
+            "correlation": corr,
+            "stream": small,
+            "step": pa.array(np.arange(n - 3, dtype=np.int32)),
+            "ts_ns": pa.array(np.arange(n - 3, dtype=np.int64) * 100),
+            "dur_ns": pa.array(np.where(np.arange(n - 3) % 4 == 0, None, np.arange(n - 3) - 5), pa.int64()),
+        }
+    )
+    rows = np.array([0, 33, 5, 5, 1, 2, 17, 8, 9, 16])
+    c = Columns(t)
+    for col, fill in [("correlation", -1), ("stream", -7), ("step", None), ("step", -1), ("ts_ns", None)]:
+        got = c.int64_at(col, rows, fill)
+        want = [(fill if v is None else v) for v in (t.column(col).to_pylist()[i] for i in rows)]
+        assert got.dtype == np.int64 and got.tolist() == want
+    end = [
+        ts + max(d or 0, 0) for ts, d in zip(t.column("ts_ns").to_pylist(), t.column("dur_ns").to_pylist())
+    ]
+    assert c.end_at(rows).tolist() == [end[i] for i in rows]
+    assert c._cache.keys() <= {("int64", "ts_ns", None)}  # (no whole-column copy made or kept)
+    with pytest.raises(ValueError):
+        c.int64_at("correlation", rows)  # nulls and no fill
+    # a decoded column is read from there: the same values
+    assert c.int64("stream", -7)[rows].tolist() == c.int64_at("stream", rows, -7).tolist()
+    assert c.end()[rows].tolist() == c.end_at(rows).tolist()
+
+
+def test_drop_rows_forgets_the_row_arrays_and_decodes_the_same_values_again():
+    t = _table()
+    c = Columns(t)
+    first = (c.flag("name", _is_x), c.kinds("kernel"), c.int64("dur_ns", 0), c.end(), c.valid("dur_ns"))
+    codes = c.codes("name")
+    c.drop_rows()
+    assert c.codes("name") is codes  # (the dictionary codes are kept)
+    again = (c.flag("name", _is_x), c.kinds("kernel"), c.int64("dur_ns", 0), c.end(), c.valid("dur_ns"))
+    for a, b in zip(first, again):
+        assert a is not b and a.tolist() == b.tolist()

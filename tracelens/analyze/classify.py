@@ -149,7 +149,7 @@ def comm_launched(events: pa.Table) -> np.ndarray:
     if got is None:
         # the innermost op around the launch is a communication op (then it is also the innermost of those:
         # link_launches' `parent == comm_parent`, without looking the communication ops up on their own)
-        parent = launch_parents(events)
+        parent = launch_parents(events, keep=False)  # (asked for once: these flags are what is kept)
         out = np.zeros(events.num_rows, dtype=bool)
         has = parent >= 0
         out[has] = columns(events).flag("name", comm_families.is_comm_cpu_op)[parent[has]]

@@ -72,30 +72,33 @@ def rank_nodes(events: pa.Table, spans: pa.Table | None = None) -> tuple[pa.Tabl
     rt = c.kinds("cuda_runtime")
     d_idx = np.flatnonzero(dev)
     is_comm = (c.flag("name", _is_comm_kernel) | c.valid("collective"))[d_idx]
-    rank, start, corr = (c.int64(k, -1)[d_idx] for k in ("rank", "ts_ns", "correlation"))
-    end = start + np.maximum(c.int64("dur_ns", 0)[d_idx], 0)
+    # (columns read at the device rows and the runtime rows only: no whole-column copies)
+    rank, start, corr = (c.int64_at(k, d_idx, -1) for k in ("rank", "ts_ns", "correlation"))
+    end = start + np.maximum(c.int64_at("dur_ns", d_idx, 0), 0)
     # the CPU launch: the first cuda_runtime event of the same rank and correlation
     launch_ns = np.full(d_idx.size, np.nan)
     launch_tid = np.full(d_idx.size, np.nan)
-    if rt.any():
-        l_rank, l_corr = c.int64("rank", -1)[rt], c.int64("correlation", -1)[rt]
+    r_idx = np.flatnonzero(rt)
+    if r_idx.size:
+        l_rank, l_corr = c.int64_at("rank", r_idx, -1), c.int64_at("correlation", r_idx, -1)
         ok = np.flatnonzero(l_corr >= 0)
         hit, first = _first_of_keys(l_rank[ok], l_corr[ok], rank, corr)
-        rows = ok[first]
+        del l_rank, l_corr
+        rows = r_idx[ok[first]]
         # (as a float, as the frame it came through held it: ns since the epoch rounded to float64)
-        launch_ns[hit] = c.int64("ts_ns", -1)[rt][rows].astype(np.float64)
+        launch_ns[hit] = c.int64_at("ts_ns", rows, -1).astype(np.float64)
         # (as pandas held the column: float64, NaN where null)
-        tid = c.int64("tid", -1)[rt].astype(np.float64)
-        tid[~c.valid("tid")[rt]] = np.nan
-        launch_tid[hit] = tid[rows]
-    step = c.int64("step", -1)[d_idx] if stepped else np.zeros(d_idx.size, np.int64)
+        tid = c.int64_at("tid", rows, -1).astype(np.float64)
+        tid[~c.valid("tid")[rows]] = np.nan
+        launch_tid[hit] = tid
+    step = c.int64_at("step", d_idx, -1) if stepped else np.zeros(d_idx.size, np.int64)
     mods, at = _label_at({"rank": rank, "start_ns": start}, spans)
     label = mods.take(pa.array(at, mask=at < 0)).cast(pa.string())
     nodes = pa.table(
         {
             "rank": pa.array(rank, pa.int32()),
             "step": pa.array(step, pa.int32()),
-            "stream": pa.array(c.int64("stream", -1)[d_idx], pa.int32()),
+            "stream": pa.array(c.int64_at("stream", d_idx, -1), pa.int32()),
             "start_ns": pa.array(start, pa.int64()),
             "end_ns": pa.array(end, pa.int64()),
             "launch_ns": pa.array(launch_ns, pa.float64(), from_pandas=True).cast(pa.int64()),

@@ -275,8 +275,6 @@ def _idle_rows(events: pa.Table, breakdown: pa.Table, top: int) -> list[tuple[An
     rank = ec.int64("rank")
     ts = ec.int64("ts_ns")
     end = ec.end()
-    corr = ec.int64("correlation", -1)
-    stream = ec.int64("stream", -1)
     tid = ec.int64("tid", -1)
     values, name_idx = ec.codes("name")
     name_of = np.array([*values, None], dtype=object)
@@ -297,12 +295,16 @@ def _idle_rows(events: pa.Table, breakdown: pa.Table, top: int) -> list[tuple[An
         if dev.size == 0:
             continue
         busy = iv.union(ts[dev], end[dev])
-        n_streams = len(distinct(stream[dev]))
+        # (the streams and correlations read at the rows that have them: no whole-column copies)
+        n_streams = len(distinct(ec.int64_at("stream", dev, -1)))
         dorder = dev[np.argsort(ts[dev], kind="stable")]
         dstart = ts[dorder]  # (the sorted starts)
-        rt = np.flatnonzero(is_rt & (corr >= 0)) if whole else mine[is_rt[mine] & (corr[mine] >= 0)]
-        rt_sorted = rt[np.argsort(corr[rt], kind="stable")]
-        rt_corr = corr[rt_sorted]
+        dcorr = ec.int64_at("correlation", dorder, -1)
+        rt = np.flatnonzero(is_rt) if whole else mine[is_rt[mine]]
+        rt_corr = ec.int64_at("correlation", rt, -1)
+        rt, rt_corr = rt[rt_corr >= 0], rt_corr[rt_corr >= 0]
+        by_corr = np.argsort(rt_corr, kind="stable")
+        rt_sorted, rt_corr = rt[by_corr], rt_corr[by_corr]
         sync = np.flatnonzero(is_rt & is_sync) if whole else mine[is_rt[mine] & is_sync[mine]]
         sync_set = iv.union(ts[sync], end[sync])
         # top-level cpu ops of the launching threads (threads that issued runtime calls); a step annotation
@@ -316,11 +318,13 @@ def _idle_rows(events: pa.Table, breakdown: pa.Table, top: int) -> list[tuple[An
             prev_max = np.maximum.accumulate(np.concatenate([[np.iinfo(np.int64).min], end[ops][:-1]]))
             ops = ops[ts[ops] >= prev_max]
         op_names = _ByName(name_of, canon, name_idx[ops]) if ops.size else None
-        rk = _RankTimeline(busy, n_streams, dorder, dstart, rt_sorted, rt_corr, sync, sync_set, ops, op_names)
+        rk = _RankTimeline(
+            busy, n_streams, dorder, dstart, dcorr, rt_sorted, rt_corr, sync, sync_set, ops, op_names
+        )
         found: dict[int, tuple[Any, ...]] = {}
         for batch in _disjoint_batches(bd_lo[w], bd_hi[w]):
             wb = w[batch]  # breakdown rows of this batch, by window start
-            rows_of = _window_rows(rk, bd_lo[wb], bd_hi[wb], ts, end, corr, name_of, canon, name_idx, top)
+            rows_of = _window_rows(rk, bd_lo[wb], bd_hi[wb], ts, end, name_of, canon, name_idx, top)
             found.update(zip(wb.tolist(), rows_of))
         for b in w:
             idle, parts, host_ops, sync_ops = found[int(b)]
@@ -336,6 +340,7 @@ class _RankTimeline(NamedTuple):
     n_streams: int
     dorder: np.ndarray  # device rows by start
     dstart: np.ndarray  # their starts
+    dcorr: np.ndarray  # their correlations (-1: none)
     rt_sorted: np.ndarray  # runtime rows with a correlation, by correlation
     rt_corr: np.ndarray  # their correlations
     sync: np.ndarray  # sync call rows
@@ -350,7 +355,6 @@ def _window_rows(
     hi: np.ndarray,
     ts: np.ndarray,
     end: np.ndarray,
-    corr: np.ndarray,
     name_of: np.ndarray,
     canon: np.ndarray,
     name_idx: np.ndarray,
@@ -368,9 +372,9 @@ def _window_rows(
     sync_iv = host_iv = iv.empty()
     if g0.size:
         k = np.searchsorted(dstart, g1, side="left")
-        nxt = dorder[np.minimum(k, dorder.size - 1)]
-        has_next = (k < dorder.size) & (dstart[np.minimum(k, dorder.size - 1)] == g1)
-        c = corr[nxt]
+        at = np.minimum(k, dorder.size - 1)
+        has_next = (k < dorder.size) & (dstart[at] == g1)
+        c = rk.dcorr[at]
         j = np.searchsorted(rt_corr, c)
         ok = has_next & (c >= 0) & (j < rt_corr.size)
         last = max(rt_corr.size - 1, 0)

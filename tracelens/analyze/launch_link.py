@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from tracelens.analyze.dictcol import columns, per_object
+from tracelens.analyze.dictcol import Columns, columns, per_object
 from tracelens.analyze.intset import member
 from tracelens.ingest.comm_families import is_comm_cpu_op
 
@@ -85,7 +85,17 @@ def _pair_keys(
     width = b_hi - b_lo + 1
     if (a_hi - a_lo + 1) * width >= 1 << 62:
         return None
-    return (a - a_lo) * width + (b - b_lo), (qa - a_lo) * width + (qb - b_lo)
+    return _pair_key(a, a_lo, b, b_lo, width), _pair_key(qa, a_lo, qb, b_lo, width)
+
+
+def _pair_key(a: np.ndarray, a_lo: int, b: np.ndarray, b_lo: int, width: int) -> np.ndarray:
+    """(a - a_lo) * width + (b - b_lo), in one new int64 array (no temporaries the size of `a`)."""
+    k = a.astype(np.int64)  # (a copy)
+    k -= a_lo
+    k *= width
+    k += b
+    k -= b_lo
+    return k
 
 
 def _count_at_most(
@@ -139,39 +149,50 @@ class Launches:
 @dataclass
 class _Queries:
     rows: np.ndarray  # device rows whose launch is in the trace
-    group: np.ndarray  # (rank, tid) key of every events row
-    ts: np.ndarray
-    end: np.ndarray
+    rank: np.ndarray  # rank and tid (-1: null) of every events row, as the table holds them
+    tid: np.ndarray
     q_g: np.ndarray  # launch (rank, tid) key and start, aligned with rows
     q_t: np.ndarray
     ops: np.ndarray  # cpu_op | user_annotation
     cpu_op: np.ndarray
     device: np.ndarray
+    cols: Columns
+
+    def group(self, rows: np.ndarray) -> np.ndarray:
+        """The (rank, tid) key of these rows (one int64; computed at the rows: 8 bytes a row otherwise)."""
+        g: np.ndarray = self.tid[rows] & 0xFFFFFFFF
+        g += self.rank[rows] * (1 << 32)
+        return g
 
 
 def _queries(events: pa.Table) -> _Queries:
-    """The launch queries of `events` (not kept: ~27 bytes a row, while the links they give are 8)."""
+    """The launch queries of `events` (not kept: ~10 bytes a row, while the links they give are 8). Columns
+    are read at the device and launch rows only (no whole-column copies of the correlations)."""
     cols = columns(events)
     device = cols.kinds("kernel", "gpu_memcpy", "gpu_memset")
     rank = cols.int64("rank")
-    corr = cols.int64("correlation", -1)
     tid = cols.int64("tid", -1)
-    ts = cols.int64("ts_ns")
-    end = cols.end()
-    group = rank * (1 << 32) + (tid & 0xFFFFFFFF)
-    launch = cols.kinds("cuda_runtime", "cuda_driver") & (corr >= 0)
-    dev_rows = np.flatnonzero(device & (corr >= 0))
-    l_rows = np.flatnonzero(launch)
+    dev_rows, dev_corr = _with_corr(cols, device)
+    l_rows, l_corr = _with_corr(cols, cols.kinds("cuda_runtime", "cuda_driver"))
     rows = np.zeros(0, dtype=np.int64)
     the_launch = rows
     if dev_rows.size and l_rows.size:
-        j = _find_pairs(rank[l_rows], corr[l_rows], rank[dev_rows], corr[dev_rows])
+        j = _find_pairs(rank[l_rows], l_corr, rank[dev_rows], dev_corr)
         hit = j >= 0
         rows, the_launch = dev_rows[hit], l_rows[j[hit]]
+    del dev_rows, dev_corr, l_rows, l_corr
     ops = cols.kinds("cpu_op", "user_annotation")
-    return _Queries(
-        rows, group, ts, end, group[the_launch], ts[the_launch], ops, cols.kinds("cpu_op"), device
-    )
+    q = _Queries(rows, rank, tid, rows, rows, ops, cols.kinds("cpu_op"), device, cols)
+    q.q_g, q.q_t = q.group(the_launch), cols.int64_at("ts_ns", the_launch)
+    return q
+
+
+def _with_corr(cols: Columns, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(rows of `mask` with a correlation id >= 0, their correlation ids)."""
+    rows = np.flatnonzero(mask)
+    corr = cols.int64_at("correlation", rows, -1)
+    ok = corr >= 0
+    return rows[ok], corr[ok]
 
 
 def _enclosing(q: _Queries, mask: np.ndarray, only: np.ndarray | None = None) -> np.ndarray:
@@ -185,8 +206,12 @@ def _enclosing(q: _Queries, mask: np.ndarray, only: np.ndarray | None = None) ->
     op_rows = np.flatnonzero(mask & q.ops)
     if not rows.size or not op_rows.size:
         return out
-    op_rows = op_rows[member(q.group[op_rows], q_g)]  # only threads that launch
-    inner = innermost_enclosing(q.group[op_rows], q.ts[op_rows], q.end[op_rows], q_g, q_t)
+    op_group = q.group(op_rows)
+    launching = member(op_group, q_g)  # only threads that launch
+    op_rows, op_group = op_rows[launching], op_group[launching]
+    del launching
+    ts, end = q.cols.int64_at("ts_ns", op_rows), q.cols.end_at(op_rows)
+    inner = innermost_enclosing(op_group, ts, end, q_g, q_t)
     out[rows[inner >= 0]] = op_rows[inner[inner >= 0]]
     return out
 
@@ -220,8 +245,11 @@ def _link_launches(events: pa.Table) -> Launches:
     return Launches(parent, comm_parent)
 
 
-def launch_parents(events: pa.Table) -> np.ndarray:
-    """`link_launches(events).parent` alone (computed once per table; shared: read only)."""
+def launch_parents(events: pa.Table, keep: bool = True) -> np.ndarray:
+    """`link_launches(events).parent` alone (computed once per table; shared: read only). `keep=False`: not
+    kept for the table's later calls unless already computed (8 bytes a row held for a caller that asks once)."""
+    if not keep and "parents" not in per_object(events):
+        return _build_parents(events)[0]
     return _parents(events)[0]
 
 
@@ -237,21 +265,28 @@ def _parents(events: pa.Table) -> tuple[np.ndarray, np.ndarray]:
 def _build_parents(events: pa.Table) -> tuple[np.ndarray, np.ndarray]:
     n = events.num_rows
     q = _queries(events)
-    cols = columns(events)
+    cols = q.cols
     parent = _enclosing(q, np.ones(n, dtype=bool))
     via = np.zeros(0, dtype=np.int64)
     # no launch found: the cpu op with the device event's External id (same rank)
     rank = cols.int64("rank")
-    ext = cols.int64("external_id", -1)
-    todo = np.flatnonzero(q.device & (parent < 0) & (ext >= 0))
-    cands = np.flatnonzero(q.cpu_op & (ext >= 0))
+    todo, todo_ext = _with_ext(cols, q.device & (parent < 0))
+    cands, cand_ext = _with_ext(cols, q.cpu_op)
     if todo.size and cands.size:
-        j = _find_pairs(rank[cands], ext[cands], rank[todo], ext[todo])
+        j = _find_pairs(rank[cands], cand_ext, rank[todo], todo_ext)
         hit = j >= 0
         via = todo[hit]
         parent[via] = cands[j[hit]]
     parent.flags.writeable = False
     return parent, via
+
+
+def _with_ext(cols: Columns, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(rows of `mask` with an External id >= 0, their External ids)."""
+    rows = np.flatnonzero(mask)
+    ext = cols.int64_at("external_id", rows, -1)
+    ok = ext >= 0
+    return rows[ok], ext[ok]
 
 
 def _find_pairs(a: np.ndarray, b: np.ndarray, qa: np.ndarray, qb: np.ndarray) -> np.ndarray:

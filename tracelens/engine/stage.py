@@ -190,24 +190,39 @@ def rank_stage(events: pa.Table, rank: int) -> RankStage:
 def _rank_stage(events: pa.Table, rank: int) -> RankStage:
     from tracelens.analyze.composition import module_spans
 
-    # one large trace: the memory each analyzer freed is handed back before the next one allocates its own
-    # (its arrays are tens of MB; a rank of a large run is far below this and keeps it for the next rank)
-    settle = trim_heap if events.num_rows >= TRIM_ROWS else (lambda: None)
+    # one large trace: between analyzers, the shared decoded arrays are dropped and the memory freed is
+    # handed back, before the next one allocates its own (its arrays are tens of MB; a rank of a large run
+    # is far below this and keeps both for the next analyzer and rank)
+    if events.num_rows >= TRIM_ROWS:
+        cols = columns(events)
+
+        def settle() -> None:
+            cols.drop_rows()
+            trim_heap()
+
+    else:
+
+        def settle() -> None:
+            pass
+
     totals = op_totals(events)  # (first: its sort's temporaries come before the other analyzers' arrays)
     time_range = _time_range(events)
+    settle()
     classes = classify(events)
     settle()
     sets = class_sets(events, classes)
     rs = sets.get(rank)
+    settle()
     windows = step_windows(events)
     has_steps = windows.num_rows > 0
-    bd = breakdown(events, sets=sets, windows=windows if has_steps else None)
     settle()
+    bd = breakdown(events, sets=sets, windows=windows if has_steps else None)
     spans, err = None, None
     try:
         spans = module_spans(events, None, sets=sets)
     except Exception as e:  # noqa: BLE001 (the analysis turns it into a warning, as for one table)
         err = f"{type(e).__name__}: {e}"
+    settle()
     idle, idle_err = _idle(events, bd, rs)
     settle()
     mask = cross_rank_mask(events, classes, rs.path if rs is not None else None)

@@ -35,6 +35,7 @@ def ingest_rank(path: str, rank: int, entry: RankEntry, salvage: bool = False) -
     write_events(entry, tr.events)
     write_ipc(entry.memory, tr.memory)
     write_ipc(entry.meta, kineto.metadata_table([tr.metadata]))  # last: marks the entry complete
+    pages.trim_heap_over(KEEP_BYTES)  # (what compressing the events freed: ~0.08x the JSON, before the stage)
     return tr.events
 
 
