@@ -33,11 +33,11 @@ TIMED = (
     "tracelens.run:_read_metadata",
     "tracelens.run:_reduce",
     "tracelens.run:write_memo",
-    "tracelens.analyze.stragglers:analyze_cross_rank",
+    "tracelens.analyze.comm.stragglers:analyze_cross_rank",
     "tracelens.run_analysis:Analysis._build_graph",
     "tracelens.store.runs:_write_graph_state",
     "tracelens.run_analysis:Analysis._critical",
-    "tracelens.analyze.whatif:what_if",
+    "tracelens.analyze.critical.whatif:what_if",
     "tracelens.summary:build_summary",
     "tracelens.report.html:write_report",
 )

@@ -1,6 +1,6 @@
 """Regenerate the HTA golden files in tests/golden/ by running HolisticTraceAnalysis itself.
 
-The golden numbers are independent ground truth for `tracelens.analyze.hta_compat`: they come from
+The golden numbers are independent ground truth for `tracelens.analyze.rank.hta_compat`: they come from
 HTA's own `TraceAnalysis.get_temporal_breakdown` and `get_comm_comp_overlap`, never from tracelens.
 Run it with the separate HTA virtual environment (HTA is NOT a tracelens dependency):
 

@@ -91,7 +91,7 @@ def load(run: Path):
     """(COLLECTIVES of the dumps, {(rank, pg_name): ranks}, {pg_name: desc}, truth) of a stored run."""
     import pyarrow as pa
 
-    from tracelens.analyze.hang import trace_groups
+    from tracelens.analyze.comm.hang import trace_groups
     from tracelens.ingest import flight_recorder
 
     coll = flight_recorder.read_many(sorted(run.glob("fr_trace_rank_*.json.gz")))

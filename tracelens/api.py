@@ -51,7 +51,7 @@ class Run:
     @cached_property
     def kernels(self) -> pd.DataFrame:
         """Device events only (kernels, memcpy, memset), with their class (compute/communication/memory)."""
-        from tracelens.analyze.classify import CLASS_NAMES, classify
+        from tracelens.analyze.rank.classify import CLASS_NAMES, classify
 
         ev = self._analysis.events
         cls = classify(ev)
@@ -165,7 +165,7 @@ class Run:
 
     def op_table(self, ranks=None) -> pd.DataFrame:
         """Ops by time per step: op, kernel, shapes, layer type, calls, ms per step, FLOPs, bytes, TFLOP/s,
-        TB/s, roofline bound and % (tracelens.analyze.ops.OP_COLUMNS); `ranks`: which ranks (default one
+        TB/s, roofline bound and % (tracelens.analyze.efficiency.ops.OP_COLUMNS); `ranks`: which ranks (default one
         per stage)."""
         return self._ops_view(ranks).ops.copy()
 
@@ -179,7 +179,7 @@ class Run:
 
     def memory_timeline(self) -> pd.DataFrame:
         """Allocator samples per rank: ts_ns, allocated and reserved bytes (from `[memory]` events)."""
-        from tracelens.analyze.ops import memory_timeline
+        from tracelens.analyze.efficiency.ops import memory_timeline
 
         return self._with_stage(memory_timeline(self._analysis.run.memory))
 

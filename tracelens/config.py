@@ -38,7 +38,7 @@ else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
 FILE_NAME = "tracelens.toml"
-#: Pipeline schedules `[training] schedule` may name (analyze/schedule.py), and the older spellings it takes.
+#: Pipeline schedules `[training] schedule` may name (analyze/pipeline/schedule.py), and the older spellings it takes.
 SCHEDULES = (
     "gpipe",
     "1f1b",

@@ -12,12 +12,12 @@ from dataclasses import dataclass
 import pandas as pd
 import pyarrow as pa
 
-from tracelens.analyze import ops as O
+from tracelens.analyze.efficiency import ops as O
 
 
 @dataclass
 class OpsView:
-    """The per-op tables of some ranks of a run (tracelens.analyze.ops columns)."""
+    """The per-op tables of some ranks of a run (tracelens.analyze.efficiency.ops columns)."""
 
     ranks: list[int]
     instances: pd.DataFrame

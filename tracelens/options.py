@@ -37,7 +37,7 @@ class Options:
     progress: object = None  # callable(done, total) for the CLI's progress bar
     force_layout: bool = False  # keep --layout even when the traces' process groups contradict it
     layer_pattern: str | None = (
-        None  # [model] layer_pattern: extra layer-annotation regex (analyze/layers.py)
+        None  # [model] layer_pattern: extra layer-annotation regex (analyze/pipeline/layers.py)
     )
     virtual_stages: int | None = None  # [training] virtual_stages: interleaved model chunks per rank
     thresholds: dict[str, float] | None = None  # [thresholds]: verdict thresholds (tracelens.thresholds)

@@ -131,10 +131,10 @@ class Analysis:
 
     @cached_property
     def p2p(self):
-        """Hang through point-to-point (tracelens.analyze.p2p_hang): hung steps, root rank, blocked chain."""
+        """Hang through point-to-point (tracelens.analyze.comm.p2p_hang): hung steps, root rank, blocked chain."""
         if self._xevents.num_rows == 0:
             return None
-        from tracelens.analyze.p2p_hang import diagnose_p2p
+        from tracelens.analyze.comm.p2p_hang import diagnose_p2p
 
         res = self._guarded(
             "p2p hang", lambda: diagnose_p2p(self._xevents, self._raw_breakdown, self.stage_of)
@@ -202,7 +202,7 @@ class Analysis:
         """The summary's "mfu" object, or None when the model is unknown."""
         if self.model is None:
             return None
-        from tracelens.analyze.mfu import compute_mfu
+        from tracelens.analyze.efficiency.mfu import compute_mfu
 
         seq = self.options.seq_len
         tokens = seq * self.options.global_batch if seq and self.options.global_batch else None
@@ -221,16 +221,16 @@ class Analysis:
         return self._mfu_guarded(raw)
 
     def _mfu_guarded(self, raw: dict) -> dict | None:
-        """Null an impossible MFU (> 100%) and keep its MFU_IMPOSSIBLE finding (analyze/mfu_checks.py)."""
-        from tracelens.analyze.mfu_checks import impossible_mfu
+        """Null an impossible MFU (> 100%) and keep its MFU_IMPOSSIBLE finding (analyze/efficiency/mfu_checks.py)."""
+        from tracelens.analyze.efficiency.mfu_checks import impossible_mfu
 
         mfu, self.mfu_findings = impossible_mfu(raw, self.options.global_batch)
         return mfu
 
     @cached_property
     def mfu_warnings(self) -> list[str]:
-        """The batch options against what the trace shows (microbatches x dp), analyze/mfu_checks.py."""
-        from tracelens.analyze.mfu_checks import trace_conflicts
+        """The batch options against what the trace shows (microbatches x dp), analyze/efficiency/mfu_checks.py."""
+        from tracelens.analyze.efficiency.mfu_checks import trace_conflicts
 
         pipe = self.pipeline
         observed = getattr(pipe, "microbatches_observed", None) if pipe is not None else None
@@ -332,13 +332,13 @@ class Analysis:
 
     @cached_property
     def cross(self):
-        """Collectives, clock offsets, wait vs transfer and stragglers (tracelens.analyze.stragglers)."""
+        """Collectives, clock offsets, wait vs transfer and stragglers (tracelens.analyze.comm.stragglers)."""
         if self._xevents.num_rows == 0:
             return None
         return self._guarded("cross-rank analysis", self._cross)
 
     def _cross(self):
-        from tracelens.analyze.stragglers import StragglerConfig, analyze_cross_rank
+        from tracelens.analyze.comm.stragglers import StragglerConfig, analyze_cross_rank
         from tracelens.store import results
 
         st = self.run.stages
@@ -363,7 +363,7 @@ class Analysis:
                 self.keep_writing("the cross-rank analysis", kept.write_cross_later(st.memo, key, res))
         self._cross_key = key
         if self.layer_work:  # ranks without stage peers: their work per layer against the other stages'
-            from tracelens.analyze.stragglers import with_layer_work
+            from tracelens.analyze.comm.stragglers import with_layer_work
 
             res = with_layer_work(
                 res, self.layer_work, self.stage_of or {}, self.breakdown, self.thresholds.layer_work_excess
@@ -384,7 +384,7 @@ class Analysis:
 
     @cached_property
     def layer_work(self) -> dict:
-        """Layers and matmul work per layer of each rank (analyze.layer_work) in a pipeline of at most
+        """Layers and matmul work per layer of each rank (analyze.pipeline.layer_work) in a pipeline of at most
         ROLES_MAX_RANKS ranks analysed on the CPU timeline: the layer census where module annotations are
         missing or partial, and the work per layer of ranks no data-parallel replica shares a stage with.
         Empty when not applicable."""
@@ -401,8 +401,8 @@ class Analysis:
     def _layer_work(self, ranks: list[int]) -> dict:
         import pyarrow.compute as pc
 
-        from tracelens.analyze.layer_work import rank_work
-        from tracelens.analyze.pipeline import observed_microbatches
+        from tracelens.analyze.pipeline.layer_work import rank_work
+        from tracelens.analyze.pipeline.pipeline import observed_microbatches
 
         m = self.options.microbatches or observed_microbatches(self._xevents, self.grid, self.spans)
         if not m:
@@ -425,8 +425,8 @@ class Analysis:
         if self._xevents.num_rows == 0:
             return None
         if self.options.layer_pattern:  # a user rule: the per-rank spans used the built-in rules only
-            from tracelens.analyze.composition import module_spans
-            from tracelens.analyze.layers import compile_rules, patterns
+            from tracelens.analyze.pipeline.composition import module_spans
+            from tracelens.analyze.pipeline.layers import compile_rules, patterns
 
             compile_rules(self.options.layer_pattern)  # a bad pattern is the user's error (exit 2)
             pats = patterns(self.options.layer_pattern)
@@ -443,11 +443,11 @@ class Analysis:
 
     @cached_property
     def pipeline(self):
-        """Bubbles per stage (tracelens.analyze.pipeline), when the run has more than one stage."""
+        """Bubbles per stage (tracelens.analyze.pipeline.pipeline), when the run has more than one stage."""
         g = self.grid
         if not g.pp or g.pp < 2 or self._xevents.num_rows == 0:
             return None
-        from tracelens.analyze.pipeline import analyze_pipeline
+        from tracelens.analyze.pipeline.pipeline import analyze_pipeline
 
         offsets = self.cross.offsets_ns if self.cross is not None else None
         return self._guarded(
@@ -469,14 +469,14 @@ class Analysis:
     @cached_property
     def pipeline_model(self):
         """The pipeline's measured work per stage and microbatch, for the schedule and layout what-ifs
-        (tracelens.analyze.prescribe); None without a recognised schedule or microbatch count."""
+        (tracelens.analyze.pipeline.prescribe); None without a recognised schedule or microbatch count."""
         pipe = self.pipeline
         if pipe is None or not pipe.schedule or not pipe.microbatches or not self.stage_of:
             return None
         return self._guarded("schedule what-if", lambda: self._pipeline_model(pipe))
 
     def _pipeline_model(self, pipe):
-        from tracelens.analyze.prescribe import measure
+        from tracelens.analyze.pipeline.prescribe import measure
 
         cross, comp = self.cross, self.composition
         coll = None
@@ -519,14 +519,14 @@ class Analysis:
         if pm is None:
             if model is None:
                 return []
-            from tracelens.analyze.prescribe import tp_entry_unreplayed
+            from tracelens.analyze.pipeline.prescribe import tp_entry_unreplayed
 
             got = self._guarded(
                 "layout what-if",
                 lambda: tp_entry_unreplayed(model, self.grid.tp, self.grid.pp, self.options.seq_len),
             )
             return [got] if got else []
-        from tracelens.analyze.prescribe import tp_layout, what_ifs
+        from tracelens.analyze.pipeline.prescribe import tp_layout, what_ifs
 
         def entries() -> list[dict]:
             opt = tp_layout(pm, model, self.grid.tp, self.options.seq_len) if model is not None else None
@@ -543,10 +543,10 @@ class Analysis:
 
     @cached_property
     def composition(self):
-        """Layer types per stage and time share per layer type (tracelens.analyze.composition)."""
+        """Layer types per stage and time share per layer type (tracelens.analyze.pipeline.composition)."""
         if self._xevents.num_rows == 0 or not self.grid.pp:
             return None
-        from tracelens.analyze.composition import analyze_composition
+        from tracelens.analyze.pipeline.composition import analyze_composition
 
         res = self._guarded(
             "stage composition",
@@ -575,17 +575,17 @@ class Analysis:
 
     @cached_property
     def layer_census(self) -> dict[int, dict[str, int]] | None:
-        """Layers per stage counted from the ops (analyze.layer_work.stage_layers), None without a census."""
+        """Layers per stage counted from the ops (analyze.pipeline.layer_work.stage_layers), None without a census."""
         if not self.layer_work or not self.stage_of:
             return None
-        from tracelens.analyze.layer_work import stage_layers
+        from tracelens.analyze.pipeline.layer_work import stage_layers
 
         return stage_layers(self.layer_work, {r: s for r, s in self.stage_of.items() if s is not None})
 
     @cached_property
     def time_shared(self) -> set[int]:
-        """CPU-timeline ranks that share a host's CPUs with other ranks (tracelens.analyze.cpu_evidence)."""
-        from tracelens.analyze.cpu_evidence import shared_host_ranks
+        """CPU-timeline ranks that share a host's CPUs with other ranks (tracelens.analyze.rank.cpu_evidence)."""
+        from tracelens.analyze.rank.cpu_evidence import shared_host_ranks
 
         return shared_host_ranks(self.metadata, self.sets)
 
@@ -594,7 +594,7 @@ class Analysis:
         """Compute ops per step per stage when every rank time-shares a host's CPUs, else None."""
         if not self.time_shared or self.time_shared != set(self.ranks) or not self.stage_of:
             return None
-        from tracelens.analyze.cpu_evidence import per_rank_step
+        from tracelens.analyze.rank.cpu_evidence import per_rank_step
 
         d = per_rank_step(self._xevents, self.time_shared)
         if d.empty:
@@ -605,7 +605,7 @@ class Analysis:
         }
 
     def straggler_stage_filter(self, findings: list[dict]) -> list[dict]:
-        """A stage whose extra work is a straggler's, found by its work per layer (analyze.layer_work), is not
+        """A stage whose extra work is a straggler's, found by its work per layer (analyze.pipeline.layer_work), is not
         a heavy stage unless it also holds more layers than the mean: its STAGE_IMBALANCE is dropped (the
         STRAGGLER finding names the cause)."""
         census = self.layer_census
@@ -639,11 +639,11 @@ class Analysis:
 
     @cached_property
     def idle(self):
-        """Per (rank, step) GPU idle split by cause (tracelens.analyze.idle), GPU ranks only: the per-rank
+        """Per (rank, step) GPU idle split by cause (tracelens.analyze.rank.idle), GPU ranks only: the per-rank
         stages' rows (`idle_breakdown` per rank), less the steps left out of `breakdown`."""
         if not any(getattr(s, "path", None) == "gpu" for s in self.sets.values()):
             return None
-        from tracelens.analyze.idle import idle_frame
+        from tracelens.analyze.rank.idle import idle_frame
         from tracelens.policy import strict
         from tracelens.schema import IDLE
 
@@ -660,14 +660,14 @@ class Analysis:
 
     @cached_property
     def inference(self) -> dict | None:
-        """Inference iterations and their per-phase figures (tracelens.analyze.inference); None when no rank's
+        """Inference iterations and their per-phase figures (tracelens.analyze.efficiency.inference); None when no rank's
         trace has engine iterations."""
         if (
             "iterations_json" not in self.metadata.column_names
             or self.metadata.column("iterations_json").null_count == self.metadata.num_rows
         ):
             return None
-        from tracelens.analyze.inference import inference_summary
+        from tracelens.analyze.efficiency.inference import inference_summary
 
         return self._guarded(
             "inference iterations", lambda: inference_summary(self.metadata, self.breakdown, self.idle)
@@ -678,18 +678,18 @@ class Analysis:
         """(rank, step) -> the OpContext of that step's engine iteration (attention sums), for the op table."""
         if "iterations_json" not in self.metadata.column_names:
             return {}
-        from tracelens.analyze.inference import op_contexts
+        from tracelens.analyze.efficiency.inference import op_contexts
 
         return op_contexts(self.metadata)
 
     def idle_findings(self) -> list[dict]:
-        from tracelens.analyze.idle import idle_findings
+        from tracelens.analyze.rank.idle import idle_findings
 
         return idle_findings(self.idle, self.thresholds.gpu_idle) if self.idle is not None else []
 
     def layer_rule(self) -> str | None:
-        """The layer-annotation rule (tracelens.analyze.layers) that matched the run's span names."""
-        from tracelens.analyze.layers import matched_rule
+        """The layer-annotation rule (tracelens.analyze.pipeline.layers) that matched the run's span names."""
+        from tracelens.analyze.pipeline.layers import matched_rule
 
         names = self._xevents.column("name").unique().to_pylist()
         ops = self.run.stages.ops
@@ -697,7 +697,7 @@ class Analysis:
             names += ops.column("name").to_pylist()
         return matched_rule((str(n) for n in names if n), self.options.layer_pattern)["rule"]
 
-    # ---- critical path and what-if (tracelens.analyze.critical_path, .whatif) ---------------------
+    # ---- critical path and what-if (tracelens.analyze.critical.critical_path, .whatif) ---------------------
     @cached_property
     def critical(self):
         """Cross-rank dependency graph, its replay and the critical path per step (None without device work)."""
@@ -706,7 +706,7 @@ class Analysis:
         return self._guarded("critical path", self._critical)
 
     def _critical(self):
-        from tracelens.analyze import critical_path as cp
+        from tracelens.analyze.critical import critical_path as cp
 
         st = self.run.stages
         cross = self.cross
@@ -737,8 +737,8 @@ class Analysis:
             return None
 
     def _build_graph(self, cross, stage_of):
-        from tracelens.analyze import critical_path as cp
-        from tracelens.analyze.critical_nodes import relabel, select_nodes
+        from tracelens.analyze.critical import critical_path as cp
+        from tracelens.analyze.critical.critical_nodes import relabel, select_nodes
         from tracelens.store import pages
 
         # the per-rank stage computed the nodes (labelled with the built-in layer rules) and sync calls
@@ -763,7 +763,7 @@ class Analysis:
         st = self.run.stages
         if st.memo is None:
             return None
-        from tracelens.analyze.critical_keys import COLL_COLUMNS
+        from tracelens.analyze.critical.critical_keys import COLL_COLUMNS
         from tracelens.store import runs
         from tracelens.store.arrays import table_digest
 
@@ -787,8 +787,8 @@ class Analysis:
 
     @cached_property
     def what_if_inputs(self) -> dict[str, Any]:
-        """What `analyze.whatif.what_if` reads beside the critical path and the findings (and its key)."""
-        from tracelens.analyze.whatif import per_layer_ns
+        """What `analyze.critical.whatif.what_if` reads beside the critical path and the findings (and its key)."""
+        from tracelens.analyze.critical.whatif import per_layer_ns
 
         comp = self.composition
         layer_ns = None
@@ -809,7 +809,7 @@ class Analysis:
         crit = self.critical
         if crit is None:
             return []
-        from tracelens.analyze.whatif import what_if
+        from tracelens.analyze.critical.whatif import what_if
 
         inputs = self.what_if_inputs
         self.run.stages.release_pages()  # (the replays read no event)
@@ -834,7 +834,7 @@ class Analysis:
         pipeline stages the same analysis over the whole run (None when it cannot run: a warning)."""
         if self.composition is not None or self._xevents.num_rows == 0:
             return self.composition
-        from tracelens.analyze.composition import analyze_composition
+        from tracelens.analyze.pipeline.composition import analyze_composition
 
         return self._guarded(
             "layer composition",
@@ -847,7 +847,7 @@ class Analysis:
         """Layout audit of the model on this run's grid: (AuditResult or None, new findings)."""
         if self.model is None:
             return None, []
-        from tracelens.analyze.composition import audit_for_run
+        from tracelens.analyze.pipeline.composition import audit_for_run
 
         split = self.composition.layer_split if self.composition is not None else None
         audit, found = audit_for_run(self.grid, self.model, self.options.seq_len, split, existing)
@@ -855,11 +855,11 @@ class Analysis:
 
     @cached_property
     def kv_widths(self):
-        """The K/V projection widths one tensor-parallel rank computes (analyze.kv_heads), read from its
+        """The K/V projection widths one tensor-parallel rank computes (analyze.efficiency.kv_heads), read from its
         annotated projections and matmul shapes; None without tensor parallelism or without them."""
         if not self.grid.tp or self.grid.tp < 2 or not self.ranks:
             return None
-        from tracelens.analyze.kv_heads import projection_widths
+        from tracelens.analyze.efficiency.kv_heads import projection_widths
         from tracelens.ops_view import _shapes
 
         r = min(self.ranks)
@@ -869,14 +869,14 @@ class Analysis:
         )
 
     def _with_kv_evidence(self, found: list[dict], existing: list[dict]) -> list[dict]:
-        """KV_HEAD_REPLICATION with what the trace shows (analyze.kv_heads): the audit's finding gains the
+        """KV_HEAD_REPLICATION with what the trace shows (analyze.efficiency.kv_heads): the audit's finding gains the
         measured widths; a replication the trace shows and the audit did not predict is reported from the
         trace alone."""
         m, tp = self.model, self.grid.tp
         w = self.kv_widths
         if m is None or not tp or w is None:
             return found
-        from tracelens.analyze.kv_heads import kv_evidence
+        from tracelens.analyze.efficiency.kv_heads import kv_evidence
         from tracelens.findings import finding
 
         ev = kv_evidence(w, m.num_attention_heads, m.num_key_value_heads, m.head_dim, tp, m.hidden_size)
@@ -917,7 +917,7 @@ class Analysis:
         collectives); gloo sizes the trace lacks filled from the Flight Recorder (comm_by_layer.py)."""
         if self.cross is None or self.cross.collectives.num_rows == 0:
             return None
-        from tracelens.analyze.comm_by_layer import SIZED_COLUMNS, sizes_from_flight_recorder
+        from tracelens.analyze.comm.comm_by_layer import SIZED_COLUMNS, sizes_from_flight_recorder
 
         t = self.cross.collectives
         df = t.select([c for c in t.column_names if c in SIZED_COLUMNS]).to_pandas()
@@ -927,10 +927,10 @@ class Analysis:
 
     @cached_property
     def comm_by_type(self) -> dict | None:
-        """Communication per layer type ({type: {op: calls/bytes/ms per step}}, analyze/comm_by_layer.py)."""
+        """Communication per layer type ({type: {op: calls/bytes/ms per step}}, analyze/comm/comm_by_layer.py)."""
         if self.sized_collectives is None or self.spans is None:
             return None
-        from tracelens.analyze.comm_by_layer import comm_by_layer_type
+        from tracelens.analyze.comm.comm_by_layer import comm_by_layer_type
 
         n = len(self.steps) or 1
         return self._guarded(
@@ -1046,11 +1046,11 @@ class Analysis:
 
     @cached_property
     def nccl_sources(self):
-        """Collective analysis of the logs / plugin dumps on their own (tracelens.analyze.nccl_sources)."""
+        """Collective analysis of the logs / plugin dumps on their own (tracelens.analyze.comm.nccl_sources)."""
         nccl = self.nccl
         if not any(k in nccl for k in ("nccl_log", "nccl_plugin")):
             return None
-        from tracelens.analyze.nccl_sources import analyze_sources
+        from tracelens.analyze.comm.nccl_sources import analyze_sources
 
         kineto = self.cross.collectives if self.cross is not None else None
         return self._guarded(
@@ -1081,8 +1081,8 @@ class Analysis:
 
     def _fr_diagnosis(self):
         """Hangs / desyncs from the Flight Recorder dumps, groups as the traces declare them, the Kineto
-        collectives as evidence of who completed what (tracelens.analyze.hang.diagnose_run)."""
-        from tracelens.analyze.hang import diagnose_run, trace_groups
+        collectives as evidence of who completed what (tracelens.analyze.comm.hang.diagnose_run)."""
+        from tracelens.analyze.comm.hang import diagnose_run, trace_groups
 
         fr = self.nccl["flight_recorder"]
         world = self.nccl_world
@@ -1157,8 +1157,8 @@ class Analysis:
         return out
 
     def step_window_findings(self) -> list[dict]:
-        """STEP_WINDOW_CLIPPED: ProfilerStep windows dropped or cut at the trace's end (analyze.steps)."""
-        from tracelens.analyze.steps import window_findings
+        """STEP_WINDOW_CLIPPED: ProfilerStep windows dropped or cut at the trace's end (analyze.rank.steps)."""
+        from tracelens.analyze.rank.steps import window_findings
 
         return window_findings(self._xevents, self.breakdown)
 
@@ -1261,7 +1261,7 @@ class Analysis:
 
     def hta_compat(self) -> dict:
         """HolisticTraceAnalysis 0.5's temporal breakdown and comm/comp overlap, per rank."""
-        from tracelens.analyze import hta_compat
+        from tracelens.analyze.rank import hta_compat
 
         return {
             "mode": "hta",
@@ -1323,8 +1323,8 @@ def analyze_run(path: str | Path, options: Options | None = None, defer_stages: 
 
 
 def _gpu_conflicts(options: Options, given_gpu: str | None, run) -> list[str]:
-    """--gpu (or [hardware] gpu) against the GPU the traces name (analyze/mfu_checks.py)."""
-    from tracelens.analyze.mfu_checks import gpu_conflicts
+    """--gpu (or [hardware] gpu) against the GPU the traces name (analyze/efficiency/mfu_checks.py)."""
+    from tracelens.analyze.efficiency.mfu_checks import gpu_conflicts
 
     if not options.gpu:
         return []
@@ -1333,8 +1333,8 @@ def _gpu_conflicts(options: Options, given_gpu: str | None, run) -> list[str]:
 
 
 def _flag_conflicts(options: Options, run_dir: Path) -> list[str]:
-    """Flags that contradict run_dir/tracelens.toml (analyze/mfu_checks.py); [] without a config."""
-    from tracelens.analyze.mfu_checks import flag_conflicts
+    """Flags that contradict run_dir/tracelens.toml (analyze/efficiency/mfu_checks.py); [] without a config."""
+    from tracelens.analyze.efficiency.mfu_checks import flag_conflicts
     from tracelens.config import read_run_config
 
     try:

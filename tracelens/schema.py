@@ -166,7 +166,7 @@ NAME_MAX_CHARS = 16_384
 
 # Tables the per-rank stage computes and the cache keeps (store/stages.py, store/runs.py).
 
-#: One row per step of each rank: where its time went (analyze.breakdown).
+#: One row per step of each rank: where its time went (analyze.rank.breakdown).
 BREAKDOWN = pa.schema(
     [
         ("rank", pa.int32()),
@@ -184,7 +184,7 @@ BREAKDOWN = pa.schema(
     ]
 )
 
-#: SPANS: one row per module-annotation span of each rank (analyze.composition.module_spans).
+#: SPANS: one row per module-annotation span of each rank (analyze.pipeline.composition.module_spans).
 SPANS = pa.schema(
     [
         ("rank", pa.int32()),
@@ -198,7 +198,7 @@ SPANS = pa.schema(
     ]
 )
 
-#: The critical path's device nodes (analyze.critical_nodes.rank_nodes).
+#: The critical path's device nodes (analyze.critical.critical_nodes.rank_nodes).
 NODES = pa.schema(
     [
         ("rank", pa.int32()),
@@ -225,7 +225,7 @@ SYNCS = pa.schema(
     ]
 )
 
-#: Causes of GPU idle time, in the order `analyze.idle.idle_breakdown` reports them.
+#: Causes of GPU idle time, in the order `analyze.rank.idle.idle_breakdown` reports them.
 IDLE_CAUSES = ("host_bound", "synchronization", "launch_overhead", "other_stream", "other")
 #: Top CPU ops of a gap cause: name -> ns, in the order `idle_breakdown` ranks them.
 OPS_MAP = pa.map_(pa.string(), pa.int64())
@@ -251,7 +251,7 @@ PG_COLUMNS = ("rank", "kind", "pg_name", "pg_desc", "pg_ranks", "group_size", "c
 PG_ROWS = pa.schema([EVENTS.field(c) for c in PG_COLUMNS] + [pa.field("rows", pa.int64())])
 
 
-#: A set of half-open int64 intervals [start, end): (starts, ends), sorted and disjoint (analyze.intervals).
+#: A set of half-open int64 intervals [start, end): (starts, ends), sorted and disjoint (analyze.core.intervals).
 Intervals = tuple[np.ndarray, np.ndarray]
 
 

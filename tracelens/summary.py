@@ -265,8 +265,8 @@ def prescription(
 ) -> tuple[list[dict], list[dict]]:
     """The schedule and layout what-if entries appended to `what_if`, PIPELINE_BUBBLE added to `findings`,
     every warning whose replayed fix saves under `min_saving` of the step made info (in place), and the
-    ranked `losses` (tracelens.analyze.prescribe)."""
-    from tracelens.analyze import prescribe
+    ranked `losses` (tracelens.analyze.pipeline.prescribe)."""
+    from tracelens.analyze.pipeline import prescribe
 
     def order(e: dict) -> float:  # largest saving first; an entry not replayed (saving null) last
         return -e["saving_ms"] if e.get("saving_ms") is not None else math.inf
@@ -380,7 +380,7 @@ def collectives_dict(cross, nccl: dict[str, pa.Table], sized=None) -> dict:
 
 def _bus_n_text(g) -> str | None:
     """The n of the bus-bandwidth factor of an op's calls that have a bus bandwidth, and where it comes from
-    (analyze.collectives.BUS_N_SOURCES): "128 (world size)"; distinct ones joined, largest first ("4 (group
+    (analyze.comm.collectives.BUS_N_SOURCES): "128 (world size)"; distinct ones joined, largest first ("4 (group
     size), 2 (group size)"); null when no call has one."""
     import pandas as pd
 

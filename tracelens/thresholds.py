@@ -17,7 +17,7 @@ from tracelens.errors import BadConfigError
 class Thresholds:
     """Verdict thresholds (defaults; REASONS gives the reason for each)."""
 
-    # --- stragglers (analyze/stragglers.py) -------------------------------------------------------------
+    # --- stragglers (analyze/comm/stragglers.py) -------------------------------------------------------------
     straggler_persistence: float = 0.5
     straggler_min_cost: float = 0.03
     straggler_min_excess: float = 0.03
@@ -30,7 +30,7 @@ class Thresholds:
     stall_min_ms: float = 1.0
     stall_spread: float = 1.5
     layer_work_excess: float = 0.25
-    # --- pipeline stages (analyze/composition.py, analyze/pipeline.py) ------------------------------------
+    # --- pipeline stages (analyze/pipeline/composition.py, analyze/pipeline/pipeline.py) ------------------------------------
     stage_imbalance: float = 1.10
     bubble_excess: float = 0.05
     pipeline_bubble: float = 0.10

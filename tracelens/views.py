@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 #: The memory-over-time chart reads the samples of at most this many ranks (the first ones, and the ranks
 #: it shows at first: `report.figures.memory_default_ranks`); its button draws all of these.
 MEMORY_TIMELINE_RANKS = 16
-#: Points per rank of the memory-over-time chart (`analyze.ops.memory_timeline` thins the samples to these).
+#: Points per rank of the memory-over-time chart (`analyze.efficiency.ops.memory_timeline` thins the samples to these).
 MEMORY_TIMELINE_POINTS = 1500
 
 
@@ -70,10 +70,10 @@ def rank_memory_peaks(memory: pa.Table | None) -> list[dict[str, Any]]:
 
 
 def memory_peaks_of(analysis: Any, stage_of: dict[int, Any]) -> pd.DataFrame:
-    """Per rank: peak allocated / reserved, and the CPU op running at the peak (`analyze.ops.memory_peaks`).
+    """Per rank: peak allocated / reserved, and the CPU op running at the peak (`analyze.efficiency.ops.memory_peaks`).
     The op at the peak needs the rank's events: only those of the ranks the report shows (the first 16) and
     of each stage's highest peak are read (a large run's events are never all read for this)."""
-    from tracelens.analyze.ops import memory_peaks, uses_gpu_samples
+    from tracelens.analyze.efficiency.ops import memory_peaks, uses_gpu_samples
 
     mem = analysis.run.memory if analysis is not None else None
     if mem is None or mem.num_rows == 0:
@@ -105,7 +105,7 @@ def sampled_ranks(
     None): a large run's timeline is thinned for the ranks it shows only."""
     import numpy as np
 
-    from tracelens.analyze.ops import device_sample_mask
+    from tracelens.analyze.efficiency.ops import device_sample_mask
 
     if mem is None or mem.num_rows == 0:
         return mem, 0, None
@@ -143,7 +143,7 @@ class ReportViews:
 
     @property
     def cross(self) -> Any:
-        """The cross-rank result (`analyze.stragglers.CrossRankResult`: matched collectives, clock offsets)."""
+        """The cross-rank result (`analyze.comm.stragglers.CrossRankResult`: matched collectives, clock offsets)."""
         return self.analysis.cross
 
     @property
@@ -163,9 +163,9 @@ class ReportViews:
     def pipeline_blocks(
         self, chain: Sequence[int], stage_of: Mapping[int, int | None], step: int | None
     ) -> list[Any]:
-        """`analyze.timeline.pipeline_blocks` of the ranks `chain` (one per stage), aligned by the cross-rank
+        """`analyze.pipeline.timeline.pipeline_blocks` of the ranks `chain` (one per stage), aligned by the cross-rank
         clock offsets when known; [] when their events cannot be read."""
-        from tracelens.analyze.timeline import pipeline_blocks
+        from tracelens.analyze.pipeline.timeline import pipeline_blocks
 
         events = self.analysis.run.events_of(list(chain))
         if events is None:
@@ -183,15 +183,15 @@ class ReportViews:
     def memory_timeline(self, shown: Sequence[int]) -> tuple[pd.DataFrame, int, int | None]:
         """(The thinned memory samples of the first MEMORY_TIMELINE_RANKS ranks and of `shown`, how many ranks
         have samples, the first sample's time or None)."""
-        from tracelens.analyze.ops import memory_timeline
+        from tracelens.analyze.efficiency.ops import memory_timeline
 
         mem, n_ranks, first_ts = sampled_ranks(self.analysis.run.memory, MEMORY_TIMELINE_RANKS, shown)
         return memory_timeline(mem, max_points=MEMORY_TIMELINE_POINTS), n_ranks, first_ts
 
     def top_operations(self) -> tuple[str, list[dict[str, Any]]]:
         """`top_operations_of_stages` of the run's per-rank op totals, kernel names shortened in `short`
-        (`analyze.ops.short_kernel_name`)."""
-        from tracelens.analyze.ops import short_kernel_name
+        (`analyze.efficiency.ops.short_kernel_name`)."""
+        from tracelens.analyze.efficiency.ops import short_kernel_name
 
         kind, rows = top_operations_of_stages(self.analysis.run.stages.ops)
         for r in rows:

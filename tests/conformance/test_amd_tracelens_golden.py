@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tracelens.analyze import intervals as iv
-from tracelens.analyze.breakdown import class_sets
+from tracelens.analyze.core import intervals as iv
+from tracelens.analyze.rank.breakdown import class_sets
 from tracelens.ingest import kineto
 
 TRACES = Path(__file__).resolve().parents[2].parent / "shared" / "traces"

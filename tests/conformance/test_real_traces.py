@@ -11,11 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tracelens.analyze import intervals as iv
-from tracelens.analyze.classify import COMM, COMPUTE, classify
-from tracelens.analyze.collectives import DTYPE_BYTES, collectives_from_events
-from tracelens.analyze.launch_link import enclosing_ops
-from tracelens.analyze.steps import CLIP_REPORT_NS, CLIP_REPORT_SHARE
+from tracelens.analyze.comm.collectives import DTYPE_BYTES, collectives_from_events
+from tracelens.analyze.core import intervals as iv
+from tracelens.analyze.rank.classify import COMM, COMPUTE, classify
+from tracelens.analyze.rank.launch_link import enclosing_ops
+from tracelens.analyze.rank.steps import CLIP_REPORT_NS, CLIP_REPORT_SHARE
 from tracelens.errors import RankError
 from tracelens.ingest.comm_families import family_of_kernel, is_comm_cpu_op
 from tracelens.run import load_tables

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.cli import tracelens
-from tracelens.analyze.mfu_checks import gpu_conflicts
+from tracelens.analyze.efficiency.mfu_checks import gpu_conflicts
 
 REPO = Path(__file__).resolve().parents[2]
 H200 = REPO / "sample_traces" / "h200-qwen35-block-seq4k"

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tracelens.analyze import critical_path as CP
+from tracelens.analyze.critical import critical_path as CP
 from tracelens.run_analysis import analyze_run
 
 REPO = Path(__file__).resolve().parents[2]

@@ -108,7 +108,7 @@ def test_backward_attribution_matches_backward_hooks(run, truth):
     gradient, so its hook closes at once; that instance is checked against its identical siblings."""
     import pyarrow as pa
 
-    from tracelens.analyze.composition import module_spans
+    from tracelens.analyze.pipeline.composition import module_spans
 
     ev = run.to_arrow()["events"]
     assert "sequence_nr" in ev.column_names

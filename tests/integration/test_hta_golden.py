@@ -16,7 +16,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from tracelens.analyze import hta_compat
+from tracelens.analyze.rank import hta_compat
 from tracelens.schema import EVENTS, KINDS
 
 REPO = Path(__file__).resolve().parents[2]

@@ -1,4 +1,4 @@
-"""GPU_IDLE on real traces: the H200 sample and idle-heavy traces from HTA and vLLM (tracelens.analyze.idle)."""
+"""GPU_IDLE on real traces: the H200 sample and idle-heavy traces from HTA and vLLM (tracelens.analyze.rank.idle)."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 
-from tracelens.analyze.idle import idle_breakdown
+from tracelens.analyze.rank.idle import idle_breakdown
 from tracelens.run_analysis import Options, analyze_run
 
 ROOT = Path(__file__).resolve().parents[2]

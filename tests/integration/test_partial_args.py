@@ -61,7 +61,7 @@ def test_partial_string_args_keep_the_cross_rank_findings(tmp_path):
 
 def test_mixed_and_missing_string_values_are_null():
     from tracelens._testing import events_table
-    from tracelens.analyze.collectives import collectives_from_events
+    from tracelens.analyze.comm.collectives import collectives_from_events
 
     rows = []
     for r in (0, 1):

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from tracelens.analyze.composition import analyze_composition
 from tracelens.analyze.layout import infer_grid
-from tracelens.analyze.pipeline import analyze_pipeline
+from tracelens.analyze.pipeline.composition import analyze_composition
+from tracelens.analyze.pipeline.pipeline import analyze_pipeline
 from tracelens.run import load_tables
 from tracelens.simulate import SimConfig, resolve_model, simulate
 

@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow.compute as pc
 import pytest
 
-from tracelens.analyze.stragglers import analyze_cross_rank
+from tracelens.analyze.comm.stragglers import analyze_cross_rank
 from tracelens.run import load_tables
 from tracelens.simulate import SimConfig, simulate
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from broken_traces import GLOO, HTA, REPO, cli
 
-from tracelens.analyze.breakdown import breakdown
+from tracelens.analyze.rank.breakdown import breakdown
 from tracelens.errors import TracelensError
 from tracelens.ingest import kineto
 

@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from tracelens import schema
-from tracelens.analyze.breakdown import breakdown, class_sets
+from tracelens.analyze.rank.breakdown import breakdown, class_sets
 from tracelens.discover import discover
 from tracelens.errors import TracelensError
 from tracelens.ingest import flight_recorder, kineto, nccl_log, nccl_plugin
@@ -315,7 +315,7 @@ FR_SEED = _fr_seed()
 @settings(max_examples=300 * SCALE, **SETTINGS)
 @given(ops=OPS, bops=BYTES_OPS, gz=st.booleans())
 def test_fuzz_flight_recorder_json(work, ops, bops, gz):
-    from tracelens.analyze.hang import diagnose
+    from tracelens.analyze.comm.hang import diagnose
 
     data = mutate_bytes(_serialize(mutate(FR_SEED, ops)), bops)
     p = work / "fr_trace_rank_1.json"

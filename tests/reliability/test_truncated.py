@@ -26,7 +26,7 @@ from broken_traces import (
     x,
 )
 
-from tracelens.analyze.breakdown import breakdown
+from tracelens.analyze.rank.breakdown import breakdown
 from tracelens.errors import BadTraceError
 from tracelens.ingest import flight_recorder, kineto, nccl_log, nccl_plugin
 from tracelens.run_analysis import Options, analyze_run

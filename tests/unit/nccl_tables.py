@@ -119,7 +119,7 @@ def kineto_run(out_dir, **overrides) -> pa.Table:
     import json
     from pathlib import Path
 
-    from tracelens.analyze.collectives import collectives_from_events
+    from tracelens.analyze.comm.collectives import collectives_from_events
     from tracelens.ingest import kineto
     from tracelens.models.spec import __file__ as spec_file
     from tracelens.simulate.config import SimConfig

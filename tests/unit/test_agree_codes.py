@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tracelens.analyze import collectives as C
+from tracelens.analyze.comm import collectives as C
 from tracelens.engine import kept as engine_kept
 
 

@@ -1,4 +1,4 @@
-"""analyze/blas.py: small LAPACK calls on one OpenBLAS thread give the bits the threaded library gives."""
+"""analyze/core/blas.py: small LAPACK calls on one OpenBLAS thread give the bits the threaded library gives."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tracelens.analyze import clock
-from tracelens.analyze.blas import _openblas, one_blas_thread
+from tracelens.analyze.comm import clock
+from tracelens.analyze.core.blas import _openblas, one_blas_thread
 
 
 def test_thread_count_restored():

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from tracelens._testing import events_table
-from tracelens.analyze.breakdown import breakdown
+from tracelens.analyze.rank.breakdown import breakdown
 
 
 def k(rank, name, ts, dur, kind="kernel", **kw):

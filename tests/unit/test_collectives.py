@@ -13,10 +13,10 @@ from hypothesis import strategies as st
 
 from tracelens import schema
 from tracelens._testing import events_table, table_from_rows
-from tracelens.analyze import collectives as C
-from tracelens.analyze import frame_cells as FC
-from tracelens.analyze import wait_transfer as WT
-from tracelens.analyze.breakdown import breakdown, class_sets
+from tracelens.analyze.comm import collectives as C
+from tracelens.analyze.comm import wait_transfer as WT
+from tracelens.analyze.core import frame_cells as FC
+from tracelens.analyze.rank.breakdown import breakdown, class_sets
 
 
 def nccl(rank, ts, dur, *, op="allreduce", seq=None, pg="0", ranks=(0, 1), ext=None, nel=1000, dtype="Float",
@@ -490,7 +490,7 @@ def test_exposed_split_per_rank_slices_match_reference():
     """Ranks interleaved in the breakdown and the collectives: each rank's windows get its own waits."""
     import pandas as pd
 
-    from tracelens.analyze import intervals as iv
+    from tracelens.analyze.core import intervals as iv
     from tracelens.schema import RankSets
 
     def ivs(*pairs):
@@ -541,7 +541,7 @@ def test_cumcount_counts_earlier_calls_of_the_same_rank_and_key():
     a row without a start comes last."""
     import pandas as pd
 
-    from tracelens.analyze.collectives import _cumcount
+    from tracelens.analyze.comm.collectives import _cumcount
 
     rank = np.array([1, 0, 0, 1, 0, 0, 1])
     key = np.array([5, 5, 5, 5, 7, 5, 5])

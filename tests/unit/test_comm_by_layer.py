@@ -1,4 +1,4 @@
-"""Communication per layer type (analyze/comm_by_layer.py): the vectorised attribution against the per-rank,
+"""Communication per layer type (analyze/comm/comm_by_layer.py): the vectorised attribution against the per-rank,
 per-call loop it replaced (kept here as the reference), on hand-built calls with known answers, random
 inputs and a bundled sample."""
 
@@ -12,7 +12,7 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tracelens.analyze.comm_by_layer import comm_by_layer_type
+from tracelens.analyze.comm.comm_by_layer import comm_by_layer_type
 
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_traces"
 
@@ -305,7 +305,7 @@ def test_categorical_ops_match_the_group_by_exactly(data):
 
 def test_grouping_per_type_op_rank_matches_pandas():
     # a null op is in no group, a NaN duration sums as 0, groups come in (type, op category, rank) order
-    from tracelens.analyze import comm_by_layer as C
+    from tracelens.analyze.comm import comm_by_layer as C
 
     c = pd.DataFrame(
         {
@@ -351,7 +351,7 @@ def _brute_last_at_or_before(sr, ss, c_rank, t):
 @settings(max_examples=60, deadline=None)
 def test_last_span_at_or_before_both_paths(data):
     """The one-key search and the merge fallback (times too far apart for one int64 key) agree with brute force."""
-    from tracelens.analyze.comm_by_layer import _last_at_or_before
+    from tracelens.analyze.comm.comm_by_layer import _last_at_or_before
 
     far = data.draw(st.booleans())
     hi = 2**62 if far else 50

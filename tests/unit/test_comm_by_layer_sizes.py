@@ -9,7 +9,7 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from tracelens.analyze.comm_by_layer import sizes_from_flight_recorder
+from tracelens.analyze.comm.comm_by_layer import sizes_from_flight_recorder
 
 
 def _coll(rng: np.random.Generator, n: int) -> pd.DataFrame:

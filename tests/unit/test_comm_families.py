@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 from tracelens._testing import events_table
-from tracelens.analyze.classify import COMM, COMPUTE, MEMORY, classify, comm_launched
-from tracelens.analyze.collectives import collectives_from_events, match_with_findings
-from tracelens.analyze.launch_link import innermost_enclosing, link_launches
-from tracelens.analyze.wait_transfer import wait_transfer
+from tracelens.analyze.comm.collectives import collectives_from_events, match_with_findings
+from tracelens.analyze.comm.wait_transfer import wait_transfer
+from tracelens.analyze.rank.classify import COMM, COMPUTE, MEMORY, classify, comm_launched
+from tracelens.analyze.rank.launch_link import innermost_enclosing, link_launches
 from tracelens.ingest import kineto
 from tracelens.ingest.comm_families import FAMILIES, family_of_kernel, sizes_from_shapes
 from tracelens.summary import collectives_dict
@@ -221,14 +221,14 @@ def test_skew_is_null_without_a_second_participant():
 
 
 def _table(df):
-    from tracelens.analyze.wait_transfer import to_table
+    from tracelens.analyze.comm.wait_transfer import to_table
 
     return to_table(df)
 
 
 def test_one_traced_rank_of_a_group_has_no_wait_transfer_split():
-    from tracelens.analyze.breakdown import breakdown, class_sets
-    from tracelens.analyze.collectives import exposed_split
+    from tracelens.analyze.comm.collectives import exposed_split
+    from tracelens.analyze.rank.breakdown import breakdown, class_sets
 
     def run(ranks):
         rows = []

@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as hst
 from pipeline_tables import events_table
 
-from tracelens.analyze.composition import _microbatches_from_spans, analyze_composition, module_spans
 from tracelens.analyze.layout import grid_from_layout
+from tracelens.analyze.pipeline.composition import _microbatches_from_spans, analyze_composition, module_spans
 from tracelens.models import get_model
 
 # stage 0: layers 0,1,2 DeltaNet (10 us each) ; stage 1: layer 3 attention (40 us) + layer 4 DeltaNet
@@ -197,8 +197,8 @@ def test_from_model_config_and_suggested_split():
 
 
 def test_audit_for_run_reuses_the_layout_audit():
-    from tracelens.analyze.composition import audit_for_run
     from tracelens.analyze.layout import Grid
+    from tracelens.analyze.pipeline.composition import audit_for_run
 
     model = get_model("qwen3.5-27b")
     audit, findings = audit_for_run(grid_from_layout(32, tp=8, pp=4), model, seq_len=4096)
@@ -300,7 +300,7 @@ def test_backward_attributed_by_sequence_number():
 
 
 def test_unequal_finding_names_a_stage_once_when_it_holds_the_most_of_two_types():
-    from tracelens.analyze.composition import _unequal_finding
+    from tracelens.analyze.pipeline.composition import _unequal_finding
 
     f = _unequal_finding(
         {0: {"linear_attention": 3, "full_attention": 1}, 1: {"linear_attention": 6, "full_attention": 2}}
@@ -387,7 +387,7 @@ def test_name_matches_are_remembered_per_pattern_text_and_flags():
     patterns (a case-insensitive rule must not reuse the case-sensitive rule's misses, nor the reverse)."""
     import re
 
-    from tracelens.analyze.composition import _match_names
+    from tracelens.analyze.pipeline.composition import _match_names
 
     text = r"layers\.(?P<layer>\d+)\.(?P<module>mlp)"
     names = ["model.layers.3.MLP", "model.layers.4.mlp"]
@@ -405,7 +405,7 @@ def test_stage_layer_counts_match_the_group_by(seed):
     import numpy as np
     import pandas as pd
 
-    from tracelens.analyze.composition import MIXER_TYPES, _stage_layer_counts
+    from tracelens.analyze.pipeline.composition import MIXER_TYPES, _stage_layer_counts
 
     rng = np.random.default_rng(seed)
     n = 2000

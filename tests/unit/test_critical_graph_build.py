@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tracelens.analyze import critical_path as CP
-from tracelens.analyze.critical_replay import NEG
-from tracelens.analyze.frame_cells import unique_inverse
+from tracelens.analyze.core.frame_cells import unique_inverse
+from tracelens.analyze.critical import critical_path as CP
+from tracelens.analyze.critical.critical_replay import NEG
 
 REPO = Path(__file__).resolve().parents[2]
 TRACES = [
@@ -251,7 +251,7 @@ def _pair_lookup_old(ka, kb, qa, qb):
 
 @pytest.mark.parametrize("seed", range(40))
 def test_pair_lookup_is_the_previous_and_finds_the_first_row(seed):
-    from tracelens.analyze.critical_keys import pair_lookup
+    from tracelens.analyze.critical.critical_keys import pair_lookup
 
     rng = np.random.default_rng(seed)
     n = int(rng.integers(0, 60))
@@ -281,7 +281,7 @@ def _launch_latency_old(rank, s, L):
 
 @pytest.mark.parametrize("seed", range(20))
 def test_launch_latency_is_the_previous(seed):
-    from tracelens.analyze.critical_keys import launch_latency
+    from tracelens.analyze.critical.critical_keys import launch_latency
 
     rng = np.random.default_rng(seed)
     n = int(rng.integers(1, 300))

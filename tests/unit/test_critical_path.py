@@ -7,8 +7,8 @@ import pyarrow as pa
 import pytest
 
 from tests.critical_graphs import colls
-from tracelens.analyze import critical_path as CP
-from tracelens.analyze import whatif as W
+from tracelens.analyze.critical import critical_path as CP
+from tracelens.analyze.critical import whatif as W
 
 
 def nodes(rows):
@@ -334,7 +334,7 @@ def test_balanced_split_stretches_launches_after_a_sync_from_its_return():
 def test_kernel_labels_are_the_latest_enclosing_span_of_their_rank(late):
     import pandas as pd
 
-    from tracelens.analyze.critical_nodes import _labels
+    from tracelens.analyze.critical.critical_nodes import _labels
 
     spans = pa.table(
         {
@@ -361,7 +361,7 @@ def test_first_of_keys_finds_the_first_equal_pair(big):
     """The CPU launch lookup of device_nodes: the first (rank, correlation) key equal to each query; queries
     with a negative correlation, an unknown rank or an unknown correlation are not found. `big`: values so
     large that the one-int64 key cannot hold them (the fallback)."""
-    from tracelens.analyze.critical_nodes import _first_of_keys
+    from tracelens.analyze.critical.critical_nodes import _first_of_keys
 
     off = 2**61 if big else 0
     k_rank = np.array([0, 0, 1, 0, 1, 1])

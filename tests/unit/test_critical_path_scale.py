@@ -7,9 +7,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from tracelens.analyze import critical_keys as K
-from tracelens.analyze import critical_path as CP
-from tracelens.analyze.frame_cells import str_objects
+from tracelens.analyze.core.frame_cells import str_objects
+from tracelens.analyze.critical import critical_keys as K
+from tracelens.analyze.critical import critical_path as CP
 
 
 @pytest.mark.parametrize("dictionary", [False, True])

@@ -13,10 +13,10 @@ import pyarrow as pa
 import pytest
 
 from tests.critical_graphs import colls
-from tracelens.analyze import critical_path as CP
-from tracelens.analyze import critical_replay as R
-from tracelens.analyze import whatif as W
-from tracelens.analyze.dictcol import per_object
+from tracelens.analyze.core.dictcol import per_object
+from tracelens.analyze.critical import critical_path as CP
+from tracelens.analyze.critical import critical_replay as R
+from tracelens.analyze.critical import whatif as W
 
 REPO = Path(__file__).resolve().parents[2]
 HTA = REPO.parent / "shared" / "traces" / "hta"
@@ -297,7 +297,7 @@ def test_graph_level_of_is_each_nodes_level():
 
 @pytest.mark.parametrize("kind", ["dense", "sparse", "unsigned", "wide"])
 def test_per_rank_is_a_lookup_per_row(kind):
-    from tracelens.analyze.critical_keys import per_rank
+    from tracelens.analyze.critical.critical_keys import per_rank
 
     rng = np.random.default_rng(4)
     ranks = {

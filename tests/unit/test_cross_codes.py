@@ -10,11 +10,11 @@ import pyarrow as pa
 import pytest
 
 from tracelens import schema
-from tracelens.analyze import collectives as C
-from tracelens.analyze import frame_cells as FC
-from tracelens.analyze import intervals as iv
-from tracelens.analyze import stragglers as S
-from tracelens.analyze.wait_split import RankLanes, lanes_for
+from tracelens.analyze.comm import collectives as C
+from tracelens.analyze.comm import stragglers as S
+from tracelens.analyze.comm.wait_split import RankLanes, lanes_for
+from tracelens.analyze.core import frame_cells as FC
+from tracelens.analyze.core import intervals as iv
 from tracelens.schema import RankSets
 
 

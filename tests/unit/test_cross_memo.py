@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tracelens.analyze import stragglers
+from tracelens.analyze.comm import stragglers
 from tracelens.engine import kept as engine_kept
 from tracelens.run_analysis import Analysis, Options, analyze_run
 from tracelens.store import results

@@ -1,4 +1,4 @@
-"""Shared column decoding (tracelens.analyze.dictcol.Columns / sharing) against dict_lookup and Arrow."""
+"""Shared column decoding (tracelens.analyze.core.dictcol.Columns / sharing) against dict_lookup and Arrow."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from tracelens.analyze.dictcol import Columns, columns, dict_lookup, sharing
+from tracelens.analyze.core.dictcol import Columns, columns, dict_lookup, sharing
 
 
 def _is_x(v: str) -> bool:

@@ -15,11 +15,11 @@ import pytest
 from pipeline_tables import events_table, pipeline_run
 
 from tests.damage import WAYS, damage
-from tracelens.analyze.breakdown import breakdown, class_sets
-from tracelens.analyze.classify import classify
-from tracelens.analyze.composition import module_spans
 from tracelens.analyze.layout import grid_from_layout
-from tracelens.analyze.pipeline import analyze_pipeline
+from tracelens.analyze.pipeline.composition import module_spans
+from tracelens.analyze.pipeline.pipeline import analyze_pipeline
+from tracelens.analyze.rank.breakdown import breakdown, class_sets
+from tracelens.analyze.rank.classify import classify
 from tracelens.engine import stage as S
 from tracelens.engine.executor import InlineExecutor, LocalPool
 from tracelens.engine.reduce import reduce_stages
@@ -163,7 +163,7 @@ def test_a_damaged_stage_file_is_an_error_and_not_complete(tmp_path: Path, how: 
 def test_idle_failure_travels_through_the_stage_files(tmp_path: Path, monkeypatch):
     """A rank whose idle_breakdown fails: the stage keeps the error (as for module spans), the reduction
     reports the first one."""
-    import tracelens.analyze.idle as idle
+    import tracelens.analyze.rank.idle as idle
 
     def boom(*a, **k):
         raise ValueError("boom")
@@ -264,7 +264,7 @@ def _node_rows() -> list[dict]:
 def test_device_nodes_rank_by_rank_equal_the_all_ranks_nodes():
     """The per-rank stage's nodes, selected (critical_nodes.select_nodes), are what device_nodes over all
     ranks' events at once gives: work without a step left out once some rank has steps, else all step 0."""
-    from tracelens.analyze.critical_nodes import device_nodes, rank_nodes, select_nodes
+    from tracelens.analyze.critical.critical_nodes import device_nodes, rank_nodes, select_nodes
 
     ev = events_table(_node_rows())
     staged = reduce_stages(_split(ev))

@@ -14,7 +14,7 @@ import pytest
 from tracelens import schema
 from tracelens import views as V
 from tracelens._testing import events_table, table_from_rows
-from tracelens.analyze.timeline import _group_modules, pipeline_blocks, rank_blocks
+from tracelens.analyze.pipeline.timeline import _group_modules, pipeline_blocks, rank_blocks
 from tracelens.report import figures as F
 from tracelens.report import html as H
 from tracelens.report.export import GPU_TID_BASE, trace_events
@@ -330,7 +330,7 @@ def test_real_cpu_run_timeline_shows_compute_after_the_receive():
     waits = [b for b in blocks if b["stage"] == 1 and b["phase"] == "wait"]
     assert waits and waits[0]["start_ms"] == 0.0
     assert abs(waits[0]["end_ms"] * 1e6 + t0_ns - recv[1]) < 1e3
-    # zero = the pipeline window's start; each stage's first forward = its fill (analyze/pipeline.py)
+    # zero = the pipeline window's start; each stage's first forward = its fill (analyze/pipeline/pipeline.py)
     prs = a.pipeline.per_rank_step.to_pandas()
     for rank, stage in ((0, 0), (2, 1)):
         fill = int(prs[(prs["rank"] == rank) & (prs["step"] == step)]["fill_ns"].iloc[0])

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from tracelens.analyze.hang import diagnose, diagnose_run
+from tracelens.analyze.comm.hang import diagnose, diagnose_run
 from tracelens.ingest import flight_recorder as fr
 from tracelens.options import Options
 from tracelens.run_analysis import analyze_run

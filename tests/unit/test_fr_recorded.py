@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests import fr_recorded
-from tracelens.analyze.hang import diagnose_run
+from tracelens.analyze.comm.hang import diagnose_run
 
 RUNS = fr_recorded.stored_runs()
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "runs"

@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 
 from tracelens._testing import events_table
-from tracelens.analyze.collectives import collectives_from_events
+from tracelens.analyze.comm.collectives import collectives_from_events
 from tracelens.ingest import kineto
 from tracelens.ingest.comm_families import sizes_from_shapes
 from tracelens.summary import collectives_dict

@@ -1,5 +1,5 @@
 """The critical path's dependency graph kept in the run memo (engine.kept.read_graph / write_graph,
-analyze.graph_state): read back, it is the graph that was built, field by field; a warm analysis replays it
+analyze.critical.graph_state): read back, it is the graph that was built, field by field; a warm analysis replays it
 instead of building it again and gives the summary an uncached analysis gives; any other input of the build
 (an option, the code, the memo) is another key; a damaged graph file is built again."""
 
@@ -15,11 +15,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tracelens.analyze import critical_path as cp
-from tracelens.analyze import whatif
-from tracelens.analyze.critical_keys import Cells
-from tracelens.analyze.critical_replay import ReplayPlan, replay_plan
-from tracelens.analyze.dictcol import per_object
+from tracelens.analyze.core.dictcol import per_object
+from tracelens.analyze.critical import critical_path as cp
+from tracelens.analyze.critical import whatif
+from tracelens.analyze.critical.critical_keys import Cells
+from tracelens.analyze.critical.critical_replay import ReplayPlan, replay_plan
 from tracelens.engine import kept as engine_kept
 from tracelens.run_analysis import Analysis, Options, analyze_run
 from tracelens.store import runs

@@ -15,7 +15,7 @@ from pipeline_tables import events_table, megatron_groups, metadata_table, pipel
 
 from tracelens import schema
 from tracelens._testing import table_from_rows
-from tracelens.analyze.collectives import _pg_candidates
+from tracelens.analyze.comm.collectives import _pg_candidates
 from tracelens.analyze.layout import groups, infer, p2p
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from tracelens.analyze.hang import diagnose, progress
+from tracelens.analyze.comm.hang import diagnose, progress
 from tracelens.ingest import flight_recorder as fr
 from tracelens.simulate.nccl_outputs import write_nccl_outputs
 

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tracelens.analyze import hta_compat as h
+from tracelens.analyze.rank import hta_compat as h
 from tracelens.schema import EVENTS
 
 US = 1000  # ns per µs

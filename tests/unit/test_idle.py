@@ -1,12 +1,12 @@
-"""Idle-gap split by cause on hand-built events (tracelens.analyze.idle)."""
+"""Idle-gap split by cause on hand-built events (tracelens.analyze.rank.idle)."""
 
 from __future__ import annotations
 
 import pyarrow as pa
 
 from tracelens import schema
-from tracelens.analyze.breakdown import breakdown
-from tracelens.analyze.idle import idle_breakdown, idle_findings
+from tracelens.analyze.rank.breakdown import breakdown
+from tracelens.analyze.rank.idle import idle_breakdown, idle_findings
 
 
 def _events(rows: list[dict]) -> pa.Table:
@@ -120,7 +120,7 @@ def test_idle_table_of_the_stage_equals_the_frame_route_ties_in_name_order():
     """`idle_breakdown_table` (the per-rank stage's route, no DataFrame) gives the rows of
     `idle_table(idle_breakdown(...))`; host ops with equal time keep pandas' order (by name), the top 3 only;
     a trace without ProfilerStep has one window whose step is null."""
-    from tracelens.analyze.idle import idle_breakdown_table, idle_table
+    from tracelens.analyze.rank.idle import idle_breakdown_table, idle_table
 
     def rows(step_marker: bool) -> list[dict]:
         step = 1 if step_marker else None

@@ -1,4 +1,4 @@
-"""The GPU idle split computed for all windows of a rank at once (tracelens.analyze.idle) gives, window by
+"""The GPU idle split computed for all windows of a rank at once (tracelens.analyze.rank.idle) gives, window by
 window, what its definition gives one window at a time: the gaps of [lo, hi) between the clipped device
 intervals, each split by the launch of the work that ends it, and the top-level ops overlapping each part.
 
@@ -15,10 +15,10 @@ import pyarrow as pa
 import pytest
 from test_idle import _ev, _events
 
-from tracelens.analyze import intervals as iv
-from tracelens.analyze.breakdown import breakdown
-from tracelens.analyze.classify import is_step_name
-from tracelens.analyze.idle import CAUSES, COLUMNS, DEVICE_KINDS, RUNTIME_KINDS, SYNC, idle_breakdown
+from tracelens.analyze.core import intervals as iv
+from tracelens.analyze.rank.breakdown import breakdown
+from tracelens.analyze.rank.classify import is_step_name
+from tracelens.analyze.rank.idle import CAUSES, COLUMNS, DEVICE_KINDS, RUNTIME_KINDS, SYNC, idle_breakdown
 from tracelens.schema import BREAKDOWN
 
 
@@ -221,7 +221,7 @@ def test_host_and_sync_ops_found_in_the_random_traces():
 def test_top_per_window_equals_top_of_each_windows_dense_values():
     """Many names and many equal sums (numpy's quicksort orders ties in no fixed way from ~16 values on):
     the sparse per-window route gives each window exactly `top` of its dense values, order included."""
-    from tracelens.analyze.idle import _ByName
+    from tracelens.analyze.rank.idle import _ByName
 
     rng = np.random.default_rng(4)
     ties = 0
@@ -248,7 +248,7 @@ def test_top_per_window_equals_top_of_each_windows_dense_values():
 
 def test_ties_beyond_the_dense_limit_are_ordered_by_name(monkeypatch):
     """With more names than DENSE_TIES_MAX, tied sums are ordered by name (no dense pass a window)."""
-    from tracelens.analyze import idle
+    from tracelens.analyze.rank import idle
 
     monkeypatch.setattr(idle, "DENSE_TIES_MAX", 2)
     name_of = np.array(["zeta", "alpha", "mid", "beta", None], dtype=object)

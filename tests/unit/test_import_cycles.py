@@ -189,13 +189,14 @@ def layer_violations(graph: dict[str, set[str]], layers: dict[str, set[str]]) ->
 def test_the_layer_check_sees_a_lazy_import_against_the_flow(tmp_path: Path) -> None:
     pkg = tmp_path / "tracelens"
     (pkg / "report").mkdir(parents=True)
-    (pkg / "analyze").mkdir()
-    for f in ("__init__.py", "report/__init__.py", "analyze/__init__.py", "analyze/ops.py"):
+    (pkg / "analyze" / "efficiency").mkdir(parents=True)
+    for f in ("__init__.py", "report/__init__.py", "analyze/__init__.py", "analyze/efficiency/__init__.py"):
         (pkg / f).write_text("")
-    (pkg / "report" / "html.py").write_text("def f():\n    from tracelens.analyze import ops\n")
+    (pkg / "analyze" / "efficiency" / "ops.py").write_text("")
+    (pkg / "report" / "html.py").write_text("def f():\n    from tracelens.analyze.efficiency import ops\n")
     g = import_graph(pkg)
     assert layer_violations(g, {"tracelens.report": set()}) == [
-        "tracelens.report.html -> tracelens.analyze.ops"
+        "tracelens.report.html -> tracelens.analyze.efficiency.ops"
     ]
     assert layer_violations(g, {"tracelens.report": {"tracelens.analyze"}}) == []
 
@@ -204,3 +205,30 @@ def test_every_part_imports_only_the_parts_below_it() -> None:
     g = import_graph(PKG)
     assert {_part(m) for m in g} >= set(LAYERS)  # (every listed part exists)
     assert layer_violations(g, LAYERS) == []
+
+
+#: Inside analyze/: which group of analyzers each group may import (docs/architecture.md, "Layers").
+ANALYZE_GROUPS: dict[str, set[str]] = {
+    "core": set(),
+    "rank": {"core"},
+    "layout": {"core"},
+    "efficiency": {"core", "rank", "layout"},
+    "pipeline": {"core", "rank", "layout"},
+    "comm": {"core", "rank", "layout", "pipeline"},
+    "critical": {"core", "rank", "layout", "pipeline", "comm"},
+}
+
+
+def test_analyzer_groups_import_only_the_groups_below_them() -> None:
+    g = import_graph(PKG)
+    groups = {m.split(".")[2] for m in g if m.startswith("tracelens.analyze.")}
+    assert groups == set(ANALYZE_GROUPS)  # (every module of analyze/ is in a group)
+    bad = []
+    for mod, targets in sorted(g.items()):
+        if not mod.startswith("tracelens.analyze."):
+            continue
+        own = mod.split(".")[2]
+        for t in sorted(targets):
+            if t.startswith("tracelens.analyze.") and t.split(".")[2] not in ANALYZE_GROUPS[own] | {own}:
+                bad.append(f"{mod} -> {t}")
+    assert bad == []

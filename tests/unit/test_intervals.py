@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tracelens.analyze import intervals as iv
+from tracelens.analyze.core import intervals as iv
 
 ivs = st.lists(st.tuples(st.integers(0, 60), st.integers(0, 25)), max_size=12).map(
     lambda xs: (np.array([a for a, _ in xs], np.int64), np.array([a + d for a, d in xs], np.int64))
@@ -122,7 +122,7 @@ def test_intersect_equals_sweep_on_real_ranks():
     """Exposed / overlapped communication sets of real traces: the same arrays as the sweep."""
     from pathlib import Path
 
-    from tracelens.analyze.breakdown import class_sets
+    from tracelens.analyze.rank.breakdown import class_sets
     from tracelens.ingest.kineto import read
 
     run = Path(__file__).parents[2] / "sample_traces" / "qwen35-27b-seq4k-tp2pp2dp2-straggler-skew"

@@ -1,4 +1,4 @@
-"""Inference iterations (tracelens.ingest.iterations, analyze.inference): the engines' annotation formats,
+"""Inference iterations (tracelens.ingest.iterations, analyze.efficiency.inference): the engines' annotation formats,
 nesting, iterations as steps in the reader, repeating work, and the per-phase figures, by hand."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 from tests.unit.kineto_traces import BASE, write, x
 from tracelens import schema
 from tracelens._testing import table_from_rows
-from tracelens.analyze.inference import inference_summary, op_contexts
+from tracelens.analyze.efficiency.inference import inference_summary, op_contexts
 from tracelens.ingest import iterations as I
 from tracelens.ingest.kineto import read
 

@@ -1,10 +1,10 @@
-"""Layer-annotation rules (tracelens.analyze.layers) and the composition they feed."""
+"""Layer-annotation rules (tracelens.analyze.pipeline.layers) and the composition they feed."""
 
 from __future__ import annotations
 
 import pytest
 
-from tracelens.analyze import composition, layers
+from tracelens.analyze.pipeline import composition, layers
 from tracelens.errors import BadConfigError
 
 

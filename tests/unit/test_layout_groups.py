@@ -1,5 +1,5 @@
 """Axes of process groups from structure and traffic (tracelens/analyze/layout/groups.py), interleaved-schedule
-arithmetic (analyze/schedule_infer.py) and communication per layer type (analyze/comm_by_layer.py), on
+arithmetic (analyze/pipeline/schedule_infer.py) and communication per layer type (analyze/comm/comm_by_layer.py), on
 hand-built groups, records and spans whose answers are known by construction."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from tracelens.analyze.comm_by_layer import comm_by_layer_type, sizes_from_flight_recorder
+from tracelens.analyze.comm.comm_by_layer import comm_by_layer_type, sizes_from_flight_recorder
 from tracelens.analyze.layout.groups import GroupInfo, name_axis, structural_axes
-from tracelens.analyze.schedule_infer import expected_warmup
+from tracelens.analyze.pipeline.schedule_infer import expected_warmup
 
 
 def _grid_groups(tp: int, dp: int, pp: int) -> dict[str, list[tuple[int, ...]]]:
@@ -183,7 +183,7 @@ def test_training_virtual_stages_and_schedule_in_tracelens_toml(tmp_path):
 
 
 def test_expected_bubble_uses_given_virtual_stages():
-    from tracelens.analyze.pipeline import expected_bubble_fraction
+    from tracelens.analyze.pipeline.pipeline import expected_bubble_fraction
 
     assert expected_bubble_fraction(4, 8, "interleaved_1f1b", 2) == pytest.approx(3 / 19)
     assert expected_bubble_fraction(4, 8, "1f1b", 1) == pytest.approx(3 / 11)
@@ -220,7 +220,7 @@ def test_group_traffic_from_trace_events_with_list_ranks():
 def test_event_groups_group_rows_by_exact_rank_lists_and_names():
     """One record per distinct (pg_ranks, collective, pg_desc) of the cpu ops, with its row count and ranks;
     lists that share a prefix, are a permutation or are empty stay apart; nulls read "nan"."""
-    from tracelens.analyze.frame_cells import list_codes, list_tuples
+    from tracelens.analyze.core.frame_cells import list_codes, list_tuples
     from tracelens.analyze.layout.groups import _event_groups
 
     lists = [[0, 1], [0, 1], [1, 0], [0, 1, 2], [0], [], [0, 1], [0, 1, 2], [0, 1]]

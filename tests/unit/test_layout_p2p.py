@@ -119,7 +119,7 @@ def test_memo_collectives_get_the_resolved_peers(tmp_path):
     equal the collectives computed from the resolved events."""
     from pathlib import Path
 
-    from tracelens.analyze.collectives import collectives_from_events
+    from tracelens.analyze.comm.collectives import collectives_from_events
     from tracelens.analyze.layout.p2p import fill_collective_peers
     from tracelens.run_analysis import Options, analyze_run
 

@@ -1,4 +1,4 @@
-"""What collectives do (analyze/layout/roles.py) and the K/V widths a rank computes (analyze/kv_heads.py), on
+"""What collectives do (analyze/layout/roles.py) and the K/V widths a rank computes (analyze/efficiency/kv_heads.py), on
 hand-built events and shapes whose answers are worked out below."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from pipeline_tables import metadata_table
 
 from tracelens._testing import events_table
-from tracelens.analyze.kv_heads import KVWidths, kv_evidence, projection_widths
+from tracelens.analyze.efficiency.kv_heads import KVWidths, kv_evidence, projection_widths
 from tracelens.analyze.layout.infer import infer_grid
 from tracelens.analyze.layout.roles import CollectiveRoles, coincidence, first_tensor_dims, role_of
 from tracelens.ingest.op_shapes import OP_SHAPES

@@ -14,9 +14,9 @@ import pyarrow as pa
 import pytest
 
 from tracelens import schema
-from tracelens.analyze import classify as K
-from tracelens.analyze.collectives import collectives_from_events
+from tracelens.analyze.comm.collectives import collectives_from_events
 from tracelens.analyze.layout.groups import pg_rows
+from tracelens.analyze.rank import classify as K
 from tracelens.engine import kept as engine_kept
 from tracelens.engine import reduce as RD
 from tracelens.engine import tasks as TK

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tracelens.analyze.mfu import compute_mfu, stage_tflops
+from tracelens.analyze.efficiency.mfu import compute_mfu, stage_tflops
 from tracelens.errors import BadInputError
 from tracelens.models import get_model, model_from_config
 

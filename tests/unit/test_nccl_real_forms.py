@@ -16,8 +16,8 @@ import pytest
 
 from tests.cli import tracelens as _cli
 from tracelens import schema
-from tracelens.analyze import hang, nccl_sources
-from tracelens.analyze.collectives import busbw_factor
+from tracelens.analyze.comm import hang, nccl_sources
+from tracelens.analyze.comm.collectives import busbw_factor
 from tracelens.ingest import nccl_log, nccl_plugin
 from tracelens.ingest.sniff import NCCL_LOG, NCCL_PLUGIN, detect_format
 from tracelens.simulate.nccl_outputs import write_nccl_outputs

@@ -1,4 +1,4 @@
-"""The per-op view (tracelens.analyze.ops) on hand-built event tables: kernel -> op linking, time per step,
+"""The per-op view (tracelens.analyze.efficiency.ops) on hand-built event tables: kernel -> op linking, time per step,
 achieved TFLOP/s and TB/s, the roofline, kernel names, launch statistics and the memory peak."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 
 from tracelens import schema
-from tracelens.analyze import ops as O
+from tracelens.analyze.efficiency import ops as O
 
 H100 = "NVIDIA H100 80GB HBM3"  # 989 TFLOP/s bf16, 67 TFLOP/s fp32, 3.35 TB/s
 

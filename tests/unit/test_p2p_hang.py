@@ -1,5 +1,5 @@
-"""Hangs through point-to-point from call sequences (tracelens.analyze.p2p_hang), gloo retired entries
-(tracelens.analyze.hang) and Flight Recorder sniffing by real keys."""
+"""Hangs through point-to-point from call sequences (tracelens.analyze.comm.p2p_hang), gloo retired entries
+(tracelens.analyze.comm.hang) and Flight Recorder sniffing by real keys."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import json
 import pyarrow as pa
 
 from tracelens import schema
-from tracelens.analyze.hang import diagnose
-from tracelens.analyze.p2p_hang import diagnose_p2p, hung_steps
+from tracelens.analyze.comm.hang import diagnose
+from tracelens.analyze.comm.p2p_hang import diagnose_p2p, hung_steps
 from tracelens.ingest.sniff import FR_JSON, detect_format
 
 
@@ -112,7 +112,7 @@ def test_hung_steps_at_once_equal_the_per_step_medians():
     steps, a rank with one step: no reference)."""
     import numpy as np
 
-    from tracelens.analyze.p2p_hang import _hung_steps_frame
+    from tracelens.analyze.comm.p2p_hang import _hung_steps_frame
 
     rng = np.random.default_rng(2)
     hung = 0

@@ -10,7 +10,7 @@ from hypothesis import strategies as hst
 from pipeline_tables import events_table, pipeline_run
 
 from tracelens.analyze.layout import grid_from_layout
-from tracelens.analyze.pipeline import (
+from tracelens.analyze.pipeline.pipeline import (
     _detect_schedule,
     _virtual_stages,
     analyze_pipeline,
@@ -336,7 +336,7 @@ def test_schedule_helpers_match_reference_on_random_spans(rows, b_starts, m):
 def test_schedule_helpers_match_reference_on_a_sample(tmp_path):
     from pathlib import Path
 
-    from tracelens.analyze.pipeline import _backward_marks
+    from tracelens.analyze.pipeline.pipeline import _backward_marks
     from tracelens.run_analysis import Options, analyze_run
 
     sample = (
@@ -363,8 +363,8 @@ def test_waits_on_one_axis_match_the_per_rank_loop():
     # the shared-axis computation against the per-rank loop, with ranks that have no sets, no collectives,
     # windows reaching outside their rank's intervals and reversed windows; then clocks so far apart that
     # the shared axis would overflow and the per-rank loop runs
-    from tracelens.analyze.intervals import union
-    from tracelens.analyze.pipeline import _waits, _waits_per_rank
+    from tracelens.analyze.core.intervals import union
+    from tracelens.analyze.pipeline.pipeline import _waits, _waits_per_rank
     from tracelens.schema import RankSets
 
     rng = np.random.default_rng(11)
@@ -409,8 +409,8 @@ def _fallback_last_reference(ev, is_comp, p2p, coll, marks):
 def test_fallback_last_and_pair_reduce_match_pandas(seed):
     # epoch-scale nanoseconds (above 2**53: a float64 compare differs from an int64 one) on random ranks,
     # steps and classes; seeds with every (rank, step) holding a P2P op and seeds with some lacking one
-    from tracelens.analyze.pipeline import _fallback_last
-    from tracelens.analyze.schedule_infer import pair_reduce
+    from tracelens.analyze.pipeline.pipeline import _fallback_last
+    from tracelens.analyze.pipeline.schedule_infer import pair_reduce
 
     rng = np.random.default_rng(seed)
     n = 3000

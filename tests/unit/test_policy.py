@@ -46,7 +46,7 @@ SAMPLE = Path(__file__).resolve().parents[2] / "sample_traces" / "qwen35-27b-seq
 @pytest.mark.parametrize(
     ("module", "name", "line"),
     [
-        ("tracelens.analyze.whatif", "what_if", "what-if skipped: RuntimeError: planted"),
+        ("tracelens.analyze.critical.whatif", "what_if", "what-if skipped: RuntimeError: planted"),
         ("tracelens.ops_view", "ops_view", "per-op view skipped: RuntimeError: planted"),
     ],
 )

@@ -1,11 +1,11 @@
-"""Schedule and layout what-ifs, the losses of a step and severities by saving (analyze/prescribe.py), on
+"""Schedule and layout what-ifs, the losses of a step and severities by saving (analyze/pipeline/prescribe.py), on
 hand-built pipelines whose replays are worked out by hand."""
 
 from __future__ import annotations
 
 import pytest
 
-from tracelens.analyze import prescribe as P
+from tracelens.analyze.pipeline import prescribe as P
 
 MS = 1e6  # ns per ms: the entries give ms rounded to the ns
 
@@ -78,7 +78,7 @@ def test_receives_are_paid_by_the_consumer():
     chain = [P.StageWork(s, s, 3.0, 1 / 3) for s in range(2)]
     hop = {(0, 1): 0.5, (1, 0): 0.5}
     pm = P.PipelineModel("1f1b", 2, 1, 1, [chain], hop, 8.0, 7.0, 0.0, 7.0, {}, {})
-    from tracelens.analyze.schedule import canonical_orders
+    from tracelens.analyze.pipeline.schedule import canonical_orders
 
     got = P._replay_chains(
         pm, canonical_orders("1f1b", 2, 1), 2, lambda c, i: P._chunk_costs(c, 2, 1, "loop")
@@ -109,7 +109,7 @@ def test_a_block_moved_off_the_heavy_stage():
         layers={0: {"linear_attention": 6, "full_attention": 2}, 1: {"linear_attention": 6, "full_attention": 2}},
         type_ms={0: dict(types), 1: {**types, "lm_head": 8.0}},
     )  # fmt: skip
-    from tracelens.analyze.schedule import canonical_orders
+    from tracelens.analyze.pipeline.schedule import canonical_orders
 
     base = P._replay_chains(
         pm, canonical_orders("1f1b", 2, 4), 2, lambda c, i: P._chunk_costs(c, 2, 1, "loop")

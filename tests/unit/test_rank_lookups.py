@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tracelens.analyze.classify import rank_mask
 from tracelens.analyze.layout import Grid, grid_from_layout
+from tracelens.analyze.rank.classify import rank_mask
 
 
 def old_stage_lookup(g: Grid, ranks: np.ndarray) -> np.ndarray:

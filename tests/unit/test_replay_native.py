@@ -1,4 +1,4 @@
-"""The compiled level loop of the critical path's replay (analyze/_replay.c) against the Python loop it
+"""The compiled level loop of the critical path's replay (analyze/critical/_replay.c) against the Python loop it
 replaces: the same finish, entry and sync terms bit for bit, on graphs of real and simulated runs (with and
 without sync terms), under changed durations, releases and transfers, with NaN; and a damaged plan raises
 instead of reading out of bounds."""
@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tracelens.analyze import critical_replay as cr
+from tracelens.analyze.critical import critical_replay as cr
 from tracelens.run_analysis import Options, analyze_run
 
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_traces"

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from tracelens import schema
-from tracelens.analyze import classify as K
-from tracelens.analyze import collectives as C
+from tracelens.analyze.comm import collectives as C
+from tracelens.analyze.rank import classify as K
 from tracelens.engine import kept as engine_kept
 from tracelens.run import LoadOptions, load_run
 from tracelens.run_analysis import Options, analyze_run
@@ -89,7 +89,7 @@ def test_stored_launch_flags_equal_recomputed_ones(cached, monkeypatch):
     assert want.size == fresh.num_rows
     if run.name.startswith("qwen"):  # the NCCL kernels launched inside their record_param_comms
         assert 1000 < want.sum() < want.size
-    import tracelens.analyze.launch_link as L
+    import tracelens.analyze.rank.launch_link as L
 
     def refuse(events):
         raise AssertionError("launch links computed although the run memo holds the flags")

@@ -1,4 +1,4 @@
-"""Pipeline schedules (analyze/schedule.py): the replayed expectation against the textbook formulas, and each
+"""Pipeline schedules (analyze/pipeline/schedule.py): the replayed expectation against the textbook formulas, and each
 schedule of torch.distributed.pipelining recognised from the actions it annotates."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 
 from tracelens._testing import events_table
 from tracelens.analyze.layout import grid_from_layout
-from tracelens.analyze.schedule import (
+from tracelens.analyze.pipeline.schedule import (
     canonical_orders,
     replay,
     replay_bubble,

@@ -1,4 +1,4 @@
-"""The per-rank stage's cheaper routes give what the routes they replace give (tracelens.analyze.intset,
+"""The per-rank stage's cheaper routes give what the routes they replace give (tracelens.analyze.core.intset,
 idle._gaps / _ByName, breakdown's parts by inclusion-exclusion, sync_calls without a join, dictcol.valid)."""
 
 from __future__ import annotations
@@ -8,12 +8,12 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from tracelens.analyze import intervals as iv
-from tracelens.analyze.breakdown import breakdown
-from tracelens.analyze.critical_nodes import sync_calls
-from tracelens.analyze.dictcol import Columns
-from tracelens.analyze.idle import _ByName, _gaps
-from tracelens.analyze.intset import distinct, member
+from tracelens.analyze.core import intervals as iv
+from tracelens.analyze.core.dictcol import Columns
+from tracelens.analyze.core.intset import distinct, member
+from tracelens.analyze.critical.critical_nodes import sync_calls
+from tracelens.analyze.rank.breakdown import breakdown
+from tracelens.analyze.rank.idle import _ByName, _gaps
 from tracelens.schema import BREAKDOWN, SYNCS, RankSets
 
 
@@ -178,8 +178,8 @@ def test_rank_nodes_labels_are_the_labels_of_relabel():
     the same spans up as Python values."""
     from pathlib import Path
 
-    from tracelens.analyze.composition import module_spans
-    from tracelens.analyze.critical_nodes import _labels, rank_nodes
+    from tracelens.analyze.critical.critical_nodes import _labels, rank_nodes
+    from tracelens.analyze.pipeline.composition import module_spans
     from tracelens.ingest import kineto
 
     root = Path(__file__).resolve().parents[2] / "sample_traces" / "qwen35-27b-seq4k-tp4pp4"
@@ -196,7 +196,7 @@ def test_rank_nodes_labels_are_the_labels_of_relabel():
 def test_innermost_enclosing_against_brute_force():
     """The op of the query's group with start <= t <= end and the latest start (ties: the later in the sort
     by (group, start), which is stable), on nested and overlapping ops; -1 when none."""
-    from tracelens.analyze.launch_link import innermost_enclosing
+    from tracelens.analyze.rank.launch_link import innermost_enclosing
 
     rng = np.random.default_rng(13)
     for _ in range(200):

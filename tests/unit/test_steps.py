@@ -1,4 +1,4 @@
-"""Step windows (analyze.steps) on hand-built timelines: disjoint when the GPU lags the CPU, absurd windows
+"""Step windows (analyze.rank.steps) on hand-built timelines: disjoint when the GPU lags the CPU, absurd windows
 cut and reported."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 
 from tracelens._testing import events_table
-from tracelens.analyze import intervals as iv
-from tracelens.analyze.breakdown import breakdown
-from tracelens.analyze.steps import step_windows, step_windows_noted, window_findings
+from tracelens.analyze.core import intervals as iv
+from tracelens.analyze.rank.breakdown import breakdown
+from tracelens.analyze.rank.steps import step_windows, step_windows_noted, window_findings
 
 MS = 1_000_000
 
@@ -129,7 +129,7 @@ def test_normal_last_step_outlasting_its_events_is_kept():
 
 
 # Left-out steps (salvage.leave_out_steps: a salvaged trace's incomplete steps) still bound their neighbours.
-# Four CPU steps of 16 ms; the GPU lags. Hand-computed windows by the rule of analyze.steps, all present:
+# Four CPU steps of 16 ms; the GPU lags. Hand-computed windows by the rule of analyze.rank.steps, all present:
 #   step 1 [0, 32.3]: CPU start; ends at its last kernel (32.3), before step 2 starts
 #   step 2 [32.3, 51.3]: starts when step 1's work ends (32.3 < its first kernel 32.5)
 #   step 3 [51.3, 66]: starts when step 2's work ends (51.3); ends where step 4 starts: step 4's first kernel

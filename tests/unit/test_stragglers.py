@@ -14,7 +14,7 @@ import pytest
 
 from tracelens import schema
 from tracelens._testing import events_table, table_from_rows
-from tracelens.analyze import stragglers as S
+from tracelens.analyze.comm import stragglers as S
 
 TP = [(0, 1), (2, 3)]
 DP = [(0, 2), (1, 3)]
@@ -233,7 +233,7 @@ def test_peer_groups_inferred_from_collectives_leave_out_groups_spanning_a_p2p_p
 def test_whole_slow_group_becomes_slow_group_not_rank_stragglers():
     import pandas as pd
 
-    from tracelens.analyze.stragglers import group_verdicts
+    from tracelens.analyze.comm.stragglers import group_verdicts
 
     def v(r, cause="communication"):
         return {"rank": r, "cause": cause, "cost_ms": 10.0 + r, "evidence": {"transfer_ratio": 1.5}}
@@ -258,7 +258,7 @@ def test_pre_arrival_idle_slices_each_ranks_rows_when_interleaved():
     import pandas as pd
     import pyarrow as pa
 
-    from tracelens.analyze import intervals as iv
+    from tracelens.analyze.core import intervals as iv
     from tracelens.schema import RankSets
 
     def ivs(*pairs):

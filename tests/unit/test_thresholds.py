@@ -27,7 +27,7 @@ def test_overrides_are_checked():
     assert t.stage_imbalance == 1.2 and t.slow_link_min_calls == 6 and isinstance(t.slow_link_min_calls, int)
     assert t.changed() == {"stage_imbalance": 1.2, "slow_link_min_calls": 6}
     assert DEFAULT.changed() == {}
-    from tracelens.analyze.stragglers import StragglerConfig
+    from tracelens.analyze.comm.stragglers import StragglerConfig
 
     cfg = StragglerConfig.of(t)
     assert cfg.min_link_calls == 6 and cfg.clock_skew_ns == 100_000

@@ -1,4 +1,4 @@
-"""What-if helpers (tracelens.analyze.whatif): the vectorised per (rank, step) sums and factor lookups."""
+"""What-if helpers (tracelens.analyze.critical.whatif): the vectorised per (rank, step) sums and factor lookups."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ class _Kernels:
 def test_per_rank_step_compute_and_factors_match_pandas(seed):
     # the bincount sums and the dense / sorted factor lookups against the group-by and MultiIndex reindex
     # they replaced; a second call on the same graph (the memo) gives the same, and a new graph its own
-    from tracelens.analyze import whatif as W
+    from tracelens.analyze.critical import whatif as W
 
     rng = np.random.default_rng(seed)
     g = _Kernels(rng, 5000, 12, [-1, 2, 3, 7])
@@ -46,7 +46,7 @@ def test_per_rank_step_compute_and_factors_match_pandas(seed):
 
 def test_per_rank_step_compute_with_far_apart_steps():
     # step numbers a billion apart: a dense (rank, step) table would not fit, the group-by answers instead
-    from tracelens.analyze import whatif as W
+    from tracelens.analyze.critical import whatif as W
 
     rng = np.random.default_rng(7)
     g = _Kernels(rng, 2000, 8, [3, 10**9])

@@ -8,8 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-import tracelens.analyze.whatif as W
-from tracelens.analyze.critical_keys import Cells
+import tracelens.analyze.critical.whatif as W
+from tracelens.analyze.critical.critical_keys import Cells
 
 
 class _G:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tracelens.analyze import critical_path, whatif
+from tracelens.analyze.critical import critical_path, whatif
 from tracelens.run_analysis import Analysis, Options, analyze_run
 from tracelens.store import results
 

@@ -15,9 +15,9 @@ from tracelens.store import results, runs
 from tracelens.store.stages import Staged, by_rank_chunks
 
 if TYPE_CHECKING:
-    from tracelens.analyze.critical_path import Graph
-    from tracelens.analyze.critical_replay import ReplayPlan
-    from tracelens.analyze.stragglers import CrossRankResult
+    from tracelens.analyze.comm.stragglers import CrossRankResult
+    from tracelens.analyze.critical.critical_path import Graph
+    from tracelens.analyze.critical.critical_replay import ReplayPlan
 
 #: The tables derived from the cross-rank events that the memo keeps (`derive`), in the order it writes them.
 DERIVED = runs.DERIVED
@@ -29,7 +29,7 @@ def derive(name: str, xevents: pa.Table) -> pa.Table:
     (`classify.comm_launched`, schema `runs.XFLAGS`) or `layout.groups.pg_rows` (`grid_rows`). Raises what
     those raise on odd events."""
     if name == "collectives":
-        from tracelens.analyze.collectives import collectives_from_events
+        from tracelens.analyze.comm.collectives import collectives_from_events
 
         return collectives_from_events(xevents)
     if name == "pg":
@@ -37,7 +37,7 @@ def derive(name: str, xevents: pa.Table) -> pa.Table:
 
         return pg_rows(xevents)
     if name == "xflags":
-        from tracelens.analyze.classify import comm_launched
+        from tracelens.analyze.rank.classify import comm_launched
 
         return pa.table({"comm_launched": pa.array(comm_launched(xevents), pa.bool_())}, schema=runs.XFLAGS)
     raise KeyError(name)
@@ -57,7 +57,7 @@ def cross_collectives(st: Staged) -> pa.Table:
     """`collectives_from_events(st.xevents)` (schema.COLLECTIVES): the run memo's (computed when it was
     written), else computed on the first call and kept in `st`. Raises what `collectives_from_events` raises."""
     if st.collectives is None:
-        from tracelens.analyze.collectives import collectives_from_events
+        from tracelens.analyze.comm.collectives import collectives_from_events
 
         st.collectives = by_rank_chunks(collectives_from_events, st.xevents)
     return st.collectives
@@ -77,7 +77,7 @@ def apply_flags(st: Staged) -> None:
     """Make the memo's launch flags of the cross-rank events (`xflags`) what `classify.comm_launched` gives
     for them from now on, instead of computing them again; nothing when the memo has none."""
     if st.xflags is not None:
-        from tracelens.analyze.classify import keep_comm_launched
+        from tracelens.analyze.rank.classify import keep_comm_launched
 
         keep_comm_launched(st.xevents, st.xflags)
         st.xflags = None
@@ -88,8 +88,8 @@ def read_graph(memo: Path, key: str) -> Graph | None:
     """The graph `write_graph` kept under `key` in the run memo `memo`, memory-mapped, its replay plan kept with
     it when the file has one (`critical_path.plan_of` takes it); None when there is none or it cannot be read
     (damaged, cut short, of another layout)."""
-    from tracelens.analyze.dictcol import per_object
-    from tracelens.analyze.graph_state import graph_from_state, is_plan_array, plan_from_state
+    from tracelens.analyze.core.dictcol import per_object
+    from tracelens.analyze.critical.graph_state import graph_from_state, is_plan_array, plan_from_state
 
     # (the plan's arrays in memory of their own: the what-if drops the plan, and its memory is handed back
     # then, where touched pages of the mapping would stay resident as long as the graph)
@@ -109,7 +109,7 @@ def read_graph(memo: Path, key: str) -> Graph | None:
 def write_graph(memo: Path, key: str, g: Graph, plan: ReplayPlan | None = None) -> None:
     """Keep `g` (and its replay plan `plan`, when given) in the run memo `memo` under `key`, in place of any
     graph kept before. OSError when the cache cannot take it."""
-    from tracelens.analyze.graph_state import graph_state
+    from tracelens.analyze.critical.graph_state import graph_state
 
     runs.write_graph_state(memo, key, *graph_state(g, plan))
 
@@ -121,7 +121,7 @@ def write_graph_later(memo: Path, key: str, g: Graph, plan: ReplayPlan | None = 
     per-object memo) do not reach the file; nothing the analysis does changes an array in place. The writes
     release the GIL, so the file is written while the caller replays the graph. A cache that cannot take the
     graph is no error (OSError: the future's result is None): it is built again next time."""
-    from tracelens.analyze.graph_state import graph_state
+    from tracelens.analyze.critical.graph_state import graph_state
 
     return runs.write_graph_state_later(memo, key, *graph_state(g, plan))
 
@@ -130,8 +130,8 @@ def write_graph_later(memo: Path, key: str, g: Graph, plan: ReplayPlan | None = 
 def read_cross(memo: Path, key: str) -> CrossRankResult | None:
     """The cross-rank result `write_cross` kept under `key` in the run memo `memo` (its tables memory-mapped),
     or None when there is none or it cannot be read."""
-    from tracelens.analyze.clock import ClockResult
-    from tracelens.analyze.stragglers import CrossRankResult
+    from tracelens.analyze.comm.clock import ClockResult
+    from tracelens.analyze.comm.stragglers import CrossRankResult
 
     got = results.read_result(memo, key, CROSS_TABLES)
     if got is None:

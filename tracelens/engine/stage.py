@@ -3,12 +3,12 @@
 Everything here looks at ONE rank's events at a time, so a run of any size needs at most one rank's events
 in memory per process. The results of a rank (`RankStage`):
 
-- `breakdown`: its rows of the per-step breakdown (`tracelens.analyze.breakdown.BREAKDOWN`);
+- `breakdown`: its rows of the per-step breakdown (`tracelens.analyze.rank.breakdown.BREAKDOWN`);
 - `sets`: its canonical compute / communication / memory interval sets (`RankSets`);
-- `spans`: its module annotation spans (`tracelens.analyze.composition.SPANS`);
-- `idle`: its rows of the GPU idle breakdown (`tracelens.analyze.idle.IDLE`; GPU ranks only);
+- `spans`: its module annotation spans (`tracelens.analyze.pipeline.composition.SPANS`);
+- `idle`: its rows of the GPU idle breakdown (`tracelens.analyze.rank.idle.IDLE`; GPU ranks only);
 - `nodes`, `syncs`: its device work and blocking CPU calls, the critical path's inputs
-  (`tracelens.analyze.critical_nodes`);
+  (`tracelens.analyze.critical.critical_nodes`);
 - `xevents`: the few event rows the cross-rank analyses read (collectives and their CPU records, step and
   module annotations, point-to-point ops; every row on ranks analysed on the CPU timeline), in the events
   schema and in trace order (see `cross_rank_mask`).
@@ -26,11 +26,11 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from tracelens.analyze.breakdown import breakdown, class_sets, step_windows
-from tracelens.analyze.classify import COMM, COMPUTE, DEVICE_KINDS, classify, is_step_name
-from tracelens.analyze.critical_nodes import rank_nodes, sync_calls
-from tracelens.analyze.dictcol import columns, sharing
-from tracelens.analyze.intset import member
+from tracelens.analyze.core.dictcol import columns, sharing
+from tracelens.analyze.core.intset import member
+from tracelens.analyze.critical.critical_nodes import rank_nodes, sync_calls
+from tracelens.analyze.rank.breakdown import breakdown, class_sets, step_windows
+from tracelens.analyze.rank.classify import COMM, COMPUTE, DEVICE_KINDS, classify, is_step_name
 from tracelens.schema import BREAKDOWN, RankSets
 from tracelens.store.cache import read_small
 from tracelens.store.pages import trim_heap
@@ -141,7 +141,7 @@ def _pipeline_marks(events: pa.Table, classes: np.ndarray) -> np.ndarray:
     minima and maxima, so these few rows give exactly what all compute rows give.
 
     Compared as pandas' joins compare in `_fallback_last`: in float64 once a row's step has no value."""
-    from tracelens.analyze.pipeline import _p2p_mask
+    from tracelens.analyze.pipeline.pipeline import _p2p_mask
 
     cols = columns(events)
     ts = cols.int64("ts_ns")
@@ -188,7 +188,7 @@ def rank_stage(events: pa.Table, rank: int) -> RankStage:
 
 
 def _rank_stage(events: pa.Table, rank: int) -> RankStage:
-    from tracelens.analyze.composition import module_spans
+    from tracelens.analyze.pipeline.composition import module_spans
 
     # one large trace: between analyzers, the shared decoded arrays are dropped and the memory freed is
     # handed back, before the next one allocates its own (its arrays are tens of MB; a rank of a large run
@@ -251,7 +251,7 @@ def _rank_stage(events: pa.Table, rank: int) -> RankStage:
 
 def _idle(events: pa.Table, bd: pa.Table, rs: RankSets | None) -> tuple[pa.Table, str | None]:
     """(IDLE rows of a GPU rank, None) or (empty, why idle_breakdown_table failed); empty for other ranks."""
-    from tracelens.analyze.idle import idle_breakdown_table
+    from tracelens.analyze.rank.idle import idle_breakdown_table
     from tracelens.schema import IDLE
 
     if rs is None or rs.path != "gpu":

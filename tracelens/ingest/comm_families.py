@@ -1,7 +1,7 @@
 """The one table of communication kernel families, the CPU ops that mark communication, and the rule that
 reads a collective's size from a CPU op's `Input Dims` / `Input type`. See docs/breakdown.md.
 
-Everything that decides "is this kernel communication?" (analyze.classify, analyze.collectives, the
+Everything that decides "is this kernel communication?" (analyze.rank.classify, analyze.comm.collectives, the
 conformance suite) reads `FAMILIES`, `COMM_CPU_OP` and `MEMORY_FAMILIES` from here, so a new family is one
 line in one place.
 """

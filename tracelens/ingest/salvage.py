@@ -625,7 +625,7 @@ _STEP_NAME = r"^ProfilerStep#[0-9]{1,9}$"  # as classify.STEP
 def leave_out_steps(events: pa.Table, bad: list[int]) -> pa.Table:
     """Leave steps `bad` out of the step analysis: their events get `step = null` (they stay in `events`),
     their CPU-side `ProfilerStep#N` markers stay as kind `other` (the marker of a left-out step, which
-    analyze.steps uses only to bound the neighbouring steps' windows as they were with it present) and their
+    analyze.rank.steps uses only to bound the neighbouring steps' windows as they were with it present) and their
     GPU-side `ProfilerStep#N` annotations are removed."""
     import pyarrow.compute as pc
 

@@ -559,7 +559,7 @@ def _composition_finding(
 
 
 #: heaviest stage's FLOPs per token over the stages' mean above this -> STAGE_IMBALANCE (the same
-#: threshold `tracelens analyze` applies to measured stage compute, analyze/composition.py)
+#: threshold `tracelens analyze` applies to measured stage compute, analyze/pipeline/composition.py)
 STAGE_FLOPS_IMBALANCE = 1.10
 
 

@@ -80,7 +80,7 @@ def known_gpus() -> list[str]:
 
 
 # ------------------------------------------------------------------------------------------ roofline peaks
-# For the per-op roofline (tracelens.analyze.ops): HBM bandwidth (TB/s) and the FP32 non-tensor peak
+# For the per-op roofline (tracelens.analyze.efficiency.ops): HBM bandwidth (TB/s) and the FP32 non-tensor peak
 # (TFLOP/s) per GPU, from the vendors' datasheets (docs/ops.md lists the sources). Pattern on the
 # lower-cased device name; first match wins. MI250(X)/MI210 have no 16-bit entry above but a bandwidth here.
 _MEMORY: tuple[tuple[str, float, float | None], ...] = (

@@ -29,7 +29,7 @@ BREAKDOWN_PARTS = (
     ("idle", "idle_ms", "#BAB0AC"),
 )
 #: The pipeline bubble is not a stacked part: it spans idle time and exposed P2P waits (see
-#: analyze/pipeline.py), so it is drawn as a marker at its height beside the stack.
+#: analyze/pipeline/pipeline.py), so it is drawn as a marker at its height beside the stack.
 BUBBLE_MARKER = ("pipeline bubble (spans idle and P2P waits)", "bubble_ms", "#EECA3B")
 #: Beyond this many ranks, per-rank figures show groups (stages or nodes) instead.
 MAX_ITEMS = 256
@@ -350,7 +350,7 @@ def pipeline_timeline(
     the waits in sends and receives hatched, the critical path as a line under each stage's bars.
 
     `blocks`: dicts with stage, rank, phase (forward|backward|wait), microbatch, start_ms, end_ms (from
-    `tracelens.analyze.timeline.pipeline_blocks`). `stages`: summary["stages"] rows for the row labels (the
+    `tracelens.analyze.pipeline.timeline.pipeline_blocks`). `stages`: summary["stages"] rows for the row labels (the
     measured bubble) and the subtitle (the schedule's expected bubble)."""
     frac = {s.get("stage"): s.get("bubble_fraction") for s in stages or []}
     exp = next(

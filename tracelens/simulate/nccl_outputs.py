@@ -385,7 +385,7 @@ def write_for_run(run_dir: str | Path, hang: tuple | None = None, formats: Itera
 
     This is what `tracelens simulate ... --hang RANK:SEQ` needs after the Kineto traces are written.
     """
-    from tracelens.analyze.collectives import collectives_from_events
+    from tracelens.analyze.comm.collectives import collectives_from_events
     from tracelens.ingest import kineto
     from tracelens.ingest.sniff import KINETO, detect_format
 

@@ -359,7 +359,7 @@ class ProgramBuilder:
         if cfg.sequence_parallel:
             act_per_layer = int(self.T * self.h * 34 / cfg.tp)
         if cfg.schedule == "interleaved_1f1b":
-            from tracelens.analyze.schedule import canonical_orders
+            from tracelens.analyze.pipeline.schedule import canonical_orders
 
             orders = canonical_orders("interleaved_1f1b", p, mcount, v)
             if orders is None:

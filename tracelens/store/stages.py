@@ -62,7 +62,7 @@ class RankStage:
     spans_error: str | None = None
     time_range: tuple[int, int] | None = None  # (first event start, last event end), ns; None: no events
     ops: pa.Table | None = None  # OPS: calls and total duration per (kind, name), kernels and cpu ops
-    idle: pa.Table | None = None  # analyze.idle.IDLE rows (empty on CPU-timeline ranks)
+    idle: pa.Table | None = None  # analyze.rank.idle.IDLE rows (empty on CPU-timeline ranks)
     idle_error: str | None = None  # why idle_breakdown failed on this rank, if it did
     nodes: pa.Table | None = (
         None  # STORED_NODES: the critical path's device nodes (critical_nodes.rank_nodes)

@@ -34,7 +34,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tracelens.analyze.frame_cells import list_codes
+from tracelens.analyze.core.frame_cells import list_codes
 from tracelens.schema import PG_COLUMNS, PG_ROWS
 
 
@@ -72,7 +72,7 @@ def pg_config_distinct(metadata: pa.Table | None) -> tuple[tuple[dict[str, Any],
     the world group (1,024 ranks listed 1,024 times): ~321 distinct entries of 4,096."""
     if metadata is None or "pg_config_json" not in metadata.column_names:
         return (), ()
-    from tracelens.analyze.dictcol import per_object
+    from tracelens.analyze.core.dictcol import per_object
 
     memo = per_object(metadata)  # (parsed once per metadata table: the grid and the matching both read it)
     got = memo.get("pg_config_distinct")

@@ -118,7 +118,7 @@ def collective_roles(
     coll = coll[~coll["is_p2p"].fillna(False).astype(bool) & coll["enqueue_ns"].notna()]
     if coll.empty:
         return CollectiveRoles()
-    from tracelens.analyze.dictcol import columns
+    from tracelens.analyze.core.dictcol import columns
 
     cols = columns(events)
     is_c10d = cols.flag("name", lambda v: int(v.startswith("c10d::")))
@@ -156,7 +156,7 @@ def _in_forward(calls: pd.DataFrame, events: pa.Table) -> np.ndarray:
     """Per call: issued outside the autograd engine's backward ops (`autograd::engine::evaluate_function`)
     and before the last of them in its step; True for every call of a rank without such ops (no backward
     recorded: the test cannot apply)."""
-    from tracelens.analyze.dictcol import columns
+    from tracelens.analyze.core.dictcol import columns
 
     cols = columns(events)
     bwd = np.flatnonzero(

@@ -22,7 +22,7 @@ class _Args(msgspec.Struct, frozen=True, gc=False):
     # ids: int or str only (a float or bool sends the chunk to the loose decoder), so that numpy can read
     # them without truncating anything
     external_id: int | str | None = msgspec.field(name="External id", default=None)
-    # autograd: a forward op and the backward node it recorded share this number (analyze.composition)
+    # autograd: a forward op and the backward node it recorded share this number (analyze.pipeline.composition)
     sequence_nr: int | str | None = msgspec.field(name="Sequence number", default=None)
     device: int | str | None = None
     stream: int | str | None = None
@@ -143,7 +143,7 @@ class _ArgsLean(msgspec.Struct, frozen=True, gc=False):
     with _Args, and so is the rest of the file: _Hint.lean), so results are the same."""
 
     external_id: int | str | None = msgspec.field(name="External id", default=None)
-    # autograd: a forward op and the backward node it recorded share this number (analyze.composition)
+    # autograd: a forward op and the backward node it recorded share this number (analyze.pipeline.composition)
     sequence_nr: int | str | None = msgspec.field(name="Sequence number", default=None)
     device: int | str | None = None
     stream: int | str | None = None

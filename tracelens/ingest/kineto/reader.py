@@ -150,7 +150,7 @@ def _assemble(sc: _Scan, rank: int) -> tuple[pa.Table, pa.Table, list[dict] | No
     device = pc.if_else(
         gpu_mask, pc.coalesce(device, pc.cast(pid, pa.int32(), safe=False)), pa.scalar(None, pa.int32())
     )
-    # cpu ops keep an `args.stream` of their own (Triton launches; analyze.hta_compat); other rows: null
+    # cpu ops keep an `args.stream` of their own (Triton launches; analyze.rank.hta_compat); other rows: null
     cpu_op = pa.array(kind == _KIND_INDEX["cpu_op"])
     stream = pc.if_else(
         gpu_mask,
