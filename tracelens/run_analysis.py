@@ -7,11 +7,12 @@ Analyzers stay pure; this module decides what runs (given the options and what t
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import numpy as np
 import pyarrow as pa
@@ -24,8 +25,31 @@ from tracelens.options import Options
 from tracelens.policy import contained
 
 if TYPE_CHECKING:
+    import pandas as pd
+
+    from tracelens.analyze.comm.hang import HangResult
+    from tracelens.analyze.comm.nccl_sources import NcclSourcesResult
+    from tracelens.analyze.comm.p2p_hang import P2PHangResult
+    from tracelens.analyze.comm.stragglers import CrossRankResult
+    from tracelens.analyze.critical.critical_path import CriticalPath, Graph
+    from tracelens.analyze.efficiency.kv_heads import KVWidths
+    from tracelens.analyze.layout import Grid
+    from tracelens.analyze.layout.roles import CollectiveRoles
+    from tracelens.analyze.pipeline.composition import CompositionResult
+    from tracelens.analyze.pipeline.layer_work import RankWork
+    from tracelens.analyze.pipeline.pipeline import PipelineResult
+    from tracelens.analyze.pipeline.prescribe import PipelineModel
+    from tracelens.discover import TraceFile
+    from tracelens.models.audit import AuditResult
+    from tracelens.models.op_flops import OpContext
+    from tracelens.models.spec import ModelSpec
+    from tracelens.ops_view import OpsView
     from tracelens.result import Result
     from tracelens.run import Run
+    from tracelens.schema import RankSets
+    from tracelens.thresholds import Thresholds
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -36,7 +60,9 @@ class Analysis:
     options: Options
     run: Run  # tracelens.run.Run: metadata, files, per-rank stage results; events read lazily
     warnings: list[str] = field(default_factory=list)
-    mfu_findings: list = field(default_factory=list)  # MFU_IMPOSSIBLE, set when `mfu` is computed
+    mfu_findings: list[dict[str, Any]] = field(
+        default_factory=list
+    )  # MFU_IMPOSSIBLE, set when `mfu` is computed
     # cache files written in the background: (what they keep, done when they are written)
     _writes: list[tuple[str, Future[None]]] = field(default_factory=list, init=False, repr=False)
     _cross_key: str | None = field(default=None, init=False, repr=False)  # (store.results.cross_key)
@@ -79,7 +105,7 @@ class Analysis:
         return self.run.metadata
 
     @property
-    def sets(self):
+    def sets(self) -> dict[int, RankSets]:
         return self.run.stages.sets
 
     @property
@@ -130,7 +156,7 @@ class Analysis:
         return self._without_cut_windows(self.run.stages.breakdown)
 
     @cached_property
-    def p2p(self):
+    def p2p(self) -> P2PHangResult | None:
         """Hang through point-to-point (tracelens.analyze.comm.p2p_hang): hung steps, root rank, blocked chain."""
         if self._xevents.num_rows == 0:
             return None
@@ -168,7 +194,7 @@ class Analysis:
 
     # ---- model and MFU -------------------------------------------------------------------------
     @cached_property
-    def model(self):
+    def model(self) -> ModelSpec | None:
         """ModelSpec from --model / tracelens.toml, else None."""
         if not self.options.model:
             return None
@@ -198,7 +224,7 @@ class Analysis:
         return peak_flops(self.gpu_name)
 
     @cached_property
-    def mfu(self) -> dict | None:
+    def mfu(self) -> dict[str, Any] | None:
         """The summary's "mfu" object, or None when the model is unknown."""
         if self.model is None:
             return None
@@ -220,7 +246,7 @@ class Analysis:
         )
         return self._mfu_guarded(raw)
 
-    def _mfu_guarded(self, raw: dict) -> dict | None:
+    def _mfu_guarded(self, raw: dict[str, Any]) -> dict[str, Any] | None:
         """Null an impossible MFU (> 100%) and keep its MFU_IMPOSSIBLE finding (analyze/efficiency/mfu_checks.py)."""
         from tracelens.analyze.efficiency.mfu_checks import impossible_mfu
 
@@ -264,14 +290,14 @@ class Analysis:
         return self.pipeline.per_rank_step if self.pipeline is not None else None
 
     # ---- optional analyzers: a failure becomes a warning (tracelens.policy) ---------------------
-    def _guarded(self, what: str, fn):
+    def _guarded(self, what: str, fn: Callable[[], T]) -> T | None:
         n = len(self.warnings)
         out = contained(f"{what} skipped", fn, self.warnings)
         self.failures += len(self.warnings) > n
         return out
 
     @cached_property
-    def _grid_and_findings(self):
+    def _grid_and_findings(self) -> tuple[Grid, list[dict[str, Any]]]:
         from tracelens.analyze.layout import grid_for_run, parse_layout
 
         layout = parse_layout(self.options.layout) if self.options.layout else None
@@ -289,7 +315,7 @@ class Analysis:
         )
 
     @cached_property
-    def collective_roles(self):
+    def collective_roles(self) -> CollectiveRoles | None:
         """What each collective does, from the shapes of its c10d op (analyze.layout.roles), when the traces
         do not say which process group ran it (gloo; traces without record_param_comms) and the run has at
         most ROLES_MAX_RANKS ranks (each rank's trace is decoded again for the shapes); else None."""
@@ -319,7 +345,7 @@ class Analysis:
         )
 
     @property
-    def grid(self):
+    def grid(self) -> Grid:
         """Rank grid (tracelens.analyze.layout.Grid): from --layout / tracelens.toml, else inferred."""
         return self._grid_and_findings[0]
 
@@ -328,16 +354,17 @@ class Analysis:
         g = self.grid
         if not g.pp:
             return None
-        return {r: g.stage_of(r) for r in self.ranks}
+        # (a grid with pp places every rank of the run; a rank it cannot place maps to None, as before)
+        return cast("dict[int, int]", {r: g.stage_of(r) for r in self.ranks})
 
     @cached_property
-    def cross(self):
+    def cross(self) -> CrossRankResult | None:
         """Collectives, clock offsets, wait vs transfer and stragglers (tracelens.analyze.comm.stragglers)."""
         if self._xevents.num_rows == 0:
             return None
         return self._guarded("cross-rank analysis", self._cross)
 
-    def _cross(self):
+    def _cross(self) -> CrossRankResult:
         from tracelens.analyze.comm.stragglers import StragglerConfig, analyze_cross_rank
         from tracelens.store import results
 
@@ -383,7 +410,7 @@ class Analysis:
         return out
 
     @cached_property
-    def layer_work(self) -> dict:
+    def layer_work(self) -> dict[int, RankWork]:
         """Layers and matmul work per layer of each rank (analyze.pipeline.layer_work) in a pipeline of at most
         ROLES_MAX_RANKS ranks analysed on the CPU timeline: the layer census where module annotations are
         missing or partial, and the work per layer of ranks no data-parallel replica shares a stage with.
@@ -398,7 +425,7 @@ class Analysis:
             return {}
         return self._guarded("layer census", lambda: self._layer_work(sorted(cpu))) or {}
 
-    def _layer_work(self, ranks: list[int]) -> dict:
+    def _layer_work(self, ranks: list[int]) -> dict[int, RankWork]:
         import pyarrow.compute as pc
 
         from tracelens.analyze.pipeline.layer_work import rank_work
@@ -419,7 +446,7 @@ class Analysis:
         return out
 
     @cached_property
-    def spans(self):
+    def spans(self) -> pa.Table | None:
         """Module annotation spans (layers.N.<type>) shared by the pipeline and composition analyses."""
 
         if self._xevents.num_rows == 0:
@@ -442,7 +469,7 @@ class Analysis:
         return st.spans
 
     @cached_property
-    def pipeline(self):
+    def pipeline(self) -> PipelineResult | None:
         """Bubbles per stage (tracelens.analyze.pipeline.pipeline), when the run has more than one stage."""
         g = self.grid
         if not g.pp or g.pp < 2 or self._xevents.num_rows == 0:
@@ -467,7 +494,7 @@ class Analysis:
         )
 
     @cached_property
-    def pipeline_model(self):
+    def pipeline_model(self) -> PipelineModel | None:
         """The pipeline's measured work per stage and microbatch, for the schedule and layout what-ifs
         (tracelens.analyze.pipeline.prescribe); None without a recognised schedule or microbatch count."""
         pipe = self.pipeline
@@ -475,7 +502,7 @@ class Analysis:
             return None
         return self._guarded("schedule what-if", lambda: self._pipeline_model(pipe))
 
-    def _pipeline_model(self, pipe):
+    def _pipeline_model(self, pipe: PipelineResult) -> PipelineModel | None:
         from tracelens.analyze.pipeline.prescribe import measure
 
         cross, comp = self.cross, self.composition
@@ -493,9 +520,12 @@ class Analysis:
         )
         steps = self.step_times_s
         memory = self._guarded("memory events", lambda: self.run.memory)
+        pp = self.grid.pp
+        if not pp:
+            return None
         return measure(
             schedule=pipe.schedule,
-            p=int(self.grid.pp),
+            p=int(pp),
             v=int(pipe.virtual_stages or 1),
             m=pipe.microbatches,
             chains=self.grid.pipelines(),
@@ -512,7 +542,7 @@ class Analysis:
             memory=memory,
         )
 
-    def schedule_what_if(self) -> list[dict]:
+    def schedule_what_if(self) -> list[dict[str, Any]]:
         """Schedule and layout what-if entries (summary `what_if`, kind schedule | layout)."""
         pm = self.pipeline_model
         model, comp = self.model, self.composition
@@ -528,7 +558,7 @@ class Analysis:
             return [got] if got else []
         from tracelens.analyze.pipeline.prescribe import tp_layout, what_ifs
 
-        def entries() -> list[dict]:
+        def entries() -> list[dict[str, Any]]:
             opt = tp_layout(pm, model, self.grid.tp, self.options.seq_len) if model is not None else None
             return what_ifs(
                 pm,
@@ -542,7 +572,7 @@ class Analysis:
         return self._guarded("schedule what-if", entries) or []
 
     @cached_property
-    def composition(self):
+    def composition(self) -> CompositionResult | None:
         """Layer types per stage and time share per layer type (tracelens.analyze.pipeline.composition)."""
         if self._xevents.num_rows == 0 or not self.grid.pp:
             return None
@@ -569,7 +599,7 @@ class Analysis:
         return res
 
     @cached_property
-    def thresholds(self):
+    def thresholds(self) -> Thresholds:
         """The verdict thresholds of this analysis (tracelens.thresholds; [thresholds] in tracelens.toml)."""
         return self.options.verdict_thresholds
 
@@ -604,7 +634,7 @@ class Analysis:
             int(k): float(v) for k, v in d.dropna(subset=["stage"]).groupby("stage")["ops"].mean().items()
         }
 
-    def straggler_stage_filter(self, findings: list[dict]) -> list[dict]:
+    def straggler_stage_filter(self, findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """A stage whose extra work is a straggler's, found by its work per layer (analyze.pipeline.layer_work), is not
         a heavy stage unless it also holds more layers than the mean: its STAGE_IMBALANCE is dropped (the
         STRAGGLER finding names the cause)."""
@@ -624,7 +654,7 @@ class Analysis:
             if not (f["code"] == "STAGE_IMBALANCE" and set(f.get("stages") or ()) & explained)
         ]
 
-    def time_shared_filter(self, findings: list[dict]) -> list[dict]:
+    def time_shared_filter(self, findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """On ranks that time-share a host's CPUs, waits include descheduling: bubble excess and exposed
         communication are not judged."""
         if not self.time_shared_stage_ops:
@@ -638,7 +668,7 @@ class Analysis:
         return kept
 
     @cached_property
-    def idle(self):
+    def idle(self) -> pd.DataFrame | None:
         """Per (rank, step) GPU idle split by cause (tracelens.analyze.rank.idle), GPU ranks only: the per-rank
         stages' rows (`idle_breakdown` per rank), less the steps left out of `breakdown`."""
         if not any(getattr(s, "path", None) == "gpu" for s in self.sets.values()):
@@ -659,7 +689,7 @@ class Analysis:
         return self._guarded("idle breakdown", lambda: idle_frame(table))
 
     @cached_property
-    def inference(self) -> dict | None:
+    def inference(self) -> dict[str, Any] | None:
         """Inference iterations and their per-phase figures (tracelens.analyze.efficiency.inference); None when no rank's
         trace has engine iterations."""
         if (
@@ -674,7 +704,7 @@ class Analysis:
         )
 
     @cached_property
-    def iteration_contexts(self) -> dict:
+    def iteration_contexts(self) -> dict[tuple[int, int], OpContext]:
         """(rank, step) -> the OpContext of that step's engine iteration (attention sums), for the op table."""
         if "iterations_json" not in self.metadata.column_names:
             return {}
@@ -682,7 +712,7 @@ class Analysis:
 
         return op_contexts(self.metadata)
 
-    def idle_findings(self) -> list[dict]:
+    def idle_findings(self) -> list[dict[str, Any]]:
         from tracelens.analyze.rank.idle import idle_findings
 
         return idle_findings(self.idle, self.thresholds.gpu_idle) if self.idle is not None else []
@@ -695,17 +725,18 @@ class Analysis:
         ops = self.run.stages.ops
         if ops is not None:
             names += ops.column("name").to_pylist()
-        return matched_rule((str(n) for n in names if n), self.options.layer_pattern)["rule"]
+        rule: str | None = matched_rule((str(n) for n in names if n), self.options.layer_pattern)["rule"]
+        return rule
 
     # ---- critical path and what-if (tracelens.analyze.critical.critical_path, .whatif) ---------------------
     @cached_property
-    def critical(self):
+    def critical(self) -> CriticalPath | None:
         """Cross-rank dependency graph, its replay and the critical path per step (None without device work)."""
         if self._xevents.num_rows == 0 or len(self.ranks) < 1:
             return None
         return self._guarded("critical path", self._critical)
 
-    def _critical(self):
+    def _critical(self) -> CriticalPath | None:
         from tracelens.analyze.critical import critical_path as cp
 
         st = self.run.stages
@@ -736,7 +767,7 @@ class Analysis:
             )
             return None
 
-    def _build_graph(self, cross, stage_of):
+    def _build_graph(self, cross: CrossRankResult | None, stage_of: dict[int, int] | None) -> Graph | None:
         from tracelens.analyze.critical import critical_path as cp
         from tracelens.analyze.critical.critical_nodes import relabel, select_nodes
         from tracelens.store import pages
@@ -757,7 +788,7 @@ class Analysis:
             nodes_read=lambda: pages.release(nodes),  # (memory-mapped from the run memo: give it back)
         )
 
-    def _graph_key(self, cross, stage_of) -> str | None:
+    def _graph_key(self, cross: CrossRankResult | None, stage_of: dict[int, int] | None) -> str | None:
         """Key of the graph `_build_graph` gives, kept in the run memo (`engine.kept.read_graph`): the memo's
         tables and every other input of the build (None: the stages are not a memo's)."""
         st = self.run.stages
@@ -804,7 +835,7 @@ class Analysis:
             "layer_ns": layer_ns,
         }
 
-    def what_if(self, findings: list[dict]) -> list[dict]:
+    def what_if(self, findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The summary's `what_if` list; sets `saving_ms` on the findings it has a fix for."""
         crit = self.critical
         if crit is None:
@@ -815,7 +846,7 @@ class Analysis:
         self.run.stages.release_pages()  # (the replays read no event)
         return self._guarded("what-if", lambda: what_if(crit, findings, **inputs)) or []
 
-    def what_if_key(self, findings: list[dict]) -> tuple[Path, str] | None:
+    def what_if_key(self, findings: list[dict[str, Any]]) -> tuple[Path, str] | None:
         """Where the run memo keeps the critical path's part of summary.json and the what-if computed from
         these findings (`store.results.read_tail`), and its key; None without a memo or with inputs it
         cannot key."""
@@ -829,7 +860,7 @@ class Analysis:
         return (st.memo, key) if key else None
 
     @cached_property
-    def layer_composition(self):
+    def layer_composition(self) -> CompositionResult | None:
         """Layer types and time share per layer type for `compare`: `composition`, or on a run without
         pipeline stages the same analysis over the whole run (None when it cannot run: a warning)."""
         if self.composition is not None or self._xevents.num_rows == 0:
@@ -843,7 +874,7 @@ class Analysis:
             ),
         )
 
-    def audit(self, existing: list[dict]):
+    def audit(self, existing: list[dict[str, Any]]) -> tuple[AuditResult | None, list[dict[str, Any]]]:
         """Layout audit of the model on this run's grid: (AuditResult or None, new findings)."""
         if self.model is None:
             return None, []
@@ -854,7 +885,7 @@ class Analysis:
         return audit, self._with_kv_evidence(found, existing)
 
     @cached_property
-    def kv_widths(self):
+    def kv_widths(self) -> KVWidths | None:
         """The K/V projection widths one tensor-parallel rank computes (analyze.efficiency.kv_heads), read from its
         annotated projections and matmul shapes; None without tensor parallelism or without them."""
         if not self.grid.tp or self.grid.tp < 2 or not self.ranks:
@@ -868,7 +899,9 @@ class Analysis:
             lambda: projection_widths(r, self.run.events_of([r]), _shapes(self, [r])),
         )
 
-    def _with_kv_evidence(self, found: list[dict], existing: list[dict]) -> list[dict]:
+    def _with_kv_evidence(
+        self, found: list[dict[str, Any]], existing: list[dict[str, Any]]
+    ) -> list[dict[str, Any]]:
         """KV_HEAD_REPLICATION with what the trace shows (analyze.efficiency.kv_heads): the audit's finding gains the
         measured widths; a replication the trace shows and the audit did not predict is reported from the
         trace alone."""
@@ -912,7 +945,7 @@ class Analysis:
         return out
 
     @cached_property
-    def sized_collectives(self):
+    def sized_collectives(self) -> pd.DataFrame | None:
         """cross.collectives (DataFrame of the columns its readers use: `comm_by_type`, the summary's
         collectives); gloo sizes the trace lacks filled from the Flight Recorder (comm_by_layer.py)."""
         if self.cross is None or self.cross.collectives.num_rows == 0:
@@ -926,7 +959,7 @@ class Analysis:
         )
 
     @cached_property
-    def comm_by_type(self) -> dict | None:
+    def comm_by_type(self) -> dict[str, Any] | None:
         """Communication per layer type ({type: {op: calls/bytes/ms per step}}, analyze/comm/comm_by_layer.py)."""
         if self.sized_collectives is None or self.spans is None:
             return None
@@ -948,7 +981,7 @@ class Analysis:
         files = self.run.files
         out: dict[str, pa.Table] = {}
 
-        def usable(paths: list[Path], read) -> list[Path]:
+        def usable(paths: list[Path], read: Callable[[Path], object]) -> list[Path]:
             """The files `read` accepts; an unreadable one (a dump cut mid-write) is a warning, not fatal."""
             ok = []
             for p in paths:
@@ -979,12 +1012,14 @@ class Analysis:
             out["nccl_log"], self.nccl_log_stats = nccl_log.read_many_stats(logs)
         return out
 
-    nccl_log_stats: dict | None = None  # parse counters of the NCCL logs (nccl_log.STAT_KEYS)
+    nccl_log_stats: dict[str, Any] | None = None  # parse counters of the NCCL logs (nccl_log.STAT_KEYS)
     #: ranks whose Flight Recorder dump could not be used -> why (no evidence about them, never "missing")
     fr_unusable: dict[int, str] = field(default_factory=dict, init=False)
     fr_dumped: set[int] = field(default_factory=set, init=False)  # ranks whose dump was read
 
-    def _flight_recorder_dumps(self, files, usable) -> list[Path]:
+    def _flight_recorder_dumps(
+        self, files: list[TraceFile], usable: Callable[[list[Path], Callable[[Path], object]], list[Path]]
+    ) -> list[Path]:
         """One readable dump per rank: JSON, else the same rank's pickle (the same dump is often written both
         ways). Dumps that cannot be used (unreadable, cut, empty: `usable` names each in the warnings) and
         ranks without any dump are kept in `fr_unusable`, so the hang diagnosis counts them as no evidence."""
@@ -1045,7 +1080,7 @@ class Analysis:
         return [p for r, p in sorted(chosen.items())]
 
     @cached_property
-    def nccl_sources(self):
+    def nccl_sources(self) -> NcclSourcesResult | None:
         """Collective analysis of the logs / plugin dumps on their own (tracelens.analyze.comm.nccl_sources)."""
         nccl = self.nccl
         if not any(k in nccl for k in ("nccl_log", "nccl_plugin")):
@@ -1064,12 +1099,12 @@ class Analysis:
         for t in self.nccl.values():
             ranks = [r for r in t.column("rank").to_pylist() if r is not None]
             if ranks:
-                return max(ranks) + 1
+                return int(max(ranks)) + 1
         return None
 
-    def nccl_findings(self) -> list[dict]:
+    def nccl_findings(self) -> list[dict[str, Any]]:
         fr = self.nccl.get("flight_recorder")
-        out: list[dict] = []
+        out: list[dict[str, Any]] = []
         if fr is not None and fr.num_rows:
             res = self._guarded("Flight Recorder hang diagnosis", self._fr_diagnosis)
             if res is not None:
@@ -1079,7 +1114,7 @@ class Analysis:
                 ]
         return out + self.nccl_source_findings({f["code"] for f in out})
 
-    def _fr_diagnosis(self):
+    def _fr_diagnosis(self) -> HangResult:
         """Hangs / desyncs from the Flight Recorder dumps, groups as the traces declare them, the Kineto
         collectives as evidence of who completed what (tracelens.analyze.comm.hang.diagnose_run)."""
         from tracelens.analyze.comm.hang import diagnose_run, trace_groups
@@ -1099,13 +1134,13 @@ class Analysis:
             kineto=kineto,
         )
 
-    def nccl_source_findings(self, have: set[str]) -> list[dict]:
+    def nccl_source_findings(self, have: set[str]) -> list[dict[str, Any]]:
         """Hang / desync findings from logs and plugin dumps, unless Flight Recorder already gave that code."""
         res = self.nccl_sources
         return [f for f in res.findings if f["code"] not in have] if res is not None else []
 
     # ---- findings that need only the base tables ---------------------------------------------
-    def base_findings(self) -> list[dict]:
+    def base_findings(self) -> list[dict[str, Any]]:
         out = []
         ws = self.world_size
         expected = set(range(ws)) if ws else set()
@@ -1156,7 +1191,7 @@ class Analysis:
         out.extend(damaged_findings(self.metadata))
         return out
 
-    def step_window_findings(self) -> list[dict]:
+    def step_window_findings(self) -> list[dict[str, Any]]:
         """STEP_WINDOW_CLIPPED: ProfilerStep windows dropped or cut at the trace's end (analyze.rank.steps)."""
         from tracelens.analyze.rank.steps import window_findings
 
@@ -1183,14 +1218,14 @@ class Analysis:
                 )
         return out
 
-    def exposed_comm_findings(self, ranks: list[dict]) -> list[dict]:
+    def exposed_comm_findings(self, ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """EXPOSED_COMM_HIGH on exposed communication beyond pipeline waits.
 
         A pipeline stage that waits for its neighbour waits inside the P2P receive kernel, so that time is
         exposed communication and bubble at once; it is reported as a bubble, not here.
         """
 
-        def beyond_bubble(r: dict) -> float:
+        def beyond_bubble(r: dict[str, Any]) -> float:
             exposed = r["exposed_comm_ms"] or 0.0
             return exposed - min(r.get("bubble_ms") or 0.0, exposed)
 
@@ -1219,7 +1254,7 @@ class Analysis:
 
     # ---- per-op view (tracelens.ops_view, docs/ops.md) -----------------------------------------
     @cached_property
-    def ops_view(self):
+    def ops_view(self) -> OpsView | None:
         """Per-op FLOPs, time and roofline of one rank per stage (None when it could not be built)."""
         from tracelens.ops_view import ops_view
 
@@ -1233,7 +1268,7 @@ class Analysis:
         # (it waits for the background writes, before it collects the warnings)
         return build_result(self, release=release)
 
-    def summary(self, release: bool = False) -> dict:
+    def summary(self, release: bool = False) -> dict[str, Any]:
         """The summary.json document of this analysis (`result(release).to_json()`)."""
         return self.result(release).to_json()
 
@@ -1259,7 +1294,7 @@ class Analysis:
         for name in names:
             self.__dict__.pop(name, None)
 
-    def hta_compat(self) -> dict:
+    def hta_compat(self) -> dict[str, Any]:
         """HolisticTraceAnalysis 0.5's temporal breakdown and comm/comp overlap, per rank."""
         from tracelens.analyze.rank import hta_compat
 
@@ -1270,7 +1305,7 @@ class Analysis:
         }
 
 
-def summary_of(path: str | Path, *, trace_files: bool = False, **options) -> dict:
+def summary_of(path: str | Path, *, trace_files: bool = False, **options: Any) -> dict[str, Any]:
     """A summary from a summary.json file, a folder holding one (and no traces), or a run folder analyzed
     now (its tracelens.toml applies); with `trace_files` a single trace file is analyzed too (see
     `tracelens.summary.stored_summary`). What `check`, `compare` and the API read."""
@@ -1322,7 +1357,7 @@ def analyze_run(path: str | Path, options: Options | None = None, defer_stages: 
     return Analysis(path=path, options=options, run=run, warnings=flag_warnings)
 
 
-def _gpu_conflicts(options: Options, given_gpu: str | None, run) -> list[str]:
+def _gpu_conflicts(options: Options, given_gpu: str | None, run: Run) -> list[str]:
     """--gpu (or [hardware] gpu) against the GPU the traces name (analyze/efficiency/mfu_checks.py)."""
     from tracelens.analyze.efficiency.mfu_checks import gpu_conflicts
 
@@ -1342,3 +1377,6 @@ def _flag_conflicts(options: Options, run_dir: Path) -> list[str]:
     except TracelensError:
         return []  # a bad tracelens.toml is reported by merged_with_config
     return flag_conflicts(vars(options), cfg or {})
+
+
+__all__ = ["Analysis", "Options", "analyze_run", "summary_of"]

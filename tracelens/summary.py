@@ -21,26 +21,33 @@ from tracelens.store.atomic import write_bytes
 from tracelens.summary_check import SCHEMA, load_summary, validate_summary
 
 if TYPE_CHECKING:
+    import pandas as pd
+
+    from tracelens.analyze.comm.nccl_sources import NcclSourcesResult
+    from tracelens.analyze.comm.stragglers import CrossRankResult
+    from tracelens.analyze.pipeline.composition import CompositionResult
+    from tracelens.analyze.pipeline.pipeline import PipelineResult
+    from tracelens.models.audit import AuditResult
     from tracelens.run_analysis import Analysis
 
 
 _NS_PER_MS = 1e6
 
 
-def _ms(x) -> float | None:
+def _ms(x: Any) -> float | None:
     if x is None:
         return None
-    x = float(x)
-    if math.isnan(x):
+    v = float(x)
+    if math.isnan(v):
         return None
-    return round(x / _NS_PER_MS, 6)
+    return round(v / _NS_PER_MS, 6)
 
 
-def per_step_rows(bd: pa.Table, extra: dict[str, pa.Table] | None = None) -> list[dict]:
+def per_step_rows(bd: pa.Table, extra: dict[str, pa.Table] | None = None) -> list[dict[str, Any]]:
     """Per (rank, step) samples in ms: the breakdown plus any extra per (rank, step) columns (bubble, wait...).
     Read column by column (the columns used only: no dict per table row; a later row of an extra table
     overrides an earlier one of the same (rank, step), as row by row)."""
-    lookups: dict[str, dict] = {}
+    lookups: dict[str, dict[Any, Any]] = {}
     for col, tab in (extra or {}).items():
         if tab is None:
             continue
@@ -60,7 +67,7 @@ def per_step_rows(bd: pa.Table, extra: dict[str, pa.Table] | None = None) -> lis
     return out
 
 
-def rank_rows(per_step: list[dict], stage_of: dict[int, int] | None) -> list[dict]:
+def rank_rows(per_step: list[dict[str, Any]], stage_of: dict[int, int] | None) -> list[dict[str, Any]]:
     """Per-rank means over analyzed steps of every per-step field."""
     fields = [
         "step_time_ms",
@@ -73,7 +80,7 @@ def rank_rows(per_step: list[dict], stage_of: dict[int, int] | None) -> list[dic
         "idle_ms",
         "bubble_ms",
     ]
-    by_rank: dict[int, list[dict]] = {}
+    by_rank: dict[int, list[dict[str, Any]]] = {}
     for row in per_step:
         by_rank.setdefault(row["rank"], []).append(row)
     ranks = sorted(by_rank)
@@ -98,7 +105,7 @@ def rank_rows(per_step: list[dict], stage_of: dict[int, int] | None) -> list[dic
     return out
 
 
-def build_summary(a: Analysis, release: bool = False) -> dict:
+def build_summary(a: Analysis, release: bool = False) -> dict[str, Any]:
     """summary.json of an analysis: `build_result(a, release).to_json()`."""
     return build_result(a, release).to_json()
 
@@ -162,7 +169,7 @@ def build_result(a: Analysis, release: bool = False) -> Result:
     # analysis' last memory peak, and those tables would add to it
     what_if, critical_path = critical_and_what_if(a, findings, release)
     what_if, losses = prescription(a, findings, what_if, ranks, stages, cross, audit)
-    out = {
+    out: dict[str, Any] = {
         "run": run,
         "ranks": ranks,
         "stages": stages,
@@ -211,8 +218,8 @@ def build_result(a: Analysis, release: bool = False) -> Result:
 
 
 def critical_and_what_if(
-    a: Analysis, findings: list[dict], release: bool = False
-) -> tuple[list[dict], dict | None]:
+    a: Analysis, findings: list[dict[str, Any]], release: bool = False
+) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
     """summary.json's `what_if` list (its `saving_ms` set on the findings it has a fix for) and its
     `critical_path` object. The run memo keeps them under a key of the graph's inputs and the what-if's
     (`store.results.tail_key`: the findings as they are now among them): a re-analysis that would replay the
@@ -256,19 +263,19 @@ _UNSET = object()
 
 def prescription(
     a: Analysis,
-    findings: list[dict],
-    what_if: list[dict],
-    ranks: list[dict],
-    stages: list[dict],
-    cross,
-    audit,
-) -> tuple[list[dict], list[dict]]:
+    findings: list[dict[str, Any]],
+    what_if: list[dict[str, Any]],
+    ranks: list[dict[str, Any]],
+    stages: list[dict[str, Any]],
+    cross: CrossRankResult | None,
+    audit: AuditResult | None,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The schedule and layout what-if entries appended to `what_if`, PIPELINE_BUBBLE added to `findings`,
     every warning whose replayed fix saves under `min_saving` of the step made info (in place), and the
     ranked `losses` (tracelens.analyze.pipeline.prescribe)."""
     from tracelens.analyze.pipeline import prescribe
 
-    def order(e: dict) -> float:  # largest saving first; an entry not replayed (saving null) last
+    def order(e: dict[str, Any]) -> float:  # largest saving first; an entry not replayed (saving null) last
         return -e["saving_ms"] if e.get("saving_ms") is not None else math.inf
 
     what_if = sorted(list(what_if) + a.schedule_what_if(), key=order)  # (stable)
@@ -298,7 +305,7 @@ def prescription(
     return what_if, losses
 
 
-def composition_dict(comp) -> dict | None:
+def composition_dict(comp: CompositionResult | None) -> dict[str, Any] | None:
     if comp is None:
         return None
     return {
@@ -315,7 +322,7 @@ def composition_dict(comp) -> dict | None:
     }
 
 
-def pipeline_dict(pipe) -> dict | None:
+def pipeline_dict(pipe: PipelineResult | None) -> dict[str, Any] | None:
     if pipe is None:
         return None
     return {
@@ -328,28 +335,30 @@ def pipeline_dict(pipe) -> dict | None:
     }
 
 
-def _str_keys(d):
+def _str_keys(d: Any) -> Any:
     """JSON-ready copy: int keys of nested dicts as strings."""
     return {str(k): _str_keys(v) for k, v in d.items()} if isinstance(d, dict) else d
 
 
-def _with_comm(comp: dict | None, comm: dict | None) -> dict | None:
+def _with_comm(comp: dict[str, Any] | None, comm: dict[str, Any] | None) -> dict[str, Any] | None:
     """composition record plus `comm_by_type` (communication per layer type) when any was attributed."""
     if comm is None:
         return comp
     return {**(comp or {}), "comm_by_type": comm}
 
 
-def clock_dict(cross) -> dict | None:
+def clock_dict(cross: CrossRankResult | None) -> dict[str, Any] | None:
     if cross is None:
         return None
     return {"offsets_ms": {str(r): round(v / 1e6, 6) for r, v in sorted(cross.offsets_ns.items())}}
 
 
-def collectives_dict(cross, nccl: dict[str, pa.Table], sized=None) -> dict:
+def collectives_dict(
+    cross: CrossRankResult | None, nccl: dict[str, pa.Table], sized: pd.DataFrame | None = None
+) -> dict[str, Any]:
     """Per op: instances, bytes, median bus bandwidth and arrival skew (small: per op, not per instance).
     `sized`: cross.collectives as a DataFrame, gloo sizes the trace lacks filled from the Flight Recorder."""
-    out: dict = {"sources": {k: int(v.num_rows) for k, v in nccl.items()}, "by_op": []}
+    out: dict[str, Any] = {"sources": {k: int(v.num_rows) for k, v in nccl.items()}, "by_op": []}
     if cross is None or cross.collectives.num_rows == 0:
         return out
     df = sized if sized is not None else cross.collectives.to_pandas()
@@ -378,7 +387,7 @@ def collectives_dict(cross, nccl: dict[str, pa.Table], sized=None) -> dict:
     return out
 
 
-def _bus_n_text(g) -> str | None:
+def _bus_n_text(g: pd.DataFrame) -> str | None:
     """The n of the bus-bandwidth factor of an op's calls that have a bus bandwidth, and where it comes from
     (analyze.comm.collectives.BUS_N_SOURCES): "128 (world size)"; distinct ones joined, largest first ("4 (group
     size), 2 (group size)"); null when no call has one."""
@@ -397,7 +406,7 @@ def _bus_n_text(g) -> str | None:
     )
 
 
-def wait_split_warnings(ranks: list[dict]) -> list[str]:
+def wait_split_warnings(ranks: list[dict[str, Any]]) -> list[str]:
     """Say why exposed communication has no wait / transfer split (collectives.exposed_split)."""
     blind = [
         r["rank"] for r in ranks if (r.get("exposed_comm_ms") or 0) > 0 and r.get("exposed_wait_ms") is None
@@ -412,7 +421,9 @@ def wait_split_warnings(ranks: list[dict]) -> list[str]:
     ]
 
 
-def nccl_sources_dict(out: dict, res, analysis=None) -> dict:
+def nccl_sources_dict(
+    out: dict[str, Any], res: NcclSourcesResult | None, analysis: Analysis | None = None
+) -> dict[str, Any]:
     """Add the log / plugin analysis to the summary's "collectives": per-op rows when no Kineto trace gave
     any, per-process and per-communicator tables, the Kineto cross-check and the log parse counters."""
     if res is None:
@@ -428,12 +439,12 @@ def nccl_sources_dict(out: dict, res, analysis=None) -> dict:
     return out
 
 
-def _median(series) -> float | None:
+def _median(series: pd.Series) -> float | None:
     v = series.dropna()
     return float(v.median()) if len(v) else None
 
 
-def write_summary(summary: dict, path: Path) -> None:
+def write_summary(summary: dict[str, Any], path: Path) -> None:
     """Write atomically: a reader never sees half a file."""
     write_bytes(path, summary_bytes(summary))
 
