@@ -1287,6 +1287,15 @@ class Analysis:
             what, done = self._writes.pop(0)
             self._guarded(f"keeping {what} in the cache", done.result)
 
+    @property
+    def grid_findings(self) -> list[dict[str, Any]]:
+        """What inferring the grid found (LAYOUT_INCONSISTENT, a given layout the evidence contradicts...)."""
+        return self._grid_and_findings[1]
+
+    def computed(self, name: str) -> bool:
+        """Whether the cached result `name` (e.g. "critical") was computed already (and not forgotten)."""
+        return name in self.__dict__
+
     def forget(self, *names: str) -> None:
         """Let these computed results go (cached properties, e.g. "critical"); a later use computes them
         again. `tracelens analyze` lets the critical path's graph go (~0.4 GB at 1,024 ranks) once

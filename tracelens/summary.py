@@ -125,7 +125,7 @@ def build_result(a: Analysis, release: bool = False) -> Result:
     per_step = per_step_rows(a.breakdown, extra)
     ranks = rank_rows(per_step, a.stage_of)
     findings = a.base_findings()
-    findings += a._grid_and_findings[1]
+    findings += a.grid_findings
     for part in (cross, pipe, comp):
         if part is not None:
             findings += part.findings
@@ -237,7 +237,7 @@ def critical_and_what_if(
         a.warnings.extend(kept["warnings"])
         return kept["what_if"], kept["critical_path"]
     n, failures, before = len(a.warnings), a.failures, [f.get("saving_ms", _UNSET) for f in findings]
-    keep = where is not None and "critical" not in a.__dict__
+    keep = where is not None and not a.computed("critical")
     what_if = a.what_if(findings)  # (the critical path's warnings, a graph it cannot order, come first)
     critical_path = a.critical.to_dict() if a.critical is not None else None
     if release:
