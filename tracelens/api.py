@@ -11,9 +11,13 @@ from __future__ import annotations
 
 from functools import cached_property
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 import pyarrow as pa
+
+if TYPE_CHECKING:
+    from tracelens.result import Result
 
 
 def _df(table: pa.Table, stage_of=None) -> pd.DataFrame:
@@ -33,6 +37,7 @@ class Run:
         # the per-rank stages wait for the first analysis: reading the events costs the read alone
         self._analysis = analyze_run(self.path, Options(no_cache=no_cache, **options), defer_stages=True)
         self._summary: dict | None = None
+        self._result: Result | None = None
 
     def __repr__(self) -> str:
         a = self._analysis
@@ -141,10 +146,17 @@ class Run:
             self.summary()["findings"], columns=["code", "severity", "message", "ranks", "stages"]
         )
 
+    def result(self) -> Result:
+        """The typed result of the analysis (`tracelens.result.Result`: frozen; its `findings` are `Finding`s);
+        computed once."""
+        if self._result is None:
+            self._result = self._analysis.result()
+        return self._result
+
     def summary(self) -> dict:
-        """The summary.json content (schema tracelens.summary/1); computed once."""
+        """The summary.json content (schema tracelens.summary/1): `result().to_json()`; computed once."""
         if self._summary is None:
-            self._summary = self._analysis.summary()
+            self._summary = self.result().to_json()
         return self._summary
 
     def to_arrow(self) -> dict[str, pa.Table]:

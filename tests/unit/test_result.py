@@ -72,3 +72,15 @@ def test_freeze_and_thaw_are_inverse():
 def test_a_document_of_another_format_is_refused():
     with pytest.raises(BadInputError):
         Result.from_json({"schema": "tracelens.summary/0"})
+
+
+def test_notebook_result_is_the_summary_typed():
+    run_dir = SAMPLES / "cpu-gloo-4rank"
+    if not run_dir.is_dir():
+        pytest.skip(f"bundled sample absent: {run_dir}")
+    import tracelens
+
+    run = tracelens.load(run_dir, no_cache=True)
+    result = run.result()
+    assert run.result() is result and result.to_json() == run.summary()
+    assert [f.code for f in result.findings] == [f["code"] for f in run.summary()["findings"]]
