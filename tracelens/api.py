@@ -209,7 +209,7 @@ class Run:
         stage_of = {int(r["rank"]): r.get("stage") for r in self.summary().get("ranks") or []}
         return memory_peaks_of(self._analysis, stage_of)
 
-    # ---- the same outputs as the CLI (issue 20: notebook users get report, figures, compare, check) ----
+    # ---- the same outputs as the CLI (notebook users get report, figures, compare, check) ----
     @property
     def _stage_of(self) -> dict[int, int] | None:
         """rank -> pipeline stage under the layout the findings use (None without pipeline stages)."""

@@ -21,11 +21,11 @@ CODES = (
     "LAYOUT_INCONSISTENT",
     "MFU_IMPOSSIBLE",
     "STEP_WINDOW_CLIPPED",
-    # issue 17: idle GPU, slow groups, hangs through point-to-point
+    # idle GPU, slow groups, hangs through point-to-point
     "GPU_IDLE",
     "SLOW_GROUP",
     "P2P_HANG",
-    # issue 41: the schedule's own bubble (PIPELINE_BUBBLE_EXCESS is the bubble beyond it)
+    # the schedule's own bubble (PIPELINE_BUBBLE_EXCESS is the bubble beyond it)
     "PIPELINE_BUBBLE",
 )
 SEVERITIES = ("info", "warning", "error")

@@ -489,8 +489,8 @@ def _cpu_cut(events: pa.Table, kinds: pa.Array) -> set[int]:
 
 
 def _launches_not_shown(events: pa.Table, kinds: pa.Array) -> set[int]:
-    """Steps whose launches the trace does not show all of (issue 42: a step is complete only when all
-    its device work is in the file).
+    """Steps whose launches the trace does not show all of (a step is complete only when all its device
+    work is in the file).
 
     How Kineto writes a trace: all CPU ops first, then the CUPTI activity buffers, one after the other, in
     the order of their addresses (not of time). Each buffer holds a stretch of time: the records of every
