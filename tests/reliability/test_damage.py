@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import re
-import time
 from pathlib import Path
 
 import pyarrow.compute as pc
@@ -82,9 +82,9 @@ def test_local_error_mid_file_costs_one_event(tmp_path, clean, name):
     change, lost = MUTATIONS[name]
     bad = raw[:start] + change(raw[start:end]) + raw[end:]
     assert bad != raw
-    t0 = time.perf_counter()
+    t0 = _cpu_s()
     tr = kineto.read(_write(tmp_path, bad), salvage=True)
-    took = time.perf_counter() - t0
+    took = _cpu_s() - t0
     assert tr.metadata["salvaged"] is False  # not a cut
     assert tr.metadata["damaged_events"] == lost
     assert tr.events.num_rows == clean_tr.events.num_rows - lost
@@ -163,24 +163,31 @@ def test_damaged_last_event_before_a_closed_array(tmp_path):
     assert tr.events.column("name").cast("string").to_pylist() == ["k0", "k1", "k2", "k3"]
 
 
+def _cpu_s() -> float:
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
 def test_salvage_time_is_linear(tmp_path, clean):
-    """Many bad events (one in 50 kernels) cost a bounded multiple of a clean read (it was quadratic: a
-    25 MB trace with one bad byte took over 10 minutes)."""
+    """Many bad events (one in 50 kernels) cost a bounded multiple of a clean read, not a multiple of the number
+    of bad events (a quadratic salvage takes over 10 minutes on a 25 MB trace with one bad byte). Measured in
+    this process' CPU time (a salvaging read runs in one process), so that other processes on the machine do
+    not count; the bound is far above linear costs and far below quadratic ones."""
     p, raw, clean_tr = clean
-    t0 = time.perf_counter()
+    t0 = _cpu_s()
     kineto.read(p, salvage=True)
-    t_clean = time.perf_counter() - t0
+    t_clean = _cpu_s() - t0
     buf = bytearray(raw)
     starts = [m.start() for m in _EVENT.finditer(raw)][::50]
     for s in starts:
         q = buf.index(b'"dur": ', s) + 7
         buf[q] = ord("N")  # "dur": N.305 -> invalid
-    t0 = time.perf_counter()
+    t0 = _cpu_s()
     tr = kineto.read(_write(tmp_path, bytes(buf)), salvage=True)
-    took = time.perf_counter() - t0
+    took = _cpu_s() - t0
     assert tr.metadata["damaged_events"] == len(starts)
     assert tr.events.num_rows == clean_tr.events.num_rows - len(starts)
-    assert took < 10 * t_clean + 5, (took, t_clean)
+    assert took < 20 * t_clean + 5, (took, t_clean)
 
 
 def test_cli_names_the_damage(tmp_path, clean):
