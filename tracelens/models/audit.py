@@ -314,9 +314,9 @@ def audit_layout(
                     "KV_HEAD_REPLICATION",
                     "warning",
                     f"TP={tp} exceeds the {size} KV heads: each K/V head is replicated {tp // size}x, "
-                    f"{kv_rep['replicated_kv_weight_bytes'] / 2**20:.0f} MiB of duplicated K/V weights "
-                    f"({kv_rep['replicated_kv_training_state_bytes'] / 2**30:.2f} GiB with optimizer state), "
-                    f"{kv_rep['extra_grad_allreduce_bytes_per_gpu_per_step'] / 2**20:.1f} MiB extra gradient "
+                    f"{_size(kv_rep['replicated_kv_weight_bytes'], 2**20, '.0f')} of duplicated K/V weights "
+                    f"({_size(kv_rep['replicated_kv_training_state_bytes'], 2**30, '.2f')} with optimizer state), "
+                    f"{_size(kv_rep['extra_grad_allreduce_bytes_per_gpu_per_step'], 2**20, '.1f')} extra gradient "
                     f"all-reduce per GPU per step and {100 * kv_rep['duplicated_flops_fraction']:.2f}% duplicated "
                     "FLOPs"
                     + (
@@ -613,3 +613,16 @@ def _stage_flops_finding(
             stage_flops_per_token=[st["flops_per_token"][str(s)] for st in stages],
         )
     )
+
+
+_UNITS = {2**30: "GiB", 2**20: "MiB", 2**10: "KiB", 1: "B"}
+
+
+def _size(nbytes: float, unit: int, fmt: str) -> str:
+    """`nbytes` in `unit` (2**30 or 2**20) written with `fmt`, or in the largest smaller unit when that would
+    print as zero (a tiny model's K/V weights are KiB, not "0 MiB")."""
+    for u in (unit, *(v for v in _UNITS if v < unit)):
+        text = f"{nbytes / u:{fmt}}"
+        if u == 1 or float(text.replace(",", "")) > 0 or nbytes == 0:
+            return f"{text} {_UNITS[u]}"
+    return f"{nbytes:.0f} B"
