@@ -1,8 +1,7 @@
-"""What the report shows beyond summary.json: the pipeline timeline's blocks, the memory peaks and samples,
-the top operations, read from the run's tables; the layout, the cross-rank and per-op results as the analysis
-holds them. The report (`tracelens.report`)
-renders; this module reads the analysis' tables for it, so nothing under `report/` imports an analyzer or
-reads events. `ReportViews` is what a report is given beside the summary.
+"""What the report shows beyond summary.json: the pipeline timeline's blocks, the memory peaks and samples
+and the top operations, read from the run's tables; the layout and the cross-rank and per-op results as the
+analysis holds them. The report (`tracelens.report`) renders; this module reads for it, so that nothing under
+`report/` imports an analyzer or reads events. `ReportViews` is what a report is given beside the result.
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ import pyarrow.compute as pc
 #: The memory-over-time chart reads the samples of at most this many ranks (the first ones, and the ranks
 #: it shows at first: `report.figures.memory_default_ranks`); its button draws all of these.
 MEMORY_TIMELINE_RANKS = 16
-#: Points per rank of the memory-over-time chart (`analyze.efficiency.ops.memory_timeline` thins the samples to these).
+#: Points per rank of the memory-over-time chart (`analyze.efficiency.ops.memory_timeline` thins to these).
 MEMORY_TIMELINE_POINTS = 1500
 
 
@@ -28,8 +27,6 @@ def _r(x: float, nd: int = 3) -> float:
 def top_operations_of_stages(ops: pa.Table | None, top: int = 15) -> tuple[str, list[dict[str, Any]]]:
     """`top_operations` from the per-rank stages' totals (`tracelens.store.stages.OPS` plus "rank"), so the
     report's top kernels (or CPU ops on a CPU-only run) need no pass over every event."""
-    import pyarrow.compute as pc
-
     if ops is None or ops.num_rows == 0:
         return "", []
     for k in ("kernel", "cpu_op"):
@@ -70,7 +67,7 @@ def rank_memory_peaks(memory: pa.Table | None) -> list[dict[str, Any]]:
 
 
 def memory_peaks_of(analysis: Any, stage_of: dict[int, Any]) -> pd.DataFrame:
-    """Per rank: peak allocated / reserved, and the CPU op running at the peak (`analyze.efficiency.ops.memory_peaks`).
+    """Per rank: peak allocated / reserved, and the CPU op running at the peak (`efficiency.ops.memory_peaks`).
     The op at the peak needs the rank's events: only those of the ranks the report shows (the first 16) and
     of each stage's highest peak are read (a large run's events are never all read for this)."""
     from tracelens.analyze.efficiency.ops import memory_peaks, uses_gpu_samples
