@@ -4,7 +4,8 @@ command that recorded it), checked as ../shared/runs/evaluate.py checks: a TP x 
 parallelism, pipelining, FSDP2, DeviceMesh dimensions named `pipe`, `replicate`, `model`) whose TP rank 5
 runs an extra matmul in every MLP; a DualPipeV pipeline without replicas whose rank 1 does; a GPipe pipeline
 over groups made with `new_group` (no names) and no module annotations whose rank 2 sleeps 40 ms before each
-step's forward."""
+step's forward; an interleaved 1F1B pipeline without replicas (v = 2, m = 6) whose rank 1 sleeps 40 ms inside
+`record_function("dataloader")` before each step's forward."""
 
 from __future__ import annotations
 
@@ -46,3 +47,17 @@ def test_the_slow_tensor_parallel_rank_is_named_against_its_stage_peers(summarie
 def test_a_pipeline_rank_without_replicas_named_by_its_work_per_layer(summaries):
     (st,) = summaries["pp2_dualpipev_slow1"]["stragglers"]
     assert st["rank"] == 1 and st["evidence"]["work_per_layer_ratio"] > 2
+
+
+def test_a_host_stall_in_a_pipeline_without_replicas_is_measured_against_the_other_stage():
+    """No rank shares rank 1's stage: its 40 ms sleep (inside a `dataloader` annotation, which is no work) is
+    a gap with no op and no communication in flight, measured against rank 0's longest gaps."""
+    from tracelens.analyze.rank.cpu_evidence import GAP_FRAME
+
+    s = analyze_run(DATA / "pp2_interleaved_m6_stall1_rf", Options(no_cache=True)).summary()
+    (st,) = s["stragglers"]
+    assert (st["rank"], st["cause"]) == (1, "host")
+    ev = st["evidence"]
+    assert ev["peers"] == [] and ev["peer_kind"] == "other stages" and ev["host_frames"] == [GAP_FRAME]
+    assert 30 < ev["idle_excess_ms"] < 60  # (the sleep is 40 ms; time-shared cores stretch it a little)
+    assert "vs other stages" in s["headlines"][0]

@@ -96,16 +96,17 @@ class CrossRankResult:
 
 def _describe(s: dict[str, Any]) -> str:
     ev = s["evidence"]
+    vs = ev["peer_kind"] if str(ev["peer_kind"]).startswith("other") else f"{ev['peer_kind']} peers"
     if s["cause"] == "compute" and ev.get("work_per_layer_ratio"):
         what = f"{ev['work_per_layer_ratio']:.1f}x the matmul work per layer of the other stages"
     elif s["cause"] == "compute" and ev.get("time_shared_host"):
-        what = f"+{100 * (ev['ops_ratio'] - 1):.0f}% compute ops per step vs {ev['peer_kind']} peers"
+        what = f"+{100 * (ev['ops_ratio'] - 1):.0f}% compute ops per step vs {vs}"
     elif s["cause"] == "compute":
-        what = f"+{100 * (ev['compute_ratio'] - 1):.0f}% compute vs {ev['peer_kind']} peers"
+        what = f"+{100 * (ev['compute_ratio'] - 1):.0f}% compute vs {vs}"
     elif s["cause"] == "host" and ev.get("host_frames"):
-        what = f"host stall +{ev['idle_excess_ms']:.1f} ms/step in {ev['host_frames'][0]} vs {ev['peer_kind']} peers"
+        what = f"host stall +{ev['idle_excess_ms']:.1f} ms/step in {ev['host_frames'][0]} vs {vs}"
     elif s["cause"] == "host":
-        what = f"device idle +{ev['idle_excess_ms']:.1f} ms/step vs {ev['peer_kind']} peers"
+        what = f"device idle +{ev['idle_excess_ms']:.1f} ms/step vs {vs}"
     else:
         what = f"transfers {ev['transfer_ratio']:.1f}x slower than other groups'"
     cost = s["cost_ms"]
@@ -621,6 +622,11 @@ def detect(
             return {str(k): (None if pd.isna(x) else int(x)) for k, x in zip(skey, sub[col])}
 
         comp_ratio = float(np.median(sub["compute_ns"] / sub["comp_c"].replace(0, np.nan)))
+        peers = sorted(int(x) for x, g in groups.items() if g == groups.get(r) and x != r)
+        # no rank shares its stage or group (a pipeline without replicas): the other ranks were the reference
+        kind = (
+            ("stage" if stage_of else "group") if peers else ("other stages" if stage_of else "other ranks")
+        )
         evidence: dict[str, Any] = {
             "arrival_lag_ms": per_step("lag_ns"),
             "delay_caused_ms": per_step("blame_ns"),
@@ -630,8 +636,8 @@ def detect(
             "idle_excess_ms": round(float(np.median(sub["host_excess"])) / 1e6, 3),
             "transfer_ratio": round(slow[r], 3) if r in slow else None,
             "exposed_wait_ms": per_step("exposed_wait_ns"),
-            "peers": sorted(int(x) for x, g in groups.items() if g == groups.get(r) and x != r),
-            "peer_kind": "stage" if stage_of else "group",
+            "peers": peers,
+            "peer_kind": kind,
         }
         if "ops_ratio" in sub and sub["ops_ratio"].notna().any():
             evidence["time_shared_host"] = True
@@ -640,10 +646,10 @@ def detect(
             evidence["ops_ratio"] = round(float(sub["ops_ratio"].median()), 4)
             if v["cause"] == "compute":
                 evidence["compute_ratio"] = evidence["ops_ratio"]
-            if v["cause"] == "host":
-                evidence["idle_excess_ms"] = round(float(sub["host_cost"].median()) / 1e6, 3)
-                evidence["host_frames"] = sorted({f for f in sub["host_frame"].dropna()})
-                evidence["host_ms_per_step"] = per_step("host_cost")
+        if v["cause"] == "host" and "host_frame" in sub and sub["host_frame"].notna().any():
+            evidence["idle_excess_ms"] = round(float(sub["host_cost"].median()) / 1e6, 3)
+            evidence["host_frames"] = sorted({f for f in sub["host_frame"].dropna()})
+            evidence["host_ms_per_step"] = per_step("host_cost")
         s = {
             "rank": r,
             "cause": v["cause"],

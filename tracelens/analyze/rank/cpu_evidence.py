@@ -261,7 +261,8 @@ def stall_gaps(
     """Per (rank, step): a regular stall outside any op, {rank, step, gap_ns}: the rank's longest gap
     (`longest_gaps`) minus its peers' median longest gap, kept when the rank's gaps are regular (within
     STALL_SPREAD of each other in every step, each at least STALL_MIN_NS): a stall the program makes repeats;
-    descheduling's gaps do not. Peers are the ranks of the same group (stage) in `group_of`."""
+    descheduling's gaps do not. Peers are the ranks of the same group (stage) in `group_of`, or every other
+    rank when none shares the rank's group."""
     cols = ["rank", "step", "gap_ns"]
     g = longest_gaps(events, ranks)
     if g.empty:
@@ -273,6 +274,10 @@ def stall_gaps(
         if v.min() < min_ns or v.max() > spread * v.min():
             continue
         peers = g[(g["group"] == group_of.get(int(r), -1)) & (g["rank"] != r)]
+        if peers.empty:
+            # no rank shares its stage (a pipeline without data-parallel replicas): a gap is time with no op
+            # to run and nothing awaited, which no stage's own work makes, so the other ranks are the reference
+            peers = g[g["rank"] != r]
         if peers.empty:
             continue
         ref = peers.groupby("step")["gap_ns"].median()
