@@ -60,9 +60,8 @@ class Analysis:
     options: Options
     run: Run  # tracelens.run.Run: metadata, files, per-rank stage results; events read lazily
     warnings: list[str] = field(default_factory=list)
-    mfu_findings: list[dict[str, Any]] = field(
-        default_factory=list
-    )  # MFU_IMPOSSIBLE, set when `mfu` is computed
+    # MFU_IMPOSSIBLE, set when `mfu` is computed
+    mfu_findings: list[dict[str, Any]] = field(default_factory=list)
     # cache files written in the background: (what they keep, done when they are written)
     _writes: list[tuple[str, Future[None]]] = field(default_factory=list, init=False, repr=False)
     _cross_key: str | None = field(default=None, init=False, repr=False)  # (store.results.cross_key)
