@@ -5,7 +5,9 @@ parallelism, pipelining, FSDP2, DeviceMesh dimensions named `pipe`, `replicate`,
 runs an extra matmul in every MLP; a DualPipeV pipeline without replicas whose rank 1 does; a GPipe pipeline
 over groups made with `new_group` (no names) and no module annotations whose rank 2 sleeps 40 ms before each
 step's forward; an interleaved 1F1B pipeline without replicas (v = 2, m = 6) whose rank 1 sleeps 40 ms inside
-`record_function("dataloader")` before each step's forward."""
+`record_function("dataloader")` before each step's forward; FSDP2 over two ranks whose rank 1 runs the extra
+matmul (rank 0 waits for it inside autograd nodes: FSDP's all-gathers); DTensor TP 2 x FSDP2 2 whose rank 2
+sleeps inside `record_function("dataloader")` (its peers wait in `_c10d_functional::wait_tensor`)."""
 
 from __future__ import annotations
 
@@ -61,3 +63,13 @@ def test_a_host_stall_in_a_pipeline_without_replicas_is_measured_against_the_oth
     assert ev["peers"] == [] and ev["peer_kind"] == "other stages" and ev["host_frames"] == [GAP_FRAME]
     assert 30 < ev["idle_excess_ms"] < 60  # (the sleep is 40 ms; time-shared cores stretch it a little)
     assert "vs other stages" in s["headlines"][0]
+
+
+def test_waiting_for_a_collective_inside_a_frame_is_no_host_stall(summaries):
+    """FSDP2's all-gather, launched and waited for inside an autograd node on the fast rank, and
+    `_c10d_functional::wait_tensor` on the TP ranks that wait for the stalled one, are waits for peers: only
+    the planted straggler is named."""
+    assert [(x["rank"], x["cause"]) for x in summaries["dp2_fsdp_slow1"]["stragglers"]] == [(1, "compute")]
+    assert [(x["rank"], x["cause"]) for x in summaries["tp2dp2_fsdp_stall2_rf"]["stragglers"]] == [
+        (2, "host")
+    ]

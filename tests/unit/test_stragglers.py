@@ -289,3 +289,19 @@ def test_pre_arrival_idle_slices_each_ranks_rows_when_interleaved():
     # rank 2 (no sets): the whole window 100; rank 1 step 1: [100,125) minus 5 = 20; rank 0 step 1: [100,150) = 50
     assert got["rank"].tolist() == [1, 0, 2, 1, 0]
     assert got["pre_idle_ns"].tolist() == [40, 30, 100, 20, 50]
+
+
+def test_waited_counts_only_collectives_a_frame_launched_and_waited_for():
+    """`cpu_evidence._waited`: a frame [0, 100) with a child op [10, 20); communication spans [5, 60)
+    (launched and completed inside the frame: waited for), [-10, 30) (already in flight when it began) and
+    [90, 130) (still in flight when it ended). Its waited self time is [5, 60) minus the child: 45."""
+    import numpy as np
+
+    from tracelens.analyze.rank.cpu_evidence import _self_times, _waited
+
+    s, e = np.array([0, 10]), np.array([100, 20])
+    self_t, parent = _self_times(s, e)
+    assert list(self_t) == [90, 10] and list(parent) == [-1, 0]
+    cs, ce = np.array([-10, 5, 90]), np.array([30, 60, 130])
+    assert list(_waited(s, e, parent, np.array([0]), cs, ce)) == [45]
+    assert list(_waited(s, e, parent, np.array([0]), cs[[0, 2]], ce[[0, 2]])) == [0]

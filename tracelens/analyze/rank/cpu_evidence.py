@@ -42,9 +42,11 @@ def shared_host_ranks(metadata: pa.Table | None, sets: dict[int, RankSets]) -> s
     return {r for rs in hosts.values() if len(rs) > 1 for r in rs}
 
 
-def _self_times(s: np.ndarray, e: np.ndarray) -> np.ndarray:
-    """Self time of properly nested intervals sorted by (start, -end): duration minus direct children."""
+def _self_times(s: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(Self time, direct parent) of properly nested intervals sorted by (start, -end): duration minus direct
+    children, and the index of each interval's direct parent (-1 for none)."""
     child = np.zeros(len(s), np.int64)
+    parent = np.full(len(s), -1, np.int64)
     stack: list[int] = []
     for i in range(len(s)):
         si = s[i]
@@ -52,15 +54,47 @@ def _self_times(s: np.ndarray, e: np.ndarray) -> np.ndarray:
             stack.pop()
         if stack:
             child[stack[-1]] += min(e[i], e[stack[-1]]) - si
+            parent[i] = stack[-1]
         stack.append(i)
     out: np.ndarray = (e - s) - child
+    return out, parent
+
+
+def _waited(
+    s: np.ndarray, e: np.ndarray, parent: np.ndarray, which: np.ndarray, cs: np.ndarray, ce: np.ndarray
+) -> np.ndarray:
+    """For the intervals `which` (indices into s, e): the part of their self time (outside their direct
+    children) covered by communication spans [cs, ce) (sorted by start) that start and end inside them: a
+    collective the frame launched and returned from only once it completed, i.e. time spent waiting for peers
+    (FSDP's all-gather inside an autograd node), not host work."""
+    out = np.zeros(len(which), np.int64)
+    if cs.size == 0:
+        return out
+    kids = np.argsort(parent, kind="stable")
+    kp = parent[kids]
+    for j, i in enumerate(which):
+        lo, hi = int(s[i]), int(e[i])
+        a, b = np.searchsorted(cs, lo, "left"), np.searchsorted(cs, hi, "left")
+        inside = ce[a:b] <= hi
+        if not inside.any():
+            continue
+        comm = iv.union(cs[a:b][inside], ce[a:b][inside])
+        c0, c1 = np.searchsorted(kp, i, "left"), np.searchsorted(kp, i, "right")
+        mine = kids[c0:c1]
+        own = iv.subtract(comm, iv.union(s[mine], np.minimum(e[mine], hi))) if mine.size else comm
+        out[j] = int(np.sum(own[1] - own[0]))
     return out
 
 
 def frame_gaps(events: pa.Table, ranks: set[int] | None = None, per_call: bool = False) -> pd.DataFrame:
     """Per (rank, step, frame name): self time of main-thread cpu-op frames that are not `aten::` /
-    `c10d::` ops (autograd nodes, `AccumulateGrad`, custom ops): time the host spent in them with no op
-    under it. An `aten::` op's self time is its work, so it is never host time here."""
+    `c10d::` ops nor communication (autograd nodes, `AccumulateGrad`, custom ops): time the host spent in
+    them with no op under it. An `aten::` op's self time is its work, and a communication op's
+    (`_c10d_functional::wait_tensor`, DTensor's wait for a collective) is waiting for its peers, so neither
+    is host time here; nor is the time a frame spends in a collective it launched and waited for (`_waited`:
+    FSDP's all-gather inside an autograd node). A collective already in flight when the frame began, or
+    still in flight when it ended, was not what it waited for (a sleep in a DDP comm hook while an earlier
+    bucket's all-reduce runs stays host time)."""
     cols = ["rank", "step", "name", "gap_ns", "calls"]
     if events.num_rows == 0:
         return pd.DataFrame(columns=cols)
@@ -79,6 +113,7 @@ def frame_gaps(events: pa.Table, ranks: set[int] | None = None, per_call: bool =
     framey = np.array(
         [not (v or "").startswith(("aten::", "c10d::", "ProfilerStep")) for v in values] + [False]
     )
+    comm = classify(events) == COMM
     mains = main_threads(events)
     parts = []
     for r in np.unique(rank):
@@ -89,8 +124,14 @@ def frame_gaps(events: pa.Table, ranks: set[int] | None = None, per_call: bool =
         if idx.size == 0:
             continue
         order = idx[np.lexsort((-end[idx], ts[idx]))]
-        self_t = _self_times(ts[order], end[order])
-        f = framey[code[order]] & (step[order] >= 0)
+        s_o, e_o = ts[order], end[order]
+        self_t, parent = _self_times(s_o, e_o)
+        cand = np.flatnonzero(framey[code[order]] & ~comm[order] & (self_t >= STALL_MIN_NS))
+        flight = np.flatnonzero((rank == r) & comm)
+        if cand.size and flight.size:
+            fo = flight[np.argsort(ts[flight], kind="stable")]
+            self_t[cand] -= _waited(s_o, e_o, parent, cand, ts[fo], end[fo])
+        f = framey[code[order]] & ~comm[order] & (step[order] >= 0)
         if not f.any():
             continue
         parts.append(
